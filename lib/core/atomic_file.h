@@ -1,0 +1,38 @@
+// Atomic file creation. The protocol, in order:
+//   1. write everything to "<name>.tmp-<pid>-<n>" in the destination directory,
+//   2. fsync the temporary file,
+//   3. rename it over the destination (atomic within one file system),
+//   4. fsync the directory so the rename itself is durable.
+// A file that is destroyed before Commit() removes its temporary: a killed or failed write never
+// leaves a file under the final name, and a crash leaves only a "*.tmp-*" name behind.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ucp {
+
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void Write(const void* data, size_t size);
+  void Commit();
+  const std::string& path() const { return path_; }
+
+ private:
+  void FlushBuffer();
+  void WriteAll(const char* data, size_t size);
+  std::string path_, temp_;
+  int fd_ = -1;
+  std::string buffer_;  // coalesces small writes (headers); large payloads bypass it
+};
+
+// Writes a whole small file atomically.
+void WriteFileAtomically(const std::string& path, const std::string& contents);
+
+}  // namespace ucp

@@ -1,0 +1,34 @@
+// A whole file mapped into memory, copy-on-write: tensors read from a checkpoint are views into
+// this mapping (no copy), and a stray write into such a view changes only this process's pages.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace ucp {
+
+class MappedFile {
+ public:
+  // Throws ucp::Error naming the path on any failure (missing, unreadable, not a regular file).
+  static std::shared_ptr<MappedFile> Open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::span<const uint8_t> bytes() const { return {data_, size_}; }
+  uint8_t* mutable_data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  MappedFile(std::string path, uint8_t* data, size_t size)
+      : path_(std::move(path)), data_(data), size_(size) {}
+  std::string path_;
+  uint8_t* data_;
+  size_t size_;
+};
+
+}  // namespace ucp

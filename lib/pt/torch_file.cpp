@@ -1,0 +1,434 @@
+#include "pt/torch_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <unordered_map>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "pt/unpickler.h"
+
+namespace ucp::pt {
+
+TorchFile ReadTorchFile(const std::string& path, const ReadOptions& options) {
+  TorchFile out;
+  out.archive = std::make_shared<ZipArchive>(MappedFile::Open(path));
+  const ZipArchive& zip = *out.archive;
+  // The pickle is <prefix>data.pkl; every other record of the archive shares that prefix.
+  for (const auto& [name, entry] : zip.entries()) {
+    if (name.size() >= 8 && name.compare(name.size() - 8, 8, "data.pkl") == 0 &&
+        std::count(name.begin(), name.end(), '/') == 1) {
+      out.prefix = name.substr(0, name.size() - 8);
+      break;
+    }
+  }
+  const ZipEntry* pkl = zip.Find(out.prefix + "data.pkl");
+  if (pkl == nullptr) throw Error(path + ": not a torch.save archive: no '<name>/data.pkl' record");
+  if (options.verify_pickle_crc) zip.VerifyCrc(*pkl);
+
+  std::unordered_map<std::string, std::shared_ptr<Storage>> storages;
+  auto resolve = [&](DType dtype, const std::string& key, uint64_t numel) -> std::shared_ptr<Storage> {
+    auto it = storages.find(key);
+    if (it != storages.end()) {
+      if (it->second->dtype != dtype || it->second->numel != numel)
+        throw Error("storage '" + key + "' referenced with two different types or sizes");
+      return it->second;
+    }
+    const ZipEntry* entry = zip.Find(out.prefix + "data/" + key);
+    if (entry == nullptr) throw Error("storage '" + key + "' has no record " + out.prefix + "data/" + key);
+    unsigned __int128 need = (unsigned __int128)numel * ElementSize(dtype);
+    if (need > entry->size)
+      throw Error("storage '" + key + "' declares " + std::to_string(numel) + " " + std::string(DTypeName(dtype)) +
+                  " elements but its record holds only " + std::to_string(entry->size) + " bytes");
+    if (options.verify_storage_crc) zip.VerifyCrc(*entry);
+    auto s = std::make_shared<Storage>();
+    s->dtype = dtype;
+    s->key = key;
+    s->numel = numel;
+    s->bytes = zip.Payload(*entry).subspan(0, static_cast<size_t>(need));
+    s->owner = zip.file();
+    storages.emplace(key, s);
+    return s;
+  };
+  out.root = WithContext(path, [&] { return Unpickle(zip.Payload(*pkl), resolve); });
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing. Pickle protocol 2, as torch.save emits it; tensors as persistent storage references.
+
+namespace {
+
+class Pickler {
+ public:
+  std::string out;
+  std::vector<const TensorView*> tensors;  // storage key = index
+
+  void Dump(const Value& root) {
+    out += "\x80\x02";
+    Write(root, 0);
+    out += '.';
+  }
+
+ private:
+  void Op(char c) { out += c; }
+  void U32(uint32_t v) {
+    for (int k = 0; k < 4; ++k) out += static_cast<char>((v >> (8 * k)) & 0xFF);
+  }
+  void Str(const std::string& s) {
+    if (s.size() > 0xFFFFFFFFu) throw Error("string too long to pickle");
+    Op('X');
+    U32(static_cast<uint32_t>(s.size()));
+    out += s;
+  }
+  void Int(int64_t v) {
+    if (v >= 0 && v < 256) {
+      Op('K');
+      out += static_cast<char>(v);
+    } else if (v >= 0 && v < 65536) {
+      Op('M');
+      out += static_cast<char>(v & 0xFF);
+      out += static_cast<char>(v >> 8);
+    } else if (v >= INT32_MIN && v <= INT32_MAX) {
+      Op('J');
+      U32(static_cast<uint32_t>(static_cast<int32_t>(v)));
+    } else {
+      Op('\x8a');
+      out += static_cast<char>(8);
+      for (int k = 0; k < 8; ++k) out += static_cast<char>((static_cast<uint64_t>(v) >> (8 * k)) & 0xFF);
+    }
+  }
+  void Global(const std::string& module, const std::string& name) {
+    Op('c');
+    out += module + "\n" + name + "\n";
+  }
+  void Tuple(const std::vector<ValuePtr>& items, int depth) {
+    Op('(');
+    for (const auto& v : items) Write(*v, depth + 1);
+    Op('t');
+  }
+  void IntTuple(const std::vector<int64_t>& v) {
+    Op('(');
+    for (int64_t x : v) Int(x);
+    Op('t');
+  }
+  void DictItems(const Dict& d, int depth) {
+    // SETITEMS in batches, as Python's pickler does.
+    const auto& items = d.items();
+    for (size_t start = 0; start < items.size(); start += 1000) {
+      Op('(');
+      for (size_t k = start; k < std::min(items.size(), start + 1000); ++k) {
+        Write(*items[k].key, depth + 1);
+        Write(*items[k].value, depth + 1);
+      }
+      Op('u');
+    }
+  }
+  void Tensor(const TensorView& t) {
+    // _rebuild_tensor_v2(storage, 0, size, stride, False, OrderedDict())
+    size_t key = tensors.size();
+    tensors.push_back(&t);
+    Global("torch._utils", "_rebuild_tensor_v2");
+    Op('(');
+    Op('(');
+    Str("storage");
+    Global("torch", std::string(StorageClassName(t.dtype)));
+    Str(std::to_string(key));
+    Str("cpu");
+    Int(static_cast<int64_t>(t.numel()));
+    Op('t');
+    Op('Q');
+    Int(0);
+    IntTuple(t.shape);
+    IntTuple(ContiguousStrides(t.shape));
+    Op('\x89');
+    Global("collections", "OrderedDict");
+    Op(')');
+    Op('R');
+    Op('t');
+    Op('R');
+  }
+  void Write(const Value& v, int depth) {
+    if (depth > 1000) throw Error("value nests deeper than 1000 levels");
+    using K = Value::Kind;
+    switch (v.kind) {
+      case K::None: Op('N'); break;
+      case K::Bool: Op(v.b ? '\x88' : '\x89'); break;
+      case K::Int: Int(v.i); break;
+      case K::BigInt:
+        Op('\x8b');
+        U32(static_cast<uint32_t>(v.s.size()));
+        out += v.s;
+        break;
+      case K::Float: {
+        Op('G');
+        uint64_t bits;
+        std::memcpy(&bits, &v.f, 8);
+        for (int k = 7; k >= 0; --k) out += static_cast<char>((bits >> (8 * k)) & 0xFF);
+        break;
+      }
+      case K::Str: Str(v.s); break;
+      case K::Bytes: {
+        // Protocol 2 has no bytes opcode: _codecs.encode(<latin-1 text>, 'latin1').
+        std::string text;
+        for (unsigned char c : v.s) {
+          if (c < 0x80) {
+            text += static_cast<char>(c);
+          } else {
+            text += static_cast<char>(0xC0 | (c >> 6));
+            text += static_cast<char>(0x80 | (c & 0x3F));
+          }
+        }
+        Global("_codecs", "encode");
+        Op('(');
+        Str(text);
+        Str("latin1");
+        Op('t');
+        Op('R');
+        break;
+      }
+      case K::List:
+        Op(']');
+        if (!v.items.empty()) {
+          Op('(');
+          for (const auto& e : v.items) Write(*e, depth + 1);
+          Op('e');
+        }
+        break;
+      case K::Tuple: Tuple(v.items, depth); break;
+      case K::Set:
+        Global("builtins", "set");
+        Op('(');
+        Op(']');
+        if (!v.items.empty()) {
+          Op('(');
+          for (const auto& e : v.items) Write(*e, depth + 1);
+          Op('e');
+        }
+        Op('t');
+        Op('R');
+        break;
+      case K::Dict:
+        Op('}');
+        DictItems(v.dict, depth);
+        break;
+      case K::Global: Global(v.module, v.name); break;
+      case K::Object:
+        // cls(*args) or cls.__new__(cls, *args), then BUILD with the state; list/dict subclass items after.
+        Global(v.module, v.name);
+        if (v.args) {
+          Tuple(v.args->items, depth);
+        } else {
+          Op(')');
+        }
+        Op(v.via_new ? '\x81' : 'R');
+        if (!v.items.empty()) {
+          Op('(');
+          for (const auto& e : v.items) Write(*e, depth + 1);
+          Op('e');
+        }
+        if (v.dict.size() > 0) DictItems(v.dict, depth);
+        if (v.state) {
+          Write(*v.state, depth + 1);
+          Op('b');
+        }
+        break;
+      case K::Tensor: Tensor(*v.tensor); break;
+      case K::Storage: throw Error("a bare storage cannot be written; wrap it in a tensor");
+    }
+  }
+};
+
+// Zip writer: stored entries, payloads aligned to 64 bytes as torch's own writer does, zip64 records
+// wherever a size or offset needs them.
+class ZipWriter {
+ public:
+  explicit ZipWriter(AtomicFile& file) : file_(file) {}
+
+  // Writes one entry whose payload is produced as consecutive chunks by `chunks`.
+  void Add(const std::string& name, uint64_t size, uint32_t crc,
+           const std::function<void(const std::function<void(const uint8_t*, size_t)>&)>& chunks) {
+    Central c{name, offset_, size, crc};
+    bool z64 = size >= 0xFFFFFFFFull;
+    std::string h;
+    Le(h, 0x04034b50, 4);
+    Le(h, z64 ? 45 : 20, 2);  // version needed
+    Le(h, 0, 2);              // flags
+    Le(h, 0, 2);              // stored
+    Le(h, 0, 2);              // time
+    Le(h, 0x21, 2);           // date (1980-01-01)
+    Le(h, crc, 4);
+    Le(h, z64 ? 0xFFFFFFFF : size, 4);
+    Le(h, z64 ? 0xFFFFFFFF : size, 4);
+    Le(h, name.size(), 2);
+    std::string extra;
+    if (z64) {
+      Le(extra, 0x0001, 2);
+      Le(extra, 16, 2);
+      Le(extra, size, 8);
+      Le(extra, size, 8);
+    }
+    // Pad with an 'FB' extra field so the payload starts at a multiple of 64.
+    uint64_t data_start = offset_ + h.size() + 2 + name.size() + extra.size();
+    uint64_t pad = (64 - (data_start + 4) % 64) % 64;
+    Le(extra, 0x4246, 2);
+    Le(extra, pad, 2);
+    extra.append(pad, 'Z');
+    Le(h, extra.size(), 2);
+    h += name;
+    h += extra;
+    Emit(reinterpret_cast<const uint8_t*>(h.data()), h.size());
+    uint64_t before = offset_;
+    chunks([this](const uint8_t* p, size_t n) { Emit(p, n); });
+    if (offset_ - before != size) throw Error("internal: entry '" + name + "' wrote a different size than declared");
+    central_.push_back(c);
+  }
+
+  void AddBytes(const std::string& name, const std::string& bytes) {
+    auto span = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    Add(name, bytes.size(), Crc32(0, span), [&](const auto& sink) { sink(span.data(), span.size()); });
+  }
+
+  void Finish() {
+    uint64_t cd_start = offset_;
+    for (const auto& c : central_) {
+      bool z64 = c.size >= 0xFFFFFFFFull || c.offset >= 0xFFFFFFFFull;
+      std::string h;
+      Le(h, 0x02014b50, 4);
+      Le(h, 45, 2);  // made by
+      Le(h, z64 ? 45 : 20, 2);
+      Le(h, 0, 2);
+      Le(h, 0, 2);
+      Le(h, 0, 2);
+      Le(h, 0x21, 2);
+      Le(h, c.crc, 4);
+      Le(h, z64 ? 0xFFFFFFFF : c.size, 4);
+      Le(h, z64 ? 0xFFFFFFFF : c.size, 4);
+      Le(h, c.name.size(), 2);
+      Le(h, z64 ? 28 : 0, 2);  // extra
+      Le(h, 0, 2);             // comment
+      Le(h, 0, 2);             // disk
+      Le(h, 0, 2);             // internal attributes
+      Le(h, 0, 4);             // external attributes
+      Le(h, z64 ? 0xFFFFFFFF : c.offset, 4);
+      h += c.name;
+      if (z64) {
+        Le(h, 0x0001, 2);
+        Le(h, 24, 2);
+        Le(h, c.size, 8);
+        Le(h, c.size, 8);
+        Le(h, c.offset, 8);
+      }
+      Emit(reinterpret_cast<const uint8_t*>(h.data()), h.size());
+    }
+    uint64_t cd_size = offset_ - cd_start;
+    uint64_t count = central_.size();
+    std::string t;
+    bool z64 = cd_start >= 0xFFFFFFFFull || count >= 0xFFFF;
+    if (z64) {
+      uint64_t z64_start = offset_;
+      Le(t, 0x06064b50, 4);
+      Le(t, 44, 8);
+      Le(t, 45, 2);
+      Le(t, 45, 2);
+      Le(t, 0, 4);
+      Le(t, 0, 4);
+      Le(t, count, 8);
+      Le(t, count, 8);
+      Le(t, cd_size, 8);
+      Le(t, cd_start, 8);
+      Le(t, 0x07064b50, 4);
+      Le(t, 0, 4);
+      Le(t, z64_start, 8);
+      Le(t, 1, 4);
+    }
+    Le(t, 0x06054b50, 4);
+    Le(t, 0, 2);
+    Le(t, 0, 2);
+    Le(t, z64 ? 0xFFFF : count, 2);
+    Le(t, z64 ? 0xFFFF : count, 2);
+    Le(t, z64 ? 0xFFFFFFFF : cd_size, 4);
+    Le(t, z64 ? 0xFFFFFFFF : cd_start, 4);
+    Le(t, 0, 2);
+    Emit(reinterpret_cast<const uint8_t*>(t.data()), t.size());
+  }
+
+ private:
+  struct Central {
+    std::string name;
+    uint64_t offset, size;
+    uint32_t crc;
+  };
+  static void Le(std::string& s, uint64_t v, int n) {
+    for (int k = 0; k < n; ++k) s += static_cast<char>((v >> (8 * k)) & 0xFF);
+  }
+  void Emit(const uint8_t* p, size_t n) {
+    file_.Write(p, n);
+    offset_ += n;
+  }
+  AtomicFile& file_;
+  uint64_t offset_ = 0;
+  std::vector<Central> central_;
+};
+
+// Visits a tensor's elements in row-major order as runs of contiguous bytes.
+void ForEachRun(const TensorView& t, const std::function<void(const uint8_t*, size_t)>& fn) {
+  size_t es = ElementSize(t.dtype);
+  if (t.numel() == 0) return;
+  if (t.contiguous()) {
+    fn(t.data(), t.nbytes());
+    return;
+  }
+  // Innermost contiguous run: trailing dims with row-major strides.
+  size_t nd = t.shape.size();
+  size_t inner = nd;
+  int64_t run = 1;
+  while (inner > 0 && t.stride[inner - 1] == run) run *= t.shape[--inner];
+  std::vector<int64_t> idx(inner, 0);
+  const uint8_t* base = t.data();
+  while (true) {
+    int64_t off = 0;
+    for (size_t k = 0; k < inner; ++k) off += idx[k] * t.stride[k];
+    fn(base + off * es, static_cast<size_t>(run) * es);
+    size_t k = inner;
+    while (k > 0) {
+      if (++idx[k - 1] < t.shape[k - 1]) break;
+      idx[--k] = 0;
+    }
+    if (k == 0) return;
+  }
+}
+
+}  // namespace
+
+std::string PickleForTesting(const Value& root) {
+  Pickler p;
+  p.Dump(root);
+  return p.out;
+}
+
+void WriteTorchFile(const std::string& path, const Value& root) {
+  WithContext(path, [&] {
+    Pickler pickler;
+    pickler.Dump(root);
+    AtomicFile file(path);
+    ZipWriter zip(file);
+    const std::string prefix = "archive/";
+    zip.AddBytes(prefix + "data.pkl", pickler.out);
+    zip.AddBytes(prefix + "byteorder", "little");
+    for (size_t k = 0; k < pickler.tensors.size(); ++k) {
+      const TensorView& t = *pickler.tensors[k];
+      uint32_t crc = 0;
+      ForEachRun(t, [&](const uint8_t* p, size_t n) { crc = Crc32(crc, {p, n}); });
+      zip.Add(prefix + "data/" + std::to_string(k), t.nbytes(), crc, [&](const auto& sink) { ForEachRun(t, sink); });
+    }
+    zip.AddBytes(prefix + "version", "3\n");
+    zip.Finish();
+    file.Commit();
+  });
+}
+
+}  // namespace ucp::pt

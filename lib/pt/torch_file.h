@@ -1,0 +1,35 @@
+// torch.save files: read into a Value tree whose tensors are views over the memory-mapped archive,
+// and write Value trees (dicts of str -> tensor / scalar / list / object) that Python's torch.load
+// reads. The writer streams each tensor's bytes from its own memory to disk: no second copy.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "pt/value.h"
+#include "pt/zip_archive.h"
+
+namespace ucp::pt {
+
+struct ReadOptions {
+  bool verify_pickle_crc = true;    // data.pkl is small; a flipped byte is caught here
+  bool verify_storage_crc = false;  // reads every tensor byte once
+};
+
+struct TorchFile {
+  std::shared_ptr<ZipArchive> archive;
+  std::string prefix;  // "archive/" or whatever name the writer gave the archive
+  ValuePtr root;
+};
+
+// Throws ucp::Error whose message starts with the file's path.
+TorchFile ReadTorchFile(const std::string& path, const ReadOptions& options = {});
+
+// Writes `root` as a torch.save zip archive (pickle protocol 2) at `path`, atomically: the bytes go
+// to a temporary name in the same directory, are fsynced, and are renamed over `path`.
+void WriteTorchFile(const std::string& path, const Value& root);
+
+// The pickle alone (tensors become persistent ids 0, 1, ... in order of appearance), for tests.
+std::string PickleForTesting(const Value& root);
+
+}  // namespace ucp::pt

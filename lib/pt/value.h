@@ -1,0 +1,123 @@
+// The value tree a pickle turns into: Python's data types, plus inert Object values for any other
+// class (argparse.Namespace, DeepSpeed enums and dataclasses, loss scalers) and TensorViews over
+// the archive's memory-mapped storages. Nothing here executes or imports anything.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace ucp::pt {
+
+enum class DType { F32, F64, F16, BF16, I64, I32, I16, I8, U8, Bool, C64, C128 };
+
+size_t ElementSize(DType dtype);
+std::string_view DTypeName(DType dtype);         // "float32", "bfloat16", ...
+std::string_view StorageClassName(DType dtype);  // "FloatStorage", "BFloat16Storage", ...
+bool DTypeFromStorageClass(std::string_view name, DType* out);
+bool DTypeFromName(std::string_view name, DType* out);
+
+// A typed storage of an archive: `bytes` points into memory that `owner` keeps alive.
+struct Storage {
+  DType dtype = DType::U8;
+  std::string key;  // archive/data/<key>
+  uint64_t numel = 0;
+  std::span<const uint8_t> bytes;
+  std::shared_ptr<const void> owner;
+};
+
+// A strided view of a storage, as torch's _rebuild_tensor_v2 describes it (offset in elements).
+struct TensorView {
+  std::shared_ptr<Storage> storage;
+  DType dtype = DType::F32;
+  int64_t offset = 0;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> stride;
+
+  uint64_t numel() const;
+  uint64_t nbytes() const { return numel() * ElementSize(dtype); }
+  bool contiguous() const;
+  // First element; the view's extent was checked against the storage when it was built.
+  const uint8_t* data() const { return storage->bytes.data() + offset * ElementSize(dtype); }
+};
+
+// Row-major strides of a shape.
+std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape);
+std::string ShapeString(const std::vector<int64_t>& shape);  // "[3, 4]"
+
+struct Value;
+using ValuePtr = std::shared_ptr<Value>;
+
+// Insertion-ordered dictionary; scalar keys (str, int, bool, None) are indexed for lookup.
+class Dict {
+ public:
+  struct Item {
+    ValuePtr key;
+    ValuePtr value;
+  };
+  void Set(ValuePtr key, ValuePtr value);  // replaces an equal scalar key, as Python does
+  ValuePtr Get(std::string_view key) const;
+  ValuePtr Get(int64_t key) const;
+  const std::vector<Item>& items() const { return items_; }
+  size_t size() const { return items_.size(); }
+
+ private:
+  std::vector<Item> items_;
+  std::unordered_map<std::string, size_t> index_;
+};
+
+struct Value {
+  enum class Kind { None, Bool, Int, BigInt, Float, Str, Bytes, List, Tuple, Set, Dict, Global, Object, Tensor, Storage };
+  Kind kind = Kind::None;
+  bool b = false;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;                  // Str, Bytes; BigInt: little-endian two's complement bytes
+  std::vector<ValuePtr> items;    // List, Tuple, Set; Object: items appended to a list subclass
+  pt::Dict dict;                  // Dict; Object: items set on a dict subclass
+  std::string module, name;       // Global, Object: the class
+  ValuePtr args, state;           // Object: constructor arguments (a Tuple) and __setstate__ state
+  bool via_new = false;           // Object: built by cls.__new__(cls, *args) (NEWOBJ), not cls(*args)
+  std::shared_ptr<TensorView> tensor;
+  std::shared_ptr<pt::Storage> storage;
+
+  static ValuePtr None();
+  static ValuePtr Bool(bool v);
+  static ValuePtr Int(int64_t v);
+  static ValuePtr Float(double v);
+  static ValuePtr Str(std::string v);
+  static ValuePtr Bytes(std::string v);
+  static ValuePtr Make(Kind kind);
+  static ValuePtr MakeObject(std::string module, std::string name, ValuePtr args = nullptr, ValuePtr state = nullptr);
+  static ValuePtr MakeTensor(TensorView view);
+
+  bool is(Kind k) const { return kind == k; }
+  bool IsSequence() const { return kind == Kind::List || kind == Kind::Tuple; }
+  std::string QualifiedName() const { return module + "." + name; }
+  // "dict", "list", "object argparse.Namespace", ... for error messages.
+  std::string TypeName() const;
+
+  // Typed access; each throws ucp::Error("expected X, found Y") on a mismatch.
+  int64_t AsInt() const;      // Int, Bool, and enum-like Objects whose first argument is an int
+  double AsFloat() const;     // Float or Int
+  bool AsBool() const;
+  const std::string& AsStr() const;
+  const TensorView& AsTensor() const;
+  const std::vector<ValuePtr>& AsSequence() const;  // List or Tuple
+  const pt::Dict& AsDict() const;
+
+  // Key of a Dict, or attribute of an Object (its state dict, as for Namespace and dataclasses).
+  // nullptr when absent or when this value has neither.
+  ValuePtr Get(std::string_view key) const;
+  // Like Get but throws ucp::Error naming the key when absent.
+  const Value& At(std::string_view key) const;
+};
+
+// Scalar Python-style key for dict indexing: "s:name", "i:3", "b:1", "n:"; empty if not scalar.
+std::string ScalarKey(const Value& v);
+
+}  // namespace ucp::pt

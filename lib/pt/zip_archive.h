@@ -1,0 +1,44 @@
+// The zip container of a torch.save file: central directory (zip64 aware), stored entries only,
+// every offset and size checked against the file before use. Entry payloads are spans into the
+// memory-mapped file, never copies.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "core/mapped_file.h"
+
+namespace ucp::pt {
+
+struct ZipEntry {
+  std::string name;
+  uint64_t data_offset = 0;  // of the payload inside the file
+  uint64_t size = 0;
+  uint32_t crc32 = 0;
+};
+
+class ZipArchive {
+ public:
+  // Parses the central directory of `file`. Throws ucp::Error naming the file on malformed input.
+  explicit ZipArchive(std::shared_ptr<MappedFile> file);
+
+  const std::string& path() const { return file_->path(); }
+  const std::shared_ptr<MappedFile>& file() const { return file_; }
+  const std::map<std::string, ZipEntry>& entries() const { return entries_; }
+  const ZipEntry* Find(const std::string& name) const;
+  std::span<const uint8_t> Payload(const ZipEntry& entry) const;
+  // Throws if the payload's CRC32 differs from the central directory's.
+  void VerifyCrc(const ZipEntry& entry) const;
+
+ private:
+  std::shared_ptr<MappedFile> file_;
+  std::map<std::string, ZipEntry> entries_;
+};
+
+uint32_t Crc32(uint32_t crc, std::span<const uint8_t> bytes);
+
+}  // namespace ucp::pt

@@ -1,0 +1,83 @@
+"""Writes torch.save files covering what ucp's reader must read, each with its expected canonical
+JSON (canonical.py) beside it: OUT/<case>.pt and OUT/<case>.json."""
+import argparse
+import collections
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from canonical import canonical  # noqa: E402
+import ds_stubs  # noqa: E402
+
+
+def cases():
+    g = torch.Generator().manual_seed(1234)
+    out = {}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+                  torch.int16, torch.int8, torch.uint8, torch.bool):
+        if dtype.is_floating_point:
+            t = torch.randn(3, 5, generator=g).to(dtype)
+        elif dtype == torch.bool:
+            t = torch.randint(0, 2, (3, 5), generator=g).bool()
+        else:
+            t = torch.randint(-100 if dtype != torch.uint8 else 0, 100, (3, 5), generator=g).to(dtype)
+        out[f"dtype_{str(dtype).replace('torch.', '')}"] = {"t": t}
+    base = torch.arange(60, dtype=torch.float32).reshape(6, 10)
+    out["views"] = {
+        "transposed": base.t(),                 # non-contiguous
+        "offset_slice": base[2:4, 3:7],         # storage offset + strides
+        "column": base[:, 5],                   # stride 10
+        "narrow_flat": base.view(-1)[7:19],     # offset, contiguous
+        "expanded": torch.tensor([1.0, 2.0]).expand(3, 2),  # stride 0
+        "scalar": torch.tensor(3.5),
+        "empty": torch.empty(0, 4),
+    }
+    shared = torch.randn(8, 4, generator=g)
+    out["shared_storage"] = {"a": shared, "b": shared[2:5], "c": shared.view(32)[1::3]}
+    out["nested"] = {
+        "list": [1, 2.5, "three", None, True, False, b"\x00\xffbytes", [torch.ones(2)], (4, (5, 6))],
+        "od": collections.OrderedDict([("z", 1), ("a", 2), (3, "int key"), ((1, 2), "tuple key")]),
+        "big": 2 ** 70, "neg": -(2 ** 40), "small_neg": -5, "i32": 2 ** 31 - 1, "i33": 2 ** 31,
+        "floats": [0.1, -0.0, float("inf"), 1e300], "set": {1, 2, 3}, "unicode": "päräm ∑",
+        "size": torch.Size([3, 4]), "param": torch.nn.Parameter(torch.randn(2, 2, generator=g)),
+    }
+    ns = argparse.Namespace(tensor_model_parallel_size=2, pipeline_model_parallel_size=1, num_layers=4,
+                            hidden_size=64, bf16=True, fp16=False, lr=1.5e-4, data_path=["a", "b"],
+                            params_dtype=torch.bfloat16, padded_vocab_size=512)
+    out["objects"] = {
+        "args": ns,
+        "zero_stage": ds_stubs.ZeroStageEnum.gradients,
+        "fragment": ds_stubs.fragment_address(numel=12, start=30),
+        "mappings": [collections.OrderedDict([("w", ds_stubs.fragment_address(numel=6, start=0))])],
+        "loss_scaler": ds_stubs.DynamicLossScaler(),
+        "dtype": torch.float16,
+        "rng": np.random.RandomState(3).get_state(),
+        "np_array": np.arange(6, dtype=np.uint32).reshape(2, 3),
+    }
+    # torch.save's default protocol is 2; newer protocols must read as well.
+    out["protocol4"] = {"w": torch.randn(4, 3, generator=g), "s": "x" * 300, "nested": {"k": [1, 2]}}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    for name, obj in cases().items():
+        path = os.path.join(a.out, name + ".pt")
+        if name == "protocol4":
+            torch.save(obj, path, pickle_protocol=4)
+        else:
+            torch.save(obj, path)
+        with open(os.path.join(a.out, name + ".json"), "w") as f:
+            json.dump(canonical(obj), f)
+    print(f"wrote {len(cases())} reader cases to {a.out}")
+
+
+if __name__ == "__main__":
+    main()
