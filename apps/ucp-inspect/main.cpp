@@ -1,0 +1,47 @@
+// ucp-inspect: flags only; the work is ucp::inspect::RunInspect.
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "inspect/inspect.h"
+#include "patterns/rules.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "ucp-inspect: what a checkpoint holds.\n\n"
+      "Reads a DeepSpeed / Megatron-DeepSpeed checkpoint folder (the folder with `latest`, or the\n"
+      "global_stepN folder itself) without loading tensor data, and prints the layout it was saved with\n"
+      "(framework, ZeRO stage, training dtype, DP/TP/PP degrees, iteration), its files, and every\n"
+      "parameter with its full shape, the pattern it has here and under TP > 1, the rule that decided\n"
+      "it, and its atomic size. Missing rank files, mismatched degrees, fragments that do not cover a\n"
+      "parameter, parameters no rule classifies and rules that match nothing are reported.\n\n"
+      "Exit status: 0 clean; 1 problems found (under --strict, the default); 2 unreadable input.\n\n"
+      "Examples:\n"
+      "  ucp-inspect ckpt/                      table\n"
+      "  ucp-inspect ckpt/ --json | jq .degrees  machine-readable (schemas/inspect.schema.json)\n"
+      "  ucp-inspect ckpt/ --params 'layernorm'  only matching parameters\n"
+      "  ucp-inspect ckpt/ --patterns patterns/megatron-llama-pipe.json\n"
+      "  ucp-inspect --list-patterns"};
+  std::string dir;
+  ucp::inspect::InspectOptions options;
+  options.patterns_dir = ucp::patterns::DefaultPatternsDir();
+  bool no_strict = false, list_patterns = false;
+  app.add_option("dir", dir, "checkpoint folder");
+  app.add_flag("--json", options.json, "print the report as JSON");
+  app.add_option("--params", options.params_regex, "only list parameters whose name matches this regex");
+  app.add_option("--patterns", options.pattern_files,
+                 "rule file(s) in DeepSpeed's universal_checkpoint_info keys, instead of detecting the model family")
+      ->check(CLI::ExistingFile);
+  app.add_option("--patterns-dir", options.patterns_dir, "folder of model-family rule files to detect from")
+      ->capture_default_str();
+  app.add_flag("--no-strict", no_strict, "report problems as warnings and exit 0");
+  app.add_flag("--verify", options.verify, "also read every tensor's bytes and check its CRC32");
+  app.add_flag("--list-patterns", list_patterns, "list the pattern vocabulary and the rule files available");
+  CLI11_PARSE(app, argc, argv);
+  options.strict = !no_strict;
+  if (list_patterns) return ucp::inspect::ListPatterns(options.patterns_dir, options.json, std::cout, std::cerr);
+  if (dir.empty()) {
+    std::cerr << "ucp-inspect: error: a checkpoint folder is required (see --help)\n";
+    return 2;
+  }
+  return ucp::inspect::RunInspect(dir, options, std::cout, std::cerr);
+}

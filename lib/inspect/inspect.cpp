@@ -1,0 +1,231 @@
+#include "inspect/inspect.h"
+
+#include <iomanip>
+#include <regex>
+#include <sstream>
+
+#include "core/error.h"
+#include "patterns/resolve.h"
+#include "source/deepspeed_layout.h"
+
+namespace ucp::inspect {
+namespace {
+
+using nlohmann::json;
+
+const char* KindName(source::FileKind k) {
+  switch (k) {
+    case source::FileKind::ModelStates: return "model_states";
+    case source::FileKind::LayerStates: return "layer_states";
+    case source::FileKind::ZeroOptimizer: return "optimizer_states";
+    case source::FileKind::Zero3ModelStates: return "zero3_model_states";
+  }
+  return "?";
+}
+
+std::string HumanBytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(u ? 1 : 0) << b << " " << units[u];
+  return s.str();
+}
+
+std::string Reason(const patterns::ParamPattern& p) {
+  if (!p.match) return p.vocab ? "vocabulary rule; no TP rule" : "no rule (default Shard-V)";
+  std::string src = p.match->source == "checkpoint universal_checkpoint_info" ? "checkpoint" : p.match->source;
+  auto slash = src.find_last_of('/');
+  if (slash != std::string::npos) src = src.substr(slash + 1);
+  return p.match->key + " '" + p.match->rule + "' (" + src + ")";
+}
+
+}  // namespace
+
+json InspectReport(const std::string& dir, const InspectOptions& options) {
+  source::SourceLayout L = source::IndexDeepSpeedCheckpoint(dir, {.verify_storage_crc = options.verify});
+  json r;
+  r["ucp_inspect_version"] = 1;
+  r["kind"] = "source";
+  r["path"] = L.root;
+  r["shard_dir"] = L.dir;
+  r["tag"] = L.tag;
+  r["framework"] = L.framework;
+  r["ds_version"] = L.ds_version;
+  r["optimizer"] = L.optimizer;
+  r["zero_stage"] = L.zero_stage;
+  r["dtype"] = L.dtype;
+  r["degrees"] = {{"dp", L.dp}, {"tp", L.tp}, {"pp", L.pp}};
+  r["iteration"] = L.iteration;
+  r["naming"] = L.naming;
+  json files = json::array();
+  for (const auto& f : L.files) {
+    json e = {{"name", f.name}, {"kind", KindName(f.kind)}, {"tp", f.tp}};
+    if (f.kind == source::FileKind::LayerStates) e["layer"] = f.layer;
+    else e["pp"] = f.pp;
+    if (f.kind == source::FileKind::ZeroOptimizer || f.kind == source::FileKind::Zero3ModelStates) e["dp"] = f.dp;
+    files.push_back(e);
+  }
+  r["files"] = files;
+  json errors = L.errors, problems = L.problems, notes = L.notes;
+  json params = json::array();
+  int64_t total_numel = 0, vocab_rows = 0;
+  json uc = {{"present", L.universal_checkpoint_info != nullptr}};
+  json family = nullptr;
+  if (L.errors.empty()) {
+    patterns::ResolveOptions ro{options.pattern_files, options.patterns_dir};
+    patterns::ModelPatterns M = patterns::ResolvePatterns(L, ro);
+    for (const auto& p : M.problems) problems.push_back(p);
+    for (const auto& n : M.notes) notes.push_back(n);
+    if (M.checkpoint_rules) {
+      const auto& cr = *M.checkpoint_rules;
+      uc["version"] = cr.version ? json(*cr.version) : json(nullptr);
+      uc["has_sub_param_shard_widths"] = !cr.shard_widths.empty();
+      uc["original_vocab_size"] = cr.original_vocab_size ? json(*cr.original_vocab_size) : json(nullptr);
+      uc["padded_vocab_size"] = cr.padded_vocab_size ? json(*cr.padded_vocab_size) : json(nullptr);
+      std::string variant = cr.version ? "universal-checkpoint " + json(*cr.version).dump() : "unversioned";
+      variant += cr.shard_widths.empty() ? ", no sub_param_shard_widths" : ", with sub_param_shard_widths";
+      if (cr.sub_params.empty()) variant += ", no sub-parameter rules";
+      uc["variant"] = variant;
+    }
+    if (M.family) family = {{"name", M.family->family}, {"source", M.family->source}, {"explicit", M.family_explicit}};
+    std::optional<std::regex> filter;
+    if (!options.params_regex.empty()) {
+      try {
+        filter.emplace(options.params_regex);
+      } catch (const std::regex_error& e) {
+        throw Error("--params '" + options.params_regex + "': invalid regular expression: " + e.what());
+      }
+    }
+    for (size_t k = 0; k < M.params.size(); ++k) {
+      const auto& p = M.params[k];
+      const source::ParamRecord& rec = *L.Find(p.name);
+      int64_t numel = 1;
+      for (int64_t d : p.full_shape) numel *= d;
+      total_numel += numel;
+      vocab_rows += p.vocab_padding_rows;
+      if (filter && !std::regex_search(p.name, *filter)) continue;
+      json local = json::object();
+      for (const auto& [t, s] : rec.tp_shape) local[std::to_string(t)] = s;
+      json e = {{"name", p.name},
+                {"shape", p.full_shape},
+                {"local_shapes", local},
+                {"numel", numel},
+                {"dtype", L.dtype},
+                {"group", rec.group},
+                {"stages", rec.stages},
+                {"pattern", patterns::PatternName(p.here)},
+                {"model_pattern", patterns::PatternName(p.model_pattern)},
+                {"reason", Reason(p)},
+                {"vocab", p.vocab},
+                {"vocab_padding_rows", p.vocab_padding_rows},
+                {"pp_replicated", p.pp_replicated},
+                {"bytes_atomic", numel * 4 * 3}};
+      if (p.match) e["rule"] = {{"key", p.match->key}, {"pattern", p.match->rule}, {"source", p.match->source}};
+      if (!p.sub_param_sizes.empty()) e["sub_param_sizes"] = p.sub_param_sizes;
+      params.push_back(e);
+    }
+  }
+  r["universal_checkpoint_info"] = uc;
+  r["family"] = family;
+  r["params"] = params;
+  r["padding"] = {{"zero_elements", L.zero_padding_elements}, {"vocab_rows", vocab_rows}};
+  r["totals"] = {{"params", L.params.size()}, {"numel", total_numel}, {"bytes_atomic", total_numel * 12}};
+  r["errors"] = errors;
+  r["problems"] = problems;
+  r["notes"] = notes;
+  r["strict"] = options.strict;
+  r["ok"] = errors.empty() && (problems.empty() || !options.strict);
+  return r;
+}
+
+int RunInspect(const std::string& dir, const InspectOptions& options, std::ostream& out, std::ostream& err) {
+  json r;
+  try {
+    r = InspectReport(dir, options);
+  } catch (const std::exception& e) {
+    err << "ucp-inspect: error: " << e.what() << "\n";
+    return 2;
+  }
+  int code = !r["errors"].empty() ? 2 : (!r["problems"].empty() && options.strict ? 1 : 0);
+  if (options.json) {
+    out << r.dump(1) << "\n";
+  } else {
+    const auto& d = r["degrees"];
+    out << "checkpoint   " << r["path"].get<std::string>() << "  (tag " << r["tag"].get<std::string>() << ")\n"
+        << "framework    " << r["framework"].get<std::string>() << "  (DeepSpeed " << r["ds_version"].get<std::string>()
+        << ", " << r["naming"].get<std::string>() << " naming)\n"
+        << "layout       dp=" << d["dp"] << " tp=" << d["tp"] << " pp=" << d["pp"] << "  ZeRO-" << r["zero_stage"]
+        << " (" << r["optimizer"].get<std::string>() << "), " << r["dtype"].get<std::string>() << "\n"
+        << "iteration    " << r["iteration"] << "\n";
+    const auto& uc = r["universal_checkpoint_info"];
+    out << "uc info      " << (uc["present"].get<bool>() ? uc.value("variant", "present") : "absent") << "\n";
+    out << "model rules  "
+        << (r["family"].is_null() ? std::string("none")
+                                  : r["family"]["name"].get<std::string>() + " (" + r["family"]["source"].get<std::string>() + ")")
+        << "\n";
+    // The file grid: one line per kind.
+    std::map<std::string, int> kinds;
+    for (const auto& f : r["files"]) kinds[f["kind"].get<std::string>()]++;
+    out << "files        ";
+    for (const auto& [k, n] : kinds) out << n << " " << k << "  ";
+    out << "\n\n";
+    size_t w = 9;
+    for (const auto& p : r["params"]) w = std::max(w, p["name"].get<std::string>().size());
+    out << std::left << std::setw(w + 2) << "parameter" << std::setw(14) << "shape" << std::setw(11) << "pattern"
+        << std::setw(11) << "under TP>1" << std::setw(11) << "size" << "rule\n";
+    for (const auto& p : r["params"]) {
+      std::string shape = "[";
+      for (size_t k = 0; k < p["shape"].size(); ++k) shape += (k ? "," : "") + p["shape"][k].dump();
+      shape += "]";
+      std::string rule = p["reason"].get<std::string>();
+      if (p["vocab_padding_rows"].get<int64_t>() > 0)
+        rule += "; vocab padding " + p["vocab_padding_rows"].dump() + " rows";
+      if (p.contains("sub_param_sizes")) rule += "; sub-params " + p["sub_param_sizes"].dump();
+      out << std::setw(w + 2) << p["name"].get<std::string>() << std::setw(14) << shape << std::setw(11)
+          << p["pattern"].get<std::string>() << std::setw(11) << p["model_pattern"].get<std::string>() << std::setw(11)
+          << HumanBytes(p["bytes_atomic"].get<double>()) << rule << "\n";
+    }
+    out << "\n" << r["totals"]["params"] << " parameters, " << r["totals"]["numel"] << " elements, atomic size "
+        << HumanBytes(r["totals"]["bytes_atomic"].get<double>()) << "; padding: " << r["padding"]["zero_elements"]
+        << " ZeRO elements, " << r["padding"]["vocab_rows"] << " vocabulary rows\n";
+    for (const auto& n : r["notes"]) out << "note: " << n.get<std::string>() << "\n";
+  }
+  for (const auto& e : r["errors"]) err << "ucp-inspect: error: " << e.get<std::string>() << "\n";
+  for (const auto& p : r["problems"])
+    err << "ucp-inspect: " << (options.strict ? "error" : "warning") << ": " << p.get<std::string>() << "\n";
+  if (code == 1) err << "ucp-inspect: " << r["problems"].size() << " problem(s); --no-strict reports them as warnings\n";
+  return code;
+}
+
+int ListPatterns(const std::string& patterns_dir, bool json_out, std::ostream& out, std::ostream& err) {
+  static const std::vector<std::pair<const char*, const char*>> vocabulary = {
+      {"Unique", "a PP stage owns the parameter alone"},
+      {"Replicate", "identical on every TP rank (LayerNorm, row-parallel biases); tied embeddings across PP"},
+      {"Partial", "updated independently per rank; union is the element-wise mean"},
+      {"Shard-V", "split along dim 0 (column-parallel weights, vocabulary-parallel embeddings)"},
+      {"Shard-H", "split along dim 1 (row-parallel weights)"},
+      {"Shard-NC", "fused tensor split per sub-parameter (GQA fused QKV, SwiGLU [gate; up])"}};
+  std::vector<patterns::RuleSet> families;
+  try {
+    families = patterns::LoadFamilyFiles(patterns_dir);
+  } catch (const std::exception& e) {
+    err << "ucp-inspect: error: " << e.what() << "\n";
+    return 2;
+  }
+  if (json_out) {
+    json j = {{"patterns", json::array()}, {"families", json::array()}};
+    for (const auto& [n, d] : vocabulary) j["patterns"].push_back({{"name", n}, {"description", d}});
+    for (const auto& f : families)
+      j["families"].push_back({{"name", f.family}, {"file", f.source}, {"description", f.description}, {"rules", f.RuleCount()}});
+    out << j.dump(1) << "\n";
+    return 0;
+  }
+  out << "patterns:\n";
+  for (const auto& [n, d] : vocabulary) out << "  " << std::left << std::setw(10) << n << d << "\n";
+  out << "\nmodel-family rule files in " << patterns_dir << ":\n";
+  for (const auto& f : families) out << "  " << std::setw(22) << f.family << f.description << "\n";
+  return 0;
+}
+
+}  // namespace ucp::inspect

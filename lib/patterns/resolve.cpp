@@ -1,0 +1,215 @@
+#include "patterns/resolve.h"
+
+#include <map>
+
+#include "core/error.h"
+
+namespace ucp::patterns {
+namespace {
+
+int64_t ArgInt(const source::SourceLayout& L, const char* key) {
+  if (!L.args) return -1;
+  auto v = L.args->Get(key);
+  return v && v->kind == pt::Value::Kind::Int ? v->i : -1;
+}
+
+// q_proj / kv_proj / ffn from the Megatron args; -1 when unknown.
+int64_t ResolveSize(const std::string& size, const source::SourceLayout& L) {
+  if (!size.empty() && std::isdigit(static_cast<unsigned char>(size[0]))) return std::stoll(size);
+  int64_t heads = ArgInt(L, "num_attention_heads"), kv_heads = ArgInt(L, "num_key_value_heads");
+  int64_t kv_channels = ArgInt(L, "kv_channels"), hidden = ArgInt(L, "hidden_size");
+  if (kv_channels < 0 && hidden > 0 && heads > 0) kv_channels = hidden / heads;
+  if (kv_heads < 0) kv_heads = heads;
+  if (size == "q_proj" && heads > 0 && kv_channels > 0) return heads * kv_channels;
+  if (size == "kv_proj" && kv_heads > 0 && kv_channels > 0) return kv_heads * kv_channels;
+  if (size == "ffn") return ArgInt(L, "ffn_hidden_size");
+  return -1;
+}
+
+size_t CountMatched(const RuleSet& rules, const source::SourceLayout& L, size_t* unmatched_rules) {
+  size_t matched = 0;
+  std::set<std::string> used;
+  for (const auto& p : L.params) {
+    bool any = false;
+    if (auto m = Classify(rules, p.name)) any = true, used.insert(m->key + "\n" + m->rule);
+    for (const char* key : {kVocabKey, kPipelineReplicatedKey}) {
+      auto it = rules.lists.find(key);
+      if (it == rules.lists.end()) continue;
+      for (const auto& re : it->second)
+        if (re.Matches(p.name)) any = true, used.insert(std::string(key) + "\n" + re.text);
+    }
+    matched += any;
+  }
+  *unmatched_rules = 0;
+  for (const auto& [key, list] : rules.lists)
+    for (const auto& re : list) *unmatched_rules += !used.count(key + "\n" + re.text);
+  for (const auto& sp : rules.sub_params)
+    for (const auto& re : sp.patterns) *unmatched_rules += !used.count(std::string(kSubParamsKey) + "\n" + re.text);
+  return matched;
+}
+
+// Rules of `rules` that match no parameter.
+std::vector<std::string> UnmatchedRules(const RuleSet& rules, const source::SourceLayout& L) {
+  std::vector<std::string> out;
+  auto any = [&](const Regex& re) {
+    for (const auto& p : L.params)
+      if (re.Matches(p.name)) return true;
+    return false;
+  };
+  for (const auto& [key, list] : rules.lists)
+    for (const auto& re : list)
+      if (!any(re)) out.push_back(key + " '" + re.text + "'");
+  for (const auto& sp : rules.sub_params)
+    for (const auto& re : sp.patterns)
+      if (!any(re)) out.push_back(std::string(kSubParamsKey) + " '" + re.text + "'");
+  return out;
+}
+
+}  // namespace
+
+ModelPatterns ResolvePatterns(const source::SourceLayout& L, const ResolveOptions& options) {
+  ModelPatterns M;
+  if (L.universal_checkpoint_info) {
+    try {
+      M.checkpoint_rules = RuleSet::FromCheckpointInfo(*L.universal_checkpoint_info);
+    } catch (const std::exception& e) {
+      M.problems.push_back(std::string("universal_checkpoint_info is malformed: ") + e.what());
+    }
+  }
+  if (!options.pattern_files.empty()) {
+    // Several files given: their rules are used together, first file first.
+    M.family = RuleSet::FromFile(options.pattern_files[0]);
+    M.family_explicit = true;
+    for (size_t k = 1; k < options.pattern_files.size(); ++k) {
+      RuleSet more = RuleSet::FromFile(options.pattern_files[k]);
+      for (auto& [key, list] : more.lists) M.family->lists[key].insert(M.family->lists[key].end(), list.begin(), list.end());
+      M.family->sub_params.insert(M.family->sub_params.end(), more.sub_params.begin(), more.sub_params.end());
+      M.family->source += ", " + more.source;
+    }
+  } else if (!options.patterns_dir.empty()) {
+    // The family whose rules classify the most parameters; fewer rules left unused breaks ties.
+    size_t best_matched = 0, best_unused = SIZE_MAX;
+    for (auto& rules : LoadFamilyFiles(options.patterns_dir)) {
+      size_t unused = 0, matched = CountMatched(rules, L, &unused);
+      if (matched > best_matched || (matched == best_matched && matched > 0 && unused < best_unused)) {
+        best_matched = matched, best_unused = unused;
+        M.family = std::move(rules);
+      }
+    }
+    if (M.family && best_matched * 2 < L.params.size()) M.family.reset();  // not this model
+    if (M.family)
+      M.notes.push_back("model family '" + M.family->family + "' (" + M.family->source + ") classifies " +
+                        std::to_string(best_matched) + " of " + std::to_string(L.params.size()) + " parameters");
+    else
+      M.notes.push_back("no model family in " + options.patterns_dir + " fits these parameter names");
+  }
+
+  if (M.checkpoint_rules)
+    for (const auto& r : UnmatchedRules(*M.checkpoint_rules, L))
+      M.problems.push_back("checkpoint rule " + r + " matches no parameter");
+  if (M.family) {
+    for (const auto& r : UnmatchedRules(*M.family, L)) {
+      if (M.family_explicit) M.problems.push_back("rule " + r + " of " + M.family->source + " matches no parameter");
+      else M.notes.push_back("family rule " + r + " matches no parameter (optional in this model)");
+    }
+  }
+
+  // Widths that DeepSpeed >= 0.4 requires for sub-parameter rules.
+  if (M.checkpoint_rules && M.checkpoint_rules->version && *M.checkpoint_rules->version >= 0.4)
+    for (const auto& sp : M.checkpoint_rules->sub_params)
+      for (const auto& re : sp.patterns)
+        if (!M.checkpoint_rules->shard_widths.count(re.text))
+          M.problems.push_back("universal_checkpoint_version " + std::to_string(*M.checkpoint_rules->version) +
+                               " requires sub_param_shard_widths for '" + re.text + "', which is absent");
+
+  for (const auto& p : L.params) {
+    ParamPattern r;
+    r.name = p.name;
+    std::optional<Match> own = M.checkpoint_rules ? Classify(*M.checkpoint_rules, p.name) : std::nullopt;
+    std::optional<Match> fam = M.family ? Classify(*M.family, p.name) : std::nullopt;
+    for (const auto* m : {&own, &fam})
+      if (*m && !(*m)->also_matched.empty())
+        M.problems.push_back("parameter '" + p.name + "' is matched by two rules of " + (*m)->source + ": " +
+                             (*m)->key + " and " + (*m)->also_matched[0]);
+    if (own && fam && own->pattern != fam->pattern)
+      M.problems.push_back("parameter '" + p.name + "': the checkpoint says " + std::string(PatternName(own->pattern)) +
+                           " (" + own->key + ") but " + fam->source + " says " + std::string(PatternName(fam->pattern)) +
+                           " (" + fam->key + ")");
+    r.match = own ? own : fam;
+    for (const RuleSet* rs : {M.checkpoint_rules ? &*M.checkpoint_rules : nullptr, M.family ? &*M.family : nullptr}) {
+      if (!rs) continue;
+      r.vocab |= IsVocab(*rs, p.name);
+      r.pp_replicated |= IsPipelineReplicated(*rs, p.name);
+    }
+    if (r.match) {
+      r.model_pattern = r.match->pattern;
+    } else if (!r.vocab) {
+      M.problems.push_back("parameter '" + p.name + "' matches no rule: its TP split is unknown (taken as Shard-V)");
+    }
+    int tp = L.tp;
+    if (tp > 1) r.here = r.model_pattern;
+    else r.here = (r.pp_replicated && p.stages.size() > 1) ? Pattern::Replicate : Pattern::Unique;
+
+    // Join the TP pieces.
+    bool complete = true;
+    for (int t = 0; t < tp; ++t)
+      if (!p.tp_shape.count(t)) {
+        M.problems.push_back("parameter '" + p.name + "' has no shape at tp=" + std::to_string(t));
+        complete = false;
+      }
+    if (!complete) continue;
+    std::vector<int64_t> full = p.tp_shape.at(0);
+    int dim = -1;
+    if (r.model_pattern == Pattern::ShardH) dim = 1;
+    else if (r.model_pattern == Pattern::ShardV || r.model_pattern == Pattern::ShardNC) dim = r.match ? r.match->cat_dim : 0;
+    if (tp > 1 && (r.model_pattern == Pattern::Replicate || r.model_pattern == Pattern::Partial)) {
+      for (int t = 1; t < tp; ++t)
+        if (p.tp_shape.at(t) != full)
+          M.problems.push_back("parameter '" + p.name + "' is " + std::string(PatternName(r.model_pattern)) +
+                               " but its shape differs across TP ranks");
+    } else if (tp > 1) {
+      if (dim >= static_cast<int>(full.size())) {
+        M.problems.push_back("parameter '" + p.name + "' of shape " + pt::ShapeString(full) + " cannot be split on dim " +
+                             std::to_string(dim));
+        continue;
+      }
+      for (int t = 1; t < tp; ++t) full[dim] += p.tp_shape.at(t)[dim];
+    }
+    if (r.vocab && !full.empty()) {
+      auto original = M.checkpoint_rules ? M.checkpoint_rules->original_vocab_size : std::nullopt;
+      if (original && *original <= full[0]) {
+        r.vocab_padding_rows = full[0] - *original;
+        full[0] = *original;
+      } else if (!original) {
+        M.notes.push_back("parameter '" + p.name + "' is a vocabulary tensor but original_vocab_size is unknown: "
+                          "its padding cannot be stripped");
+      }
+    }
+    r.full_shape = full;
+    if (r.match && r.match->sub_params) {
+      int64_t sum = 0;
+      for (const auto& s : r.match->sub_params->sizes) {
+        int64_t v = ResolveSize(s, L);
+        r.sub_param_sizes.push_back(v);
+        sum += v;
+      }
+      int pd = r.match->sub_params->partition_dim;
+      if (r.sub_param_sizes.size() == 1 && r.sub_param_sizes[0] > 0 && pd < (int)full.size() &&
+          r.sub_param_sizes[0] != full[pd]) {
+        // Pre-0.4 scalar: N equal sub-parameters.
+        int64_t n = r.sub_param_sizes[0];
+        r.sub_param_sizes.assign(n, full[pd] / n);
+        sum = full[pd];
+      }
+      if (pd >= (int)full.size() || sum != full[pd])
+        M.problems.push_back("parameter '" + p.name + "': sub-parameter sizes do not add up to its dim " +
+                             std::to_string(pd) + " of " + pt::ShapeString(full));
+    } else if (r.match && r.match->n_sub_params == 2 && !full.empty()) {
+      r.sub_param_sizes = {full[0] / 2, full[0] / 2};
+    }
+    M.params.push_back(std::move(r));
+  }
+  return M;
+}
+
+}  // namespace ucp::patterns

@@ -1,0 +1,44 @@
+// Every parameter's pattern for one checkpoint: the checkpoint's own rules merged with the rules of
+// its model family (patterns/), because patterns belong to the model and a TP=1 checkpoint's own
+// info does not say which weights are row-parallel (DESIGN.md section 2). Also the full shape each
+// parameter has once its TP pieces are joined and the vocabulary padding stripped.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "patterns/rules.h"
+#include "source/deepspeed_layout.h"
+
+namespace ucp::patterns {
+
+struct ParamPattern {
+  std::string name;
+  Pattern model_pattern = Pattern::ShardV;  // what it is under TP > 1
+  Pattern here = Pattern::Unique;           // what it is in this checkpoint's layout
+  std::optional<Match> match;               // the deciding rule; empty: no rule, default Shard-V
+  bool vocab = false;
+  bool pp_replicated = false;
+  std::vector<int64_t> sub_param_sizes;  // Shard-NC: sizes along the split dim, resolved
+  std::vector<int64_t> full_shape;       // joined over TP, vocabulary padding stripped
+  int64_t vocab_padding_rows = 0;        // rows of padding in the joined tensor
+};
+
+struct ModelPatterns {
+  std::optional<RuleSet> checkpoint_rules;
+  std::optional<RuleSet> family;  // auto-detected or given with --patterns
+  bool family_explicit = false;
+  std::vector<ParamPattern> params;    // in the layout's order
+  std::vector<std::string> problems;   // fatal under --strict
+  std::vector<std::string> notes;
+};
+
+struct ResolveOptions {
+  std::vector<std::string> pattern_files;  // --patterns: used instead of auto-detection
+  std::string patterns_dir;                // family files to detect from
+};
+
+ModelPatterns ResolvePatterns(const source::SourceLayout& layout, const ResolveOptions& options);
+
+}  // namespace ucp::patterns

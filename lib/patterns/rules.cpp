@@ -1,0 +1,257 @@
+#include "patterns/rules.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "core/error.h"
+
+namespace ucp::patterns {
+namespace {
+
+const std::vector<std::string>& ListKeys() {
+  static const std::vector<std::string> keys = {kReplicateKey, kAverageKey,    kTwoSubParamsKey, kRowParallelKey,
+                                                kColumnParallelKey, kVocabKey, kPipelineReplicatedKey};
+  return keys;
+}
+
+Regex Compile(const std::string& text, const std::string& where) {
+  try {
+    return Regex{text, std::regex(text, std::regex::ECMAScript)};
+  } catch (const std::regex_error& e) {
+    throw Error(where + ": invalid regular expression '" + text + "': " + e.what());
+  }
+}
+
+std::vector<Regex> StringList(const nlohmann::json& v, const std::string& where) {
+  if (!v.is_array()) throw Error(where + ": expected an array of strings, found " + std::string(v.type_name()));
+  std::vector<Regex> out;
+  for (size_t k = 0; k < v.size(); ++k) {
+    if (!v[k].is_string())
+      throw Error(where + "[" + std::to_string(k) + "]: expected a string, found " + v[k].type_name());
+    out.push_back(Compile(v[k].get<std::string>(), where + "[" + std::to_string(k) + "]"));
+  }
+  return out;
+}
+
+std::string SizeText(const nlohmann::json& v, const std::string& where) {
+  if (v.is_number_integer() && v.get<int64_t>() > 0) return std::to_string(v.get<int64_t>());
+  if (v.is_string()) {
+    static const std::set<std::string> symbols = {"q_proj", "kv_proj", "ffn"};
+    if (!symbols.count(v.get<std::string>()))
+      throw Error(where + ": unknown size symbol '" + v.get<std::string>() + "' (known: q_proj, kv_proj, ffn)");
+    return v.get<std::string>();
+  }
+  throw Error(where + ": expected a positive integer or a size symbol, found " + v.dump());
+}
+
+// A pt::Value (the checkpoint's pickled info) as JSON, for one validation path.
+nlohmann::json ToJson(const pt::Value& v, const std::string& where) {
+  using K = pt::Value::Kind;
+  switch (v.kind) {
+    case K::None: return nullptr;
+    case K::Bool: return v.b;
+    case K::Int: return v.i;
+    case K::Float: return v.f;
+    case K::Str: return v.s;
+    case K::List:
+    case K::Tuple: {
+      auto a = nlohmann::json::array();
+      for (const auto& e : v.items) a.push_back(ToJson(*e, where));
+      return a;
+    }
+    case K::Dict: {
+      auto o = nlohmann::json::object();
+      for (const auto& it : v.dict.items()) {
+        if (it.key->kind != K::Str) throw Error(where + ": non-string key of type " + it.key->TypeName());
+        o[it.key->s] = ToJson(*it.value, where + "." + it.key->s);
+      }
+      return o;
+    }
+    case K::Object:  // SubparamShape and similar dataclasses: their fields
+      if (v.state && v.state->kind == K::Dict) return ToJson(*v.state, where);
+      [[fallthrough]];
+    default: throw Error(where + ": unexpected " + v.TypeName());
+  }
+}
+
+}  // namespace
+
+std::string_view PatternName(Pattern p) {
+  switch (p) {
+    case Pattern::Unique: return "Unique";
+    case Pattern::Replicate: return "Replicate";
+    case Pattern::Partial: return "Partial";
+    case Pattern::ShardV: return "Shard-V";
+    case Pattern::ShardH: return "Shard-H";
+    case Pattern::ShardNC: return "Shard-NC";
+  }
+  return "?";
+}
+
+bool Regex::Matches(const std::string& name) const {
+  return std::regex_search(name, re, std::regex_constants::match_continuous);
+}
+
+RuleSet RuleSet::FromJson(const nlohmann::json& j, const std::string& source) {
+  if (!j.is_object()) throw Error(source + ": expected a JSON object of rule lists");
+  RuleSet r;
+  r.source = source;
+  for (const auto& [key, value] : j.items()) {
+    std::string where = source + ": '" + key + "'";
+    if (key == "$schema") continue;
+    if (std::find(ListKeys().begin(), ListKeys().end(), key) != ListKeys().end()) {
+      r.lists[key] = StringList(value, where);
+    } else if (key == kSubParamsKey) {
+      if (!value.is_array()) throw Error(where + ": expected an array of {patterns, shape, partition_dim}");
+      for (size_t k = 0; k < value.size(); ++k) {
+        std::string w = where + "[" + std::to_string(k) + "]";
+        const auto& e = value[k];
+        if (!e.is_object() || !e.contains("patterns") || !e.contains("shape") || !e.contains("partition_dim"))
+          throw Error(w + ": expected an object with 'patterns', 'shape' and 'partition_dim'");
+        SubParamRule rule;
+        rule.patterns = StringList(e["patterns"], w + ".patterns");
+        if (!e["partition_dim"].is_number_integer()) throw Error(w + ".partition_dim: expected an integer");
+        rule.partition_dim = e["partition_dim"].get<int>();
+        const auto& shape = e["shape"];
+        if (!shape.is_array() || rule.partition_dim < 0 || rule.partition_dim >= static_cast<int>(shape.size()))
+          throw Error(w + ".shape: expected an array with an entry at partition_dim " +
+                      std::to_string(rule.partition_dim));
+        const auto& sizes = shape[rule.partition_dim];
+        if (sizes.is_array()) {
+          for (size_t s = 0; s < sizes.size(); ++s)
+            rule.sizes.push_back(SizeText(sizes[s], w + ".shape[" + std::to_string(rule.partition_dim) + "]"));
+        } else {
+          // Before universal-checkpoint 0.4 a scalar here is accepted (one or N equal sub-params).
+          rule.sizes.push_back(SizeText(sizes, w + ".shape"));
+        }
+        r.sub_params.push_back(std::move(rule));
+      }
+    } else if (key == "sub_param_shard_widths") {
+      if (!value.is_object()) throw Error(where + ": expected an object pattern -> [[width per TP rank]]");
+      for (const auto& [pattern, widths] : value.items()) {
+        try {
+          r.shard_widths[pattern] = widths.get<std::vector<std::vector<int64_t>>>();
+        } catch (const std::exception&) {
+          throw Error(where + "['" + pattern + "']: expected a list (per sub-parameter) of lists of integers");
+        }
+      }
+    } else if (key == "universal_checkpoint_version") {
+      if (!value.is_number()) throw Error(where + ": expected a number");
+      r.version = value.get<double>();
+    } else if (key == "original_vocab_size" || key == "padded_vocab_size") {
+      if (!value.is_number_integer()) throw Error(where + ": expected an integer");
+      (key == "original_vocab_size" ? r.original_vocab_size : r.padded_vocab_size) = value.get<int64_t>();
+    } else if (key == "ucp_family") {
+      if (!value.is_object() || !value.contains("name") || !value["name"].is_string())
+        throw Error(where + ": expected an object with a string 'name'");
+      r.family = value["name"].get<std::string>();
+      r.description = value.value("description", "");
+    } else {
+      throw Error(where + ": unknown key (see schemas/patterns.schema.json)");
+    }
+  }
+  return r;
+}
+
+RuleSet RuleSet::FromFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open pattern file");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error(path + ": not valid JSON: " + e.what());
+  }
+  return FromJson(j, path);
+}
+
+RuleSet RuleSet::FromCheckpointInfo(const pt::Value& info) {
+  const std::string source = "checkpoint universal_checkpoint_info";
+  nlohmann::json j = ToJson(info, source);
+  // Keys DeepSpeed versions add that carry no pattern (AutoTP metadata and the like) are kept out.
+  nlohmann::json known = nlohmann::json::object();
+  for (const auto& [key, value] : j.items()) {
+    bool listed = std::find(ListKeys().begin(), ListKeys().end(), key) != ListKeys().end();
+    if (listed || key == kSubParamsKey || key == "sub_param_shard_widths" || key == "universal_checkpoint_version" ||
+        key == "original_vocab_size" || key == "padded_vocab_size")
+      known[key] = value;
+  }
+  return FromJson(known, source);
+}
+
+size_t RuleSet::RuleCount() const {
+  size_t n = sub_params.size();
+  for (const auto& [k, v] : lists) n += v.size();
+  return n;
+}
+
+namespace {
+const Regex* FirstMatch(const RuleSet& rules, const char* key, const std::string& name) {
+  auto it = rules.lists.find(key);
+  if (it == rules.lists.end()) return nullptr;
+  for (const auto& re : it->second)
+    if (re.Matches(name)) return &re;
+  return nullptr;
+}
+}  // namespace
+
+std::optional<Match> Classify(const RuleSet& rules, const std::string& name) {
+  std::optional<Match> found;
+  auto consider = [&](const char* key, Pattern p, const std::string& rule, int cat_dim) {
+    if (found) {
+      found->also_matched.push_back(key);
+      return;
+    }
+    found = Match{p, key, rule, rules.source, nullptr, 0, 0, {}};
+    found->cat_dim = cat_dim;
+  };
+  if (auto* re = FirstMatch(rules, kReplicateKey, name)) consider(kReplicateKey, Pattern::Replicate, re->text, 0);
+  if (auto* re = FirstMatch(rules, kAverageKey, name)) consider(kAverageKey, Pattern::Partial, re->text, 0);
+  if (auto* re = FirstMatch(rules, kTwoSubParamsKey, name)) {
+    bool first = !found;
+    consider(kTwoSubParamsKey, Pattern::ShardNC, re->text, 0);
+    if (first) found->n_sub_params = 2;
+  }
+  for (const auto& rule : rules.sub_params) {
+    for (const auto& re : rule.patterns) {
+      if (!re.Matches(name)) continue;
+      bool first = !found;
+      consider(kSubParamsKey, Pattern::ShardNC, re.text, rule.partition_dim);
+      if (first) {
+        found->sub_params = &rule;
+        found->n_sub_params = static_cast<int>(rule.sizes.size());
+      }
+      break;
+    }
+  }
+  if (auto* re = FirstMatch(rules, kRowParallelKey, name)) consider(kRowParallelKey, Pattern::ShardH, re->text, 1);
+  if (auto* re = FirstMatch(rules, kColumnParallelKey, name)) consider(kColumnParallelKey, Pattern::ShardV, re->text, 0);
+  return found;
+}
+
+bool IsVocab(const RuleSet& rules, const std::string& name) { return FirstMatch(rules, kVocabKey, name) != nullptr; }
+bool IsPipelineReplicated(const RuleSet& rules, const std::string& name) {
+  return FirstMatch(rules, kPipelineReplicatedKey, name) != nullptr;
+}
+
+std::vector<RuleSet> LoadFamilyFiles(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> paths;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".json") paths.push_back(e.path().string());
+  if (ec) throw Error(dir + ": cannot list pattern files: " + ec.message());
+  std::sort(paths.begin(), paths.end());
+  std::vector<RuleSet> out;
+  for (const auto& p : paths) out.push_back(RuleSet::FromFile(p));
+  return out;
+}
+
+std::string DefaultPatternsDir() {
+  if (const char* env = std::getenv("UCP_PATTERNS_DIR")) return env;
+  return std::string(UCP_SOURCE_DIR) + "/patterns";
+}
+
+}  // namespace ucp::patterns

@@ -1,0 +1,381 @@
+#include "source/deepspeed_layout.h"
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "core/error.h"
+
+namespace ucp::source {
+namespace fs = std::filesystem;
+using pt::Value;
+
+namespace {
+
+std::string Trimmed(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+// The shard folder: dir/<contents of dir/latest> when `latest` exists, else `dir` itself.
+std::string ResolveShardDir(const std::string& dir, std::string* tag) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw Error(dir + ": not a directory");
+  fs::path latest = fs::path(dir) / "latest";
+  if (!fs::exists(latest)) {
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().extension() == ".pt") {
+        *tag = fs::path(dir).filename().string();
+        return dir;
+      }
+    throw Error(dir + ": no .pt shard files and no 'latest' file: not a DeepSpeed checkpoint folder");
+  }
+  std::ifstream in(latest);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  *tag = Trimmed(text);
+  if (tag->empty() || tag->find('/') != std::string::npos || *tag == "..")
+    throw Error(latest.string() + ": does not name a tag folder (found '" + text + "')");
+  fs::path shard_dir = fs::path(dir) / *tag;
+  if (!fs::is_directory(shard_dir)) throw Error(latest.string() + ": names '" + *tag + "', which is not a folder");
+  return shard_dir.string();
+}
+
+// DeepSpeed's ZeroStageEnum, pickled as ZeroStageEnum(2) or, by Python >= 3.11, getattr(ZeroStageEnum, 'gradients').
+int ZeroStageOf(const Value& v) {
+  if (v.kind == Value::Kind::Object && v.QualifiedName() == "builtins.getattr" && v.args && v.args->items.size() == 2 &&
+      v.args->items[1]->kind == Value::Kind::Str) {
+    static const std::map<std::string, int> names = {
+        {"disabled", 0}, {"optimizer_states", 1}, {"gradients", 2}, {"weights", 3}, {"max_stage", 3}};
+    auto it = names.find(v.args->items[1]->s);
+    if (it == names.end()) throw Error("unknown ZeroStageEnum member '" + v.args->items[1]->s + "'");
+    return it->second;
+  }
+  return static_cast<int>(v.AsInt());
+}
+
+std::vector<int64_t> Shape(const Value& v) {
+  std::vector<int64_t> out;
+  for (const auto& d : v.AsSequence()) out.push_back(d->AsInt());
+  return out;
+}
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string Coord(const ShardFile& f) {
+  return "(pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) + ", dp=" + std::to_string(f.dp) + ")";
+}
+
+}  // namespace
+
+const ParamRecord* SourceLayout::Find(const std::string& name) const {
+  for (const auto& p : params)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+bool LooksLikeDeepSpeedCheckpoint(const std::string& dir) {
+  try {
+    std::string tag;
+    ResolveShardDir(dir, &tag);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions& options) {
+  SourceLayout L;
+  L.root = dir;
+  L.dir = ResolveShardDir(dir, &L.tag);
+
+  // 1. Classify file names.
+  static const std::regex model_re(R"(mp_rank_(\d+)_model_states\.pt)");
+  static const std::regex layer_re(R"(layer_(\d+)-model_(\d+)-model_states\.pt)");
+  static const std::regex layer_notp_re(R"(layer_(\d+)-model_states\.pt)");
+  static const std::regex optim_re(R"((bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
+  static const std::regex zero3_model_re(R"(zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt)");
+  static const std::regex moe_re(R"((layer_\d+_expert_\d+_mp_rank_\d+|expp_rank_\d+_mp_rank_\d+)_.*\.pt)");
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(L.dir))
+    if (e.is_regular_file()) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  bool any_bf16_prefix = false;
+  for (const auto& n : names) {
+    std::smatch m;
+    ShardFile f{n, FileKind::ModelStates};
+    if (std::regex_match(n, m, model_re)) {
+      f.mp = std::stoi(m[1]);
+    } else if (std::regex_match(n, m, layer_re)) {
+      f.kind = FileKind::LayerStates, f.layer = std::stoi(m[1]), f.tp = std::stoi(m[2]);
+    } else if (std::regex_match(n, m, layer_notp_re)) {
+      f.kind = FileKind::LayerStates, f.layer = std::stoi(m[1]);
+    } else if (std::regex_match(n, m, optim_re)) {
+      f.kind = FileKind::ZeroOptimizer, f.dp = std::stoi(m[2]), f.mp = std::stoi(m[3]);
+      any_bf16_prefix |= m[1] == "bf16_";
+    } else if (std::regex_match(n, m, zero3_model_re)) {
+      f.kind = FileKind::Zero3ModelStates, f.dp = std::stoi(m[1]), f.mp = std::stoi(m[2]);
+    } else if (std::regex_match(n, moe_re)) {
+      L.errors.push_back(n + ": DeepSpeed MoE expert files are not supported yet");
+      continue;
+    } else {
+      if (n.size() > 3 && n.substr(n.size() - 3) == ".pt") L.notes.push_back(n + ": unrecognised file name, ignored");
+      continue;
+    }
+    L.files.push_back(f);
+  }
+  auto count = [&](FileKind k) {
+    return std::count_if(L.files.begin(), L.files.end(), [&](const ShardFile& f) { return f.kind == k; });
+  };
+  if (count(FileKind::ModelStates) == 0 && count(FileKind::Zero3ModelStates) == 0)
+    throw Error(L.dir + ": no mp_rank_*_model_states.pt or zero_pp_rank_*_model_states.pt file: not a DeepSpeed "
+                        "checkpoint folder");
+  bool zero3_files = count(FileKind::Zero3ModelStates) > 0;
+  L.naming = count(FileKind::LayerStates) > 0 ? "pipe" : "plain";
+
+  // 2. Read every model-states file (metadata only) and the first one's training state.
+  std::map<std::string, std::shared_ptr<pt::TorchFile>> parsed;
+  auto parse = [&](const ShardFile& f) -> std::shared_ptr<pt::TorchFile> {
+    auto it = parsed.find(f.name);
+    if (it != parsed.end()) return it->second;
+    std::shared_ptr<pt::TorchFile> file;
+    try {
+      file = std::make_shared<pt::TorchFile>(
+          pt::ReadTorchFile(L.dir + "/" + f.name, {.verify_pickle_crc = true, .verify_storage_crc = options.verify_storage_crc}));
+    } catch (const std::exception& e) {
+      L.errors.push_back(e.what());
+    }
+    parsed[f.name] = file;
+    return file;
+  };
+  std::vector<ShardFile*> model_files;
+  for (auto& f : L.files)
+    if (f.kind == (zero3_files ? FileKind::Zero3ModelStates : FileKind::ModelStates)) model_files.push_back(&f);
+  std::shared_ptr<pt::TorchFile> first;
+  for (auto* f : model_files) {
+    first = parse(*f);
+    if (first) break;
+  }
+  if (!first) return L;  // nothing readable: the errors say why
+  L.first_model_file = first;
+  const Value& root = *first->root;
+  auto in_first = [&](const char* what, auto&& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      L.errors.push_back(first->archive->path() + ": " + what + ": " + e.what());
+    }
+  };
+  L.args = root.Get("args");
+  L.universal_checkpoint_info = root.Get("universal_checkpoint_info");
+  if (L.universal_checkpoint_info && L.universal_checkpoint_info->kind == Value::Kind::None)
+    L.universal_checkpoint_info = nullptr;
+  L.framework = L.args ? "megatron-deepspeed" : "deepspeed";
+  int mp_world = 1, dp_world = 1;
+  in_first("training state", [&] {
+    if (auto v = root.Get("ds_version")) L.ds_version = v->kind == Value::Kind::Str ? v->s : "";
+    if (auto v = root.Get("iteration")) L.iteration = v->AsInt();
+    else if (auto g = root.Get("global_steps")) L.iteration = g->AsInt();
+    mp_world = static_cast<int>(root.At("mp_world_size").AsInt());
+    dp_world = static_cast<int>(root.At("dp_world_size").AsInt());
+    L.dtype = "fp32";
+    if (auto cfg = root.Get("ds_config"); cfg && cfg->kind == Value::Kind::Dict) {
+      auto enabled = [&](const char* key) {
+        auto sec = cfg->Get(key);
+        auto en = sec ? sec->Get("enabled") : nullptr;
+        return en && en->kind == Value::Kind::Bool && en->b;
+      };
+      if (enabled("bf16")) L.dtype = "bf16";
+      else if (enabled("fp16")) L.dtype = "fp16";
+    } else if (L.args) {
+      if (auto b = L.args->Get("bf16"); b && b->kind == Value::Kind::Bool && b->b) L.dtype = "bf16";
+      else if (auto h = L.args->Get("fp16"); h && h->kind == Value::Kind::Bool && h->b) L.dtype = "fp16";
+    }
+  });
+  if (!L.errors.empty()) return L;
+
+  // 3. Degrees: from metadata (Megatron args, else DeepSpeed's world sizes and the layer files).
+  std::set<int> layer_tps;
+  for (const auto& f : L.files)
+    if (f.kind == FileKind::LayerStates) layer_tps.insert(f.tp);
+  if (L.args && L.args->Get("tensor_model_parallel_size")) {
+    in_first("args", [&] {
+      L.tp = static_cast<int>(L.args->At("tensor_model_parallel_size").AsInt());
+      L.pp = static_cast<int>(L.args->At("pipeline_model_parallel_size").AsInt());
+    });
+  } else {
+    L.tp = layer_tps.empty() ? (zero3_files ? mp_world : mp_world) : static_cast<int>(layer_tps.size());
+    L.pp = std::max(1, mp_world / std::max(1, L.tp));
+    L.notes.push_back("no Megatron args: TP and PP derived from mp_world_size and the layer files");
+  }
+  L.dp = dp_world;
+  if (L.tp < 1 || L.pp < 1 || L.dp < 1) {
+    L.errors.push_back(first->archive->path() + ": absurd degrees tp=" + std::to_string(L.tp) + " pp=" +
+                       std::to_string(L.pp) + " dp=" + std::to_string(L.dp));
+    return L;
+  }
+  if (!zero3_files && mp_world != L.tp * L.pp)
+    L.problems.push_back("mismatched degrees: mp_world_size " + std::to_string(mp_world) + " != tp " +
+                         std::to_string(L.tp) + " x pp " + std::to_string(L.pp));
+  for (auto& f : L.files) {
+    if (f.kind == FileKind::LayerStates) continue;
+    if (zero3_files) {
+      f.tp = f.mp, f.pp = 0;  // ZeRO-3 names files by TP rank (no PP)
+    } else {
+      f.pp = f.mp / L.tp, f.tp = f.mp % L.tp;
+    }
+  }
+
+  // 4. The file grid must be complete and hold nothing beyond the degrees.
+  std::set<std::string> present;
+  for (const auto& f : L.files) present.insert(f.name);
+  std::string prefix = any_bf16_prefix ? "bf16_" : "";
+  auto expect = [&](const std::string& name, const std::string& what) {
+    if (!present.count(name)) L.problems.push_back("missing rank file " + name + " (" + what + ")");
+  };
+  for (int pp = 0; pp < L.pp; ++pp)
+    for (int tp = 0; tp < L.tp; ++tp) {
+      char mp[16];
+      std::snprintf(mp, sizeof mp, "%02d", zero3_files ? tp : pp * L.tp + tp);
+      std::string coords = "pp=" + std::to_string(pp) + ", tp=" + std::to_string(tp);
+      if (!zero3_files) expect(std::string("mp_rank_") + mp + "_model_states.pt", coords);
+      for (int dp = 0; dp < L.dp; ++dp) {
+        std::string c = coords + ", dp=" + std::to_string(dp);
+        expect(prefix + "zero_pp_rank_" + std::to_string(dp) + "_mp_rank_" + mp + "_optim_states.pt", c);
+        if (zero3_files) expect("zero_pp_rank_" + std::to_string(dp) + "_mp_rank_" + mp + "_model_states.pt", c);
+      }
+    }
+  for (const auto& f : L.files) {
+    bool outside = f.kind == FileKind::LayerStates ? f.tp >= L.tp : (f.tp >= L.tp || f.pp >= L.pp || f.dp >= L.dp);
+    if (outside) L.problems.push_back(f.name + ": rank " + Coord(f) + " lies outside the layout's degrees");
+  }
+  if (L.naming == "pipe") {
+    std::map<int, std::set<int>> layer_files;
+    for (const auto& f : L.files)
+      if (f.kind == FileKind::LayerStates) layer_files[f.layer].insert(f.tp);
+    for (const auto& [layer, tps] : layer_files)
+      for (int tp = 0; tp < L.tp; ++tp)
+        if (!tps.count(tp)) {
+          char buf[64];
+          std::snprintf(buf, sizeof buf, "layer_%02d-model_%02d-model_states.pt", layer, tp);
+          L.problems.push_back(std::string("missing rank file ") + buf + " (layer " + std::to_string(layer) +
+                               ", tp=" + std::to_string(tp) + ")");
+        }
+  }
+
+  // 5. Parameters and their per-TP shapes, from each model file's param_shapes.
+  std::map<std::string, size_t> index;
+  std::map<std::tuple<int, int, int>, std::vector<std::pair<std::string, int64_t>>> group_params;  // (pp,tp,g)
+  for (auto* f : model_files) {
+    if (zero3_files && f->dp != 0) continue;  // every ZeRO-3 rank repeats the same shapes
+    auto file = parse(*f);
+    if (!file) continue;
+    try {
+      const auto& groups = file->root->At("param_shapes").AsSequence();
+      for (size_t g = 0; g < groups.size(); ++g) {
+        for (const auto& item : groups[g]->AsDict().items()) {
+          const std::string& name = item.key->AsStr();
+          auto shape = Shape(*item.value);
+          auto [it, inserted] = index.emplace(name, L.params.size());
+          if (inserted) L.params.push_back(ParamRecord{name, static_cast<int>(g), {}, {}});
+          ParamRecord& p = L.params[it->second];
+          p.stages.insert(f->pp);
+          auto [s, fresh] = p.tp_shape.emplace(f->tp, shape);
+          if (!fresh && s->second != shape)
+            L.problems.push_back(f->name + ": parameter '" + name + "' has shape " + pt::ShapeString(shape) +
+                                 " at tp=" + std::to_string(f->tp) + " but " + pt::ShapeString(s->second) +
+                                 " on another stage");
+          group_params[{f->pp, f->tp, static_cast<int>(g)}].push_back({name, Numel(shape)});
+        }
+      }
+    } catch (const std::exception& e) {
+      L.errors.push_back(L.dir + "/" + f->name + ": param_shapes: " + e.what());
+    }
+  }
+
+  // 6. Optimizer files: stage, partition counts, and that the fragments cover every parameter.
+  std::map<std::tuple<int, int, int>, std::map<std::string, int64_t>> covered;  // (pp,tp,g) -> name -> numel
+  std::set<int> stages_seen;
+  for (const auto& f : L.files) {
+    if (f.kind != FileKind::ZeroOptimizer) continue;
+    auto file = parse(f);
+    if (!file) continue;
+    std::string where = L.dir + "/" + f.name + " " + Coord(f);
+    try {
+      const Value& osd = file->root->At("optimizer_state_dict");
+      auto stage_v = osd.Get("zero_stage");
+      int stage = stage_v ? ZeroStageOf(*stage_v) : 1;
+      stages_seen.insert(stage);
+      if (!stage_v) L.optimizer = "bf16_optimizer";
+      else L.optimizer = stage == 3 ? "zero3" : "zero";
+      L.zero_stage = stage;
+      const Value& pc = osd.At("partition_count");
+      std::vector<int64_t> counts;
+      if (pc.kind == Value::Kind::Int) counts.push_back(pc.i);
+      else
+        for (const auto& c : pc.AsSequence()) counts.push_back(c->AsInt());
+      for (int64_t c : counts)
+        if (c != L.dp)
+          L.problems.push_back(where + ": partition_count " + std::to_string(c) + " != dp_world_size " +
+                               std::to_string(L.dp));
+      if (stage == 3) {
+        const auto& flat = osd.At("fp32_flat_groups").AsSequence();
+        for (size_t g = 0; g < flat.size(); ++g) {
+          int64_t expected = 0;
+          for (const auto& [name, numel] : group_params[{0, f.tp, static_cast<int>(g)}])
+            expected += (numel + L.dp - 1) / L.dp;
+          int64_t have = static_cast<int64_t>(flat[g]->AsTensor().numel());
+          if (have != expected)
+            L.problems.push_back(where + ": fp32_flat_groups[" + std::to_string(g) + "] holds " + std::to_string(have) +
+                                 " elements, param_shapes need " + std::to_string(expected));
+          for (const auto& [name, numel] : group_params[{0, f.tp, static_cast<int>(g)}])
+            L.zero_padding_elements += (f.dp == 0) ? (numel + L.dp - 1) / L.dp * L.dp - numel : 0;
+        }
+        continue;
+      }
+      const auto& mappings = osd.At("param_slice_mappings").AsSequence();
+      const auto& state = osd.At("base_optimizer_state").At("state").AsDict();
+      const auto& paddings = osd.At("group_paddings").AsSequence();
+      for (size_t g = 0; g < mappings.size(); ++g) {
+        auto group_state = state.Get(static_cast<int64_t>(g));
+        if (!group_state) throw Error("base_optimizer_state has no state for group " + std::to_string(g));
+        int64_t partition = static_cast<int64_t>(group_state->At("exp_avg").AsTensor().numel());
+        L.zero_padding_elements += paddings.at(g)->AsInt();
+        for (const auto& item : mappings[g]->AsDict().items()) {
+          const std::string& name = item.key->AsStr();
+          int64_t start = item.value->At("start").AsInt(), numel = item.value->At("numel").AsInt();
+          if (start < 0 || numel < 0 || start + numel > partition)
+            L.problems.push_back(where + ": parameter '" + name + "': fragment [" + std::to_string(start) + ", " +
+                                 std::to_string(start + numel) + ") exceeds flat partition of " +
+                                 std::to_string(partition) + " elements");
+          covered[{f.pp, f.tp, static_cast<int>(g)}][name] += numel;
+        }
+      }
+    } catch (const std::exception& e) {
+      L.errors.push_back(where + ": " + e.what());
+    }
+  }
+  for (const auto& f : L.files)
+    if (f.kind == FileKind::LayerStates) parse(f);  // integrity: every layer file must read
+  if (stages_seen.size() > 1) L.problems.push_back("optimizer files disagree on the ZeRO stage");
+  if (L.optimizer.empty()) L.optimizer = zero3_files ? "zero3" : "zero";
+  if (L.zero_stage != 3)
+    for (const auto& [key, params] : group_params) {
+      auto [pp, tp, g] = key;
+      for (const auto& [name, numel] : params) {
+        int64_t have = covered[key].count(name) ? covered[key][name] : 0;
+        if (have != numel)
+          L.problems.push_back("parameter '" + name + "' (pp=" + std::to_string(pp) + ", tp=" + std::to_string(tp) +
+                               ", group " + std::to_string(g) + "): ZeRO fragments over all dp ranks hold " +
+                               std::to_string(have) + " of its " + std::to_string(numel) + " elements");
+      }
+    }
+  if (zero3_files != (L.zero_stage == 3))
+    L.problems.push_back("ZeRO-3 model files present but optimizer files say stage " + std::to_string(L.zero_stage));
+  return L;
+}
+
+}  // namespace ucp::source

@@ -1,0 +1,69 @@
+// Index of a DeepSpeed / Megatron-DeepSpeed checkpoint folder: which shard files exist at which
+// (pp, tp, dp) coordinates, the layout they were written with (from metadata, cross-checked with
+// the files present), and every parameter's per-TP-rank shape. Reads pickles only; tensor bytes
+// stay unread in the mapped files.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "pt/torch_file.h"
+
+namespace ucp::source {
+
+enum class FileKind { ModelStates, LayerStates, ZeroOptimizer, Zero3ModelStates };
+
+struct ShardFile {
+  std::string name;
+  FileKind kind;
+  int pp = 0, tp = 0, dp = 0, mp = 0;  // mp = pp * TP + tp, as DeepSpeed names files
+  int layer = -1;                      // layer files
+};
+
+struct ParamRecord {
+  std::string name;
+  int group = -1;                                // optimizer param group
+  std::map<int, std::vector<int64_t>> tp_shape;  // TP rank -> this rank's shape
+  std::set<int> stages;                          // PP stages that hold it
+};
+
+struct SourceLayout {
+  std::string root;  // the folder named by the user
+  std::string dir;   // the folder holding the shard files (root/<tag> when root has `latest`)
+  std::string tag;
+  std::string framework;  // "megatron-deepspeed" (has Megatron args) or "deepspeed"
+  std::string optimizer;  // "zero" (DeepSpeedZeroOptimizer), "bf16_optimizer", "zero3"
+  int zero_stage = 0;
+  std::string dtype;  // training dtype: fp16, bf16, fp32
+  int dp = 1, tp = 1, pp = 1;
+  int64_t iteration = 0;
+  std::string ds_version;
+  std::string naming;  // "pipe" (layer files; GPTModelPipe names) or "plain"
+  std::vector<ShardFile> files;
+  std::vector<ParamRecord> params;  // in first-seen order: stage, group, position
+  std::shared_ptr<pt::TorchFile> first_model_file;  // keeps universal_checkpoint_info and args alive
+  pt::ValuePtr universal_checkpoint_info;           // or nullptr
+  pt::ValuePtr args;                                // Megatron args Namespace, or nullptr
+  int64_t zero_padding_elements = 0;                // ZeRO alignment padding over all files
+  std::vector<std::string> errors;    // unreadable or malformed files: always fatal
+  std::vector<std::string> problems;  // inconsistencies: fatal under --strict
+  std::vector<std::string> notes;     // what was found that the user may want to know
+
+  const ParamRecord* Find(const std::string& name) const;
+};
+
+struct IndexOptions {
+  bool verify_storage_crc = false;  // read every tensor byte and check the zip CRC32
+};
+
+// Throws ucp::Error when `dir` is not a DeepSpeed checkpoint at all; everything else is recorded in
+// errors / problems so that one run reports all of it.
+SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions& options = {});
+
+// Is `dir` (or dir/<latest>) a DeepSpeed checkpoint folder?
+bool LooksLikeDeepSpeedCheckpoint(const std::string& dir);
+
+}  // namespace ucp::source
