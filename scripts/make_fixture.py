@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 
 import numpy as np
@@ -220,6 +221,10 @@ def main():
     if a.zero_stage == 3 and a.pp > 1:
         ap.error("DeepSpeed does not combine ZeRO-3 with pipeline parallelism")
 
+    if os.path.isdir(a.out) and os.listdir(a.out):
+        if not os.path.exists(os.path.join(a.out, "fixture.json")):
+            ap.error(f"{a.out} exists, is not empty and is not a fixture: refusing to overwrite it")
+        shutil.rmtree(a.out)  # an earlier fixture: regenerate from scratch
     model = Model(a.family, a.layers)
     if a.scale > 1:
         model.hidden *= a.scale

@@ -63,6 +63,58 @@ def cases():
     return out
 
 
+class _Storage:
+    """Stands for a storage in a hand-made pickle (see bad_cases)."""
+    def __init__(self, key, numel):
+        self.key, self.numel = key, numel
+
+
+class _Tensor:
+    def __init__(self, storage, offset, size):
+        self.storage, self.offset, self.size = storage, offset, size
+
+    def __reduce__(self):
+        return (torch._utils._rebuild_tensor_v2,
+                (self.storage, self.offset, self.size, (1,) * len(self.size), False, collections.OrderedDict()))
+
+
+def write_archive(path, obj, records):
+    """A torch.save-shaped zip whose pickle we control: storages become persistent ids."""
+    import io
+    import pickle
+    import zipfile
+
+    class P(pickle.Pickler):
+        def persistent_id(self, o):
+            if isinstance(o, _Storage):
+                return ("storage", torch.FloatStorage, o.key, "cpu", o.numel)
+            return None
+
+    buf = io.BytesIO()
+    P(buf, protocol=2).dump(obj)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", buf.getvalue())
+        for key, data in records.items():
+            z.writestr(f"archive/data/{key}", data)
+        z.writestr("archive/version", "3\n")
+
+
+def bad_cases(out):
+    """Archives that are well-formed zips with lying pickles, and the error each must produce."""
+    sixteen = bytes(16)  # 4 float32 elements
+    cases = {
+        "absurd_numel": ({"t": _Tensor(_Storage("0", 2 ** 40), 0, (2 ** 40,))}, {"0": sixteen}, "declares 1099511627776"),
+        "view_out_of_bounds": ({"t": _Tensor(_Storage("0", 4), 2, (4,))}, {"0": sixteen}, "needs storage '0'"),
+        "missing_record": ({"t": _Tensor(_Storage("7", 4), 0, (4,))}, {"0": sixteen}, "has no record"),
+        "huge_shape": ({"t": _Tensor(_Storage("0", 4), 0, (2 ** 40, 2 ** 40))}, {"0": sixteen}, "absurd"),
+    }
+    for name, (obj, records, message) in cases.items():
+        write_archive(os.path.join(out, f"bad_{name}.pt"), obj, records)
+        with open(os.path.join(out, f"bad_{name}.error"), "w") as f:
+            f.write(message)
+    return len(cases)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -76,7 +128,8 @@ def main():
             torch.save(obj, path)
         with open(os.path.join(a.out, name + ".json"), "w") as f:
             json.dump(canonical(obj), f)
-    print(f"wrote {len(cases())} reader cases to {a.out}")
+    n_bad = bad_cases(a.out)
+    print(f"wrote {len(cases())} reader cases and {n_bad} bad archives to {a.out}")
 
 
 if __name__ == "__main__":

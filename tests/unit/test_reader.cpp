@@ -17,7 +17,7 @@ TEST_CASE("reader: torch.save cases equal Python's canonical form", "[reader]") 
   REQUIRE(fs::exists(dir));
   int checked = 0;
   for (const auto& entry : fs::directory_iterator(dir)) {
-    if (entry.path().extension() != ".pt") continue;
+    if (entry.path().extension() != ".pt" || entry.path().filename().string().rfind("bad_", 0) == 0) continue;
     fs::path expected_path = entry.path();
     expected_path.replace_extension(".json");
     INFO("case " << entry.path().filename());
@@ -46,4 +46,19 @@ TEST_CASE("reader: views share the archive's storage, no copy", "[reader]") {
   const auto& bytes = file.archive->file()->bytes();
   CHECK(a.data() >= bytes.data());
   CHECK(a.data() < bytes.data() + bytes.size());
+}
+
+TEST_CASE("reader: lying pickles in well-formed archives are refused without allocating", "[reader]") {
+  fs::path dir = test::WorkDir() / "reader_cases";
+  int checked = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".error") continue;
+    fs::path pt_path = entry.path();
+    pt_path.replace_extension(".pt");
+    std::string expected = test::ReadText(entry.path());
+    INFO("case " << pt_path.filename());
+    CHECK_THROWS_WITH(pt::ReadTorchFile(pt_path), Catch::StartsWith(pt_path.string()) && Catch::Contains(expected));
+    ++checked;
+  }
+  CHECK(checked == 4);
 }
