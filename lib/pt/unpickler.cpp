@@ -46,6 +46,16 @@ class Machine {
     pos_ += n + 1;
     return std::string(reinterpret_cast<const char*>(start), n);
   }
+  // A decimal integer argument of the text opcodes (protocol 0).
+  int64_t TextInt(const std::string& s, const char* op) {
+    try {
+      size_t used = 0;
+      int64_t v = std::stoll(s, &used);
+      if (used == s.size()) return v;
+    } catch (const std::exception&) {
+    }
+    Fail(std::string("malformed or out-of-range ") + op + " '" + s + "'");
+  }
   std::string Bytes(uint64_t n) {
     const uint8_t* p = Take(n);
     return std::string(reinterpret_cast<const char*>(p), n);
@@ -329,27 +339,13 @@ ValuePtr Machine::Run() {
           Push(Value::Bool(s == "01"));
           break;
         }
-        try {
-          size_t used = 0;
-          int64_t v = std::stoll(s, &used);
-          if (used != s.size()) throw std::invalid_argument(s);
-          Push(Value::Int(v));
-        } catch (const std::exception&) {
-          Fail("malformed INT '" + s + "'");
-        }
+        Push(Value::Int(TextInt(s, "INT")));
         break;
       }
       case 'L': {  // LONG (text)
         std::string s = Line();
         if (!s.empty() && s.back() == 'L') s.pop_back();
-        try {
-          size_t used = 0;
-          int64_t v = std::stoll(s, &used);
-          if (used != s.size()) throw std::invalid_argument(s);
-          Push(Value::Int(v));
-        } catch (const std::exception&) {
-          Fail("unsupported LONG '" + s + "'");
-        }
+        Push(Value::Int(TextInt(s, "LONG")));
         break;
       }
       case 'F': {  // FLOAT (text)

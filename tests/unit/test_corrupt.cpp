@@ -39,6 +39,14 @@ void ExpectCleanError(const fs::path& p, pt::ReadOptions options) {
   }
 }
 
+// Where the pickle record of a good shard file lies.
+pt::ZipEntry PickleEntry(const fs::path& p) {
+  pt::TorchFile clean = pt::ReadTorchFile(p);
+  const pt::ZipEntry* pkl = clean.archive->Find(clean.prefix + "data.pkl");
+  REQUIRE(pkl != nullptr);
+  return *pkl;
+}
+
 }  // namespace
 
 TEST_CASE("corrupt: truncated shard files give an error naming the file", "[corrupt]") {
@@ -54,12 +62,9 @@ TEST_CASE("corrupt: truncated shard files give an error naming the file", "[corr
 
 TEST_CASE("corrupt: flipped bytes in the pickle are caught by its CRC", "[corrupt]") {
   fs::path src = Fixture("zero2_dp3") / "global_step12" / "mp_rank_00_model_states.pt";
-  std::string bytes = Bytes(src);
-  pt::TorchFile clean = pt::ReadTorchFile(src);
-  const pt::ZipEntry* pkl = clean.archive->Find(clean.prefix + "data.pkl");
-  REQUIRE(pkl != nullptr);
-  std::string flipped = bytes;
-  flipped[pkl->data_offset + pkl->size / 2] ^= 0x5A;
+  pt::ZipEntry pkl = PickleEntry(src);
+  std::string flipped = Bytes(src);
+  flipped[pkl.data_offset + pkl.size / 2] ^= 0x5A;
   fs::path p = WriteBytes("flipped_crc.pt", flipped);
   CHECK_THROWS_WITH(pt::ReadTorchFile(p), Catch::Contains("CRC32 mismatch") && Catch::Contains("data.pkl"));
 }
@@ -68,14 +73,12 @@ TEST_CASE("corrupt: every single-byte change of a pickle is an error or a value,
   // With the CRC check off the unpickler itself faces the damage: all 256 values at a spread of offsets.
   fs::path src = Fixture("zero2_dp3") / "global_step12" / "zero_pp_rank_0_mp_rank_00_optim_states.pt";
   std::string bytes = Bytes(src);
-  pt::TorchFile clean = pt::ReadTorchFile(src);
-  const pt::ZipEntry* pkl = clean.archive->Find(clean.prefix + "data.pkl");
-  REQUIRE(pkl != nullptr);
+  pt::ZipEntry pkl = PickleEntry(src);
   int errors = 0, parsed = 0;
   std::mt19937 rng(7);
   for (int trial = 0; trial < 600; ++trial) {
     std::string damaged = bytes;
-    size_t at = pkl->data_offset + rng() % pkl->size;
+    size_t at = pkl.data_offset + rng() % pkl.size;
     damaged[at] = static_cast<char>(rng() & 0xFF);
     fs::path p = WriteBytes("fuzz.pt", damaged);
     try {
