@@ -62,3 +62,26 @@ TEST_CASE("reader: lying pickles in well-formed archives are refused without all
   }
   CHECK(checked == 4);
 }
+
+TEST_CASE("reader: an archive over 4 GiB (zip64) is read exactly, without copying", "[large]") {
+  fs::path dir = test::WorkDir() / "large";
+  if (fs::exists(dir / "large.skip")) {
+    WARN("skipped: " << test::ReadText(dir / "large.skip"));
+    return;
+  }
+  pt::TorchFile file = pt::ReadTorchFile(dir / "large.pt");
+  const auto& big = file.root->At("big").AsTensor();
+  const uint64_t n = (uint64_t{4} << 30) + (uint64_t{64} << 20);
+  REQUIRE(big.numel() == n);
+  CHECK(big.data()[0] == 11);
+  CHECK(big.data()[uint64_t{1} << 31] == 22);
+  CHECK(big.data()[(uint64_t{1} << 32) + 5] == 33);
+  CHECK(big.data()[n - 1] == 44);
+  CHECK(big.data()[12345] == 0);
+  // The storage after the 4 GiB one sits beyond every 32-bit offset.
+  const auto& after = file.root->At("after").AsTensor();
+  REQUIRE(after.numel() == 10);
+  auto values = reinterpret_cast<const int64_t*>(after.data());
+  for (int64_t k = 0; k < 10; ++k) CHECK(values[k] == k);
+  CHECK(after.data() - file.archive->file()->bytes().data() > int64_t{0xFFFFFFFF});
+}
