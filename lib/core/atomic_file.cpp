@@ -56,6 +56,8 @@ void AtomicFile::FlushBuffer() {
 
 void AtomicFile::Write(const void* data, size_t size) {
   if (fd_ < 0) throw Error(path_ + ": write after commit");
+  hash_.Update(data, size);
+  size_ += size;
   if (buffer_.size() + size > kBufferLimit) FlushBuffer();
   if (size <= kBufferLimit) {
     buffer_.append(static_cast<const char*>(data), size);
@@ -64,7 +66,7 @@ void AtomicFile::Write(const void* data, size_t size) {
   }
 }
 
-void AtomicFile::Commit() {
+FileDigest AtomicFile::Commit() {
   FlushBuffer();
   if (::fsync(fd_) != 0) throw Error(path_ + ": fsync failed: " + std::strerror(errno));
   if (::close(fd_) != 0) {
@@ -83,12 +85,13 @@ void AtomicFile::Commit() {
     ::fsync(dir);
     ::close(dir);
   }
+  return {size_, hash_.Digest()};
 }
 
-void WriteFileAtomically(const std::string& path, const std::string& contents) {
+FileDigest WriteFileAtomically(const std::string& path, const std::string& contents) {
   AtomicFile f(path);
   f.Write(contents.data(), contents.size());
-  f.Commit();
+  return f.Commit();
 }
 
 }  // namespace ucp

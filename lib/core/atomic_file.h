@@ -11,7 +11,15 @@
 #include <cstdint>
 #include <string>
 
+#include "core/xxhash64.h"
+
 namespace ucp {
+
+// What a committed file holds: its size and the XXH64 of its bytes, computed as they were written.
+struct FileDigest {
+  uint64_t size = 0;
+  uint64_t xxh64 = 0;
+};
 
 class AtomicFile {
  public:
@@ -21,7 +29,7 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
 
   void Write(const void* data, size_t size);
-  void Commit();
+  FileDigest Commit();
   const std::string& path() const { return path_; }
 
  private:
@@ -29,10 +37,12 @@ class AtomicFile {
   void WriteAll(const char* data, size_t size);
   std::string path_, temp_;
   int fd_ = -1;
-  std::string buffer_;  // coalesces small writes (headers); large payloads bypass it
+  std::string buffer_;
+  XxHash64 hash_;
+  uint64_t size_ = 0;  // coalesces small writes (headers); large payloads bypass it
 };
 
 // Writes a whole small file atomically.
-void WriteFileAtomically(const std::string& path, const std::string& contents);
+FileDigest WriteFileAtomically(const std::string& path, const std::string& contents);
 
 }  // namespace ucp

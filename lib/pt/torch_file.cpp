@@ -410,8 +410,8 @@ std::string PickleForTesting(const Value& root) {
   return p.out;
 }
 
-void WriteTorchFile(const std::string& path, const Value& root) {
-  WithContext(path, [&] {
+FileDigest WriteTorchFile(const std::string& path, const Value& root) {
+  return WithContext(path, [&] {
     Pickler pickler;
     pickler.Dump(root);
     AtomicFile file(path);
@@ -427,7 +427,7 @@ void WriteTorchFile(const std::string& path, const Value& root) {
     }
     zip.AddBytes(prefix + "version", "3\n");
     zip.Finish();
-    file.Commit();
+    return file.Commit();
   });
 }
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "core/atomic_file.h"
 #include "pt/value.h"
 #include "pt/zip_archive.h"
 
@@ -27,7 +28,7 @@ TorchFile ReadTorchFile(const std::string& path, const ReadOptions& options = {}
 
 // Writes `root` as a torch.save zip archive (pickle protocol 2) at `path`, atomically: the bytes go
 // to a temporary name in the same directory, are fsynced, and are renamed over `path`.
-void WriteTorchFile(const std::string& path, const Value& root);
+FileDigest WriteTorchFile(const std::string& path, const Value& root);
 
 // The pickle alone (tensors become persistent ids 0, 1, ... in order of appearance), for tests.
 std::string PickleForTesting(const Value& root);

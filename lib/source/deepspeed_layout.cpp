@@ -69,7 +69,70 @@ std::string Coord(const ShardFile& f) {
   return "(pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) + ", dp=" + std::to_string(f.dp) + ")";
 }
 
+// Every element of every parameter's TP-local tensor at every (pp, tp) that holds it must be in
+// exactly one fragment: a gap is a missing fragment, an overlap a corrupt or foreign file.
+void CheckCoverage(SourceLayout& L,
+                   std::map<std::tuple<int, int, int>, std::vector<std::pair<std::string, int64_t>>>& group_params) {
+  std::map<std::tuple<int, int, int>, std::vector<const Fragment*>> by;  // (param, pp, tp)
+  for (const auto& fr : L.fragments) {
+    const ShardFile& f = L.files[fr.file];
+    by[{fr.param, f.pp, f.tp}].push_back(&fr);
+  }
+  auto name_of = [&](const Fragment* fr) { return L.files[fr->file].name + " " + Coord(L.files[fr->file]); };
+  for (const auto& [key, params] : group_params) {
+    auto [pp, tp, g] = key;
+    for (const auto& [name, numel] : params) {
+      int pi = -1;
+      for (size_t k = 0; k < L.params.size() && pi < 0; ++k)
+        if (L.params[k].name == name) pi = static_cast<int>(k);
+      std::string what = "parameter '" + name + "' (pp=" + std::to_string(pp) + ", tp=" + std::to_string(tp) + ")";
+      auto& list = by[{pi, pp, tp}];
+      std::sort(list.begin(), list.end(), [](auto* a, auto* b) { return a->dst_start < b->dst_start; });
+      int64_t at = 0;
+      const Fragment* prev = nullptr;
+      for (const Fragment* fr : list) {
+        if (fr->dst_start > at)
+          L.problems.push_back(what + ": elements [" + std::to_string(at) + ", " + std::to_string(fr->dst_start) +
+                               ") are in no optimizer file (missing fragment" +
+                               (prev ? ", after the one in " + name_of(prev) : std::string()) + ")");
+        else if (fr->dst_start < at)
+          L.problems.push_back(what + ": elements [" + std::to_string(fr->dst_start) + ", " +
+                               std::to_string(std::min(at, fr->dst_start + fr->numel)) + ") are in both " +
+                               name_of(prev) + " and " + name_of(fr) + " (overlapping fragments)");
+        at = std::max(at, fr->dst_start + fr->numel);
+        prev = fr;
+      }
+      if (at < numel)
+        L.problems.push_back(what + ": elements [" + std::to_string(at) + ", " + std::to_string(numel) + ") of " +
+                             std::to_string(numel) + " are in no optimizer file (missing fragment)");
+      else if (at > numel)
+        L.problems.push_back(what + ": fragments in " + name_of(prev) + " reach element " + std::to_string(at) +
+                             " of a tensor of " + std::to_string(numel));
+    }
+  }
+}
+
 }  // namespace
+
+std::vector<FlatGroup> FlatGroupsOf(const Value& root, int zero_stage) {
+  const Value& osd = root.At("optimizer_state_dict");
+  const bool z3 = zero_stage == 3;
+  const auto& fp32 = osd.At(z3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups").AsSequence();
+  const auto& state = osd.At(z3 ? "optimizer_state_dict" : "base_optimizer_state").At("state").AsDict();
+  std::vector<FlatGroup> out;
+  for (size_t g = 0; g < fp32.size(); ++g) {
+    auto s = state.Get(static_cast<int64_t>(g));
+    if (!s) throw Error(std::string(z3 ? "optimizer_state_dict" : "base_optimizer_state") + " has no state for group " +
+                        std::to_string(g));
+    FlatGroup fg{fp32[g]->AsTensor(), s->At("exp_avg").AsTensor(), s->At("exp_avg_sq").AsTensor(), s->Get("step")};
+    for (const auto* t : {&fg.fp32, &fg.exp_avg, &fg.exp_avg_sq})
+      if (t->dtype != pt::DType::F32 || !t->contiguous() || t->shape.size() != 1)
+        throw Error("group " + std::to_string(g) + ": flat optimizer partitions must be contiguous 1-d float32, found " +
+                    std::string(pt::DTypeName(t->dtype)) + " " + pt::ShapeString(t->shape));
+    out.push_back(std::move(fg));
+  }
+  return out;
+}
 
 const ParamRecord* SourceLayout::Find(const std::string& name) const {
   for (const auto& p : params)
@@ -296,10 +359,16 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
     }
   }
 
-  // 6. Optimizer files: stage, partition counts, and that the fragments cover every parameter.
-  std::map<std::tuple<int, int, int>, std::map<std::string, int64_t>> covered;  // (pp,tp,g) -> name -> numel
+  // 6. Optimizer files: stage, partition counts, and every parameter's fragments.
+  auto offsets_of = [&](int pp, int tp, int g) {  // name -> (offset in the group's flat buffer, numel)
+    std::map<std::string, std::pair<int64_t, int64_t>> out;
+    int64_t at = 0;
+    for (const auto& [name, numel] : group_params[{pp, tp, g}]) out[name] = {at, numel}, at += numel;
+    return out;
+  };
   std::set<int> stages_seen;
-  for (const auto& f : L.files) {
+  for (size_t fi = 0; fi < L.files.size(); ++fi) {
+    const ShardFile& f = L.files[fi];
     if (f.kind != FileKind::ZeroOptimizer) continue;
     auto file = parse(f);
     if (!file) continue;
@@ -321,37 +390,58 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
         if (c != L.dp)
           L.problems.push_back(where + ": partition_count " + std::to_string(c) + " != dp_world_size " +
                                std::to_string(L.dp));
-      if (stage == 3) {
-        const auto& flat = osd.At("fp32_flat_groups").AsSequence();
-        for (size_t g = 0; g < flat.size(); ++g) {
-          int64_t expected = 0;
-          for (const auto& [name, numel] : group_params[{0, f.tp, static_cast<int>(g)}])
-            expected += (numel + L.dp - 1) / L.dp;
-          int64_t have = static_cast<int64_t>(flat[g]->AsTensor().numel());
-          if (have != expected)
-            L.problems.push_back(where + ": fp32_flat_groups[" + std::to_string(g) + "] holds " + std::to_string(have) +
-                                 " elements, param_shapes need " + std::to_string(expected));
-          for (const auto& [name, numel] : group_params[{0, f.tp, static_cast<int>(g)}])
-            L.zero_padding_elements += (f.dp == 0) ? (numel + L.dp - 1) / L.dp * L.dp - numel : 0;
+      auto flat = FlatGroupsOf(*file->root, stage);
+      for (size_t g = 0; g < flat.size(); ++g) {
+        int gi = static_cast<int>(g);
+        if (f.dp == 0) L.steps[{f.pp, f.tp, gi}] = flat[g].step;
+        int64_t partition = static_cast<int64_t>(flat[g].exp_avg.numel());
+        int64_t have_fp32 = static_cast<int64_t>(flat[g].fp32.numel());
+        if (flat[g].exp_avg_sq.numel() != flat[g].exp_avg.numel() || have_fp32 > partition)
+          L.problems.push_back(where + ": group " + std::to_string(g) + ": fp32 / exp_avg / exp_avg_sq partitions hold " +
+                               std::to_string(have_fp32) + " / " + std::to_string(partition) + " / " +
+                               std::to_string(flat[g].exp_avg_sq.numel()) + " elements");
+        auto add = [&](const std::string& name, int64_t src, int64_t numel, int64_t dst) {
+          auto it = index.find(name);
+          if (it == index.end()) {
+            L.problems.push_back(where + ": parameter '" + name + "' has a fragment but is in no param_shapes");
+            return;
+          }
+          if (src < 0 || numel < 0 || src + numel > std::min(partition, have_fp32))
+            L.problems.push_back(where + ": parameter '" + name + "': fragment [" + std::to_string(src) + ", " +
+                                 std::to_string(src + numel) + ") exceeds the flat partition of group " +
+                                 std::to_string(g) + " (" + std::to_string(std::min(partition, have_fp32)) +
+                                 " elements)");
+          else if (numel > 0)
+            L.fragments.push_back({static_cast<int>(fi), gi, static_cast<int>(it->second), src, numel, dst});
+        };
+        if (stage == 3) {
+          // Each parameter padded to a multiple of dp and split equally, in param_shapes order.
+          int64_t at = 0;
+          for (const auto& [name, numel] : group_params[{0, f.tp, gi}]) {
+            int64_t piece = (numel + L.dp - 1) / L.dp, lo = f.dp * piece, n = std::min(piece, numel - lo);
+            if (n > 0) add(name, at, n, lo);
+            at += piece;
+            if (f.dp == 0) L.zero_padding_elements += piece * L.dp - numel;
+          }
+          if (at != partition)
+            L.problems.push_back(where + ": fp32_flat_groups[" + std::to_string(g) + "] holds " +
+                                 std::to_string(partition) + " elements, param_shapes need " + std::to_string(at));
+          continue;
         }
-        continue;
-      }
-      const auto& mappings = osd.At("param_slice_mappings").AsSequence();
-      const auto& state = osd.At("base_optimizer_state").At("state").AsDict();
-      const auto& paddings = osd.At("group_paddings").AsSequence();
-      for (size_t g = 0; g < mappings.size(); ++g) {
-        auto group_state = state.Get(static_cast<int64_t>(g));
-        if (!group_state) throw Error("base_optimizer_state has no state for group " + std::to_string(g));
-        int64_t partition = static_cast<int64_t>(group_state->At("exp_avg").AsTensor().numel());
-        L.zero_padding_elements += paddings.at(g)->AsInt();
+        L.zero_padding_elements += osd.At("group_paddings").AsSequence().at(g)->AsInt();
+        const auto& mappings = osd.At("param_slice_mappings").AsSequence();
+        if (g >= mappings.size()) throw Error("param_slice_mappings has no group " + std::to_string(g));
+        auto offsets = offsets_of(f.pp, f.tp, gi);
         for (const auto& item : mappings[g]->AsDict().items()) {
           const std::string& name = item.key->AsStr();
           int64_t start = item.value->At("start").AsInt(), numel = item.value->At("numel").AsInt();
-          if (start < 0 || numel < 0 || start + numel > partition)
-            L.problems.push_back(where + ": parameter '" + name + "': fragment [" + std::to_string(start) + ", " +
-                                 std::to_string(start + numel) + ") exceeds flat partition of " +
-                                 std::to_string(partition) + " elements");
-          covered[{f.pp, f.tp, static_cast<int>(g)}][name] += numel;
+          auto off = offsets.find(name);
+          if (off == offsets.end()) {
+            L.problems.push_back(where + ": parameter '" + name + "' is mapped in group " + std::to_string(g) +
+                                 " but this rank's param_shapes do not list it there");
+            continue;
+          }
+          add(name, start, numel, f.dp * partition + start - off->second.first);
         }
       }
     } catch (const std::exception& e) {
@@ -362,17 +452,7 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
     if (f.kind == FileKind::LayerStates) parse(f);  // integrity: every layer file must read
   if (stages_seen.size() > 1) L.problems.push_back("optimizer files disagree on the ZeRO stage");
   if (L.optimizer.empty()) L.optimizer = zero3_files ? "zero3" : "zero";
-  if (L.zero_stage != 3)
-    for (const auto& [key, params] : group_params) {
-      auto [pp, tp, g] = key;
-      for (const auto& [name, numel] : params) {
-        int64_t have = covered[key].count(name) ? covered[key][name] : 0;
-        if (have != numel)
-          L.problems.push_back("parameter '" + name + "' (pp=" + std::to_string(pp) + ", tp=" + std::to_string(tp) +
-                               ", group " + std::to_string(g) + "): ZeRO fragments over all dp ranks hold " +
-                               std::to_string(have) + " of its " + std::to_string(numel) + " elements");
-      }
-    }
+  CheckCoverage(L, group_params);
   if (zero3_files != (L.zero_stage == 3))
     L.problems.push_back("ZeRO-3 model files present but optimizer files say stage " + std::to_string(L.zero_stage));
   return L;

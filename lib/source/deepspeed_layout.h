@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "pt/torch_file.h"
@@ -30,6 +31,26 @@ struct ParamRecord {
   std::set<int> stages;                          // PP stages that hold it
 };
 
+// A run of one parameter's elements inside one optimizer file's flat partition of a param group:
+// flat[src_start, src_start + numel) holds elements [dst_start, dst_start + numel) of the
+// parameter's TP-local tensor (flattened) at this file's (pp, tp).
+struct Fragment {
+  int file = -1;  // index into SourceLayout::files
+  int group = 0;
+  int param = -1;  // index into SourceLayout::params
+  int64_t src_start = 0, numel = 0, dst_start = 0;
+};
+
+// The flat fp32 tensors of one param group in an optimizer file: the master weights and Adam's
+// moments, all with the same element layout, plus the group's step.
+struct FlatGroup {
+  pt::TensorView fp32, exp_avg, exp_avg_sq;
+  pt::ValuePtr step;  // 0-dim tensor or number; nullptr when absent
+};
+// Where ZeRO-1/2 (single_partition_of_fp32_groups + base_optimizer_state) or ZeRO-3
+// (fp32_flat_groups + optimizer_state_dict) keep them. Throws ucp::Error naming the missing key.
+std::vector<FlatGroup> FlatGroupsOf(const pt::Value& file_root, int zero_stage);
+
 struct SourceLayout {
   std::string root;  // the folder named by the user
   std::string dir;   // the folder holding the shard files (root/<tag> when root has `latest`)
@@ -44,6 +65,8 @@ struct SourceLayout {
   std::string naming;  // "pipe" (layer files; GPTModelPipe names) or "plain"
   std::vector<ShardFile> files;
   std::vector<ParamRecord> params;  // in first-seen order: stage, group, position
+  std::vector<Fragment> fragments;  // every optimizer file's pieces of every parameter
+  std::map<std::tuple<int, int, int>, pt::ValuePtr> steps;  // (pp, tp, group) -> step, from dp rank 0
   std::shared_ptr<pt::TorchFile> first_model_file;  // keeps universal_checkpoint_info and args alive
   pt::ValuePtr universal_checkpoint_info;           // or nullptr
   pt::ValuePtr args;                                // Megatron args Namespace, or nullptr

@@ -67,3 +67,14 @@ class DynamicLossScaler:
 for _cls in (LossScaler, DynamicLossScaler):
     _cls.__module__ = "deepspeed.runtime.fp16.loss_scaler"
     setattr(_module("deepspeed.runtime.fp16.loss_scaler"), _cls.__name__, _cls)
+
+
+@dataclasses.dataclass
+class SubparamShape:
+    patterns: list
+    shape: list
+    partition_dim: int
+
+
+SubparamShape.__module__ = "deepspeed.checkpoint.universal_checkpoint"
+_module("deepspeed.checkpoint.universal_checkpoint").SubparamShape = SubparamShape

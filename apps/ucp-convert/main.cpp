@@ -1,0 +1,72 @@
+// ucp-convert: flags only; the work is ucp::convert::RunConvert.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "convert/convert.h"
+#include "patterns/rules.h"
+#include "shuffle/comm.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "ucp-convert: a DeepSpeed / Megatron-DeepSpeed checkpoint to an atomic checkpoint.\n\n"
+      "Reads the checkpoint saved under any ZeRO-1/2/3 x TP x PP layout (fp16 or bf16, BF16 optimizer\n"
+      "included) and writes one fp32 tensor per parameter and state, free of ranks, degrees and padding,\n"
+      "in DeepSpeed's universal layout: OUT/zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt,\n"
+      "OUT/zero/optimizer_state.pt, the mp_rank_* model-states files, OUT/ucp_manifest.json (written\n"
+      "last: it commits the folder) and <parent of OUT>/latest_universal, so DeepSpeed resumes from it\n"
+      "with \"checkpoint\": {\"load_universal\": true}, and ucp-reshard writes any new layout from it.\n\n"
+      "Run it with mpirun for a parallel conversion (ranks map source files, shuffle fragments and\n"
+      "reduce parameters, balanced by bytes) or alone as a single process. Patterns (Replicate,\n"
+      "Shard-V/H/NC, Partial) come from the checkpoint's universal_checkpoint_info and the model-family\n"
+      "rules in patterns/; replicated copies are checked to be identical, and every element of every\n"
+      "parameter must come from exactly one fragment.\n\n"
+      "Exit status: 0 done; 1 failed (the message names the file, rank coordinates and parameter; no\n"
+      "manifest is written); 2 bad command line.\n\n"
+      "Examples:\n"
+      "  ucp-convert ckpt/ -o ckpt/atomic                 single process\n"
+      "  mpirun -np 8 ucp-convert ckpt/ -o /fs/atomic     8 ranks\n"
+      "  ucp-convert ckpt/ --plan-only --json             who maps and reduces what, no data read\n"
+      "  mpirun -np 8 ucp-convert ckpt/ -o out --resume   finish a killed run\n"
+      "  ucp-inspect ckpt/atomic --verify                 check every file against the manifest"};
+  ucp::convert::ConvertOptions o;
+  o.patterns_dir = ucp::patterns::DefaultPatternsDir();
+  bool no_strict = false;
+  int plan_ranks = 0;
+  app.add_option("source", o.source, "checkpoint folder (with `latest`, or the global_stepN folder)")->required();
+  app.add_option("-o,--output", o.output, "atomic checkpoint folder to write");
+  app.add_flag("--force", o.force, "overwrite a non-empty output folder (its manifest is removed first)");
+  app.add_flag("--resume", o.resume, "finish an interrupted conversion into the same folder, skipping files verified done");
+  app.add_flag("--plan-only", o.plan_only, "print the plan (per-rank bytes in and out, imbalance) without reading tensor data");
+  app.add_option("--ranks", plan_ranks, "with --plan-only: plan for this many ranks instead of the running ones");
+  app.add_flag("--json", o.json, "with --plan-only: print the plan as JSON");
+  app.add_option("--threads", o.threads, "writer threads per rank (default: the cores the rank may use)");
+  app.add_option("--buffer", o.buffer_bytes, "shuffle bytes in flight per rank (e.g. 64M, 1G; default 128M)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
+  app.add_option("--report", o.report_path, "write a JSON report: timings per phase, bytes read, moved and written per rank");
+  app.add_option("--patterns", o.pattern_files, "rule file(s) to use instead of detecting the model family")
+      ->check(CLI::ExistingFile);
+  app.add_option("--patterns-dir", o.patterns_dir, "folder of model-family rule files")->capture_default_str();
+  app.add_flag("--no-strict", no_strict, "convert despite layout or pattern problems (they are printed)");
+  app.add_flag("-q,--quiet", o.quiet, "print errors only");
+  CLI11_PARSE(app, argc, argv);
+  o.strict = !no_strict;
+  o.progress = ::isatty(STDERR_FILENO);
+  if (!o.plan_only && o.output.empty()) {
+    std::cerr << "ucp-convert: error: an output folder is required (-o OUT), or --plan-only\n";
+    return 2;
+  }
+  if (plan_ranks > 0 && !o.plan_only) {
+    std::cerr << "ucp-convert: error: --ranks only applies with --plan-only\n";
+    return 2;
+  }
+  if (o.force && o.resume) {
+    std::cerr << "ucp-convert: error: --force and --resume contradict each other\n";
+    return 2;
+  }
+  auto comm = plan_ranks > 0 ? ucp::shuffle::MakeLocalComm() : ucp::shuffle::MakeWorldComm(&argc, &argv);
+  o.plan_ranks = plan_ranks;
+  return ucp::convert::RunConvert(o, *comm, std::cout, std::cerr);
+}

@@ -1,0 +1,451 @@
+#include "convert/convert.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/task_pool.h"
+#include "map/mapper.h"
+#include "patterns/resolve.h"
+#include "plan/convert_plan.h"
+#include "pt/torch_file.h"
+#include "source/deepspeed_layout.h"
+#include "store/atomic_store.h"
+#include "union/assembly.h"
+
+namespace ucp::convert {
+namespace fs = std::filesystem;
+using plan::ConvertPlan;
+using plan::Item;
+using plan::State;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
+
+std::string Human(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+  return buf;
+}
+
+std::string VersionString(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+int64_t PeakRss() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
+
+// Collective: true when any rank has an error; the lowest such rank prints its message.
+bool AnyFailed(shuffle::Comm& comm, const std::string& error, std::ostream& err) {
+  int64_t v = error.empty() ? 0 : comm.size() - comm.rank();
+  comm.AllreduceMax({&v, 1});
+  if (v == 0) return false;
+  if (!error.empty() && comm.size() - comm.rank() == v) {
+    err << "ucp-convert: error";
+    if (comm.size() > 1) err << " (rank " << comm.rank() << ")";
+    err << ": " << error << std::endl;
+  }
+  return true;
+}
+
+template <typename Fn>
+std::string Capture(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string Joined(const std::vector<std::string>& lines, const std::string& head) {
+  std::string s = head;
+  for (const auto& l : lines) s += "\n  " + l;
+  return s;
+}
+
+// The runs of reducer r's round k, in one order every rank agrees on.
+template <typename Fn>
+void ForEachRoundRun(const ConvertPlan& plan, int r, int64_t k, Fn&& fn) {
+  const auto& items = plan.work[r];
+  const int64_t begin = k * plan.chunk_elems, end = std::min(begin + plan.chunk_elems, plan.work_numel[r]);
+  if (begin >= end) return;
+  size_t lo = 0, hi = items.size();  // first item ending after `begin`
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (items[mid].work_start + plan.params[items[mid].param].stream_numel <= begin) lo = mid + 1;
+    else hi = mid;
+  }
+  for (size_t i = lo; i < items.size() && items[i].work_start < end; ++i) {
+    const auto& P = plan.params[items[i].param];
+    int64_t a = std::max<int64_t>(0, begin - items[i].work_start), b = std::min(P.stream_numel, end - items[i].work_start);
+    plan::ForEachPieceRun(P, a, b, [&](const plan::Piece& pc, int64_t off, int64_t n) { fn(i, pc, off, n); });
+  }
+}
+
+class Progress {
+ public:
+  Progress(bool on, int64_t total) : on_(on), total_(total), start_(Clock::now()), last_(start_) {}
+  void Update(int64_t done, bool final = false) {
+    if (!on_) return;
+    auto now = Clock::now();
+    if (!final && std::chrono::duration<double>(now - last_).count() < 0.25) return;
+    last_ = now;
+    double secs = std::max(1e-6, Seconds(start_)), rate = done / secs;
+    double eta = rate > 0 ? (total_ - done) / rate : 0;
+    std::fprintf(stderr, "\rucp-convert: %s / %s  %s/s  ETA %.0fs   ", Human(double(done)).c_str(),
+                 Human(double(total_)).c_str(), Human(rate).c_str(), eta);
+    if (final) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  bool on_;
+  int64_t total_;
+  Clock::time_point start_, last_;
+};
+
+struct Counters {
+  int64_t bytes_read = 0, bytes_sent = 0, bytes_received = 0, bytes_written = 0, files_written = 0;
+};
+
+// Rank 0's checks and clean-up of the output folder before anything is written.
+void PrepareOutput(const ConvertOptions& o, const source::SourceLayout& L, const std::string& fingerprint,
+                   bool* resuming) {
+  std::error_code ec;
+  auto src = fs::weakly_canonical(L.dir, ec), dst = fs::weakly_canonical(o.output, ec);
+  if (src == dst || fs::weakly_canonical(L.root, ec) == dst)
+    throw Error(o.output + ": the output folder is the source checkpoint folder");
+  *resuming = false;
+  bool exists = fs::exists(o.output);
+  bool empty = !exists || fs::is_empty(o.output);
+  if (exists && !fs::is_directory(o.output)) throw Error(o.output + ": exists and is not a folder");
+  if (!empty) {
+    if (o.resume && !o.force) {
+      if (store::IsAtomicCheckpoint(o.output))
+        throw Error(o.output + ": already holds a complete atomic checkpoint (ucp_manifest.json); nothing to resume");
+      store::Journal::Load(o.output, fingerprint);  // throws unless the same conversion
+      *resuming = true;
+    } else if (o.force) {
+      // Uncommit first: without the manifest the folder no longer looks complete.
+      fs::remove(o.output + "/" + store::kManifestName);
+      store::Journal::Remove(o.output);
+      fs::remove_all(o.output + "/zero");
+    } else {
+      throw Error(o.output + ": exists and is not empty; use --resume to finish an interrupted conversion or "
+                  "--force to overwrite it");
+    }
+  }
+  fs::create_directories(o.output + "/zero");
+  if (!*resuming) store::Journal::Start(o.output, fingerprint);
+}
+
+}  // namespace
+
+int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
+  const int rank = comm.rank(), ranks = comm.size();
+  const bool talk = rank == 0 && !o.quiet;
+  auto t0 = Clock::now();
+  nlohmann::json phases;
+  auto phase_done = [&, last = t0](const char* name) mutable {
+    phases[name] = Seconds(last);
+    last = Clock::now();
+  };
+
+  // 1. Index, patterns, plan: every rank, from metadata only, to the same answer.
+  source::SourceLayout L;
+  patterns::ModelPatterns M;
+  ConvertPlan plan;
+  std::string error = Capture([&] {
+    L = source::IndexDeepSpeedCheckpoint(o.source);
+    if (!L.errors.empty()) throw Error(Joined(L.errors, o.source + ": unreadable or malformed files:"));
+    if (o.strict && !L.problems.empty())
+      throw Error(Joined(L.problems, o.source + ": the checkpoint is inconsistent (--no-strict to convert anyway):"));
+    M = patterns::ResolvePatterns(L, {o.pattern_files, o.patterns_dir});
+    if (o.strict && !M.problems.empty())
+      throw Error(Joined(M.problems, o.source + ": pattern problems (--no-strict to convert anyway):"));
+    plan = plan::MakeConvertPlan(L, M, o.plan_ranks > 0 ? o.plan_ranks : ranks, o.buffer_bytes);
+  });
+  if (AnyFailed(comm, error, err)) return 1;
+  phase_done("index_and_plan");
+  if (talk) {
+    err << "ucp-convert: " << L.framework << " " << (L.zero_stage == 3 ? "ZeRO-3" : "ZeRO-" + std::to_string(L.zero_stage))
+        << " (" << L.optimizer << ") " << L.dtype << " dp=" << L.dp << " tp=" << L.tp << " pp=" << L.pp
+        << ", DeepSpeed " << (L.ds_version.empty() ? "?" : L.ds_version) << ", universal_checkpoint_version "
+        << (M.checkpoint_rules && M.checkpoint_rules->version ? VersionString(*M.checkpoint_rules->version) : "none")
+        << "; " << plan.params.size() << " parameters; " << comm.name() << "\n";
+    for (const auto& n : M.notes) err << "ucp-convert: note: " << n << "\n";
+  }
+  if (o.plan_only) {
+    if (rank == 0) {
+      if (o.json) out << plan.ToJson(L).dump(1) << "\n";
+      else out << plan.ToText(L);
+    }
+    return 0;
+  }
+
+  // 2. The output folder (rank 0), then the resume decision (every rank, from the journal).
+  const std::string fingerprint = store::Fingerprint(L, M);
+  bool resuming = false;
+  error = rank == 0 ? Capture([&] { PrepareOutput(o, L, fingerprint, &resuming); }) : "";
+  if (AnyFailed(comm, error, err)) return 1;
+  std::map<std::string, store::FileRecord> journaled;  // from the interrupted run
+  std::vector<char> done(plan.params.size() * plan::kStates, 0);
+  int64_t flag = resuming ? 1 : 0;
+  comm.AllreduceMax({&flag, 1});
+  resuming = flag != 0;
+  if (resuming) {
+    error = Capture([&] {
+      journaled = store::Journal::Load(o.output, fingerprint);
+      std::vector<int64_t> ok(done.size(), 0);
+      for (const Item& it : plan.work[rank]) {  // each rank verifies the items it owns
+          const auto& P = plan.params[it.param];
+          std::vector<std::string> need = {store::StateRelPath(P.name, it.state)};
+          if (it.state == State::Fp32 && L.steps.count(P.step_key) && L.steps.at(P.step_key))
+            need.push_back(store::StepRelPath(P.name));
+          bool all = true;
+          for (const auto& rel : need) {
+            auto j = journaled.find(rel);
+            all = all && j != journaled.end() && store::Verify(o.output, j->second);
+          }
+          ok[it.param * plan::kStates + static_cast<int>(it.state)] = all;
+      }
+      comm.AllreduceMax(ok);
+      for (size_t k = 0; k < ok.size(); ++k) done[k] = static_cast<char>(ok[k]);
+      plan.SkipDone(done);
+    });
+    if (AnyFailed(comm, error, err)) return 1;
+    if (talk) {
+      int64_t n = std::count(done.begin(), done.end(), 1);
+      err << "ucp-convert: resuming: " << n << " of " << done.size() << " parameter states verified done\n";
+    }
+  }
+  phase_done("prepare");
+
+  // 3. Map, shuffle, union, write: in rounds of bounded size.
+  Counters c;
+  std::mutex records_mu;
+  std::vector<store::FileRecord> records;
+  int64_t largest = 0;
+  for (const auto& P : plan.params) largest = std::max(largest, 4 * P.full_numel);
+  const int threads = o.threads > 0 ? o.threads : AvailableCores();
+  int64_t total_stream = 0;
+  for (int r = 0; r < ranks; ++r) total_stream += 4 * plan.work_numel[r];
+  Progress progress(talk && o.progress, total_stream);
+  {
+    std::unique_ptr<map::Mapper> mapper;
+    std::unique_ptr<store::Journal> journal;
+    error = Capture([&] {
+      mapper = std::make_unique<map::Mapper>(L, plan, rank);
+      journal = std::make_unique<store::Journal>(o.output, rank);
+      for (const Item& it : plan.work[rank]) fs::create_directories(o.output + "/" + store::ParamRelDir(plan.params[it.param].name));
+    });
+    if (AnyFailed(comm, error, err)) return 1;
+    TaskPool writers(threads, std::max(largest, o.buffer_bytes));
+    const auto& mine = plan.work[rank];
+    std::map<std::string, const patterns::ParamPattern*> pattern_of;
+    for (const auto& p : M.params) pattern_of[p.name] = &p;
+    std::map<size_t, std::unique_ptr<union_::Assembly>> open;  // item index -> assembly
+    size_t next_final = 0;
+    auto where = [&](const plan::Piece& pc) {
+      const auto& f = L.files[pc.file];
+      return L.dir + "/" + f.name + " (pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) +
+             ", dp=" + std::to_string(f.dp) + ")";
+    };
+    auto assembly = [&](size_t i) -> union_::Assembly& {
+      auto& a = open[i];
+      if (!a) a = std::make_unique<union_::Assembly>(plan.params[mine[i].param], mine[i].state);
+      return *a;
+    };
+    // Finishes the items that end at or before `upto` and hands them to the writers.
+    auto finish_upto = [&](int64_t upto) {
+      while (next_final < mine.size() && mine[next_final].work_start + plan.params[mine[next_final].param].stream_numel <= upto) {
+        size_t i = next_final++;
+        auto data = assembly(i).Finish();
+        open.erase(i);
+        const Item it = mine[i];
+        const auto& P = plan.params[it.param];
+        const patterns::ParamPattern* pat = pattern_of.at(P.name);
+        pt::ValuePtr step = it.state == State::Fp32 && L.steps.count(P.step_key) ? L.steps.at(P.step_key) : nullptr;
+        writers.Submit(4 * P.full_numel, [&, it, pat, step, data = std::move(data)]() mutable {
+          const auto& P = plan.params[it.param];
+          auto value = store::StateFileValue(*pat, L, store::FloatTensor(std::move(data), P.full_shape));
+          std::vector<store::FileRecord> recs;
+          std::string rel = store::StateRelPath(P.name, it.state);
+          auto d = pt::WriteTorchFile(o.output + "/" + rel, *value);
+          recs.push_back({rel, d.size, d.xxh64});
+          if (step && step->kind != pt::Value::Kind::None) {
+            std::string srel = store::StepRelPath(P.name);
+            auto s = pt::WriteTorchFile(o.output + "/" + srel, *step);
+            recs.push_back({srel, s.size, s.xxh64});
+          }
+          for (const auto& r : recs) journal->Append(r);
+          std::lock_guard<std::mutex> lock(records_mu);
+          for (const auto& r : recs) {
+            c.bytes_written += static_cast<int64_t>(r.bytes);
+            ++c.files_written;
+            records.push_back(r);
+          }
+        });
+      }
+    };
+
+    std::vector<uint8_t> send, recv;
+    std::vector<int64_t> scount(ranks), sdispl(ranks), rcount(ranks), rdispl(ranks), cursor(ranks);
+    for (int64_t k = 0; k < plan.rounds; ++k) {
+      // Pack what this rank maps for every reducer's round k.
+      if (error.empty()) error = Capture([&] {
+        int64_t total = 0;
+        for (int r = 0; r < ranks; ++r) {
+          scount[r] = 0;
+          ForEachRoundRun(plan, r, k, [&](size_t, const plan::Piece& pc, int64_t, int64_t n) {
+            if (plan.file_mapper[pc.file] == rank) scount[r] += 4 * n;
+          });
+          sdispl[r] = total;
+          total += scount[r];
+        }
+        send.resize(static_cast<size_t>(total));
+        for (int r = 0; r < ranks; ++r) {
+          int64_t at = sdispl[r];
+          ForEachRoundRun(plan, r, k, [&](size_t i, const plan::Piece& pc, int64_t off, int64_t n) {
+            if (plan.file_mapper[pc.file] != rank) return;
+            const Item& it = plan.work[r][i];
+            mapper->Read(pc, it.state, off, n, send.data() + at, plan.params[it.param].name);
+            at += 4 * n;
+          });
+        }
+        int64_t rtotal = 0;
+        std::fill(rcount.begin(), rcount.end(), 0);
+        ForEachRoundRun(plan, rank, k, [&](size_t, const plan::Piece& pc, int64_t, int64_t n) {
+          rcount[plan.file_mapper[pc.file]] += 4 * n;
+        });
+        for (int m = 0; m < ranks; ++m) rdispl[m] = rtotal, rtotal += rcount[m];
+        recv.resize(static_cast<size_t>(rtotal));
+      });
+      std::array<int64_t, 2> sums = {error.empty() ? 0 : 1, c.bytes_received};
+      comm.AllreduceSum(sums);
+      if (sums[0] > 0) {
+        AnyFailed(comm, error, err);
+        return 1;
+      }
+      if (rank == 0) progress.Update(sums[1]);
+      comm.Alltoallv(send.data(), scount, sdispl, recv.data(), rcount, rdispl);
+      for (int r = 0; r < ranks; ++r) c.bytes_sent += scount[r], c.bytes_received += rcount[r];
+      // Union: every run lands in its item's atomic tensor, in stream order.
+      error = Capture([&] {
+        std::copy(rdispl.begin(), rdispl.end(), cursor.begin());
+        ForEachRoundRun(plan, rank, k, [&](size_t i, const plan::Piece& pc, int64_t off, int64_t n) {
+          int64_t& at = cursor[plan.file_mapper[pc.file]];
+          assembly(i).Apply(pc.stream_start + off, n, recv.data() + at, where(pc));
+          at += 4 * n;
+        });
+        finish_upto(std::min((k + 1) * plan.chunk_elems, plan.work_numel[rank]));
+      });
+      // An error here is reported at the next round's check, or after the last round.
+    }
+    if (error.empty()) error = Capture([&] {
+      finish_upto(INT64_MAX);  // items of no elements, and a rank with no rounds
+      writers.Drain();
+    });
+    c.bytes_read = static_cast<int64_t>(mapper->bytes_read());
+    if (AnyFailed(comm, error, err)) return 1;
+  }
+  if (rank == 0) {
+    int64_t total = total_stream;
+    progress.Update(total, true);
+  }
+  phase_done("shuffle_union_write");
+
+  // 4. Commit (rank 0): optimizer state, model-states files, manifest last, then latest_universal.
+  nlohmann::json mine_json = nlohmann::json::array();
+  for (const auto& r : records) mine_json.push_back(r.ToJson());
+  auto gathered = comm.GatherToRoot(mine_json.dump());
+  nlohmann::json rank_stats = {{"rank", rank}, {"bytes_read", c.bytes_read}, {"bytes_sent", c.bytes_sent},
+                               {"bytes_received", c.bytes_received}, {"bytes_written", c.bytes_written},
+                               {"files_written", c.files_written}, {"peak_rss_bytes", PeakRss()}, {"threads", threads}};
+  auto stats = comm.GatherToRoot(rank_stats.dump());
+  error = "";
+  if (rank == 0) {
+    error = Capture([&] {
+      std::map<std::string, store::FileRecord> files;
+      for (const auto& [path, r] : journaled) files[path] = r;  // verified above when resuming
+      for (const auto& g : gathered)
+        for (const auto& r : nlohmann::json::parse(g)) files[r.at("path").get<std::string>()] = store::FileRecord::FromJson(r);
+      // Items skipped on resume must all be in the journal; anything else is an internal error.
+      for (const auto& P : plan.params)
+        for (int s = 0; s < plan::kStates; ++s)
+          if (!files.count(store::StateRelPath(P.name, static_cast<State>(s))))
+            throw Error("internal: no file recorded for " + store::StateRelPath(P.name, static_cast<State>(s)));
+      const source::ShardFile* first_optim = nullptr;
+      for (const auto& f : L.files)
+        if (f.kind == source::FileKind::ZeroOptimizer && f.pp == 0 && f.tp == 0 && f.dp == 0) first_optim = &f;
+      if (!first_optim) throw Error(L.dir + ": no optimizer file at (pp=0, tp=0, dp=0)");
+      auto root = pt::ReadTorchFile(L.dir + "/" + first_optim->name);
+      auto osv = WithContext(L.dir + "/" + first_optim->name, [&] { return store::OptimizerStateValue(*root.root, L.zero_stage, L.dp); });
+      auto d = pt::WriteTorchFile(o.output + "/zero/optimizer_state.pt", *osv);
+      files["zero/optimizer_state.pt"] = {"zero/optimizer_state.pt", d.size, d.xxh64};
+      for (const auto& name : store::CarriedModelFiles(L))
+        files[name] = store::CopyFileAtomically(L.dir + "/" + name, o.output, name);
+      auto manifest = store::ManifestJson(L, M, plan, files);
+      WriteFileAtomically(o.output + "/" + store::kManifestName, manifest.dump(1) + "\n");
+      store::Journal::Remove(o.output);
+      // DeepSpeed's load_universal reads <parent>/latest_universal naming this folder.
+      fs::path outp = fs::absolute(o.output).lexically_normal();
+      if (outp.filename().empty()) outp = outp.parent_path();
+      WriteFileAtomically((outp.parent_path() / "latest_universal").string(), outp.filename().string());
+    });
+  }
+  if (AnyFailed(comm, error, err)) return 1;
+  phase_done("commit");
+  phases["total"] = Seconds(t0);
+
+  if (rank == 0) {
+    nlohmann::json per = nlohmann::json::array();
+    int64_t read = 0, written = 0, peak = 0;
+    for (const auto& s : stats) {
+      auto j = nlohmann::json::parse(s);
+      read += j["bytes_read"].get<int64_t>(), written += j["bytes_written"].get<int64_t>();
+      peak = std::max(peak, j["peak_rss_bytes"].get<int64_t>());
+      per.push_back(j);
+    }
+    if (!o.report_path.empty()) {
+      nlohmann::json report = {{"source", o.source}, {"output", o.output}, {"ranks", ranks}, {"phases_seconds", phases},
+                               {"bytes_read", read}, {"bytes_written", written}, {"per_rank", per},
+                               {"resumed_items", std::count(done.begin(), done.end(), 1)},
+                               {"plan", {{"rounds", plan.rounds}, {"chunk_bytes", 4 * plan.chunk_elems},
+                                         {"imbalance", plan.Imbalance()}}}};
+      error = Capture([&] { WriteFileAtomically(o.report_path, report.dump(1) + "\n"); });
+      if (!error.empty()) {
+        err << "ucp-convert: error: " << error << std::endl;
+        return 1;
+      }
+    }
+    if (talk) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "ucp-convert: wrote %s: %zu parameters, %s read, %s written in %.2fs (peak RSS %s per rank)\n",
+                    o.output.c_str(), plan.params.size(), Human(double(read)).c_str(), Human(double(written)).c_str(),
+                    phases["total"].get<double>(), Human(double(peak)).c_str());
+      err << buf;
+    }
+  }
+  return 0;
+}
+
+}  // namespace ucp::convert

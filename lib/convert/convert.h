@@ -1,0 +1,34 @@
+// ucp-convert: a source checkpoint to an atomic checkpoint, as a MapReduce over the ranks of a
+// Comm (DESIGN.md section 1): index and plan on every rank, map / shuffle / union in bounded
+// rounds, writes by a pool of threads, then rank 0 commits the manifest.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "shuffle/comm.h"
+
+namespace ucp::convert {
+
+struct ConvertOptions {
+  std::string source, output;
+  std::vector<std::string> pattern_files;  // --patterns; empty: detect from patterns_dir
+  std::string patterns_dir;
+  bool strict = true;
+  bool force = false, resume = false;
+  bool plan_only = false, json = false;
+  bool quiet = false;
+  bool progress = false;     // a live progress line on rank 0 (the app sets it when stderr is a terminal)
+  int threads = 0;           // writer threads per rank; 0: the cores the rank may use
+  int64_t buffer_bytes = int64_t{128} << 20;  // shuffle bytes in flight per rank
+  std::string report_path;   // --report: JSON with timings and bytes
+  int plan_ranks = 0;        // --plan-only for this many ranks (0: the communicator's)
+};
+
+// Exit codes: 0 done, 1 failed (every rank returns the same code; the lowest failing rank prints
+// the reason, naming file, rank coordinates and parameter).
+int RunConvert(const ConvertOptions& options, shuffle::Comm& comm, std::ostream& out, std::ostream& err);
+
+}  // namespace ucp::convert

@@ -1,0 +1,30 @@
+// XXH64 (Yann Collet's xxHash, 64-bit variant), streaming: the checksum of every file ucp writes.
+// Fast enough to run at memory bandwidth while the bytes are still in cache.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ucp {
+
+class XxHash64 {
+ public:
+  explicit XxHash64(uint64_t seed = 0);
+  void Update(const void* data, size_t size);
+  uint64_t Digest() const;
+  static uint64_t Of(const void* data, size_t size, uint64_t seed = 0);
+
+ private:
+  uint64_t v_[4];
+  uint64_t seed_;
+  uint64_t total_ = 0;
+  unsigned char buf_[32];
+  size_t buffered_ = 0;
+};
+
+std::string HexDigest(uint64_t digest);  // 16 lowercase hex digits
+// XXH64 of a whole file, read in large blocks; throws ucp::Error naming the path.
+uint64_t XxHash64File(const std::string& path, uint64_t* size = nullptr);
+
+}  // namespace ucp

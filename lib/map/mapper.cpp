@@ -1,0 +1,69 @@
+#include "map/mapper.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+
+namespace ucp::map {
+
+Mapper::Mapper(const source::SourceLayout& L, const plan::ConvertPlan& plan, int rank) {
+  for (size_t fi = 0; fi < L.files.size(); ++fi) {
+    if (plan.file_mapper[fi] != rank) continue;
+    const auto& f = L.files[fi];
+    Open o;
+    o.path = L.dir + "/" + f.name;
+    o.where = o.path + " (pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) + ", dp=" + std::to_string(f.dp) + ")";
+    WithContext(o.where, [&] {
+      pt::TorchFile file = pt::ReadTorchFile(o.path);
+      const uint8_t* base = file.archive->file()->bytes().data();
+      for (const auto& g : source::FlatGroupsOf(*file.root, L.zero_stage)) {
+        std::array<Tensor, plan::kStates> t;
+        const pt::TensorView* views[plan::kStates] = {&g.fp32, &g.exp_avg, &g.exp_avg_sq};
+        for (int s = 0; s < plan::kStates; ++s)
+          t[s] = {static_cast<uint64_t>(views[s]->data() - base), views[s]->numel()};
+        o.groups.push_back(t);
+      }
+      o.fd = ::open(o.path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (o.fd < 0) throw Error(std::string("cannot open: ") + std::strerror(errno));
+      ::posix_fadvise(o.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    });
+    files_.emplace(static_cast<int>(fi), std::move(o));
+  }
+}
+
+Mapper::~Mapper() {
+  for (auto& [k, o] : files_)
+    if (o.fd >= 0) ::close(o.fd);
+}
+
+void Mapper::Read(const plan::Piece& piece, plan::State state, int64_t offset, int64_t numel, uint8_t* dst,
+                  const std::string& param) {
+  auto it = files_.find(piece.file);
+  if (it == files_.end()) throw Error("internal: file " + std::to_string(piece.file) + " is not mapped on this rank");
+  Open& o = it->second;
+  auto fail = [&](const std::string& why) {
+    return Error(o.where + ": parameter '" + param + "' " + std::string(plan::StateName(state)) + ": " + why);
+  };
+  if (piece.group >= static_cast<int>(o.groups.size())) throw fail("no param group " + std::to_string(piece.group));
+  const Tensor& t = o.groups[piece.group][static_cast<int>(state)];
+  uint64_t first = static_cast<uint64_t>(piece.src_start + offset);
+  if (first + static_cast<uint64_t>(numel) > t.numel)
+    throw fail("elements [" + std::to_string(first) + ", " + std::to_string(first + numel) +
+               ") lie outside its flat partition of " + std::to_string(t.numel));
+  uint64_t pos = t.file_offset + first * 4, left = static_cast<uint64_t>(numel) * 4;
+  while (left > 0) {
+    ssize_t n = ::pread(o.fd, dst, std::min<uint64_t>(left, 1u << 30), static_cast<off_t>(pos));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw fail(std::string("read failed: ") + std::strerror(errno));
+    if (n == 0) throw fail("the file ends at byte " + std::to_string(pos) + ", inside the tensor (truncated?)");
+    dst += n, pos += static_cast<uint64_t>(n), left -= static_cast<uint64_t>(n);
+  }
+  bytes_read_ += static_cast<uint64_t>(numel) * 4;
+}
+
+}  // namespace ucp::map

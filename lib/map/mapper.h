@@ -1,0 +1,46 @@
+// Map (Extract): a mapper rank's view of the optimizer files the plan gives it. It locates every
+// param group's flat fp32 / exp_avg / exp_avg_sq tensor inside each file and copies runs of them
+// straight from the file into the shuffle's send buffer with pread: no mapping stays resident, so
+// the rank's memory does not grow with the size of the files it reads.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "plan/convert_plan.h"
+#include "source/deepspeed_layout.h"
+
+namespace ucp::map {
+
+class Mapper {
+ public:
+  // Opens and indexes the files of `layout` that `plan` maps on `rank`; throws ucp::Error naming
+  // the file and its rank coordinates.
+  Mapper(const source::SourceLayout& layout, const plan::ConvertPlan& plan, int rank);
+  ~Mapper();
+  Mapper(const Mapper&) = delete;
+  Mapper& operator=(const Mapper&) = delete;
+
+  // Copies `numel` float32 elements of `piece` (state `state`), starting `offset` elements into
+  // the piece, to `dst`. `param` names the parameter in errors.
+  void Read(const plan::Piece& piece, plan::State state, int64_t offset, int64_t numel, uint8_t* dst,
+            const std::string& param);
+  uint64_t bytes_read() const { return bytes_read_; }
+
+ private:
+  struct Tensor {
+    uint64_t file_offset = 0, numel = 0;
+  };
+  struct Open {
+    int fd = -1;
+    std::string path, where;              // path, and "path (pp=, tp=, dp=)" for errors
+    std::vector<std::array<Tensor, plan::kStates>> groups;
+  };
+  std::map<int, Open> files_;
+  uint64_t bytes_read_ = 0;
+};
+
+}  // namespace ucp::map

@@ -1,0 +1,359 @@
+#include "plan/convert_plan.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <numeric>
+#include <queue>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace ucp::plan {
+namespace fs = std::filesystem;
+using patterns::Pattern;
+
+std::string_view StateName(State s) {
+  switch (s) {
+    case State::Fp32: return "fp32";
+    case State::ExpAvg: return "exp_avg";
+    case State::ExpAvgSq: return "exp_avg_sq";
+  }
+  return "?";
+}
+
+std::vector<int> AssignLpt(const std::vector<int64_t>& weights, int bins) {
+  std::vector<size_t> order(weights.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weights[a] > weights[b]; });
+  using Load = std::pair<int64_t, int>;  // (bytes, bin): the lightest bin, lowest index on ties
+  std::priority_queue<Load, std::vector<Load>, std::greater<>> heap;
+  for (int b = 0; b < bins; ++b) heap.push({0, b});
+  std::vector<int> out(weights.size(), 0);
+  for (size_t k : order) {
+    auto [load, bin] = heap.top();
+    heap.pop();
+    out[k] = bin;
+    heap.push({load + weights[k], bin});
+  }
+  return out;
+}
+
+namespace {
+
+int64_t Numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+bool Sharded(Pattern p) { return p == Pattern::ShardV || p == Pattern::ShardH || p == Pattern::ShardNC; }
+
+// Rows of each sub-parameter held by each TP rank: widths[i][t].
+std::vector<std::vector<int64_t>> SubParamWidths(const patterns::ParamPattern& pp, const patterns::ModelPatterns& M,
+                                                 const source::ParamRecord& rec, int tp, int dim) {
+  const auto& sizes = pp.sub_param_sizes;
+  std::vector<std::vector<int64_t>> w(sizes.size(), std::vector<int64_t>(tp));
+  if (pp.match && pp.match->n_sub_params == 2) {
+    for (int t = 0; t < tp; ++t) {
+      int64_t rows = rec.tp_shape.at(t)[dim];
+      if (rows % 2) throw Error("parameter '" + pp.name + "': a fused pair of sub-parameters with an odd row count " +
+                                std::to_string(rows) + " at tp=" + std::to_string(t));
+      w[0][t] = w[1][t] = rows / 2;
+    }
+    return w;
+  }
+  const std::vector<std::vector<int64_t>>* given = nullptr;
+  if (M.checkpoint_rules && pp.match) {
+    auto it = M.checkpoint_rules->shard_widths.find(pp.match->rule);
+    if (it != M.checkpoint_rules->shard_widths.end()) given = &it->second;
+  }
+  for (size_t i = 0; i < sizes.size(); ++i)
+    for (int t = 0; t < tp; ++t) {
+      if (given) {
+        if (given->size() != sizes.size() || (*given)[i].size() != static_cast<size_t>(tp))
+          throw Error("parameter '" + pp.name + "': sub_param_shard_widths do not list " + std::to_string(sizes.size()) +
+                      " sub-parameters x " + std::to_string(tp) + " TP ranks");
+        w[i][t] = (*given)[i][t];
+      } else {
+        if (sizes[i] % tp)
+          throw Error("parameter '" + pp.name + "': sub-parameter " + std::to_string(i) + " of " +
+                      std::to_string(sizes[i]) + " rows does not split evenly over " + std::to_string(tp) +
+                      " TP ranks and the checkpoint gives no sub_param_shard_widths");
+        w[i][t] = sizes[i] / tp;
+      }
+    }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    int64_t sum = 0;
+    for (int t = 0; t < tp; ++t) sum += w[i][t];
+    if (sum != sizes[i])
+      throw Error("parameter '" + pp.name + "': the shard widths of sub-parameter " + std::to_string(i) + " add up to " +
+                  std::to_string(sum) + ", not its " + std::to_string(sizes[i]) + " rows");
+  }
+  return w;
+}
+
+ParamPlan PlanParam(const source::SourceLayout& L, const patterns::ModelPatterns& M, int index,
+                    const patterns::ParamPattern& pat) {
+  const source::ParamRecord& rec = L.params[index];
+  ParamPlan P;
+  P.index = index;
+  P.name = rec.name;
+  P.full_shape = pat.full_shape;
+  P.full_numel = Numel(P.full_shape);
+  P.joined_shape = pat.full_shape;
+  if (pat.vocab_padding_rows > 0) P.joined_shape[0] += pat.vocab_padding_rows;
+  const Pattern here = pat.here;
+  const bool sharded = L.tp > 1 && Sharded(here);
+  int dim = -1;
+  if (sharded) {
+    dim = here == Pattern::ShardH ? 1 : (pat.match ? pat.match->cat_dim : 0);
+    if (here == Pattern::ShardNC && pat.match && pat.match->sub_params) dim = pat.match->sub_params->partition_dim;
+  }
+  std::vector<std::vector<int64_t>> widths;
+  if (sharded && here == Pattern::ShardNC) widths = SubParamWidths(pat, M, rec, L.tp, dim);
+
+  std::vector<int> stages(rec.stages.begin(), rec.stages.end());
+  if (here == Pattern::Partial) stages.resize(1);  // later stages' copies are not averaged in
+  std::vector<Copy> place, rest;
+  for (size_t si = 0; si < stages.size(); ++si) {
+    int64_t offset = 0;  // along the split dim
+    for (int t = 0; t < L.tp; ++t) {
+      Copy c;
+      c.pp = stages[si], c.tp = t;
+      c.shape = rec.tp_shape.at(t);
+      c.numel = Numel(c.shape);
+      if (sharded) {
+        c.split_dim = dim;
+        if (dim >= static_cast<int>(c.shape.size()) || c.shape.size() != P.joined_shape.size())
+          throw Error("parameter '" + P.name + "': TP-local shape " + pt::ShapeString(c.shape) + " cannot be joined on dim " +
+                      std::to_string(dim) + " into " + pt::ShapeString(P.joined_shape));
+        if (here == Pattern::ShardNC) {
+          int64_t local = 0, joined = 0;
+          for (size_t i = 0; i < widths.size(); ++i) {
+            int64_t before = 0;
+            for (int u = 0; u < t; ++u) before += widths[i][u];
+            c.blocks.push_back({local, widths[i][t], joined + before});
+            local += widths[i][t];
+            joined += pat.sub_param_sizes[i];
+          }
+          if (local != c.shape[dim])
+            throw Error("parameter '" + P.name + "': the sub-parameter widths at tp=" + std::to_string(t) + " add up to " +
+                        std::to_string(local) + " rows but the rank holds " + std::to_string(c.shape[dim]));
+        } else {
+          c.blocks.push_back({0, c.shape[dim], offset});
+        }
+        offset += c.shape[dim];
+        for (size_t k = 0; k < c.shape.size(); ++k)
+          if (static_cast<int>(k) != dim && c.shape[k] != P.joined_shape[k])
+            throw Error("parameter '" + P.name + "': TP-local shape " + pt::ShapeString(c.shape) + " at tp=" +
+                        std::to_string(t) + " does not match the joined shape " + pt::ShapeString(P.joined_shape));
+      } else if (c.shape != P.joined_shape) {
+        throw Error("parameter '" + P.name + "' is " + std::string(patterns::PatternName(here)) + " but holds shape " +
+                    pt::ShapeString(c.shape) + " at (pp=" + std::to_string(c.pp) + ", tp=" + std::to_string(t) +
+                    "), not " + pt::ShapeString(P.joined_shape));
+      }
+      bool first = si == 0 && (t == 0 || sharded);
+      if (here == Pattern::Partial) c.mode = t == 0 ? CopyMode::Place : CopyMode::Accumulate;
+      else c.mode = first ? CopyMode::Place : CopyMode::Compare;
+      (c.mode == CopyMode::Compare ? rest : place).push_back(std::move(c));
+    }
+    if (sharded && offset != P.joined_shape[dim])
+      throw Error("parameter '" + P.name + "': its TP pieces hold " + std::to_string(offset) + " rows on dim " +
+                  std::to_string(dim) + ", the joined tensor " + std::to_string(P.joined_shape[dim]));
+  }
+  P.accumulated_copies = here == Pattern::Partial ? L.tp : 1;
+  for (auto* list : {&place, &rest})
+    for (auto& c : *list) {
+      c.stream_start = P.stream_numel;
+      P.stream_numel += c.numel;
+      P.copies.push_back(std::move(c));
+    }
+  P.step_key = {stages.front(), 0, rec.group};
+  return P;
+}
+
+std::string Human(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+  return buf;
+}
+
+}  // namespace
+
+ConvertPlan MakeConvertPlan(const source::SourceLayout& L, const patterns::ModelPatterns& M, int ranks,
+                            int64_t buffer_bytes) {
+  if (ranks < 1) throw Error("internal: plan for " + std::to_string(ranks) + " ranks");
+  ConvertPlan plan;
+  plan.ranks = ranks;
+  std::map<std::string, const patterns::ParamPattern*> by_name;
+  for (const auto& p : M.params) by_name[p.name] = &p;
+  std::vector<std::string> failures;
+  std::map<int, size_t> plan_of;  // layout index -> params index
+  for (size_t k = 0; k < L.params.size(); ++k) {
+    auto it = by_name.find(L.params[k].name);
+    if (it == by_name.end()) {
+      failures.push_back("parameter '" + L.params[k].name + "': no pattern could be resolved");
+      continue;
+    }
+    try {
+      plan_of[static_cast<int>(k)] = plan.params.size();
+      plan.params.push_back(PlanParam(L, M, static_cast<int>(k), *it->second));
+    } catch (const std::exception& e) {
+      plan_of.erase(static_cast<int>(k));
+      failures.push_back(e.what());
+    }
+  }
+  // Fragments become pieces of their parameter's stream.
+  for (const auto& fr : L.fragments) {
+    auto it = plan_of.find(fr.param);
+    if (it == plan_of.end()) continue;
+    ParamPlan& P = plan.params[it->second];
+    const source::ShardFile& f = L.files[fr.file];
+    for (const auto& c : P.copies)
+      if (c.pp == f.pp && c.tp == f.tp) P.pieces.push_back({fr.file, fr.group, fr.src_start, fr.numel, c.stream_start + fr.dst_start});
+  }
+  for (auto& P : plan.params) {
+    std::sort(P.pieces.begin(), P.pieces.end(), [](const Piece& a, const Piece& b) { return a.stream_start < b.stream_start; });
+    int64_t at = 0;
+    for (const auto& pc : P.pieces) {
+      if (pc.stream_start != at) break;
+      at += pc.numel;
+    }
+    if (at != P.stream_numel)
+      failures.push_back("parameter '" + P.name + "': the optimizer files do not cover its elements exactly once");
+    // The step of the group, from the first stage holding the parameter.
+    std::get<2>(P.step_key) = L.params[P.index].group;
+  }
+  if (!failures.empty()) {
+    std::string msg = "cannot plan the conversion:";
+    for (const auto& f : failures) msg += "\n  " + f;
+    throw Error(msg);
+  }
+
+  // Reducers: (parameter, state) items, balanced by the bytes they receive and write.
+  std::vector<int64_t> weights;
+  for (const auto& P : plan.params)
+    for (int s = 0; s < kStates; ++s) weights.push_back(4 * (P.stream_numel + P.full_numel));
+  auto bins = AssignLpt(weights, ranks);
+  std::vector<size_t> order(weights.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weights[a] > weights[b]; });
+  plan.work.assign(ranks, {});
+  plan.work_numel.assign(ranks, 0);
+  plan.reduced_bytes.assign(ranks, 0);
+  for (size_t k : order) {
+    int r = bins[k];
+    int p = static_cast<int>(k / kStates);
+    State s = static_cast<State>(k % kStates);
+    plan.params[p].reducer[k % kStates] = r;
+    plan.work[r].push_back({p, s, plan.work_numel[r]});
+    plan.work_numel[r] += plan.params[p].stream_numel;
+    plan.reduced_bytes[r] += 4 * plan.params[p].full_numel;
+  }
+
+  // Mappers: the optimizer files holding fragments, balanced by file size.
+  plan.file_mapper.assign(L.files.size(), -1);
+  std::vector<int> data_files;
+  std::vector<int64_t> sizes;
+  for (const auto& fr : L.fragments)
+    if (std::find(data_files.begin(), data_files.end(), fr.file) == data_files.end()) data_files.push_back(fr.file);
+  std::sort(data_files.begin(), data_files.end());
+  for (int fi : data_files) {
+    std::error_code ec;
+    auto size = fs::file_size(L.dir + "/" + L.files[fi].name, ec);
+    sizes.push_back(ec ? 0 : static_cast<int64_t>(size));
+  }
+  auto file_bins = AssignLpt(sizes, ranks);
+  plan.mapped_bytes.assign(ranks, 0);
+  for (size_t k = 0; k < data_files.size(); ++k) {
+    plan.file_mapper[data_files[k]] = file_bins[k];
+    plan.mapped_bytes[file_bins[k]] += sizes[k];
+  }
+
+  plan.chunk_elems = std::max<int64_t>(256, buffer_bytes / (4 * (ranks + 1)));
+  for (int r = 0; r < ranks; ++r)
+    plan.rounds = std::max(plan.rounds, (plan.work_numel[r] + plan.chunk_elems - 1) / plan.chunk_elems);
+  return plan;
+}
+
+void ConvertPlan::SkipDone(const std::vector<char>& done) {
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<Item> kept;
+    work_numel[r] = 0;
+    reduced_bytes[r] = 0;
+    for (Item it : work[r]) {
+      if (done[it.param * kStates + static_cast<int>(it.state)]) continue;
+      it.work_start = work_numel[r];
+      work_numel[r] += params[it.param].stream_numel;
+      reduced_bytes[r] += 4 * params[it.param].full_numel;
+      kept.push_back(it);
+    }
+    work[r] = std::move(kept);
+  }
+  rounds = 0;
+  for (int r = 0; r < ranks; ++r) rounds = std::max(rounds, (work_numel[r] + chunk_elems - 1) / chunk_elems);
+}
+
+double ConvertPlan::Imbalance() const {
+  int64_t total = 0, most = 0;
+  for (int64_t b : reduced_bytes) total += b, most = std::max(most, b);
+  return total ? static_cast<double>(most) * ranks / static_cast<double>(total) : 1.0;
+}
+
+nlohmann::json ConvertPlan::ToJson(const source::SourceLayout& L) const {
+  nlohmann::json j;
+  j["ranks"] = ranks;
+  j["chunk_bytes"] = chunk_elems * 4;
+  j["rounds"] = rounds;
+  j["imbalance"] = Imbalance();
+  int64_t in = 0, out = 0;
+  for (int r = 0; r < ranks; ++r) in += mapped_bytes[r], out += reduced_bytes[r];
+  j["bytes_in"] = in;
+  j["bytes_out"] = out;
+  nlohmann::json per = nlohmann::json::array();
+  for (int r = 0; r < ranks; ++r) {
+    nlohmann::json files = nlohmann::json::array();
+    for (size_t f = 0; f < file_mapper.size(); ++f)
+      if (file_mapper[f] == r) files.push_back(L.files[f].name);
+    per.push_back({{"rank", r}, {"maps", files}, {"bytes_in", mapped_bytes[r]}, {"items", work[r].size()},
+                   {"bytes_out", reduced_bytes[r]}, {"elements_received", work_numel[r]}});
+  }
+  j["per_rank"] = per;
+  nlohmann::json params = nlohmann::json::array();
+  for (const auto& P : this->params) {
+    nlohmann::json red;
+    for (int s = 0; s < kStates; ++s) red[std::string(StateName(static_cast<State>(s)))] = P.reducer[s];
+    params.push_back({{"name", P.name}, {"shape", P.full_shape}, {"copies", P.copies.size()},
+                      {"fragments", P.pieces.size()}, {"bytes", 4 * P.full_numel * kStates}, {"reducers", red}});
+  }
+  j["params"] = params;
+  return j;
+}
+
+std::string ConvertPlan::ToText(const source::SourceLayout& L) const {
+  std::ostringstream o;
+  int64_t in = 0, out = 0;
+  for (int r = 0; r < ranks; ++r) in += mapped_bytes[r], out += reduced_bytes[r];
+  o << "plan: " << params.size() << " parameters x " << kStates << " states on " << ranks << " rank(s); reads "
+    << Human(static_cast<double>(in)) << ", writes " << Human(static_cast<double>(out)) << " of tensors\n";
+  o << "shuffle: " << rounds << " round(s) of at most " << Human(4.0 * chunk_elems) << " per reducer\n";
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%6s %6s %12s %7s %12s\n", "rank", "files", "bytes in", "items", "bytes out");
+  o << buf;
+  for (int r = 0; r < ranks; ++r) {
+    int files = static_cast<int>(std::count(file_mapper.begin(), file_mapper.end(), r));
+    std::snprintf(buf, sizeof buf, "%6d %6d %12s %7zu %12s\n", r, files, Human(static_cast<double>(mapped_bytes[r])).c_str(),
+                  work[r].size(), Human(static_cast<double>(reduced_bytes[r])).c_str());
+    o << buf;
+  }
+  std::snprintf(buf, sizeof buf, "imbalance of bytes out (max / mean): %.3f\n", Imbalance());
+  o << buf;
+  (void)L;
+  return o.str();
+}
+
+}  // namespace ucp::plan

@@ -1,0 +1,151 @@
+// The conversion plan every rank computes from the index alone, identically and without talking
+// to the others (DESIGN.md section 1): which rank maps which optimizer files, which rank reduces
+// which (parameter, state) item, and where every source fragment lands in the atomic tensor.
+//
+// Coordinates. A parameter's *stream* is the concatenation of its copies: one TP-local tensor per
+// (pp stage, tp rank) that holds it, flattened, in the order Place copies first, then the copies
+// that are only compared (Replicate, tied across PP) or summed (Partial). Every fragment of every
+// optimizer file is a run of that stream; the three states (fp32, exp_avg, exp_avg_sq) share it.
+// A reducer's *work* is the concatenation of the streams of the items it owns; the shuffle moves
+// it in rounds of at most `chunk_elems` elements per reducer, which bounds the bytes in flight.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "patterns/resolve.h"
+#include "source/deepspeed_layout.h"
+
+namespace ucp::plan {
+
+enum class State { Fp32 = 0, ExpAvg = 1, ExpAvgSq = 2 };
+inline constexpr int kStates = 3;
+std::string_view StateName(State s);  // "fp32", "exp_avg", "exp_avg_sq": the atomic file names
+
+enum class CopyMode { Place, Compare, Accumulate };
+
+// Along the split dimension, local rows [local_start, +length) of a copy are joined rows
+// [joined_start, +length) of the full (vocabulary-padded) tensor.
+struct Block {
+  int64_t local_start = 0, length = 0, joined_start = 0;
+};
+
+struct Copy {
+  int pp = 0, tp = 0;
+  CopyMode mode = CopyMode::Place;
+  std::vector<int64_t> shape;  // TP-local
+  int64_t numel = 0, stream_start = 0;
+  int split_dim = -1;  // -1: the copy is the whole tensor
+  std::vector<Block> blocks;
+};
+
+// A fragment in stream coordinates: stream[stream_start, +numel) = file's flat group tensor
+// [src_start, +numel).
+struct Piece {
+  int file = -1, group = 0;
+  int64_t src_start = 0, numel = 0, stream_start = 0;
+};
+
+struct ParamPlan {
+  int index = -1;  // into SourceLayout::params and ModelPatterns::params
+  std::string name;
+  std::vector<int64_t> joined_shape;  // TP pieces joined, vocabulary padding still in
+  std::vector<int64_t> full_shape;    // the atomic tensor
+  int64_t full_numel = 0;
+  std::vector<Copy> copies;
+  int64_t stream_numel = 0;
+  int accumulated_copies = 0;  // Partial: how many copies the mean divides by
+  std::vector<Piece> pieces;   // sorted by stream_start; they tile the stream exactly
+  std::array<int, kStates> reducer{};
+  std::tuple<int, int, int> step_key;  // (pp, tp, group) of SourceLayout::steps
+};
+
+struct Item {
+  int param = -1;
+  State state = State::Fp32;
+  int64_t work_start = 0;  // in the reducer's work stream
+};
+
+struct ConvertPlan {
+  int ranks = 1;
+  int64_t chunk_elems = 0;
+  std::vector<ParamPlan> params;
+  std::vector<int> file_mapper;           // per SourceLayout::files index; -1: not a data file
+  std::vector<std::vector<Item>> work;    // per reducer, in processing order
+  std::vector<int64_t> work_numel;        // per reducer
+  std::vector<int64_t> mapped_bytes;      // per rank: source file bytes it maps
+  std::vector<int64_t> reduced_bytes;     // per rank: atomic tensor bytes it writes
+  int64_t rounds = 0;
+
+  double Imbalance() const;
+  // Drops items already done (resume): done[param * kStates + state]. Work streams, the round
+  // count and the byte counts are recomputed; every rank must pass the same flags.
+  void SkipDone(const std::vector<char>& done);  // max / mean of reduced_bytes
+  nlohmann::json ToJson(const source::SourceLayout& layout) const;
+  std::string ToText(const source::SourceLayout& layout) const;
+};
+
+// Throws ucp::Error with every reason the layout cannot be converted (shapes that do not add up,
+// sub-parameter widths that do not divide, ...).
+ConvertPlan MakeConvertPlan(const source::SourceLayout& layout, const patterns::ModelPatterns& patterns, int ranks,
+                            int64_t buffer_bytes);
+
+// Longest-processing-time-first assignment of weighted items to `bins`: returns each item's bin.
+// Ties go to the lowest bin, so every rank computes the same answer.
+std::vector<int> AssignLpt(const std::vector<int64_t>& weights, int bins);
+
+// Every sub-run of `param`'s stream in [begin, end), as (piece, offset within the piece, numel).
+template <typename Fn>
+void ForEachPieceRun(const ParamPlan& param, int64_t begin, int64_t end, Fn&& fn);
+
+// Calls fn(local_offset, joined_offset, n) for the runs of copy-local elements [begin, end) that
+// are contiguous both in the copy and in the joined tensor.
+template <typename Fn>
+void ForEachJoinedRun(const Copy& copy, const std::vector<int64_t>& joined_shape, int64_t begin, int64_t end, Fn&& fn);
+
+// ---------------------------------------------------------------------------------------------
+
+template <typename Fn>
+void ForEachPieceRun(const ParamPlan& param, int64_t begin, int64_t end, Fn&& fn) {
+  const auto& ps = param.pieces;
+  size_t lo = 0, hi = ps.size();  // first piece whose end is past `begin`
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (ps[mid].stream_start + ps[mid].numel <= begin) lo = mid + 1;
+    else hi = mid;
+  }
+  for (size_t k = lo; k < ps.size() && ps[k].stream_start < end; ++k) {
+    int64_t a = std::max(begin, ps[k].stream_start), b = std::min(end, ps[k].stream_start + ps[k].numel);
+    if (a < b) fn(ps[k], a - ps[k].stream_start, b - a);
+  }
+}
+
+template <typename Fn>
+void ForEachJoinedRun(const Copy& copy, const std::vector<int64_t>& joined_shape, int64_t begin, int64_t end, Fn&& fn) {
+  if (copy.split_dim < 0) {
+    if (begin < end) fn(begin, begin, end - begin);
+    return;
+  }
+  const int d = copy.split_dim;
+  int64_t inner = 1;
+  for (size_t k = d + 1; k < copy.shape.size(); ++k) inner *= copy.shape[k];
+  const int64_t local_rows = copy.shape[d], joined_rows = joined_shape[d];
+  const int64_t local_slab = local_rows * inner, joined_slab = joined_rows * inner;
+  int64_t i = begin;
+  while (i < end) {
+    int64_t outer = i / local_slab, rem = i % local_slab, row = rem / inner, col = rem % inner;
+    const Block* b = nullptr;
+    for (const auto& blk : copy.blocks)
+      if (row >= blk.local_start && row < blk.local_start + blk.length) b = &blk;
+    int64_t n = std::min(end - i, (b->local_start + b->length - row) * inner - col);
+    fn(i, outer * joined_slab + (b->joined_start + row - b->local_start) * inner + col, n);
+    i += n;
+  }
+}
+
+}  // namespace ucp::plan

@@ -1,0 +1,368 @@
+#include "store/atomic_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/xxhash64.h"
+
+namespace ucp::store {
+namespace fs = std::filesystem;
+using pt::Value;
+using pt::ValuePtr;
+
+nlohmann::json FileRecord::ToJson() const { return {{"path", path}, {"bytes", bytes}, {"xxh64", HexDigest(xxh64)}}; }
+
+FileRecord FileRecord::FromJson(const nlohmann::json& j) {
+  FileRecord r;
+  r.path = j.at("path").get<std::string>();
+  r.bytes = j.at("bytes").get<uint64_t>();
+  r.xxh64 = std::stoull(j.at("xxh64").get<std::string>(), nullptr, 16);
+  return r;
+}
+
+std::string ParamRelDir(const std::string& name) {
+  bool bad = name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+             name.find('\0') != std::string::npos || name.size() > 255;
+  if (bad)
+    throw Error("parameter name '" + name + "' cannot be a folder name under zero/ (empty, '.', '..', a '/' or NUL, "
+                "or longer than 255 bytes)");
+  return "zero/" + name;
+}
+std::string StateRelPath(const std::string& name, plan::State s) {
+  return ParamRelDir(name) + "/" + std::string(plan::StateName(s)) + ".pt";
+}
+std::string StepRelPath(const std::string& name) { return ParamRelDir(name) + "/step.pt"; }
+
+ValuePtr FloatTensor(std::shared_ptr<float[]> data, const std::vector<int64_t>& shape) {
+  auto storage = std::make_shared<pt::Storage>();
+  storage->dtype = pt::DType::F32;
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  storage->numel = static_cast<uint64_t>(numel);
+  storage->bytes = {reinterpret_cast<const uint8_t*>(data.get()), static_cast<size_t>(numel) * 4};
+  storage->owner = std::shared_ptr<const void>(data, data.get());
+  pt::TensorView view;
+  view.storage = storage;
+  view.dtype = pt::DType::F32;
+  view.shape = shape;
+  view.stride = pt::ContiguousStrides(shape);
+  return Value::MakeTensor(std::move(view));
+}
+
+namespace {
+
+ValuePtr IntList(const std::vector<int64_t>& v) {
+  auto l = Value::Make(Value::Kind::List);
+  for (int64_t x : v) l->items.push_back(Value::Int(x));
+  return l;
+}
+
+void Put(Value& dict, const std::string& key, ValuePtr v) { dict.dict.Set(Value::Str(key), std::move(v)); }
+
+}  // namespace
+
+ValuePtr StateFileValue(const patterns::ParamPattern& pat, const source::SourceLayout& layout, ValuePtr tensor) {
+  using patterns::Pattern;
+  auto d = Value::Make(Value::Kind::Dict);
+  const Pattern p = pat.model_pattern;
+  if (p == Pattern::ShardNC && pat.match && pat.match->sub_params) {
+    // deepspeed.checkpoint.universal_checkpoint.SubparamShape(patterns, shape, partition_dim)
+    const auto& rule = *pat.match->sub_params;
+    auto patterns = Value::Make(Value::Kind::List);
+    for (const auto& re : rule.patterns) patterns->items.push_back(Value::Str(re.text));
+    auto shape = Value::Make(Value::Kind::List);
+    for (size_t k = 0; k < pat.full_shape.size(); ++k)
+      shape->items.push_back(static_cast<int>(k) == rule.partition_dim ? IntList(pat.sub_param_sizes)
+                                                                         : Value::Int(pat.full_shape[k]));
+    auto state = Value::Make(Value::Kind::Dict);
+    Put(*state, "patterns", patterns);
+    Put(*state, "shape", shape);
+    Put(*state, "partition_dim", Value::Int(rule.partition_dim));
+    auto obj = Value::MakeObject("deepspeed.checkpoint.universal_checkpoint", "SubparamShape", nullptr, state);
+    obj->via_new = true;
+    Put(*d, "sub_param_shape", obj);
+  } else if (p == Pattern::ShardNC) {
+    Put(*d, "cat_dim", Value::Int(0));
+    Put(*d, "param_n_sub_params", Value::Int(static_cast<int64_t>(pat.sub_param_sizes.size())));
+  } else if (p != Pattern::Replicate && p != Pattern::Partial) {
+    Put(*d, "cat_dim", Value::Int(p == Pattern::ShardH ? 1 : 0));
+  }
+  if (pat.vocab) Put(*d, "vocab_tensor", Value::Bool(true));
+  Put(*d, "param", std::move(tensor));
+  (void)layout;
+  return d;
+}
+
+ValuePtr OptimizerStateValue(const Value& root, int zero_stage, int dp) {
+  const Value& osd = root.At("optimizer_state_dict");
+  auto out = Value::Make(Value::Kind::Dict);
+  ValuePtr param_groups;
+  for (const auto& item : osd.AsDict().items()) {
+    const std::string key = item.key->kind == Value::Kind::Str ? item.key->s : "";
+    if (zero_stage == 3) {
+      if (key == "fp32_flat_groups") continue;  // the weights themselves: they are in zero/<param>/
+      if (key == "optimizer_state_dict") {
+        // Keep the per-group step (DeepSpeed's ZeRO-3 loader reads state[0]['step']) and the
+        // param_groups; the flat moments are in zero/<param>/.
+        auto inner = Value::Make(Value::Kind::Dict);
+        auto state = Value::Make(Value::Kind::Dict);
+        for (const auto& g : item.value->At("state").AsDict().items()) {
+          auto gs = Value::Make(Value::Kind::Dict);
+          if (auto step = g.value->Get("step")) Put(*gs, "step", step);
+          state->dict.Set(g.key, gs);
+        }
+        Put(*inner, "state", state);
+        param_groups = item.value->Get("param_groups");
+        if (param_groups) Put(*inner, "param_groups", param_groups);
+        out->dict.Set(item.key, inner);
+        continue;
+      }
+    } else {
+      if (key == "base_optimizer_state") {
+        param_groups = item.value->Get("param_groups");
+        continue;
+      }
+      if (key == "param_slice_mappings" || key == "single_partition_of_fp32_groups") continue;
+      if (key == "group_paddings" || key == "partition_count") {
+        size_t n = item.value->IsSequence() ? item.value->items.size() : 1;
+        out->dict.Set(item.key, IntList(std::vector<int64_t>(n, key == "group_paddings" ? 0 : dp)));
+        continue;
+      }
+    }
+    out->dict.Set(item.key, item.value);
+  }
+  if (!param_groups) throw Error("optimizer state has no param_groups");
+  Put(*out, "param_groups", param_groups);
+  return out;
+}
+
+std::vector<std::string> CarriedModelFiles(const source::SourceLayout& L) {
+  std::vector<std::string> out;
+  for (const auto& f : L.files)
+    if (f.kind == source::FileKind::ModelStates || f.kind == source::FileKind::Zero3ModelStates) out.push_back(f.name);
+  return out;
+}
+
+FileRecord CopyFileAtomically(const std::string& from, const std::string& to_dir, const std::string& rel) {
+  int fd = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(from + ": cannot open: " + std::strerror(errno));
+  AtomicFile out(to_dir + "/" + rel);
+  std::vector<char> block(4 << 20);
+  for (;;) {
+    ssize_t n = ::read(fd, block.data(), block.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      throw Error(from + ": read failed: " + std::strerror(err));
+    }
+    if (n == 0) break;
+    out.Write(block.data(), static_cast<size_t>(n));
+  }
+  ::close(fd);
+  FileDigest d = out.Commit();
+  return {rel, d.size, d.xxh64};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Journal
+
+void Journal::Start(const std::string& out_dir, const std::string& fingerprint) {
+  fs::create_directories(out_dir + "/" + kJournalDir);
+  nlohmann::json j = {{"fingerprint", fingerprint}, {"ucp_version", UCP_VERSION}};
+  WriteFileAtomically(out_dir + "/" + kJournalDir + "/run.json", j.dump() + "\n");
+}
+
+std::map<std::string, FileRecord> Journal::Load(const std::string& out_dir, const std::string& fingerprint) {
+  std::string dir = out_dir + "/" + kJournalDir;
+  std::ifstream run(dir + "/run.json");
+  if (!run) throw Error(out_dir + ": no journal of an interrupted conversion (" + dir + "/run.json) to resume from");
+  nlohmann::json j;
+  try {
+    run >> j;
+  } catch (const std::exception& e) {
+    throw Error(dir + "/run.json: unreadable: " + e.what());
+  }
+  if (j.value("fingerprint", "") != fingerprint)
+    throw Error(out_dir + ": the interrupted conversion was of another source, or with other patterns or another "
+                "ucp version; use --force to start over");
+  std::map<std::string, FileRecord> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::string n = e.path().filename().string();
+    if (n.rfind("rank-", 0) != 0) continue;
+    std::ifstream in(e.path());
+    std::string line;
+    while (std::getline(in, line)) {
+      try {
+        auto r = FileRecord::FromJson(nlohmann::json::parse(line));
+        out[r.path] = r;
+      } catch (const std::exception&) {
+        // a line cut short by the kill: that file is redone
+      }
+    }
+  }
+  return out;
+}
+
+void Journal::Remove(const std::string& out_dir) { fs::remove_all(out_dir + "/" + kJournalDir); }
+
+Journal::Journal(const std::string& out_dir, int rank) {
+  std::string path = out_dir + "/" + kJournalDir + "/rank-" + std::to_string(rank) + ".jsonl";
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(path + ": cannot open the journal: " + std::strerror(errno));
+}
+
+Journal::~Journal() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Journal::Append(const FileRecord& r) {
+  std::string line = r.ToJson().dump() + "\n";
+  std::lock_guard<std::mutex> lock(mu_);
+  if (::write(fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+    throw Error("journal write failed: " + std::string(std::strerror(errno)));
+}
+
+bool Verify(const std::string& dir, const FileRecord& r, std::string* why) {
+  std::string path = dir + "/" + r.path;
+  std::error_code ec;
+  auto size = fs::file_size(path, ec);
+  if (ec) {
+    if (why) *why = "missing";
+    return false;
+  }
+  if (size != r.bytes) {
+    if (why) *why = "holds " + std::to_string(size) + " bytes, the manifest says " + std::to_string(r.bytes);
+    return false;
+  }
+  uint64_t digest = XxHash64File(path);
+  if (digest != r.xxh64) {
+    if (why) *why = "xxh64 " + HexDigest(digest) + ", the manifest says " + HexDigest(r.xxh64);
+    return false;
+  }
+  return true;
+}
+
+std::string Fingerprint(const source::SourceLayout& L, const patterns::ModelPatterns& M) {
+  std::ostringstream o;
+  o << "ucp-atomic " << kFormatVersion << " " << UCP_VERSION << "\n" << fs::absolute(L.dir).lexically_normal().string() << "\n";
+  for (const auto& f : L.files) {
+    struct stat st {};
+    ::stat((L.dir + "/" + f.name).c_str(), &st);
+    o << f.name << " " << st.st_size << " " << st.st_mtim.tv_sec << "." << st.st_mtim.tv_nsec << "\n";
+  }
+  for (const auto& p : M.params)
+    o << p.name << " " << patterns::PatternName(p.model_pattern) << " " << pt::ShapeString(p.full_shape) << "\n";
+  std::string s = o.str();
+  return HexDigest(XxHash64::Of(s.data(), s.size()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Manifest
+
+nlohmann::json ManifestJson(const source::SourceLayout& L, const patterns::ModelPatterns& M, const plan::ConvertPlan& plan,
+                            const std::map<std::string, FileRecord>& files) {
+  using patterns::Pattern;
+  nlohmann::json j;
+  j["format"] = "ucp-atomic-checkpoint";
+  j["format_version"] = kFormatVersion;
+  j["ucp_version"] = UCP_VERSION;
+  j["checksum"] = "xxh64";
+  auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  char when[32];
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  j["created"] = when;
+  nlohmann::json src = {{"path", fs::absolute(L.root).lexically_normal().string()},
+                        {"tag", L.tag},
+                        {"framework", L.framework},
+                        {"optimizer", L.optimizer},
+                        {"zero_stage", L.zero_stage},
+                        {"dtype", L.dtype},
+                        {"dp", L.dp},
+                        {"tp", L.tp},
+                        {"pp", L.pp},
+                        {"iteration", L.iteration},
+                        {"ds_version", L.ds_version},
+                        {"naming", L.naming}};
+  if (M.checkpoint_rules && M.checkpoint_rules->version) src["universal_checkpoint_version"] = *M.checkpoint_rules->version;
+  else src["universal_checkpoint_version"] = nullptr;
+  j["source"] = src;
+  if (M.family) j["family"] = {{"name", M.family->family}, {"source", M.family->source}};
+  else j["family"] = nullptr;
+  std::map<std::string, const patterns::ParamPattern*> by_name;
+  for (const auto& p : M.params) by_name[p.name] = &p;
+  nlohmann::json params = nlohmann::json::array();
+  for (const auto& P : plan.params) {
+    const auto& pat = *by_name.at(P.name);
+    nlohmann::json p;
+    p["name"] = P.name;
+    p["shape"] = P.full_shape;
+    p["dtype"] = "float32";
+    p["numel"] = P.full_numel;
+    p["pattern"] = std::string(patterns::PatternName(pat.model_pattern));
+    p["pattern_in_source"] = std::string(patterns::PatternName(pat.here));
+    bool split = pat.model_pattern == Pattern::ShardV || pat.model_pattern == Pattern::ShardH ||
+                 pat.model_pattern == Pattern::ShardNC;
+    if (!split) p["split_dim"] = nullptr;
+    else if (pat.model_pattern == Pattern::ShardH) p["split_dim"] = 1;
+    else if (pat.match && pat.match->sub_params) p["split_dim"] = pat.match->sub_params->partition_dim;
+    else p["split_dim"] = pat.match ? pat.match->cat_dim : 0;
+    p["split_dim_known"] = pat.match.has_value() || pat.vocab;
+    p["sub_param_sizes"] = pat.sub_param_sizes;
+    p["vocab"] = pat.vocab;
+    p["vocab_padding_rows_in_source"] = pat.vocab_padding_rows;
+    p["pp_replicated"] = pat.pp_replicated;
+    if (pat.match)
+      p["rule"] = {{"key", pat.match->key}, {"regex", pat.match->rule}, {"source", pat.match->source}};
+    else
+      p["rule"] = nullptr;
+    p["source_copies"] = P.copies.size();
+    p["source_fragments"] = P.pieces.size();
+    nlohmann::json f;
+    for (int s = 0; s < plan::kStates; ++s)
+      f[std::string(plan::StateName(static_cast<plan::State>(s)))] = StateRelPath(P.name, static_cast<plan::State>(s));
+    if (files.count(StepRelPath(P.name))) f["step"] = StepRelPath(P.name);
+    p["files"] = f;
+    params.push_back(p);
+  }
+  j["params"] = params;
+  nlohmann::json list = nlohmann::json::array();
+  uint64_t total = 0;
+  for (const auto& [path, r] : files) list.push_back(r.ToJson()), total += r.bytes;
+  j["files"] = list;
+  j["totals"] = {{"params", plan.params.size()}, {"files", files.size()}, {"bytes", total}};
+  return j;
+}
+
+nlohmann::json ReadManifest(const std::string& dir) {
+  std::string path = dir + "/" + kManifestName;
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open (not a ucp atomic checkpoint, or an unfinished conversion)");
+  try {
+    nlohmann::json j;
+    in >> j;
+    if (j.value("format", "") != "ucp-atomic-checkpoint") throw Error("not a ucp atomic-checkpoint manifest");
+    if (j.value("format_version", 0) > kFormatVersion)
+      throw Error("format_version " + std::to_string(j.value("format_version", 0)) + " is newer than this ucp reads (" +
+                  std::to_string(kFormatVersion) + ")");
+    return j;
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  } catch (const std::exception& e) {
+    throw Error(path + ": malformed JSON: " + e.what());
+  }
+}
+
+bool IsAtomicCheckpoint(const std::string& dir) { return fs::exists(dir + "/" + kManifestName); }
+
+}  // namespace ucp::store

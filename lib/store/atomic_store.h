@@ -1,0 +1,90 @@
+// The atomic checkpoint on disk (DESIGN.md section 4): DeepSpeed's universal layout
+// zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt plus zero/optimizer_state.pt and the carried-over
+// model-states files, committed by ucp_manifest.json (schemas/manifest.schema.json), which lists
+// every file with its size and XXH64 and is written last. A run in progress keeps a journal of the
+// files it has committed, so that --resume can skip what is verified done.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "patterns/resolve.h"
+#include "plan/convert_plan.h"
+#include "pt/value.h"
+
+namespace ucp::store {
+
+inline constexpr const char* kManifestName = "ucp_manifest.json";
+inline constexpr const char* kJournalDir = ".ucp-journal";
+inline constexpr int kFormatVersion = 1;
+
+struct FileRecord {
+  std::string path;  // relative to the atomic folder
+  uint64_t bytes = 0, xxh64 = 0;
+  nlohmann::json ToJson() const;
+  static FileRecord FromJson(const nlohmann::json& j);
+};
+
+// "zero/<name>"; throws ucp::Error for a name that could leave zero/ or is not a plain file name.
+std::string ParamRelDir(const std::string& name);
+std::string StateRelPath(const std::string& name, plan::State state);  // zero/<name>/<state>.pt
+std::string StepRelPath(const std::string& name);                      // zero/<name>/step.pt
+
+// A contiguous float32 tensor over memory the Value keeps alive.
+pt::ValuePtr FloatTensor(std::shared_ptr<float[]> data, const std::vector<int64_t>& shape);
+
+// The dict DeepSpeed's universal loader reads from zero/<name>/<state>.pt: 'cat_dim',
+// 'param_n_sub_params', 'sub_param_shape' and 'vocab_tensor' as ds_to_universal.py writes them
+// for the parameter's model pattern, 'param' last.
+pt::ValuePtr StateFileValue(const patterns::ParamPattern& pattern, const source::SourceLayout& layout,
+                            pt::ValuePtr tensor);
+
+// The non-sharded optimizer state (zero/optimizer_state.pt) from the (pp=0, tp=0, dp=0) optimizer
+// file's root, as ds_to_universal.py derives it.
+pt::ValuePtr OptimizerStateValue(const pt::Value& optimizer_file_root, int zero_stage, int dp);
+
+// Model-states files DeepSpeed's universal loader reads, carried over unchanged.
+std::vector<std::string> CarriedModelFiles(const source::SourceLayout& layout);
+
+// A byte-for-byte copy of a file, written atomically.
+FileRecord CopyFileAtomically(const std::string& from, const std::string& to_dir, const std::string& rel);
+
+// Resume journal: <out>/.ucp-journal/{run.json, rank-<r>.jsonl}.
+class Journal {
+ public:
+  // Starts a fresh journal recording `fingerprint` (rank 0, before any data is written).
+  static void Start(const std::string& out_dir, const std::string& fingerprint);
+  // The files committed by an interrupted run with the same fingerprint; throws ucp::Error when the
+  // journal is absent or belongs to another source or plan.
+  static std::map<std::string, FileRecord> Load(const std::string& out_dir, const std::string& fingerprint);
+  static void Remove(const std::string& out_dir);
+
+  Journal(const std::string& out_dir, int rank);
+  ~Journal();
+  void Append(const FileRecord& record);  // thread-safe
+
+ private:
+  int fd_ = -1;
+  std::mutex mu_;
+};
+
+// Whether `record` is on disk with its size and checksum.
+bool Verify(const std::string& dir, const FileRecord& record, std::string* why = nullptr);
+
+// What identifies a conversion: the source files (names, sizes, mtimes), the resolved patterns and
+// the format version. A resume must see the same.
+std::string Fingerprint(const source::SourceLayout& layout, const patterns::ModelPatterns& patterns);
+
+// The manifest. `files` maps relative path -> record, for every file of the atomic folder.
+nlohmann::json ManifestJson(const source::SourceLayout& layout, const patterns::ModelPatterns& patterns,
+                            const plan::ConvertPlan& plan, const std::map<std::string, FileRecord>& files);
+nlohmann::json ReadManifest(const std::string& dir);  // throws ucp::Error
+bool IsAtomicCheckpoint(const std::string& dir);       // has a manifest
+
+}  // namespace ucp::store

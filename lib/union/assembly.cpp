@@ -1,0 +1,77 @@
+#include "union/assembly.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace ucp::union_ {
+
+Assembly::Assembly(const plan::ParamPlan& param, plan::State state)
+    : param_(param), state_(state), data_(std::make_shared_for_overwrite<float[]>(std::max<int64_t>(1, param.full_numel))) {}
+
+void Assembly::Apply(int64_t stream_start, int64_t numel, const uint8_t* src, const std::string& where) {
+  const auto& copies = param_.copies;
+  auto it = std::upper_bound(copies.begin(), copies.end(), stream_start,
+                             [](int64_t s, const plan::Copy& c) { return s < c.stream_start; });
+  const plan::Copy& copy = *(it - 1);
+  if (stream_start + numel > copy.stream_start + copy.numel) throw Error("internal: a run crosses two copies");
+  float* out = data_.get();
+  const int64_t limit = param_.full_numel;  // joined offsets at or past it are vocabulary padding
+  const int64_t local0 = stream_start - copy.stream_start;
+  plan::ForEachJoinedRun(copy, param_.joined_shape, local0, local0 + numel, [&](int64_t local, int64_t joined, int64_t n) {
+    if (joined >= limit) return;
+    n = std::min(n, limit - joined);
+    const uint8_t* from = src + (local - local0) * 4;
+    float* to = out + joined;
+    switch (copy.mode) {
+      case plan::CopyMode::Place:
+        if (param_.accumulated_copies > 1) {
+          for (int64_t k = 0; k < n; ++k) {
+            float v;
+            std::memcpy(&v, from + 4 * k, 4);
+            to[k] = 0.0f + v;  // Python's sum() starts from 0: -0.0 becomes +0.0, as in DeepSpeed
+          }
+        } else {
+          std::memcpy(to, from, static_cast<size_t>(n) * 4);
+        }
+        break;
+      case plan::CopyMode::Accumulate:
+        for (int64_t k = 0; k < n; ++k) {
+          float v;
+          std::memcpy(&v, from + 4 * k, 4);
+          to[k] += v;
+        }
+        break;
+      case plan::CopyMode::Compare:
+        if (std::memcmp(to, from, static_cast<size_t>(n) * 4) != 0) {
+          int64_t k = 0;
+          while (std::memcmp(to + k, from + 4 * k, 4) == 0) ++k;
+          float v;
+          std::memcpy(&v, from + 4 * k, 4);
+          const plan::Copy& first = copies.front();
+          throw Error(where + ": parameter '" + param_.name + "' " + std::string(plan::StateName(state_)) +
+                      ": its copy at (pp=" + std::to_string(copy.pp) + ", tp=" + std::to_string(copy.tp) +
+                      ") differs from the copy at (pp=" + std::to_string(first.pp) + ", tp=" + std::to_string(first.tp) +
+                      ") at element " + std::to_string(joined + k) + ": " + std::to_string(v) + " vs " +
+                      std::to_string(to[k]) + " (replicated copies must be identical)");
+        }
+        break;
+    }
+  });
+  received_ += numel;
+}
+
+std::shared_ptr<float[]> Assembly::Finish() {
+  if (received_ != param_.stream_numel)
+    throw Error("internal: parameter '" + param_.name + "' " + std::string(plan::StateName(state_)) + " received " +
+                std::to_string(received_) + " of " + std::to_string(param_.stream_numel) + " elements");
+  if (param_.accumulated_copies > 1) {
+    const float n = static_cast<float>(param_.accumulated_copies);
+    float* out = data_.get();
+    for (int64_t k = 0; k < param_.full_numel; ++k) out[k] /= n;
+  }
+  return std::move(data_);
+}
+
+}  // namespace ucp::union_
