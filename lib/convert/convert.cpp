@@ -2,6 +2,10 @@
 
 #include <sys/resource.h>
 
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -100,6 +104,17 @@ void ForEachRoundRun(const ConvertPlan& plan, int r, int64_t k, Fn&& fn) {
   }
 }
 
+// Fault injection for the kill-and-resume tests: UCP_TEST_KILL_AFTER_FILES=N makes the rank
+// SIGKILL itself once it has committed N files, as a node failure would.
+void KillPointReached(size_t files) {
+  static const long limit = [] {
+    const char* v = std::getenv("UCP_TEST_KILL_AFTER_FILES");
+    return v ? std::atol(v) : 0L;
+  }();
+  static std::atomic<long> committed{0};
+  if (limit > 0 && (committed += static_cast<long>(files)) >= limit) ::raise(SIGKILL);
+}
+
 class Progress {
  public:
   Progress(bool on, int64_t total) : on_(on), total_(total), start_(Clock::now()), last_(start_) {}
@@ -143,6 +158,11 @@ void PrepareOutput(const ConvertOptions& o, const source::SourceLayout& L, const
         throw Error(o.output + ": already holds a complete atomic checkpoint (ucp_manifest.json); nothing to resume");
       store::Journal::Load(o.output, fingerprint);  // throws unless the same conversion
       *resuming = true;
+      // Temporaries of files the killed run was writing: never renamed, never complete.
+      std::vector<fs::path> stale;
+      for (const auto& e : fs::recursive_directory_iterator(o.output))
+        if (e.is_regular_file() && e.path().filename().string().find(".tmp-") != std::string::npos) stale.push_back(e.path());
+      for (const auto& p : stale) fs::remove(p);
     } else if (o.force) {
       // Uncommit first: without the manifest the folder no longer looks complete.
       fs::remove(o.output + "/" + store::kManifestName);
@@ -297,6 +317,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
             recs.push_back({srel, s.size, s.xxh64});
           }
           for (const auto& r : recs) journal->Append(r);
+          KillPointReached(recs.size());
           std::lock_guard<std::mutex> lock(records_mu);
           for (const auto& r : recs) {
             c.bytes_written += static_cast<int64_t>(r.bytes);

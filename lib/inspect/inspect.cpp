@@ -1,11 +1,13 @@
 #include "inspect/inspect.h"
 
+#include <filesystem>
 #include <iomanip>
 #include <regex>
 #include <sstream>
 
 #include "core/error.h"
 #include "patterns/resolve.h"
+#include "store/atomic_store.h"
 #include "source/deepspeed_layout.h"
 
 namespace ucp::inspect {
@@ -140,6 +142,12 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
 }
 
 int RunInspect(const std::string& dir, const InspectOptions& options, std::ostream& out, std::ostream& err) {
+  if (store::IsAtomicCheckpoint(dir)) return RunInspectAtomic(dir, options, out, err);
+  if (std::filesystem::exists(dir + "/" + store::kJournalDir)) {
+    err << "ucp-inspect: error: " << dir << ": an unfinished ucp-convert run (a journal but no ucp_manifest.json); "
+        << "finish it with ucp-convert --resume\n";
+    return 2;
+  }
   json r;
   try {
     r = InspectReport(dir, options);

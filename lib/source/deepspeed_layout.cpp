@@ -69,45 +69,77 @@ std::string Coord(const ShardFile& f) {
   return "(pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) + ", dp=" + std::to_string(f.dp) + ")";
 }
 
-// Every element of every parameter's TP-local tensor at every (pp, tp) that holds it must be in
-// exactly one fragment: a gap is a missing fragment, an overlap a corrupt or foreign file.
-void CheckCoverage(SourceLayout& L,
-                   std::map<std::tuple<int, int, int>, std::vector<std::pair<std::string, int64_t>>>& group_params) {
-  std::map<std::tuple<int, int, int>, std::vector<const Fragment*>> by;  // (param, pp, tp)
-  for (const auto& fr : L.fragments) {
-    const ShardFile& f = L.files[fr.file];
-    by[{fr.param, f.pp, f.tp}].push_back(&fr);
+using GroupParams = std::map<std::tuple<int, int, int>, std::vector<std::pair<std::string, int64_t>>>;
+
+// Two checks on the fragments. In each file's flat group buffer no two fragments may share an
+// element (an overlap: a corrupt mapping or a foreign file). And every element of every
+// parameter's TP-local tensor at every (pp, tp) that holds it must be in exactly one fragment (a
+// gap is a missing fragment: the message names the rank file that should hold it).
+void CheckCoverage(SourceLayout& L, GroupParams& group_params,
+                   const std::map<std::tuple<int, int, int>, int64_t>& partitions) {
+  auto file_of = [&](const Fragment* fr) { return L.files[fr->file].name + " " + Coord(L.files[fr->file]); };
+  std::map<std::pair<int, int>, std::vector<const Fragment*>> by_file;  // (file, group)
+  for (const auto& fr : L.fragments) by_file[{fr.file, fr.group}].push_back(&fr);
+  for (auto& [key, list] : by_file) {
+    std::sort(list.begin(), list.end(), [](auto* a, auto* b) { return a->src_start < b->src_start; });
+    for (size_t k = 1; k < list.size(); ++k)
+      if (list[k]->src_start < list[k - 1]->src_start + list[k - 1]->numel)
+        L.problems.push_back(L.dir + "/" + file_of(list[k]) + ": group " + std::to_string(key.second) +
+                             ": the fragments of parameters '" + L.params[list[k - 1]->param].name + "' and '" +
+                             L.params[list[k]->param].name + "' overlap at flat elements [" +
+                             std::to_string(list[k]->src_start) + ", " +
+                             std::to_string(std::min(list[k]->src_start + list[k]->numel,
+                                                     list[k - 1]->src_start + list[k - 1]->numel)) +
+                             ") (overlapping fragments)");
   }
-  auto name_of = [&](const Fragment* fr) { return L.files[fr->file].name + " " + Coord(L.files[fr->file]); };
+  std::map<std::string, int> index;
+  for (size_t k = 0; k < L.params.size(); ++k) index[L.params[k].name] = static_cast<int>(k);
+  std::map<std::tuple<int, int, int>, std::vector<const Fragment*>> by_param;  // (param, pp, tp)
+  for (const auto& fr : L.fragments) by_param[{fr.param, L.files[fr.file].pp, L.files[fr.file].tp}].push_back(&fr);
   for (const auto& [key, params] : group_params) {
     auto [pp, tp, g] = key;
+    int64_t offset = 0;  // of the parameter in the group's flat buffer (ZeRO-1/2)
     for (const auto& [name, numel] : params) {
-      int pi = -1;
-      for (size_t k = 0; k < L.params.size() && pi < 0; ++k)
-        if (L.params[k].name == name) pi = static_cast<int>(k);
+      const int64_t param_offset = offset;
+      offset += numel;
+      // The optimizer file that should hold element `e` of this parameter.
+      auto holder = [&](int64_t e) {
+        int dp = 0;
+        if (L.zero_stage == 3) {
+          dp = static_cast<int>(e / std::max<int64_t>(1, (numel + L.dp - 1) / L.dp));
+        } else if (auto it = partitions.find(key); it != partitions.end() && it->second > 0) {
+          dp = static_cast<int>((param_offset + e) / it->second);
+        }
+        for (const auto& f : L.files)
+          if (f.kind == FileKind::ZeroOptimizer && f.pp == pp && f.tp == tp && f.dp == dp) return f.name + " " + Coord(f);
+        return "(pp=" + std::to_string(pp) + ", tp=" + std::to_string(tp) + ", dp=" + std::to_string(dp) + ")";
+      };
       std::string what = "parameter '" + name + "' (pp=" + std::to_string(pp) + ", tp=" + std::to_string(tp) + ")";
-      auto& list = by[{pi, pp, tp}];
+      auto& list = by_param[{index.at(name), pp, tp}];
       std::sort(list.begin(), list.end(), [](auto* a, auto* b) { return a->dst_start < b->dst_start; });
       int64_t at = 0;
       const Fragment* prev = nullptr;
       for (const Fragment* fr : list) {
+        if (fr->dst_start < 0 || fr->dst_start + fr->numel > numel) {
+          L.problems.push_back(L.dir + "/" + file_of(fr) + ": " + what + ": its fragment covers elements [" +
+                               std::to_string(fr->dst_start) + ", " + std::to_string(fr->dst_start + fr->numel) +
+                               ") of a tensor of " + std::to_string(numel));
+          continue;
+        }
         if (fr->dst_start > at)
           L.problems.push_back(what + ": elements [" + std::to_string(at) + ", " + std::to_string(fr->dst_start) +
-                               ") are in no optimizer file (missing fragment" +
-                               (prev ? ", after the one in " + name_of(prev) : std::string()) + ")");
-        else if (fr->dst_start < at)
+                               ") are in no optimizer file (missing fragment; expected in " + holder(at) + ")");
+        else if (fr->dst_start < at && prev)
           L.problems.push_back(what + ": elements [" + std::to_string(fr->dst_start) + ", " +
                                std::to_string(std::min(at, fr->dst_start + fr->numel)) + ") are in both " +
-                               name_of(prev) + " and " + name_of(fr) + " (overlapping fragments)");
+                               file_of(prev) + " and " + file_of(fr) + " (overlapping fragments)");
         at = std::max(at, fr->dst_start + fr->numel);
         prev = fr;
       }
       if (at < numel)
         L.problems.push_back(what + ": elements [" + std::to_string(at) + ", " + std::to_string(numel) + ") of " +
-                             std::to_string(numel) + " are in no optimizer file (missing fragment)");
-      else if (at > numel)
-        L.problems.push_back(what + ": fragments in " + name_of(prev) + " reach element " + std::to_string(at) +
-                             " of a tensor of " + std::to_string(numel));
+                             std::to_string(numel) + " are in no optimizer file (missing fragment; expected in " +
+                             holder(at) + ")");
     }
   }
 }
@@ -331,7 +363,7 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
 
   // 5. Parameters and their per-TP shapes, from each model file's param_shapes.
   std::map<std::string, size_t> index;
-  std::map<std::tuple<int, int, int>, std::vector<std::pair<std::string, int64_t>>> group_params;  // (pp,tp,g)
+  GroupParams group_params;  // (pp,tp,g)
   for (auto* f : model_files) {
     if (zero3_files && f->dp != 0) continue;  // every ZeRO-3 rank repeats the same shapes
     auto file = parse(*f);
@@ -367,6 +399,7 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
     return out;
   };
   std::set<int> stages_seen;
+  std::map<std::tuple<int, int, int>, int64_t> partitions;  // (pp, tp, group) -> flat partition size
   for (size_t fi = 0; fi < L.files.size(); ++fi) {
     const ShardFile& f = L.files[fi];
     if (f.kind != FileKind::ZeroOptimizer) continue;
@@ -395,6 +428,7 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
         int gi = static_cast<int>(g);
         if (f.dp == 0) L.steps[{f.pp, f.tp, gi}] = flat[g].step;
         int64_t partition = static_cast<int64_t>(flat[g].exp_avg.numel());
+        partitions[{f.pp, f.tp, gi}] = partition;
         int64_t have_fp32 = static_cast<int64_t>(flat[g].fp32.numel());
         if (flat[g].exp_avg_sq.numel() != flat[g].exp_avg.numel() || have_fp32 > partition)
           L.problems.push_back(where + ": group " + std::to_string(g) + ": fp32 / exp_avg / exp_avg_sq partitions hold " +
@@ -452,7 +486,7 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
     if (f.kind == FileKind::LayerStates) parse(f);  // integrity: every layer file must read
   if (stages_seen.size() > 1) L.problems.push_back("optimizer files disagree on the ZeRO stage");
   if (L.optimizer.empty()) L.optimizer = zero3_files ? "zero3" : "zero";
-  CheckCoverage(L, group_params);
+  CheckCoverage(L, group_params, partitions);
   if (zero3_files != (L.zero_stage == 3))
     L.problems.push_back("ZeRO-3 model files present but optimizer files say stage " + std::to_string(L.zero_stage));
   return L;

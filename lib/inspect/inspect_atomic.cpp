@@ -1,0 +1,120 @@
+// ucp-inspect on an atomic checkpoint: what the manifest says (source layout, parameters, shapes,
+// patterns, sizes) and, with --verify, whether every file still has its size and XXH64.
+#include <filesystem>
+#include <iomanip>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "core/error.h"
+#include "inspect/inspect.h"
+#include "store/atomic_store.h"
+
+namespace ucp::inspect {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+json AtomicReport(const std::string& dir, const InspectOptions& options) {
+  json m = store::ReadManifest(dir);
+  json r;
+  r["ucp_inspect_version"] = 1;
+  r["kind"] = "atomic";
+  r["path"] = dir;
+  r["format_version"] = m["format_version"];
+  r["created"] = m["created"];
+  r["ucp_version"] = m["ucp_version"];
+  r["source"] = m["source"];
+  r["family"] = m["family"];
+  std::regex filter(options.params_regex.empty() ? ".*" : options.params_regex);
+  json params = json::array();
+  std::map<std::string, uint64_t> sizes;
+  for (const auto& f : m["files"]) sizes[f["path"].get<std::string>()] = f["bytes"].get<uint64_t>();
+  for (const auto& p : m["params"]) {
+    if (!std::regex_search(p["name"].get<std::string>(), filter)) continue;
+    uint64_t bytes = 0;
+    for (const auto& [state, path] : p["files"].items()) bytes += sizes.count(path) ? sizes[path] : 0;
+    json q = {{"name", p["name"]}, {"shape", p["shape"]}, {"pattern", p["pattern"]},
+              {"pattern_in_source", p["pattern_in_source"]}, {"split_dim", p["split_dim"]},
+              {"split_dim_known", p["split_dim_known"]}, {"vocab", p["vocab"]}, {"bytes", bytes}};
+    params.push_back(q);
+  }
+  r["params"] = params;
+  r["totals"] = m["totals"];
+  json problems = json::array();
+  std::set<std::string> listed;
+  for (const auto& f : m["files"]) listed.insert(f["path"].get<std::string>());
+  for (const auto& p : m["params"])
+    for (const auto& [state, path] : p["files"].items())
+      if (!listed.count(path.get<std::string>()))
+        problems.push_back("parameter '" + p["name"].get<std::string>() + "': " + state + " file " +
+                           path.get<std::string>() + " is not in the manifest's file list");
+  json verify = nullptr;
+  if (options.verify) {
+    int64_t checked = 0, bytes = 0;
+    for (const auto& f : m["files"]) {
+      store::FileRecord rec = store::FileRecord::FromJson(f);
+      std::string why;
+      if (!store::Verify(dir, rec, &why)) problems.push_back(rec.path + ": " + why);
+      ++checked;
+      bytes += static_cast<int64_t>(rec.bytes);
+    }
+    for (const auto& e : fs::recursive_directory_iterator(dir)) {
+      if (!e.is_regular_file()) continue;
+      std::string rel = fs::relative(e.path(), dir).string();
+      if (rel != store::kManifestName && !listed.count(rel)) problems.push_back(rel + ": not listed in the manifest");
+    }
+    verify = {{"files_checked", checked}, {"bytes_checked", bytes}};
+  }
+  r["verify"] = verify;
+  r["problems"] = problems;
+  r["ok"] = problems.empty();
+  return r;
+}
+
+int RunInspectAtomic(const std::string& dir, const InspectOptions& options, std::ostream& out, std::ostream& err) {
+  json r;
+  try {
+    r = AtomicReport(dir, options);
+  } catch (const std::exception& e) {
+    err << "ucp-inspect: error: " << e.what() << "\n";
+    return 2;
+  }
+  int code = r["problems"].empty() ? 0 : 1;
+  if (options.json) {
+    out << r.dump(1) << "\n";
+    return code;
+  }
+  const auto& s = r["source"];
+  out << "atomic checkpoint  " << dir << "  (format " << r["format_version"] << ", ucp " << r["ucp_version"].get<std::string>()
+      << ", " << r["created"].get<std::string>() << ")\n"
+      << "converted from     " << s["path"].get<std::string>() << "  (tag " << s["tag"].get<std::string>() << ")\n"
+      << "source layout      dp=" << s["dp"] << " tp=" << s["tp"] << " pp=" << s["pp"] << "  ZeRO-" << s["zero_stage"] << " ("
+      << s["optimizer"].get<std::string>() << "), " << s["dtype"].get<std::string>() << ", iteration " << s["iteration"]
+      << ", DeepSpeed " << s["ds_version"].get<std::string>() << "\n"
+      << "model rules        "
+      << (r["family"].is_null() ? std::string("none") : r["family"]["name"].get<std::string>()) << "\n"
+      << "contents           " << r["totals"]["params"] << " parameters, " << r["totals"]["files"] << " files, "
+      << r["totals"]["bytes"] << " bytes\n\n";
+  size_t w = 9;
+  for (const auto& p : r["params"]) w = std::max(w, p["name"].get<std::string>().size());
+  out << std::left << std::setw(w + 2) << "parameter" << std::setw(14) << "shape" << std::setw(11) << "pattern"
+      << std::setw(11) << "in source" << std::setw(11) << "split dim" << "bytes\n";
+  for (const auto& p : r["params"]) {
+    std::string shape = "[";
+    for (size_t k = 0; k < p["shape"].size(); ++k) shape += (k ? "," : "") + p["shape"][k].dump();
+    shape += "]";
+    std::string split = p["split_dim"].is_null() ? "-" : p["split_dim"].dump();
+    if (!p["split_dim_known"].get<bool>()) split += "?";
+    out << std::setw(w + 2) << p["name"].get<std::string>() << std::setw(14) << shape << std::setw(11)
+        << p["pattern"].get<std::string>() << std::setw(11) << p["pattern_in_source"].get<std::string>() << std::setw(11)
+        << split << p["bytes"] << (p["vocab"].get<bool>() ? "  vocab" : "") << "\n";
+  }
+  if (!r["verify"].is_null())
+    out << "\nverify             " << r["verify"]["files_checked"] << " files, " << r["verify"]["bytes_checked"]
+        << " bytes checked against the manifest's XXH64\n";
+  for (const auto& p : r["problems"]) out << "PROBLEM  " << p.get<std::string>() << "\n";
+  if (!r["verify"].is_null() && r["problems"].empty()) out << "all files match\n";
+  return code;
+}
+
+}  // namespace ucp::inspect

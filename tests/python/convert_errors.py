@@ -1,0 +1,104 @@
+"""Damaged checkpoints that ucp-convert must refuse: a TP-replicated parameter whose copies differ,
+a missing fragment, overlapping fragments, a truncated shard file. Each run must exit 1, name the
+file, the rank coordinates and the parameter, and leave no manifest behind.
+
+  convert_errors.py UCP_CONVERT FIXTURE_DIR WORK_DIR [MPIEXEC]
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import ds_stubs  # noqa: E402,F401
+
+binary, fixture, work = sys.argv[1], sys.argv[2], sys.argv[3]
+mpiexec = sys.argv[4] if len(sys.argv) > 4 else None
+failures = []
+
+
+def copy_fixture(case):
+    d = os.path.join(work, case)
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(fixture, d)
+    tag = open(os.path.join(d, "latest")).read().strip()
+    return d, os.path.join(d, tag)
+
+
+def mapping_holder(tagdir, param_suffix, tp):
+    """(file, group, name, fragment) of the first fragment of a parameter ending in param_suffix at tp."""
+    for f in sorted(os.listdir(tagdir)):
+        if "optim_states" not in f or not f.endswith(f"mp_rank_{tp:02d}_optim_states.pt"):
+            continue
+        sd = torch.load(os.path.join(tagdir, f))
+        for g, m in enumerate(sd["optimizer_state_dict"]["param_slice_mappings"]):
+            for name, frag in m.items():
+                if name.endswith(param_suffix):
+                    return f, g, name, frag
+    raise SystemExit(f"no fragment of *{param_suffix} at tp={tp}")
+
+
+def edit(tagdir, f, fn):
+    path = os.path.join(tagdir, f)
+    sd = torch.load(path)
+    fn(sd["optimizer_state_dict"])
+    torch.save(sd, path)
+
+
+def run(case, src, must_contain, ranks):
+    out = os.path.join(work, case + f"-out-np{ranks}")
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [binary, src, "-o", out, "-q"]
+    if ranks > 1:
+        cmd = [mpiexec, "--oversubscribe", "-np", str(ranks)] + cmd
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    text = p.stdout + p.stderr
+    problems = []
+    if p.returncode != 1:
+        problems.append(f"exit {p.returncode}, expected 1")
+    for s in must_contain:
+        if s not in text:
+            problems.append(f"message lacks '{s}'")
+    if "Traceback" in text or "terminate called" in text or "Segmentation" in text:
+        problems.append("crashed")
+    if os.path.exists(os.path.join(out, "ucp_manifest.json")):
+        problems.append("a manifest was written")
+    status = "ok" if not problems else "FAIL " + "; ".join(problems)
+    print(f"{case} ({ranks} rank{'s' if ranks > 1 else ''}): {status}\n    {text.strip()[:600]}")
+    if problems:
+        failures.append(case)
+
+
+# 1. A replicated parameter (layer norm, TP-replicated) whose tp=1 copy differs by one element.
+src, tag = copy_fixture("replicate_differs")
+f, g, name, frag = mapping_holder(tag, "input_layernorm.weight", 1)
+edit(tag, f, lambda osd: osd["single_partition_of_fp32_groups"][g].__setitem__(frag.start, 7.0))
+cases = [("replicate_differs", src, [f, "tp=1", name, "differs"])]
+
+# 2. A missing fragment: one parameter's entry dropped from one rank's param_slice_mappings.
+src, tag = copy_fixture("missing_fragment")
+f, g, name, frag = mapping_holder(tag, "mlp.dense_4h_to_h.weight", 0)
+edit(tag, f, lambda osd: osd["param_slice_mappings"][g].pop(name))
+cases.append(("missing_fragment", src, [f, "tp=0", name, "missing fragment"]))
+
+# 3. Overlapping fragments: one fragment grown by one element into its neighbour's.
+src, tag = copy_fixture("overlapping_fragment")
+f, g, name, frag = mapping_holder(tag, "self_attention.dense.weight", 0)
+edit(tag, f, lambda osd: setattr(osd["param_slice_mappings"][g][name], "numel", frag.numel + 1))
+cases.append(("overlapping_fragment", src, [f, "tp=0", name, "overlap"]))
+
+# 4. A truncated shard file.
+src, tag = copy_fixture("truncated_file")
+victim = sorted(n for n in os.listdir(tag) if "optim_states" in n)[-1]
+path = os.path.join(tag, victim)
+with open(path, "r+b") as fh:
+    fh.truncate(os.path.getsize(path) // 2)
+cases.append(("truncated_file", src, [victim]))
+
+for case, src, must in cases:
+    for ranks in ([1, 2] if mpiexec else [1]):
+        run(case, src, must, ranks)
+print(f"{len(cases)} damaged checkpoints, {len(failures)} failures")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,86 @@
+// The pieces of the conversion that need no checkpoint: checksums, the byte-balanced assignment,
+// the mapping of copy-local runs into the joined tensor, the in-process communicator.
+#include <catch2/catch.hpp>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/xxhash64.h"
+#include "plan/convert_plan.h"
+#include "shuffle/comm.h"
+
+using namespace ucp;
+
+TEST_CASE("XXH64 matches the reference implementation (python3-xxhash vectors)", "[plan]") {
+  CHECK(HexDigest(XxHash64::Of("", 0)) == "ef46db3751d8e999");
+  CHECK(HexDigest(XxHash64::Of("a", 1)) == "d24ec4f1a98c6e5b");
+  CHECK(HexDigest(XxHash64::Of("abc", 3)) == "44bc2cf5ad770999");
+  CHECK(HexDigest(XxHash64::Of("abc", 3, 7)) == "9e755206156676d7");
+  std::string data;
+  for (int k = 0; k < 4; ++k)
+    for (int b = 0; b < 256; ++b) data += static_cast<char>(b);
+  data += "xyz";
+  CHECK(HexDigest(XxHash64::Of(data.data(), data.size())) == "e146cb31b65bc21a");
+  // Streaming in uneven pieces gives the same digest as one call.
+  for (size_t step : {1, 3, 31, 32, 33, 100}) {
+    XxHash64 h;
+    for (size_t at = 0; at < data.size(); at += step) h.Update(data.data() + at, std::min(step, data.size() - at));
+    CHECK(HexDigest(h.Digest()) == "e146cb31b65bc21a");
+  }
+}
+
+TEST_CASE("reducers of a BLOOM-176B-shaped parameter list are balanced within 1.05 on 64 ranks", "[plan]") {
+  const int64_t h = 14336, vocab = 250880, layers = 70;
+  std::vector<int64_t> numel = {vocab * h, h, h, h, h};  // embedding, its layer norm, final layer norm
+  for (int64_t l = 0; l < layers; ++l)
+    for (int64_t n : {h, h, 3 * h * h, 3 * h, h * h, h, h, h, 4 * h * h, 4 * h, 4 * h * h, h}) numel.push_back(n);
+  std::vector<int64_t> weights;  // three states per parameter, bytes received + written (TP=1)
+  for (int64_t n : numel)
+    for (int s = 0; s < 3; ++s) weights.push_back(8 * n);
+  auto bins = plan::AssignLpt(weights, 64);
+  std::vector<int64_t> load(64, 0);
+  for (size_t k = 0; k < weights.size(); ++k) load[bins[k]] += weights[k];
+  int64_t total = std::accumulate(load.begin(), load.end(), int64_t{0});
+  double imbalance = static_cast<double>(*std::max_element(load.begin(), load.end())) * 64 / static_cast<double>(total);
+  INFO("imbalance " << imbalance << " over " << weights.size() << " items");
+  CHECK(total > int64_t{176} * 1000 * 1000 * 1000 * 3 * 8 * 99 / 100);  // about 176 B parameters
+  CHECK(imbalance <= 1.05);
+  // Deterministic: the same answer twice (every rank computes it independently).
+  CHECK(plan::AssignLpt(weights, 64) == bins);
+}
+
+TEST_CASE("copy-local runs land where the pattern puts them in the joined tensor", "[plan]") {
+  // A fused [q; k; v] of 4 + 2 + 2 rows x 3 columns, TP=2: rank 1 holds q rows 2-3, k row 1, v row 1.
+  plan::Copy c;
+  c.shape = {4, 3};
+  c.numel = 12;
+  c.split_dim = 0;
+  c.blocks = {{0, 2, 2}, {2, 1, 5}, {3, 1, 7}};
+  std::vector<int64_t> joined(8 * 3, -1);
+  plan::ForEachJoinedRun(c, {8, 3}, 0, 12, [&](int64_t local, int64_t at, int64_t n) {
+    for (int64_t k = 0; k < n; ++k) joined[at + k] = local + k;
+  });
+  std::vector<int64_t> want = {-1, -1, -1, -1, -1, -1, 0, 1, 2, 3, 4, 5, -1, -1, -1, 6, 7, 8, -1, -1, -1, 9, 10, 11};
+  CHECK(joined == want);
+  // Shard-H: rank 1 of a [2, 4] tensor split on dim 1 holds columns 2-3; a run starting mid-row.
+  plan::Copy r;
+  r.shape = {2, 2};
+  r.numel = 4;
+  r.split_dim = 1;
+  r.blocks = {{0, 2, 2}};
+  std::vector<int64_t> out(8, -1);
+  plan::ForEachJoinedRun(r, {2, 4}, 1, 4, [&](int64_t local, int64_t at, int64_t n) {
+    for (int64_t k = 0; k < n; ++k) out[at + k] = local + k;
+  });
+  CHECK(out == std::vector<int64_t>{-1, -1, -1, 1, -1, -1, 2, 3});
+}
+
+TEST_CASE("the single-process communicator exchanges with itself", "[plan]") {
+  auto comm = shuffle::MakeLocalComm();
+  CHECK(comm->size() == 1);
+  std::vector<uint8_t> send = {1, 2, 3, 4}, recv(4, 0);
+  comm->Alltoallv(send.data(), {4}, {0}, recv.data(), {4}, {0});
+  CHECK(recv == send);
+  CHECK(comm->GatherToRoot("x") == std::vector<std::string>{"x"});
+}
