@@ -13,7 +13,17 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 asan="$build-asan"
 cmake -S "$root" -B "$asan" -DUCP_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug > "$asan.configure.log" 2>&1 \
   || { cat "$asan.configure.log"; exit 1; }
-cmake --build "$asan" -j "$(nproc)" --target ucp_unit_tests ucp-inspect
-echo "== AddressSanitizer: reader, writer, inspect and corrupted inputs"
-UCP_TEST_WORK="$build/tests/work" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$asan/tests/ucp_unit_tests" "[reader],[writer],[inspect],[corrupt]"
+cmake --build "$asan" -j "$(nproc)" --target ucp_unit_tests ucp-inspect ucp-convert
+work="$build/tests/work"
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+echo "== AddressSanitizer: reader, writer, inspect, plan and corrupted inputs"
+UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+  "$asan/tests/ucp_unit_tests" "[reader],[writer],[inspect],[corrupt],[plan]"
+echo "== AddressSanitizer: ucp-convert, single process (with leak checks) and 2 MPI ranks, damaged sources"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_case.py" \
+  "$asan/apps/ucp-convert" "$work/fixtures/tp2_pp2_dp2_bf16" "$work/asan/a/universal" 1
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_errors.py" \
+  "$asan/apps/ucp-convert" "$work/fixtures/tp2_dp2" "$work/asan/damaged"
+# OpenMPI's own allocations are not ours to chase: no leak checks under mpirun.
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_case.py" \
+  "$asan/apps/ucp-convert" "$work/fixtures/zero3_tp2_dp2_gpt" "$work/asan/b/universal" 2 mpiexec -- --buffer 8K

@@ -278,7 +278,9 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       for (const Item& it : plan.work[rank]) fs::create_directories(o.output + "/" + store::ParamRelDir(plan.params[it.param].name));
     });
     if (AnyFailed(comm, error, err)) return 1;
-    TaskPool writers(threads, std::max(largest, o.buffer_bytes));
+    // Writers hold at most one more atomic tensor than the one being assembled: the memory bound
+    // of DESIGN.md 5 is 2x the largest state tensor plus the shuffle buffers.
+    TaskPool writers(threads, largest);
     const auto& mine = plan.work[rank];
     std::map<std::string, const patterns::ParamPattern*> pattern_of;
     for (const auto& p : M.params) pattern_of[p.name] = &p;
