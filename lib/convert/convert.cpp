@@ -15,6 +15,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "core/task_pool.h"
 #include "map/mapper.h"
 #include "patterns/resolve.h"
@@ -35,14 +36,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
-std::string Human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
-  return buf;
-}
 
 std::string VersionString(double v) {
   char buf[32];
@@ -125,8 +118,8 @@ class Progress {
     last_ = now;
     double secs = std::max(1e-6, Seconds(start_)), rate = done / secs;
     double eta = rate > 0 ? (total_ - done) / rate : 0;
-    std::fprintf(stderr, "\rucp-convert: %s / %s  %s/s  ETA %.0fs   ", Human(double(done)).c_str(),
-                 Human(double(total_)).c_str(), Human(rate).c_str(), eta);
+    std::fprintf(stderr, "\rucp-convert: %s / %s  %s/s  ETA %.0fs   ", HumanBytes(double(done)).c_str(),
+                 HumanBytes(double(total_)).c_str(), HumanBytes(rate).c_str(), eta);
     if (final) std::fprintf(stderr, "\n");
     std::fflush(stderr);
   }
@@ -463,8 +456,8 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     if (talk) {
       char buf[256];
       std::snprintf(buf, sizeof buf, "ucp-convert: wrote %s: %zu parameters, %s read, %s written in %.2fs (peak RSS %s per rank)\n",
-                    o.output.c_str(), plan.params.size(), Human(double(read)).c_str(), Human(double(written)).c_str(),
-                    phases["total"].get<double>(), Human(double(peak)).c_str());
+                    o.output.c_str(), plan.params.size(), HumanBytes(double(read)).c_str(), HumanBytes(double(written)).c_str(),
+                    phases["total"].get<double>(), HumanBytes(double(peak)).c_str());
       err << buf;
     }
   }

@@ -1,13 +1,9 @@
 #include "core/xxhash64.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
+#include <cstdio>
 #include <cstring>
-#include <vector>
 
-#include "core/error.h"
+#include "core/file_blocks.h"
 
 namespace ucp {
 namespace {
@@ -91,25 +87,8 @@ std::string HexDigest(uint64_t digest) {
 }
 
 uint64_t XxHash64File(const std::string& path, uint64_t* size) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  std::vector<unsigned char> block(8 << 20);
   XxHash64 h;
-  uint64_t total = 0;
-  for (;;) {
-    ssize_t n = ::read(fd, block.data(), block.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      throw Error(path + ": read failed: " + std::strerror(err));
-    }
-    if (n == 0) break;
-    h.Update(block.data(), static_cast<size_t>(n));
-    total += static_cast<uint64_t>(n);
-  }
-  ::close(fd);
+  uint64_t total = ReadFileBlocks(path, [&](const void* p, size_t n) { h.Update(p, n); });
   if (size) *size = total;
   return h.Digest();
 }

@@ -1,4 +1,5 @@
 #include "inspect/inspect.h"
+#include "inspect/table.h"
 
 #include <filesystem>
 #include <iomanip>
@@ -6,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "patterns/resolve.h"
 #include "store/atomic_store.h"
 #include "source/deepspeed_layout.h"
@@ -25,14 +27,6 @@ const char* KindName(source::FileKind k) {
   return "?";
 }
 
-std::string HumanBytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(u ? 1 : 0) << b << " " << units[u];
-  return s.str();
-}
 
 std::string Reason(const patterns::ParamPattern& p) {
   if (!p.match) return p.vocab ? "vocabulary rule; no TP rule" : "no rule (default Shard-V)";
@@ -178,14 +172,11 @@ int RunInspect(const std::string& dir, const InspectOptions& options, std::ostre
     out << "files        ";
     for (const auto& [k, n] : kinds) out << n << " " << k << "  ";
     out << "\n\n";
-    size_t w = 9;
-    for (const auto& p : r["params"]) w = std::max(w, p["name"].get<std::string>().size());
+    size_t w = NameWidth(r["params"]);
     out << std::left << std::setw(w + 2) << "parameter" << std::setw(14) << "shape" << std::setw(11) << "pattern"
         << std::setw(11) << "under TP>1" << std::setw(11) << "size" << "rule\n";
     for (const auto& p : r["params"]) {
-      std::string shape = "[";
-      for (size_t k = 0; k < p["shape"].size(); ++k) shape += (k ? "," : "") + p["shape"][k].dump();
-      shape += "]";
+      std::string shape = CompactShape(p["shape"]);
       std::string rule = p["reason"].get<std::string>();
       if (p["vocab_padding_rows"].get<int64_t>() > 0)
         rule += "; vocab padding " + p["vocab_padding_rows"].dump() + " rows";

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "inspect/inspect.h"
+#include "inspect/table.h"
 #include "store/atomic_store.h"
 
 namespace ucp::inspect {
@@ -95,14 +96,11 @@ int RunInspectAtomic(const std::string& dir, const InspectOptions& options, std:
       << (r["family"].is_null() ? std::string("none") : r["family"]["name"].get<std::string>()) << "\n"
       << "contents           " << r["totals"]["params"] << " parameters, " << r["totals"]["files"] << " files, "
       << r["totals"]["bytes"] << " bytes\n\n";
-  size_t w = 9;
-  for (const auto& p : r["params"]) w = std::max(w, p["name"].get<std::string>().size());
+  size_t w = NameWidth(r["params"]);
   out << std::left << std::setw(w + 2) << "parameter" << std::setw(14) << "shape" << std::setw(11) << "pattern"
       << std::setw(11) << "in source" << std::setw(11) << "split dim" << "bytes\n";
   for (const auto& p : r["params"]) {
-    std::string shape = "[";
-    for (size_t k = 0; k < p["shape"].size(); ++k) shape += (k ? "," : "") + p["shape"][k].dump();
-    shape += "]";
+    std::string shape = CompactShape(p["shape"]);
     std::string split = p["split_dim"].is_null() ? "-" : p["split_dim"].dump();
     if (!p["split_dim_known"].get<bool>()) split += "?";
     out << std::setw(w + 2) << p["name"].get<std::string>() << std::setw(14) << shape << std::setw(11)

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/format.h"
 
 namespace ucp::plan {
 namespace fs = std::filesystem;
@@ -173,14 +174,6 @@ ParamPlan PlanParam(const source::SourceLayout& L, const patterns::ModelPatterns
   return P;
 }
 
-std::string Human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
-  return buf;
-}
 
 }  // namespace
 
@@ -339,15 +332,15 @@ std::string ConvertPlan::ToText(const source::SourceLayout& L) const {
   int64_t in = 0, out = 0;
   for (int r = 0; r < ranks; ++r) in += mapped_bytes[r], out += reduced_bytes[r];
   o << "plan: " << params.size() << " parameters x " << kStates << " states on " << ranks << " rank(s); reads "
-    << Human(static_cast<double>(in)) << ", writes " << Human(static_cast<double>(out)) << " of tensors\n";
-  o << "shuffle: " << rounds << " round(s) of at most " << Human(4.0 * chunk_elems) << " per reducer\n";
+    << HumanBytes(static_cast<double>(in)) << ", writes " << HumanBytes(static_cast<double>(out)) << " of tensors\n";
+  o << "shuffle: " << rounds << " round(s) of at most " << HumanBytes(4.0 * chunk_elems) << " per reducer\n";
   char buf[160];
   std::snprintf(buf, sizeof buf, "%6s %6s %12s %7s %12s\n", "rank", "files", "bytes in", "items", "bytes out");
   o << buf;
   for (int r = 0; r < ranks; ++r) {
     int files = static_cast<int>(std::count(file_mapper.begin(), file_mapper.end(), r));
-    std::snprintf(buf, sizeof buf, "%6d %6d %12s %7zu %12s\n", r, files, Human(static_cast<double>(mapped_bytes[r])).c_str(),
-                  work[r].size(), Human(static_cast<double>(reduced_bytes[r])).c_str());
+    std::snprintf(buf, sizeof buf, "%6d %6d %12s %7zu %12s\n", r, files, HumanBytes(static_cast<double>(mapped_bytes[r])).c_str(),
+                  work[r].size(), HumanBytes(static_cast<double>(reduced_bytes[r])).c_str());
     o << buf;
   }
   std::snprintf(buf, sizeof buf, "imbalance of bytes out (max / mean): %.3f\n", Imbalance());

@@ -13,6 +13,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/file_blocks.h"
 #include "core/xxhash64.h"
 
 namespace ucp::store {
@@ -154,22 +155,8 @@ std::vector<std::string> CarriedModelFiles(const source::SourceLayout& L) {
 }
 
 FileRecord CopyFileAtomically(const std::string& from, const std::string& to_dir, const std::string& rel) {
-  int fd = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(from + ": cannot open: " + std::strerror(errno));
   AtomicFile out(to_dir + "/" + rel);
-  std::vector<char> block(4 << 20);
-  for (;;) {
-    ssize_t n = ::read(fd, block.data(), block.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      throw Error(from + ": read failed: " + std::strerror(err));
-    }
-    if (n == 0) break;
-    out.Write(block.data(), static_cast<size_t>(n));
-  }
-  ::close(fd);
+  ReadFileBlocks(from, [&](const void* p, size_t n) { out.Write(p, n); });
   FileDigest d = out.Commit();
   return {rel, d.size, d.xxh64};
 }
