@@ -33,8 +33,9 @@ STEP = 12
 class Model:
     """Shapes and TP patterns of the fixture model, in Megatron-DeepSpeed GPTModelPipe naming."""
 
-    def __init__(self, family, layers):
+    def __init__(self, family, layers, average_norms=False):
         self.family = family
+        self.average_norms = average_norms  # input layer norms are Partial (parameter_to_average_patterns)
         self.layers = layers
         self.hidden = 32
         self.vocab = 100              # original (unpadded) vocabulary
@@ -69,7 +70,7 @@ class Model:
             x = self.layer_index(i)
             norm = ["weight", "bias"] if self.layernorm else ["weight"]
             for n in norm:
-                out.append((f"{x}.input_layernorm.{n}", (h,), "replicate", x))
+                out.append((f"{x}.input_layernorm.{n}", (h,), "average" if self.average_norms else "replicate", x))
             out.append((f"{x}.self_attention.query_key_value.weight", (self.q + 2 * self.kv, h),
                         "qkv" if self.kv != self.q else "col", x))
             if self.bias:
@@ -115,13 +116,16 @@ class Model:
         info["vocabulary_parameter_patterns"] = [emb + "word_embeddings.weight"]
         info["pipeline_replicated_parameter_patterns"] = [emb + "word_embeddings.weight"] + (
             [emb + "position_embeddings.weight"] if self.pos else [])
-        tp_rep = [L + "input_layernorm.weight", L + "post_attention_layernorm.weight"] + norm
+        tp_rep = ([] if self.average_norms else [L + "input_layernorm.weight"]) + [L + "post_attention_layernorm.weight"] + norm
         if self.pos:
             tp_rep.append(emb + "position_embeddings.weight")
         if self.bias:
             tp_rep += [L + "self_attention.dense.bias", L + "mlp.dense_4h_to_h.bias"]
         if self.layernorm:
-            tp_rep += [L + "input_layernorm.bias", L + "post_attention_layernorm.bias"]
+            tp_rep += ([] if self.average_norms else [L + "input_layernorm.bias"]) + [L + "post_attention_layernorm.bias"]
+        if self.average_norms:
+            info["parameter_to_average_patterns"] = [L + "input_layernorm.weight"] + (
+                [L + "input_layernorm.bias"] if self.layernorm else [])
         info["tp_replicated_parameter_patterns"] = tp_rep
         info["parameter_with_row_parallelism_patterns"] = [L + "mlp.dense_4h_to_h.weight",
                                                            L + "self_attention.dense.weight"]
@@ -154,7 +158,7 @@ def tp_slice(model, pattern, full, tp, rank, pad_rows):
     if pattern == "vocab":
         full = torch.cat([full, pad_rows], 0)
         return full.chunk(tp, 0)[rank].clone()
-    if pattern == "replicate":
+    if pattern in ("replicate", "average"):
         return full.clone()
     if pattern == "row":
         return full.chunk(tp, 1)[rank].clone()
@@ -217,6 +221,8 @@ def main():
     ap.add_argument("--uc-version", type=float, default=0.4, help="universal_checkpoint_version to record")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--scale", type=int, default=1, help="multiply hidden size (for benchmarks)")
+    ap.add_argument("--average-norms", action="store_true",
+                    help="input layer norms differ per TP rank and are averaged (parameter_to_average_patterns)")
     a = ap.parse_args()
     if a.zero_stage == 3 and a.pp > 1:
         ap.error("DeepSpeed does not combine ZeRO-3 with pipeline parallelism")
@@ -225,7 +231,7 @@ def main():
         if not os.path.exists(os.path.join(a.out, "fixture.json")):
             ap.error(f"{a.out} exists, is not empty and is not a fixture: refusing to overwrite it")
         shutil.rmtree(a.out)  # an earlier fixture: regenerate from scratch
-    model = Model(a.family, a.layers)
+    model = Model(a.family, a.layers, a.average_norms)
     if a.scale > 1:
         model.hidden *= a.scale
         model.ffn *= a.scale
@@ -302,7 +308,23 @@ def main():
                       "universal_checkpoint_info": info, "rng_state": rng_state})
         return state
 
+    # Partial parameters: every TP rank holds its own copy; the truth is DeepSpeed's merge of them,
+    # sum(copies) / len(copies) (Python's sum starts from 0, so -0.0 elements become +0.0).
+    copies = {}
+    for name, shape, pattern, _ in model.params():
+        if pattern != "average":
+            continue
+        copies[name] = {}
+        for key, base in truth[name].items():
+            cs = [base + (t * 1e-3 if key == "fp32" else t * 1e-7) * torch.randn(*shape, generator=g) for t in range(a.tp)]
+            for c in cs:
+                c[0] = -0.0  # the sign of zero must come out as DeepSpeed's merge leaves it
+            copies[name][key] = cs
+            truth[name][key] = sum(cs) / len(cs)
+
     def local(name, key, tp_rank):
+        if name in copies:
+            return copies[name][key][tp_rank].clone()
         return tp_slice(model, patterns[name], truth[name][key], a.tp, tp_rank, pad_rows[key])
 
     prefix = "bf16_" if bf16 else ""
@@ -353,7 +375,7 @@ def main():
         "optimizer": "bf16_optimizer" if bf16_optimizer else ("zero3" if a.zero_stage == 3 else "zero"),
         "iteration": STEP, "tag": tag, "universal_checkpoint_version": a.uc_version,
         "original_vocab_size": model.vocab, "padded_vocab_size": model.padded_vocab(a.tp), "files": sorted(files),
-        "params": {name_of(n): {"shape": list(s), "pattern": {"vocab": "Shard-V", "replicate": "Replicate",
+        "params": {name_of(n): {"shape": list(s), "pattern": {"vocab": "Shard-V", "replicate": "Replicate", "average": "Partial",
                                                             "row": "Shard-H", "col": "Shard-V", "swiglu": "Shard-NC",
                                                             "qkv": "Shard-NC"}[p]}
                    for n, s, p, _ in model.params()},

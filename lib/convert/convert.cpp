@@ -205,6 +205,9 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         << (M.checkpoint_rules && M.checkpoint_rules->version ? VersionString(*M.checkpoint_rules->version) : "none")
         << "; " << plan.params.size() << " parameters; " << comm.name() << "\n";
     for (const auto& n : M.notes) err << "ucp-convert: note: " << n << "\n";
+    if (!o.strict)
+      for (const auto* list : {&L.problems, &M.problems})
+        for (const auto& p : *list) err << "ucp-convert: warning: " << p << "\n";
   }
   if (o.plan_only) {
     if (rank == 0) {

@@ -163,6 +163,7 @@ ParamPlan PlanParam(const source::SourceLayout& L, const patterns::ModelPatterns
       throw Error("parameter '" + P.name + "': its TP pieces hold " + std::to_string(offset) + " rows on dim " +
                   std::to_string(dim) + ", the joined tensor " + std::to_string(P.joined_shape[dim]));
   }
+  P.averaged = pat.model_pattern == Pattern::Partial;
   P.accumulated_copies = here == Pattern::Partial ? L.tp : 1;
   for (auto* list : {&place, &rest})
     for (auto& c : *list) {

@@ -59,7 +59,8 @@ struct ParamPlan {
   int64_t full_numel = 0;
   std::vector<Copy> copies;
   int64_t stream_numel = 0;
-  int accumulated_copies = 0;  // Partial: how many copies the mean divides by
+  bool averaged = false;       // Partial model pattern: DeepSpeed's sum(copies) / len(copies), even at TP=1
+  int accumulated_copies = 1;  // how many copies that mean divides by
   std::vector<Piece> pieces;   // sorted by stream_start; they tile the stream exactly
   std::array<int, kStates> reducer{};
   std::tuple<int, int, int> step_key;  // (pp, tp, group) of SourceLayout::steps

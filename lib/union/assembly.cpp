@@ -26,7 +26,7 @@ void Assembly::Apply(int64_t stream_start, int64_t numel, const uint8_t* src, co
     float* to = out + joined;
     switch (copy.mode) {
       case plan::CopyMode::Place:
-        if (param_.accumulated_copies > 1) {
+        if (param_.averaged) {
           for (int64_t k = 0; k < n; ++k) {
             float v;
             std::memcpy(&v, from + 4 * k, 4);
@@ -66,7 +66,7 @@ std::shared_ptr<float[]> Assembly::Finish() {
   if (received_ != param_.stream_numel)
     throw Error("internal: parameter '" + param_.name + "' " + std::string(plan::StateName(state_)) + " received " +
                 std::to_string(received_) + " of " + std::to_string(param_.stream_numel) + " elements");
-  if (param_.accumulated_copies > 1) {
+  if (param_.averaged) {
     const float n = static_cast<float>(param_.accumulated_copies);
     float* out = data_.get();
     for (int64_t k = 0; k < param_.full_numel; ++k) out[k] /= n;

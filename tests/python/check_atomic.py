@@ -45,7 +45,7 @@ for name, states in truth["params"].items():
             fail(f"{path}: holds {type(d).__name__}, not a dict")
             continue
         keys = list(d.keys())
-        if pattern == "Replicate":
+        if pattern in ("Replicate", "Partial"):
             want = ["param"]
         elif pattern == "Shard-NC" and "query_key_value" in name:
             want = ["sub_param_shape", "param"]
