@@ -195,6 +195,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     if (o.strict && !M.problems.empty())
       throw Error(Joined(M.problems, o.source + ": pattern problems (--no-strict to convert anyway):"));
     plan = plan::MakeConvertPlan(L, M, o.plan_ranks > 0 ? o.plan_ranks : ranks, o.buffer_bytes);
+    for (const auto& P : plan.params) store::ParamRelDir(P.name);  // every name must be a safe folder name
   });
   if (AnyFailed(comm, error, err)) return 1;
   phase_done("index_and_plan");

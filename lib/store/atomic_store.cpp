@@ -309,6 +309,7 @@ nlohmann::json ManifestJson(const source::SourceLayout& L, const patterns::Model
     p["vocab"] = pat.vocab;
     p["vocab_padding_rows_in_source"] = pat.vocab_padding_rows;
     p["pp_replicated"] = pat.pp_replicated;
+    p["group"] = L.params[P.index].group;
     if (pat.match)
       p["rule"] = {{"key", pat.match->key}, {"regex", pat.match->rule}, {"source", pat.match->source}};
     else

@@ -1,5 +1,6 @@
 """Damaged checkpoints that ucp-convert must refuse: a TP-replicated parameter whose copies differ,
-a missing fragment, overlapping fragments, a truncated shard file. Each run must exit 1, name the
+a missing fragment, overlapping fragments, a truncated shard file, a parameter name that would
+escape zero/. Each run must exit 1, name the
 file, the rank coordinates and the parameter, and leave no manifest behind.
 
   convert_errors.py UCP_CONVERT FIXTURE_DIR WORK_DIR [MPIEXEC]
@@ -47,10 +48,10 @@ def edit(tagdir, f, fn):
     torch.save(sd, path)
 
 
-def run(case, src, must_contain, ranks):
+def run(case, src, must_contain, ranks, extra=()):
     out = os.path.join(work, case + f"-out-np{ranks}")
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [binary, src, "-o", out, "-q"]
+    cmd = [binary, src, "-o", out, "-q"] + list(extra)
     if ranks > 1:
         cmd = [mpiexec, "--oversubscribe", "-np", str(ranks)] + cmd
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -97,8 +98,24 @@ with open(path, "r+b") as fh:
     fh.truncate(os.path.getsize(path) // 2)
 cases.append(("truncated_file", src, [victim]))
 
-for case, src, must in cases:
+# 5. A parameter name that would leave zero/ as a path (renamed consistently in every file; it
+#    matches no pattern rule, hence --no-strict to get as far as the store).
+src, tag = copy_fixture("unsafe_name")
+old, new = "2.input_layernorm.weight", "../2.input_layernorm.weight"
+for f in sorted(os.listdir(tag)):
+    path = os.path.join(tag, f)
+    sd = torch.load(path)
+    if "param_shapes" in sd:
+        sd["param_shapes"] = [type(g)((new if k == old else k, v) for k, v in g.items()) for g in sd["param_shapes"]]
+    if "optimizer_state_dict" in sd and "param_slice_mappings" in sd["optimizer_state_dict"]:
+        osd = sd["optimizer_state_dict"]
+        osd["param_slice_mappings"] = [type(g)((new if k == old else k, v) for k, v in g.items())
+                                       for g in osd["param_slice_mappings"]]
+    torch.save(sd, path)
+cases.append(("unsafe_name", src, [new, "cannot be a folder name under zero/"], ["--no-strict"]))
+
+for case, src, must, *extra in cases:
     for ranks in ([1, 2] if mpiexec else [1]):
-        run(case, src, must, ranks)
+        run(case, src, must, ranks, *extra)
 print(f"{len(cases)} damaged checkpoints, {len(failures)} failures")
 sys.exit(1 if failures else 0)
