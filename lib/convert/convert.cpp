@@ -218,6 +218,12 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     return 0;
   }
 
+  // The step each parameter's step.pt holds (its group's, as the source keeps it); nullptr: no step.pt.
+  auto step_of = [&](const plan::ParamPlan& P) -> pt::ValuePtr {
+    auto it = L.steps.find(P.step_key);
+    return it == L.steps.end() || !it->second || it->second->kind == pt::Value::Kind::None ? nullptr : it->second;
+  };
+
   // 2. The output folder (rank 0), then the resume decision (every rank, from the journal).
   const std::string fingerprint = store::Fingerprint(L, M);
   bool resuming = false;
@@ -229,26 +235,25 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   comm.AllreduceMax({&flag, 1});
   resuming = flag != 0;
   if (resuming) {
+    std::vector<int64_t> ok(done.size(), 0);
     error = Capture([&] {
       journaled = store::Journal::Load(o.output, fingerprint);
-      std::vector<int64_t> ok(done.size(), 0);
       for (const Item& it : plan.work[rank]) {  // each rank verifies the items it owns
-          const auto& P = plan.params[it.param];
-          std::vector<std::string> need = {store::StateRelPath(P.name, it.state)};
-          if (it.state == State::Fp32 && L.steps.count(P.step_key) && L.steps.at(P.step_key))
-            need.push_back(store::StepRelPath(P.name));
-          bool all = true;
-          for (const auto& rel : need) {
-            auto j = journaled.find(rel);
-            all = all && j != journaled.end() && store::Verify(o.output, j->second);
-          }
-          ok[it.param * plan::kStates + static_cast<int>(it.state)] = all;
+        const auto& P = plan.params[it.param];
+        std::vector<std::string> need = {store::StateRelPath(P.name, it.state)};
+        if (it.state == State::Fp32 && step_of(P)) need.push_back(store::StepRelPath(P.name));
+        bool all = true;
+        for (const auto& rel : need) {
+          auto j = journaled.find(rel);
+          all = all && j != journaled.end() && store::Verify(o.output, j->second);
+        }
+        ok[it.param * plan::kStates + static_cast<int>(it.state)] = all;
       }
-      comm.AllreduceMax(ok);
-      for (size_t k = 0; k < ok.size(); ++k) done[k] = static_cast<char>(ok[k]);
-      plan.SkipDone(done);
     });
+    comm.AllreduceMax(ok);  // outside the capture: every rank takes part, failed or not
     if (AnyFailed(comm, error, err)) return 1;
+    for (size_t k = 0; k < ok.size(); ++k) done[k] = static_cast<char>(ok[k]);
+    plan.SkipDone(done);
     if (talk) {
       int64_t n = std::count(done.begin(), done.end(), 1);
       err << "ucp-convert: resuming: " << n << " of " << done.size() << " parameter states verified done\n";
@@ -302,7 +307,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         const Item it = mine[i];
         const auto& P = plan.params[it.param];
         const patterns::ParamPattern* pat = pattern_of.at(P.name);
-        pt::ValuePtr step = it.state == State::Fp32 && L.steps.count(P.step_key) ? L.steps.at(P.step_key) : nullptr;
+        pt::ValuePtr step = it.state == State::Fp32 ? step_of(P) : nullptr;
         writers.Submit(4 * P.full_numel, [&, it, pat, step, data = std::move(data)]() mutable {
           const auto& P = plan.params[it.param];
           auto value = store::StateFileValue(*pat, L, store::FloatTensor(std::move(data), P.full_shape));
@@ -310,7 +315,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
           std::string rel = store::StateRelPath(P.name, it.state);
           auto d = pt::WriteTorchFile(o.output + "/" + rel, *value);
           recs.push_back({rel, d.size, d.xxh64});
-          if (step && step->kind != pt::Value::Kind::None) {
+          if (step) {
             std::string srel = store::StepRelPath(P.name);
             auto s = pt::WriteTorchFile(o.output + "/" + srel, *step);
             recs.push_back({srel, s.size, s.xxh64});

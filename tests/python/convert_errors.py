@@ -1,7 +1,7 @@
 """Damaged checkpoints that ucp-convert must refuse: a TP-replicated parameter whose copies differ,
 a missing fragment, overlapping fragments, a truncated shard file, a parameter name that would
-escape zero/. Each run must exit 1, name the
-file, the rank coordinates and the parameter, and leave no manifest behind.
+escape zero/. Each run must exit 1, name the file, the rank coordinates and the parameter, and
+leave no manifest behind.
 
   convert_errors.py UCP_CONVERT FIXTURE_DIR WORK_DIR [MPIEXEC]
 """
