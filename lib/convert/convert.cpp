@@ -213,7 +213,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   if (o.plan_only) {
     if (rank == 0) {
       if (o.json) out << plan.ToJson(L).dump(1) << "\n";
-      else out << plan.ToText(L);
+      else out << plan.ToText();
     }
     return 0;
   }
@@ -310,7 +310,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         pt::ValuePtr step = it.state == State::Fp32 ? step_of(P) : nullptr;
         writers.Submit(4 * P.full_numel, [&, it, pat, step, data = std::move(data)]() mutable {
           const auto& P = plan.params[it.param];
-          auto value = store::StateFileValue(*pat, L, store::FloatTensor(std::move(data), P.full_shape));
+          auto value = store::StateFileValue(*pat, store::FloatTensor(std::move(data), P.full_shape));
           std::vector<store::FileRecord> recs;
           std::string rel = store::StateRelPath(P.name, it.state);
           auto d = pt::WriteTorchFile(o.output + "/" + rel, *value);

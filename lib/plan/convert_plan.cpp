@@ -171,7 +171,7 @@ ParamPlan PlanParam(const source::SourceLayout& L, const patterns::ModelPatterns
       P.stream_numel += c.numel;
       P.copies.push_back(std::move(c));
     }
-  P.step_key = {stages.front(), 0, rec.group};
+  P.step_key = {stages.front(), 0, rec.group};  // the group's step, from the first stage holding it
   return P;
 }
 
@@ -219,8 +219,6 @@ ConvertPlan MakeConvertPlan(const source::SourceLayout& L, const patterns::Model
     }
     if (at != P.stream_numel)
       failures.push_back("parameter '" + P.name + "': the optimizer files do not cover its elements exactly once");
-    // The step of the group, from the first stage holding the parameter.
-    std::get<2>(P.step_key) = L.params[P.index].group;
   }
   if (!failures.empty()) {
     std::string msg = "cannot plan the conversion:";
@@ -328,7 +326,7 @@ nlohmann::json ConvertPlan::ToJson(const source::SourceLayout& L) const {
   return j;
 }
 
-std::string ConvertPlan::ToText(const source::SourceLayout& L) const {
+std::string ConvertPlan::ToText() const {
   std::ostringstream o;
   int64_t in = 0, out = 0;
   for (int r = 0; r < ranks; ++r) in += mapped_bytes[r], out += reduced_bytes[r];
@@ -346,7 +344,6 @@ std::string ConvertPlan::ToText(const source::SourceLayout& L) const {
   }
   std::snprintf(buf, sizeof buf, "imbalance of bytes out (max / mean): %.3f\n", Imbalance());
   o << buf;
-  (void)L;
   return o.str();
 }
 

@@ -88,7 +88,7 @@ struct ConvertPlan {
   // count and the byte counts are recomputed; every rank must pass the same flags.
   void SkipDone(const std::vector<char>& done);  // max / mean of reduced_bytes
   nlohmann::json ToJson(const source::SourceLayout& layout) const;
-  std::string ToText(const source::SourceLayout& layout) const;
+  std::string ToText() const;
 };
 
 // Throws ucp::Error with every reason the layout cannot be converted (shapes that do not add up,

@@ -72,7 +72,7 @@ void Put(Value& dict, const std::string& key, ValuePtr v) { dict.dict.Set(Value:
 
 }  // namespace
 
-ValuePtr StateFileValue(const patterns::ParamPattern& pat, const source::SourceLayout& layout, ValuePtr tensor) {
+ValuePtr StateFileValue(const patterns::ParamPattern& pat, ValuePtr tensor) {
   using patterns::Pattern;
   auto d = Value::Make(Value::Kind::Dict);
   const Pattern p = pat.model_pattern;
@@ -100,7 +100,6 @@ ValuePtr StateFileValue(const patterns::ParamPattern& pat, const source::SourceL
   }
   if (pat.vocab) Put(*d, "vocab_tensor", Value::Bool(true));
   Put(*d, "param", std::move(tensor));
-  (void)layout;
   return d;
 }
 

@@ -42,8 +42,7 @@ pt::ValuePtr FloatTensor(std::shared_ptr<float[]> data, const std::vector<int64_
 // The dict DeepSpeed's universal loader reads from zero/<name>/<state>.pt: 'cat_dim',
 // 'param_n_sub_params', 'sub_param_shape' and 'vocab_tensor' as ds_to_universal.py writes them
 // for the parameter's model pattern, 'param' last.
-pt::ValuePtr StateFileValue(const patterns::ParamPattern& pattern, const source::SourceLayout& layout,
-                            pt::ValuePtr tensor);
+pt::ValuePtr StateFileValue(const patterns::ParamPattern& pattern, pt::ValuePtr tensor);
 
 // The non-sharded optimizer state (zero/optimizer_state.pt) from the (pp=0, tp=0, dp=0) optimizer
 // file's root, as ds_to_universal.py derives it.
