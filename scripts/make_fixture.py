@@ -214,23 +214,29 @@ def main():
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
-    ap.add_argument("--zero-stage", type=int, default=1, choices=[1, 2, 3])
-    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    ap.add_argument("--zero-stage", type=int, default=1, choices=[0, 1, 2, 3],
+                    help="0 only with bf16: DeepSpeed's BF16 optimizer, as bf16 with stage 1")
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
     ap.add_argument("--family", default="llama", choices=["llama", "gpt"])
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--uc-version", type=float, default=0.4, help="universal_checkpoint_version to record")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--scale", type=int, default=1, help="multiply hidden size (for benchmarks)")
+    ap.add_argument("--zero-vocab-padding", action="store_true",
+                    help="fill vocabulary padding rows with zeros (as a reshard re-pads) instead of noise")
     ap.add_argument("--average-norms", action="store_true",
                     help="input layer norms differ per TP rank and are averaged (parameter_to_average_patterns)")
     a = ap.parse_args()
     if a.zero_stage == 3 and a.pp > 1:
         ap.error("DeepSpeed does not combine ZeRO-3 with pipeline parallelism")
+    if a.zero_stage == 0 and a.dtype != "bf16":
+        ap.error("ZeRO stage 0 is written by the BF16 optimizer only: use --dtype bf16")
 
     if os.path.isdir(a.out) and os.listdir(a.out):
         if not os.path.exists(os.path.join(a.out, "fixture.json")):
             ap.error(f"{a.out} exists, is not empty and is not a fixture: refusing to overwrite it")
         shutil.rmtree(a.out)  # an earlier fixture: regenerate from scratch
+    torch.manual_seed(a.seed)  # the saved torch_rng_state: the same for the same seed, run after run
     model = Model(a.family, a.layers, a.average_norms)
     if a.scale > 1:
         model.hidden *= a.scale
@@ -242,9 +248,10 @@ def main():
         ap.error("more pipeline stages than layers")
     naming = "plain" if a.zero_stage == 3 else "pipe"
     bf16 = a.dtype == "bf16"
-    lp_dtype = torch.bfloat16 if bf16 else torch.float16
-    # bf16 with ZeRO stage 1 runs DeepSpeed's BF16_Optimizer (under PP it is the only choice).
-    bf16_optimizer = bf16 and a.zero_stage == 1
+    fp16 = a.dtype == "fp16"
+    lp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
+    # bf16 with ZeRO stage 0 or 1 runs DeepSpeed's BF16_Optimizer (under PP it is the only choice).
+    bf16_optimizer = bf16 and a.zero_stage in (0, 1)
     truth = draw_truth(model, a.seed)
     shapes = {n: s for n, s, _, _ in model.params()}
     patterns = {n: p for n, _, p, _ in model.params()}
@@ -252,6 +259,8 @@ def main():
     g = torch.Generator().manual_seed(a.seed + 1000)
     # Vocabulary padding rows hold values of their own: they must never reach an atomic tensor.
     pad_rows = {k: torch.randn(pad, model.hidden, generator=g) for k in ("fp32", "exp_avg", "exp_avg_sq")}
+    if a.zero_vocab_padding:
+        pad_rows = {k: torch.zeros_like(v) for k, v in pad_rows.items()}
     name_of = (lambda n: n) if naming == "pipe" else model.plain_name
 
     tag = f"global_step{STEP}"
@@ -266,7 +275,7 @@ def main():
     world = a.dp * a.tp * a.pp
     ds_config = {"train_batch_size": 8 * a.dp, "train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0,
                  "zero_optimization": {"stage": a.zero_stage}, "bf16": {"enabled": bf16},
-                 "fp16": {"enabled": not bf16, "loss_scale": 0, "initial_scale_power": 16},
+                 "fp16": {"enabled": fp16, "loss_scale": 0, "initial_scale_power": 16},
                  "steps_per_print": 10, "wall_clock_breakdown": False}
     args = argparse.Namespace(
         num_layers=model.layers, hidden_size=model.hidden, ffn_hidden_size=model.ffn,
@@ -276,7 +285,7 @@ def main():
         world_size=world, make_vocab_size_divisible_by=model.make_divisible_by,
         padded_vocab_size=model.padded_vocab(a.tp), swiglu=model.swiglu, untie_embeddings_and_output_weights=False,
         add_position_embedding=bool(model.pos), add_bias_linear=model.bias,
-        normalization="layernorm" if model.layernorm else "rmsnorm", fp16=not bf16, bf16=bf16,
+        normalization="layernorm" if model.layernorm else "rmsnorm", fp16=fp16, bf16=bf16,
         params_dtype=lp_dtype, deepspeed=True, zero_stage=a.zero_stage, no_pipeline_parallel=naming == "plain",
         iteration=STEP, consumed_train_samples=STEP * 8 * a.dp, lr=1.5e-4, min_lr=1e-5, weight_decay=0.1,
         adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, tokenizer_type="GPT2BPETokenizer", seed=a.seed,
@@ -290,7 +299,7 @@ def main():
                     "end_iter": 1000, "min_lr": 1e-5}
 
     def loss_scaler():
-        return ds_stubs.DynamicLossScaler(init_scale=2 ** 16) if not bf16 else ds_stubs.LossScaler(scale=1.0)
+        return ds_stubs.DynamicLossScaler(init_scale=2 ** 16) if fp16 else ds_stubs.LossScaler(scale=1.0)
 
     def param_group(wd, idx):
         return {"lr": 1.5e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": wd, "amsgrad": False,

@@ -198,7 +198,17 @@ class Pickler {
           Op('e');
         }
         break;
-      case K::Tuple: Tuple(v.items, depth); break;
+      case K::Tuple:
+        if (!v.name.empty()) {  // torch.Size((...)): the subclass it was read as
+          Global(v.module, v.name);
+          Op('(');
+          Tuple(v.items, depth);
+          Op('t');
+          Op('R');
+        } else {
+          Tuple(v.items, depth);
+        }
+        break;
       case K::Set:
         Global("builtins", "set");
         Op('(');
@@ -212,7 +222,13 @@ class Pickler {
         Op('R');
         break;
       case K::Dict:
-        Op('}');
+        if (!v.name.empty()) {  // collections.OrderedDict(), then its items
+          Global(v.module, v.name);
+          Op(')');
+          Op('R');
+        } else {
+          Op('}');
+        }
         DictItems(v.dict, depth);
         break;
       case K::Global: Global(v.module, v.name); break;

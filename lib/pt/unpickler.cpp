@@ -214,6 +214,7 @@ ValuePtr Machine::Reduce(const ValuePtr& callable, const ValuePtr& args) {
   if (m == "torch._utils" && n.rfind("_rebuild_", 0) == 0) Fail("unsupported tensor kind torch._utils." + n);
   if (m == "collections" && n == "OrderedDict") {
     auto d = Value::Make(Kind::Dict);
+    d->module = m, d->name = n;
     if (!a.empty()) {
       if (!a[0]->IsSequence()) Fail("OrderedDict argument is " + a[0]->TypeName());
       for (const auto& pair : a[0]->items) {
@@ -261,7 +262,9 @@ ValuePtr Machine::Reduce(const ValuePtr& callable, const ValuePtr& args) {
   if (m == "torch" && n == "Size") {
     if (a.empty()) return Value::Make(Kind::Tuple);
     if (!a[0]->IsSequence()) Fail("torch.Size expects a tuple");
-    return MakeSequence(Kind::Tuple, a[0]->items);
+    auto size = MakeSequence(Kind::Tuple, a[0]->items);
+    size->module = m, size->name = n;
+    return size;
   }
   return Value::MakeObject(m, n, args);
 }
@@ -269,7 +272,11 @@ ValuePtr Machine::Reduce(const ValuePtr& callable, const ValuePtr& args) {
 ValuePtr Machine::NewObject(const ValuePtr& cls, const ValuePtr& args) {
   if (cls->kind != Kind::Global) Fail("NEWOBJ on " + cls->TypeName() + ", not a class");
   if (args->kind != Kind::Tuple) Fail("NEWOBJ arguments are " + args->TypeName() + ", not a tuple");
-  if (cls->module == "collections" && cls->name == "OrderedDict") return Value::Make(Kind::Dict);
+  if (cls->module == "collections" && cls->name == "OrderedDict") {
+    auto d = Value::Make(Kind::Dict);
+    d->module = cls->module, d->name = cls->name;
+    return d;
+  }
   if (cls->module == "builtins" && cls->name == "object") return Value::MakeObject("builtins", "object");
   ValuePtr obj = Value::MakeObject(cls->module, cls->name, args);
   obj->via_new = true;

@@ -79,7 +79,8 @@ struct Value {
   std::string s;                  // Str, Bytes; BigInt: little-endian two's complement bytes
   std::vector<ValuePtr> items;    // List, Tuple, Set; Object: items appended to a list subclass
   pt::Dict dict;                  // Dict; Object: items set on a dict subclass
-  std::string module, name;       // Global, Object: the class
+  std::string module, name;       // Global, Object: the class. Dict, Tuple: a subclass kept for
+                                  // writing back (collections.OrderedDict, torch.Size), else empty
   ValuePtr args, state;           // Object: constructor arguments (a Tuple) and __setstate__ state
   bool via_new = false;           // Object: built by cls.__new__(cls, *args) (NEWOBJ), not cls(*args)
   std::shared_ptr<TensorView> tensor;
