@@ -21,6 +21,7 @@
 #include "patterns/resolve.h"
 #include "plan/convert_plan.h"
 #include "pt/torch_file.h"
+#include "shuffle/agree.h"
 #include "source/deepspeed_layout.h"
 #include "store/atomic_store.h"
 #include "union/assembly.h"
@@ -30,6 +31,8 @@ namespace fs = std::filesystem;
 using plan::ConvertPlan;
 using plan::Item;
 using plan::State;
+using shuffle::AnyFailed;
+using shuffle::Capture;
 
 namespace {
 
@@ -47,29 +50,6 @@ int64_t PeakRss() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;
-}
-
-// Collective: true when any rank has an error; the lowest such rank prints its message.
-bool AnyFailed(shuffle::Comm& comm, const std::string& error, std::ostream& err) {
-  int64_t v = error.empty() ? 0 : comm.size() - comm.rank();
-  comm.AllreduceMax({&v, 1});
-  if (v == 0) return false;
-  if (!error.empty() && comm.size() - comm.rank() == v) {
-    err << "ucp-convert: error";
-    if (comm.size() > 1) err << " (rank " << comm.rank() << ")";
-    err << ": " << error << std::endl;
-  }
-  return true;
-}
-
-template <typename Fn>
-std::string Capture(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 std::string Joined(const std::vector<std::string>& lines, const std::string& head) {
@@ -197,7 +177,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     plan = plan::MakeConvertPlan(L, M, o.plan_ranks > 0 ? o.plan_ranks : ranks, o.buffer_bytes);
     for (const auto& P : plan.params) store::ParamRelDir(P.name);  // every name must be a safe folder name
   });
-  if (AnyFailed(comm, error, err)) return 1;
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   phase_done("index_and_plan");
   if (talk) {
     err << "ucp-convert: " << L.framework << " " << (L.zero_stage == 3 ? "ZeRO-3" : "ZeRO-" + std::to_string(L.zero_stage))
@@ -228,7 +208,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   const std::string fingerprint = store::Fingerprint(L, M);
   bool resuming = false;
   error = rank == 0 ? Capture([&] { PrepareOutput(o, L, fingerprint, &resuming); }) : "";
-  if (AnyFailed(comm, error, err)) return 1;
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   std::map<std::string, store::FileRecord> journaled;  // from the interrupted run
   std::vector<char> done(plan.params.size() * plan::kStates, 0);
   int64_t flag = resuming ? 1 : 0;
@@ -251,7 +231,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       }
     });
     comm.AllreduceMax(ok);  // outside the capture: every rank takes part, failed or not
-    if (AnyFailed(comm, error, err)) return 1;
+    if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
     for (size_t k = 0; k < ok.size(); ++k) done[k] = static_cast<char>(ok[k]);
     plan.SkipDone(done);
     if (talk) {
@@ -279,7 +259,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       journal = std::make_unique<store::Journal>(o.output, rank);
       for (const Item& it : plan.work[rank]) fs::create_directories(o.output + "/" + store::ParamRelDir(plan.params[it.param].name));
     });
-    if (AnyFailed(comm, error, err)) return 1;
+    if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
     // Writers hold at most one more atomic tensor than the one being assembled: the memory bound
     // of DESIGN.md 5 is 2x the largest state tensor plus the shuffle buffers.
     TaskPool writers(threads, largest);
@@ -367,7 +347,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       std::array<int64_t, 2> sums = {error.empty() ? 0 : 1, c.bytes_received};
       comm.AllreduceSum(sums);
       if (sums[0] > 0) {
-        AnyFailed(comm, error, err);
+        AnyFailed(comm, error, err, "ucp-convert");
         return 1;
       }
       if (rank == 0) progress.Update(sums[1]);
@@ -390,7 +370,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       writers.Drain();
     });
     c.bytes_read = static_cast<int64_t>(mapper->bytes_read());
-    if (AnyFailed(comm, error, err)) return 1;
+    if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   }
   if (rank == 0) {
     int64_t total = total_stream;
@@ -437,7 +417,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       WriteFileAtomically((outp.parent_path() / "latest_universal").string(), outp.filename().string());
     });
   }
-  if (AnyFailed(comm, error, err)) return 1;
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   phase_done("commit");
   phases["total"] = Seconds(t0);
 

@@ -148,6 +148,22 @@ ValuePtr Value::MakeObject(std::string module, std::string name, ValuePtr args, 
   v->state = std::move(state);
   return v;
 }
+ValuePtr OwnedTensor(std::shared_ptr<const void> owner, const void* data, DType dtype, const std::vector<int64_t>& shape) {
+  uint64_t numel = 1;
+  for (int64_t d : shape) numel *= static_cast<uint64_t>(d);
+  auto storage = std::make_shared<Storage>();
+  storage->dtype = dtype;
+  storage->numel = numel;
+  storage->bytes = {static_cast<const uint8_t*>(data), numel * ElementSize(dtype)};
+  storage->owner = std::move(owner);
+  TensorView view;
+  view.storage = std::move(storage);
+  view.dtype = dtype;
+  view.shape = shape;
+  view.stride = ContiguousStrides(shape);
+  return Value::MakeTensor(std::move(view));
+}
+
 ValuePtr Value::MakeTensor(TensorView view) {
   auto v = Make(Kind::Tensor);
   v->tensor = std::make_shared<TensorView>(std::move(view));

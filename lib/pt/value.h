@@ -45,6 +45,11 @@ struct TensorView {
   const uint8_t* data() const { return storage->bytes.data() + offset * ElementSize(dtype); }
 };
 
+// A contiguous tensor over `data`, which `owner` keeps alive.
+struct Value;
+std::shared_ptr<Value> OwnedTensor(std::shared_ptr<const void> owner, const void* data, DType dtype,
+                                   const std::vector<int64_t>& shape);
+
 // Row-major strides of a shape.
 std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape);
 std::string ShapeString(const std::vector<int64_t>& shape);  // "[3, 4]"

@@ -45,19 +45,8 @@ std::string StateRelPath(const std::string& name, plan::State s) {
 std::string StepRelPath(const std::string& name) { return ParamRelDir(name) + "/step.pt"; }
 
 ValuePtr FloatTensor(std::shared_ptr<float[]> data, const std::vector<int64_t>& shape) {
-  auto storage = std::make_shared<pt::Storage>();
-  storage->dtype = pt::DType::F32;
-  int64_t numel = 1;
-  for (int64_t d : shape) numel *= d;
-  storage->numel = static_cast<uint64_t>(numel);
-  storage->bytes = {reinterpret_cast<const uint8_t*>(data.get()), static_cast<size_t>(numel) * 4};
-  storage->owner = std::shared_ptr<const void>(data, data.get());
-  pt::TensorView view;
-  view.storage = storage;
-  view.dtype = pt::DType::F32;
-  view.shape = shape;
-  view.stride = pt::ContiguousStrides(shape);
-  return Value::MakeTensor(std::move(view));
+  const float* p = data.get();
+  return pt::OwnedTensor(std::shared_ptr<const void>(std::move(data), p), p, pt::DType::F32, shape);
 }
 
 namespace {

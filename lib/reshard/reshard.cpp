@@ -1,0 +1,791 @@
+#include "reshard/reshard.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/format.h"
+#include "patterns/rules.h"
+#include "plan/convert_plan.h"
+#include "pt/torch_file.h"
+#include "shuffle/agree.h"
+#include "store/atomic_store.h"
+
+namespace ucp::reshard {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using patterns::Pattern;
+using pt::Value;
+using pt::ValuePtr;
+using shuffle::AnyFailed;
+using shuffle::Capture;
+
+namespace {
+
+constexpr const char* kTool = "ucp-reshard";
+
+int64_t Numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Pattern PatternFromName(const std::string& s) {
+  for (Pattern p : {Pattern::Unique, Pattern::Replicate, Pattern::Partial, Pattern::ShardV, Pattern::ShardH, Pattern::ShardNC})
+    if (patterns::PatternName(p) == s) return p;
+  throw Error("unknown pattern '" + s + "' in the manifest");
+}
+
+// One parameter of the atomic checkpoint, as the manifest describes it.
+struct Atom {
+  std::string name;
+  std::vector<int64_t> shape;
+  Pattern pattern = Pattern::ShardV;
+  int split_dim = -1;
+  bool split_known = false, vocab = false;
+  std::vector<int64_t> sub_sizes;
+  int group = 0;
+  std::string files[plan::kStates], step_file;
+  int spec = -1;          // GPTModelPipe layer spec index
+  bool tied = false;      // the tied embedding: also at the head spec
+  std::string local_key;  // its key inside the layer file
+};
+
+struct UnitParam {
+  int atom = -1;
+  plan::Copy copy;  // this TP rank's piece: local rows <- joined rows
+  std::vector<int64_t> joined_shape;
+  int64_t local_numel = 0;
+};
+
+struct Unit {
+  int pp = 0, tp = 0;
+  std::vector<UnitParam> params;           // in flat-buffer order within each group
+  std::vector<std::vector<int>> groups;    // indices into params, per optimizer group
+  int64_t bytes = 0;                       // atomic bytes read
+};
+
+// The atomic checkpoint's non-tensor state and its parameters.
+struct Source {
+  json manifest;
+  std::vector<Atom> atoms;
+  pt::TorchFile model_states;   // carried-over model-states file of rank 0
+  pt::TorchFile optimizer;      // zero/optimizer_state.pt
+  int layers = 0;
+  int64_t vocab = 0, divisible_by = 1;
+};
+
+const Value* Arg(const Source& S, const char* key) {
+  auto args = S.model_states.root->Get("args");
+  auto v = args ? args->Get(key) : nullptr;
+  return v ? v.get() : nullptr;
+}
+
+Source LoadSource(const std::string& dir) {
+  Source S;
+  S.manifest = store::ReadManifest(dir);
+  if (S.manifest["source"]["naming"] != "pipe")
+    throw Error(dir + ": the source used GPTModel naming (a ZeRO-3 checkpoint); resharding it to a pipeline layout "
+                "needs a rename ucp does not do yet");
+  std::string model_file;
+  for (const auto& f : S.manifest["files"]) {
+    std::string p = f["path"];
+    if (p.rfind("mp_rank_", 0) == 0 && (model_file.empty() || p < model_file)) model_file = p;
+  }
+  if (model_file.empty()) throw Error(dir + ": the manifest lists no mp_rank_*_model_states.pt");
+  S.model_states = pt::ReadTorchFile(dir + "/" + model_file);
+  S.optimizer = pt::ReadTorchFile(dir + "/zero/optimizer_state.pt");
+  const Value* layers = Arg(S, "num_layers");
+  if (!layers) throw Error(dir + "/" + model_file + ": args has no num_layers: the pipeline layer specs are unknown");
+  S.layers = static_cast<int>(layers->AsInt());
+  if (const Value* d = Arg(S, "make_vocab_size_divisible_by")) S.divisible_by = d->AsInt();
+  auto info = S.model_states.root->Get("universal_checkpoint_info");
+  if (info && info->Get("original_vocab_size")) S.vocab = info->At("original_vocab_size").AsInt();
+  const std::regex layer_re(R"((\d+)\.(.+))");
+  for (const auto& p : S.manifest["params"]) {
+    Atom a;
+    a.name = p["name"];
+    a.shape = p["shape"].get<std::vector<int64_t>>();
+    a.pattern = PatternFromName(p["pattern"]);
+    a.split_dim = p["split_dim"].is_null() ? -1 : p["split_dim"].get<int>();
+    a.split_known = p["split_dim_known"];
+    a.vocab = p["vocab"];
+    a.sub_sizes = p["sub_param_sizes"].get<std::vector<int64_t>>();
+    a.group = p.value("group", 0);
+    for (int s = 0; s < plan::kStates; ++s) a.files[s] = p["files"][std::string(plan::StateName(static_cast<plan::State>(s)))];
+    if (p["files"].contains("step")) a.step_file = p["files"]["step"];
+    std::smatch m;
+    const std::string tied = "tied_modules.embed.";
+    if (a.name.rfind(tied, 0) == 0) {
+      a.spec = 1, a.tied = true, a.local_key = a.name.substr(tied.size());
+    } else if (std::regex_match(a.name, m, layer_re)) {
+      a.spec = std::stoi(m[1]), a.local_key = m[2];
+    } else {
+      throw Error("parameter '" + a.name + "' is not named as GPTModelPipe names its layers");
+    }
+    if (a.vocab && S.vocab == 0) S.vocab = a.shape[0];
+    S.atoms.push_back(std::move(a));
+  }
+  return S;
+}
+
+// GPTModelPipe's specs: 0 a cast, 1 the embedding, 2..L+1 the transformer layers, L+2 the final
+// norm, L+3 the tied head, then a cast back (not with fp32).
+std::vector<std::string> SpecNames(int layers, const std::string& dtype) {
+  std::vector<std::string> names = {"_to_float16", "EmbeddingPipe"};
+  for (int i = 0; i < layers; ++i) names.push_back("ParallelTransformerLayerPipe");
+  names.push_back("MixedFusedRMSNorm LayerNorm");
+  names.push_back("EmbeddingPipe");
+  if (dtype != "fp32") names.push_back("float16_to_fp32");
+  return names;
+}
+
+std::vector<int> StageBounds(const Source& S, const TargetLayout& T, const std::vector<int64_t>& spec_numel) {
+  auto names = SpecNames(S.layers, T.dtype);
+  const int n = static_cast<int>(names.size());
+  std::string method = T.partition_method;
+  std::vector<int> parts;
+  if (method == "uniform") {
+    parts = PartitionUniform(n, T.pp);
+  } else if (method == "parameters") {
+    parts = PartitionBalanced(std::vector<double>(spec_numel.begin(), spec_numel.end()), T.pp);
+  } else if (method.rfind("type:", 0) == 0) {
+    std::regex re(method.substr(5), std::regex::icase);
+    std::vector<double> w(n, 0);
+    bool any = false;
+    for (int k = 0; k < n; ++k)
+      if (std::regex_search(names[k], re)) w[k] = 1, any = true;
+    if (!any) throw Error("partition method '" + method + "' matches no layer type of GPTModelPipe");
+    parts = PartitionBalanced(w, T.pp);
+  } else {
+    std::stringstream ss(method);
+    std::string item;
+    while (std::getline(ss, item, ',')) parts.push_back(std::stoi(item));
+    if (static_cast<int>(parts.size()) != T.pp + 1 || parts.front() != 0 || parts.back() != n ||
+        !std::is_sorted(parts.begin(), parts.end()))
+      throw Error("partition boundaries '" + method + "' must be " + std::to_string(T.pp + 1) +
+                  " increasing numbers from 0 to " + std::to_string(n) + " (the layer specs)");
+  }
+  return parts;
+}
+
+// This TP rank's piece of an atom in the target: the inverse of the atom's pattern.
+UnitParam PieceOf(const Source& S, const TargetLayout& T, int index, int t) {
+  const Atom& a = S.atoms[index];
+  UnitParam u;
+  u.atom = index;
+  u.joined_shape = a.shape;
+  if (a.vocab) {
+    const int64_t div = (T.vocab_divisible_by > 0 ? T.vocab_divisible_by : S.divisible_by) * T.tp;
+    u.joined_shape[0] = (a.shape[0] + div - 1) / div * div;
+  }
+  plan::Copy& c = u.copy;
+  c.pp = 0, c.tp = t;
+  c.shape = u.joined_shape;
+  const bool split = T.tp > 1 && (a.pattern == Pattern::ShardV || a.pattern == Pattern::ShardH || a.pattern == Pattern::ShardNC);
+  if (split) {
+    if (!a.split_known)
+      throw Error("parameter '" + a.name + "': no rule says which dimension TP splits (row- or column-parallel); "
+                  "refusing to guess for TP=" + std::to_string(T.tp) + " (give model rules with --patterns when converting)");
+    const int d = a.split_dim;
+    if (d < 0 || d >= static_cast<int>(a.shape.size())) throw Error("parameter '" + a.name + "': bad split dimension");
+    c.split_dim = d;
+    if (a.pattern == Pattern::ShardNC) {
+      int64_t local = 0, joined = 0;
+      for (size_t i = 0; i < a.sub_sizes.size(); ++i) {
+        if (a.sub_sizes[i] % T.tp)
+          throw Error("parameter '" + a.name + "': sub-parameter " + std::to_string(i) + " of " +
+                      std::to_string(a.sub_sizes[i]) + " rows does not split over TP=" + std::to_string(T.tp));
+        int64_t w = a.sub_sizes[i] / T.tp;
+        c.blocks.push_back({local, w, joined + t * w});
+        local += w, joined += a.sub_sizes[i];
+      }
+      if (joined != u.joined_shape[d]) throw Error("parameter '" + a.name + "': sub-parameter sizes do not add up");
+      c.shape[d] = local;
+    } else {
+      if (u.joined_shape[d] % T.tp)
+        throw Error("parameter '" + a.name + "': dimension " + std::to_string(d) + " of " +
+                    pt::ShapeString(u.joined_shape) + " does not split over TP=" + std::to_string(T.tp));
+      c.shape[d] = u.joined_shape[d] / T.tp;
+      c.blocks.push_back({0, c.shape[d], t * c.shape[d]});
+    }
+  }
+  c.numel = Numel(c.shape);
+  u.local_numel = c.numel;
+  return u;
+}
+
+// --- values ---------------------------------------------------------------------------------
+
+ValuePtr Copied(const Value& v) { return std::make_shared<Value>(v); }  // shallow: shares the children
+
+void Put(Value& dict, const std::string& key, ValuePtr v) { dict.dict.Set(Value::Str(key), std::move(v)); }
+void PutIfPresent(Value& dict, const std::string& key, ValuePtr v) {
+  if (dict.dict.Get(key)) Put(dict, key, std::move(v));
+}
+
+ValuePtr OrderedDict() {
+  auto d = Value::Make(Value::Kind::Dict);
+  d->module = "collections", d->name = "OrderedDict";
+  return d;
+}
+ValuePtr TorchSize(const std::vector<int64_t>& shape) {
+  auto t = Value::Make(Value::Kind::Tuple);
+  for (int64_t d : shape) t->items.push_back(Value::Int(d));
+  t->module = "torch", t->name = "Size";
+  return t;
+}
+ValuePtr IntList(const std::vector<int64_t>& v) {
+  auto l = Value::Make(Value::Kind::List);
+  for (int64_t x : v) l->items.push_back(Value::Int(x));
+  return l;
+}
+ValuePtr TorchDtype(const std::string& dtype) {
+  auto g = Value::Make(Value::Kind::Global);
+  g->module = "torch", g->name = dtype == "bf16" ? "bfloat16" : dtype == "fp16" ? "float16" : "float32";
+  return g;
+}
+ValuePtr Float(double f) { return Value::Float(f); }
+
+// DeepSpeed's loss scalers, as their __init__ leaves them.
+ValuePtr LossScalerFor(const std::string& dtype, const ValuePtr& source) {
+  const bool dynamic = dtype == "fp16";
+  const char* cls = dynamic ? "DynamicLossScaler" : "LossScaler";
+  if (source && source->kind == Value::Kind::Object && source->name == cls) return source;
+  auto state = Value::Make(Value::Kind::Dict);
+  if (dynamic) {
+    Put(*state, "cur_scale", Float(65536.0));
+    Put(*state, "cur_iter", Value::Int(0));
+    Put(*state, "last_overflow_iter", Value::Int(-1));
+    Put(*state, "scale_factor", Float(2.0));
+    Put(*state, "scale_window", Value::Int(1000));
+    Put(*state, "min_scale", Value::Int(1));
+    Put(*state, "delayed_shift", Value::Int(1));
+    Put(*state, "cur_hysteresis", Value::Int(1));
+    Put(*state, "consecutive_hysteresis", Value::Bool(false));
+    Put(*state, "raise_error_at_min_scale", Value::Bool(true));
+    Put(*state, "dynamic", Value::Bool(true));
+    Put(*state, "dtype", TorchDtype("fp16"));
+  } else {
+    Put(*state, "cur_scale", Float(1.0));
+    Put(*state, "dynamic", Value::Bool(false));
+  }
+  auto obj = Value::MakeObject("deepspeed.runtime.fp16.loss_scaler", cls, nullptr, state);
+  obj->via_new = true;
+  return obj;
+}
+
+ValuePtr FragmentAddress(int64_t numel, int64_t start) {
+  auto state = Value::Make(Value::Kind::Dict);
+  Put(*state, "numel", Value::Int(numel));
+  Put(*state, "start", Value::Int(start));
+  auto obj = Value::MakeObject("deepspeed.utils.tensor_fragment", "fragment_address", nullptr, state);
+  obj->via_new = true;
+  return obj;
+}
+
+// fp32 to the training dtype, rounding to nearest even as torch's .to() does.
+uint16_t ToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return 0x7FC0;
+  return static_cast<uint16_t>((u + ((u >> 16) & 1) + 0x7FFF) >> 16);
+}
+uint16_t ToFp16(float f) {
+  auto bits = [](float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; };
+  auto from = [](uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; };
+  const float scale_to_inf = from(0x77800000), scale_to_zero = from(0x08800000);  // 2^112, 2^-110
+  float base = (std::fabs(f) * scale_to_inf) * scale_to_zero;
+  const uint32_t w = bits(f), shl1_w = w + w, sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  if (bias < 0x71000000u) bias = 0x71000000u;
+  base = from((bias >> 1) + 0x07800000u) + base;
+  const uint32_t b = bits(base), nonsign = ((b >> 13) & 0x00007C00u) + (b & 0x00000FFFu);
+  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+struct LowPrecision {
+  pt::DType dtype;
+  size_t size;
+};
+LowPrecision LpOf(const std::string& dtype) {
+  if (dtype == "bf16") return {pt::DType::BF16, 2};
+  if (dtype == "fp16") return {pt::DType::F16, 2};
+  return {pt::DType::F32, 4};
+}
+
+// --- writing one unit -----------------------------------------------------------------------
+
+struct Opened {
+  pt::TorchFile file[plan::kStates];
+  const float* data[plan::kStates] = {nullptr, nullptr, nullptr};
+};
+
+class UnitWriter {
+ public:
+  UnitWriter(const Source& S, const TargetLayout& T, const Unit& U, std::string atomic_dir, std::string dir,
+             int64_t padded_vocab, bool owns_embedding_spec)
+      : S_(S), T_(T), U_(U), atomic_dir_(std::move(atomic_dir)), dir_(std::move(dir)), padded_vocab_(padded_vocab),
+        owns_embedding_spec_(owns_embedding_spec) {}
+
+  int64_t Write() {
+    Open();
+    const auto lp = LpOf(T_.dtype);
+    for (const auto& up : U_.params) lp_.push_back(std::shared_ptr<uint8_t[]>(new uint8_t[std::max<int64_t>(1, up.local_numel) * lp.size]));
+    for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);
+    WriteLayerFiles();
+    WriteModelStates();
+    return bytes_read_;
+  }
+
+ private:
+  void Open() {
+    for (const auto& up : U_.params) {
+      const Atom& a = S_.atoms[up.atom];
+      Opened o;
+      for (int s = 0; s < plan::kStates; ++s) {
+        o.file[s] = pt::ReadTorchFile(atomic_dir() + "/" + a.files[s]);
+        const pt::TensorView& t = o.file[s].root->At("param").AsTensor();
+        if (t.dtype != pt::DType::F32 || !t.contiguous() || t.shape != a.shape)
+          throw Error(atomic_dir() + "/" + a.files[s] + ": 'param' is " + std::string(pt::DTypeName(t.dtype)) + " " +
+                      pt::ShapeString(t.shape) + ", the manifest says float32 " + pt::ShapeString(a.shape));
+        o.data[s] = reinterpret_cast<const float*>(t.data());
+      }
+      opened_.push_back(std::move(o));
+    }
+  }
+  const std::string& atomic_dir() const { return atomic_dir_; }
+
+  // Copies local elements [a, b) of unit param k, state s, to dst (float32); fp32 also to lp.
+  void Fill(size_t k, int s, int64_t a, int64_t b, float* dst) {
+    const UnitParam& up = U_.params[k];
+    const Atom& atom = S_.atoms[up.atom];
+    const int64_t full = Numel(atom.shape);
+    const float* src = opened_[k].data[s];
+    plan::ForEachJoinedRun(up.copy, up.joined_shape, a, b, [&](int64_t local, int64_t joined, int64_t n) {
+      float* to = dst + (local - a);
+      int64_t have = std::clamp<int64_t>(full - joined, 0, n);  // beyond: vocabulary padding, zeros
+      if (have > 0) std::memcpy(to, src + joined, static_cast<size_t>(have) * 4);
+      if (have < n) std::memset(to + have, 0, static_cast<size_t>(n - have) * 4);
+      bytes_read_ += have * 4;
+    });
+    if (s == 0) {  // the training-dtype weights of the layer files, from the same fp32 values
+      uint8_t* lp = lp_[k].get();
+      for (int64_t i = a; i < b; ++i) {
+        float v = dst[i - a];
+        if (T_.dtype == "bf16") {
+          uint16_t h = ToBf16(v);
+          std::memcpy(lp + 2 * i, &h, 2);
+        } else if (T_.dtype == "fp16") {
+          uint16_t h = ToFp16(v);
+          std::memcpy(lp + 2 * i, &h, 2);
+        } else {
+          std::memcpy(lp + 4 * i, &v, 4);
+        }
+      }
+    }
+  }
+
+  std::string MpName() const {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%02d", U_.pp * T_.tp + U_.tp);
+    return buf;
+  }
+
+  ValuePtr DsConfig() const {
+    auto cfg = S_.model_states.root->Get("ds_config");
+    if (!cfg || cfg->kind != Value::Kind::Dict) return cfg ? cfg : Value::None();
+    auto out = Copied(*cfg);
+    auto section = [&](const char* key, const char* field, ValuePtr v) {
+      auto sec = out->Get(key);
+      if (!sec || sec->kind != Value::Kind::Dict) return;
+      auto copy = Copied(*sec);
+      Put(*copy, field, std::move(v));
+      Put(*out, key, copy);
+    };
+    section("zero_optimization", "stage", Value::Int(T_.zero_stage));
+    section("bf16", "enabled", Value::Bool(T_.dtype == "bf16"));
+    section("fp16", "enabled", Value::Bool(T_.dtype == "fp16"));
+    return out;
+  }
+
+  void WriteOptimizerFile(int d) {
+    const int groups = static_cast<int>(U_.groups.size());
+    const int64_t alignment = 2 * T_.dp;  // DeepSpeed: nccl_start_alignment_factor (2) x DP
+    auto state = Value::Make(Value::Kind::Dict);
+    auto single = Value::Make(Value::Kind::List), paddings = Value::Make(Value::Kind::List);
+    auto mappings = Value::Make(Value::Kind::List);
+    for (int g = 0; g < groups; ++g) {
+      int64_t total = 0;
+      for (int k : U_.groups[g]) total += U_.params[k].local_numel;
+      const int64_t padded = (total + alignment - 1) / alignment * alignment, ps = padded / T_.dp;
+      const int64_t lo = d * ps, hi = lo + ps;
+      std::shared_ptr<float[]> part[plan::kStates];
+      for (int s = 0; s < plan::kStates; ++s) {
+        part[s] = std::shared_ptr<float[]>(new float[std::max<int64_t>(1, ps)]);
+        std::fill(part[s].get(), part[s].get() + ps, 0.0f);
+      }
+      auto m = OrderedDict();
+      int64_t at = 0;
+      for (int k : U_.groups[g]) {
+        const int64_t n = U_.params[k].local_numel, f0 = std::max(at, lo), f1 = std::min(at + n, hi);
+        if (f0 < f1) {
+          for (int s = 0; s < plan::kStates; ++s) Fill(k, s, f0 - at, f1 - at, part[s].get() + (f0 - lo));
+          Put(*m, S_.atoms[U_.params[k].atom].name, FragmentAddress(f1 - f0, f0 - lo));
+        }
+        at += n;
+      }
+      // Padding: the BF16 optimizer counts it on the last rank; ZeRO-1/2 on every rank it reaches,
+      // and stores that rank's fp32 partition without it.
+      int64_t pad = T_.bf16_optimizer() ? (d == T_.dp - 1 ? padded - total : 0)
+                                        : (total <= lo ? ps : (total < hi ? hi - total : 0));
+      paddings->items.push_back(Value::Int(pad));
+      const int64_t fp32_len = T_.bf16_optimizer() ? ps : ps - pad;
+      single->items.push_back(store::FloatTensor(part[0], {fp32_len}));
+      auto gs = Value::Make(Value::Kind::Dict);
+      Put(*gs, "step", GroupStep(g));
+      Put(*gs, "exp_avg", store::FloatTensor(part[1], {ps}));
+      Put(*gs, "exp_avg_sq", store::FloatTensor(part[2], {ps}));
+      state->dict.Set(Value::Int(g), gs);
+      mappings->items.push_back(m);
+    }
+    const Value& osrc = *S_.optimizer.root;
+    auto base = Value::Make(Value::Kind::Dict);
+    Put(*base, "state", state);
+    Put(*base, "param_groups", osrc.Get("param_groups"));
+    auto osd = Value::Make(Value::Kind::Dict);
+    auto get = [&](const char* key, ValuePtr fallback) {
+      auto v = osrc.Get(key);
+      return v ? v : fallback;
+    };
+    if (!T_.bf16_optimizer()) {
+      Put(*osd, "loss_scaler", LossScalerFor(T_.dtype, osrc.Get("loss_scaler")));
+      Put(*osd, "dynamic_loss_scale", Value::Bool(T_.dtype == "fp16"));
+      Put(*osd, "overflow", get("overflow", Value::Bool(false)));
+    }
+    Put(*osd, "clip_grad", get("clip_grad", Float(0.0)));
+    Put(*osd, "base_optimizer_state", base);
+    Put(*osd, "single_partition_of_fp32_groups", single);
+    if (!T_.bf16_optimizer()) {
+      auto stage = Value::MakeObject("deepspeed.runtime.zero.config", "ZeroStageEnum");
+      stage->args->items.push_back(Value::Int(T_.zero_stage));
+      Put(*osd, "zero_stage", stage);
+    }
+    Put(*osd, "group_paddings", paddings);
+    Put(*osd, "partition_count", IntList(std::vector<int64_t>(groups, T_.dp)));
+    Put(*osd, "ds_version", DsVersion());
+    Put(*osd, "param_slice_mappings", mappings);
+    auto root = Value::Make(Value::Kind::Dict);
+    Put(*root, "optimizer_state_dict", osd);
+    Put(*root, "ds_config", DsConfig());
+    Put(*root, "ds_version", DsVersion());
+    std::string name = std::string(T_.dtype == "bf16" ? "bf16_" : "") + "zero_pp_rank_" + std::to_string(d) + "_mp_rank_" +
+                       MpName() + "_optim_states.pt";
+    pt::WriteTorchFile(dir_ + "/" + name, *root);
+  }
+
+  ValuePtr DsVersion() const {
+    auto v = S_.optimizer.root->Get("ds_version");
+    if (!v) v = S_.model_states.root->Get("ds_version");
+    return v ? v : Value::Str("0.14.5");
+  }
+
+  ValuePtr GroupStep(int g) {
+    for (const auto& a : S_.atoms)
+      if (a.group == g && !a.step_file.empty()) {
+        auto it = steps_.find(g);
+        if (it == steps_.end()) it = steps_.emplace(g, pt::ReadTorchFile(atomic_dir() + "/" + a.step_file)).first;
+        return it->second.root;
+      }
+    return Value::None();
+  }
+
+  void WriteLayerFiles() {
+    const auto lp = LpOf(T_.dtype);
+    std::map<int, ValuePtr> files;  // spec -> OrderedDict
+    for (size_t k = 0; k < U_.params.size(); ++k) {
+      const Atom& a = S_.atoms[U_.params[k].atom];
+      if (a.tied && !owns_embedding_spec_) continue;  // the tied head writes no layer file
+      auto& f = files[a.spec];
+      if (!f) f = OrderedDict();
+      auto owner = lp_[k];
+      Put(*f, a.local_key, pt::OwnedTensor(owner, owner.get(), lp.dtype, U_.params[k].copy.shape));
+    }
+    for (const auto& [spec, dict] : files) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "layer_%02d-model_%02d-model_states.pt", spec, U_.tp);
+      pt::WriteTorchFile(dir_ + "/" + buf, *dict);
+    }
+  }
+
+  void WriteModelStates() {
+    auto root = Copied(*S_.model_states.root);
+    root->dict = pt::Dict();
+    for (const auto& item : S_.model_states.root->dict.items()) root->dict.Set(item.key, item.value);
+    Put(*root, "module", Value::None());
+    auto shapes = Value::Make(Value::Kind::List);
+    for (const auto& grp : U_.groups) {
+      auto m = OrderedDict();
+      for (int k : grp) Put(*m, S_.atoms[U_.params[k].atom].name, TorchSize(U_.params[k].copy.shape));
+      shapes->items.push_back(m);
+    }
+    Put(*root, "param_shapes", shapes);
+    Put(*root, "dp_world_size", Value::Int(T_.dp));
+    Put(*root, "mp_world_size", Value::Int(T_.tp * T_.pp));
+    Put(*root, "ds_config", DsConfig());
+    if (auto args = root->Get("args"); args && args->kind == Value::Kind::Object && args->state) {
+      auto a = Copied(*args);
+      a->state = Copied(*args->state);
+      Value& st = *a->state;
+      PutIfPresent(st, "tensor_model_parallel_size", Value::Int(T_.tp));
+      PutIfPresent(st, "pipeline_model_parallel_size", Value::Int(T_.pp));
+      PutIfPresent(st, "data_parallel_size", Value::Int(T_.dp));
+      PutIfPresent(st, "world_size", Value::Int(T_.dp * T_.tp * T_.pp));
+      PutIfPresent(st, "padded_vocab_size", Value::Int(padded_vocab_));
+      PutIfPresent(st, "fp16", Value::Bool(T_.dtype == "fp16"));
+      PutIfPresent(st, "bf16", Value::Bool(T_.dtype == "bf16"));
+      PutIfPresent(st, "params_dtype", TorchDtype(T_.dtype));
+      PutIfPresent(st, "zero_stage", Value::Int(T_.zero_stage));
+      PutIfPresent(st, "no_pipeline_parallel", Value::Bool(false));
+      Put(*root, "args", a);
+    }
+    if (auto info = root->Get("universal_checkpoint_info"); info && info->kind == Value::Kind::Dict) {
+      auto i = Copied(*info);
+      PutIfPresent(*i, "padded_vocab_size", Value::Int(padded_vocab_));
+      if (auto widths = info->Get("sub_param_shard_widths"); widths && widths->kind == Value::Kind::Dict) {
+        auto w = Copied(*widths);
+        w->dict = pt::Dict();
+        for (const auto& item : widths->dict.items()) {
+          auto per = Value::Make(Value::Kind::List);
+          for (const auto& sub : item.value->AsSequence()) {
+            int64_t size = 0;
+            for (const auto& x : sub->AsSequence()) size += x->AsInt();
+            per->items.push_back(IntList(std::vector<int64_t>(T_.tp, size / T_.tp)));
+          }
+          w->dict.Set(item.key, per);
+        }
+        Put(*i, "sub_param_shard_widths", w);
+      }
+      Put(*root, "universal_checkpoint_info", i);
+    }
+    pt::WriteTorchFile(dir_ + "/mp_rank_" + MpName() + "_model_states.pt", *root);
+  }
+
+  const Source& S_;
+  const TargetLayout& T_;
+  const Unit& U_;
+  std::string atomic_dir_, dir_;
+  int64_t padded_vocab_;
+  bool owns_embedding_spec_;
+  std::vector<Opened> opened_;
+  std::vector<std::shared_ptr<uint8_t[]>> lp_;
+  std::map<int, pt::TorchFile> steps_;
+  int64_t bytes_read_ = 0;
+};
+
+}  // namespace
+
+namespace {
+
+void Validate(const Source& S, const TargetLayout& T) {
+  auto no = [](const std::string& why) { throw Error("target " + why); };
+  if (T.dp < 1 || T.tp < 1 || T.pp < 1) no("degrees must be at least 1");
+  if (T.dtype != "fp16" && T.dtype != "bf16" && T.dtype != "fp32") no("dtype must be fp16, bf16 or fp32");
+  if (T.zero_stage < 0 || T.zero_stage > 3) no("ZeRO stage must be 0, 1, 2 or 3");
+  if (T.zero_stage == 3) no("ZeRO-3 is not written yet (it needs GPTModel naming); use stage 0, 1 or 2");
+  if (T.zero_stage == 0 && T.dtype != "bf16") no("ZeRO stage 0 is DeepSpeed's BF16 optimizer: it needs --dtype bf16");
+  if (T.zero_stage == 2 && T.pp > 1) no("ZeRO-2 with pipeline parallelism: DeepSpeed refuses it; use stage 1");
+  if (T.pp > S.layers)
+    no("pp=" + std::to_string(T.pp) + " exceeds the " + std::to_string(S.layers) + " transformer layers");
+}
+
+struct Plan {
+  std::vector<Unit> units;
+  std::vector<int> parts, owner;  // stage bounds over layer specs; unit -> rank
+  int64_t padded_vocab = 0, needed_bytes = 0;
+  int embedding_stage = 0;
+};
+
+Plan MakePlan(const Source& S, const TargetLayout& T, int ranks) {
+  Validate(S, T);
+  Plan P;
+  const int head = S.layers + 3;
+  std::vector<int64_t> spec_numel(SpecNames(S.layers, T.dtype).size(), 0);
+  for (size_t k = 0; k < S.atoms.size(); ++k) {
+    int64_t n = PieceOf(S, T, static_cast<int>(k), 0).local_numel;
+    spec_numel.at(S.atoms[k].spec) += n;
+    if (S.atoms[k].tied) spec_numel.at(head) += n;
+    P.needed_bytes += 4 * plan::kStates * Numel(S.atoms[k].shape);
+  }
+  P.parts = StageBounds(S, T, spec_numel);
+  auto stage_of = [&](int spec) {
+    for (int s = 0; s < T.pp; ++s)
+      if (spec >= P.parts[s] && spec < P.parts[s + 1]) return s;
+    return -1;
+  };
+  P.embedding_stage = stage_of(1);
+  int groups = 0;
+  for (const auto& a : S.atoms) groups = std::max(groups, a.group + 1);
+  if (auto pg = S.optimizer.root->Get("param_groups")) groups = std::max<int>(groups, static_cast<int>(pg->AsSequence().size()));
+  for (int s = 0; s < T.pp; ++s) {
+    bool any = false;
+    for (int t = 0; t < T.tp; ++t) {
+      Unit u;
+      u.pp = s, u.tp = t;
+      u.groups.assign(groups, {});
+      for (size_t k = 0; k < S.atoms.size(); ++k) {
+        const Atom& a = S.atoms[k];
+        if (stage_of(a.spec) != s && !(a.tied && stage_of(head) == s)) continue;
+        u.groups[a.group].push_back(static_cast<int>(u.params.size()));
+        u.params.push_back(PieceOf(S, T, static_cast<int>(k), t));
+        u.bytes += 4 * plan::kStates * u.params.back().local_numel;
+      }
+      any |= !u.params.empty();
+      P.units.push_back(std::move(u));
+    }
+    if (!any)
+      throw Error("target pipeline stage " + std::to_string(s) + " would hold no parameter (layer specs [" +
+                  std::to_string(P.parts[s]) + ", " + std::to_string(P.parts[s + 1]) + "))");
+  }
+  for (const auto& a : S.atoms)
+    if (a.vocab) P.padded_vocab = PieceOf(S, T, static_cast<int>(&a - S.atoms.data()), 0).joined_shape[0];
+  std::vector<int64_t> weights;
+  for (const auto& u : P.units) weights.push_back(u.bytes);
+  P.owner = plan::AssignLpt(weights, ranks);
+  return P;
+}
+
+json PlanJson(const Source& S, const TargetLayout& T, const Plan& P, int ranks) {
+  json units = json::array();
+  int64_t planned = 0;
+  for (size_t k = 0; k < P.units.size(); ++k) {
+    const Unit& u = P.units[k];
+    planned += u.bytes;
+    json params = json::array();
+    for (const auto& up : u.params) params.push_back({{"name", S.atoms[up.atom].name}, {"shape", up.copy.shape}});
+    units.push_back({{"pp", u.pp}, {"tp", u.tp}, {"rank", P.owner[k]}, {"bytes_read", u.bytes},
+                     {"optimizer_files", T.dp}, {"params", params}});
+  }
+  return {{"target", {{"dp", T.dp}, {"tp", T.tp}, {"pp", T.pp}, {"zero_stage", T.zero_stage}, {"dtype", T.dtype},
+                      {"partition_method", T.partition_method}, {"padded_vocab_size", P.padded_vocab}}},
+          {"stage_bounds", P.parts}, {"ranks", ranks}, {"units", units}, {"bytes_read", planned},
+          {"atomic_bytes", P.needed_bytes},
+          {"read_ratio", P.needed_bytes ? static_cast<double>(planned) / static_cast<double>(P.needed_bytes) : 1.0}};
+}
+
+}  // namespace
+
+int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
+  const int rank = comm.rank(), ranks = comm.size();
+  const bool talk = rank == 0 && !o.quiet;
+  const auto t0 = std::chrono::steady_clock::now();
+  Source S;
+  Plan P;
+  std::string error = Capture([&] {
+    S = LoadSource(o.atomic_dir);
+    P = MakePlan(S, o.target, ranks);
+  });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  const std::string tag = S.manifest["source"]["tag"];
+  if (talk)
+    err << kTool << ": " << o.atomic_dir << " (" << S.atoms.size() << " parameters, from dp=" << S.manifest["source"]["dp"]
+        << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"] << ") to " << o.target.Describe()
+        << "; " << P.units.size() << " model-parallel ranks on " << comm.name() << "\n";
+  if (o.plan_only) {
+    if (rank == 0) {
+      json j = PlanJson(S, o.target, P, ranks);
+      if (o.json) {
+        out << j.dump(1) << "\n";
+      } else {
+        out << "stages (layer specs): ";
+        for (size_t s = 0; s + 1 < P.parts.size(); ++s) out << "[" << P.parts[s] << ", " << P.parts[s + 1] << ") ";
+        out << "\n";
+        for (const auto& u : j["units"])
+          out << "  pp=" << u["pp"] << " tp=" << u["tp"] << " rank " << u["rank"] << ": " << u["params"].size()
+              << " parameters, reads " << HumanBytes(u["bytes_read"].get<double>()) << ", writes " << o.target.dp
+              << " optimizer files\n";
+        char buf[128];
+        std::snprintf(buf, sizeof buf, "reads %.3fx the atomic tensor bytes (%s of %s)\n", j["read_ratio"].get<double>(),
+                      HumanBytes(j["bytes_read"].get<double>()).c_str(), HumanBytes(j["atomic_bytes"].get<double>()).c_str());
+        out << buf;
+      }
+    }
+    return 0;
+  }
+
+  // The output folder: refused when it holds something, unless --force (then `latest` goes first).
+  const std::string dir = o.output + "/" + tag;
+  error = rank == 0 ? Capture([&] {
+    if (fs::exists(o.output) && !fs::is_empty(o.output)) {
+      if (!o.force)
+        throw Error(o.output + ": exists and is not empty; use --force to overwrite it");
+      fs::remove(o.output + "/latest");
+      fs::remove_all(dir);
+    }
+    fs::create_directories(dir);
+  }) : "";
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+
+  int64_t bytes_read = 0, files = 0;
+  error = Capture([&] {
+    for (size_t k = 0; k < P.units.size(); ++k) {
+      if (P.owner[k] != rank) continue;
+      const Unit& u = P.units[k];
+      UnitWriter w(S, o.target, u, o.atomic_dir, dir, P.padded_vocab, u.pp == P.embedding_stage);
+      bytes_read += w.Write();
+      files += 1 + o.target.dp;
+    }
+  });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  json mine = {{"rank", rank}, {"bytes_read", bytes_read}, {"peak_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024}};
+  auto stats = comm.GatherToRoot(mine.dump());
+  error = rank == 0 ? Capture([&] {
+    // `latest` last: a run killed before this line leaves no checkpoint DeepSpeed would load.
+    WriteFileAtomically(o.output + "/latest_checkpointed_iteration.txt",
+                        std::to_string(S.manifest["source"]["iteration"].get<int64_t>()));
+    WriteFileAtomically(o.output + "/latest", tag);
+  }) : "";
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (rank == 0) {
+    int64_t total = 0, peak = 0;
+    json per = json::array();
+    for (const auto& s : stats) {
+      auto j = json::parse(s);
+      total += j["bytes_read"].get<int64_t>();
+      peak = std::max(peak, j["peak_rss_bytes"].get<int64_t>());
+      per.push_back(j);
+    }
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double ratio = P.needed_bytes ? static_cast<double>(total) / static_cast<double>(P.needed_bytes) : 1.0;
+    if (!o.report_path.empty()) {
+      json report = {{"atomic", o.atomic_dir}, {"output", o.output}, {"ranks", ranks}, {"seconds", secs},
+                     {"bytes_read", total}, {"atomic_bytes", P.needed_bytes}, {"read_ratio", ratio}, {"per_rank", per}};
+      error = Capture([&] { WriteFileAtomically(o.report_path, report.dump(1) + "\n"); });
+      if (!error.empty()) {
+        err << kTool << ": error: " << error << std::endl;
+        return 1;
+      }
+    }
+    if (talk) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "%s: wrote %s: read %s (%.3fx the atomic tensors) in %.2fs, peak RSS %s per rank\n",
+                    kTool, o.output.c_str(), HumanBytes(double(total)).c_str(), ratio, secs, HumanBytes(double(peak)).c_str());
+      err << buf;
+    }
+  }
+  return 0;
+}
+
+}  // namespace ucp::reshard

@@ -1,0 +1,26 @@
+// ucp-reshard: an atomic checkpoint to the native DeepSpeed / Megatron-DeepSpeed shard files of a
+// target layout (DESIGN.md section 1, "Plan (UcpInfo)" and "Load"). The work is cut into units,
+// one per target model-parallel rank (pp stage, tp rank); a unit writes that rank's model-states
+// file, its layer files and the optimizer files of every DP rank, reading each atomic slice it
+// needs once. Units are spread over the MPI ranks by bytes.
+#pragma once
+
+#include <ostream>
+#include <string>
+
+#include "reshard/target.h"
+#include "shuffle/comm.h"
+
+namespace ucp::reshard {
+
+struct ReshardOptions {
+  std::string atomic_dir, output;
+  TargetLayout target;
+  bool plan_only = false, json = false, quiet = false, force = false;
+  std::string report_path;
+};
+
+// Exit codes: 0 done, 1 failed or refused (the lowest failing rank prints why).
+int RunReshard(const ReshardOptions& options, shuffle::Comm& comm, std::ostream& out, std::ostream& err);
+
+}  // namespace ucp::reshard

@@ -1,0 +1,27 @@
+// The layout ucp-reshard writes (DP, TP, PP, ZeRO stage, training dtype, pipeline partitioning),
+// and DeepSpeed's own pipeline partitioners, ported so that stages own the layers DeepSpeed
+// would give them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ucp::reshard {
+
+struct TargetLayout {
+  int dp = 1, tp = 1, pp = 1;
+  int zero_stage = 1;                               // 0 (with bf16: the BF16 optimizer), 1, 2, 3
+  std::string dtype = "bf16";                       // fp16, bf16, fp32
+  std::string partition_method = "type:transformer";  // uniform | parameters | type:REGEX | a,b,c boundaries
+  int64_t vocab_divisible_by = 0;                   // 0: the source's make_vocab_size_divisible_by
+
+  bool bf16_optimizer() const { return dtype == "bf16" && zero_stage <= 1; }
+  std::string Describe() const;  // "dp=4 tp=2 pp=2 ZeRO-1 bf16"
+};
+
+// DeepSpeed's ds_utils.partition_uniform / partition_balanced: part boundaries, size num_parts + 1.
+std::vector<int> PartitionUniform(int num_items, int num_parts);
+std::vector<int> PartitionBalanced(const std::vector<double>& weights, int num_parts);
+
+}  // namespace ucp::reshard
