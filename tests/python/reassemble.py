@@ -1,0 +1,105 @@
+"""Loads every file of a Megatron-DeepSpeed checkpoint with Debian's python3-torch and reassembles
+the full model from it, the way a reader of DeepSpeed's format would: ZeRO flat partitions by
+param_slice_mappings, TP pieces by the checkpoint's own universal_checkpoint_info, vocabulary
+padding stripped. Compares fp32 weights, exp_avg and exp_avg_sq with the ground truth, and the
+layer files' training-dtype weights with the truth cast to that dtype.
+
+  reassemble.py CHECKPOINT_ROOT FIXTURE_DIR   (FIXTURE_DIR holds truth.pt)
+"""
+import glob
+import os
+import re
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import ds_stubs  # noqa: E402,F401
+
+root, fixture = sys.argv[1], sys.argv[2]
+truth = torch.load(os.path.join(fixture, "truth.pt"))["params"]
+tag = open(os.path.join(root, "latest")).read().strip()
+d = os.path.join(root, tag)
+m0 = torch.load(os.path.join(d, "mp_rank_00_model_states.pt"))
+tp, pp, dp = m0["args"].tensor_model_parallel_size, m0["args"].pipeline_model_parallel_size, m0["dp_world_size"]
+info = m0["universal_checkpoint_info"]
+lp_dtype = m0["args"].params_dtype
+
+
+def matches(key, name):
+    return any(re.match(p, name) for p in info.get(key, []))
+
+
+def join(name, pieces):
+    """Full tensor from its TP pieces, by the checkpoint's own rules (ds_to_universal's order)."""
+    if matches("tp_replicated_parameter_patterns", name):
+        for p in pieces[1:]:
+            assert torch.equal(p, pieces[0]), f"{name}: replicated copies differ"
+        full = pieces[0]
+    elif matches("parameter_with_2_sub_params_cat_dim_0", name):
+        halves = [p.chunk(2, 0) for p in pieces]
+        full = torch.cat([torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])])
+    elif any(any(re.match(p, name) for p in sp["patterns"]) for sp in info.get("parameter_with_sub_params", [])):
+        sp = next(sp for sp in info["parameter_with_sub_params"] if any(re.match(p, name) for p in sp["patterns"]))
+        sizes = sp["shape"][sp["partition_dim"]]
+        widths = [[s // tp] * tp for s in sizes]
+        for pat, w in info.get("sub_param_shard_widths", {}).items():
+            if re.match(pat, name):
+                widths = w
+        subs = [[] for _ in sizes]
+        for t, p in enumerate(pieces):
+            for i, part in enumerate(p.split([w[t] for w in widths], sp["partition_dim"])):
+                subs[i].append(part)
+        full = torch.cat([torch.cat(s, sp["partition_dim"]) for s in subs], sp["partition_dim"])
+    else:
+        full = torch.cat(pieces, 1 if matches("parameter_with_row_parallelism_patterns", name) else 0)
+    if matches("vocabulary_parameter_patterns", name):
+        full = full[:info["original_vocab_size"]]
+    return full
+
+
+states = {}  # name -> state -> tp -> tensor (first stage holding it)
+weights = {}  # name -> tp -> training-dtype tensor
+for s in range(pp):
+    for t in range(tp):
+        mp = s * tp + t
+        shapes = torch.load(os.path.join(d, f"mp_rank_{mp:02d}_model_states.pt"))["param_shapes"]
+        files = sorted(glob.glob(os.path.join(d, f"*zero_pp_rank_*_mp_rank_{mp:02d}_optim_states.pt")),
+                       key=lambda f: int(re.search(r"zero_pp_rank_(\d+)_", f).group(1)))
+        assert len(files) == dp, f"mp_rank {mp}: {len(files)} optimizer files for dp={dp}"
+        osds = [torch.load(f)["optimizer_state_dict"] for f in files]
+        for g, group in enumerate(shapes):
+            flat = {}
+            for key in ("fp32", "exp_avg", "exp_avg_sq"):
+                parts = []
+                for o in osds:
+                    x = o["single_partition_of_fp32_groups"][g] if key == "fp32" else o["base_optimizer_state"]["state"][g][key]
+                    parts.append(x)
+                flat[key] = torch.cat(parts)
+            offset = 0
+            for name, shape in group.items():
+                n = shape.numel()
+                for key, buf in flat.items():
+                    if name in states and key in states[name] and t in states[name][key]:
+                        continue  # tied: the first stage's copy
+                    states.setdefault(name, {}).setdefault(key, {})[t] = buf[offset:offset + n].view(shape).clone()
+                offset += n
+        for lf in glob.glob(os.path.join(d, f"layer_*-model_{t:02d}-model_states.pt")):
+            idx = int(re.search(r"layer_(\d+)-", lf).group(1))
+            for k, v in torch.load(lf).items():
+                name = f"tied_modules.embed.{k}" if idx == 1 else f"{idx}.{k}"
+                weights.setdefault(name, {})[t] = v
+problems = []
+for name, want in truth.items():
+    for key in ("fp32", "exp_avg", "exp_avg_sq"):
+        got = join(name, [states[name][key][t] for t in range(tp)])
+        if not torch.equal(got.view(torch.int32), want[key].view(torch.int32)):
+            problems.append(f"{name} {key}: reassembled tensor differs from the truth")
+    got = join(name, [weights[name][t] for t in range(tp)])
+    if not torch.equal(got, want["fp32"].to(lp_dtype)):
+        problems.append(f"{name}: layer-file weights differ from the truth cast to {lp_dtype}")
+for p in problems[:20]:
+    print("FAIL", p)
+print(f"{root}: {len(truth)} parameters reassembled with torch from dp={dp} tp={tp} pp={pp}: "
+      f"{'OK' if not problems else str(len(problems)) + ' problems'}")
+sys.exit(1 if problems else 0)

@@ -1,0 +1,58 @@
+"""Targets ucp-reshard must refuse before any data moves, each with a reason and exit 1, leaving
+no `latest`: more stages than layers, a TP that does not divide the GQA shard widths, ZeRO-2 with
+pipeline parallelism, ZeRO stage 0 without bf16, ZeRO-3 (not written yet), a parameter whose split
+dimension no rule decided (TP=2 refused, TP=1 fine), and a non-empty output folder.
+
+  reshard_errors.py UCP_RESHARD ATOMIC_DIR WORK_DIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+binary, atomic, work = sys.argv[1:4]
+failures = 0
+
+
+def run(case, src, flags, must, code=1):
+    global failures
+    out = os.path.join(work, case)
+    p = subprocess.run([binary, src, "-o", out, "-q"] + flags, capture_output=True, text=True)
+    text = p.stdout + p.stderr
+    bad = []
+    if p.returncode != code:
+        bad.append(f"exit {p.returncode}, expected {code}")
+    bad += [f"no '{m}' in the message" for m in must if m not in text]
+    if code != 0 and os.path.exists(os.path.join(out, "latest")) and case != "non_empty_output":
+        bad.append("a `latest` was written")
+    print(f"{case}: {'ok' if not bad else 'FAIL ' + '; '.join(bad)}\n    {text.strip()[:300]}")
+    failures += bool(bad)
+
+
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+layout = ["--dp", "2", "--zero-stage", "1", "--dtype", "bf16"]
+run("pp_beyond_layers", atomic, layout + ["--tp", "1", "--pp", "3"], ["pp=3 exceeds the 2 transformer layers"])
+run("tp_not_dividing_kv", atomic, layout + ["--tp", "3", "--pp", "1"],
+    ["self_attention.query_key_value.weight", "does not split over TP=3"])
+run("zero2_with_pp", atomic, ["--dp", "2", "--tp", "1", "--pp", "2", "--zero-stage", "2"], ["ZeRO-2 with pipeline"])
+run("zero0_fp16", atomic, ["--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "0", "--dtype", "fp16"],
+    ["needs --dtype bf16"])
+run("zero3", atomic, ["--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "3"], ["ZeRO-3 is not written yet"])
+
+# A parameter no rule classified: its split dimension is unknown.
+unknown = os.path.join(work, "unknown_split", "universal")
+shutil.copytree(atomic, unknown)
+mpath = os.path.join(unknown, "ucp_manifest.json")
+m = json.load(open(mpath))
+victim = next(p for p in m["params"] if p["name"].endswith("mlp.dense_4h_to_h.weight"))
+victim["split_dim_known"] = False
+json.dump(m, open(mpath, "w"))
+run("unknown_split_tp2", unknown, layout + ["--tp", "2", "--pp", "1"], [victim["name"], "refusing to guess"])
+run("unknown_split_tp1", unknown, layout + ["--tp", "1", "--pp", "1"], [], code=0)
+
+os.makedirs(os.path.join(work, "non_empty_output"), exist_ok=True)
+open(os.path.join(work, "non_empty_output", "keep.txt"), "w").write("x")
+run("non_empty_output", atomic, layout + ["--tp", "1", "--pp", "1"], ["not empty", "--force"])
+sys.exit(1 if failures else 0)

@@ -1,0 +1,61 @@
+"""ucp-reshard against the fixture generator: for each target layout, reshard the atomic checkpoint
+(with 1, 2 or 4 MPI ranks, in turn), let make_fixture.py write the same layout from the ground
+truth, and compare the two with compare_shards.py.
+
+  reshard_matrix.py UCP_RESHARD ATOMIC_DIR WORK_DIR MPIEXEC --family F --layers L --dp D [--source-tp T]
+
+Targets: the given DP x TP {1, 2} x PP {1, 2} x ZeRO {0 (bf16), 1, 2 (PP=1)} x {fp16, bf16, fp32}.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+root = os.path.normpath(os.path.join(here, "..", ".."))
+ap = argparse.ArgumentParser()
+ap.add_argument("binary")
+ap.add_argument("atomic")
+ap.add_argument("work")
+ap.add_argument("mpiexec")
+ap.add_argument("--family", default="llama")
+ap.add_argument("--layers", type=int, default=2)
+ap.add_argument("--dp", type=int, nargs="+", default=[1, 2, 3, 4])
+a = ap.parse_args()
+
+targets = []
+for dp in a.dp:
+    for tp in (1, 2):
+        for pp in (1, 2):
+            for zero in (0, 1, 2):
+                for dtype in ("fp16", "bf16", "fp32"):
+                    if (zero == 0 and dtype != "bf16") or (zero == 2 and pp > 1):
+                        continue
+                    targets.append((dp, tp, pp, zero, dtype))
+failures = []
+for k, (dp, tp, pp, zero, dtype) in enumerate(targets):
+    ranks = (1, 2, 4)[k % 3]
+    name = f"dp{dp}-tp{tp}-pp{pp}-z{zero}-{dtype}"
+    out, gen = os.path.join(a.work, "ours", name), os.path.join(a.work, "gen", name)
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [a.binary, a.atomic, "-o", out, "--dp", str(dp), "--tp", str(tp), "--pp", str(pp),
+           "--zero-stage", str(zero), "--dtype", dtype, "-q"]
+    if ranks > 1:
+        cmd = [a.mpiexec, "--oversubscribe", "-np", str(ranks)] + cmd
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        failures.append(name)
+        print(f"{name} ({ranks} ranks): ucp-reshard exited {p.returncode}: {p.stderr.strip()[:500]}")
+        continue
+    subprocess.run([sys.executable, os.path.join(root, "scripts", "make_fixture.py"), gen, "--dp", str(dp),
+                    "--tp", str(tp), "--pp", str(pp), "--zero-stage", str(zero), "--dtype", dtype,
+                    "--family", a.family, "--layers", str(a.layers), "--zero-vocab-padding"],
+                   check=True, capture_output=True)
+    c = subprocess.run([sys.executable, os.path.join(here, "compare_shards.py"), gen, out], capture_output=True, text=True)
+    print(f"{name} ({ranks} rank{'s' if ranks > 1 else ''}): {c.stdout.strip().splitlines()[-1]}")
+    if c.returncode != 0:
+        print(c.stdout[-3000:])
+        failures.append(name)
+print(f"{len(targets)} target layouts, {len(failures)} failures {failures}")
+sys.exit(1 if failures else 0)
