@@ -13,7 +13,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 asan="$build-asan"
 cmake -S "$root" -B "$asan" -DUCP_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug > "$asan.configure.log" 2>&1 \
   || { cat "$asan.configure.log"; exit 1; }
-cmake --build "$asan" -j "$(nproc)" --target ucp_unit_tests ucp-inspect ucp-convert
+cmake --build "$asan" -j "$(nproc)" --target ucp_unit_tests ucp-inspect ucp-convert ucp-reshard
 work="$build/tests/work"
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 echo "== AddressSanitizer: reader, writer, inspect, plan and corrupted inputs"
@@ -27,3 +27,8 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/pytho
 # OpenMPI's own allocations are not ours to chase: no leak checks under mpirun.
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_case.py" \
   "$asan/apps/ucp-convert" "$work/fixtures/zero3_tp2_dp2_gpt" "$work/asan/b/universal" 2 mpiexec -- --buffer 8K
+echo "== AddressSanitizer: ucp-reshard, refusals (with leak checks) and the DP=3 targets"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/reshard_errors.py" \
+  "$asan/apps/ucp-reshard" "$work/reshard/atomic_llama/universal" "$work/asan/reshard_refusals"
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/reshard_matrix.py" \
+  "$asan/apps/ucp-reshard" "$work/reshard/atomic_llama/universal" "$work/asan/reshard_matrix" mpiexec --dp 3
