@@ -7,6 +7,7 @@ bf16, Llama-like, hidden scaled up), then for each of `--repeat` rounds times:
   cp -r SRC COPY            the plain copy (data left in the page cache, like most tools)
   cp -r SRC COPY && sync    the durable copy (ucp fsyncs every file it commits)
   ucp-convert SRC -o OUT    with 1 rank and with 2 MPI ranks
+  ucp-reshard OUT -o NEW    to dp=4 tp=1 pp=2 ZeRO-1 bf16, with 1 rank and with 2 MPI ranks
 and prints the best time of each, the ratios, peak RSS per rank (from --report), the largest state
 tensor, the DESIGN.md section 5 targets, and that no temporary fragment file was written.
 
@@ -32,6 +33,7 @@ a = ap.parse_args()
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 src = os.path.join(a.work, f"src-scale{a.scale}-l{a.layers}")
 convert = os.path.join(a.build, "apps", "ucp-convert")
+reshard = os.path.join(a.build, "apps", "ucp-reshard")
 if not os.path.exists(convert):
     sys.exit(f"{convert} not found: build first (scripts/build.sh)")
 os.makedirs(a.work, exist_ok=True)
@@ -53,8 +55,10 @@ def timed(cmd, shell=False):
 
 
 copy_dir = os.path.join(a.work, "copy")
-results = {"cp -r": [], "cp -r + sync": [], "ucp-convert 1 rank": [], "ucp-convert 2 ranks": []}
-reports = {}
+results = {"cp -r": [], "cp -r + sync": [], "ucp-convert 1 rank": [], "ucp-convert 2 ranks": [],
+           "ucp-reshard 1 rank": [], "ucp-reshard 2 ranks": []}
+reports, reshard_reports = {}, {}
+target = ["--dp", "4", "--tp", "1", "--pp", "2", "--zero-stage", "1", "--dtype", "bf16"]
 subprocess.run(["cat"] + [os.path.join(tag, f) for f in os.listdir(tag)], stdout=subprocess.DEVNULL)  # warm
 for r in range(a.repeat):
     shutil.rmtree(copy_dir, ignore_errors=True)
@@ -74,6 +78,16 @@ for r in range(a.repeat):
             cmd = ["mpiexec", "--oversubscribe", "-np", str(ranks)] + cmd
         results[f"ucp-convert {ranks} rank{'s' if ranks > 1 else ''}"].append(timed(cmd))
         reports[ranks] = json.load(open(report))
+    for ranks in (1, 2):
+        new = os.path.join(a.work, f"resharded-np{ranks}")
+        report = os.path.join(a.work, f"reshard-report-np{ranks}.json")
+        shutil.rmtree(new, ignore_errors=True)
+        subprocess.run(["sync"])
+        cmd = [reshard, os.path.join(a.work, "atomic-np2", "universal"), "-o", new, "-q", "--report", report] + target
+        if ranks > 1:
+            cmd = ["mpiexec", "--oversubscribe", "-np", str(ranks)] + cmd
+        results[f"ucp-reshard {ranks} rank{'s' if ranks > 1 else ''}"].append(timed(cmd))
+        reshard_reports[ranks] = json.load(open(report))
 
 best = {k: min(v) for k, v in results.items()}
 print(f"\ncheckpoint: {src_bytes / 2**30:.2f} GiB in {len(os.listdir(tag))} files "
@@ -90,6 +104,12 @@ for ranks, rep in reports.items():
           ("  OK" if max(rss) < limit else "  OVER"))
     print(f"    bytes read {rep['bytes_read'] / 2**30:.2f} GiB, written {rep['bytes_written'] / 2**30:.2f} GiB, "
           f"phases {json.dumps({k: round(v, 2) for k, v in rep['phases_seconds'].items()})}")
+print("reshard to " + " ".join(target) + ":")
+for ranks, rep in reshard_reports.items():
+    rss = [p["peak_rss_bytes"] for p in rep["per_rank"]]
+    print(f"  {ranks} rank(s): peak RSS " + ", ".join(f"{x / 2**20:.0f} MiB" for x in rss) +
+          f"; read {rep['bytes_read'] / 2**30:.2f} GiB = {rep['read_ratio']:.3f}x the atomic tensors "
+          f"({rep['atomic_bytes'] / 2**30:.2f} GiB)")
 for ranks in reports:
     out = os.path.join(a.work, f"atomic-np{ranks}", "universal")
     listed = {e["path"] for e in json.load(open(os.path.join(out, "ucp_manifest.json")))["files"]}

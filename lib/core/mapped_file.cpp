@@ -44,4 +44,8 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(data_, size_);
 }
 
+void MappedFile::ReleaseResidentPages() const {
+  if (size_ > 0) ::madvise(data_, size_, MADV_DONTNEED);
+}
+
 }  // namespace ucp

@@ -22,6 +22,10 @@ class MappedFile {
   std::span<const uint8_t> bytes() const { return {data_, size_}; }
   uint8_t* mutable_data() const { return data_; }
   size_t size() const { return size_; }
+  // Drops the pages read so far from this process (they stay in the page cache): what a reader
+  // that moves on frees, so that its resident memory does not grow with the files it has read.
+  // Only for mappings nobody wrote into.
+  void ReleaseResidentPages() const;
 
  private:
   MappedFile(std::string path, uint8_t* data, size_t size)

@@ -440,7 +440,10 @@ class UnitWriter {
       for (int k : U_.groups[g]) {
         const int64_t n = U_.params[k].local_numel, f0 = std::max(at, lo), f1 = std::min(at + n, hi);
         if (f0 < f1) {
-          for (int s = 0; s < plan::kStates; ++s) Fill(k, s, f0 - at, f1 - at, part[s].get() + (f0 - lo));
+          for (int s = 0; s < plan::kStates; ++s) {
+            Fill(k, s, f0 - at, f1 - at, part[s].get() + (f0 - lo));
+            opened_[k].file[s].archive->file()->ReleaseResidentPages();  // copied: its pages can go
+          }
           Put(*m, S_.atoms[U_.params[k].atom].name, FragmentAddress(f1 - f0, f0 - lo));
         }
         at += n;
