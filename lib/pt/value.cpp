@@ -164,6 +164,14 @@ ValuePtr OwnedTensor(std::shared_ptr<const void> owner, const void* data, DType 
   return Value::MakeTensor(std::move(view));
 }
 
+void SetItem(Value& dict, const std::string& key, ValuePtr v) { dict.dict.Set(Value::Str(key), std::move(v)); }
+
+ValuePtr IntList(const std::vector<int64_t>& values) {
+  auto l = Value::Make(Value::Kind::List);
+  for (int64_t x : values) l->items.push_back(Value::Int(x));
+  return l;
+}
+
 ValuePtr Value::MakeTensor(TensorView view) {
   auto v = Make(Kind::Tensor);
   v->tensor = std::make_shared<TensorView>(std::move(view));

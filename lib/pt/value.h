@@ -50,6 +50,10 @@ struct Value;
 std::shared_ptr<Value> OwnedTensor(std::shared_ptr<const void> owner, const void* data, DType dtype,
                                    const std::vector<int64_t>& shape);
 
+// Building trees to write: dict[key] = v (key a str), and a list of ints.
+void SetItem(Value& dict, const std::string& key, std::shared_ptr<Value> v);
+std::shared_ptr<Value> IntList(const std::vector<int64_t>& values);
+
 // Row-major strides of a shape.
 std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape);
 std::string ShapeString(const std::vector<int64_t>& shape);  // "[3, 4]"

@@ -25,6 +25,8 @@ namespace ucp::reshard {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using patterns::Pattern;
+using pt::IntList;
+using pt::SetItem;
 using pt::Value;
 using pt::ValuePtr;
 using shuffle::AnyFailed;
@@ -229,9 +231,8 @@ UnitParam PieceOf(const Source& S, const TargetLayout& T, int index, int t) {
 
 ValuePtr Copied(const Value& v) { return std::make_shared<Value>(v); }  // shallow: shares the children
 
-void Put(Value& dict, const std::string& key, ValuePtr v) { dict.dict.Set(Value::Str(key), std::move(v)); }
 void PutIfPresent(Value& dict, const std::string& key, ValuePtr v) {
-  if (dict.dict.Get(key)) Put(dict, key, std::move(v));
+  if (dict.dict.Get(key)) SetItem(dict, key, std::move(v));
 }
 
 ValuePtr OrderedDict() {
@@ -244,11 +245,6 @@ ValuePtr TorchSize(const std::vector<int64_t>& shape) {
   for (int64_t d : shape) t->items.push_back(Value::Int(d));
   t->module = "torch", t->name = "Size";
   return t;
-}
-ValuePtr IntList(const std::vector<int64_t>& v) {
-  auto l = Value::Make(Value::Kind::List);
-  for (int64_t x : v) l->items.push_back(Value::Int(x));
-  return l;
 }
 ValuePtr TorchDtype(const std::string& dtype) {
   auto g = Value::Make(Value::Kind::Global);
@@ -264,21 +260,21 @@ ValuePtr LossScalerFor(const std::string& dtype, const ValuePtr& source) {
   if (source && source->kind == Value::Kind::Object && source->name == cls) return source;
   auto state = Value::Make(Value::Kind::Dict);
   if (dynamic) {
-    Put(*state, "cur_scale", Float(65536.0));
-    Put(*state, "cur_iter", Value::Int(0));
-    Put(*state, "last_overflow_iter", Value::Int(-1));
-    Put(*state, "scale_factor", Float(2.0));
-    Put(*state, "scale_window", Value::Int(1000));
-    Put(*state, "min_scale", Value::Int(1));
-    Put(*state, "delayed_shift", Value::Int(1));
-    Put(*state, "cur_hysteresis", Value::Int(1));
-    Put(*state, "consecutive_hysteresis", Value::Bool(false));
-    Put(*state, "raise_error_at_min_scale", Value::Bool(true));
-    Put(*state, "dynamic", Value::Bool(true));
-    Put(*state, "dtype", TorchDtype("fp16"));
+    SetItem(*state, "cur_scale", Float(65536.0));
+    SetItem(*state, "cur_iter", Value::Int(0));
+    SetItem(*state, "last_overflow_iter", Value::Int(-1));
+    SetItem(*state, "scale_factor", Float(2.0));
+    SetItem(*state, "scale_window", Value::Int(1000));
+    SetItem(*state, "min_scale", Value::Int(1));
+    SetItem(*state, "delayed_shift", Value::Int(1));
+    SetItem(*state, "cur_hysteresis", Value::Int(1));
+    SetItem(*state, "consecutive_hysteresis", Value::Bool(false));
+    SetItem(*state, "raise_error_at_min_scale", Value::Bool(true));
+    SetItem(*state, "dynamic", Value::Bool(true));
+    SetItem(*state, "dtype", TorchDtype("fp16"));
   } else {
-    Put(*state, "cur_scale", Float(1.0));
-    Put(*state, "dynamic", Value::Bool(false));
+    SetItem(*state, "cur_scale", Float(1.0));
+    SetItem(*state, "dynamic", Value::Bool(false));
   }
   auto obj = Value::MakeObject("deepspeed.runtime.fp16.loss_scaler", cls, nullptr, state);
   obj->via_new = true;
@@ -287,8 +283,8 @@ ValuePtr LossScalerFor(const std::string& dtype, const ValuePtr& source) {
 
 ValuePtr FragmentAddress(int64_t numel, int64_t start) {
   auto state = Value::Make(Value::Kind::Dict);
-  Put(*state, "numel", Value::Int(numel));
-  Put(*state, "start", Value::Int(start));
+  SetItem(*state, "numel", Value::Int(numel));
+  SetItem(*state, "start", Value::Int(start));
   auto obj = Value::MakeObject("deepspeed.utils.tensor_fragment", "fragment_address", nullptr, state);
   obj->via_new = true;
   return obj;
@@ -410,8 +406,8 @@ class UnitWriter {
       auto sec = out->Get(key);
       if (!sec || sec->kind != Value::Kind::Dict) return;
       auto copy = Copied(*sec);
-      Put(*copy, field, std::move(v));
-      Put(*out, key, copy);
+      SetItem(*copy, field, std::move(v));
+      SetItem(*out, key, copy);
     };
     section("zero_optimization", "stage", Value::Int(T_.zero_stage));
     section("bf16", "enabled", Value::Bool(T_.dtype == "bf16"));
@@ -444,7 +440,7 @@ class UnitWriter {
             Fill(k, s, f0 - at, f1 - at, part[s].get() + (f0 - lo));
             opened_[k].file[s].archive->file()->ReleaseResidentPages();  // copied: its pages can go
           }
-          Put(*m, S_.atoms[U_.params[k].atom].name, FragmentAddress(f1 - f0, f0 - lo));
+          SetItem(*m, S_.atoms[U_.params[k].atom].name, FragmentAddress(f1 - f0, f0 - lo));
         }
         at += n;
       }
@@ -456,42 +452,42 @@ class UnitWriter {
       const int64_t fp32_len = T_.bf16_optimizer() ? ps : ps - pad;
       single->items.push_back(store::FloatTensor(part[0], {fp32_len}));
       auto gs = Value::Make(Value::Kind::Dict);
-      Put(*gs, "step", GroupStep(g));
-      Put(*gs, "exp_avg", store::FloatTensor(part[1], {ps}));
-      Put(*gs, "exp_avg_sq", store::FloatTensor(part[2], {ps}));
+      SetItem(*gs, "step", GroupStep(g));
+      SetItem(*gs, "exp_avg", store::FloatTensor(part[1], {ps}));
+      SetItem(*gs, "exp_avg_sq", store::FloatTensor(part[2], {ps}));
       state->dict.Set(Value::Int(g), gs);
       mappings->items.push_back(m);
     }
     const Value& osrc = *S_.optimizer.root;
     auto base = Value::Make(Value::Kind::Dict);
-    Put(*base, "state", state);
-    Put(*base, "param_groups", osrc.Get("param_groups"));
+    SetItem(*base, "state", state);
+    SetItem(*base, "param_groups", osrc.Get("param_groups"));
     auto osd = Value::Make(Value::Kind::Dict);
     auto get = [&](const char* key, ValuePtr fallback) {
       auto v = osrc.Get(key);
       return v ? v : fallback;
     };
     if (!T_.bf16_optimizer()) {
-      Put(*osd, "loss_scaler", LossScalerFor(T_.dtype, osrc.Get("loss_scaler")));
-      Put(*osd, "dynamic_loss_scale", Value::Bool(T_.dtype == "fp16"));
-      Put(*osd, "overflow", get("overflow", Value::Bool(false)));
+      SetItem(*osd, "loss_scaler", LossScalerFor(T_.dtype, osrc.Get("loss_scaler")));
+      SetItem(*osd, "dynamic_loss_scale", Value::Bool(T_.dtype == "fp16"));
+      SetItem(*osd, "overflow", get("overflow", Value::Bool(false)));
     }
-    Put(*osd, "clip_grad", get("clip_grad", Float(0.0)));
-    Put(*osd, "base_optimizer_state", base);
-    Put(*osd, "single_partition_of_fp32_groups", single);
+    SetItem(*osd, "clip_grad", get("clip_grad", Float(0.0)));
+    SetItem(*osd, "base_optimizer_state", base);
+    SetItem(*osd, "single_partition_of_fp32_groups", single);
     if (!T_.bf16_optimizer()) {
       auto stage = Value::MakeObject("deepspeed.runtime.zero.config", "ZeroStageEnum");
       stage->args->items.push_back(Value::Int(T_.zero_stage));
-      Put(*osd, "zero_stage", stage);
+      SetItem(*osd, "zero_stage", stage);
     }
-    Put(*osd, "group_paddings", paddings);
-    Put(*osd, "partition_count", IntList(std::vector<int64_t>(groups, T_.dp)));
-    Put(*osd, "ds_version", DsVersion());
-    Put(*osd, "param_slice_mappings", mappings);
+    SetItem(*osd, "group_paddings", paddings);
+    SetItem(*osd, "partition_count", IntList(std::vector<int64_t>(groups, T_.dp)));
+    SetItem(*osd, "ds_version", DsVersion());
+    SetItem(*osd, "param_slice_mappings", mappings);
     auto root = Value::Make(Value::Kind::Dict);
-    Put(*root, "optimizer_state_dict", osd);
-    Put(*root, "ds_config", DsConfig());
-    Put(*root, "ds_version", DsVersion());
+    SetItem(*root, "optimizer_state_dict", osd);
+    SetItem(*root, "ds_config", DsConfig());
+    SetItem(*root, "ds_version", DsVersion());
     std::string name = std::string(T_.dtype == "bf16" ? "bf16_" : "") + "zero_pp_rank_" + std::to_string(d) + "_mp_rank_" +
                        MpName() + "_optim_states.pt";
     pt::WriteTorchFile(dir_ + "/" + name, *root);
@@ -522,7 +518,7 @@ class UnitWriter {
       auto& f = files[a.spec];
       if (!f) f = OrderedDict();
       auto owner = lp_[k];
-      Put(*f, a.local_key, pt::OwnedTensor(owner, owner.get(), lp.dtype, U_.params[k].copy.shape));
+      SetItem(*f, a.local_key, pt::OwnedTensor(owner, owner.get(), lp.dtype, U_.params[k].copy.shape));
     }
     for (const auto& [spec, dict] : files) {
       char buf[64];
@@ -533,19 +529,17 @@ class UnitWriter {
 
   void WriteModelStates() {
     auto root = Copied(*S_.model_states.root);
-    root->dict = pt::Dict();
-    for (const auto& item : S_.model_states.root->dict.items()) root->dict.Set(item.key, item.value);
-    Put(*root, "module", Value::None());
+    SetItem(*root, "module", Value::None());
     auto shapes = Value::Make(Value::Kind::List);
     for (const auto& grp : U_.groups) {
       auto m = OrderedDict();
-      for (int k : grp) Put(*m, S_.atoms[U_.params[k].atom].name, TorchSize(U_.params[k].copy.shape));
+      for (int k : grp) SetItem(*m, S_.atoms[U_.params[k].atom].name, TorchSize(U_.params[k].copy.shape));
       shapes->items.push_back(m);
     }
-    Put(*root, "param_shapes", shapes);
-    Put(*root, "dp_world_size", Value::Int(T_.dp));
-    Put(*root, "mp_world_size", Value::Int(T_.tp * T_.pp));
-    Put(*root, "ds_config", DsConfig());
+    SetItem(*root, "param_shapes", shapes);
+    SetItem(*root, "dp_world_size", Value::Int(T_.dp));
+    SetItem(*root, "mp_world_size", Value::Int(T_.tp * T_.pp));
+    SetItem(*root, "ds_config", DsConfig());
     if (auto args = root->Get("args"); args && args->kind == Value::Kind::Object && args->state) {
       auto a = Copied(*args);
       a->state = Copied(*args->state);
@@ -560,7 +554,7 @@ class UnitWriter {
       PutIfPresent(st, "params_dtype", TorchDtype(T_.dtype));
       PutIfPresent(st, "zero_stage", Value::Int(T_.zero_stage));
       PutIfPresent(st, "no_pipeline_parallel", Value::Bool(false));
-      Put(*root, "args", a);
+      SetItem(*root, "args", a);
     }
     if (auto info = root->Get("universal_checkpoint_info"); info && info->kind == Value::Kind::Dict) {
       auto i = Copied(*info);
@@ -577,9 +571,9 @@ class UnitWriter {
           }
           w->dict.Set(item.key, per);
         }
-        Put(*i, "sub_param_shard_widths", w);
+        SetItem(*i, "sub_param_shard_widths", w);
       }
-      Put(*root, "universal_checkpoint_info", i);
+      SetItem(*root, "universal_checkpoint_info", i);
     }
     pt::WriteTorchFile(dir_ + "/mp_rank_" + MpName() + "_model_states.pt", *root);
   }

@@ -19,6 +19,7 @@
 namespace ucp::store {
 namespace fs = std::filesystem;
 using pt::Value;
+using pt::SetItem;
 using pt::ValuePtr;
 
 nlohmann::json FileRecord::ToJson() const { return {{"path", path}, {"bytes", bytes}, {"xxh64", HexDigest(xxh64)}}; }
@@ -49,17 +50,6 @@ ValuePtr FloatTensor(std::shared_ptr<float[]> data, const std::vector<int64_t>& 
   return pt::OwnedTensor(std::shared_ptr<const void>(std::move(data), p), p, pt::DType::F32, shape);
 }
 
-namespace {
-
-ValuePtr IntList(const std::vector<int64_t>& v) {
-  auto l = Value::Make(Value::Kind::List);
-  for (int64_t x : v) l->items.push_back(Value::Int(x));
-  return l;
-}
-
-void Put(Value& dict, const std::string& key, ValuePtr v) { dict.dict.Set(Value::Str(key), std::move(v)); }
-
-}  // namespace
 
 ValuePtr StateFileValue(const patterns::ParamPattern& pat, ValuePtr tensor) {
   using patterns::Pattern;
@@ -72,23 +62,23 @@ ValuePtr StateFileValue(const patterns::ParamPattern& pat, ValuePtr tensor) {
     for (const auto& re : rule.patterns) patterns->items.push_back(Value::Str(re.text));
     auto shape = Value::Make(Value::Kind::List);
     for (size_t k = 0; k < pat.full_shape.size(); ++k)
-      shape->items.push_back(static_cast<int>(k) == rule.partition_dim ? IntList(pat.sub_param_sizes)
+      shape->items.push_back(static_cast<int>(k) == rule.partition_dim ? pt::IntList(pat.sub_param_sizes)
                                                                          : Value::Int(pat.full_shape[k]));
     auto state = Value::Make(Value::Kind::Dict);
-    Put(*state, "patterns", patterns);
-    Put(*state, "shape", shape);
-    Put(*state, "partition_dim", Value::Int(rule.partition_dim));
+    SetItem(*state, "patterns", patterns);
+    SetItem(*state, "shape", shape);
+    SetItem(*state, "partition_dim", Value::Int(rule.partition_dim));
     auto obj = Value::MakeObject("deepspeed.checkpoint.universal_checkpoint", "SubparamShape", nullptr, state);
     obj->via_new = true;
-    Put(*d, "sub_param_shape", obj);
+    SetItem(*d, "sub_param_shape", obj);
   } else if (p == Pattern::ShardNC) {
-    Put(*d, "cat_dim", Value::Int(0));
-    Put(*d, "param_n_sub_params", Value::Int(static_cast<int64_t>(pat.sub_param_sizes.size())));
+    SetItem(*d, "cat_dim", Value::Int(0));
+    SetItem(*d, "param_n_sub_params", Value::Int(static_cast<int64_t>(pat.sub_param_sizes.size())));
   } else if (p != Pattern::Replicate && p != Pattern::Partial) {
-    Put(*d, "cat_dim", Value::Int(p == Pattern::ShardH ? 1 : 0));
+    SetItem(*d, "cat_dim", Value::Int(p == Pattern::ShardH ? 1 : 0));
   }
-  if (pat.vocab) Put(*d, "vocab_tensor", Value::Bool(true));
-  Put(*d, "param", std::move(tensor));
+  if (pat.vocab) SetItem(*d, "vocab_tensor", Value::Bool(true));
+  SetItem(*d, "param", std::move(tensor));
   return d;
 }
 
@@ -107,12 +97,12 @@ ValuePtr OptimizerStateValue(const Value& root, int zero_stage, int dp) {
         auto state = Value::Make(Value::Kind::Dict);
         for (const auto& g : item.value->At("state").AsDict().items()) {
           auto gs = Value::Make(Value::Kind::Dict);
-          if (auto step = g.value->Get("step")) Put(*gs, "step", step);
+          if (auto step = g.value->Get("step")) SetItem(*gs, "step", step);
           state->dict.Set(g.key, gs);
         }
-        Put(*inner, "state", state);
+        SetItem(*inner, "state", state);
         param_groups = item.value->Get("param_groups");
-        if (param_groups) Put(*inner, "param_groups", param_groups);
+        if (param_groups) SetItem(*inner, "param_groups", param_groups);
         out->dict.Set(item.key, inner);
         continue;
       }
@@ -124,14 +114,14 @@ ValuePtr OptimizerStateValue(const Value& root, int zero_stage, int dp) {
       if (key == "param_slice_mappings" || key == "single_partition_of_fp32_groups") continue;
       if (key == "group_paddings" || key == "partition_count") {
         size_t n = item.value->IsSequence() ? item.value->items.size() : 1;
-        out->dict.Set(item.key, IntList(std::vector<int64_t>(n, key == "group_paddings" ? 0 : dp)));
+        out->dict.Set(item.key, pt::IntList(std::vector<int64_t>(n, key == "group_paddings" ? 0 : dp)));
         continue;
       }
     }
     out->dict.Set(item.key, item.value);
   }
   if (!param_groups) throw Error("optimizer state has no param_groups");
-  Put(*out, "param_groups", param_groups);
+  SetItem(*out, "param_groups", param_groups);
   return out;
 }
 
