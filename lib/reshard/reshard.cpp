@@ -17,6 +17,7 @@
 #include "core/format.h"
 #include "patterns/rules.h"
 #include "plan/convert_plan.h"
+#include "pt/low_precision.h"
 #include "pt/torch_file.h"
 #include "shuffle/agree.h"
 #include "store/atomic_store.h"
@@ -290,26 +291,6 @@ ValuePtr FragmentAddress(int64_t numel, int64_t start) {
   return obj;
 }
 
-// fp32 to the training dtype, rounding to nearest even as torch's .to() does.
-uint16_t ToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if (std::isnan(f)) return 0x7FC0;
-  return static_cast<uint16_t>((u + ((u >> 16) & 1) + 0x7FFF) >> 16);
-}
-uint16_t ToFp16(float f) {
-  auto bits = [](float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; };
-  auto from = [](uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; };
-  const float scale_to_inf = from(0x77800000), scale_to_zero = from(0x08800000);  // 2^112, 2^-110
-  float base = (std::fabs(f) * scale_to_inf) * scale_to_zero;
-  const uint32_t w = bits(f), shl1_w = w + w, sign = w & 0x80000000u;
-  uint32_t bias = shl1_w & 0xFF000000u;
-  if (bias < 0x71000000u) bias = 0x71000000u;
-  base = from((bias >> 1) + 0x07800000u) + base;
-  const uint32_t b = bits(base), nonsign = ((b >> 13) & 0x00007C00u) + (b & 0x00000FFFu);
-  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
-}
-
 struct LowPrecision {
   pt::DType dtype;
   size_t size;
@@ -380,10 +361,10 @@ class UnitWriter {
       for (int64_t i = a; i < b; ++i) {
         float v = dst[i - a];
         if (T_.dtype == "bf16") {
-          uint16_t h = ToBf16(v);
+          uint16_t h = pt::Fp32ToBf16(v);
           std::memcpy(lp + 2 * i, &h, 2);
         } else if (T_.dtype == "fp16") {
-          uint16_t h = ToFp16(v);
+          uint16_t h = pt::Fp32ToFp16(v);
           std::memcpy(lp + 2 * i, &h, 2);
         } else {
           std::memcpy(lp + 4 * i, &v, 4);

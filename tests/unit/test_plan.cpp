@@ -1,14 +1,21 @@
-// The pieces of the conversion that need no checkpoint: checksums, the byte-balanced assignment,
-// the mapping of copy-local runs into the joined tensor, the in-process communicator.
+// The pieces of convert and reshard that need no checkpoint: checksums, the byte-balanced
+// assignment, the mapping of copy-local runs into the joined tensor, the in-process communicator,
+// the fp32 to fp16 / bf16 rounding of the layer files.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "core/xxhash64.h"
 #include "plan/convert_plan.h"
+#include "pt/low_precision.h"
+#include "pt/torch_file.h"
 #include "shuffle/comm.h"
+#include "test_support.h"
 
 using namespace ucp;
 
@@ -83,4 +90,30 @@ TEST_CASE("the single-process communicator exchanges with itself", "[plan]") {
   comm->Alltoallv(send.data(), {4}, {0}, recv.data(), {4}, {0});
   CHECK(recv == send);
   CHECK(comm->GatherToRoot("x") == std::vector<std::string>{"x"});
+}
+
+TEST_CASE("fp32 to fp16 and bf16 rounds exactly as torch's .to()", "[rounding]") {
+  auto path = test::WorkDir() / "rounding" / "rounding.pt";
+  REQUIRE(std::filesystem::exists(path));
+  pt::TorchFile f = pt::ReadTorchFile(path.string());
+  const auto& x = f.root->At("fp32").AsTensor();
+  const auto& h = f.root->At("fp16").AsTensor();
+  const auto& b = f.root->At("bf16").AsTensor();
+  REQUIRE(x.numel() == h.numel());
+  REQUIRE(x.numel() == b.numel());
+  size_t fp16_wrong = 0, bf16_wrong = 0;
+  for (uint64_t k = 0; k < x.numel(); ++k) {
+    float v;
+    uint16_t want_h, want_b;
+    std::memcpy(&v, x.data() + 4 * k, 4);
+    std::memcpy(&want_h, h.data() + 2 * k, 2);
+    std::memcpy(&want_b, b.data() + 2 * k, 2);
+    // torch keeps a NaN's payload where ucp writes the canonical quiet NaN: both are NaN.
+    bool nan = std::isnan(v);
+    if (pt::Fp32ToFp16(v) != want_h && !(nan && (want_h & 0x7C00) == 0x7C00 && (want_h & 0x3FF))) ++fp16_wrong;
+    if (pt::Fp32ToBf16(v) != want_b && !(nan && (want_b & 0x7F80) == 0x7F80 && (want_b & 0x7F))) ++bf16_wrong;
+  }
+  INFO(x.numel() << " values");
+  CHECK(fp16_wrong == 0);
+  CHECK(bf16_wrong == 0);
 }

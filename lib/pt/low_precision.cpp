@@ -1,0 +1,41 @@
+#include "pt/low_precision.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace ucp::pt {
+namespace {
+
+uint32_t Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+float FromBits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+}  // namespace
+
+uint16_t Fp32ToBf16(float f) {
+  if (std::isnan(f)) return 0x7FC0;
+  const uint32_t u = Bits(f);
+  return static_cast<uint16_t>((u + ((u >> 16) & 1) + 0x7FFF) >> 16);
+}
+
+// The float arithmetic does the rounding: scaling by 2^112 then 2^-110 brings the value to where
+// adding the exponent bias leaves the half's mantissa in the float's top bits, rounded to even.
+uint16_t Fp32ToFp16(float f) {
+  const float scale_to_inf = FromBits(0x77800000), scale_to_zero = FromBits(0x08800000);  // 2^112, 2^-110
+  float base = (std::fabs(f) * scale_to_inf) * scale_to_zero;
+  const uint32_t w = Bits(f), shl1_w = w + w, sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  if (bias < 0x71000000u) bias = 0x71000000u;
+  base = FromBits((bias >> 1) + 0x07800000u) + base;
+  const uint32_t b = Bits(base), nonsign = ((b >> 13) & 0x00007C00u) + (b & 0x00000FFFu);
+  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+}  // namespace ucp::pt

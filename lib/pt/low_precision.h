@@ -1,0 +1,12 @@
+// fp32 to the 16-bit training dtypes, rounding to nearest even exactly as torch's .to() does
+// (c10::BFloat16 and c10::Half): what the layer files of a resharded checkpoint hold.
+#pragma once
+
+#include <cstdint>
+
+namespace ucp::pt {
+
+uint16_t Fp32ToBf16(float value);  // NaN becomes 0x7FC0
+uint16_t Fp32ToFp16(float value);  // IEEE half: subnormals, overflow to infinity, quiet NaN 0x7E00
+
+}  // namespace ucp::pt
