@@ -529,7 +529,7 @@ class UnitWriter {
       PutIfPresent(st, "pipeline_model_parallel_size", Value::Int(T_.pp));
       PutIfPresent(st, "data_parallel_size", Value::Int(T_.dp));
       PutIfPresent(st, "world_size", Value::Int(T_.dp * T_.tp * T_.pp));
-      PutIfPresent(st, "padded_vocab_size", Value::Int(padded_vocab_));
+      if (padded_vocab_ > 0) PutIfPresent(st, "padded_vocab_size", Value::Int(padded_vocab_));
       PutIfPresent(st, "fp16", Value::Bool(T_.dtype == "fp16"));
       PutIfPresent(st, "bf16", Value::Bool(T_.dtype == "bf16"));
       PutIfPresent(st, "params_dtype", TorchDtype(T_.dtype));
@@ -539,7 +539,7 @@ class UnitWriter {
     }
     if (auto info = root->Get("universal_checkpoint_info"); info && info->kind == Value::Kind::Dict) {
       auto i = Copied(*info);
-      PutIfPresent(*i, "padded_vocab_size", Value::Int(padded_vocab_));
+      if (padded_vocab_ > 0) PutIfPresent(*i, "padded_vocab_size", Value::Int(padded_vocab_));
       if (auto widths = info->Get("sub_param_shard_widths"); widths && widths->kind == Value::Kind::Dict) {
         auto w = Copied(*widths);
         w->dict = pt::Dict();
