@@ -159,9 +159,7 @@ ModelPatterns ResolvePatterns(const source::SourceLayout& L, const ResolveOption
       }
     if (!complete) continue;
     std::vector<int64_t> full = p.tp_shape.at(0);
-    int dim = -1;
-    if (r.model_pattern == Pattern::ShardH) dim = 1;
-    else if (r.model_pattern == Pattern::ShardV || r.model_pattern == Pattern::ShardNC) dim = r.match ? r.match->cat_dim : 0;
+    const int dim = r.split_dim();
     if (tp > 1 && (r.model_pattern == Pattern::Replicate || r.model_pattern == Pattern::Partial)) {
       for (int t = 1; t < tp; ++t)
         if (p.tp_shape.at(t) != full)

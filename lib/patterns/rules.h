@@ -18,6 +18,8 @@ namespace ucp::patterns {
 
 enum class Pattern { Unique, Replicate, Partial, ShardV, ShardH, ShardNC };
 std::string_view PatternName(Pattern p);  // "Shard-V", ...
+// Shard-V, Shard-H, Shard-NC: TP splits the tensor (the others are whole on every rank).
+inline bool IsSplit(Pattern p) { return p == Pattern::ShardV || p == Pattern::ShardH || p == Pattern::ShardNC; }
 
 struct Regex {
   std::string text;

@@ -42,14 +42,6 @@ std::vector<int> AssignLpt(const std::vector<int64_t>& weights, int bins) {
 
 namespace {
 
-int64_t Numel(const std::vector<int64_t>& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
-}
-
-bool Sharded(Pattern p) { return p == Pattern::ShardV || p == Pattern::ShardH || p == Pattern::ShardNC; }
-
 // Rows of each sub-parameter held by each TP rank: widths[i][t].
 std::vector<std::vector<int64_t>> SubParamWidths(const patterns::ParamPattern& pp, const patterns::ModelPatterns& M,
                                                  const source::ParamRecord& rec, int tp, int dim) {
@@ -101,16 +93,12 @@ ParamPlan PlanParam(const source::SourceLayout& L, const patterns::ModelPatterns
   P.index = index;
   P.name = rec.name;
   P.full_shape = pat.full_shape;
-  P.full_numel = Numel(P.full_shape);
+  P.full_numel = pt::Numel(P.full_shape);
   P.joined_shape = pat.full_shape;
   if (pat.vocab_padding_rows > 0) P.joined_shape[0] += pat.vocab_padding_rows;
   const Pattern here = pat.here;
-  const bool sharded = L.tp > 1 && Sharded(here);
-  int dim = -1;
-  if (sharded) {
-    dim = here == Pattern::ShardH ? 1 : (pat.match ? pat.match->cat_dim : 0);
-    if (here == Pattern::ShardNC && pat.match && pat.match->sub_params) dim = pat.match->sub_params->partition_dim;
-  }
+  const bool sharded = L.tp > 1 && patterns::IsSplit(here);
+  const int dim = sharded ? pat.split_dim() : -1;  // sharded: `here` is the model pattern
   std::vector<std::vector<int64_t>> widths;
   if (sharded && here == Pattern::ShardNC) widths = SubParamWidths(pat, M, rec, L.tp, dim);
 
@@ -123,7 +111,7 @@ ParamPlan PlanParam(const source::SourceLayout& L, const patterns::ModelPatterns
       Copy c;
       c.pp = stages[si], c.tp = t;
       c.shape = rec.tp_shape.at(t);
-      c.numel = Numel(c.shape);
+      c.numel = pt::Numel(c.shape);
       if (sharded) {
         c.split_dim = dim;
         if (dim >= static_cast<int>(c.shape.size()) || c.shape.size() != P.joined_shape.size())

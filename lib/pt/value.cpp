@@ -148,9 +148,14 @@ ValuePtr Value::MakeObject(std::string module, std::string name, ValuePtr args, 
   v->state = std::move(state);
   return v;
 }
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 ValuePtr OwnedTensor(std::shared_ptr<const void> owner, const void* data, DType dtype, const std::vector<int64_t>& shape) {
-  uint64_t numel = 1;
-  for (int64_t d : shape) numel *= static_cast<uint64_t>(d);
+  const auto numel = static_cast<uint64_t>(Numel(shape));
   auto storage = std::make_shared<Storage>();
   storage->dtype = dtype;
   storage->numel = numel;

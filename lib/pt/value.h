@@ -54,6 +54,9 @@ std::shared_ptr<Value> OwnedTensor(std::shared_ptr<const void> owner, const void
 void SetItem(Value& dict, const std::string& key, std::shared_ptr<Value> v);
 std::shared_ptr<Value> IntList(const std::vector<int64_t>& values);
 
+// Elements of a tensor of this shape (1 for a scalar's empty shape).
+int64_t Numel(const std::vector<int64_t>& shape);
+
 // Row-major strides of a shape.
 std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape);
 std::string ShapeString(const std::vector<int64_t>& shape);  // "[3, 4]"

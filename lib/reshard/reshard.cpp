@@ -3,7 +3,6 @@
 #include <sys/resource.h>
 
 #include <chrono>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -36,12 +35,6 @@ using shuffle::Capture;
 namespace {
 
 constexpr const char* kTool = "ucp-reshard";
-
-int64_t Numel(const std::vector<int64_t>& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
-}
 
 Pattern PatternFromName(const std::string& s) {
   for (Pattern p : {Pattern::Unique, Pattern::Replicate, Pattern::Partial, Pattern::ShardV, Pattern::ShardH, Pattern::ShardNC})
@@ -195,7 +188,7 @@ UnitParam PieceOf(const Source& S, const TargetLayout& T, int index, int t) {
   plan::Copy& c = u.copy;
   c.pp = 0, c.tp = t;
   c.shape = u.joined_shape;
-  const bool split = T.tp > 1 && (a.pattern == Pattern::ShardV || a.pattern == Pattern::ShardH || a.pattern == Pattern::ShardNC);
+  const bool split = T.tp > 1 && patterns::IsSplit(a.pattern);
   if (split) {
     if (!a.split_known)
       throw Error("parameter '" + a.name + "': no rule says which dimension TP splits (row- or column-parallel); "
@@ -223,7 +216,7 @@ UnitParam PieceOf(const Source& S, const TargetLayout& T, int index, int t) {
       c.blocks.push_back({0, c.shape[d], t * c.shape[d]});
     }
   }
-  c.numel = Numel(c.shape);
+  c.numel = pt::Numel(c.shape);
   u.local_numel = c.numel;
   return u;
 }
@@ -347,7 +340,7 @@ class UnitWriter {
   void Fill(size_t k, int s, int64_t a, int64_t b, float* dst) {
     const UnitParam& up = U_.params[k];
     const Atom& atom = S_.atoms[up.atom];
-    const int64_t full = Numel(atom.shape);
+    const int64_t full = pt::Numel(atom.shape);
     const float* src = opened_[k].data[s];
     plan::ForEachJoinedRun(up.copy, up.joined_shape, a, b, [&](int64_t local, int64_t joined, int64_t n) {
       float* to = dst + (local - a);
@@ -603,7 +596,7 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks) {
     int64_t n = PieceOf(S, T, static_cast<int>(k), 0).local_numel;
     spec_numel.at(S.atoms[k].spec) += n;
     if (S.atoms[k].tied) spec_numel.at(head) += n;
-    P.needed_bytes += 4 * plan::kStates * Numel(S.atoms[k].shape);
+    P.needed_bytes += 4 * plan::kStates * pt::Numel(S.atoms[k].shape);
   }
   P.parts = StageBounds(S, T, spec_numel);
   auto stage_of = [&](int spec) {

@@ -59,12 +59,6 @@ std::vector<int64_t> Shape(const Value& v) {
   return out;
 }
 
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 std::string Coord(const ShardFile& f) {
   return "(pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) + ", dp=" + std::to_string(f.dp) + ")";
 }
@@ -383,7 +377,7 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
             L.problems.push_back(f->name + ": parameter '" + name + "' has shape " + pt::ShapeString(shape) +
                                  " at tp=" + std::to_string(f->tp) + " but " + pt::ShapeString(s->second) +
                                  " on another stage");
-          group_params[{f->pp, f->tp, static_cast<int>(g)}].push_back({name, Numel(shape)});
+          group_params[{f->pp, f->tp, static_cast<int>(g)}].push_back({name, pt::Numel(shape)});
         }
       }
     } catch (const std::exception& e) {

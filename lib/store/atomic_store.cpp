@@ -276,12 +276,8 @@ nlohmann::json ManifestJson(const source::SourceLayout& L, const patterns::Model
     p["numel"] = P.full_numel;
     p["pattern"] = std::string(patterns::PatternName(pat.model_pattern));
     p["pattern_in_source"] = std::string(patterns::PatternName(pat.here));
-    bool split = pat.model_pattern == Pattern::ShardV || pat.model_pattern == Pattern::ShardH ||
-                 pat.model_pattern == Pattern::ShardNC;
-    if (!split) p["split_dim"] = nullptr;
-    else if (pat.model_pattern == Pattern::ShardH) p["split_dim"] = 1;
-    else if (pat.match && pat.match->sub_params) p["split_dim"] = pat.match->sub_params->partition_dim;
-    else p["split_dim"] = pat.match ? pat.match->cat_dim : 0;
+    if (pat.split_dim() < 0) p["split_dim"] = nullptr;
+    else p["split_dim"] = pat.split_dim();
     p["split_dim_known"] = pat.match.has_value() || pat.vocab;
     p["sub_param_sizes"] = pat.sub_param_sizes;
     p["vocab"] = pat.vocab;
