@@ -18,6 +18,7 @@
 #include "plan/convert_plan.h"
 #include "pt/low_precision.h"
 #include "pt/torch_file.h"
+#include "reshard/naming.h"
 #include "shuffle/agree.h"
 #include "store/atomic_store.h"
 
@@ -52,9 +53,9 @@ struct Atom {
   std::vector<int64_t> sub_sizes;
   int group = 0;
   std::string files[plan::kStates], step_file;
-  int spec = -1;          // GPTModelPipe layer spec index
-  bool tied = false;      // the tied embedding: also at the head spec
-  std::string local_key;  // its key inside the layer file
+  LayerPlace place;  // its layer spec and key inside the layer; the embedding is tied to the head spec
+  int spec() const { return place.spec; }
+  bool tied() const { return place.embedding(); }
 };
 
 struct UnitParam {
@@ -77,6 +78,7 @@ struct Source {
   std::vector<Atom> atoms;
   pt::TorchFile model_states;   // carried-over model-states file of rank 0
   pt::TorchFile optimizer;      // zero/optimizer_state.pt
+  Naming naming = Naming::Pipe;
   int layers = 0;
   int64_t vocab = 0, divisible_by = 1;
 };
@@ -90,13 +92,18 @@ const Value* Arg(const Source& S, const char* key) {
 Source LoadSource(const std::string& dir) {
   Source S;
   S.manifest = store::ReadManifest(dir);
-  if (S.manifest["source"]["naming"] != "pipe")
-    throw Error(dir + ": the source used GPTModel naming (a ZeRO-3 checkpoint); resharding it to a pipeline layout "
-                "needs a rename ucp does not do yet");
+  const std::string naming = S.manifest["source"].value("naming", "");
+  if (naming != NamingName(Naming::Pipe) && naming != NamingName(Naming::Plain))
+    throw Error(dir + ": the manifest's source naming is '" + naming + "'; ucp-reshard knows GPTModelPipe ('pipe') "
+                "and GPTModel ('plain') names");
+  S.naming = naming == "pipe" ? Naming::Pipe : Naming::Plain;
+  // The model-states file of model-parallel rank 0: mp_rank_00_model_states.pt, or under ZeRO-3
+  // zero_pp_rank_0_mp_rank_00_model_states.pt.
   std::string model_file;
+  const std::regex model_re(R"((zero_pp_rank_0_)?mp_rank_\d+_model_states\.pt)");
   for (const auto& f : S.manifest["files"]) {
     std::string p = f["path"];
-    if (p.rfind("mp_rank_", 0) == 0 && (model_file.empty() || p < model_file)) model_file = p;
+    if (std::regex_match(p, model_re) && (model_file.empty() || p < model_file)) model_file = p;
   }
   if (model_file.empty()) throw Error(dir + ": the manifest lists no mp_rank_*_model_states.pt");
   S.model_states = pt::ReadTorchFile(dir + "/" + model_file);
@@ -107,7 +114,6 @@ Source LoadSource(const std::string& dir) {
   if (const Value* d = Arg(S, "make_vocab_size_divisible_by")) S.divisible_by = d->AsInt();
   auto info = S.model_states.root->Get("universal_checkpoint_info");
   if (info && info->Get("original_vocab_size")) S.vocab = info->At("original_vocab_size").AsInt();
-  const std::regex layer_re(R"((\d+)\.(.+))");
   for (const auto& p : S.manifest["params"]) {
     Atom a;
     a.name = p["name"];
@@ -120,15 +126,7 @@ Source LoadSource(const std::string& dir) {
     a.group = p.value("group", 0);
     for (int s = 0; s < plan::kStates; ++s) a.files[s] = p["files"][std::string(plan::StateName(static_cast<plan::State>(s)))];
     if (p["files"].contains("step")) a.step_file = p["files"]["step"];
-    std::smatch m;
-    const std::string tied = "tied_modules.embed.";
-    if (a.name.rfind(tied, 0) == 0) {
-      a.spec = 1, a.tied = true, a.local_key = a.name.substr(tied.size());
-    } else if (std::regex_match(a.name, m, layer_re)) {
-      a.spec = std::stoi(m[1]), a.local_key = m[2];
-    } else {
-      throw Error("parameter '" + a.name + "' is not named as GPTModelPipe names its layers");
-    }
+    a.place = PlaceOf(a.name, S.naming, S.layers);
     if (a.vocab && S.vocab == 0) S.vocab = a.shape[0];
     S.atoms.push_back(std::move(a));
   }
@@ -296,6 +294,18 @@ LowPrecision LpOf(const std::string& dtype) {
 
 // --- writing one unit -----------------------------------------------------------------------
 
+// ZeRO-3 runs GPTModel (no pipeline engine); the other stages GPTModelPipe.
+Naming NamingOf(const TargetLayout& T) { return T.zero_stage == 3 ? Naming::Plain : Naming::Pipe; }
+
+struct Plan {
+  std::vector<Unit> units;
+  std::vector<int> parts, owner;  // stage bounds over layer specs; unit -> rank
+  std::vector<std::string> names;  // per atom: its name in the target's naming
+  int64_t padded_vocab = 0, needed_bytes = 0;
+  int embedding_stage = 0;
+};
+
+
 struct Opened {
   pt::TorchFile file[plan::kStates];
   const float* data[plan::kStates] = {nullptr, nullptr, nullptr};
@@ -303,18 +313,26 @@ struct Opened {
 
 class UnitWriter {
  public:
-  UnitWriter(const Source& S, const TargetLayout& T, const Unit& U, std::string atomic_dir, std::string dir,
-             int64_t padded_vocab, bool owns_embedding_spec)
-      : S_(S), T_(T), U_(U), atomic_dir_(std::move(atomic_dir)), dir_(std::move(dir)), padded_vocab_(padded_vocab),
-        owns_embedding_spec_(owns_embedding_spec) {}
+  UnitWriter(const Source& S, const TargetLayout& T, const Plan& P, const Unit& U, std::string atomic_dir, std::string dir)
+      : S_(S), T_(T), P_(P), U_(U), atomic_dir_(std::move(atomic_dir)), dir_(std::move(dir)) {}
 
+  // The files of this unit: under ZeRO-3 a model-states and an optimizer file per DP rank; else
+  // the optimizer files of every DP rank, the layer files and the model-states file.
   int64_t Write() {
     Open();
+    if (T_.zero_stage == 3) {
+      auto states = ModelStates(Zero3Module());
+      for (int d = 0; d < T_.dp; ++d) {
+        WriteZero3OptimizerFile(d);
+        pt::WriteTorchFile(dir_ + "/zero_pp_rank_" + std::to_string(d) + "_mp_rank_" + MpName() + "_model_states.pt", *states);
+      }
+      return bytes_read_;
+    }
     const auto lp = LpOf(T_.dtype);
     for (const auto& up : U_.params) lp_.push_back(std::shared_ptr<uint8_t[]>(new uint8_t[std::max<int64_t>(1, up.local_numel) * lp.size]));
     for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);
     WriteLayerFiles();
-    WriteModelStates();
+    pt::WriteTorchFile(dir_ + "/mp_rank_" + MpName() + "_model_states.pt", *ModelStates(Value::None()));
     return bytes_read_;
   }
 
@@ -349,7 +367,7 @@ class UnitWriter {
       if (have < n) std::memset(to + have, 0, static_cast<size_t>(n - have) * 4);
       bytes_read_ += have * 4;
     });
-    if (s == 0) {  // the training-dtype weights of the layer files, from the same fp32 values
+    if (s == 0 && !lp_.empty()) {  // the training-dtype weights of the layer files, from the same fp32 values
       uint8_t* lp = lp_[k].get();
       for (int64_t i = a; i < b; ++i) {
         float v = dst[i - a];
@@ -414,7 +432,7 @@ class UnitWriter {
             Fill(k, s, f0 - at, f1 - at, part[s].get() + (f0 - lo));
             opened_[k].file[s].archive->file()->ReleaseResidentPages();  // copied: its pages can go
           }
-          SetItem(*m, S_.atoms[U_.params[k].atom].name, FragmentAddress(f1 - f0, f0 - lo));
+          SetItem(*m, P_.names[U_.params[k].atom], FragmentAddress(f1 - f0, f0 - lo));
         }
         at += n;
       }
@@ -449,22 +467,105 @@ class UnitWriter {
     SetItem(*osd, "clip_grad", get("clip_grad", Float(0.0)));
     SetItem(*osd, "base_optimizer_state", base);
     SetItem(*osd, "single_partition_of_fp32_groups", single);
-    if (!T_.bf16_optimizer()) {
-      auto stage = Value::MakeObject("deepspeed.runtime.zero.config", "ZeroStageEnum");
-      stage->args->items.push_back(Value::Int(T_.zero_stage));
-      SetItem(*osd, "zero_stage", stage);
-    }
+    if (!T_.bf16_optimizer()) SetItem(*osd, "zero_stage", ZeroStage());
     SetItem(*osd, "group_paddings", paddings);
     SetItem(*osd, "partition_count", IntList(std::vector<int64_t>(groups, T_.dp)));
     SetItem(*osd, "ds_version", DsVersion());
     SetItem(*osd, "param_slice_mappings", mappings);
+    WriteOptimizerRoot(d, osd);
+  }
+
+  // DeepSpeed's engine saves {optimizer_state_dict, ds_config, ds_version} per DP rank.
+  void WriteOptimizerRoot(int d, ValuePtr osd) {
     auto root = Value::Make(Value::Kind::Dict);
-    SetItem(*root, "optimizer_state_dict", osd);
+    SetItem(*root, "optimizer_state_dict", std::move(osd));
     SetItem(*root, "ds_config", DsConfig());
     SetItem(*root, "ds_version", DsVersion());
     std::string name = std::string(T_.dtype == "bf16" ? "bf16_" : "") + "zero_pp_rank_" + std::to_string(d) + "_mp_rank_" +
                        MpName() + "_optim_states.pt";
     pt::WriteTorchFile(dir_ + "/" + name, *root);
+  }
+
+  ValuePtr ZeroStage() const {
+    auto stage = Value::MakeObject("deepspeed.runtime.zero.config", "ZeroStageEnum");
+    stage->args->items.push_back(Value::Int(T_.zero_stage));
+    return stage;
+  }
+
+  // ZeRO-3 (stage3.py): every parameter padded to a multiple of DP and cut in DP equal pieces; a
+  // rank's flat group is the concatenation of its pieces, in the group's parameter order.
+  void WriteZero3OptimizerFile(int d) {
+    auto state = Value::Make(Value::Kind::Dict), flat = Value::Make(Value::Kind::List);
+    for (size_t g = 0; g < U_.groups.size(); ++g) {
+      int64_t total = 0;
+      for (int k : U_.groups[g]) total += (U_.params[k].local_numel + T_.dp - 1) / T_.dp;
+      std::shared_ptr<float[]> part[plan::kStates];
+      for (int s = 0; s < plan::kStates; ++s) {
+        part[s] = std::shared_ptr<float[]>(new float[std::max<int64_t>(1, total)]);
+        std::fill(part[s].get(), part[s].get() + total, 0.0f);
+      }
+      int64_t at = 0;
+      for (int k : U_.groups[g]) {
+        const int64_t n = U_.params[k].local_numel, piece = (n + T_.dp - 1) / T_.dp;
+        const int64_t lo = std::min(n, d * piece), hi = std::min(n, lo + piece);
+        for (int s = 0; s < plan::kStates && lo < hi; ++s) {
+          Fill(static_cast<size_t>(k), s, lo, hi, part[s].get() + at);
+          opened_[k].file[s].archive->file()->ReleaseResidentPages();
+        }
+        at += piece;
+      }
+      flat->items.push_back(store::FloatTensor(part[0], {total}));
+      auto gs = Value::Make(Value::Kind::Dict);
+      SetItem(*gs, "step", GroupStep(static_cast<int>(g)));
+      SetItem(*gs, "exp_avg", store::FloatTensor(part[1], {total}));
+      SetItem(*gs, "exp_avg_sq", store::FloatTensor(part[2], {total}));
+      state->dict.Set(Value::Int(static_cast<int64_t>(g)), gs);
+    }
+    const Value& osrc = *S_.optimizer.root;
+    auto base = Value::Make(Value::Kind::Dict);
+    SetItem(*base, "state", state);
+    SetItem(*base, "param_groups", osrc.Get("param_groups"));
+    auto osd = Value::Make(Value::Kind::Dict);
+    SetItem(*osd, "zero_stage", ZeroStage());
+    SetItem(*osd, "loss_scaler", LossScalerFor(T_.dtype, osrc.Get("loss_scaler")));
+    SetItem(*osd, "dynamic_loss_scale", Value::Bool(T_.dtype == "fp16"));
+    auto overflow = osrc.Get("overflow");
+    SetItem(*osd, "overflow", overflow ? overflow : Value::Bool(false));
+    SetItem(*osd, "partition_count", Value::Int(T_.dp));
+    SetItem(*osd, "optimizer_state_dict", base);
+    SetItem(*osd, "fp32_flat_groups", flat);
+    WriteOptimizerRoot(d, osd);
+  }
+
+  // GPTModel.state_dict_for_save_checkpoint under ZeRO-3: the parameters are empty placeholders,
+  // nested as language_model/embedding/<module>/<leaf> and language_model/encoder/<key>.
+  ValuePtr Zero3Module() const {
+    static const auto placeholder_owner = std::make_shared<uint8_t>(0);
+    const auto lp = LpOf(T_.dtype);
+    auto embedding = OrderedDict(), encoder = OrderedDict();
+    std::vector<int> order;
+    for (const auto& up : U_.params) order.push_back(up.atom);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return S_.atoms[a].spec() < S_.atoms[b].spec(); });
+    const std::string emb = "language_model.embedding.", enc = "language_model.encoder.";
+    for (int k : order) {
+      const std::string& name = P_.names[k];
+      auto empty = pt::OwnedTensor(placeholder_owner, placeholder_owner.get(), lp.dtype, {0});
+      if (name.rfind(emb, 0) == 0) {
+        std::string rest = name.substr(emb.size());
+        const size_t dot = rest.find('.');
+        const std::string module = rest.substr(0, dot), leaf = dot == std::string::npos ? "weight" : rest.substr(dot + 1);
+        auto sub = embedding->Get(module);
+        if (!sub) SetItem(*embedding, module, sub = OrderedDict());
+        SetItem(*sub, leaf, empty);
+      } else {
+        SetItem(*encoder, name.substr(enc.size()), empty);
+      }
+    }
+    auto lm = OrderedDict(), module = OrderedDict();
+    SetItem(*lm, "embedding", embedding);
+    SetItem(*lm, "encoder", encoder);
+    SetItem(*module, "language_model", lm);
+    return module;
   }
 
   ValuePtr DsVersion() const {
@@ -488,11 +589,11 @@ class UnitWriter {
     std::map<int, ValuePtr> files;  // spec -> OrderedDict
     for (size_t k = 0; k < U_.params.size(); ++k) {
       const Atom& a = S_.atoms[U_.params[k].atom];
-      if (a.tied && !owns_embedding_spec_) continue;  // the tied head writes no layer file
-      auto& f = files[a.spec];
+      if (a.tied() && U_.pp != P_.embedding_stage) continue;  // the tied head writes no layer file
+      auto& f = files[a.spec()];
       if (!f) f = OrderedDict();
       auto owner = lp_[k];
-      SetItem(*f, a.local_key, pt::OwnedTensor(owner, owner.get(), lp.dtype, U_.params[k].copy.shape));
+      SetItem(*f, a.place.local, pt::OwnedTensor(owner, owner.get(), lp.dtype, U_.params[k].copy.shape));
     }
     for (const auto& [spec, dict] : files) {
       char buf[64];
@@ -501,13 +602,13 @@ class UnitWriter {
     }
   }
 
-  void WriteModelStates() {
+  ValuePtr ModelStates(ValuePtr module) const {
     auto root = Copied(*S_.model_states.root);
-    SetItem(*root, "module", Value::None());
+    SetItem(*root, "module", std::move(module));
     auto shapes = Value::Make(Value::Kind::List);
     for (const auto& grp : U_.groups) {
       auto m = OrderedDict();
-      for (int k : grp) SetItem(*m, S_.atoms[U_.params[k].atom].name, TorchSize(U_.params[k].copy.shape));
+      for (int k : grp) SetItem(*m, P_.names[U_.params[k].atom], TorchSize(U_.params[k].copy.shape));
       shapes->items.push_back(m);
     }
     SetItem(*root, "param_shapes", shapes);
@@ -522,17 +623,17 @@ class UnitWriter {
       PutIfPresent(st, "pipeline_model_parallel_size", Value::Int(T_.pp));
       PutIfPresent(st, "data_parallel_size", Value::Int(T_.dp));
       PutIfPresent(st, "world_size", Value::Int(T_.dp * T_.tp * T_.pp));
-      if (padded_vocab_ > 0) PutIfPresent(st, "padded_vocab_size", Value::Int(padded_vocab_));
+      if (P_.padded_vocab > 0) PutIfPresent(st, "padded_vocab_size", Value::Int(P_.padded_vocab));
       PutIfPresent(st, "fp16", Value::Bool(T_.dtype == "fp16"));
       PutIfPresent(st, "bf16", Value::Bool(T_.dtype == "bf16"));
       PutIfPresent(st, "params_dtype", TorchDtype(T_.dtype));
       PutIfPresent(st, "zero_stage", Value::Int(T_.zero_stage));
-      PutIfPresent(st, "no_pipeline_parallel", Value::Bool(false));
+      PutIfPresent(st, "no_pipeline_parallel", Value::Bool(NamingOf(T_) == Naming::Plain));
       SetItem(*root, "args", a);
     }
     if (auto info = root->Get("universal_checkpoint_info"); info && info->kind == Value::Kind::Dict) {
       auto i = Copied(*info);
-      if (padded_vocab_ > 0) PutIfPresent(*i, "padded_vocab_size", Value::Int(padded_vocab_));
+      if (P_.padded_vocab > 0) PutIfPresent(*i, "padded_vocab_size", Value::Int(P_.padded_vocab));
       if (auto widths = info->Get("sub_param_shard_widths"); widths && widths->kind == Value::Kind::Dict) {
         auto w = Copied(*widths);
         w->dict = pt::Dict();
@@ -547,17 +648,18 @@ class UnitWriter {
         }
         SetItem(*i, "sub_param_shard_widths", w);
       }
-      SetItem(*root, "universal_checkpoint_info", i);
+      std::vector<std::pair<std::string, std::string>> names;
+      for (size_t k = 0; k < S_.atoms.size(); ++k) names.emplace_back(S_.atoms[k].name, P_.names[k]);
+      SetItem(*root, "universal_checkpoint_info", RenameRules(*i, names, S_.naming, NamingOf(T_), S_.layers));
     }
-    pt::WriteTorchFile(dir_ + "/mp_rank_" + MpName() + "_model_states.pt", *root);
+    return root;
   }
 
   const Source& S_;
   const TargetLayout& T_;
+  const Plan& P_;
   const Unit& U_;
   std::string atomic_dir_, dir_;
-  int64_t padded_vocab_;
-  bool owns_embedding_spec_;
   std::vector<Opened> opened_;
   std::vector<std::shared_ptr<uint8_t[]>> lp_;
   std::map<int, pt::TorchFile> steps_;
@@ -573,19 +675,12 @@ void Validate(const Source& S, const TargetLayout& T) {
   if (T.dp < 1 || T.tp < 1 || T.pp < 1) no("degrees must be at least 1");
   if (T.dtype != "fp16" && T.dtype != "bf16" && T.dtype != "fp32") no("dtype must be fp16, bf16 or fp32");
   if (T.zero_stage < 0 || T.zero_stage > 3) no("ZeRO stage must be 0, 1, 2 or 3");
-  if (T.zero_stage == 3) no("ZeRO-3 is not written yet (it needs GPTModel naming); use stage 0, 1 or 2");
+  if (T.zero_stage == 3 && T.pp > 1) no("ZeRO-3 with pipeline parallelism: DeepSpeed refuses it; use pp=1");
   if (T.zero_stage == 0 && T.dtype != "bf16") no("ZeRO stage 0 is DeepSpeed's BF16 optimizer: it needs --dtype bf16");
   if (T.zero_stage == 2 && T.pp > 1) no("ZeRO-2 with pipeline parallelism: DeepSpeed refuses it; use stage 1");
   if (T.pp > S.layers)
     no("pp=" + std::to_string(T.pp) + " exceeds the " + std::to_string(S.layers) + " transformer layers");
 }
-
-struct Plan {
-  std::vector<Unit> units;
-  std::vector<int> parts, owner;  // stage bounds over layer specs; unit -> rank
-  int64_t padded_vocab = 0, needed_bytes = 0;
-  int embedding_stage = 0;
-};
 
 Plan MakePlan(const Source& S, const TargetLayout& T, int ranks) {
   Validate(S, T);
@@ -594,11 +689,12 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks) {
   std::vector<int64_t> spec_numel(SpecNames(S.layers, T.dtype).size(), 0);
   for (size_t k = 0; k < S.atoms.size(); ++k) {
     int64_t n = PieceOf(S, T, static_cast<int>(k), 0).local_numel;
-    spec_numel.at(S.atoms[k].spec) += n;
-    if (S.atoms[k].tied) spec_numel.at(head) += n;
+    spec_numel.at(S.atoms[k].spec()) += n;
+    if (S.atoms[k].tied()) spec_numel.at(head) += n;
     P.needed_bytes += 4 * plan::kStates * pt::Numel(S.atoms[k].shape);
   }
   P.parts = StageBounds(S, T, spec_numel);
+  for (const auto& a : S.atoms) P.names.push_back(NameAt(a.place, NamingOf(T), S.layers));
   auto stage_of = [&](int spec) {
     for (int s = 0; s < T.pp; ++s)
       if (spec >= P.parts[s] && spec < P.parts[s + 1]) return s;
@@ -616,7 +712,7 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks) {
       u.groups.assign(groups, {});
       for (size_t k = 0; k < S.atoms.size(); ++k) {
         const Atom& a = S.atoms[k];
-        if (stage_of(a.spec) != s && !(a.tied && stage_of(head) == s)) continue;
+        if (stage_of(a.spec()) != s && !(a.tied() && stage_of(head) == s)) continue;
         u.groups[a.group].push_back(static_cast<int>(u.params.size()));
         u.params.push_back(PieceOf(S, T, static_cast<int>(k), t));
         u.bytes += 4 * plan::kStates * u.params.back().local_numel;
@@ -712,7 +808,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
     for (size_t k = 0; k < P.units.size(); ++k) {
       if (P.owner[k] != rank) continue;
       const Unit& u = P.units[k];
-      UnitWriter w(S, o.target, u, o.atomic_dir, dir, P.padded_vocab, u.pp == P.embedding_stage);
+      UnitWriter w(S, o.target, P, u, o.atomic_dir, dir);
       bytes_read += w.Write();
       files += 1 + o.target.dp;
     }

@@ -1,6 +1,6 @@
 """Targets ucp-reshard must refuse before any data moves, each with a reason and exit 1, leaving
 no `latest`: more stages than layers, a TP that does not divide the GQA shard widths, ZeRO-2 with
-pipeline parallelism, ZeRO stage 0 without bf16, ZeRO-3 (not written yet), a parameter whose split
+pipeline parallelism, ZeRO stage 0 without bf16, ZeRO-3 with pipeline parallelism, a parameter whose split
 dimension no rule decided (TP=2 refused, TP=1 fine), and a non-empty output folder.
 
   reshard_errors.py UCP_RESHARD ATOMIC_DIR WORK_DIR
@@ -39,7 +39,7 @@ run("tp_not_dividing_kv", atomic, layout + ["--tp", "3", "--pp", "1"],
 run("zero2_with_pp", atomic, ["--dp", "2", "--tp", "1", "--pp", "2", "--zero-stage", "2"], ["ZeRO-2 with pipeline"])
 run("zero0_fp16", atomic, ["--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "0", "--dtype", "fp16"],
     ["needs --dtype bf16"])
-run("zero3", atomic, ["--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "3"], ["ZeRO-3 is not written yet"])
+run("zero3_with_pp", atomic, ["--dp", "2", "--tp", "1", "--pp", "2", "--zero-stage", "3"], ["ZeRO-3 with pipeline"])
 
 # A parameter no rule classified: its split dimension is unknown.
 unknown = os.path.join(work, "unknown_split", "universal")

@@ -4,7 +4,7 @@ truth, and compare the two with compare_shards.py.
 
   reshard_matrix.py UCP_RESHARD ATOMIC_DIR WORK_DIR MPIEXEC --family F --layers L --dp D [--source-tp T]
 
-Targets: the given DP x TP {1, 2} x PP {1, 2} x ZeRO {0 (bf16), 1, 2 (PP=1)} x {fp16, bf16, fp32}.
+Targets: the given DP x TP {1, 2} x PP {1, 2} x ZeRO {0 (bf16), 1, 2 (PP=1), 3 (PP=1)} x {fp16, bf16, fp32}.
 """
 import argparse
 import os
@@ -28,9 +28,9 @@ targets = []
 for dp in a.dp:
     for tp in (1, 2):
         for pp in (1, 2):
-            for zero in (0, 1, 2):
+            for zero in (0, 1, 2, 3):
                 for dtype in ("fp16", "bf16", "fp32"):
-                    if (zero == 0 and dtype != "bf16") or (zero == 2 and pp > 1):
+                    if (zero == 0 and dtype != "bf16") or (zero >= 2 and pp > 1):
                         continue
                     targets.append((dp, tp, pp, zero, dtype))
 failures = []

@@ -1,0 +1,39 @@
+// Megatron-DeepSpeed names a GPT's parameters two ways, and which one a checkpoint uses depends on
+// its ZeRO stage:
+//   GPTModelPipe (pipeline engine; ZeRO 0-2)  GPTModel (no pipeline; ZeRO-3)
+//   tied_modules.embed.<x>                    language_model.embedding.<x>
+//   <i+2>.<x>  (transformer layer i)          language_model.encoder.layers.<i>.<x>
+//   <L+2>.<x>  (final norm, L layers)         language_model.encoder.final_layernorm.<x>
+// A parameter is placed by its layer spec (GPTModelPipe's index: 1 the embedding, 2..L+1 the
+// layers, L+2 the final norm) and its key inside that layer; both namings derive from that place.
+// The universal_checkpoint_info rules of a checkpoint are regexes over one naming; a reshard to the
+// other naming rewrites them, and checks every rewritten rule picks the same parameters.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "pt/value.h"
+
+namespace ucp::reshard {
+
+enum class Naming { Pipe, Plain };
+const char* NamingName(Naming n);  // "pipe" / "plain", as the manifest records it
+
+struct LayerPlace {
+  int spec = -1;      // GPTModelPipe layer spec index
+  std::string local;  // key inside the layer ("self_attention.dense.weight")
+  bool embedding() const { return spec == 1; }
+};
+
+// Throws ucp::Error for a name that is not a GPT parameter of `layers` layers in naming `n`.
+LayerPlace PlaceOf(const std::string& name, Naming n, int layers);
+std::string NameAt(const LayerPlace& place, Naming n, int layers);
+
+// universal_checkpoint_info with every rule rewritten from one naming to the other. `names` pairs
+// each parameter's name in `from` with its name in `to`; a rule whose plain rewrite would not match
+// exactly the parameters it matched before becomes the list of those parameters' escaped names.
+pt::ValuePtr RenameRules(const pt::Value& info, const std::vector<std::pair<std::string, std::string>>& names,
+                         Naming from, Naming to, int layers);
+
+}  // namespace ucp::reshard

@@ -1,0 +1,107 @@
+// GPTModelPipe <-> GPTModel names and the rewrite of universal_checkpoint_info rules between them.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "reshard/naming.h"
+
+using namespace ucp;
+using namespace ucp::reshard;
+using pt::Value;
+
+namespace {
+
+pt::ValuePtr StrList(const std::vector<std::string>& items) {
+  auto l = Value::Make(Value::Kind::List);
+  for (const auto& s : items) l->items.push_back(Value::Str(s));
+  return l;
+}
+std::vector<std::string> Strs(const Value& list) {
+  std::vector<std::string> out;
+  for (const auto& v : list.AsSequence()) out.push_back(v->AsStr());
+  return out;
+}
+
+// The parameters of a 3-layer model: (pipe name, plain name).
+std::vector<std::pair<std::string, std::string>> Names() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const char* local : {"word_embeddings.weight", "position_embeddings.weight"})
+    out.emplace_back(std::string("tied_modules.embed.") + local, std::string("language_model.embedding.") + local);
+  for (int i = 0; i < 3; ++i)
+    for (const char* local : {"input_layernorm.weight", "self_attention.dense.weight", "mlp.dense_4h_to_h.bias"})
+      out.emplace_back(std::to_string(i + 2) + "." + local, "language_model.encoder.layers." + std::to_string(i) + "." + local);
+  out.emplace_back("5.weight", "language_model.encoder.final_layernorm.weight");
+  out.emplace_back("5.bias", "language_model.encoder.final_layernorm.bias");
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("every parameter has one place, named both ways", "[naming]") {
+  for (const auto& [pipe, plain] : Names()) {
+    LayerPlace a = PlaceOf(pipe, Naming::Pipe, 3), b = PlaceOf(plain, Naming::Plain, 3);
+    CHECK(a.spec == b.spec);
+    CHECK(a.local == b.local);
+    CHECK(NameAt(a, Naming::Plain, 3) == plain);
+    CHECK(NameAt(b, Naming::Pipe, 3) == pipe);
+  }
+  CHECK(PlaceOf("5.weight", Naming::Pipe, 3).spec == 5);
+  CHECK(PlaceOf("tied_modules.embed.word_embeddings.weight", Naming::Pipe, 3).embedding());
+  // Names outside the model are refused, naming the parameter.
+  for (const char* bad : {"6.weight", "1.weight", "0.x", "lm_head.weight", "2."})
+    CHECK_THROWS_WITH(PlaceOf(bad, Naming::Pipe, 3), Catch::Contains(bad) && Catch::Contains("GPTModelPipe"));
+  for (const char* bad : {"language_model.encoder.layers.3.x", "language_model.encoder.layers.x.y", "language_model.output.weight"})
+    CHECK_THROWS_WITH(PlaceOf(bad, Naming::Plain, 3), Catch::Contains(bad) && Catch::Contains("GPTModel"));
+}
+
+TEST_CASE("universal_checkpoint_info rules are rewritten and pick the same parameters", "[naming]") {
+  auto info = Value::Make(Value::Kind::Dict);
+  pt::SetItem(*info, "universal_checkpoint_version", Value::Float(0.4));
+  pt::SetItem(*info, "vocabulary_parameter_patterns", StrList({"tied_modules.embed.word_embeddings.weight"}));
+  pt::SetItem(*info, "tp_replicated_parameter_patterns",
+              StrList({R"(\d+.input_layernorm.weight)", R"(\d+.weight)", R"(\d+\.bias)", R"(\d+.mlp.dense_4h_to_h.bias)"}));
+  // Rules without a rewrite of their own: an alternation over layer indices, and one that picks nothing.
+  pt::SetItem(*info, "parameter_with_row_parallelism_patterns", StrList({R"((2|4)\.self_attention\.dense\.weight)", "nothing.here"}));
+  auto sub = Value::Make(Value::Kind::Dict);
+  pt::SetItem(*sub, "patterns", StrList({R"(\d+.self_attention.dense.weight)"}));
+  auto subs = Value::Make(Value::Kind::List);
+  subs->items.push_back(sub);
+  pt::SetItem(*info, "parameter_with_sub_params", subs);
+  auto widths = Value::Make(Value::Kind::Dict);
+  pt::SetItem(*widths, R"(\d+.self_attention.dense.weight)", pt::IntList({4, 4}));
+  pt::SetItem(*info, "sub_param_shard_widths", widths);
+
+  auto plain = RenameRules(*info, Names(), Naming::Pipe, Naming::Plain, 3);
+  CHECK(Strs(plain->At("vocabulary_parameter_patterns")) ==
+        std::vector<std::string>{"language_model.embedding.word_embeddings.weight"});
+  CHECK(Strs(plain->At("tp_replicated_parameter_patterns")) ==
+        std::vector<std::string>{R"(language_model.encoder.layers.\d+.input_layernorm.weight)",
+                                 "language_model.encoder.final_layernorm.weight", "language_model.encoder.final_layernorm.bias",
+                                 R"(language_model.encoder.layers.\d+.mlp.dense_4h_to_h.bias)"});
+  CHECK(Strs(plain->At("parameter_with_row_parallelism_patterns")) ==
+        std::vector<std::string>{R"(language_model\.encoder\.layers\.0\.self_attention\.dense\.weight)",
+                                 R"(language_model\.encoder\.layers\.2\.self_attention\.dense\.weight)", "nothing.here"});
+  CHECK(Strs(plain->At("parameter_with_sub_params").AsSequence()[0]->At("patterns")) ==
+        std::vector<std::string>{R"(language_model.encoder.layers.\d+.self_attention.dense.weight)"});
+  CHECK(plain->At("sub_param_shard_widths").Get(R"(language_model.encoder.layers.\d+.self_attention.dense.weight)"));
+  CHECK(plain->At("universal_checkpoint_version").AsFloat() == 0.4);
+
+  // And back: the same rules as before, where a rewrite exists.
+  auto swapped = Names();
+  for (auto& [a, b] : swapped) std::swap(a, b);
+  auto back = RenameRules(*plain, swapped, Naming::Plain, Naming::Pipe, 3);
+  CHECK(Strs(back->At("vocabulary_parameter_patterns")) == Strs(info->At("vocabulary_parameter_patterns")));
+  CHECK(Strs(back->At("tp_replicated_parameter_patterns")) ==
+        std::vector<std::string>{R"(\d+.input_layernorm.weight)", R"(\d+.weight)", R"(\d+.bias)", R"(\d+.mlp.dense_4h_to_h.bias)"});
+  CHECK(Strs(back->At("parameter_with_row_parallelism_patterns")) ==
+        std::vector<std::string>{R"(2\.self_attention\.dense\.weight)", R"(4\.self_attention\.dense\.weight)", "nothing.here"});
+}
+
+TEST_CASE("a rule that is not a regex is refused with its text", "[naming]") {
+  auto info = Value::Make(Value::Kind::Dict);
+  pt::SetItem(*info, "tp_replicated_parameter_patterns", StrList({"(unclosed"}));
+  CHECK_THROWS_WITH(RenameRules(*info, Names(), Naming::Pipe, Naming::Plain, 3), Catch::Contains("(unclosed"));
+}
