@@ -1,49 +1,92 @@
 // ucp-reshard: flags only; the work is ucp::reshard::RunReshard.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
+
+#include "core/error.h"
+#include "reshard/target.h"
 
 #include "reshard/reshard.h"
 #include "shuffle/comm.h"
+
+namespace {
+
+// A layout flag: its value goes into `flags` under its key in a --layout file.
+template <typename T>
+CLI::Option* LayoutFlag(CLI::App& app, nlohmann::json& flags, const char* name, const char* key, const std::string& help) {
+  return app.add_option_function<T>(name, [&flags, key](const T& v) { flags[key] = v; }, help);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
       "ucp-reshard: an atomic checkpoint to the native shard files of a new layout.\n\n"
       "Reads an atomic checkpoint written by ucp-convert and writes OUT/latest, OUT/global_stepN/ with\n"
-      "the files DeepSpeed / Megatron-DeepSpeed write for the target layout: mp_rank_XX_model_states.pt,\n"
-      "layer_II-model_TT-model_states.pt (weights in the training dtype) and [bf16_]zero_pp_rank_D_mp_rank_XX\n"
-      "_optim_states.pt (fp32 weights, Adam moments, ZeRO flat partitions with DeepSpeed's alignment\n"
-      "padding, param_slice_mappings), so the job relaunches with its ordinary --load. Vocabulary rows are\n"
+      "the files DeepSpeed / Megatron-DeepSpeed write for the target layout, so the job relaunches with its\n"
+      "ordinary --load:\n"
+      "  ZeRO 0-2 (GPTModelPipe names): mp_rank_XX_model_states.pt, layer_II-model_TT-model_states.pt\n"
+      "    (weights in the training dtype) and [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt (fp32\n"
+      "    weights, Adam moments, ZeRO flat partitions with DeepSpeed's alignment padding,\n"
+      "    param_slice_mappings);\n"
+      "  ZeRO-3 (GPTModel names, pp=1): zero_pp_rank_D_mp_rank_TT_model_states.pt and\n"
+      "    [bf16_]zero_pp_rank_D_mp_rank_TT_optim_states.pt (every parameter cut in DP equal pieces).\n"
+      "The atomic checkpoint may come from either naming; rules are renamed for the target. Vocabulary rows are\n"
       "re-padded with zeros for the target TP; split dimensions come from the manifest's model patterns,\n"
       "and a TP>1 target is refused for a parameter whose split dimension no rule decided.\n\n"
       "Each target model-parallel rank (pp stage, tp rank) is one unit: it reads each atomic slice it\n"
       "needs once and writes its model-states, layer and optimizer files; units are spread over the MPI\n"
       "ranks by bytes. `latest` is written last.\n\n"
-      "Not yet: ZeRO-3 targets, and atomic checkpoints converted from ZeRO-3 (GPTModel naming).\n\n"
+      "The layout comes from flags, or from --layout FILE (schemas/layout.schema.json), e.g.\n"
+      "  {\"dp\": 4, \"tp\": 2, \"pp\": 2, \"zero_stage\": 1, \"dtype\": \"bf16\", \"partition_method\": [0, 4, 7]}\n"
+      "with flags overriding the file's values.\n\n"
       "Exit status: 0 done; 1 refused or failed (the reason names the parameter or file); 2 bad command line.\n\n"
       "Examples:\n"
       "  mpirun -np 4 ucp-reshard ckpt/atomic -o new_ckpt --dp 4 --tp 2 --pp 2 --zero-stage 1 --dtype bf16\n"
-      "  ucp-reshard ckpt/atomic --dp 2 --tp 2 --pp 1 --zero-stage 2 --dtype fp16 --plan-only --json"};
+      "  ucp-reshard ckpt/atomic --dp 2 --tp 2 --pp 1 --zero-stage 2 --dtype fp16 --plan-only --json\n"
+      "  ucp-reshard ckpt/atomic -o new_ckpt --layout target.json --dp 8"};
   ucp::reshard::ReshardOptions o;
   auto& t = o.target;
   app.add_option("atomic", o.atomic_dir, "atomic checkpoint folder (with ucp_manifest.json)")->required();
   app.add_option("-o,--output", o.output, "checkpoint folder to write (gets `latest` and global_stepN/)");
-  app.add_option("--dp", t.dp, "data-parallel degree")->required()->check(CLI::PositiveNumber);
-  app.add_option("--tp", t.tp, "tensor-parallel degree")->required()->check(CLI::PositiveNumber);
-  app.add_option("--pp", t.pp, "pipeline-parallel degree")->required()->check(CLI::PositiveNumber);
-  app.add_option("--zero-stage", t.zero_stage, "ZeRO stage: 0 (bf16 only: the BF16 optimizer), 1 or 2")->required();
-  app.add_option("--dtype", t.dtype, "training dtype of the layer files: fp16, bf16 or fp32")
-      ->capture_default_str()->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
-  app.add_option("--partition-method", t.partition_method,
-                 "pipeline partitioning as DeepSpeed computes it: type:REGEX (Megatron-DeepSpeed uses type:transformer), "
-                 "uniform, parameters, or explicit layer-spec boundaries such as 0,4,9")->capture_default_str();
-  app.add_option("--make-vocab-size-divisible-by", t.vocab_divisible_by,
-                 "vocabulary padding multiple per TP rank (default: the source's)");
+  std::string layout_file;
+  app.add_option("--layout", layout_file, "target layout as JSON (schemas/layout.schema.json); flags override it")
+      ->check(CLI::ExistingFile);
+  // Flags given on the command line, applied over the layout file as one more layout object.
+  nlohmann::json flags = nlohmann::json::object();
+  LayoutFlag<int>(app, flags, "--dp", "dp", "data-parallel degree (required, here or in --layout)")->check(CLI::PositiveNumber);
+  LayoutFlag<int>(app, flags, "--tp", "tp", "tensor-parallel degree (required, here or in --layout)")->check(CLI::PositiveNumber);
+  LayoutFlag<int>(app, flags, "--pp", "pp", "pipeline-parallel degree (required, here or in --layout)")->check(CLI::PositiveNumber);
+  LayoutFlag<int>(app, flags, "--zero-stage", "zero_stage",
+       "ZeRO stage: 0 (bf16 only: the BF16 optimizer), 1, 2, or 3 (pp=1) (required, here or in --layout)")
+      ->check(CLI::Range(0, 3));
+  LayoutFlag<std::string>(app, flags, "--dtype", "dtype", "training dtype: fp16, bf16 (default) or fp32")
+      ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
+  LayoutFlag<std::string>(app, flags, "--partition-method", "partition_method",
+       "pipeline partitioning as DeepSpeed computes it: type:REGEX (default type:transformer, as Megatron-DeepSpeed), "
+       "uniform, parameters, or explicit layer-spec boundaries such as 0,4,9");
+  LayoutFlag<int64_t>(app, flags, "--make-vocab-size-divisible-by", "make_vocab_size_divisible_by",
+       "vocabulary padding multiple per TP rank (default: the source's)")->check(CLI::PositiveNumber);
   app.add_flag("--plan-only", o.plan_only, "print which rank writes what and the bytes it reads; no data read");
   app.add_flag("--json", o.json, "with --plan-only: as JSON");
   app.add_flag("--force", o.force, "overwrite a non-empty output folder (its `latest` is removed first)");
   app.add_option("--report", o.report_path, "write a JSON report: seconds, bytes read per rank, peak RSS");
   app.add_flag("-q,--quiet", o.quiet, "print errors only");
   CLI11_PARSE(app, argc, argv);
+  try {
+    std::vector<std::string> given;
+    if (!layout_file.empty()) t = ucp::reshard::ReadLayoutFile(layout_file, t, &given);
+    t = ucp::reshard::ApplyLayout(flags, t, "the command line", &given);
+    if (auto missing = ucp::reshard::MissingLayoutKeys(given); !missing.empty()) {
+      std::string key = missing.front(), flag_name = key;
+      std::replace(flag_name.begin(), flag_name.end(), '_', '-');
+      std::cerr << "ucp-reshard: error: no " << key << ": give --" << flag_name << " or \"" << key << "\" in a --layout file\n";
+      return 2;
+    }
+  } catch (const ucp::Error& e) {
+    std::cerr << "ucp-reshard: error: " << e.what() << "\n";
+    return 1;
+  }
   if (!o.plan_only && o.output.empty()) {
     std::cerr << "ucp-reshard: error: an output folder is required (-o OUT), or --plan-only\n";
     return 2;

@@ -743,9 +743,9 @@ json PlanJson(const Source& S, const TargetLayout& T, const Plan& P, int ranks) 
     units.push_back({{"pp", u.pp}, {"tp", u.tp}, {"rank", P.owner[k]}, {"bytes_read", u.bytes},
                      {"optimizer_files", T.dp}, {"params", params}});
   }
-  return {{"target", {{"dp", T.dp}, {"tp", T.tp}, {"pp", T.pp}, {"zero_stage", T.zero_stage}, {"dtype", T.dtype},
-                      {"partition_method", T.partition_method}, {"padded_vocab_size", P.padded_vocab}}},
-          {"stage_bounds", P.parts}, {"ranks", ranks}, {"units", units}, {"bytes_read", planned},
+  json target = T.ToJson();
+  target["padded_vocab_size"] = P.padded_vocab;
+  return {{"target", target}, {"naming", NamingName(NamingOf(T))}, {"stage_bounds", P.parts}, {"ranks", ranks}, {"units", units}, {"bytes_read", planned},
           {"atomic_bytes", P.needed_bytes},
           {"read_ratio", P.needed_bytes ? static_cast<double>(planned) / static_cast<double>(P.needed_bytes) : 1.0}};
 }

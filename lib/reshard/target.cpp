@@ -1,12 +1,91 @@
 #include "reshard/target.h"
 
+#include <algorithm>
+#include <fstream>
 #include <limits>
+#include <set>
+
+#include "core/error.h"
 
 namespace ucp::reshard {
 
 std::string TargetLayout::Describe() const {
   return "dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " ZeRO-" +
          std::to_string(zero_stage) + " " + dtype + (bf16_optimizer() ? " (BF16 optimizer)" : "");
+}
+
+nlohmann::json TargetLayout::ToJson() const {
+  nlohmann::json j = {{"layout_version", 1}, {"dp", dp}, {"tp", tp}, {"pp", pp}, {"zero_stage", zero_stage},
+                      {"dtype", dtype}, {"partition_method", partition_method}};
+  if (vocab_divisible_by > 0) j["make_vocab_size_divisible_by"] = vocab_divisible_by;
+  return j;
+}
+
+TargetLayout ReadLayoutFile(const std::string& path, TargetLayout base, std::vector<std::string>* given) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot read the layout file");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(path + ": not JSON: " + e.what());
+  }
+  return ApplyLayout(j, std::move(base), path, given);
+}
+
+std::vector<std::string> MissingLayoutKeys(const std::vector<std::string>& given) {
+  std::vector<std::string> missing;
+  for (const char* key : {"dp", "tp", "pp", "zero_stage"})
+    if (std::find(given.begin(), given.end(), key) == given.end()) missing.push_back(key);
+  return missing;
+}
+
+TargetLayout ApplyLayout(const nlohmann::json& j, TargetLayout t, const std::string& path, std::vector<std::string>* given) {
+  if (!j.is_object()) throw Error(path + ": a layout is a JSON object (schemas/layout.schema.json)");
+  for (const auto& [key, v] : j.items()) {
+    auto bad = [&, key = key](const std::string& want) {
+      return Error(path + ": '" + key + "' must be " + want + ", not " + v.dump());
+    };
+    auto positive = [&]() -> int {
+      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (1 << 20)) throw bad("a positive integer");
+      return v.get<int>();
+    };
+    if (key == "$schema") continue;
+    if (key == "layout_version") {
+      if (v != 1) throw bad("1 (this ucp reads layout version 1)");
+      continue;
+    }
+    if (key == "dp") t.dp = positive();
+    else if (key == "tp") t.tp = positive();
+    else if (key == "pp") t.pp = positive();
+    else if (key == "make_vocab_size_divisible_by") t.vocab_divisible_by = positive();
+    else if (key == "zero_stage") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 3) throw bad("0, 1, 2 or 3");
+      t.zero_stage = v.get<int>();
+    } else if (key == "dtype") {
+      static const std::set<std::string> dtypes = {"fp16", "bf16", "fp32"};
+      if (!v.is_string() || !dtypes.count(v.get<std::string>())) throw bad("\"fp16\", \"bf16\" or \"fp32\"");
+      t.dtype = v.get<std::string>();
+    } else if (key == "partition_method") {
+      if (v.is_string() && !v.get<std::string>().empty()) {
+        t.partition_method = v.get<std::string>();
+      } else if (v.is_array() && v.size() >= 2) {
+        std::string joined;
+        for (const auto& b : v) {
+          if (!b.is_number_integer() || b.get<int64_t>() < 0) throw bad("a method name or a list of layer-spec boundaries");
+          joined += (joined.empty() ? "" : ",") + std::to_string(b.get<int64_t>());
+        }
+        t.partition_method = joined;
+      } else {
+        throw bad("a method name or a list of layer-spec boundaries");
+      }
+    } else {
+      throw Error(path + ": unknown key '" + key + "' (schemas/layout.schema.json lists dp, tp, pp, zero_stage, dtype, "
+                  "partition_method, make_vocab_size_divisible_by)");
+    }
+    given->push_back(key);
+  }
+  return t;
 }
 
 std::vector<int> PartitionUniform(int num_items, int num_parts) {

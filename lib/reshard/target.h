@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace ucp::reshard {
 
 struct TargetLayout {
@@ -18,7 +20,18 @@ struct TargetLayout {
 
   bool bf16_optimizer() const { return dtype == "bf16" && zero_stage <= 1; }
   std::string Describe() const;  // "dp=4 tp=2 pp=2 ZeRO-1 bf16"
+  nlohmann::json ToJson() const;  // as schemas/layout.schema.json
 };
+
+// A layout object (schemas/layout.schema.json) over `base`: the keys it has replace base's, and
+// are added to `given`. Throws ucp::Error naming `source` and the key for an unknown key or a value
+// of the wrong type or range. The flags of ucp-reshard come through here too, as an object.
+TargetLayout ApplyLayout(const nlohmann::json& layout, TargetLayout base, const std::string& source,
+                         std::vector<std::string>* given);
+// The same, from a --layout file.
+TargetLayout ReadLayoutFile(const std::string& path, TargetLayout base, std::vector<std::string>* given);
+// The keys without a default (dp, tp, pp, zero_stage) that `given` lacks.
+std::vector<std::string> MissingLayoutKeys(const std::vector<std::string>& given);
 
 // DeepSpeed's ds_utils.partition_uniform / partition_balanced: part boundaries, size num_parts + 1.
 std::vector<int> PartitionUniform(int num_items, int num_parts);

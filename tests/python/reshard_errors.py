@@ -1,10 +1,13 @@
 """Targets ucp-reshard must refuse before any data moves, each with a reason and exit 1, leaving
 no `latest`: more stages than layers, a TP that does not divide the GQA shard widths, ZeRO-2 with
 pipeline parallelism, ZeRO stage 0 without bf16, ZeRO-3 with pipeline parallelism, a parameter whose split
-dimension no rule decided (TP=2 refused, TP=1 fine), and a non-empty output folder.
+dimension no rule decided (TP=2 refused, TP=1 fine), and a non-empty output folder. Layout files
+(--layout): an unknown key, a bad value and a missing degree are refused naming the key; a good
+file with a flag over it writes the same bytes as the equivalent flags.
 
-  reshard_errors.py UCP_RESHARD ATOMIC_DIR WORK_DIR
+  reshard_errors.py UCP_RESHARD ATOMIC_DIR WORK_DIR [LAYOUT_FILE]
 """
+import filecmp
 import json
 import os
 import shutil
@@ -55,4 +58,33 @@ run("unknown_split_tp1", unknown, layout + ["--tp", "1", "--pp", "1"], [], code=
 os.makedirs(os.path.join(work, "non_empty_output"), exist_ok=True)
 open(os.path.join(work, "non_empty_output", "keep.txt"), "w").write("x")
 run("non_empty_output", atomic, layout + ["--tp", "1", "--pp", "1"], ["not empty", "--force"])
+
+
+def layout_file(case, doc):
+    path = os.path.join(work, case + ".json")
+    with open(path, "w") as f:
+        f.write(doc if isinstance(doc, str) else json.dumps(doc))
+    return path
+
+
+good = {"dp": 2, "tp": 2, "pp": 2, "zero_stage": 1, "dtype": "bf16", "partition_method": [0, 3, 7]}
+run("layout_unknown_key", atomic, ["--layout", layout_file("unknown", dict(good, dp_size=2))],
+    ["unknown.json", "unknown key 'dp_size'"])
+run("layout_bad_dtype", atomic, ["--layout", layout_file("bad_dtype", dict(good, dtype="int8"))],
+    ["bad_dtype.json", "'dtype' must be", "int8"])
+run("layout_bad_degree", atomic, ["--layout", layout_file("bad_degree", dict(good, tp=0))], ["'tp' must be a positive integer"])
+run("layout_not_json", atomic, ["--layout", layout_file("not_json", "{dp: 2")], ["not_json.json", "not JSON"])
+no_dp = dict(good)
+del no_dp["dp"]
+run("layout_missing_dp", atomic, ["--layout", layout_file("missing_dp", no_dp)], ["no dp", "--dp"], code=2)
+if len(sys.argv) > 4:  # the example file of tests/data, with --dp and --dtype over it
+    run("layout_file", atomic, ["--layout", sys.argv[4], "--dp", "2", "--dtype", "bf16"], [], code=0)
+    run("layout_flags", atomic, ["--dp", "2", "--tp", "2", "--pp", "2", "--zero-stage", "1", "--dtype", "bf16",
+                                 "--partition-method", "0,3,7"], [], code=0)
+    a, b = (os.path.join(work, c, "global_step12") for c in ("layout_file", "layout_flags"))
+    names = sorted(os.listdir(b))
+    match, mismatch, errors = filecmp.cmpfiles(a, b, names, shallow=False)
+    ok = len(names) == len(os.listdir(a)) and not mismatch and not errors
+    print(f"layout_file vs layout_flags: {len(match)} of {len(names)} files identical: {'ok' if ok else 'FAIL'}")
+    failures += not ok
 sys.exit(1 if failures else 0)
