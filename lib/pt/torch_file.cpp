@@ -390,6 +390,8 @@ class ZipWriter {
   std::vector<Central> central_;
 };
 
+constexpr uint64_t kProduceChunk = uint64_t{4} << 20;
+
 // Visits a tensor's elements in row-major order as runs of contiguous bytes.
 void ForEachRun(const TensorView& t, const std::function<void(const uint8_t*, size_t)>& fn) {
   size_t es = ElementSize(t.dtype);
@@ -435,11 +437,22 @@ FileDigest WriteTorchFile(const std::string& path, const Value& root) {
     const std::string prefix = "archive/";
     zip.AddBytes(prefix + "data.pkl", pickler.out);
     zip.AddBytes(prefix + "byteorder", "little");
+    std::vector<uint8_t> chunk;  // for produced tensors
     for (size_t k = 0; k < pickler.tensors.size(); ++k) {
       const TensorView& t = *pickler.tensors[k];
+      auto runs = [&](const std::function<void(const uint8_t*, size_t)>& sink) {
+        if (!t.storage->produce) return ForEachRun(t, sink);
+        // Produced: in chunks, once for the CRC the entry's header needs and once more to write.
+        chunk.resize(static_cast<size_t>(std::min<uint64_t>(t.nbytes(), kProduceChunk)));
+        for (uint64_t at = 0; at < t.nbytes(); at += chunk.size()) {
+          const uint64_t n = std::min<uint64_t>(chunk.size(), t.nbytes() - at);
+          t.storage->produce(at, n, chunk.data());
+          sink(chunk.data(), static_cast<size_t>(n));
+        }
+      };
       uint32_t crc = 0;
-      ForEachRun(t, [&](const uint8_t* p, size_t n) { crc = Crc32(crc, {p, n}); });
-      zip.Add(prefix + "data/" + std::to_string(k), t.nbytes(), crc, [&](const auto& sink) { ForEachRun(t, sink); });
+      runs([&](const uint8_t* p, size_t n) { crc = Crc32(crc, {p, n}); });
+      zip.Add(prefix + "data/" + std::to_string(k), t.nbytes(), crc, runs);
     }
     zip.AddBytes(prefix + "version", "3\n");
     zip.Finish();

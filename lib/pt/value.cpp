@@ -169,6 +169,19 @@ ValuePtr OwnedTensor(std::shared_ptr<const void> owner, const void* data, DType 
   return Value::MakeTensor(std::move(view));
 }
 
+ValuePtr ProducedTensor(DType dtype, const std::vector<int64_t>& shape, Producer produce) {
+  auto storage = std::make_shared<Storage>();
+  storage->dtype = dtype;
+  storage->numel = static_cast<uint64_t>(Numel(shape));
+  storage->produce = std::move(produce);
+  TensorView view;
+  view.storage = std::move(storage);
+  view.dtype = dtype;
+  view.shape = shape;
+  view.stride = ContiguousStrides(shape);
+  return Value::MakeTensor(std::move(view));
+}
+
 void SetItem(Value& dict, const std::string& key, ValuePtr v) { dict.dict.Set(Value::Str(key), std::move(v)); }
 
 ValuePtr IntList(const std::vector<int64_t>& values) {

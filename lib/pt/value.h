@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -21,13 +22,20 @@ std::string_view StorageClassName(DType dtype);  // "FloatStorage", "BFloat16Sto
 bool DTypeFromStorageClass(std::string_view name, DType* out);
 bool DTypeFromName(std::string_view name, DType* out);
 
-// A typed storage of an archive: `bytes` points into memory that `owner` keeps alive.
+// Fills `size` bytes at byte `offset` of a produced storage into `dst`. It may be called more
+// than once for the same range and must give the same bytes each time.
+using Producer = std::function<void(uint64_t offset, uint64_t size, uint8_t* dst)>;
+
+// A typed storage of an archive: `bytes` points into memory that `owner` keeps alive. A storage to
+// be written may instead be produced piece by piece while the file is written (`produce`; `bytes`
+// empty): a tensor too large to hold whole costs only the writer's chunk.
 struct Storage {
   DType dtype = DType::U8;
   std::string key;  // archive/data/<key>
   uint64_t numel = 0;
   std::span<const uint8_t> bytes;
   std::shared_ptr<const void> owner;
+  Producer produce;
 };
 
 // A strided view of a storage, as torch's _rebuild_tensor_v2 describes it (offset in elements).
@@ -49,6 +57,9 @@ struct TensorView {
 struct Value;
 std::shared_ptr<Value> OwnedTensor(std::shared_ptr<const void> owner, const void* data, DType dtype,
                                    const std::vector<int64_t>& shape);
+
+// A contiguous tensor whose bytes `produce` gives while the file is written.
+std::shared_ptr<Value> ProducedTensor(DType dtype, const std::vector<int64_t>& shape, Producer produce);
 
 // Building trees to write: dict[key] = v (key a str), and a list of ints.
 void SetItem(Value& dict, const std::string& key, std::shared_ptr<Value> v);

@@ -219,6 +219,15 @@ UnitParam PieceOf(const Source& S, const TargetLayout& T, int index, int t) {
   return u;
 }
 
+// The atomic bytes a piece copies: its elements that are not vocabulary padding, in every state.
+int64_t AtomicBytes(const UnitParam& u, const Atom& a) {
+  const int64_t full = pt::Numel(a.shape);
+  int64_t have = 0;
+  plan::ForEachJoinedRun(u.copy, u.joined_shape, 0, u.local_numel,
+                         [&](int64_t, int64_t joined, int64_t n) { have += std::clamp<int64_t>(full - joined, 0, n); });
+  return 4 * plan::kStates * have;
+}
+
 // --- values ---------------------------------------------------------------------------------
 
 ValuePtr Copied(const Value& v) { return std::make_shared<Value>(v); }  // shallow: shares the children
@@ -326,14 +335,14 @@ class UnitWriter {
         WriteZero3OptimizerFile(d);
         pt::WriteTorchFile(dir_ + "/zero_pp_rank_" + std::to_string(d) + "_mp_rank_" + MpName() + "_model_states.pt", *states);
       }
-      return bytes_read_;
+      return U_.bytes;
     }
     const auto lp = LpOf(T_.dtype);
     for (const auto& up : U_.params) lp_.push_back(std::shared_ptr<uint8_t[]>(new uint8_t[std::max<int64_t>(1, up.local_numel) * lp.size]));
     for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);
     WriteLayerFiles();
     pt::WriteTorchFile(dir_ + "/mp_rank_" + MpName() + "_model_states.pt", *ModelStates(Value::None()));
-    return bytes_read_;
+    return U_.bytes;
   }
 
  private:
@@ -365,8 +374,8 @@ class UnitWriter {
       int64_t have = std::clamp<int64_t>(full - joined, 0, n);  // beyond: vocabulary padding, zeros
       if (have > 0) std::memcpy(to, src + joined, static_cast<size_t>(have) * 4);
       if (have < n) std::memset(to + have, 0, static_cast<size_t>(n - have) * 4);
-      bytes_read_ += have * 4;
     });
+    opened_[k].file[s].archive->file()->ReleaseResidentPages();  // copied: its pages can go
     if (s == 0 && !lp_.empty()) {  // the training-dtype weights of the layer files, from the same fp32 values
       uint8_t* lp = lp_[k].get();
       for (int64_t i = a; i < b; ++i) {
@@ -382,6 +391,26 @@ class UnitWriter {
         }
       }
     }
+  }
+
+  // Elements [at, at + n) of a flat ZeRO tensor are unit parameter k's local elements [local, local + n).
+  struct Segment {
+    int k;
+    int64_t local, at, n;
+  };
+
+  // A flat float32 ZeRO tensor of `len` elements, produced while its file is written: the segments'
+  // elements of state `s`, zeros elsewhere (alignment padding). Nothing of it is held in memory.
+  ValuePtr FlatState(std::vector<Segment> segs, int64_t len, int s) {
+    return pt::ProducedTensor(pt::DType::F32, {len}, [this, segs = std::move(segs), s](uint64_t off, uint64_t size, uint8_t* dst) {
+      const int64_t a = static_cast<int64_t>(off / 4), b = static_cast<int64_t>((off + size) / 4);
+      float* out = reinterpret_cast<float*>(dst);
+      std::fill(out, out + (b - a), 0.0f);
+      for (const auto& sg : segs) {
+        const int64_t f0 = std::max(a, sg.at), f1 = std::min(b, sg.at + sg.n);
+        if (f0 < f1) Fill(static_cast<size_t>(sg.k), s, sg.local + (f0 - sg.at), sg.local + (f1 - sg.at), out + (f0 - a));
+      }
+    });
   }
 
   std::string MpName() const {
@@ -418,20 +447,13 @@ class UnitWriter {
       for (int k : U_.groups[g]) total += U_.params[k].local_numel;
       const int64_t padded = (total + alignment - 1) / alignment * alignment, ps = padded / T_.dp;
       const int64_t lo = d * ps, hi = lo + ps;
-      std::shared_ptr<float[]> part[plan::kStates];
-      for (int s = 0; s < plan::kStates; ++s) {
-        part[s] = std::shared_ptr<float[]>(new float[std::max<int64_t>(1, ps)]);
-        std::fill(part[s].get(), part[s].get() + ps, 0.0f);
-      }
+      std::vector<Segment> segs;
       auto m = OrderedDict();
       int64_t at = 0;
       for (int k : U_.groups[g]) {
         const int64_t n = U_.params[k].local_numel, f0 = std::max(at, lo), f1 = std::min(at + n, hi);
         if (f0 < f1) {
-          for (int s = 0; s < plan::kStates; ++s) {
-            Fill(k, s, f0 - at, f1 - at, part[s].get() + (f0 - lo));
-            opened_[k].file[s].archive->file()->ReleaseResidentPages();  // copied: its pages can go
-          }
+          segs.push_back({k, f0 - at, f0 - lo, f1 - f0});
           SetItem(*m, P_.names[U_.params[k].atom], FragmentAddress(f1 - f0, f0 - lo));
         }
         at += n;
@@ -442,11 +464,11 @@ class UnitWriter {
                                         : (total <= lo ? ps : (total < hi ? hi - total : 0));
       paddings->items.push_back(Value::Int(pad));
       const int64_t fp32_len = T_.bf16_optimizer() ? ps : ps - pad;
-      single->items.push_back(store::FloatTensor(part[0], {fp32_len}));
+      single->items.push_back(FlatState(segs, fp32_len, 0));
       auto gs = Value::Make(Value::Kind::Dict);
       SetItem(*gs, "step", GroupStep(g));
-      SetItem(*gs, "exp_avg", store::FloatTensor(part[1], {ps}));
-      SetItem(*gs, "exp_avg_sq", store::FloatTensor(part[2], {ps}));
+      SetItem(*gs, "exp_avg", FlatState(segs, ps, 1));
+      SetItem(*gs, "exp_avg_sq", FlatState(std::move(segs), ps, 2));
       state->dict.Set(Value::Int(g), gs);
       mappings->items.push_back(m);
     }
@@ -499,26 +521,19 @@ class UnitWriter {
     for (size_t g = 0; g < U_.groups.size(); ++g) {
       int64_t total = 0;
       for (int k : U_.groups[g]) total += (U_.params[k].local_numel + T_.dp - 1) / T_.dp;
-      std::shared_ptr<float[]> part[plan::kStates];
-      for (int s = 0; s < plan::kStates; ++s) {
-        part[s] = std::shared_ptr<float[]>(new float[std::max<int64_t>(1, total)]);
-        std::fill(part[s].get(), part[s].get() + total, 0.0f);
-      }
+      std::vector<Segment> segs;
       int64_t at = 0;
       for (int k : U_.groups[g]) {
         const int64_t n = U_.params[k].local_numel, piece = (n + T_.dp - 1) / T_.dp;
         const int64_t lo = std::min(n, d * piece), hi = std::min(n, lo + piece);
-        for (int s = 0; s < plan::kStates && lo < hi; ++s) {
-          Fill(static_cast<size_t>(k), s, lo, hi, part[s].get() + at);
-          opened_[k].file[s].archive->file()->ReleaseResidentPages();
-        }
+        if (lo < hi) segs.push_back({k, lo, at, hi - lo});
         at += piece;
       }
-      flat->items.push_back(store::FloatTensor(part[0], {total}));
+      flat->items.push_back(FlatState(segs, total, 0));
       auto gs = Value::Make(Value::Kind::Dict);
       SetItem(*gs, "step", GroupStep(static_cast<int>(g)));
-      SetItem(*gs, "exp_avg", store::FloatTensor(part[1], {total}));
-      SetItem(*gs, "exp_avg_sq", store::FloatTensor(part[2], {total}));
+      SetItem(*gs, "exp_avg", FlatState(segs, total, 1));
+      SetItem(*gs, "exp_avg_sq", FlatState(std::move(segs), total, 2));
       state->dict.Set(Value::Int(static_cast<int64_t>(g)), gs);
     }
     const Value& osrc = *S_.optimizer.root;
@@ -663,7 +678,6 @@ class UnitWriter {
   std::vector<Opened> opened_;
   std::vector<std::shared_ptr<uint8_t[]>> lp_;
   std::map<int, pt::TorchFile> steps_;
-  int64_t bytes_read_ = 0;
 };
 
 }  // namespace
@@ -715,7 +729,7 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks) {
         if (stage_of(a.spec()) != s && !(a.tied() && stage_of(head) == s)) continue;
         u.groups[a.group].push_back(static_cast<int>(u.params.size()));
         u.params.push_back(PieceOf(S, T, static_cast<int>(k), t));
-        u.bytes += 4 * plan::kStates * u.params.back().local_numel;
+        u.bytes += AtomicBytes(u.params.back(), a);
       }
       any |= !u.params.empty();
       P.units.push_back(std::move(u));
