@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <unordered_map>
 
 #include "core/atomic_file.h"
@@ -264,28 +265,33 @@ class ZipWriter {
  public:
   explicit ZipWriter(AtomicFile& file) : file_(file) {}
 
-  // Writes one entry whose payload is produced as consecutive chunks by `chunks`.
-  void Add(const std::string& name, uint64_t size, uint32_t crc,
+  // Writes one entry whose payload is produced as consecutive chunks by `chunks`. Without a CRC
+  // the entry is streamed: the CRC is computed as the payload goes out and follows it in a data
+  // descriptor (general purpose flag bit 3; the local header's CRC and sizes are zero), as zip
+  // writers that cannot seek do. Readers take CRC and sizes from the central directory.
+  void Add(const std::string& name, uint64_t size, std::optional<uint32_t> crc,
            const std::function<void(const std::function<void(const uint8_t*, size_t)>&)>& chunks) {
-    Central c{name, offset_, size, crc};
+    const bool streamed = !crc.has_value();
+    Central c{name, offset_, size, crc.value_or(0), static_cast<uint16_t>(streamed ? 0x0008 : 0)};
     bool z64 = size >= 0xFFFFFFFFull;
+    const uint64_t local_size = streamed ? 0 : size;
     std::string h;
     Le(h, 0x04034b50, 4);
     Le(h, z64 ? 45 : 20, 2);  // version needed
-    Le(h, 0, 2);              // flags
+    Le(h, c.flags, 2);        // flags
     Le(h, 0, 2);              // stored
     Le(h, 0, 2);              // time
     Le(h, 0x21, 2);           // date (1980-01-01)
-    Le(h, crc, 4);
-    Le(h, z64 ? 0xFFFFFFFF : size, 4);
-    Le(h, z64 ? 0xFFFFFFFF : size, 4);
+    Le(h, c.crc, 4);
+    Le(h, z64 ? 0xFFFFFFFF : local_size, 4);
+    Le(h, z64 ? 0xFFFFFFFF : local_size, 4);
     Le(h, name.size(), 2);
     std::string extra;
     if (z64) {
       Le(extra, 0x0001, 2);
       Le(extra, 16, 2);
-      Le(extra, size, 8);
-      Le(extra, size, 8);
+      Le(extra, local_size, 8);
+      Le(extra, local_size, 8);
     }
     // Pad with an 'FB' extra field so the payload starts at a multiple of 64.
     uint64_t data_start = offset_ + h.size() + 2 + name.size() + extra.size();
@@ -298,8 +304,21 @@ class ZipWriter {
     h += extra;
     Emit(reinterpret_cast<const uint8_t*>(h.data()), h.size());
     uint64_t before = offset_;
-    chunks([this](const uint8_t* p, size_t n) { Emit(p, n); });
+    uint32_t running = 0;
+    chunks([&](const uint8_t* p, size_t n) {
+      if (streamed) running = Crc32(running, {p, n});
+      Emit(p, n);
+    });
     if (offset_ - before != size) throw Error("internal: entry '" + name + "' wrote a different size than declared");
+    if (streamed) {
+      c.crc = running;
+      std::string d;
+      Le(d, 0x08074b50, 4);
+      Le(d, c.crc, 4);
+      Le(d, size, z64 ? 8 : 4);
+      Le(d, size, z64 ? 8 : 4);
+      Emit(reinterpret_cast<const uint8_t*>(d.data()), d.size());
+    }
     central_.push_back(c);
   }
 
@@ -316,7 +335,7 @@ class ZipWriter {
       Le(h, 0x02014b50, 4);
       Le(h, 45, 2);  // made by
       Le(h, z64 ? 45 : 20, 2);
-      Le(h, 0, 2);
+      Le(h, c.flags, 2);
       Le(h, 0, 2);
       Le(h, 0, 2);
       Le(h, 0x21, 2);
@@ -377,6 +396,7 @@ class ZipWriter {
     std::string name;
     uint64_t offset, size;
     uint32_t crc;
+    uint16_t flags;
   };
   static void Le(std::string& s, uint64_t v, int n) {
     for (int k = 0; k < n; ++k) s += static_cast<char>((v >> (8 * k)) & 0xFF);
@@ -440,19 +460,21 @@ FileDigest WriteTorchFile(const std::string& path, const Value& root) {
     std::vector<uint8_t> chunk;  // for produced tensors
     for (size_t k = 0; k < pickler.tensors.size(); ++k) {
       const TensorView& t = *pickler.tensors[k];
-      auto runs = [&](const std::function<void(const uint8_t*, size_t)>& sink) {
-        if (!t.storage->produce) return ForEachRun(t, sink);
-        // Produced: in chunks, once for the CRC the entry's header needs and once more to write.
+      const std::string entry = prefix + "data/" + std::to_string(k);
+      if (t.storage->produce) {  // produced once, in chunks, and streamed with its CRC after it
         chunk.resize(static_cast<size_t>(std::min<uint64_t>(t.nbytes(), kProduceChunk)));
-        for (uint64_t at = 0; at < t.nbytes(); at += chunk.size()) {
-          const uint64_t n = std::min<uint64_t>(chunk.size(), t.nbytes() - at);
-          t.storage->produce(at, n, chunk.data());
-          sink(chunk.data(), static_cast<size_t>(n));
-        }
-      };
+        zip.Add(entry, t.nbytes(), std::nullopt, [&](const auto& sink) {
+          for (uint64_t at = 0; at < t.nbytes(); at += chunk.size()) {
+            const uint64_t n = std::min<uint64_t>(chunk.size(), t.nbytes() - at);
+            t.storage->produce(at, n, chunk.data());
+            sink(chunk.data(), static_cast<size_t>(n));
+          }
+        });
+        continue;
+      }
       uint32_t crc = 0;
-      runs([&](const uint8_t* p, size_t n) { crc = Crc32(crc, {p, n}); });
-      zip.Add(prefix + "data/" + std::to_string(k), t.nbytes(), crc, runs);
+      ForEachRun(t, [&](const uint8_t* p, size_t n) { crc = Crc32(crc, {p, n}); });
+      zip.Add(entry, t.nbytes(), crc, [&](const auto& sink) { ForEachRun(t, sink); });
     }
     zip.AddBytes(prefix + "version", "3\n");
     zip.Finish();

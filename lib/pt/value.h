@@ -22,8 +22,8 @@ std::string_view StorageClassName(DType dtype);  // "FloatStorage", "BFloat16Sto
 bool DTypeFromStorageClass(std::string_view name, DType* out);
 bool DTypeFromName(std::string_view name, DType* out);
 
-// Fills `size` bytes at byte `offset` of a produced storage into `dst`. It may be called more
-// than once for the same range and must give the same bytes each time.
+// Fills `size` bytes at byte `offset` of a produced storage into `dst`; the writer asks for each
+// range once, in order.
 using Producer = std::function<void(uint64_t offset, uint64_t size, uint8_t* dst)>;
 
 // A typed storage of an archive: `bytes` points into memory that `owner` keeps alive. A storage to
