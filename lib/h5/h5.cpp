@@ -330,6 +330,10 @@ Dataset Group::OpenDataset(const std::string& name) const {
   return Dataset(d, Type::Dataset, file_, p);
 }
 
+void Group::Unlink(const std::string& name) const {
+  Call("H5Ldelete", *file_ + ": " + Join(path_, name), [&] { return H5Ldelete(id_, name.c_str(), H5P_DEFAULT); });
+}
+
 std::vector<int64_t> Dataset::Shape() const {
   std::lock_guard<std::recursive_mutex> lock(Mutex());
   const std::string w = Where();

@@ -82,6 +82,7 @@ class Group : public Object {
   Dataset CreateFloatDataset(const std::string& name, const std::vector<int64_t>& shape,
                              const std::vector<int64_t>& chunk) const;
   Dataset OpenDataset(const std::string& name) const;
+  void Unlink(const std::string& name) const;  // removes a member (tests damage files with it)
 };
 
 class Dataset : public Object {
