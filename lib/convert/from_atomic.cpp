@@ -14,6 +14,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/format.h"
+#include "core/xxhash64.h"
 #include "shuffle/agree.h"
 #include "store/atom_store.h"
 
@@ -101,14 +102,33 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
   std::vector<store::FileRecord> records;
   int64_t written = 0;
   error = Capture([&] {
+    // What is read is checked against the source's checksums before it is written anywhere.
+    std::map<std::string, store::FileRecord> listed;
+    for (const auto& f : reader->manifest().at("files")) listed[f.at("path").get<std::string>()] = store::FileRecord::FromJson(f);
     std::vector<float> buf;
     for (size_t k = 0; k < reader->params().size(); ++k) {
       if (owner[k] != rank) continue;
       const auto& p = reader->params()[k];
+      const auto& entry = reader->manifest().at("params").at(k);
+      if (entry.contains("files"))
+        for (const auto& [key, rel] : entry.at("files").items()) {
+          auto it = listed.find(rel.get<std::string>());
+          std::string why = "not in the manifest's file list";
+          if (it == listed.end() || !store::Verify(o.from_atomic, it->second, &why))
+            throw Error(o.from_atomic + "/" + rel.get<std::string>() + ": " + why);
+        }
       buf.resize(static_cast<size_t>(std::max<int64_t>(p.numel, 1)));
       for (int s = 0; s < plan::kStates; ++s) {
         auto state = static_cast<plan::State>(s);
         reader->ReadAll(p.name, state, buf.data());
+        if (entry.contains("hdf5")) {
+          std::string name(plan::StateName(state));
+          std::string got = HexDigest(XxHash64::Of(buf.data(), 4 * static_cast<size_t>(p.numel)));
+          std::string want = entry.at("hdf5").at("xxh64").at(name).get<std::string>();
+          if (got != want)
+            throw Error(o.from_atomic + "/" + store::kAtomsH5 + ": /" + p.name + "/" + name + ": xxh64 " + got +
+                        ", the manifest says " + want);
+        }
         for (auto& r : writer->Write(p.name, state, buf.data())) records.push_back(r);
         written += 4 * p.numel;
       }
