@@ -44,6 +44,8 @@ std::string ErrorStack() {
   };
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk, &out);
   H5Eclear2(H5E_DEFAULT);
+  for (char& c : out)
+    if (c == '\n') c = ' ';  // HDF5's messages embed ctime() and its newline
   return out.empty() ? "no HDF5 error message" : out;
 }
 

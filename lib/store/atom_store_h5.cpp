@@ -133,10 +133,15 @@ pt::ValuePtr StepAttributes(const h5::Object& o) {
   throw Error(o.file() + ": " + o.path() + ": step_kind '" + kind + "' does not fit the step attribute's type");
 }
 
+h5::File OpenAtoms(const std::string& path) {
+  if (!fs::exists(path)) throw Error(path + ": missing (the manifest names the hdf5 store)");
+  return h5::File::Open(path, false);
+}
+
 class H5Reader final : public AtomReader {
  public:
   H5Reader(const std::string& dir, nlohmann::json manifest)
-      : AtomReader(StoreKind::Hdf5, dir, std::move(manifest)), file_(h5::File::Open(dir + "/" + kAtomsH5, false)) {
+      : AtomReader(StoreKind::Hdf5, dir, std::move(manifest)), file_(OpenAtoms(dir + "/" + kAtomsH5)) {
     std::string path = dir + "/" + kAtomsH5;
     if (!file_.HasAttribute("ucp_layout") || file_.StringAttribute("ucp_layout") != kLayoutName)
       throw Error(path + ": not a ucp atoms file (no root attribute ucp_layout = '" + kLayoutName + "')");
