@@ -32,3 +32,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/pytho
   "$asan/apps/ucp-reshard" "$work/reshard/atomic_llama/universal" "$work/asan/reshard_refusals"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/reshard_matrix.py" \
   "$asan/apps/ucp-reshard" "$work/reshard/atomic_llama/universal" "$work/asan/reshard_matrix" mpiexec --dp 3
+echo "== AddressSanitizer: the store conformance suite (.pt and HDF5), the HDF5 store's damaged-file refusals"
+UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 "$asan/tests/ucp_unit_tests" "[store]"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/hdf5_damaged.py" \
+  "$asan/apps/ucp-convert" "$asan/apps/ucp-inspect" "$work/fixtures/tp2_dp2" "$work/asan/hdf5_damaged"
