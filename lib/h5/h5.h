@@ -71,6 +71,7 @@ class Dataset;
 class Group : public Object {
  public:
   using Object::Object;
+  Group() = default;
   Group(Object&& o) : Object(std::move(o)) {}
   Group CreateGroup(const std::string& name) const;
   Group OpenGroup(const std::string& name) const;
@@ -88,6 +89,7 @@ class Group : public Object {
 class Dataset : public Object {
  public:
   using Object::Object;
+  Dataset() = default;
   Dataset(Object&& o) : Object(std::move(o)) {}
   std::vector<int64_t> Shape() const;
   bool IsFloat32() const;                   // a little-endian IEEE float32 dataset

@@ -87,13 +87,18 @@ class AtomReader {
 
   // Tensor bytes read so far (4 x the elements of every slab): "bytes read" of a reshard report.
   uint64_t bytes_read() const { return bytes_read_.load(); }
+  // What those reads cost in storage: HDF5 reads whole chunks, so for the hdf5 store this counts
+  // every chunk a slab touches in full (an upper bound: HDF5's chunk cache may spare a re-read);
+  // for the pt store it equals bytes_read(). bytes_read() / storage_bytes_read() is the efficiency
+  // of the chunking for a reader's slabs.
+  uint64_t storage_bytes_read() const { return storage_bytes_read_.load(); }
 
  protected:
   AtomReader(StoreKind store, std::string dir, nlohmann::json manifest);
   // Throws unless [start, start + count) lies inside the parameter's shape.
   void CheckSlab(const AtomParam& p, plan::State state, std::span<const int64_t> start,
                  std::span<const int64_t> count) const;
-  std::atomic<uint64_t> bytes_read_{0};
+  std::atomic<uint64_t> bytes_read_{0}, storage_bytes_read_{0};
 
  private:
   StoreKind store_;

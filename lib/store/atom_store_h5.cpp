@@ -155,8 +155,15 @@ class H5Reader final : public AtomReader {
                 std::span<const int64_t> count, float* dst) override {
     const AtomParam& p = param(name);
     CheckSlab(p, state, start, count);
-    Dataset(p, state)->ReadSlab(start, count, dst);
-    bytes_read_ += 4 * static_cast<uint64_t>(pt::Numel({count.begin(), count.end()}));
+    auto ds = Dataset(p, state);
+    ds->dataset.ReadSlab(start, count, dst);
+    const int64_t n = pt::Numel({count.begin(), count.end()});
+    bytes_read_ += 4 * static_cast<uint64_t>(n);
+    // Every chunk the slab touches is read whole.
+    int64_t touched = n == 0 ? 0 : 1;
+    for (size_t d = 0; d < ds->chunk.size() && n > 0; ++d)
+      touched *= (start[d] + count[d] + ds->chunk[d] - 1) / ds->chunk[d] - start[d] / ds->chunk[d];
+    storage_bytes_read_ += 4 * static_cast<uint64_t>(ds->chunk.empty() ? n : touched * pt::Numel(ds->chunk));
   }
 
   pt::ValuePtr ReadStep(const std::string& name) override {
@@ -180,26 +187,35 @@ class H5Reader final : public AtomReader {
   // The XXH64 the file records for a dataset (attribute "xxh64").
   std::string RecordedDigest(const std::string& name, plan::State state) {
     std::lock_guard<std::recursive_mutex> lock(mu_);
-    return Dataset(param(name), state)->StringAttribute("xxh64");
+    return Dataset(param(name), state)->dataset.StringAttribute("xxh64");
   }
 
  private:
-  std::shared_ptr<h5::Dataset> Dataset(const AtomParam& p, plan::State state) {
+  struct Open {
+    h5::Dataset dataset;
+    std::vector<int64_t> chunk;  // empty: contiguous
+  };
+
+  // The dataset, opened once and checked: float32 of the manifest's shape.
+  std::shared_ptr<Open> Dataset(const AtomParam& p, plan::State state) {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     auto& d = open_[{p.name, static_cast<int>(state)}];
     if (d) return d;
-    auto ds = std::make_shared<h5::Dataset>(file_.OpenGroup(p.name).OpenDataset(std::string(plan::StateName(state))));
-    const std::string where = ds->file() + ": " + ds->path();
-    if (!ds->IsFloat32()) throw Error(where + ": not a little-endian float32 dataset");
-    if (ds->Shape() != p.shape)
-      throw Error(where + ": shape " + pt::ShapeString(ds->Shape()) + ", the manifest says " + pt::ShapeString(p.shape));
+    auto ds = std::make_shared<Open>();
+    ds->dataset = file_.OpenGroup(p.name).OpenDataset(std::string(plan::StateName(state)));
+    const std::string where = ds->dataset.file() + ": " + ds->dataset.path();
+    if (!ds->dataset.IsFloat32()) throw Error(where + ": not a little-endian float32 dataset");
+    if (ds->dataset.Shape() != p.shape)
+      throw Error(where + ": shape " + pt::ShapeString(ds->dataset.Shape()) + ", the manifest says " +
+                  pt::ShapeString(p.shape));
+    ds->chunk = ds->dataset.ChunkShape();
     d = std::move(ds);
     return d;
   }
 
   std::recursive_mutex mu_;
   h5::File file_;
-  std::map<std::pair<std::string, int>, std::shared_ptr<h5::Dataset>> open_;
+  std::map<std::pair<std::string, int>, std::shared_ptr<Open>> open_;
 };
 
 class H5Writer final : public AtomWriter {

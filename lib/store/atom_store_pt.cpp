@@ -34,7 +34,9 @@ class PtReader final : public AtomReader {
     std::shared_ptr<const pt::TorchFile> file = Tensor(p, state);
     const pt::TensorView& t = file->root->At("param").AsTensor();
     CopySlab(reinterpret_cast<const float*>(t.data()), p.shape, start, count, dst);
-    bytes_read_ += 4 * static_cast<uint64_t>(pt::Numel({count.begin(), count.end()}));
+    const uint64_t bytes = 4 * static_cast<uint64_t>(pt::Numel({count.begin(), count.end()}));
+    bytes_read_ += bytes;
+    storage_bytes_read_ += bytes;
   }
 
   pt::ValuePtr ReadStep(const std::string& name) override {

@@ -298,6 +298,32 @@ TEST_CASE("store: a tensor of another shape or dtype than the manifest's is refu
                     Catch::Contains("fp32.pt") && Catch::Contains("shape [2, 5], the manifest says [10, 3]"));
 }
 
+TEST_CASE("store: storage bytes: a TP slice of an HDF5 tensor reads whole chunks and nothing more", "[store]") {
+  for (StoreKind kind : {StoreKind::Pt, StoreKind::Hdf5}) {
+    DYNAMIC_SECTION(store::StoreName(kind)) {
+      auto cases = Cases();
+      fs::path dir = StoreDir(kind, "storage_bytes");
+      WriteStore(kind, dir, cases);
+      auto reader = store::AtomReader::Open(dir.string());
+      const Case& c = cases[1];  // [24, 40], split along dim 1: chunks [24, 5]
+      std::vector<float> buf(24 * 40);
+      for (int64_t tp : {1, 2, 4, 8}) {
+        for (int64_t r = 0; r < tp; ++r) {
+          std::vector<int64_t> start = {0, r * 40 / tp}, count = {24, 40 / tp};
+          uint64_t before = reader->storage_bytes_read();
+          reader->ReadSlab(c.name, plan::State::ExpAvg, start, count, buf.data());
+          CHECK(reader->storage_bytes_read() - before == 4u * 24 * 40 / tp);
+          CHECK(SameBytes({buf.begin(), buf.begin() + 24 * 40 / tp}, Slab(c.data[1], c.shape, start, count)));
+        }
+      }
+      uint64_t before = reader->storage_bytes_read();
+      std::vector<int64_t> start = {3, 7}, count = {1, 1};
+      reader->ReadSlab(c.name, plan::State::ExpAvg, start, count, buf.data());
+      CHECK(reader->storage_bytes_read() - before == (kind == StoreKind::Hdf5 ? 4u * 24 * 5 : 4u));
+    }
+  }
+}
+
 TEST_CASE("store: HDF5 chunks are whole rows, split along a split dimension > 0", "[store]") {
   CHECK(store::ChunkShape({50000, 1024}, 0) == std::vector<int64_t>{256, 1024});
   CHECK(store::ChunkShape({1024, 4096}, 1) == std::vector<int64_t>{512, 512});
