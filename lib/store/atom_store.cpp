@@ -99,7 +99,7 @@ void AtomReader::CheckSlab(const AtomParam& p, plan::State state, std::span<cons
          pt::ShapeString(p.shape));
   for (size_t d = 0; d < p.shape.size(); ++d)
     if (start[d] < 0 || count[d] < 0 || start[d] + count[d] > p.shape[d])
-      fail("[" + std::to_string(start[d]) + ", " + std::to_string(start[d] + count[d]) + ") in dimension " +
+      fail(std::string("[") + std::to_string(start[d]) + ", " + std::to_string(start[d] + count[d]) + ") in dimension " +
            std::to_string(d) + " outside the shape " + pt::ShapeString(p.shape));
 }
 
