@@ -61,11 +61,28 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
   const bool talk = rank == 0 && !o.quiet;
   const auto t0 = std::chrono::steady_clock::now();
 
+  // 0. Rank 0 checks atoms.h5 whole before any rank opens it: HDF5 trusts what it reads from a file.
+  std::string error = rank == 0 ? Capture([&] {
+    nlohmann::json m = store::ReadManifest(o.from_atomic);
+    if (store::StoreOf(m) != store::StoreKind::Hdf5) return;
+    bool listed = false;
+    for (const auto& f : m.at("files")) {
+      auto r = store::FileRecord::FromJson(f);
+      std::string why;
+      if (r.path != store::kAtomsH5) continue;
+      listed = true;
+      if (!store::Verify(o.from_atomic, r, &why)) throw Error(o.from_atomic + "/" + r.path + ": " + why);
+    }
+    if (!listed) throw Error(o.from_atomic + "/" + store::kManifestName + ": does not list " + store::kAtomsH5);
+  })
+                                  : "";
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+
   // 1. Every rank: the source's manifest, keys and steps; the writer's list of every parameter.
   std::unique_ptr<store::AtomReader> reader;
   store::StoreKind kind = store::StoreKind::Pt;
   std::vector<store::AtomSpec> specs;
-  std::string error = Capture([&] {
+  error = Capture([&] {
     kind = store::StoreFromName(o.format);
     if (o.output.empty()) throw Error("an output folder is required (-o OUT)");
     std::error_code ec;

@@ -4,6 +4,7 @@
 #define MPICH_SKIP_MPICXX 1
 #include <hdf5.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "core/error.h"
@@ -77,9 +78,13 @@ std::string Join(const std::string& path, const std::string& name) { return path
 
 std::vector<hsize_t> Dims(const std::vector<int64_t>& shape) { return {shape.begin(), shape.end()}; }
 
-hid_t VarString(const std::string& where) {
+// Fixed-length UTF-8 strings, NUL-padded, of `size` bytes (at least 1). Not variable-length ones:
+// those live in the file's global heap, and HDF5 1.10 trusts a damaged heap's lengths (a memcpy of
+// any size), while a fixed-length string is read from the attribute's own message, bounded.
+hid_t FixedString(const std::string& where, size_t size) {
   hid_t t = Call("H5Tcopy", where, [] { return H5Tcopy(H5T_C_S1); });
-  Call("H5Tset_size", where, [&] { return H5Tset_size(t, H5T_VARIABLE); });
+  Call("H5Tset_size", where, [&] { return H5Tset_size(t, std::max<size_t>(size, 1)); });
+  Call("H5Tset_strpad", where, [&] { return H5Tset_strpad(t, H5T_STR_NULLPAD); });
   Call("H5Tset_cset", where, [&] { return H5Tset_cset(t, H5T_CSET_UTF8); });
   return t;
 }
@@ -181,9 +186,10 @@ void Object::SetAttribute(const std::string& name, int64_t value) const {
 
 void Object::SetAttribute(const std::string& name, const std::string& value) const {
   std::lock_guard<std::recursive_mutex> lock(Mutex());
-  Object t(VarString(Where()), Type::Datatype, nullptr, "");
-  const char* p = value.c_str();
-  WriteAttribute(*this, id_, Where(), name, t.id(), t.id(), {}, &p);
+  Object t(FixedString(Where(), value.size()), Type::Datatype, nullptr, "");
+  std::string padded = value;
+  padded.resize(std::max<size_t>(value.size(), 1), '\0');
+  WriteAttribute(*this, id_, Where(), name, t.id(), t.id(), {}, padded.data());
 }
 
 void Object::SetAttribute(const std::string& name, std::span<const int64_t> values) const {
@@ -195,12 +201,13 @@ void Object::SetAttribute(const std::string& name, std::span<const int64_t> valu
 
 void Object::SetAttribute(const std::string& name, const std::vector<std::string>& values) const {
   std::lock_guard<std::recursive_mutex> lock(Mutex());
-  Object t(VarString(Where()), Type::Datatype, nullptr, "");
-  std::vector<const char*> ptrs;
-  for (const auto& v : values) ptrs.push_back(v.c_str());
-  const char* dummy = "";
+  size_t size = 1;
+  for (const auto& v : values) size = std::max(size, v.size());
+  Object t(FixedString(Where(), size), Type::Datatype, nullptr, "");
+  std::string packed(std::max<size_t>(values.size(), 1) * size, '\0');
+  for (size_t k = 0; k < values.size(); ++k) packed.replace(k * size, values[k].size(), values[k]);
   hsize_t n = values.size();
-  WriteAttribute(*this, id_, Where(), name, t.id(), t.id(), {&n, 1}, ptrs.empty() ? &dummy : ptrs.data());
+  WriteAttribute(*this, id_, Where(), name, t.id(), t.id(), {&n, 1}, packed.data());
 }
 
 void Object::SetScalarAttribute(const std::string& name, Numeric type, const void* value) const {
@@ -221,6 +228,7 @@ std::vector<int64_t> Object::IntsAttribute(const std::string& name) const {
   Object type;
   hsize_t n = 0;
   Object a = OpenAttribute(id_, w, name, H5T_INTEGER, &type, &n);
+  if (n > (hsize_t{1} << 24)) throw Error(w + ": " + std::to_string(n) + " integers, more than ucp writes");
   std::vector<int64_t> out(n);
   if (n > 0) Call("H5Aread", w, [&] { return H5Aread(a.id(), H5T_NATIVE_INT64, out.data()); });
   return out;
@@ -238,15 +246,18 @@ std::vector<std::string> Object::StringsAttribute(const std::string& name) const
   Object type;
   hsize_t n = 0;
   Object a = OpenAttribute(id_, w, name, H5T_STRING, &type, &n);
-  if (Call("H5Tis_variable_str", w, [&] { return H5Tis_variable_str(type.id()); }) <= 0)
-    throw Error(w + ": a fixed-length string; ucp writes variable-length strings");
-  std::vector<char*> ptrs(n, nullptr);
-  Object mem(VarString(w), Type::Datatype, nullptr, "");
-  if (n > 0) Call("H5Aread", w, [&] { return H5Aread(a.id(), mem.id(), ptrs.data()); });
+  if (Call("H5Tis_variable_str", w, [&] { return H5Tis_variable_str(type.id()); }) != 0)
+    throw Error(w + ": a variable-length string; ucp writes and reads fixed-length ones");
+  size_t size = H5Tget_size(type.id());
+  if (size == 0 || size > (size_t{1} << 20)) throw Error(w + ": a string of " + std::to_string(size) + " bytes");
+  if (n > (size_t{64} << 20) / size) throw Error(w + ": " + std::to_string(n) + " strings, more than ucp writes");
+  Object mem(FixedString(w, size), Type::Datatype, nullptr, "");
+  std::string packed(n * size, '\0');
+  if (n > 0) Call("H5Aread", w, [&] { return H5Aread(a.id(), mem.id(), packed.data()); });
   std::vector<std::string> out;
-  for (char* p : ptrs) {
-    out.emplace_back(p ? p : "");
-    if (p) H5free_memory(p);
+  for (size_t k = 0; k < n; ++k) {
+    std::string v = packed.substr(k * size, size);
+    out.push_back(v.substr(0, v.find('\0')));
   }
   return out;
 }
@@ -277,8 +288,11 @@ Object::Numeric Object::ScalarAttribute(const std::string& name, void* value8) c
 
 Group Group::CreateGroup(const std::string& name) const {
   std::string p = Join(path_, name);
-  hid_t g = Call("H5Gcreate2", *file_ + ": " + p,
-                 [&] { return H5Gcreate2(id_, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT); });
+  const std::string w = *file_ + ": " + p;
+  std::lock_guard<std::recursive_mutex> lock(Mutex());
+  Object gcpl(Call("H5Pcreate", w, [] { return H5Pcreate(H5P_GROUP_CREATE); }), Type::PropList, nullptr, "");
+  Call("H5Pset_obj_track_times", w, [&] { return H5Pset_obj_track_times(gcpl.id(), false); });  // same input, same bytes
+  hid_t g = Call("H5Gcreate2", w, [&] { return H5Gcreate2(id_, name.c_str(), H5P_DEFAULT, gcpl.id(), H5P_DEFAULT); });
   return Group(g, Type::Group, file_, p);
 }
 
@@ -319,6 +333,7 @@ Dataset Group::CreateFloatDataset(const std::string& name, const std::vector<int
   // Space at creation (what parallel HDF5 needs anyway) and no fill values: every byte is written once.
   Call("H5Pset_alloc_time", w, [&] { return H5Pset_alloc_time(dcpl.id(), H5D_ALLOC_TIME_EARLY); });
   Call("H5Pset_fill_time", w, [&] { return H5Pset_fill_time(dcpl.id(), H5D_FILL_TIME_NEVER); });
+  Call("H5Pset_obj_track_times", w, [&] { return H5Pset_obj_track_times(dcpl.id(), false); });
   hid_t d = Call("H5Dcreate2", w, [&] {
     return H5Dcreate2(id_, name.c_str(), H5T_IEEE_F32LE, space.id(), H5P_DEFAULT, dcpl.id(), H5P_DEFAULT);
   });

@@ -40,7 +40,7 @@ class Object {
   // Closes now, checked (the destructor closes too, but cannot report a failure).
   void Close();
 
-  // Attributes (on a file's root group, a group or a dataset). Strings are variable-length UTF-8;
+  // Attributes (on a file's root group, a group or a dataset). Strings are fixed-length UTF-8, NUL-padded;
   // integers 64-bit little-endian. Setting replaces an attribute of the same name.
   bool HasAttribute(const std::string& name) const;
   void SetAttribute(const std::string& name, int64_t value) const;

@@ -50,19 +50,21 @@ def run(args, n=1):
         sys.exit(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stdout}{p.stderr}")
 
 
+def py(v):
+    """An attribute as a Python value (atoms.h5 strings are fixed-length: h5py gives bytes)."""
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, np.ndarray):
+        return [py(x) for x in v]
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
 def as_json_tree(f):
     """atoms.h5 as the JSON document schemas/atoms-h5.schema.json describes."""
     def attrs(o):
-        out = {}
-        for k, v in o.attrs.items():
-            if isinstance(v, bytes):
-                v = v.decode()
-            elif isinstance(v, np.ndarray):
-                v = [x.decode() if isinstance(x, bytes) else x.item() if isinstance(x, np.generic) else x for x in v]
-            elif isinstance(v, np.generic):
-                v = v.item()
-            out[k] = v
-        return out
+        return {k: py(v) for k, v in o.attrs.items()}
     tree = {"attributes": attrs(f), "groups": {}}
     for name, g in f.items():
         if not isinstance(g, h5py.Group):
@@ -124,15 +126,14 @@ def check_hdf5(folder, pt_folder, what):
                 if d.dtype != np.dtype("<f4") or got.shape != want.shape or got.tobytes() != want.tobytes():
                     fail(f"{what}: /{name}/{state}: {d.dtype} {got.shape} differs from the ground truth {tuple(want.shape)}")
                 digest = xxhash.xxh64(want.tobytes()).hexdigest()
-                if d.attrs["xxh64"] != digest or entry["hdf5"]["xxh64"][state] != digest:
-                    fail(f"{what}: /{name}/{state}: xxh64 attribute {d.attrs['xxh64']}, manifest "
+                if py(d.attrs["xxh64"]) != digest or entry["hdf5"]["xxh64"][state] != digest:
+                    fail(f"{what}: /{name}/{state}: xxh64 attribute {py(d.attrs['xxh64'])}, manifest "
                          f"{entry['hdf5']['xxh64'][state]}, bytes {digest}")
                 if d.chunks and entry["split_dim"] is not None and entry["split_dim"] > 0:
                     dim = entry["split_dim"]
                     if d.shape[dim] % d.chunks[dim] or d.chunks[dim] == d.shape[dim] and d.shape[dim] % 2 == 0:
                         fail(f"{what}: /{name}/{state}: chunks {d.chunks} do not cut split dim {dim} of {d.shape}")
-            attrs = {k: (v.tolist() if isinstance(v, np.ndarray) else v.item() if isinstance(v, np.generic) else v)
-                     for k, v in g.attrs.items()}
+            attrs = {k: py(v) for k, v in g.attrs.items()}
             for k, v in expected_attributes(entry).items():
                 if attrs.get(k) != v:
                     fail(f"{what}: /{name} attribute {k} = {attrs.get(k)!r}, the manifest says {v!r}")
@@ -154,7 +155,7 @@ def check_hdf5(folder, pt_folder, what):
             have = {k: v for k, v in attrs.items() if k.startswith("universal.")}
             if have != want:
                 fail(f"{what}: /{name} universal attributes {have}, the .pt file says {want}")
-        if f.attrs["ucp_layout"] != "ucp-atoms-h5" or int(f.attrs["ucp_layout_version"]) != 1:
+        if py(f.attrs["ucp_layout"]) != "ucp-atoms-h5" or int(f.attrs["ucp_layout_version"]) != 1:
             fail(f"{what}: root attributes {dict(f.attrs)}")
     # h5ls -r: every group and dataset, with the manifest's shapes.
     out = subprocess.run(["h5ls", "-r", h5path], capture_output=True, text=True, check=True).stdout
