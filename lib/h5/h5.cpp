@@ -443,6 +443,13 @@ File File::Open(const std::string& path, bool writable, const void* mpi_comm) {
   return out;
 }
 
+int64_t OpenIdCount() {
+  std::lock_guard<std::recursive_mutex> lock(Mutex());
+  InitOnce();
+  ssize_t n = H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL);
+  return n < 0 ? -1 : static_cast<int64_t>(n);
+}
+
 std::string LibraryVersion() {
   unsigned a = 0, b = 0, c = 0;
   H5get_libversion(&a, &b, &c);

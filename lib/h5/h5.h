@@ -114,6 +114,10 @@ class File : public Group {
   using Group::Group;
 };
 
+// HDF5 ids open in this process (files, groups, datasets, attributes, ...): 0 once every handle is
+// gone, whatever failed on the way (the tests check that errors leave nothing open).
+int64_t OpenIdCount();
+
 // HDF5's version, "1.10.8".
 std::string LibraryVersion();
 

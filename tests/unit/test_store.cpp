@@ -250,6 +250,7 @@ TEST_CASE("store: a garbled atoms.h5 is an error or a correct read, never a cras
       CHECK_THAT(e.what(), Catch::Contains(store::kAtomsH5));
       ++errors;
     }
+    CHECK(h5::OpenIdCount() == 0);  // whatever failed, every handle was closed
   }
   CHECK(errors + fine + caught_by_digest == 150);
   CHECK(errors > 0);
