@@ -39,3 +39,8 @@ UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 "$asan/tests/
 UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 "$asan/tests/ucp_unit_tests" "*garbled*"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/hdf5_damaged.py" \
   "$asan/apps/ucp-convert" "$asan/apps/ucp-inspect" "$work/fixtures/tp2_dp2" "$work/asan/hdf5_damaged"
+echo "== AddressSanitizer: --format hdf5 and --from-atomic both ways, single process (with leak checks) and 2 MPI ranks"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/hdf5_case.py" \
+  "$asan/apps/ucp-convert" "$asan/apps/ucp-inspect" "$work/fixtures/zero3_tp2_dp2_gpt" "$work/asan/hdf5_np1" 1
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/hdf5_case.py" \
+  "$asan/apps/ucp-convert" "$asan/apps/ucp-inspect" "$work/fixtures/tp2_pp2_dp2_bf16" "$work/asan/hdf5_np2" 2 mpiexec
