@@ -79,7 +79,7 @@ void ForEachRoundRun(const ConvertPlan& plan, int r, int64_t k, Fn&& fn) {
 }
 
 // Fault injection for the kill-and-resume tests: UCP_TEST_KILL_AFTER_FILES=N makes the rank
-// SIGKILL itself once it has committed N files, as a node failure would.
+// SIGKILL itself once it has committed N files (HDF5 store: written N tensors), as a node failure would.
 void KillPointReached(size_t files) {
   static const long limit = [] {
     const char* v = std::getenv("UCP_TEST_KILL_AFTER_FILES");
@@ -302,7 +302,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         auto write = [&, it, data = std::move(data)]() {
           auto recs = writer->Write(plan.params[it.param].name, it.state, data.get());
           for (const auto& r : recs) journal->Append(r);
-          KillPointReached(recs.size());
+          KillPointReached(recs.empty() ? 1 : recs.size());  // an HDF5 write commits no file yet: count it
           std::lock_guard<std::mutex> lock(records_mu);
           for (const auto& r : recs) {
             c.bytes_written += static_cast<int64_t>(r.bytes);

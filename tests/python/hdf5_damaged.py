@@ -2,7 +2,8 @@
 ucp-inspect --verify exits 1, ucp-convert --from-atomic exits 1 and commits nothing. Cases: atoms.h5
 truncated, a flipped byte inside one dataset's raw data (same size), atoms.h5 missing. atoms.h5 is
 checked against the manifest's XXH64 before HDF5 opens it. Also the
-command-line rules of --format hdf5: --resume refused, --force clears a killed run's temporaries.
+command-line rules of --format hdf5: a killed run leaves nothing that looks complete, --resume is
+refused, --force clears a killed run's temporaries.
 
   hdf5_damaged.py UCP_CONVERT UCP_INSPECT FIXTURE_DIR WORK_DIR
 """
@@ -73,6 +74,19 @@ def flip(path):
 # check (each dataset's XXH64 through HDF5) is the conformance suite's.
 expect_refusal(damaged("flipped", flip), ["atoms.h5: xxh64"], "a flipped byte in a dataset")
 expect_refusal(damaged("missing", os.remove), ["atoms.h5"], "atoms.h5 missing")
+
+# A run killed while writing atoms.h5 leaves no atoms.h5 and no manifest, only its temporary.
+killed = os.path.join(work, "killed")
+p = subprocess.run([convert, fixture, "-o", killed, "--format", "hdf5", "-q"], capture_output=True, text=True,
+                   env=dict(os.environ, UCP_TEST_KILL_AFTER_FILES="5"))
+left = sorted(os.listdir(killed)) if os.path.exists(killed) else []
+if p.returncode != -9 or "ucp_manifest.json" in left or "atoms.h5" in left or \
+        not any(n.startswith("atoms.h5.tmp-") for n in left):
+    problems.append(f"killed HDF5 run: exit {p.returncode}, left {left}")
+p = subprocess.run([convert, fixture, "-o", killed, "--format", "hdf5", "--force", "-q"], capture_output=True, text=True)
+left = sorted(os.listdir(killed))
+if p.returncode != 0 or any(n.startswith("atoms.h5.tmp-") for n in left) or "ucp_manifest.json" not in left:
+    problems.append(f"--force after a killed HDF5 run: exit {p.returncode}, left {left}")
 
 # --resume is refused for hdf5; --force removes the temporaries a killed run leaves.
 p = subprocess.run([convert, fixture, "-o", good, "--format", "hdf5", "--resume", "-q"], capture_output=True, text=True)
