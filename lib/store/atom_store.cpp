@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <numeric>
 
 #include "core/error.h"
 #include "core/xxhash64.h"
@@ -166,7 +167,8 @@ void RemoveAtomicCheckpoint(const std::string& dir) {
   for (const auto& p : stale) fs::remove(p);
 }
 
-std::vector<int64_t> ChunkShape(const std::vector<int64_t>& shape, int split_dim) {
+std::vector<int64_t> ChunkShape(const std::vector<int64_t>& shape, int split_dim,
+                                const std::vector<int64_t>& sub_param_sizes) {
   if (shape.empty() || pt::Numel(shape) == 0) return {};
   constexpr int64_t kTarget = (int64_t{1} << 20) / 4;  // elements in about 1 MiB
   std::vector<int64_t> chunk = shape;
@@ -174,13 +176,32 @@ std::vector<int64_t> ChunkShape(const std::vector<int64_t>& shape, int split_dim
   if (split_dim > 0 && static_cast<size_t>(split_dim) < shape.size()) {
     int64_t n = shape[static_cast<size_t>(split_dim)];
     for (int64_t parts : {8, 4, 2})
-      if (n % parts == 0 && n / parts > 0) {
+      if (n % parts == 0) {
         chunk[static_cast<size_t>(split_dim)] = n / parts;
         break;
       }
   }
-  int64_t per_row = pt::Numel(chunk);
-  chunk[0] = std::clamp<int64_t>(kTarget / std::max<int64_t>(1, per_row), 1, shape[0]);
+  const int64_t target = std::clamp<int64_t>(kTarget / std::max<int64_t>(1, pt::Numel(chunk)), 1, shape[0]);
+  // Rows per chunk: a divisor of the unit every slice boundary along dimension 0 is a multiple of
+  // (the whole dimension; split along it, its TP eighths, quarters or halves, per sub-parameter), so
+  // that no chunk straddles two readers and no edge chunk is stored half empty.
+  int64_t unit = shape[0];
+  if (split_dim == 0) {
+    for (int64_t s : sub_param_sizes) unit = std::gcd(unit, s);
+    for (int64_t parts : {8, 4, 2})
+      if (unit % parts == 0) {
+        unit /= parts;
+        break;
+      }
+  }
+  int64_t best = 1;
+  for (int64_t d = 1; d * d <= unit; ++d)
+    if (unit % d == 0) {
+      if (d <= target) best = std::max(best, d);
+      if (unit / d <= target) best = std::max(best, unit / d);
+    }
+  // A unit with no divisor near the target (a prime vocabulary size): plain ~1 MiB chunks.
+  chunk[0] = best * 8 >= target ? best : target;
   return chunk;
 }
 

@@ -156,11 +156,12 @@ class AtomWriter {
   std::map<std::string, size_t> index_;
 };
 
-// The chunk shape of a tensor in atoms.h5: about 1 MiB, whole rows along dimension 0, and along a
-// split dimension > 0 an eighth, quarter or half of it where that divides, so that a TP slice (and
-// a ZeRO range of whole rows) is a run of whole chunks. Empty for an empty or 0-dim tensor
-// (stored contiguous).
-std::vector<int64_t> ChunkShape(const std::vector<int64_t>& shape, int split_dim);
+// The chunk shape of a tensor in atoms.h5: about 1 MiB; along a split dimension > 0 an eighth,
+// quarter or half of it where that divides; along dimension 0 whole rows, as many as divide the
+// unit slice boundaries fall on (TP eighths of the dimension, per sub-parameter for Shard-NC),
+// so that a TP slice is a run of whole chunks. Empty for an empty or 0-dim tensor (contiguous).
+std::vector<int64_t> ChunkShape(const std::vector<int64_t>& shape, int split_dim,
+                                const std::vector<int64_t>& sub_param_sizes = {});
 
 // The two stores' implementations (atom_store_pt.cpp, atom_store_h5.cpp).
 std::unique_ptr<AtomReader> OpenPtReader(const std::string& dir, nlohmann::json manifest);

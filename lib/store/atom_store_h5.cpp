@@ -231,7 +231,7 @@ class H5Writer final : public AtomWriter {
     file_ = h5::File::Create(temp_, comm.size() > 1 ? comm.mpi_comm() : nullptr);
     for (const auto& s : specs_) {
       h5::Group g = file_.CreateGroup(s.name);
-      auto chunk = ChunkShape(s.shape, s.split_dim);
+      auto chunk = ChunkShape(s.shape, s.split_dim, s.meta.value("sub_param_sizes", std::vector<int64_t>{}));
       for (int k = 0; k < plan::kStates; ++k)
         g.CreateFloatDataset(std::string(plan::StateName(static_cast<plan::State>(k))), s.shape, chunk);
     }

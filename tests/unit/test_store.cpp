@@ -326,7 +326,13 @@ TEST_CASE("store: storage bytes: a TP slice of an HDF5 tensor reads whole chunks
 }
 
 TEST_CASE("store: HDF5 chunks are whole rows, split along a split dimension > 0", "[store]") {
-  CHECK(store::ChunkShape({50000, 1024}, 0) == std::vector<int64_t>{256, 1024});
+  // Rows divide the eighth of the split dimension (6250 = 2 x 5^5): TP boundaries fall between chunks.
+  CHECK(store::ChunkShape({50000, 1024}, 0) == std::vector<int64_t>{250, 1024});
+  // GQA QKV [q, k, v] = [2048, 256, 256] rows: per sub-parameter eighths of 32 rows.
+  CHECK(store::ChunkShape({2560, 1024}, 0, {2048, 256, 256}) == std::vector<int64_t>{32, 1024});
+  // A prime number of rows: plain 1 MiB chunks.
+  CHECK(store::ChunkShape({50257, 1024}, -1) == std::vector<int64_t>{256, 1024});
+  CHECK(store::ChunkShape({3840, 1920}, 0) == std::vector<int64_t>{120, 1920});
   CHECK(store::ChunkShape({1024, 4096}, 1) == std::vector<int64_t>{512, 512});
   CHECK(store::ChunkShape({7}, -1) == std::vector<int64_t>{7});
   CHECK(store::ChunkShape({3, 5, 7}, 2) == std::vector<int64_t>{3, 5, 7});
