@@ -120,3 +120,37 @@ for ranks in reports:
 t2 = best["ucp-convert 2 ranks"]
 print(f"\nDESIGN.md 5: 2-rank conversion within 1.5x of cp -r: {t2 / best['cp -r']:.2f}x "
       f"({'met' if t2 <= 1.5 * best['cp -r'] else 'not met'}); of cp -r + sync: {t2 / best['cp -r + sync']:.2f}x")
+
+# The two atomic stores: conversion to each (1 and 2 ranks), conversion between them (--from-atomic),
+# file counts, and what reading every tensor's TP=2 slices through the store costs (ucp-inspect
+# --verify reads whole datasets; the slab cost is AtomReader::storage_bytes_read, see the unit tests).
+stores = {}
+for fmt in ("pt", "hdf5"):
+    for ranks in (1, 2):
+        out = os.path.join(a.work, f"store-{fmt}-np{ranks}", "universal")
+        times = []
+        for r in range(a.repeat):
+            shutil.rmtree(out, ignore_errors=True)
+            subprocess.run(["sync"])
+            cmd = [convert, src, "-o", out, "-q", "--format", fmt]
+            if ranks > 1:
+                cmd = ["mpiexec", "--oversubscribe", "-np", str(ranks)] + cmd
+            times.append(timed(cmd))
+        stores[(fmt, ranks)] = (min(times), out)
+between = {}
+for fmt, other in (("pt", "hdf5"), ("hdf5", "pt")):
+    out = os.path.join(a.work, f"from-{fmt}-to-{other}", "universal")
+    times = []
+    for r in range(a.repeat):
+        shutil.rmtree(out, ignore_errors=True)
+        subprocess.run(["sync"])
+        times.append(timed(["mpiexec", "--oversubscribe", "-np", "2", convert, "--from-atomic",
+                            stores[(fmt, 2)][1], "-o", out, "-q", "--format", other]))
+    between[(fmt, other)] = min(times)
+print("\natomic stores (best of %d):" % a.repeat)
+for (fmt, ranks), (t, out) in stores.items():
+    n = sum(len(ns) for _, _, ns in os.walk(out))
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, ns in os.walk(out) for f in ns)
+    print(f"  ucp-convert --format {fmt:4s} {ranks} rank(s): {t:6.2f} s, {n} files, {size / 2**30:.2f} GiB")
+for (fmt, other), t in between.items():
+    print(f"  ucp-convert --from-atomic ({fmt} -> {other}), 2 ranks: {t:6.2f} s")

@@ -16,3 +16,12 @@ mpirun --oversubscribe -np 2 "$bin/ucp-convert" "$sample" -o "$out" --force
 echo
 echo "== ucp-inspect $out --verify"
 "$bin/ucp-inspect" "$out" --verify
+echo
+echo "== mpirun -np 2 ucp-convert $sample -o $build/demo/hdf5 --format hdf5   (the HDF5 store: one atoms.h5)"
+mpirun --oversubscribe -np 2 "$bin/ucp-convert" "$sample" -o "$build/demo/hdf5" --format hdf5 --force
+"$bin/ucp-inspect" "$build/demo/hdf5" --verify | tail -2
+if command -v h5ls > /dev/null; then h5ls -r "$build/demo/hdf5/atoms.h5" | head -12; fi
+echo
+echo "== ucp-convert --from-atomic $build/demo/hdf5 --format pt -o $build/demo/back/universal   (byte-identical .pt files)"
+"$bin/ucp-convert" --from-atomic "$build/demo/hdf5" --format pt -o "$build/demo/back/universal" --force
+diff -r "$out/zero" "$build/demo/back/universal/zero" && echo "zero/ identical to the direct conversion's"

@@ -22,6 +22,12 @@ int main(int argc, char** argv) {
       "Shard-V/H/NC, Partial) come from the checkpoint's universal_checkpoint_info and the model-family\n"
       "rules in patterns/; replicated copies are checked to be identical, and every element of every\n"
       "parameter must come from exactly one fragment.\n\n"
+      "--format hdf5 writes the tensors into one HDF5 file instead, OUT/atoms.h5 (a group per parameter,\n"
+      "datasets fp32 / exp_avg / exp_avg_sq, metadata as attributes; schemas/atoms-h5.schema.json),\n"
+      "written by all ranks at once through MPI-IO. ucp-inspect reads either store; DeepSpeed reads\n"
+      "only the .pt one (no latest_universal is written for hdf5). --resume is refused\n"
+      "with --format hdf5 (the one file is written whole: rerun with --force). --from-atomic DIR converts\n"
+      "an existing atomic checkpoint to the other store, tensors byte for byte, without the source.\n\n"
       "Exit status: 0 done; 1 failed (the message names the file, rank coordinates and parameter; no\n"
       "manifest is written); 2 bad command line.\n\n"
       "Examples:\n"
@@ -29,12 +35,18 @@ int main(int argc, char** argv) {
       "  mpirun -np 8 ucp-convert ckpt/ -o /fs/atomic     8 ranks\n"
       "  ucp-convert ckpt/ --plan-only --json             who maps and reduces what, no data read\n"
       "  mpirun -np 8 ucp-convert ckpt/ -o out --resume   finish a killed run\n"
+      "  ucp-convert ckpt/ -o out --format hdf5           one atoms.h5\n"
+      "  mpirun -np 4 ucp-convert --from-atomic out --format pt -o out-pt   back to .pt files\n"
       "  ucp-inspect ckpt/atomic --verify                 check every file against the manifest"};
   ucp::convert::ConvertOptions o;
   o.patterns_dir = ucp::patterns::DefaultPatternsDir();
   bool no_strict = false;
   int plan_ranks = 0;
-  app.add_option("source", o.source, "checkpoint folder (with `latest`, or the global_stepN folder)")->required();
+  app.add_option("source", o.source, "checkpoint folder (with `latest`, or the global_stepN folder)");
+  app.add_option("--format", o.format, "store of the atomic tensors: pt (DeepSpeed's universal files) or hdf5 (one atoms.h5)")
+      ->check(CLI::IsMember({"pt", "hdf5"}))
+      ->capture_default_str();
+  app.add_option("--from-atomic", o.from_atomic, "convert this atomic checkpoint (either store) to --format, instead of a source");
   app.add_option("-o,--output", o.output, "atomic checkpoint folder to write");
   app.add_flag("--force", o.force, "overwrite a non-empty output folder (its manifest is removed first)");
   app.add_flag("--resume", o.resume, "finish an interrupted conversion into the same folder, skipping files verified done");
@@ -54,6 +66,14 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   o.strict = !no_strict;
   o.progress = ::isatty(STDERR_FILENO);
+  if (o.source.empty() == o.from_atomic.empty()) {
+    std::cerr << "ucp-convert: error: give either a source checkpoint folder or --from-atomic DIR (see --help)\n";
+    return 2;
+  }
+  if (!o.from_atomic.empty() && (o.plan_only || o.resume || plan_ranks > 0)) {
+    std::cerr << "ucp-convert: error: --from-atomic takes no --plan-only, --ranks or --resume\n";
+    return 2;
+  }
   if (!o.plan_only && o.output.empty()) {
     std::cerr << "ucp-convert: error: an output folder is required (-o OUT), or --plan-only\n";
     return 2;
@@ -68,5 +88,6 @@ int main(int argc, char** argv) {
   }
   auto comm = plan_ranks > 0 ? ucp::shuffle::MakeLocalComm() : ucp::shuffle::MakeWorldComm(&argc, &argv);
   o.plan_ranks = plan_ranks;
+  if (!o.from_atomic.empty()) return ucp::convert::RunConvertFromAtomic(o, *comm, std::cout, std::cerr);
   return ucp::convert::RunConvert(o, *comm, std::cout, std::cerr);
 }

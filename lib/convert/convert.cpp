@@ -23,6 +23,7 @@
 #include "pt/torch_file.h"
 #include "shuffle/agree.h"
 #include "source/deepspeed_layout.h"
+#include "store/atom_store.h"
 #include "store/atomic_store.h"
 #include "union/assembly.h"
 
@@ -78,7 +79,7 @@ void ForEachRoundRun(const ConvertPlan& plan, int r, int64_t k, Fn&& fn) {
 }
 
 // Fault injection for the kill-and-resume tests: UCP_TEST_KILL_AFTER_FILES=N makes the rank
-// SIGKILL itself once it has committed N files, as a node failure would.
+// SIGKILL itself once it has committed N files (HDF5 store: written N tensors), as a node failure would.
 void KillPointReached(size_t files) {
   static const long limit = [] {
     const char* v = std::getenv("UCP_TEST_KILL_AFTER_FILES");
@@ -137,10 +138,7 @@ void PrepareOutput(const ConvertOptions& o, const source::SourceLayout& L, const
         if (e.is_regular_file() && e.path().filename().string().find(".tmp-") != std::string::npos) stale.push_back(e.path());
       for (const auto& p : stale) fs::remove(p);
     } else if (o.force) {
-      // Uncommit first: without the manifest the folder no longer looks complete.
-      fs::remove(o.output + "/" + store::kManifestName);
-      store::Journal::Remove(o.output);
-      fs::remove_all(o.output + "/zero");
+      store::RemoveAtomicCheckpoint(o.output);  // the manifest first
     } else {
       throw Error(o.output + ": exists and is not empty; use --resume to finish an interrupted conversion or "
                   "--force to overwrite it");
@@ -166,7 +164,11 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   source::SourceLayout L;
   patterns::ModelPatterns M;
   ConvertPlan plan;
+  store::StoreKind kind = store::StoreKind::Pt;
   std::string error = Capture([&] {
+    kind = store::StoreFromName(o.format);
+    if (kind == store::StoreKind::Hdf5 && o.resume)
+      throw Error("--resume is not supported with --format hdf5: atoms.h5 is one file, written whole; rerun with --force");
     L = source::IndexDeepSpeedCheckpoint(o.source);
     if (!L.errors.empty()) throw Error(Joined(L.errors, o.source + ": unreadable or malformed files:"));
     if (o.strict && !L.problems.empty())
@@ -243,6 +245,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
 
   // 3. Map, shuffle, union, write: in rounds of bounded size.
   Counters c;
+  std::unique_ptr<store::AtomWriter> writer;
   std::mutex records_mu;
   std::vector<store::FileRecord> records;
   int64_t largest = 0;
@@ -257,15 +260,25 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     error = Capture([&] {
       mapper = std::make_unique<map::Mapper>(L, plan, rank);
       journal = std::make_unique<store::Journal>(o.output, rank);
-      for (const Item& it : plan.work[rank]) fs::create_directories(o.output + "/" + store::ParamRelDir(plan.params[it.param].name));
+    });
+    if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+    // The store, told of every parameter (the HDF5 one creates every dataset now, collectively).
+    error = Capture([&] {
+      std::map<std::string, const patterns::ParamPattern*> pattern_of;
+      for (const auto& p : M.params) pattern_of[p.name] = &p;
+      std::vector<store::AtomSpec> specs;
+      for (const auto& P : plan.params) {
+        const auto& pat = *pattern_of.at(P.name);
+        specs.push_back({P.name, P.full_shape, store::ParamMetaJson(L, pat, P), store::UniversalKeysOf(pat), step_of(P),
+                         pat.split_dim()});
+      }
+      writer = store::AtomWriter::Create(kind, o.output, std::move(specs), comm);
     });
     if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
     // Writers hold at most one more atomic tensor than the one being assembled: the memory bound
     // of DESIGN.md 5 is 2x the largest state tensor plus the shuffle buffers.
     TaskPool writers(threads, largest);
     const auto& mine = plan.work[rank];
-    std::map<std::string, const patterns::ParamPattern*> pattern_of;
-    for (const auto& p : M.params) pattern_of[p.name] = &p;
     std::map<size_t, std::unique_ptr<union_::Assembly>> open;  // item index -> assembly
     size_t next_final = 0;
     auto where = [&](const plan::Piece& pc) {
@@ -286,29 +299,20 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         open.erase(i);
         const Item it = mine[i];
         const auto& P = plan.params[it.param];
-        const patterns::ParamPattern* pat = pattern_of.at(P.name);
-        pt::ValuePtr step = it.state == State::Fp32 ? step_of(P) : nullptr;
-        writers.Submit(4 * P.full_numel, [&, it, pat, step, data = std::move(data)]() mutable {
-          const auto& P = plan.params[it.param];
-          auto value = store::StateFileValue(*pat, store::FloatTensor(std::move(data), P.full_shape));
-          std::vector<store::FileRecord> recs;
-          std::string rel = store::StateRelPath(P.name, it.state);
-          auto d = pt::WriteTorchFile(o.output + "/" + rel, *value);
-          recs.push_back({rel, d.size, d.xxh64});
-          if (step) {
-            std::string srel = store::StepRelPath(P.name);
-            auto s = pt::WriteTorchFile(o.output + "/" + srel, *step);
-            recs.push_back({srel, s.size, s.xxh64});
-          }
+        auto write = [&, it, data = std::move(data)]() {
+          auto recs = writer->Write(plan.params[it.param].name, it.state, data.get());
           for (const auto& r : recs) journal->Append(r);
-          KillPointReached(recs.size());
+          KillPointReached(recs.empty() ? 1 : recs.size());  // an HDF5 write commits no file yet: count it
           std::lock_guard<std::mutex> lock(records_mu);
           for (const auto& r : recs) {
             c.bytes_written += static_cast<int64_t>(r.bytes);
             ++c.files_written;
             records.push_back(r);
           }
-        });
+        };
+        // A store whose writes must stay on this thread (HDF5 over MPI-IO) writes here.
+        if (writer->concurrent()) writers.Submit(4 * P.full_numel, std::move(write));
+        else write(), c.bytes_written += 4 * P.full_numel;
       }
     };
 
@@ -372,6 +376,9 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     c.bytes_read = static_cast<int64_t>(mapper->bytes_read());
     if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   }
+  store::StoreCommit committed;
+  error = Capture([&] { committed = writer->Commit(); });  // collective (HDF5: close, attributes, rename)
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   if (rank == 0) {
     int64_t total = total_stream;
     progress.Update(total, true);
@@ -394,8 +401,9 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       for (const auto& g : gathered)
         for (const auto& r : nlohmann::json::parse(g)) files[r.at("path").get<std::string>()] = store::FileRecord::FromJson(r);
       // Items skipped on resume must all be in the journal; anything else is an internal error.
+      for (const auto& r : committed.files) files[r.path] = r;
       for (const auto& P : plan.params)
-        for (int s = 0; s < plan::kStates; ++s)
+        for (int s = 0; s < plan::kStates && kind == store::StoreKind::Pt; ++s)
           if (!files.count(store::StateRelPath(P.name, static_cast<State>(s))))
             throw Error("internal: no file recorded for " + store::StateRelPath(P.name, static_cast<State>(s)));
       const source::ShardFile* first_optim = nullptr;
@@ -408,10 +416,21 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       files["zero/optimizer_state.pt"] = {"zero/optimizer_state.pt", d.size, d.xxh64};
       for (const auto& name : store::CarriedModelFiles(L))
         files[name] = store::CopyFileAtomically(L.dir + "/" + name, o.output, name);
-      auto manifest = store::ManifestJson(L, M, plan, files);
+      std::map<std::string, const patterns::ParamPattern*> pattern_of;
+      for (const auto& p : M.params) pattern_of[p.name] = &p;
+      nlohmann::json params = nlohmann::json::array();
+      for (const auto& P : plan.params) {
+        auto p = store::ParamMetaJson(L, *pattern_of.at(P.name), P);
+        p.update(committed.storage.at(P.name));
+        params.push_back(p);
+      }
+      auto manifest = store::AssembleManifest(std::string(store::StoreName(kind)), store::SourceJson(L, M),
+                                              store::FamilyJson(M), params, files);
       WriteFileAtomically(o.output + "/" + store::kManifestName, manifest.dump(1) + "\n");
       store::Journal::Remove(o.output);
-      // DeepSpeed's load_universal reads <parent>/latest_universal naming this folder.
+      // DeepSpeed's load_universal reads <parent>/latest_universal naming this folder; it reads
+      // only the .pt store.
+      if (kind != store::StoreKind::Pt) return;
       fs::path outp = fs::absolute(o.output).lexically_normal();
       if (outp.filename().empty()) outp = outp.parent_path();
       WriteFileAtomically((outp.parent_path() / "latest_universal").string(), outp.filename().string());

@@ -25,10 +25,17 @@ struct ConvertOptions {
   int64_t buffer_bytes = int64_t{128} << 20;  // shuffle bytes in flight per rank
   std::string report_path;   // --report: JSON with timings and bytes
   int plan_ranks = 0;        // --plan-only for this many ranks (0: the communicator's)
+  std::string format = "pt";  // --format: the store the tensors go to, "pt" or "hdf5" (store/atom_store.h)
+  std::string from_atomic;    // --from-atomic: convert this atomic checkpoint to `format` (no source)
 };
 
 // Exit codes: 0 done, 1 failed (every rank returns the same code; the lowest failing rank prints
 // the reason, naming file, rank coordinates and parameter).
 int RunConvert(const ConvertOptions& options, shuffle::Comm& comm, std::ostream& out, std::ostream& err);
+
+// --from-atomic: an atomic checkpoint of either store to `options.format`, tensors byte for byte,
+// the non-tensor files copied, parameters spread over the ranks by bytes. Same exit codes and the
+// same --force rule; the source folder is only read.
+int RunConvertFromAtomic(const ConvertOptions& options, shuffle::Comm& comm, std::ostream& out, std::ostream& err);
 
 }  // namespace ucp::convert

@@ -30,6 +30,7 @@ inline uint64_t Merge(uint64_t acc, uint64_t v) { return (acc ^ Round(0, v)) * P
 XxHash64::XxHash64(uint64_t seed) : v_{seed + P1 + P2, seed + P2, seed, seed - P1}, seed_(seed) {}
 
 void XxHash64::Update(const void* data, size_t size) {
+  if (size == 0) return;  // an empty tensor's data may be null, which memcpy may not be given
   const auto* p = static_cast<const unsigned char*>(data);
   total_ += size;
   if (buffered_ + size < 32) {

@@ -1,5 +1,7 @@
-// ucp-inspect on an atomic checkpoint: what the manifest says (source layout, parameters, shapes,
-// patterns, sizes) and, with --verify, whether every file still has its size and XXH64.
+// ucp-inspect on an atomic checkpoint of either store: what the manifest says (source layout,
+// parameters, shapes, patterns, sizes) and, with --verify, whether every file still has its size and
+// XXH64 and, for the HDF5 store, every dataset the XXH64 atoms.h5 and the manifest record for it.
+#include <algorithm>
 #include <filesystem>
 #include <iomanip>
 #include <map>
@@ -8,7 +10,10 @@
 
 #include "core/error.h"
 #include "inspect/inspect.h"
+#include "core/xxhash64.h"
 #include "inspect/table.h"
+#include "shuffle/agree.h"
+#include "store/atom_store.h"
 #include "store/atomic_store.h"
 
 namespace ucp::inspect {
@@ -24,6 +29,8 @@ json AtomicReport(const std::string& dir, const InspectOptions& options) {
   r["format_version"] = m["format_version"];
   r["created"] = m["created"];
   r["ucp_version"] = m["ucp_version"];
+  const store::StoreKind kind = WithContext(dir + "/" + store::kManifestName, [&] { return store::StoreOf(m); });
+  r["store"] = std::string(store::StoreName(kind));
   r["source"] = m["source"];
   r["family"] = m["family"];
   std::regex filter(options.params_regex.empty() ? ".*" : options.params_regex);
@@ -33,7 +40,10 @@ json AtomicReport(const std::string& dir, const InspectOptions& options) {
   for (const auto& p : m["params"]) {
     if (!std::regex_search(p["name"].get<std::string>(), filter)) continue;
     uint64_t bytes = 0;
-    for (const auto& [state, path] : p["files"].items()) bytes += sizes.count(path) ? sizes[path] : 0;
+    if (p.contains("files"))
+      for (const auto& [state, path] : p["files"].items()) bytes += sizes.count(path) ? sizes[path] : 0;
+    else
+      bytes = 4 * plan::kStates * p["numel"].get<uint64_t>();  // the tensors inside atoms.h5
     json q = {{"name", p["name"]}, {"shape", p["shape"]}, {"pattern", p["pattern"]},
               {"pattern_in_source", p["pattern_in_source"]}, {"split_dim", p["split_dim"]},
               {"split_dim_known", p["split_dim_known"]}, {"vocab", p["vocab"]}, {"bytes", bytes}};
@@ -44,11 +54,19 @@ json AtomicReport(const std::string& dir, const InspectOptions& options) {
   json problems = json::array();
   std::set<std::string> listed;
   for (const auto& f : m["files"]) listed.insert(f["path"].get<std::string>());
-  for (const auto& p : m["params"])
-    for (const auto& [state, path] : p["files"].items())
-      if (!listed.count(path.get<std::string>()))
-        problems.push_back("parameter '" + p["name"].get<std::string>() + "': " + state + " file " +
-                           path.get<std::string>() + " is not in the manifest's file list");
+  for (const auto& p : m["params"]) {
+    if (!p.contains(kind == store::StoreKind::Pt ? "files" : "hdf5"))
+      problems.push_back("parameter '" + p["name"].get<std::string>() + "': no '" +
+                         (kind == store::StoreKind::Pt ? "files" : "hdf5") + "' entry for its " +
+                         std::string(store::StoreName(kind)) + " store");
+    else if (kind == store::StoreKind::Pt)
+      for (const auto& [state, path] : p["files"].items())
+        if (!listed.count(path.get<std::string>()))
+          problems.push_back("parameter '" + p["name"].get<std::string>() + "': " + state + " file " +
+                             path.get<std::string>() + " is not in the manifest's file list");
+  }
+  if (kind == store::StoreKind::Hdf5 && !listed.count(store::kAtomsH5))
+    problems.push_back(std::string(store::kAtomsH5) + " is not in the manifest's file list");
   json verify = nullptr;
   if (options.verify) {
     int64_t checked = 0, bytes = 0;
@@ -64,7 +82,37 @@ json AtomicReport(const std::string& dir, const InspectOptions& options) {
       std::string rel = fs::relative(e.path(), dir).string();
       if (rel != store::kManifestName && !listed.count(rel)) problems.push_back(rel + ": not listed in the manifest");
     }
+    int64_t datasets = 0;
+    // HDF5 1.10 trusts what it reads from a file: atoms.h5 is opened only once its XXH64 matches.
+    const bool h5_intact = std::none_of(problems.begin(), problems.end(), [](const json& p) {
+      return p.get<std::string>().rfind(std::string(store::kAtomsH5) + ":", 0) == 0;
+    });
+    if (kind == store::StoreKind::Hdf5 && !h5_intact) {
+      problems.push_back(std::string(store::kAtomsH5) + ": datasets not checked: the file does not match the manifest, "
+                         "and HDF5 does not guard against damaged files");
+    } else if (kind == store::StoreKind::Hdf5) {
+      // Each dataset's bytes through HDF5, against the XXH64 atoms.h5 and the manifest record.
+      std::string error = shuffle::Capture([&] {
+        auto reader = store::AtomReader::Open(dir);
+        for (const auto& p : reader->params()) {
+          for (int s = 0; s < plan::kStates; ++s) {
+            auto state = static_cast<plan::State>(s);
+            std::string name(plan::StateName(state)), where = std::string(store::kAtomsH5) + ": /" + p.name + "/" + name;
+            std::string got = HexDigest(reader->TensorDigest(p.name, state));
+            std::string attr = store::RecordedDatasetDigest(*reader, p.name, state);
+            std::string listed_digest = m["params"][&p - &reader->params()[0]]["hdf5"]["xxh64"].value(name, "");
+            if (got != attr || got != listed_digest)
+              problems.push_back(where + ": xxh64 " + got + ", the file's attribute says " + attr + ", the manifest says " +
+                                 listed_digest);
+            ++datasets;
+          }
+          reader->Forget(p.name);
+        }
+      });
+      if (!error.empty()) problems.push_back(error);
+    }
     verify = {{"files_checked", checked}, {"bytes_checked", bytes}};
+    if (kind == store::StoreKind::Hdf5) verify["datasets_checked"] = datasets;
   }
   r["verify"] = verify;
   r["problems"] = problems;
@@ -94,6 +142,7 @@ int RunInspectAtomic(const std::string& dir, const InspectOptions& options, std:
       << ", DeepSpeed " << s["ds_version"].get<std::string>() << "\n"
       << "model rules        "
       << (r["family"].is_null() ? std::string("none") : r["family"]["name"].get<std::string>()) << "\n"
+      << "store              " << r["store"].get<std::string>() << "\n"
       << "contents           " << r["totals"]["params"] << " parameters, " << r["totals"]["files"] << " files, "
       << r["totals"]["bytes"] << " bytes\n\n";
   size_t w = NameWidth(r["params"]);
@@ -109,7 +158,11 @@ int RunInspectAtomic(const std::string& dir, const InspectOptions& options, std:
   }
   if (!r["verify"].is_null())
     out << "\nverify             " << r["verify"]["files_checked"] << " files, " << r["verify"]["bytes_checked"]
-        << " bytes checked against the manifest's XXH64\n";
+        << " bytes checked against the manifest's XXH64"
+        << (r["verify"].contains("datasets_checked")
+                ? "; " + r["verify"]["datasets_checked"].dump() + " datasets of atoms.h5 against their recorded XXH64"
+                : std::string())
+        << "\n";
   for (const auto& p : r["problems"]) out << "PROBLEM  " << p.get<std::string>() << "\n";
   if (!r["verify"].is_null() && r["problems"].empty()) out << "all files match\n";
   return code;

@@ -99,9 +99,11 @@ class MpiComm final : public Comm {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);
   }
+  const void* mpi_comm() const override { return &world_; }
 
  private:
   int rank_ = 0, size_ = 1;
+  MPI_Comm world_ = MPI_COMM_WORLD;
 };
 
 }  // namespace

@@ -29,6 +29,9 @@ class Comm {
   virtual void Barrier() = 0;
   // Ends the whole job at once (a rank that cannot go on while others wait in a collective).
   [[noreturn]] virtual void Abort(int code) = 0;
+  // A pointer to the MPI_Comm behind this communicator, for MPI-IO (the HDF5 store); nullptr for
+  // the single-process one. Kept opaque so that this header does not need <mpi.h>.
+  virtual const void* mpi_comm() const { return nullptr; }
 };
 
 // The single-process communicator.

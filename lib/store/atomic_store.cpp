@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/file_blocks.h"
 #include "core/xxhash64.h"
+#include "pt/torch_file.h"
 
 namespace ucp::store {
 namespace fs = std::filesystem;
@@ -51,35 +52,86 @@ ValuePtr FloatTensor(std::shared_ptr<float[]> data, const std::vector<int64_t>& 
 }
 
 
-ValuePtr StateFileValue(const patterns::ParamPattern& pat, ValuePtr tensor) {
+UniversalKeys UniversalKeysOf(const patterns::ParamPattern& pat) {
   using patterns::Pattern;
-  auto d = Value::Make(Value::Kind::Dict);
+  UniversalKeys k;
   const Pattern p = pat.model_pattern;
   if (p == Pattern::ShardNC && pat.match && pat.match->sub_params) {
-    // deepspeed.checkpoint.universal_checkpoint.SubparamShape(patterns, shape, partition_dim)
     const auto& rule = *pat.match->sub_params;
+    UniversalKeys::SubParamShape sp;
+    for (const auto& re : rule.patterns) sp.patterns.push_back(re.text);
+    sp.sizes = pat.sub_param_sizes;
+    sp.partition_dim = rule.partition_dim;
+    k.sub_param_shape = sp;
+  } else if (p == Pattern::ShardNC) {
+    k.cat_dim = 0;
+    k.param_n_sub_params = static_cast<int64_t>(pat.sub_param_sizes.size());
+  } else if (p != Pattern::Replicate && p != Pattern::Partial) {
+    k.cat_dim = p == Pattern::ShardH ? 1 : 0;
+  }
+  k.vocab_tensor = pat.vocab;
+  return k;
+}
+
+ValuePtr StateFileValue(const UniversalKeys& k, const std::vector<int64_t>& full_shape, ValuePtr tensor) {
+  auto d = Value::Make(Value::Kind::Dict);
+  if (k.sub_param_shape) {
+    // deepspeed.checkpoint.universal_checkpoint.SubparamShape(patterns, shape, partition_dim)
+    const auto& sp = *k.sub_param_shape;
     auto patterns = Value::Make(Value::Kind::List);
-    for (const auto& re : rule.patterns) patterns->items.push_back(Value::Str(re.text));
+    for (const auto& re : sp.patterns) patterns->items.push_back(Value::Str(re));
     auto shape = Value::Make(Value::Kind::List);
-    for (size_t k = 0; k < pat.full_shape.size(); ++k)
-      shape->items.push_back(static_cast<int>(k) == rule.partition_dim ? pt::IntList(pat.sub_param_sizes)
-                                                                         : Value::Int(pat.full_shape[k]));
+    for (size_t i = 0; i < full_shape.size(); ++i)
+      shape->items.push_back(static_cast<int64_t>(i) == sp.partition_dim ? pt::IntList(sp.sizes) : Value::Int(full_shape[i]));
     auto state = Value::Make(Value::Kind::Dict);
     SetItem(*state, "patterns", patterns);
     SetItem(*state, "shape", shape);
-    SetItem(*state, "partition_dim", Value::Int(rule.partition_dim));
+    SetItem(*state, "partition_dim", Value::Int(sp.partition_dim));
     auto obj = Value::MakeObject("deepspeed.checkpoint.universal_checkpoint", "SubparamShape", nullptr, state);
     obj->via_new = true;
     SetItem(*d, "sub_param_shape", obj);
-  } else if (p == Pattern::ShardNC) {
-    SetItem(*d, "cat_dim", Value::Int(0));
-    SetItem(*d, "param_n_sub_params", Value::Int(static_cast<int64_t>(pat.sub_param_sizes.size())));
-  } else if (p != Pattern::Replicate && p != Pattern::Partial) {
-    SetItem(*d, "cat_dim", Value::Int(p == Pattern::ShardH ? 1 : 0));
   }
-  if (pat.vocab) SetItem(*d, "vocab_tensor", Value::Bool(true));
+  if (k.cat_dim) SetItem(*d, "cat_dim", Value::Int(*k.cat_dim));
+  if (k.param_n_sub_params) SetItem(*d, "param_n_sub_params", Value::Int(*k.param_n_sub_params));
+  if (k.vocab_tensor) SetItem(*d, "vocab_tensor", Value::Bool(true));
   SetItem(*d, "param", std::move(tensor));
   return d;
+}
+
+ValuePtr StateFileValue(const patterns::ParamPattern& pat, ValuePtr tensor) {
+  return StateFileValue(UniversalKeysOf(pat), pat.full_shape, std::move(tensor));
+}
+
+UniversalKeys UniversalKeysOfStateFile(const Value& root, const std::vector<int64_t>& full_shape) {
+  if (root.kind != Value::Kind::Dict) throw Error("holds " + root.TypeName() + ", not a dict");
+  UniversalKeys k;
+  ValuePtr param;
+  for (const auto& item : root.AsDict().items()) {
+    const std::string key = item.key->kind == Value::Kind::Str ? item.key->s : "";
+    const Value& v = *item.value;
+    if (key == "cat_dim") k.cat_dim = v.AsInt();
+    else if (key == "param_n_sub_params") k.param_n_sub_params = v.AsInt();
+    else if (key == "vocab_tensor") k.vocab_tensor = v.AsBool();
+    else if (key == "param") param = item.value;
+    else if (key == "sub_param_shape") {
+      UniversalKeys::SubParamShape sp;
+      for (const auto& p : v.At("patterns").AsSequence()) sp.patterns.push_back(p->AsStr());
+      sp.partition_dim = v.At("partition_dim").AsInt();
+      const auto& shape = v.At("shape").AsSequence();
+      if (sp.partition_dim < 0 || static_cast<size_t>(sp.partition_dim) >= shape.size())
+        throw Error("sub_param_shape: partition_dim " + std::to_string(sp.partition_dim) + " outside its shape");
+      for (const auto& s : shape[static_cast<size_t>(sp.partition_dim)]->AsSequence()) sp.sizes.push_back(s->AsInt());
+      k.sub_param_shape = sp;
+    } else {
+      throw Error("key '" + (key.empty() ? item.key->TypeName() : key) + "' is not one ucp writes");
+    }
+  }
+  if (!param) throw Error("no 'param' tensor");
+  // Lossless only if writing the keys back gives the very same pickle.
+  if (pt::PickleForTesting(*StateFileValue(k, full_shape, param)) != pt::PickleForTesting(root))
+    throw Error("its keys (order, types or sub_param_shape) differ from what ucp writes for them; a conversion "
+                "to another store would not give the same file back");
+  return k;
 }
 
 ValuePtr OptimizerStateValue(const Value& root, int zero_stage, int dp) {
@@ -235,18 +287,7 @@ std::string Fingerprint(const source::SourceLayout& L, const patterns::ModelPatt
 // ---------------------------------------------------------------------------------------------
 // Manifest
 
-nlohmann::json ManifestJson(const source::SourceLayout& L, const patterns::ModelPatterns& M, const plan::ConvertPlan& plan,
-                            const std::map<std::string, FileRecord>& files) {
-  using patterns::Pattern;
-  nlohmann::json j;
-  j["format"] = "ucp-atomic-checkpoint";
-  j["format_version"] = kFormatVersion;
-  j["ucp_version"] = UCP_VERSION;
-  j["checksum"] = "xxh64";
-  auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  char when[32];
-  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  j["created"] = when;
+nlohmann::json SourceJson(const source::SourceLayout& L, const patterns::ModelPatterns& M) {
   nlohmann::json src = {{"path", fs::absolute(L.root).lexically_normal().string()},
                         {"tag", L.tag},
                         {"framework", L.framework},
@@ -261,48 +302,59 @@ nlohmann::json ManifestJson(const source::SourceLayout& L, const patterns::Model
                         {"naming", L.naming}};
   if (M.checkpoint_rules && M.checkpoint_rules->version) src["universal_checkpoint_version"] = *M.checkpoint_rules->version;
   else src["universal_checkpoint_version"] = nullptr;
-  j["source"] = src;
-  if (M.family) j["family"] = {{"name", M.family->family}, {"source", M.family->source}};
-  else j["family"] = nullptr;
-  std::map<std::string, const patterns::ParamPattern*> by_name;
-  for (const auto& p : M.params) by_name[p.name] = &p;
-  nlohmann::json params = nlohmann::json::array();
-  for (const auto& P : plan.params) {
-    const auto& pat = *by_name.at(P.name);
-    nlohmann::json p;
-    p["name"] = P.name;
-    p["shape"] = P.full_shape;
-    p["dtype"] = "float32";
-    p["numel"] = P.full_numel;
-    p["pattern"] = std::string(patterns::PatternName(pat.model_pattern));
-    p["pattern_in_source"] = std::string(patterns::PatternName(pat.here));
-    if (pat.split_dim() < 0) p["split_dim"] = nullptr;
-    else p["split_dim"] = pat.split_dim();
-    p["split_dim_known"] = pat.match.has_value() || pat.vocab;
-    p["sub_param_sizes"] = pat.sub_param_sizes;
-    p["vocab"] = pat.vocab;
-    p["vocab_padding_rows_in_source"] = pat.vocab_padding_rows;
-    p["pp_replicated"] = pat.pp_replicated;
-    p["group"] = L.params[P.index].group;
-    if (pat.match)
-      p["rule"] = {{"key", pat.match->key}, {"regex", pat.match->rule}, {"source", pat.match->source}};
-    else
-      p["rule"] = nullptr;
-    p["source_copies"] = P.copies.size();
-    p["source_fragments"] = P.pieces.size();
-    nlohmann::json f;
-    for (int s = 0; s < plan::kStates; ++s)
-      f[std::string(plan::StateName(static_cast<plan::State>(s)))] = StateRelPath(P.name, static_cast<plan::State>(s));
-    if (files.count(StepRelPath(P.name))) f["step"] = StepRelPath(P.name);
-    p["files"] = f;
-    params.push_back(p);
-  }
+  return src;
+}
+
+nlohmann::json FamilyJson(const patterns::ModelPatterns& M) {
+  if (M.family) return {{"name", M.family->family}, {"source", M.family->source}};
+  return nullptr;
+}
+
+nlohmann::json ParamMetaJson(const source::SourceLayout& L, const patterns::ParamPattern& pat, const plan::ParamPlan& P) {
+  nlohmann::json p;
+  p["name"] = P.name;
+  p["shape"] = P.full_shape;
+  p["dtype"] = "float32";
+  p["numel"] = P.full_numel;
+  p["pattern"] = std::string(patterns::PatternName(pat.model_pattern));
+  p["pattern_in_source"] = std::string(patterns::PatternName(pat.here));
+  if (pat.split_dim() < 0) p["split_dim"] = nullptr;
+  else p["split_dim"] = pat.split_dim();
+  p["split_dim_known"] = pat.match.has_value() || pat.vocab;
+  p["sub_param_sizes"] = pat.sub_param_sizes;
+  p["vocab"] = pat.vocab;
+  p["vocab_padding_rows_in_source"] = pat.vocab_padding_rows;
+  p["pp_replicated"] = pat.pp_replicated;
+  p["group"] = L.params[P.index].group;
+  if (pat.match)
+    p["rule"] = {{"key", pat.match->key}, {"regex", pat.match->rule}, {"source", pat.match->source}};
+  else
+    p["rule"] = nullptr;
+  p["source_copies"] = P.copies.size();
+  p["source_fragments"] = P.pieces.size();
+  return p;
+}
+
+nlohmann::json AssembleManifest(const std::string& store, const nlohmann::json& source, const nlohmann::json& family,
+                                const nlohmann::json& params, const std::map<std::string, FileRecord>& files) {
+  nlohmann::json j;
+  j["format"] = "ucp-atomic-checkpoint";
+  j["format_version"] = kFormatVersion;
+  j["ucp_version"] = UCP_VERSION;
+  j["checksum"] = "xxh64";
+  auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  char when[32];
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  j["created"] = when;
+  j["store"] = store;
+  j["source"] = source;
+  j["family"] = family;
   j["params"] = params;
   nlohmann::json list = nlohmann::json::array();
   uint64_t total = 0;
   for (const auto& [path, r] : files) list.push_back(r.ToJson()), total += r.bytes;
   j["files"] = list;
-  j["totals"] = {{"params", plan.params.size()}, {"files", files.size()}, {"bytes", total}};
+  j["totals"] = {{"params", params.size()}, {"files", files.size()}, {"bytes", total}};
   return j;
 }
 

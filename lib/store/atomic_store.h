@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,10 +40,31 @@ std::string StepRelPath(const std::string& name);                      // zero/<
 // A contiguous float32 tensor over memory the Value keeps alive.
 pt::ValuePtr FloatTensor(std::shared_ptr<float[]> data, const std::vector<int64_t>& shape);
 
-// The dict DeepSpeed's universal loader reads from zero/<name>/<state>.pt: 'cat_dim',
-// 'param_n_sub_params', 'sub_param_shape' and 'vocab_tensor' as ds_to_universal.py writes them
-// for the parameter's model pattern, 'param' last.
+// The keys DeepSpeed's universal loader reads beside 'param' in zero/<name>/<state>.pt, as data:
+// 'cat_dim', 'param_n_sub_params', 'sub_param_shape' (SubparamShape(patterns, shape,
+// partition_dim)) and 'vocab_tensor', as ds_to_universal.py writes them for the parameter's model
+// pattern. The .pt store writes them into every state file, the HDF5 store keeps them as
+// attributes, so that either store gives back the other's files byte for byte.
+struct UniversalKeys {
+  struct SubParamShape {
+    std::vector<std::string> patterns;
+    std::vector<int64_t> sizes;  // along partition_dim; the other dims are the full shape's
+    int64_t partition_dim = 0;
+    bool operator==(const SubParamShape&) const = default;
+  };
+  std::optional<int64_t> cat_dim, param_n_sub_params;
+  std::optional<SubParamShape> sub_param_shape;
+  bool vocab_tensor = false;
+  bool operator==(const UniversalKeys&) const = default;
+};
+UniversalKeys UniversalKeysOf(const patterns::ParamPattern& pattern);
+
+// The dict of zero/<name>/<state>.pt: the keys above, 'param' last.
+pt::ValuePtr StateFileValue(const UniversalKeys& keys, const std::vector<int64_t>& full_shape, pt::ValuePtr tensor);
 pt::ValuePtr StateFileValue(const patterns::ParamPattern& pattern, pt::ValuePtr tensor);
+// The keys of a state file's dict; throws ucp::Error unless StateFileValue gives back exactly that
+// dict (same keys, order and values), which is what makes a store conversion lossless.
+UniversalKeys UniversalKeysOfStateFile(const pt::Value& root, const std::vector<int64_t>& full_shape);
 
 // The non-sharded optimizer state (zero/optimizer_state.pt) from the (pp=0, tp=0, dp=0) optimizer
 // file's root, as ds_to_universal.py derives it.
@@ -80,9 +102,17 @@ bool Verify(const std::string& dir, const FileRecord& record, std::string* why =
 // the format version. A resume must see the same.
 std::string Fingerprint(const source::SourceLayout& layout, const patterns::ModelPatterns& patterns);
 
-// The manifest. `files` maps relative path -> record, for every file of the atomic folder.
-nlohmann::json ManifestJson(const source::SourceLayout& layout, const patterns::ModelPatterns& patterns,
-                            const plan::ConvertPlan& plan, const std::map<std::string, FileRecord>& files);
+// The manifest, in parts. "source" and "family" of a conversion; each parameter's metadata (every
+// field of its "params" entry but where its tensors are: "files" in the .pt store, "hdf5" in the
+// HDF5 store).
+nlohmann::json SourceJson(const source::SourceLayout& layout, const patterns::ModelPatterns& patterns);
+nlohmann::json FamilyJson(const patterns::ModelPatterns& patterns);
+nlohmann::json ParamMetaJson(const source::SourceLayout& layout, const patterns::ParamPattern& pattern,
+                             const plan::ParamPlan& param);
+// The whole manifest: `store` is "pt" or "hdf5"; `params` the entries in order (metadata plus
+// storage); `files` maps relative path -> record, for every file of the atomic folder.
+nlohmann::json AssembleManifest(const std::string& store, const nlohmann::json& source, const nlohmann::json& family,
+                                const nlohmann::json& params, const std::map<std::string, FileRecord>& files);
 nlohmann::json ReadManifest(const std::string& dir);  // throws ucp::Error
 bool IsAtomicCheckpoint(const std::string& dir);       // has a manifest
 

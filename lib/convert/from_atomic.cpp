@@ -1,0 +1,206 @@
+// ucp-convert --from-atomic: an atomic checkpoint of one store to another (DESIGN.md section 4),
+// without the source checkpoint. Every rank reads the manifest and tells the writer of every
+// parameter; parameters are spread over the ranks by bytes (largest first, to the least loaded);
+// each rank reads its parameters' tensors whole from the source store and writes them to the
+// target store; rank 0 copies the non-tensor files and commits the manifest last.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <map>
+#include <set>
+#include <filesystem>
+
+#include "convert/convert.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/format.h"
+#include "core/xxhash64.h"
+#include "shuffle/agree.h"
+#include "store/atom_store.h"
+
+namespace ucp::convert {
+namespace fs = std::filesystem;
+using shuffle::AnyFailed;
+using shuffle::Capture;
+
+namespace {
+
+// Which rank writes each parameter: longest-processing-time first, the same answer on every rank.
+std::vector<int> AssignByBytes(const std::vector<store::AtomParam>& params, int ranks) {
+  std::vector<size_t> order(params.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return params[a].numel > params[b].numel; });
+  std::vector<int64_t> load(static_cast<size_t>(ranks), 0);
+  std::vector<int> owner(params.size(), 0);
+  for (size_t k : order) {
+    int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[k] = r;
+    load[static_cast<size_t>(r)] += params[k].numel + 1;
+  }
+  return owner;
+}
+
+// The source's files that are no tensor of its store: zero/optimizer_state.pt, model-states files.
+std::vector<store::FileRecord> NonTensorFiles(const store::AtomReader& reader) {
+  std::set<std::string> tensors = {store::kAtomsH5};
+  for (const auto& p : reader.manifest().at("params"))
+    if (p.contains("files"))
+      for (const auto& [state, path] : p.at("files").items()) tensors.insert(path.get<std::string>());
+  std::vector<store::FileRecord> out;
+  for (const auto& f : reader.manifest().at("files")) {
+    auto r = store::FileRecord::FromJson(f);
+    if (!tensors.count(r.path)) out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace
+
+int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
+  const int rank = comm.rank(), ranks = comm.size();
+  const bool talk = rank == 0 && !o.quiet;
+  const auto t0 = std::chrono::steady_clock::now();
+
+  // 0. Rank 0 checks atoms.h5 whole before any rank opens it: HDF5 trusts what it reads from a file.
+  std::string error = rank == 0 ? Capture([&] {
+    nlohmann::json m = store::ReadManifest(o.from_atomic);
+    if (store::StoreOf(m) != store::StoreKind::Hdf5) return;
+    bool listed = false;
+    for (const auto& f : m.at("files")) {
+      auto r = store::FileRecord::FromJson(f);
+      std::string why;
+      if (r.path != store::kAtomsH5) continue;
+      listed = true;
+      if (!store::Verify(o.from_atomic, r, &why)) throw Error(o.from_atomic + "/" + r.path + ": " + why);
+    }
+    if (!listed) throw Error(o.from_atomic + "/" + store::kManifestName + ": does not list " + store::kAtomsH5);
+  })
+                                  : "";
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+
+  // 1. Every rank: the source's manifest, keys and steps; the writer's list of every parameter.
+  std::unique_ptr<store::AtomReader> reader;
+  store::StoreKind kind = store::StoreKind::Pt;
+  std::vector<store::AtomSpec> specs;
+  error = Capture([&] {
+    kind = store::StoreFromName(o.format);
+    if (o.output.empty()) throw Error("an output folder is required (-o OUT)");
+    std::error_code ec;
+    if (fs::weakly_canonical(o.from_atomic, ec) == fs::weakly_canonical(o.output, ec))
+      throw Error(o.output + ": the output folder is the --from-atomic folder");
+    reader = store::AtomReader::Open(o.from_atomic);
+    for (const auto& p : reader->params()) {
+      specs.push_back({p.name, p.shape, p.meta, reader->ReadUniversalKeys(p.name), reader->ReadStep(p.name), p.split_dim});
+      reader->Forget(p.name);
+    }
+  });
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+  if (talk)
+    err << "ucp-convert: " << o.from_atomic << ": " << store::StoreName(reader->store()) << " store, "
+        << reader->params().size() << " parameters -> " << o.output << " (" << o.format << "); " << comm.name() << "\n";
+
+  // 2. Rank 0: the output folder, by the rules of a conversion from a source.
+  error = rank == 0 ? Capture([&] {
+    if (fs::exists(o.output) && !fs::is_directory(o.output)) throw Error(o.output + ": exists and is not a folder");
+    if (fs::exists(o.output) && !fs::is_empty(o.output)) {
+      if (!o.force) throw Error(o.output + ": exists and is not empty; use --force to overwrite it");
+      store::RemoveAtomicCheckpoint(o.output);
+    }
+    fs::create_directories(o.output + "/zero");
+  })
+                    : "";
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+
+  // 3. The writer (collective), then each rank's parameters, one whole tensor at a time.
+  std::unique_ptr<store::AtomWriter> writer;
+  error = Capture([&] { writer = store::AtomWriter::Create(kind, o.output, specs, comm); });
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+  const auto owner = AssignByBytes(reader->params(), ranks);
+  std::vector<store::FileRecord> records;
+  int64_t written = 0;
+  error = Capture([&] {
+    // What is read is checked against the source's checksums before it is written anywhere.
+    std::map<std::string, store::FileRecord> listed;
+    for (const auto& f : reader->manifest().at("files")) listed[f.at("path").get<std::string>()] = store::FileRecord::FromJson(f);
+    std::vector<float> buf;
+    for (size_t k = 0; k < reader->params().size(); ++k) {
+      if (owner[k] != rank) continue;
+      const auto& p = reader->params()[k];
+      const auto& entry = reader->manifest().at("params").at(k);
+      if (entry.contains("files"))
+        for (const auto& [key, rel] : entry.at("files").items()) {
+          auto it = listed.find(rel.get<std::string>());
+          std::string why = "not in the manifest's file list";
+          if (it == listed.end() || !store::Verify(o.from_atomic, it->second, &why))
+            throw Error(o.from_atomic + "/" + rel.get<std::string>() + ": " + why);
+        }
+      buf.resize(static_cast<size_t>(std::max<int64_t>(p.numel, 1)));
+      for (int s = 0; s < plan::kStates; ++s) {
+        auto state = static_cast<plan::State>(s);
+        reader->ReadAll(p.name, state, buf.data());
+        if (entry.contains("hdf5")) {
+          std::string name(plan::StateName(state));
+          std::string got = HexDigest(XxHash64::Of(buf.data(), 4 * static_cast<size_t>(p.numel)));
+          std::string want = entry.at("hdf5").at("xxh64").at(name).get<std::string>();
+          if (got != want)
+            throw Error(o.from_atomic + "/" + store::kAtomsH5 + ": /" + p.name + "/" + name + ": xxh64 " + got +
+                        ", the manifest says " + want);
+        }
+        for (auto& r : writer->Write(p.name, state, buf.data())) records.push_back(r);
+        written += 4 * p.numel;
+      }
+      reader->Forget(p.name);
+    }
+  });
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+  store::StoreCommit committed;
+  error = Capture([&] { committed = writer->Commit(); });
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+
+  // 4. Rank 0: the non-tensor files, the manifest last, latest_universal for the .pt store.
+  nlohmann::json mine = nlohmann::json::array();
+  for (const auto& r : records) mine.push_back(r.ToJson());
+  auto gathered = comm.GatherToRoot(mine.dump());
+  std::array<int64_t, 2> totals = {static_cast<int64_t>(reader->bytes_read()), written};
+  comm.AllreduceSum(totals);
+  error = rank == 0 ? Capture([&] {
+    std::map<std::string, store::FileRecord> files;
+    for (const auto& g : gathered)
+      for (const auto& r : nlohmann::json::parse(g)) files[r.at("path").get<std::string>()] = store::FileRecord::FromJson(r);
+    for (const auto& r : committed.files) files[r.path] = r;
+    for (const auto& f : NonTensorFiles(*reader)) {
+      std::string why;
+      if (!store::Verify(o.from_atomic, f, &why)) throw Error(o.from_atomic + "/" + f.path + ": " + why);
+      fs::create_directories(fs::path(o.output + "/" + f.path).parent_path());
+      files[f.path] = store::CopyFileAtomically(o.from_atomic + "/" + f.path, o.output, f.path);
+    }
+    nlohmann::json params = nlohmann::json::array();
+    for (const auto& p : reader->params()) {
+      nlohmann::json e = p.meta;
+      e.update(committed.storage.at(p.name));
+      params.push_back(e);
+    }
+    const auto& m = reader->manifest();
+    auto manifest = store::AssembleManifest(std::string(store::StoreName(kind)), m.at("source"), m.at("family"), params, files);
+    WriteFileAtomically(o.output + "/" + store::kManifestName, manifest.dump(1) + "\n");
+    if (kind == store::StoreKind::Pt) {
+      fs::path outp = fs::absolute(o.output).lexically_normal();
+      if (outp.filename().empty()) outp = outp.parent_path();
+      WriteFileAtomically((outp.parent_path() / "latest_universal").string(), outp.filename().string());
+    }
+  })
+                    : "";
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+  if (talk) {
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "ucp-convert: wrote %s (%s store): %zu parameters, %s of tensors read, %s written in %.2fs\n",
+                  o.output.c_str(), o.format.c_str(), reader->params().size(), HumanBytes(double(totals[0])).c_str(),
+                  HumanBytes(double(totals[1])).c_str(), secs);
+    err << buf;
+  }
+  (void)out;
+  return 0;
+}
+
+}  // namespace ucp::convert

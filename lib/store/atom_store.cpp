@@ -1,0 +1,237 @@
+// The store table and what both stores share: the manifest's parameters, slab checks, chunking.
+#include "store/atom_store.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/xxhash64.h"
+
+namespace ucp::store {
+
+namespace {
+
+// The one table of stores: name -> reader and writer factories.
+struct StoreEntry {
+  StoreKind kind;
+  const char* name;
+  std::unique_ptr<AtomReader> (*open)(const std::string&, nlohmann::json);
+  std::unique_ptr<AtomWriter> (*create)(const std::string&, std::vector<AtomSpec>, shuffle::Comm&);
+};
+const StoreEntry kStores[] = {
+    {StoreKind::Pt, "pt", OpenPtReader, CreatePtWriter},
+    {StoreKind::Hdf5, "hdf5", OpenH5Reader, CreateH5Writer},
+};
+
+const StoreEntry& EntryOf(StoreKind kind) {
+  for (const auto& e : kStores)
+    if (e.kind == kind) return e;
+  throw Error("internal: unknown store");
+}
+
+}  // namespace
+
+std::string_view StoreName(StoreKind kind) { return EntryOf(kind).name; }
+
+StoreKind StoreFromName(const std::string& name) {
+  std::string known;
+  for (const auto& e : kStores) {
+    if (name == e.name) return e.kind;
+    known += std::string(known.empty() ? "" : ", ") + e.name;
+  }
+  throw Error("unknown store '" + name + "' (known: " + known + ")");
+}
+
+StoreKind StoreOf(const nlohmann::json& manifest) {
+  if (!manifest.contains("store")) return StoreKind::Pt;
+  return StoreFromName(manifest.at("store").get<std::string>());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reader
+
+std::unique_ptr<AtomReader> AtomReader::Open(const std::string& dir) {
+  nlohmann::json m = ReadManifest(dir);
+  StoreKind kind = WithContext(dir + "/" + kManifestName, [&] { return StoreOf(m); });
+  return EntryOf(kind).open(dir, std::move(m));
+}
+
+AtomReader::AtomReader(StoreKind store, std::string dir, nlohmann::json manifest)
+    : store_(store), dir_(std::move(dir)), manifest_(std::move(manifest)) {
+  WithContext(dir_ + "/" + kManifestName, [&] {
+    for (const auto& p : manifest_.at("params")) {
+      AtomParam a;
+      a.name = p.at("name").get<std::string>();
+      a.shape = p.at("shape").get<std::vector<int64_t>>();
+      a.numel = p.at("numel").get<int64_t>();
+      if (pt::Numel(a.shape) != a.numel) throw Error("parameter '" + a.name + "': numel does not match its shape");
+      a.pattern = p.at("pattern").get<std::string>();
+      a.split_dim = p.at("split_dim").is_null() ? -1 : p.at("split_dim").get<int>();
+      a.split_dim_known = p.at("split_dim_known").get<bool>();
+      a.vocab = p.at("vocab").get<bool>();
+      a.sub_param_sizes = p.at("sub_param_sizes").get<std::vector<int64_t>>();
+      a.group = p.value("group", 0);
+      if (store_ == StoreKind::Pt) a.has_step = p.at("files").contains("step");
+      else a.has_step = p.at("hdf5").at("step").get<bool>();
+      a.meta = p;
+      a.meta.erase("files");
+      a.meta.erase("hdf5");
+      ParamRelDir(a.name);  // a name that could leave zero/ (or is no HDF5 link name) is refused
+      if (!index_.emplace(a.name, params_.size()).second) throw Error("parameter '" + a.name + "' is listed twice");
+      params_.push_back(std::move(a));
+    }
+  });
+}
+
+const AtomParam& AtomReader::param(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) throw Error(dir_ + ": no parameter '" + name + "' in the manifest");
+  return params_[it->second];
+}
+
+void AtomReader::CheckSlab(const AtomParam& p, plan::State state, std::span<const int64_t> start,
+                           std::span<const int64_t> count) const {
+  auto fail = [&](const std::string& why) {
+    throw Error(dir_ + ": parameter '" + p.name + "' " + std::string(plan::StateName(state)) + ": slab " + why);
+  };
+  if (start.size() != p.shape.size() || count.size() != p.shape.size())
+    fail("of rank " + std::to_string(start.size()) + "/" + std::to_string(count.size()) + " for a tensor of shape " +
+         pt::ShapeString(p.shape));
+  for (size_t d = 0; d < p.shape.size(); ++d)
+    if (start[d] < 0 || count[d] < 0 || start[d] + count[d] > p.shape[d])
+      fail(std::string("[") + std::to_string(start[d]) + ", " + std::to_string(start[d] + count[d]) + ") in dimension " +
+           std::to_string(d) + " outside the shape " + pt::ShapeString(p.shape));
+}
+
+void AtomReader::ReadAll(const std::string& name, plan::State state, float* dst) {
+  const AtomParam& p = param(name);
+  std::vector<int64_t> start(p.shape.size(), 0);
+  ReadSlab(name, state, start, p.shape, dst);
+}
+
+uint64_t AtomReader::TensorDigest(const std::string& name, plan::State state) {
+  const AtomParam& p = param(name);
+  XxHash64 h;
+  if (p.shape.empty()) {
+    float v = 0;
+    ReadSlab(name, state, {}, {}, &v);
+    h.Update(&v, sizeof v);
+    return h.Digest();
+  }
+  const int64_t row = p.shape[0] > 0 ? p.numel / p.shape[0] : 0;
+  const int64_t rows = std::max<int64_t>(1, (int64_t{4} << 20) / std::max<int64_t>(1, row));
+  std::vector<float> buf(static_cast<size_t>(std::min(rows, p.shape[0]) * row));
+  std::vector<int64_t> start(p.shape.size(), 0), count = p.shape;
+  for (int64_t r = 0; r < p.shape[0]; r += rows) {
+    start[0] = r;
+    count[0] = std::min(rows, p.shape[0] - r);
+    ReadSlab(name, state, start, count, buf.data());
+    h.Update(buf.data(), static_cast<size_t>(count[0] * row) * sizeof(float));
+  }
+  return h.Digest();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+
+std::unique_ptr<AtomWriter> AtomWriter::Create(StoreKind store, const std::string& dir, std::vector<AtomSpec> specs,
+                                               shuffle::Comm& comm) {
+  return EntryOf(store).create(dir, std::move(specs), comm);
+}
+
+AtomWriter::AtomWriter(std::string dir, std::vector<AtomSpec> specs) : dir_(std::move(dir)), specs_(std::move(specs)) {
+  for (size_t k = 0; k < specs_.size(); ++k) {
+    ParamRelDir(specs_[k].name);
+    if (!index_.emplace(specs_[k].name, k).second) throw Error("parameter '" + specs_[k].name + "' given twice");
+  }
+}
+
+const AtomSpec& AtomWriter::spec(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) throw Error(dir_ + ": parameter '" + name + "' was not declared to the writer");
+  return specs_[it->second];
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void RemoveAtomicCheckpoint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  fs::remove(dir + "/" + kManifestName);  // uncommit first: the folder no longer looks complete
+  Journal::Remove(dir);
+  fs::remove_all(dir + "/zero");
+  fs::remove(dir + "/" + kAtomsH5);
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind(std::string(kAtomsH5) + ".tmp-", 0) == 0) stale.push_back(e.path());
+  for (const auto& p : stale) fs::remove(p);
+}
+
+std::vector<int64_t> ChunkShape(const std::vector<int64_t>& shape, int split_dim,
+                                const std::vector<int64_t>& sub_param_sizes) {
+  if (shape.empty() || pt::Numel(shape) == 0) return {};
+  constexpr int64_t kTarget = (int64_t{1} << 20) / 4;  // elements in about 1 MiB
+  std::vector<int64_t> chunk = shape;
+  chunk[0] = 1;
+  if (split_dim > 0 && static_cast<size_t>(split_dim) < shape.size()) {
+    int64_t n = shape[static_cast<size_t>(split_dim)];
+    for (int64_t parts : {8, 4, 2})
+      if (n % parts == 0) {
+        chunk[static_cast<size_t>(split_dim)] = n / parts;
+        break;
+      }
+  }
+  const int64_t target = std::clamp<int64_t>(kTarget / std::max<int64_t>(1, pt::Numel(chunk)), 1, shape[0]);
+  // Rows per chunk: a divisor of the unit every slice boundary along dimension 0 is a multiple of
+  // (the whole dimension; split along it, its TP eighths, quarters or halves, per sub-parameter), so
+  // that no chunk straddles two readers and no edge chunk is stored half empty.
+  int64_t unit = shape[0];
+  if (split_dim == 0) {
+    for (int64_t s : sub_param_sizes) unit = std::gcd(unit, s);
+    for (int64_t parts : {8, 4, 2})
+      if (unit % parts == 0) {
+        unit /= parts;
+        break;
+      }
+  }
+  int64_t best = 1;
+  for (int64_t d = 1; d * d <= unit; ++d)
+    if (unit % d == 0) {
+      if (d <= target) best = std::max(best, d);
+      if (unit / d <= target) best = std::max(best, unit / d);
+    }
+  // A unit with no divisor near the target (a prime vocabulary size): plain ~1 MiB chunks.
+  chunk[0] = best * 8 >= target ? best : target;
+  return chunk;
+}
+
+void CopySlab(const float* src, std::span<const int64_t> shape, std::span<const int64_t> start,
+              std::span<const int64_t> count, float* dst) {
+  const size_t n = shape.size();
+  if (n == 0) {
+    *dst = *src;
+    return;
+  }
+  for (int64_t c : count)
+    if (c == 0) return;
+  std::vector<int64_t> stride(n, 1);
+  for (size_t d = n - 1; d > 0; --d) stride[d - 1] = stride[d] * shape[d];
+  // Innermost run: the last dimension's count; iterate over the others like an odometer.
+  std::vector<int64_t> idx(n, 0);
+  const int64_t run = count[n - 1];
+  while (true) {
+    int64_t off = 0;
+    for (size_t d = 0; d < n; ++d) off += (start[d] + idx[d]) * stride[d];
+    std::copy(src + off, src + off + run, dst);
+    dst += run;
+    size_t d = n - 1;
+    while (d > 0) {
+      if (++idx[d - 1] < count[d - 1]) break;
+      idx[d - 1] = 0;
+      --d;
+    }
+    if (d == 0) return;
+  }
+}
+
+}  // namespace ucp::store

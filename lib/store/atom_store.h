@@ -1,0 +1,183 @@
+// Where an atomic checkpoint's tensors live, behind one interface (DESIGN.md section 4; STYLE.md:
+// formats and storage are separate axes). Two stores, registered in the one table of
+// atom_store.cpp:
+//   pt    DeepSpeed's universal layout: zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt, one
+//         torch.save file per parameter and state (what DeepSpeed's load_universal reads);
+//   hdf5  one atoms.h5: a group per parameter holding the datasets fp32, exp_avg, exp_avg_sq, the
+//         step and the manifest's metadata as attributes (schemas/atoms-h5.schema.json), written in
+//         parallel through MPI-IO, read hyperslab by hyperslab.
+// Either way zero/optimizer_state.pt, the carried-over model-states files and ucp_manifest.json
+// sit in the folder; the manifest's "store" says which store holds the tensors (absent: pt), and
+// each parameter's entry says where: "files" (pt) or "hdf5".
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "plan/convert_plan.h"
+#include "pt/value.h"
+#include "shuffle/comm.h"
+#include "store/atomic_store.h"
+
+namespace ucp::store {
+
+enum class StoreKind { Pt, Hdf5 };
+std::string_view StoreName(StoreKind kind);    // "pt", "hdf5"
+StoreKind StoreFromName(const std::string& name);  // throws ucp::Error listing the known stores
+StoreKind StoreOf(const nlohmann::json& manifest);  // its "store"; absent: pt (format_version 1 folders)
+
+inline constexpr const char* kAtomsH5 = "atoms.h5";
+inline constexpr int kAtomsH5Version = 1;  // the layout of atoms.h5, schemas/atoms-h5.schema.json
+
+// One parameter as the manifest describes it.
+struct AtomParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  std::string pattern;  // "Shard-V", ... (the model pattern)
+  int split_dim = -1;   // -1: not split (Replicate, Partial)
+  bool split_dim_known = false, vocab = false;
+  std::vector<int64_t> sub_param_sizes;
+  int group = 0;
+  bool has_step = false;
+  nlohmann::json meta;  // the manifest entry without its storage part ("files" / "hdf5")
+};
+
+// Reads an atomic checkpoint of either store. Thread-safe; the HDF5 store needs no MPI to read
+// (every rank opens atoms.h5 on its own, read-only).
+class AtomReader {
+ public:
+  // Reads the manifest and opens the store it names; throws ucp::Error naming the file (a missing
+  // or damaged atoms.h5 is refused here).
+  static std::unique_ptr<AtomReader> Open(const std::string& dir);
+  virtual ~AtomReader() = default;
+
+  StoreKind store() const { return store_; }
+  const std::string& dir() const { return dir_; }
+  const nlohmann::json& manifest() const { return manifest_; }
+  const std::vector<AtomParam>& params() const { return params_; }
+  const AtomParam& param(const std::string& name) const;  // throws naming the parameter
+
+  // The hyperslab [start, start + count) of one parameter's state (fp32) into dst, row-major in
+  // the slab's shape (prod(count) floats). start and count have the parameter's rank (empty for a
+  // 0-dim tensor). HDF5: one H5Dread of a hyperslab selection, through a per-dataset handle kept
+  // open; pt: a copy out of the memory-mapped .pt file, also kept open. Checks dtype float32 and
+  // the manifest's shape the first time a tensor is opened. Throws ucp::Error naming the file, the
+  // parameter and the state.
+  virtual void ReadSlab(const std::string& param, plan::State state, std::span<const int64_t> start,
+                        std::span<const int64_t> count, float* dst) = 0;
+  void ReadAll(const std::string& param, plan::State state, float* dst);
+  // The step as the .pt store's step.pt holds it (a 0-dim tensor, or a Python int / float);
+  // nullptr when the parameter has none.
+  virtual pt::ValuePtr ReadStep(const std::string& param) = 0;
+  // The keys DeepSpeed's loader reads beside 'param' (for writing .pt files from any store).
+  virtual UniversalKeys ReadUniversalKeys(const std::string& param) = 0;
+  // XXH64 of the raw little-endian bytes of one state tensor, streamed in slabs of about 16 MiB.
+  uint64_t TensorDigest(const std::string& param, plan::State state);
+  // Drops the open handles of a parameter (a reader that moves on frees them).
+  virtual void Forget(const std::string& param) = 0;
+
+  // Tensor bytes read so far (4 x the elements of every slab): "bytes read" of a reshard report.
+  uint64_t bytes_read() const { return bytes_read_.load(); }
+  // What those reads cost in storage: HDF5 reads whole chunks, so for the hdf5 store this counts
+  // every chunk a slab touches in full (an upper bound: HDF5's chunk cache may spare a re-read);
+  // for the pt store it equals bytes_read(). bytes_read() / storage_bytes_read() is the efficiency
+  // of the chunking for a reader's slabs.
+  uint64_t storage_bytes_read() const { return storage_bytes_read_.load(); }
+
+ protected:
+  AtomReader(StoreKind store, std::string dir, nlohmann::json manifest);
+  // Throws unless [start, start + count) lies inside the parameter's shape.
+  void CheckSlab(const AtomParam& p, plan::State state, std::span<const int64_t> start,
+                 std::span<const int64_t> count) const;
+  std::atomic<uint64_t> bytes_read_{0}, storage_bytes_read_{0};
+
+ private:
+  StoreKind store_;
+  std::string dir_;
+  nlohmann::json manifest_;
+  std::vector<AtomParam> params_;
+  std::map<std::string, size_t> index_;
+};
+
+// What a writer is told of every parameter before any data: every rank gets the same list (all
+// parameters of the checkpoint, in manifest order), whatever it writes itself.
+struct AtomSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  nlohmann::json meta;  // the manifest entry's metadata (ParamMetaJson), without storage
+  UniversalKeys keys;
+  pt::ValuePtr step;  // written with the fp32 state; nullptr: the parameter has no step
+  int split_dim = -1;  // chooses the HDF5 chunk shape
+};
+
+// What a commit leaves for the manifest (complete on rank 0 only).
+struct StoreCommit {
+  std::vector<FileRecord> files;  // files Commit itself wrote (hdf5: atoms.h5)
+  nlohmann::json storage;         // parameter name -> the storage part of its manifest entry
+};
+
+// Writes the tensors of an atomic checkpoint into one store.
+//   pt:   Write commits zero/<param>/<state>.pt (and step.pt with fp32) at once, each atomically;
+//         thread-safe. Commit only describes them.
+//   hdf5: Create makes <dir>/atoms.h5.tmp-<pid> with every group and dataset (collective under
+//         MPI: every rank passes the same specs); Write is one independent H5Dwrite of a whole
+//         dataset by whichever rank holds the tensor; Commit closes the file (collective), rank 0
+//         then adds the attributes (metadata, XXH64 of every dataset, steps), fsyncs and renames it
+//         to atoms.h5. Write calls are serialized; make them from the thread that started MPI
+//         (MPI_THREAD_FUNNELED). A writer destroyed before Commit removes its temporary file.
+// Every FileRecord returned by Write or Commit, on any rank, belongs in the manifest.
+class AtomWriter {
+ public:
+  static std::unique_ptr<AtomWriter> Create(StoreKind store, const std::string& dir, std::vector<AtomSpec> specs,
+                                            shuffle::Comm& comm);
+  virtual ~AtomWriter() = default;
+  // One full state tensor (row-major, the spec's shape). Returns the files it committed.
+  virtual std::vector<FileRecord> Write(const std::string& param, plan::State state, const float* data) = 0;
+  // Whether Write may run on several threads at once (pt: yes; hdf5: no).
+  virtual bool concurrent() const = 0;
+  // Collective: after every rank's last Write.
+  virtual StoreCommit Commit() = 0;
+  const std::vector<AtomSpec>& specs() const { return specs_; }
+
+ protected:
+  AtomWriter(std::string dir, std::vector<AtomSpec> specs);
+  const AtomSpec& spec(const std::string& name) const;  // throws naming the parameter
+  std::string dir_;
+  std::vector<AtomSpec> specs_;
+  std::map<std::string, size_t> index_;
+};
+
+// The chunk shape of a tensor in atoms.h5: about 1 MiB; along a split dimension > 0 an eighth,
+// quarter or half of it where that divides; along dimension 0 whole rows, as many as divide the
+// unit slice boundaries fall on (TP eighths of the dimension, per sub-parameter for Shard-NC),
+// so that a TP slice is a run of whole chunks. Empty for an empty or 0-dim tensor (contiguous).
+std::vector<int64_t> ChunkShape(const std::vector<int64_t>& shape, int split_dim,
+                                const std::vector<int64_t>& sub_param_sizes = {});
+
+// The two stores' implementations (atom_store_pt.cpp, atom_store_h5.cpp).
+std::unique_ptr<AtomReader> OpenPtReader(const std::string& dir, nlohmann::json manifest);
+std::unique_ptr<AtomReader> OpenH5Reader(const std::string& dir, nlohmann::json manifest);
+std::unique_ptr<AtomWriter> CreatePtWriter(const std::string& dir, std::vector<AtomSpec> specs, shuffle::Comm& comm);
+std::unique_ptr<AtomWriter> CreateH5Writer(const std::string& dir, std::vector<AtomSpec> specs, shuffle::Comm& comm);
+
+// --force: uncommits an atomic checkpoint in `dir` (the manifest goes first) and removes its
+// tensors of either store, the resume journal and temporaries of a killed HDF5 write.
+void RemoveAtomicCheckpoint(const std::string& dir);
+
+// The XXH64 (hex) atoms.h5 records for a dataset (its attribute "xxh64"); hdf5 readers only.
+std::string RecordedDatasetDigest(AtomReader& reader, const std::string& param, plan::State state);
+
+// Row-major copy of the slab [start, start + count) of a tensor of `shape` at src into dst.
+void CopySlab(const float* src, std::span<const int64_t> shape, std::span<const int64_t> start,
+              std::span<const int64_t> count, float* dst);
+
+}  // namespace ucp::store

@@ -1,0 +1,146 @@
+// The .pt store: DeepSpeed's universal layout, one torch.save file per parameter and state. Reads
+// copy slabs out of the memory-mapped files; writes are what ucp-convert has always written
+// (StateFileValue + WriteTorchFile, each file atomically).
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "core/error.h"
+#include "pt/torch_file.h"
+#include "store/atom_store.h"
+
+namespace ucp::store {
+namespace fs = std::filesystem;
+
+namespace {
+
+class PtReader final : public AtomReader {
+ public:
+  PtReader(const std::string& dir, nlohmann::json manifest) : AtomReader(StoreKind::Pt, dir, std::move(manifest)) {
+    WithContext(dir + "/" + kManifestName, [&] {
+      for (const auto& p : this->manifest().at("params")) {
+        auto& f = files_[p.at("name").get<std::string>()];
+        for (int s = 0; s < plan::kStates; ++s)
+          f[s] = p.at("files").at(std::string(plan::StateName(static_cast<plan::State>(s)))).get<std::string>();
+        if (p.at("files").contains("step")) f[plan::kStates] = p.at("files").at("step").get<std::string>();
+      }
+    });
+  }
+
+  void ReadSlab(const std::string& name, plan::State state, std::span<const int64_t> start,
+                std::span<const int64_t> count, float* dst) override {
+    const AtomParam& p = param(name);
+    CheckSlab(p, state, start, count);
+    std::shared_ptr<const pt::TorchFile> file = Tensor(p, state);
+    const pt::TensorView& t = file->root->At("param").AsTensor();
+    CopySlab(reinterpret_cast<const float*>(t.data()), p.shape, start, count, dst);
+    const uint64_t bytes = 4 * static_cast<uint64_t>(pt::Numel({count.begin(), count.end()}));
+    bytes_read_ += bytes;
+    storage_bytes_read_ += bytes;
+  }
+
+  pt::ValuePtr ReadStep(const std::string& name) override {
+    const AtomParam& p = param(name);
+    if (!p.has_step) return nullptr;
+    return pt::ReadTorchFile(dir() + "/" + files_.at(name)[plan::kStates]).root;
+  }
+
+  UniversalKeys ReadUniversalKeys(const std::string& name) override {
+    const AtomParam& p = param(name);
+    std::optional<UniversalKeys> keys;
+    for (int s = 0; s < plan::kStates; ++s) {
+      auto state = static_cast<plan::State>(s);
+      std::string path = dir() + "/" + files_.at(name)[s];
+      auto file = Tensor(p, state);
+      UniversalKeys k = WithContext(path, [&] { return UniversalKeysOfStateFile(*file->root, p.shape); });
+      if (keys && !(*keys == k))
+        throw Error(path + ": its DeepSpeed keys differ from those of " + files_.at(name)[0]);
+      keys = k;
+    }
+    return *keys;
+  }
+
+  void Forget(const std::string& name) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int s = 0; s < plan::kStates; ++s) open_.erase({name, s});
+  }
+
+ private:
+  // The state file, opened once and checked: a dict whose 'param' is a contiguous float32 tensor
+  // of the manifest's shape.
+  std::shared_ptr<const pt::TorchFile> Tensor(const AtomParam& p, plan::State state) {
+    std::pair<std::string, int> key{p.name, static_cast<int>(state)};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = open_.find(key);
+      if (it != open_.end()) return it->second;
+    }
+    const std::string rel = files_.at(p.name)[static_cast<int>(state)];
+    const std::string path = dir() + "/" + rel;
+    auto file = std::make_shared<pt::TorchFile>(pt::ReadTorchFile(path));
+    WithContext(path, [&] {
+      auto v = file->root->Get("param");
+      if (!v || v->kind != pt::Value::Kind::Tensor) throw Error("no 'param' tensor");
+      const pt::TensorView& t = v->AsTensor();
+      if (t.dtype != pt::DType::F32) throw Error("'param' is " + std::string(pt::DTypeName(t.dtype)) + ", not float32");
+      if (!t.contiguous()) throw Error("'param' is not contiguous");
+      if (t.shape != p.shape)
+        throw Error("'param' has shape " + pt::ShapeString(t.shape) + ", the manifest says " + pt::ShapeString(p.shape));
+    });
+    std::lock_guard<std::mutex> lock(mu_);
+    return open_.emplace(key, std::move(file)).first->second;
+  }
+
+  std::map<std::string, std::array<std::string, plan::kStates + 1>> files_;  // states, then step
+  std::mutex mu_;
+  std::map<std::pair<std::string, int>, std::shared_ptr<const pt::TorchFile>> open_;
+};
+
+class PtWriter final : public AtomWriter {
+ public:
+  PtWriter(const std::string& dir, std::vector<AtomSpec> specs) : AtomWriter(dir, std::move(specs)) {}
+
+  std::vector<FileRecord> Write(const std::string& name, plan::State state, const float* data) override {
+    const AtomSpec& s = spec(name);
+    fs::create_directories(dir_ + "/" + ParamRelDir(name));
+    // The tensor views the caller's memory for the duration of the write: no owner, no copy.
+    auto tensor = pt::OwnedTensor(std::shared_ptr<const void>(), data, pt::DType::F32, s.shape);
+    std::vector<FileRecord> out;
+    std::string rel = StateRelPath(name, state);
+    auto d = pt::WriteTorchFile(dir_ + "/" + rel, *StateFileValue(s.keys, s.shape, tensor));
+    out.push_back({rel, d.size, d.xxh64});
+    if (state == plan::State::Fp32 && s.step) {
+      std::string srel = StepRelPath(name);
+      auto sd = pt::WriteTorchFile(dir_ + "/" + srel, *s.step);
+      out.push_back({srel, sd.size, sd.xxh64});
+    }
+    return out;
+  }
+
+  bool concurrent() const override { return true; }
+
+  StoreCommit Commit() override {
+    StoreCommit c;
+    c.storage = nlohmann::json::object();
+    for (const auto& s : specs_) {
+      nlohmann::json f;
+      for (int k = 0; k < plan::kStates; ++k)
+        f[std::string(plan::StateName(static_cast<plan::State>(k)))] = StateRelPath(s.name, static_cast<plan::State>(k));
+      if (s.step) f["step"] = StepRelPath(s.name);
+      c.storage[s.name] = {{"files", f}};
+    }
+    return c;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<AtomReader> OpenPtReader(const std::string& dir, nlohmann::json manifest) {
+  return std::make_unique<PtReader>(dir, std::move(manifest));
+}
+
+std::unique_ptr<AtomWriter> CreatePtWriter(const std::string& dir, std::vector<AtomSpec> specs, shuffle::Comm&) {
+  return std::make_unique<PtWriter>(dir, std::move(specs));
+}
+
+}  // namespace ucp::store

@@ -1,0 +1,354 @@
+// The store conformance suite: the same cases against every store (pt, hdf5). Tensors of random
+// bit patterns (NaN payloads, denormals, negative zero included) are written through AtomWriter,
+// then read back through AtomReader whole and as many random hyperslabs, and compared byte for
+// byte with what the test wrote, the slabs cut by the test's own index arithmetic. Also: steps and
+// DeepSpeed keys round-trip, bytes-read accounting, and damaged stores refused with the file named.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/xxhash64.h"
+#include "h5/h5.h"
+#include "pt/torch_file.h"
+#include "shuffle/comm.h"
+#include "store/atom_store.h"
+#include "test_support.h"
+
+using namespace ucp;
+using store::StoreKind;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Case {
+  std::string name;
+  std::vector<int64_t> shape;
+  int split_dim;
+  store::UniversalKeys keys;
+  pt::ValuePtr step;
+  std::vector<float> data[plan::kStates];
+};
+
+pt::ValuePtr StepTensor(float v) {
+  auto mem = std::make_shared<float>(v);
+  const void* p = mem.get();
+  return pt::OwnedTensor(std::shared_ptr<const void>(mem, p), p, pt::DType::F32, {});
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  store::UniversalKeys shard_v;
+  shard_v.cat_dim = 0;
+  store::UniversalKeys shard_h;
+  shard_h.cat_dim = 1;
+  store::UniversalKeys vocab = shard_v;
+  vocab.vocab_tensor = true;
+  store::UniversalKeys fused;
+  fused.sub_param_shape = store::UniversalKeys::SubParamShape{{"a\\.qkv", "b\\.qkv"}, {12, 6, 6}, 0};
+  store::UniversalKeys two;
+  two.cat_dim = 0;
+  two.param_n_sub_params = 2;
+  cases.push_back({"embed.word_embeddings.weight", {37, 16}, 0, vocab, StepTensor(12.0f), {}});
+  cases.push_back({"layers.0.attention.dense.weight", {24, 40}, 1, shard_h, StepTensor(12.0f), {}});
+  cases.push_back({"layers.0.qkv.weight", {24, 9}, 0, fused, pt::Value::Int(7), {}});
+  cases.push_back({"layers.0.mlp.weight", {10, 3}, 0, two, nullptr, {}});
+  cases.push_back({"layers.0.norm.weight", {131}, -1, {}, pt::Value::Float(3.5), {}});
+  cases.push_back({"empty.weight", {0}, -1, {}, StepTensor(1.0f), {}});
+  cases.push_back({"empty2.weight", {5, 0}, 1, shard_h, nullptr, {}});
+  cases.push_back({"cube.weight", {3, 5, 7}, 2, shard_v, nullptr, {}});
+  cases.push_back({"scalar", {}, -1, {}, nullptr, {}});
+  std::mt19937 rng(11);
+  for (auto& c : cases)
+    for (auto& d : c.data) {
+      d.resize(static_cast<size_t>(pt::Numel(c.shape)));
+      for (auto& x : d) {
+        uint32_t bits = static_cast<uint32_t>(rng());
+        std::memcpy(&x, &bits, 4);
+      }
+    }
+  return cases;
+}
+
+nlohmann::json Meta(const Case& c) {
+  return {{"name", c.name}, {"shape", c.shape}, {"dtype", "float32"}, {"numel", pt::Numel(c.shape)},
+          {"pattern", c.split_dim < 0 ? "Replicate" : "Shard-V"}, {"split_dim", c.split_dim < 0 ? nlohmann::json(nullptr) : nlohmann::json(c.split_dim)},
+          {"split_dim_known", true}, {"sub_param_sizes", std::vector<int64_t>{}}, {"vocab", c.keys.vocab_tensor},
+          {"group", 0}};
+}
+
+// Writes the cases into `dir` with the store, and the manifest as ucp-convert would.
+void WriteStore(StoreKind kind, const fs::path& dir, const std::vector<Case>& cases) {
+  fs::remove_all(dir);
+  fs::create_directories(dir / "zero");
+  auto comm = shuffle::MakeLocalComm();
+  std::vector<store::AtomSpec> specs;
+  for (const auto& c : cases) specs.push_back({c.name, c.shape, Meta(c), c.keys, c.step, c.split_dim});
+  auto writer = store::AtomWriter::Create(kind, dir, specs, *comm);
+  std::map<std::string, store::FileRecord> files;
+  // Written out of order, as reducers finish them.
+  for (int s = plan::kStates - 1; s >= 0; --s)
+    for (const auto& c : cases)
+      for (const auto& r : writer->Write(c.name, static_cast<plan::State>(s), c.data[s].data())) files[r.path] = r;
+  auto committed = writer->Commit();
+  for (const auto& r : committed.files) files[r.path] = r;
+  nlohmann::json params = nlohmann::json::array();
+  for (const auto& c : cases) {
+    auto p = Meta(c);
+    p.update(committed.storage.at(c.name));
+    params.push_back(p);
+  }
+  nlohmann::json source = {{"dp", 1}};
+  auto m = store::AssembleManifest(std::string(store::StoreName(kind)), source, nullptr, params, files);
+  WriteFileAtomically((dir / store::kManifestName).string(), m.dump(1));
+}
+
+// The slab [start, start + count) of a row-major tensor, element by element.
+std::vector<float> Slab(const std::vector<float>& all, const std::vector<int64_t>& shape, const std::vector<int64_t>& start,
+                        const std::vector<int64_t>& count) {
+  std::vector<float> out;
+  int64_t n = pt::Numel(count);
+  for (int64_t k = 0; k < n; ++k) {
+    int64_t rest = k, off = 0, stride = 1;
+    std::vector<int64_t> idx(shape.size());
+    for (size_t d = shape.size(); d-- > 0;) idx[d] = rest % count[d], rest /= count[d];
+    for (size_t d = shape.size(); d-- > 0;) off += (start[d] + idx[d]) * stride, stride *= shape[d];
+    out.push_back(all[static_cast<size_t>(off)]);
+  }
+  return out;
+}
+
+bool SameBytes(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
+}
+
+fs::path StoreDir(StoreKind kind, const std::string& what) {
+  return test::WorkDir() / "store" / (std::string(store::StoreName(kind)) + "-" + what);
+}
+
+}  // namespace
+
+TEST_CASE("store: every store gives back whole tensors and random hyperslabs byte for byte", "[store]") {
+  for (StoreKind kind : {StoreKind::Pt, StoreKind::Hdf5}) {
+    DYNAMIC_SECTION(store::StoreName(kind)) {
+      auto cases = Cases();
+      fs::path dir = StoreDir(kind, "roundtrip");
+      WriteStore(kind, dir, cases);
+      auto reader = store::AtomReader::Open(dir.string());
+      REQUIRE(reader->store() == kind);
+      REQUIRE(reader->params().size() == cases.size());
+      std::mt19937 rng(5);
+      uint64_t expected_read = 0;
+      for (size_t i = 0; i < cases.size(); ++i) {
+        const Case& c = cases[i];
+        const auto& p = reader->params()[i];
+        CHECK(p.name == c.name);
+        CHECK(p.shape == c.shape);
+        CHECK(p.has_step == (c.step != nullptr));
+        for (int s = 0; s < plan::kStates; ++s) {
+          auto state = static_cast<plan::State>(s);
+          std::vector<float> all(c.data[s].size() + (c.shape.empty() ? 1 : 0));
+          reader->ReadAll(c.name, state, all.data());
+          all.resize(c.data[s].size());
+          CHECK(SameBytes(all, c.data[s]));
+          expected_read += 4 * c.data[s].size();
+          CHECK(reader->TensorDigest(c.name, state) == XxHash64::Of(c.data[s].data(), 4 * c.data[s].size()));
+          expected_read += 4 * c.data[s].size();
+          // Random slabs, empty ones included.
+          for (int t = 0; t < 60 && !c.shape.empty(); ++t) {
+            std::vector<int64_t> start(c.shape.size()), count(c.shape.size());
+            for (size_t d = 0; d < c.shape.size(); ++d) {
+              int64_t n = c.shape[d];
+              int64_t a = n == 0 ? 0 : static_cast<int64_t>(rng() % (n + 1)), b = n == 0 ? 0 : static_cast<int64_t>(rng() % (n + 1));
+              start[d] = std::min(a, b), count[d] = std::max(a, b) - std::min(a, b);
+            }
+            auto want = Slab(c.data[s], c.shape, start, count);
+            std::vector<float> got(want.size() + 1, 0.0f);
+            uint64_t before = reader->bytes_read();
+            reader->ReadSlab(c.name, state, start, count, got.data());
+            CHECK(reader->bytes_read() - before == 4 * want.size());
+            expected_read += 4 * want.size();
+            got.pop_back();
+            INFO(c.name << " " << plan::StateName(state) << " start " << pt::ShapeString(start) << " count "
+                        << pt::ShapeString(count));
+            CHECK(SameBytes(got, want));
+          }
+        }
+        // Steps and DeepSpeed's keys come back as written.
+        auto step = reader->ReadStep(c.name);
+        REQUIRE((step != nullptr) == (c.step != nullptr));
+        if (step) CHECK(pt::PickleForTesting(*step) == pt::PickleForTesting(*c.step));
+        CHECK(reader->ReadUniversalKeys(c.name) == c.keys);
+      }
+      CHECK(reader->bytes_read() == expected_read);
+    }
+  }
+}
+
+TEST_CASE("store: slabs outside the shape and unknown parameters are refused by name", "[store]") {
+  for (StoreKind kind : {StoreKind::Pt, StoreKind::Hdf5}) {
+    DYNAMIC_SECTION(store::StoreName(kind)) {
+      auto cases = Cases();
+      fs::path dir = StoreDir(kind, "refusals");
+      WriteStore(kind, dir, cases);
+      auto reader = store::AtomReader::Open(dir.string());
+      float buf[64];
+      std::vector<int64_t> start = {30, 0}, count = {8, 16}, bad_rank = {1};
+      CHECK_THROWS_WITH(reader->ReadSlab(cases[0].name, plan::State::Fp32, start, count, buf),
+                        Catch::Contains(cases[0].name) && Catch::Contains("outside the shape [37, 16]"));
+      CHECK_THROWS_WITH(reader->ReadSlab(cases[0].name, plan::State::Fp32, bad_rank, bad_rank, buf), Catch::Contains("rank 1"));
+      CHECK_THROWS_WITH(reader->ReadSlab("no.such.param", plan::State::Fp32, start, count, buf),
+                        Catch::Contains("no parameter 'no.such.param'"));
+    }
+  }
+}
+
+TEST_CASE("store: a truncated atoms.h5 is refused naming the file", "[store]") {
+  auto cases = Cases();
+  fs::path dir = StoreDir(StoreKind::Hdf5, "truncated");
+  WriteStore(StoreKind::Hdf5, dir, cases);
+  fs::path h5 = dir / store::kAtomsH5;
+  for (uintmax_t keep : {fs::file_size(h5) / 2, uintmax_t{100}, uintmax_t{0}}) {
+    fs::resize_file(h5, keep);
+    CHECK_THROWS_WITH(store::AtomReader::Open(dir.string()), Catch::Contains(h5.string()) && Catch::Contains("H5Fopen"));
+  }
+}
+
+TEST_CASE("store: a garbled atoms.h5 is an error or a correct read, never a crash or wrong bytes", "[store]") {
+  // Bytes flipped anywhere in the file: metadata damage must be an Error naming atoms.h5; damage to
+  // raw data shows in the per-dataset XXH64 that --verify checks.
+  auto cases = Cases();
+  fs::path dir = StoreDir(StoreKind::Hdf5, "garbled");
+  WriteStore(StoreKind::Hdf5, dir, cases);
+  fs::path h5 = dir / store::kAtomsH5;
+  std::string orig = test::ReadText(h5);
+  std::mt19937 rng(3);
+  int errors = 0, fine = 0, caught_by_digest = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    std::string bytes = orig;
+    size_t at = rng() % bytes.size();
+    bytes[at] = static_cast<char>(bytes[at] ^ (1 + rng() % 255));
+    { std::ofstream(h5, std::ios::binary) << bytes; }
+    try {
+      auto reader = store::AtomReader::Open(dir.string());
+      bool all_same = true;
+      for (const auto& c : cases)
+        for (int s = 0; s < plan::kStates; ++s) {
+          auto st = static_cast<plan::State>(s);
+          std::string recorded = store::RecordedDatasetDigest(*reader, c.name, st);
+          bool same = HexDigest(reader->TensorDigest(c.name, st)) == recorded &&
+                      recorded == HexDigest(XxHash64::Of(c.data[s].data(), 4 * c.data[s].size()));
+          all_same = all_same && same;
+        }
+      if (all_same) ++fine;
+      else ++caught_by_digest;
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains(store::kAtomsH5));
+      ++errors;
+    }
+    CHECK(h5::OpenIdCount() == 0);  // whatever failed, every handle was closed
+  }
+  CHECK(errors + fine + caught_by_digest == 150);
+  CHECK(errors > 0);
+}
+
+TEST_CASE("store: a missing dataset or state file is refused naming it", "[store]") {
+  auto cases = Cases();
+  {
+    fs::path dir = StoreDir(StoreKind::Hdf5, "missing");
+    WriteStore(StoreKind::Hdf5, dir, cases);
+    {
+      h5::File f = h5::File::Open((dir / store::kAtomsH5).string(), true);
+      f.OpenGroup(cases[1].name).Unlink("exp_avg");
+      f.CloseFile();
+    }
+    auto reader = store::AtomReader::Open(dir.string());
+    std::vector<float> buf(static_cast<size_t>(pt::Numel(cases[1].shape)));
+    CHECK_THROWS_WITH(reader->ReadAll(cases[1].name, plan::State::ExpAvg, buf.data()),
+                      Catch::Contains("atoms.h5") && Catch::Contains("/" + cases[1].name + "/exp_avg") &&
+                          Catch::Contains("no such dataset"));
+    reader->ReadAll(cases[1].name, plan::State::Fp32, buf.data());  // the others are still there
+  }
+  {
+    fs::path dir = StoreDir(StoreKind::Pt, "missing");
+    WriteStore(StoreKind::Pt, dir, cases);
+    fs::remove(dir / store::StateRelPath(cases[1].name, plan::State::ExpAvg));
+    auto reader = store::AtomReader::Open(dir.string());
+    std::vector<float> buf(static_cast<size_t>(pt::Numel(cases[1].shape)));
+    CHECK_THROWS_WITH(reader->ReadAll(cases[1].name, plan::State::ExpAvg, buf.data()),
+                      Catch::Contains(store::StateRelPath(cases[1].name, plan::State::ExpAvg)));
+  }
+}
+
+TEST_CASE("store: a tensor of another shape or dtype than the manifest's is refused", "[store]") {
+  auto cases = Cases();
+  fs::path dir = StoreDir(StoreKind::Pt, "wrong_shape");
+  WriteStore(StoreKind::Pt, dir, cases);
+  // Replace a state file with one holding a tensor of another shape.
+  std::vector<float> other(10, 1.0f);
+  auto t = pt::OwnedTensor(std::shared_ptr<const void>(), other.data(), pt::DType::F32, {2, 5});
+  pt::WriteTorchFile((dir / store::StateRelPath(cases[3].name, plan::State::Fp32)).string(),
+                     *store::StateFileValue(cases[3].keys, {2, 5}, t));
+  auto reader = store::AtomReader::Open(dir.string());
+  std::vector<float> buf(64);
+  CHECK_THROWS_WITH(reader->ReadAll(cases[3].name, plan::State::Fp32, buf.data()),
+                    Catch::Contains("fp32.pt") && Catch::Contains("shape [2, 5], the manifest says [10, 3]"));
+}
+
+TEST_CASE("store: storage bytes: a TP slice of an HDF5 tensor reads whole chunks and nothing more", "[store]") {
+  for (StoreKind kind : {StoreKind::Pt, StoreKind::Hdf5}) {
+    DYNAMIC_SECTION(store::StoreName(kind)) {
+      auto cases = Cases();
+      fs::path dir = StoreDir(kind, "storage_bytes");
+      WriteStore(kind, dir, cases);
+      auto reader = store::AtomReader::Open(dir.string());
+      const Case& c = cases[1];  // [24, 40], split along dim 1: chunks [24, 5]
+      std::vector<float> buf(24 * 40);
+      for (int64_t tp : {1, 2, 4, 8}) {
+        for (int64_t r = 0; r < tp; ++r) {
+          std::vector<int64_t> start = {0, r * 40 / tp}, count = {24, 40 / tp};
+          uint64_t before = reader->storage_bytes_read();
+          reader->ReadSlab(c.name, plan::State::ExpAvg, start, count, buf.data());
+          CHECK(reader->storage_bytes_read() - before == 4u * 24 * 40 / tp);
+          CHECK(SameBytes({buf.begin(), buf.begin() + 24 * 40 / tp}, Slab(c.data[1], c.shape, start, count)));
+        }
+      }
+      uint64_t before = reader->storage_bytes_read();
+      std::vector<int64_t> start = {3, 7}, count = {1, 1};
+      reader->ReadSlab(c.name, plan::State::ExpAvg, start, count, buf.data());
+      CHECK(reader->storage_bytes_read() - before == (kind == StoreKind::Hdf5 ? 4u * 24 * 5 : 4u));
+    }
+  }
+}
+
+TEST_CASE("store: HDF5 chunks are whole rows, split along a split dimension > 0", "[store]") {
+  // Rows divide the eighth of the split dimension (6250 = 2 x 5^5): TP boundaries fall between chunks.
+  CHECK(store::ChunkShape({50000, 1024}, 0) == std::vector<int64_t>{250, 1024});
+  // GQA QKV [q, k, v] = [2048, 256, 256] rows: per sub-parameter eighths of 32 rows.
+  CHECK(store::ChunkShape({2560, 1024}, 0, {2048, 256, 256}) == std::vector<int64_t>{32, 1024});
+  // A prime number of rows: plain 1 MiB chunks.
+  CHECK(store::ChunkShape({50257, 1024}, -1) == std::vector<int64_t>{256, 1024});
+  CHECK(store::ChunkShape({3840, 1920}, 0) == std::vector<int64_t>{120, 1920});
+  CHECK(store::ChunkShape({1024, 4096}, 1) == std::vector<int64_t>{512, 512});
+  CHECK(store::ChunkShape({7}, -1) == std::vector<int64_t>{7});
+  CHECK(store::ChunkShape({3, 5, 7}, 2) == std::vector<int64_t>{3, 5, 7});
+  CHECK(store::ChunkShape({0, 4}, 0).empty());
+  CHECK(store::ChunkShape({}, -1).empty());
+}
+
+TEST_CASE("store: HDF5 errors name the file, the object and the operation", "[store]") {
+  fs::path p = test::WorkDir() / "store" / "not_hdf5.h5";
+  fs::create_directories(p.parent_path());
+  { std::ofstream(p) << "this is not an HDF5 file"; }
+  CHECK_THROWS_WITH(h5::File::Open(p.string(), false), Catch::Contains(p.string()) && Catch::Contains("H5Fopen") &&
+                                                           Catch::Contains("signature"));
+  fs::path q = test::WorkDir() / "store" / "small.h5";
+  auto f = h5::File::Create(q.string());
+  auto g = f.CreateGroup("a.b");
+  CHECK_THROWS_WITH(f.CreateGroup("a.b"), Catch::Contains(q.string() + ": /a.b: H5Gcreate2") && Catch::Contains("already exists"));
+  CHECK_THROWS_WITH(g.IntAttribute("nope"), Catch::Contains("/a.b attribute 'nope'") && Catch::Contains("H5Aopen"));
+}
