@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -103,6 +104,13 @@ std::vector<int> AssignLpt(const std::vector<int64_t>& weights, int bins);
 // Every sub-run of `param`'s stream in [begin, end), as (piece, offset within the piece, numel).
 template <typename Fn>
 void ForEachPieceRun(const ParamPlan& param, int64_t begin, int64_t end, Fn&& fn);
+
+// The copy-local elements [begin, end) as hyperslabs of the joined tensor: fn(start, count, local)
+// per slab, `local` the copy-local index of its first element; a slab's elements, in row-major
+// order, are consecutive copy-local elements. Slabs are as large as the blocks allow (whole rows
+// wherever the range has them), so that a reader issues few of them (ucp-reshard: one HDF5 read each).
+using SlabFn = std::function<void(const std::vector<int64_t>& start, const std::vector<int64_t>& count, int64_t local)>;
+void ForEachJoinedSlab(const Copy& copy, int64_t begin, int64_t end, const SlabFn& fn);
 
 // Calls fn(local_offset, joined_offset, n) for the runs of copy-local elements [begin, end) that
 // are contiguous both in the copy and in the joined tensor.

@@ -20,7 +20,7 @@
 #include "pt/torch_file.h"
 #include "reshard/naming.h"
 #include "shuffle/agree.h"
-#include "store/atomic_store.h"
+#include "store/atom_store.h"
 
 namespace ucp::reshard {
 namespace fs = std::filesystem;
@@ -52,7 +52,7 @@ struct Atom {
   bool split_known = false, vocab = false;
   std::vector<int64_t> sub_sizes;
   int group = 0;
-  std::string files[plan::kStates], step_file;
+  bool has_step = false;
   LayerPlace place;  // its layer spec and key inside the layer; the embedding is tied to the head spec
   int spec() const { return place.spec; }
   bool tied() const { return place.embedding(); }
@@ -74,6 +74,7 @@ struct Unit {
 
 // The atomic checkpoint's non-tensor state and its parameters.
 struct Source {
+  std::unique_ptr<store::AtomReader> reader;  // the tensors, from either store
   json manifest;
   std::vector<Atom> atoms;
   pt::TorchFile model_states;   // carried-over model-states file of rank 0
@@ -91,7 +92,8 @@ const Value* Arg(const Source& S, const char* key) {
 
 Source LoadSource(const std::string& dir) {
   Source S;
-  S.manifest = store::ReadManifest(dir);
+  S.reader = store::AtomReader::Open(dir);
+  S.manifest = S.reader->manifest();
   const std::string naming = S.manifest["source"].value("naming", "");
   if (naming != NamingName(Naming::Pipe) && naming != NamingName(Naming::Plain))
     throw Error(dir + ": the manifest's source naming is '" + naming + "'; ucp-reshard knows GPTModelPipe ('pipe') "
@@ -114,18 +116,17 @@ Source LoadSource(const std::string& dir) {
   if (const Value* d = Arg(S, "make_vocab_size_divisible_by")) S.divisible_by = d->AsInt();
   auto info = S.model_states.root->Get("universal_checkpoint_info");
   if (info && info->Get("original_vocab_size")) S.vocab = info->At("original_vocab_size").AsInt();
-  for (const auto& p : S.manifest["params"]) {
+  for (const store::AtomParam& p : S.reader->params()) {
     Atom a;
-    a.name = p["name"];
-    a.shape = p["shape"].get<std::vector<int64_t>>();
-    a.pattern = PatternFromName(p["pattern"]);
-    a.split_dim = p["split_dim"].is_null() ? -1 : p["split_dim"].get<int>();
-    a.split_known = p["split_dim_known"];
-    a.vocab = p["vocab"];
-    a.sub_sizes = p["sub_param_sizes"].get<std::vector<int64_t>>();
-    a.group = p.value("group", 0);
-    for (int s = 0; s < plan::kStates; ++s) a.files[s] = p["files"][std::string(plan::StateName(static_cast<plan::State>(s)))];
-    if (p["files"].contains("step")) a.step_file = p["files"]["step"];
+    a.name = p.name;
+    a.shape = p.shape;
+    a.pattern = PatternFromName(p.pattern);
+    a.split_dim = p.split_dim;
+    a.split_known = p.split_dim_known;
+    a.vocab = p.vocab;
+    a.sub_sizes = p.sub_param_sizes;
+    a.group = p.group;
+    a.has_step = p.has_step;
     a.place = PlaceOf(a.name, S.naming, S.layers);
     if (a.vocab && S.vocab == 0) S.vocab = a.shape[0];
     S.atoms.push_back(std::move(a));
@@ -315,67 +316,45 @@ struct Plan {
 };
 
 
-struct Opened {
-  pt::TorchFile file[plan::kStates];
-  const float* data[plan::kStates] = {nullptr, nullptr, nullptr};
-};
-
 class UnitWriter {
  public:
-  UnitWriter(const Source& S, const TargetLayout& T, const Plan& P, const Unit& U, std::string atomic_dir, std::string dir)
-      : S_(S), T_(T), P_(P), U_(U), atomic_dir_(std::move(atomic_dir)), dir_(std::move(dir)) {}
+  UnitWriter(const Source& S, const TargetLayout& T, const Plan& P, const Unit& U, std::string dir)
+      : S_(S), T_(T), P_(P), U_(U), dir_(std::move(dir)) {}
 
   // The files of this unit: under ZeRO-3 a model-states and an optimizer file per DP rank; else
   // the optimizer files of every DP rank, the layer files and the model-states file.
-  int64_t Write() {
-    Open();
+  void Write() {
     if (T_.zero_stage == 3) {
       auto states = ModelStates(Zero3Module());
       for (int d = 0; d < T_.dp; ++d) {
         WriteZero3OptimizerFile(d);
         pt::WriteTorchFile(dir_ + "/zero_pp_rank_" + std::to_string(d) + "_mp_rank_" + MpName() + "_model_states.pt", *states);
       }
-      return U_.bytes;
+      return;
     }
     const auto lp = LpOf(T_.dtype);
     for (const auto& up : U_.params) lp_.push_back(std::shared_ptr<uint8_t[]>(new uint8_t[std::max<int64_t>(1, up.local_numel) * lp.size]));
     for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);
     WriteLayerFiles();
     pt::WriteTorchFile(dir_ + "/mp_rank_" + MpName() + "_model_states.pt", *ModelStates(Value::None()));
-    return U_.bytes;
   }
 
  private:
-  void Open() {
-    for (const auto& up : U_.params) {
-      const Atom& a = S_.atoms[up.atom];
-      Opened o;
-      for (int s = 0; s < plan::kStates; ++s) {
-        o.file[s] = pt::ReadTorchFile(atomic_dir() + "/" + a.files[s]);
-        const pt::TensorView& t = o.file[s].root->At("param").AsTensor();
-        if (t.dtype != pt::DType::F32 || !t.contiguous() || t.shape != a.shape)
-          throw Error(atomic_dir() + "/" + a.files[s] + ": 'param' is " + std::string(pt::DTypeName(t.dtype)) + " " +
-                      pt::ShapeString(t.shape) + ", the manifest says float32 " + pt::ShapeString(a.shape));
-        o.data[s] = reinterpret_cast<const float*>(t.data());
-      }
-      opened_.push_back(std::move(o));
-    }
-  }
-  const std::string& atomic_dir() const { return atomic_dir_; }
-
-  // Copies local elements [a, b) of unit param k, state s, to dst (float32); fp32 also to lp.
+  // Copies local elements [a, b) of unit param k, state s, to dst (float32), a hyperslab read of
+  // the atomic tensor at a time; fp32 also to the layer files' weights.
   void Fill(size_t k, int s, int64_t a, int64_t b, float* dst) {
     const UnitParam& up = U_.params[k];
     const Atom& atom = S_.atoms[up.atom];
-    const int64_t full = pt::Numel(atom.shape);
-    const float* src = opened_[k].data[s];
-    plan::ForEachJoinedRun(up.copy, up.joined_shape, a, b, [&](int64_t local, int64_t joined, int64_t n) {
+    plan::ForEachJoinedSlab(up.copy, a, b, [&](const std::vector<int64_t>& start, std::vector<int64_t> count, int64_t local) {
       float* to = dst + (local - a);
-      int64_t have = std::clamp<int64_t>(full - joined, 0, n);  // beyond: vocabulary padding, zeros
-      if (have > 0) std::memcpy(to, src + joined, static_cast<size_t>(have) * 4);
-      if (have < n) std::memset(to + have, 0, static_cast<size_t>(n - have) * 4);
+      int64_t n = pt::Numel(count);
+      if (!start.empty() && start[0] + count[0] > atom.shape[0]) {  // rows of vocabulary padding: zeros
+        const int64_t keep = std::max<int64_t>(0, atom.shape[0] - start[0]), row = n / count[0];
+        std::memset(to + keep * row, 0, static_cast<size_t>((count[0] - keep) * row) * 4);
+        count[0] = keep, n = keep * row;
+      }
+      if (n > 0) S_.reader->ReadSlab(atom.name, static_cast<plan::State>(s), start, count, to);
     });
-    opened_[k].file[s].archive->file()->ReleaseResidentPages();  // copied: its pages can go
     if (s == 0 && !lp_.empty()) {  // the training-dtype weights of the layer files, from the same fp32 values
       uint8_t* lp = lp_[k].get();
       for (int64_t i = a; i < b; ++i) {
@@ -591,10 +570,10 @@ class UnitWriter {
 
   ValuePtr GroupStep(int g) {
     for (const auto& a : S_.atoms)
-      if (a.group == g && !a.step_file.empty()) {
+      if (a.group == g && a.has_step) {
         auto it = steps_.find(g);
-        if (it == steps_.end()) it = steps_.emplace(g, pt::ReadTorchFile(atomic_dir() + "/" + a.step_file)).first;
-        return it->second.root;
+        if (it == steps_.end()) it = steps_.emplace(g, S_.reader->ReadStep(a.name)).first;
+        return it->second;
       }
     return Value::None();
   }
@@ -674,10 +653,9 @@ class UnitWriter {
   const TargetLayout& T_;
   const Plan& P_;
   const Unit& U_;
-  std::string atomic_dir_, dir_;
-  std::vector<Opened> opened_;
+  std::string dir_;
   std::vector<std::shared_ptr<uint8_t[]>> lp_;
-  std::map<int, pt::TorchFile> steps_;
+  std::map<int, ValuePtr> steps_;
 };
 
 }  // namespace
@@ -817,20 +795,22 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
 
-  int64_t bytes_read = 0, files = 0;
+  int64_t planned = 0;
   error = Capture([&] {
     for (size_t k = 0; k < P.units.size(); ++k) {
       if (P.owner[k] != rank) continue;
-      const Unit& u = P.units[k];
-      UnitWriter w(S, o.target, P, u, o.atomic_dir, dir);
-      bytes_read += w.Write();
-      files += 1 + o.target.dp;
+      UnitWriter(S, o.target, P, P.units[k], dir).Write();
+      planned += P.units[k].bytes;
     }
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
-  json mine = {{"rank", rank}, {"bytes_read", bytes_read}, {"peak_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024}};
+  // Bytes read as the store counts them: the slabs asked for, and what storage delivered for them
+  // (HDF5 reads whole chunks).
+  json mine = {{"rank", rank}, {"bytes_read", static_cast<int64_t>(S.reader->storage_bytes_read())},
+               {"slab_bytes", static_cast<int64_t>(S.reader->bytes_read())}, {"planned_bytes", planned},
+               {"peak_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024}};
   auto stats = comm.GatherToRoot(mine.dump());
   error = rank == 0 ? Capture([&] {
     // `latest` last: a run killed before this line leaves no checkpoint DeepSpeed would load.
@@ -851,8 +831,9 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double ratio = P.needed_bytes ? static_cast<double>(total) / static_cast<double>(P.needed_bytes) : 1.0;
     if (!o.report_path.empty()) {
-      json report = {{"atomic", o.atomic_dir}, {"output", o.output}, {"ranks", ranks}, {"seconds", secs},
-                     {"bytes_read", total}, {"atomic_bytes", P.needed_bytes}, {"read_ratio", ratio}, {"per_rank", per}};
+      json report = {{"atomic", o.atomic_dir}, {"store", store::StoreName(S.reader->store())}, {"output", o.output},
+                     {"ranks", ranks}, {"seconds", secs}, {"bytes_read", total}, {"atomic_bytes", P.needed_bytes},
+                     {"read_ratio", ratio}, {"per_rank", per}};
       error = Capture([&] { WriteFileAtomically(o.report_path, report.dump(1) + "\n"); });
       if (!error.empty()) {
         err << kTool << ": error: " << error << std::endl;

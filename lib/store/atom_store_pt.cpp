@@ -34,6 +34,7 @@ class PtReader final : public AtomReader {
     std::shared_ptr<const pt::TorchFile> file = Tensor(p, state);
     const pt::TensorView& t = file->root->At("param").AsTensor();
     CopySlab(reinterpret_cast<const float*>(t.data()), p.shape, start, count, dst);
+    file->archive->file()->ReleaseResidentPages();  // copied: the mapping's pages need not count as ours
     const uint64_t bytes = 4 * static_cast<uint64_t>(pt::Numel({count.begin(), count.end()}));
     bytes_read_ += bytes;
     storage_bytes_read_ += bytes;

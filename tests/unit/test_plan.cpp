@@ -3,10 +3,12 @@
 // the fp32 to fp16 / bf16 rounding of the layer files.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -116,4 +118,61 @@ TEST_CASE("fp32 to fp16 and bf16 rounds exactly as torch's .to()", "[rounding]")
   INFO(x.numel() << " values");
   CHECK(fp16_wrong == 0);
   CHECK(bf16_wrong == 0);
+}
+
+TEST_CASE("joined slabs cover exactly the elements joined runs map, in copy-local order", "[plan]") {
+  // Random copies: 1-3 dimensions, a split dimension (or none), blocks that tile the local extent
+  // and land anywhere in the joined extent; every sub-range of local elements, against
+  // ForEachJoinedRun element by element.
+  std::mt19937 rng(7);
+  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  int checked = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    plan::Copy c;
+    const int nd = static_cast<int>(uniform(0, 3));
+    for (int k = 0; k < nd; ++k) c.shape.push_back(uniform(1, 5));
+    std::vector<int64_t> joined = c.shape;
+    c.split_dim = nd == 0 ? -1 : static_cast<int>(uniform(-1, nd - 1));
+    if (c.split_dim >= 0) {
+      const int d = c.split_dim;
+      const int64_t parts = uniform(1, 3), spare = uniform(0, 4);
+      joined[d] = c.shape[d] * parts + spare;
+      // Tile the local extent with blocks of random lengths, each at a random free joined position.
+      int64_t at = 0, slot = 0;
+      std::vector<int64_t> slots(static_cast<size_t>(parts));
+      std::iota(slots.begin(), slots.end(), 0);
+      std::shuffle(slots.begin(), slots.end(), rng);
+      while (at < c.shape[d]) {
+        const int64_t len = std::min(c.shape[d] - at, uniform(1, c.shape[d]));
+        c.blocks.push_back({at, len, slots[static_cast<size_t>(slot++ % parts)] * c.shape[d] + at});
+        at += len;
+      }
+    }
+    const int64_t numel = pt::Numel(c.shape);
+    const auto strides = pt::ContiguousStrides(joined);
+    for (int64_t a = 0; a <= numel; ++a)
+      for (int64_t b = a; b <= numel; ++b) {
+        std::vector<int64_t> want(static_cast<size_t>(b - a), -1), got(static_cast<size_t>(b - a), -1);
+        plan::ForEachJoinedRun(c, joined, a, b, [&](int64_t local, int64_t j, int64_t n) {
+          for (int64_t i = 0; i < n; ++i) want[static_cast<size_t>(local - a + i)] = j + i;
+        });
+        plan::ForEachJoinedSlab(c, a, b, [&](const std::vector<int64_t>& start, const std::vector<int64_t>& count, int64_t local) {
+          std::vector<int64_t> idx(start.size(), 0);
+          for (int64_t i = 0; i < pt::Numel(count); ++i) {
+            int64_t j = 0;
+            for (size_t k = 0; k < idx.size(); ++k) j += (start[k] + idx[k]) * strides[k];
+            REQUIRE(local - a + i >= 0);
+            REQUIRE(local - a + i < b - a);
+            REQUIRE(got[static_cast<size_t>(local - a + i)] == -1);  // no element twice
+            got[static_cast<size_t>(local - a + i)] = j;
+            for (size_t k = idx.size(); k-- > 0;)
+              if (++idx[k] < count[k]) break;
+              else idx[k] = 0;
+          }
+        });
+        REQUIRE(got == want);
+        ++checked;
+      }
+  }
+  CHECK(checked > 10000);
 }
