@@ -92,7 +92,7 @@ hid_t FixedString(const std::string& where, size_t size) {
 }  // namespace
 
 Object::Object(int64_t id, Type type, std::shared_ptr<const std::string> file, std::string path)
-    : id_(id), type_(type), file_(std::move(file)), path_(std::move(path)) {}
+    : id_(id), type_(type), file_(file ? std::move(file) : std::make_shared<const std::string>()), path_(std::move(path)) {}
 
 Object::~Object() {
   if (id_ < 0) return;
@@ -150,7 +150,7 @@ bool Object::HasAttribute(const std::string& name) const {
 
 namespace {
 
-void WriteAttribute(const Object& o, hid_t id, const std::string& where, const std::string& name, hid_t file_type,
+void WriteAttribute(hid_t id, const std::string& where, const std::string& name, hid_t file_type,
                     hid_t mem_type, std::span<const hsize_t> dims, const void* data) {
   const std::string w = where + " attribute '" + name + "'";
   std::lock_guard<std::recursive_mutex> lock(Mutex());
@@ -160,7 +160,6 @@ void WriteAttribute(const Object& o, hid_t id, const std::string& where, const s
   hid_t a = Call("H5Acreate2", w, [&] { return H5Acreate2(id, name.c_str(), file_type, space.id(), H5P_DEFAULT, H5P_DEFAULT); });
   Object attr(a, Object::Type::Attribute, nullptr, "");
   Call("H5Awrite", w, [&] { return H5Awrite(a, mem_type, data); });
-  (void)o;
 }
 
 // Opens an attribute and checks its type class; `elements` receives its element count.
@@ -181,7 +180,7 @@ Object OpenAttribute(hid_t id, const std::string& w, const std::string& name, H5
 }  // namespace
 
 void Object::SetAttribute(const std::string& name, int64_t value) const {
-  WriteAttribute(*this, id_, Where(), name, H5T_STD_I64LE, H5T_NATIVE_INT64, {}, &value);
+  WriteAttribute(id_, Where(), name, H5T_STD_I64LE, H5T_NATIVE_INT64, {}, &value);
 }
 
 void Object::SetAttribute(const std::string& name, const std::string& value) const {
@@ -189,13 +188,13 @@ void Object::SetAttribute(const std::string& name, const std::string& value) con
   Object t(FixedString(Where(), value.size()), Type::Datatype, nullptr, "");
   std::string padded = value;
   padded.resize(std::max<size_t>(value.size(), 1), '\0');
-  WriteAttribute(*this, id_, Where(), name, t.id(), t.id(), {}, padded.data());
+  WriteAttribute(id_, Where(), name, t.id(), t.id(), {}, padded.data());
 }
 
 void Object::SetAttribute(const std::string& name, std::span<const int64_t> values) const {
   hsize_t n = values.size();
   int64_t dummy = 0;
-  WriteAttribute(*this, id_, Where(), name, H5T_STD_I64LE, H5T_NATIVE_INT64, {&n, 1},
+  WriteAttribute(id_, Where(), name, H5T_STD_I64LE, H5T_NATIVE_INT64, {&n, 1},
                  values.empty() ? &dummy : values.data());
 }
 
@@ -207,13 +206,13 @@ void Object::SetAttribute(const std::string& name, const std::vector<std::string
   std::string packed(std::max<size_t>(values.size(), 1) * size, '\0');
   for (size_t k = 0; k < values.size(); ++k) packed.replace(k * size, values[k].size(), values[k]);
   hsize_t n = values.size();
-  WriteAttribute(*this, id_, Where(), name, t.id(), t.id(), {&n, 1}, packed.data());
+  WriteAttribute(id_, Where(), name, t.id(), t.id(), {&n, 1}, packed.data());
 }
 
 void Object::SetScalarAttribute(const std::string& name, Numeric type, const void* value) const {
   hid_t ft = type == Numeric::F32 ? H5T_IEEE_F32LE : type == Numeric::F64 ? H5T_IEEE_F64LE : H5T_STD_I64LE;
   hid_t mt = type == Numeric::F32 ? H5T_NATIVE_FLOAT : type == Numeric::F64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_INT64;
-  WriteAttribute(*this, id_, Where(), name, ft, mt, {}, value);
+  WriteAttribute(id_, Where(), name, ft, mt, {}, value);
 }
 
 int64_t Object::IntAttribute(const std::string& name) const {
