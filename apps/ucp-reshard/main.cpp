@@ -34,9 +34,11 @@ int main(int argc, char** argv) {
       "The atomic checkpoint may come from either naming; rules are renamed for the target. Vocabulary rows are\n"
       "re-padded with zeros for the target TP; split dimensions come from the manifest's model patterns,\n"
       "and a TP>1 target is refused for a parameter whose split dimension no rule decided.\n\n"
-      "Each target model-parallel rank (pp stage, tp rank) is one unit: it reads each atomic slice it\n"
-      "needs once and writes its model-states, layer and optimizer files; units are spread over the MPI\n"
-      "ranks by bytes. `latest` is written last.\n\n"
+      "Each target model-parallel rank (pp stage, tp rank) is one unit: it writes its model-states, layer\n"
+      "and optimizer files, the ZeRO partitions streamed from hyperslab reads of the atomic tensors\n"
+      "(either store); units are spread over the MPI ranks by bytes. Pieces several units need\n"
+      "(TP-replicated parameters, the tied embedding) are read once by one rank and sent to the others\n"
+      "(--share-buffer), so the atomic bytes are read once in total. `latest` is written last.\n\n"
       "The layout comes from flags, or from --layout FILE (schemas/layout.schema.json), e.g.\n"
       "  {\"dp\": 4, \"tp\": 2, \"pp\": 2, \"zero_stage\": 1, \"dtype\": \"bf16\", \"partition_method\": [0, 4, 7]}\n"
       "with flags overriding the file's values.\n\n"
@@ -67,6 +69,11 @@ int main(int argc, char** argv) {
        "uniform, parameters, or explicit layer-spec boundaries such as 0,4,9");
   LayoutFlag<int64_t>(app, flags, "--make-vocab-size-divisible-by", "make_vocab_size_divisible_by",
        "vocabulary padding multiple per TP rank (default: the source's)")->check(CLI::PositiveNumber);
+  app.add_option("--share-buffer", o.share_bytes,
+                 "memory per rank for pieces several target ranks need (TP-replicated parameters, the tied "
+                 "embedding), read once and sent over MPI (e.g. 64M, 1G; default 256M; 0: each reads its own)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 44));
   app.add_flag("--plan-only", o.plan_only, "print which rank writes what and the bytes it reads; no data read");
   app.add_flag("--json", o.json, "with --plan-only: as JSON");
   app.add_flag("--force", o.force, "overwrite a non-empty output folder (its `latest` is removed first)");

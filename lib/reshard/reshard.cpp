@@ -63,13 +63,14 @@ struct UnitParam {
   plan::Copy copy;  // this TP rank's piece: local rows <- joined rows
   std::vector<int64_t> joined_shape;
   int64_t local_numel = 0;
+  int shared = -1;  // index into Plan::shared: a piece other units need too, held in memory
 };
 
 struct Unit {
   int pp = 0, tp = 0;
   std::vector<UnitParam> params;           // in flat-buffer order within each group
   std::vector<std::vector<int>> groups;    // indices into params, per optimizer group
-  int64_t bytes = 0;                       // atomic bytes read
+  int64_t bytes = 0;                       // atomic bytes it reads itself (not its shared pieces)
 };
 
 // The atomic checkpoint's non-tensor state and its parameters.
@@ -307,8 +308,20 @@ LowPrecision LpOf(const std::string& dtype) {
 // ZeRO-3 runs GPTModel (no pipeline engine); the other stages GPTModelPipe.
 Naming NamingOf(const TargetLayout& T) { return T.zero_stage == 3 ? Naming::Plain : Naming::Pipe; }
 
+// A TP piece of an atomic tensor that several units need (a TP-replicated parameter: every TP rank
+// of its stages; the tied embedding: its first and last stage). One rank reads it, the other ranks
+// that hold it receive it over MPI, and each serves its units from memory: storage is read once.
+struct SharedPiece {
+  int unit = -1, param = -1;                // a user, whose UnitParam describes the piece
+  std::vector<std::pair<int, int>> users;   // (unit, param index in the unit)
+  std::vector<int> ranks;                   // the ranks that hold it, ascending
+  int reader = 0;
+  int64_t numel = 0, bytes = 0;             // local elements; the atomic bytes its read costs
+};
+
 struct Plan {
   std::vector<Unit> units;
+  std::vector<SharedPiece> shared;
   std::vector<int> parts, owner;  // stage bounds over layer specs; unit -> rank
   std::vector<std::string> names;  // per atom: its name in the target's naming
   int64_t padded_vocab = 0, needed_bytes = 0;
@@ -316,10 +329,121 @@ struct Plan {
 };
 
 
+// --- reading --------------------------------------------------------------------------------
+
+// Local elements [a, b) of a TP piece, state s, into dst: a hyperslab read of the atomic tensor per
+// run of whole rows; rows past the atomic tensor (vocabulary padding) are zeros.
+void ReadLocal(const Source& S, const UnitParam& up, int s, int64_t a, int64_t b, float* dst) {
+  const Atom& atom = S.atoms[up.atom];
+  plan::ForEachJoinedSlab(up.copy, a, b, [&](const std::vector<int64_t>& start, std::vector<int64_t> count, int64_t local) {
+    float* to = dst + (local - a);
+    int64_t n = pt::Numel(count);
+    if (!start.empty() && start[0] + count[0] > atom.shape[0]) {
+      const int64_t keep = std::max<int64_t>(0, atom.shape[0] - start[0]), row = n / count[0];
+      std::memset(to + keep * row, 0, static_cast<size_t>((count[0] - keep) * row) * 4);
+      count[0] = keep, n = keep * row;
+    }
+    if (n > 0) S.reader->ReadSlab(atom.name, static_cast<plan::State>(s), start, count, to);
+  });
+}
+
+// The shared pieces this rank holds: the ones it reads, then the others' over MPI, in rounds of at
+// most `round_bytes` sent and received per rank. A piece is freed after its last unit here.
+class HeldPieces {
+ public:
+  HeldPieces(const Source& S, const Plan& P, int rank) : S_(S), P_(P), rank_(rank) {
+    for (size_t i = 0; i < P.shared.size(); ++i) {
+      const SharedPiece& sp = P.shared[i];
+      if (!std::binary_search(sp.ranks.begin(), sp.ranks.end(), rank)) continue;
+      held_[static_cast<int>(i)].resize(static_cast<size_t>(plan::kStates * sp.numel));
+      for (const auto& [u, k] : sp.users) uses_[static_cast<int>(i)] += P.owner[u] == rank;
+    }
+  }
+
+  void ReadMine() {
+    for (auto& [i, data] : held_) {
+      const SharedPiece& sp = P_.shared[i];
+      if (sp.reader != rank_) continue;
+      const UnitParam& up = P_.units[sp.unit].params[sp.param];
+      for (int s = 0; s < plan::kStates; ++s) ReadLocal(S_, up, s, 0, sp.numel, data.data() + s * sp.numel);
+    }
+  }
+
+  // Collective. Every rank computes the same rounds from the plan.
+  void Exchange(shuffle::Comm& comm, int64_t round_bytes) {
+    struct Transfer {
+      int piece, src, dst;
+      int64_t done = 0, total = 0;  // floats of the piece's three states, in order
+    };
+    struct Part {
+      size_t transfer;
+      int64_t at, n;
+    };
+    std::vector<Transfer> transfers;
+    for (size_t i = 0; i < P_.shared.size(); ++i)
+      for (int r : P_.shared[i].ranks)
+        if (r != P_.shared[i].reader)
+          transfers.push_back({static_cast<int>(i), P_.shared[i].reader, r, 0, plan::kStates * P_.shared[i].numel});
+    const int ranks = comm.size();
+    const int64_t cap = std::max<int64_t>(1, round_bytes / 4);
+    std::vector<uint8_t> send, recv;
+    for (bool left = !transfers.empty(); left;) {
+      std::vector<int64_t> sent(ranks, 0), got(ranks, 0);
+      std::vector<Part> round;
+      for (size_t t = 0; t < transfers.size(); ++t) {
+        Transfer& x = transfers[t];
+        const int64_t n = std::min({x.total - x.done, cap - sent[x.src], cap - got[x.dst]});
+        if (n <= 0) continue;
+        round.push_back({t, x.done, n});
+        x.done += n, sent[x.src] += n, got[x.dst] += n;
+      }
+      left = std::any_of(transfers.begin(), transfers.end(), [](const Transfer& x) { return x.done < x.total; });
+      std::vector<int64_t> scount(ranks, 0), sdispl(ranks, 0), rcount(ranks, 0), rdispl(ranks, 0);
+      for (const Part& p : round) {
+        const Transfer& x = transfers[p.transfer];
+        if (x.src == rank_) scount[x.dst] += 4 * p.n;
+        if (x.dst == rank_) rcount[x.src] += 4 * p.n;
+      }
+      for (int r = 1; r < ranks; ++r) sdispl[r] = sdispl[r - 1] + scount[r - 1], rdispl[r] = rdispl[r - 1] + rcount[r - 1];
+      send.resize(static_cast<size_t>(sdispl[ranks - 1] + scount[ranks - 1]));
+      recv.resize(static_cast<size_t>(rdispl[ranks - 1] + rcount[ranks - 1]));
+      std::vector<int64_t> put = sdispl, take = rdispl;
+      for (const Part& p : round) {  // parts to each rank in round order: the receiver reads them alike
+        const Transfer& x = transfers[p.transfer];
+        if (x.src != rank_) continue;
+        std::memcpy(send.data() + put[x.dst], held_.at(x.piece).data() + p.at, static_cast<size_t>(p.n) * 4);
+        put[x.dst] += 4 * p.n;
+      }
+      comm.Alltoallv(send.data(), scount, sdispl, recv.data(), rcount, rdispl);
+      for (const Part& p : round) {
+        const Transfer& x = transfers[p.transfer];
+        if (x.dst != rank_) continue;
+        std::memcpy(held_.at(x.piece).data() + p.at, recv.data() + take[x.src], static_cast<size_t>(p.n) * 4);
+        take[x.src] += 4 * p.n;
+      }
+    }
+  }
+
+  const float* Get(int piece, int s) const { return held_.at(piece).data() + s * P_.shared[piece].numel; }
+
+  // Unit `u` (of this rank) is written: its pieces lose a user here, and go with the last.
+  void Done(const Unit& u) {
+    for (const auto& up : u.params)
+      if (up.shared >= 0 && --uses_.at(up.shared) == 0) held_.erase(up.shared);
+  }
+
+ private:
+  const Source& S_;
+  const Plan& P_;
+  int rank_;
+  std::map<int, std::vector<float>> held_;
+  std::map<int, int> uses_;
+};
+
 class UnitWriter {
  public:
-  UnitWriter(const Source& S, const TargetLayout& T, const Plan& P, const Unit& U, std::string dir)
-      : S_(S), T_(T), P_(P), U_(U), dir_(std::move(dir)) {}
+  UnitWriter(const Source& S, const TargetLayout& T, const Plan& P, const HeldPieces& H, const Unit& U, std::string dir)
+      : S_(S), T_(T), P_(P), H_(H), U_(U), dir_(std::move(dir)) {}
 
   // The files of this unit: under ZeRO-3 a model-states and an optimizer file per DP rank; else
   // the optimizer files of every DP rank, the layer files and the model-states file.
@@ -340,21 +464,15 @@ class UnitWriter {
   }
 
  private:
-  // Copies local elements [a, b) of unit param k, state s, to dst (float32), a hyperslab read of
-  // the atomic tensor at a time; fp32 also to the layer files' weights.
+  // Copies local elements [a, b) of unit param k, state s, to dst (float32), from the held piece
+  // or the store; fp32 also to the layer files' weights.
   void Fill(size_t k, int s, int64_t a, int64_t b, float* dst) {
     const UnitParam& up = U_.params[k];
-    const Atom& atom = S_.atoms[up.atom];
-    plan::ForEachJoinedSlab(up.copy, a, b, [&](const std::vector<int64_t>& start, std::vector<int64_t> count, int64_t local) {
-      float* to = dst + (local - a);
-      int64_t n = pt::Numel(count);
-      if (!start.empty() && start[0] + count[0] > atom.shape[0]) {  // rows of vocabulary padding: zeros
-        const int64_t keep = std::max<int64_t>(0, atom.shape[0] - start[0]), row = n / count[0];
-        std::memset(to + keep * row, 0, static_cast<size_t>((count[0] - keep) * row) * 4);
-        count[0] = keep, n = keep * row;
-      }
-      if (n > 0) S_.reader->ReadSlab(atom.name, static_cast<plan::State>(s), start, count, to);
-    });
+    if (up.shared >= 0) {
+      std::memcpy(dst, H_.Get(up.shared, s) + a, static_cast<size_t>(b - a) * 4);
+    } else {
+      ReadLocal(S_, up, s, a, b, dst);
+    }
     if (s == 0 && !lp_.empty()) {  // the training-dtype weights of the layer files, from the same fp32 values
       uint8_t* lp = lp_[k].get();
       for (int64_t i = a; i < b; ++i) {
@@ -652,6 +770,7 @@ class UnitWriter {
   const Source& S_;
   const TargetLayout& T_;
   const Plan& P_;
+  const HeldPieces& H_;
   const Unit& U_;
   std::string dir_;
   std::vector<std::shared_ptr<uint8_t[]>> lp_;
@@ -674,7 +793,46 @@ void Validate(const Source& S, const TargetLayout& T) {
     no("pp=" + std::to_string(T.pp) + " exceeds the " + std::to_string(S.layers) + " transformer layers");
 }
 
-Plan MakePlan(const Source& S, const TargetLayout& T, int ranks) {
+// Picks the shared pieces: by bytes saved, as long as every rank that holds one stays within
+// `budget` bytes of held pieces; the reader of each is the holder with the fewest shared bytes read.
+void ShareRepeatedPieces(Plan& P, int ranks, int64_t budget) {
+  std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> users;  // (atom, tp or -1) -> users
+  for (size_t u = 0; u < P.units.size(); ++u)
+    for (size_t k = 0; k < P.units[u].params.size(); ++k) {
+      const UnitParam& up = P.units[u].params[k];
+      users[{up.atom, up.copy.split_dim >= 0 ? P.units[u].tp : -1}].push_back({static_cast<int>(u), static_cast<int>(k)});
+    }
+  std::vector<SharedPiece> candidates;
+  for (auto& [key, list] : users) {
+    if (list.size() < 2) continue;
+    SharedPiece sp;
+    sp.unit = list[0].first, sp.param = list[0].second, sp.users = list;
+    const UnitParam& up = P.units[sp.unit].params[sp.param];
+    sp.numel = up.local_numel;
+    for (const auto& [u, k] : list) sp.ranks.push_back(P.owner[u]);
+    std::sort(sp.ranks.begin(), sp.ranks.end());
+    sp.ranks.erase(std::unique(sp.ranks.begin(), sp.ranks.end()), sp.ranks.end());
+    candidates.push_back(std::move(sp));
+  }
+  std::stable_sort(candidates.begin(), candidates.end(), [](const SharedPiece& a, const SharedPiece& b) {
+    return a.numel * static_cast<int64_t>(a.users.size() - 1) > b.numel * static_cast<int64_t>(b.users.size() - 1);
+  });
+  std::vector<int64_t> held(ranks, 0), reads(ranks, 0);
+  for (auto& sp : candidates) {
+    const int64_t hold = 4 * plan::kStates * sp.numel;
+    if (std::any_of(sp.ranks.begin(), sp.ranks.end(), [&](int r) { return held[r] + hold > budget; })) continue;
+    sp.reader = *std::min_element(sp.ranks.begin(), sp.ranks.end(), [&](int a, int b) { return reads[a] < reads[b]; });
+    const int index = static_cast<int>(P.shared.size());
+    for (const auto& [u, k] : sp.users) {
+      UnitParam& up = P.units[u].params[k];
+      up.shared = index;
+    }
+    for (int r : sp.ranks) held[r] += hold;
+    P.shared.push_back(std::move(sp));
+  }
+}
+
+Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_budget) {
   Validate(S, T);
   Plan P;
   const int head = S.layers + 3;
@@ -721,6 +879,12 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks) {
   std::vector<int64_t> weights;
   for (const auto& u : P.units) weights.push_back(u.bytes);
   P.owner = plan::AssignLpt(weights, ranks);
+  ShareRepeatedPieces(P, ranks, share_budget);
+  for (auto& sp : P.shared) {
+    const UnitParam& up = P.units[sp.unit].params[sp.param];
+    sp.bytes = AtomicBytes(up, S.atoms[up.atom]);
+    for (const auto& [u, k] : sp.users) P.units[u].bytes -= sp.bytes;
+  }
   return P;
 }
 
@@ -735,10 +899,17 @@ json PlanJson(const Source& S, const TargetLayout& T, const Plan& P, int ranks) 
     units.push_back({{"pp", u.pp}, {"tp", u.tp}, {"rank", P.owner[k]}, {"bytes_read", u.bytes},
                      {"optimizer_files", T.dp}, {"params", params}});
   }
+  json shared = json::array();
+  for (const auto& sp : P.shared) {
+    const UnitParam& up = P.units[sp.unit].params[sp.param];
+    planned += sp.bytes;
+    shared.push_back({{"name", S.atoms[up.atom].name}, {"shape", up.copy.shape}, {"units", sp.users.size()},
+                      {"reader", sp.reader}, {"ranks", sp.ranks}, {"bytes_read", sp.bytes}});
+  }
   json target = T.ToJson();
   target["padded_vocab_size"] = P.padded_vocab;
-  return {{"target", target}, {"naming", NamingName(NamingOf(T))}, {"stage_bounds", P.parts}, {"ranks", ranks}, {"units", units}, {"bytes_read", planned},
-          {"atomic_bytes", P.needed_bytes},
+  return {{"target", target}, {"naming", NamingName(NamingOf(T))}, {"stage_bounds", P.parts}, {"ranks", ranks},
+          {"units", units}, {"shared", shared}, {"bytes_read", planned}, {"atomic_bytes", P.needed_bytes},
           {"read_ratio", P.needed_bytes ? static_cast<double>(planned) / static_cast<double>(P.needed_bytes) : 1.0}};
 }
 
@@ -752,7 +923,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   Plan P;
   std::string error = Capture([&] {
     S = LoadSource(o.atomic_dir);
-    P = MakePlan(S, o.target, ranks);
+    P = MakePlan(S, o.target, ranks, o.share_bytes);
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;
   const std::string tag = S.manifest["source"]["tag"];
@@ -773,6 +944,10 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
           out << "  pp=" << u["pp"] << " tp=" << u["tp"] << " rank " << u["rank"] << ": " << u["params"].size()
               << " parameters, reads " << HumanBytes(u["bytes_read"].get<double>()) << ", writes " << o.target.dp
               << " optimizer files\n";
+        int64_t across = 0;
+        for (const auto& sp : j["shared"]) across += sp["ranks"].size() > 1;
+        out << "  " << j["shared"].size() << " pieces needed by several units read once (" << across
+            << " of them sent to other ranks)\n";
         char buf[128];
         std::snprintf(buf, sizeof buf, "reads %.3fx the atomic tensor bytes (%s of %s)\n", j["read_ratio"].get<double>(),
                       HumanBytes(j["bytes_read"].get<double>()).c_str(), HumanBytes(j["atomic_bytes"].get<double>()).c_str());
@@ -795,11 +970,19 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
 
+  // The shared pieces first: read by one rank each, exchanged, held until their last unit is done.
+  HeldPieces held(S, P, rank);
+  error = Capture([&] { held.ReadMine(); });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  error = Capture([&] { held.Exchange(comm, o.exchange_round_bytes); });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
   int64_t planned = 0;
+  for (const auto& sp : P.shared) planned += sp.reader == rank ? sp.bytes : 0;
   error = Capture([&] {
     for (size_t k = 0; k < P.units.size(); ++k) {
       if (P.owner[k] != rank) continue;
-      UnitWriter(S, o.target, P, P.units[k], dir).Write();
+      UnitWriter(S, o.target, P, held, P.units[k], dir).Write();
+      held.Done(P.units[k]);
       planned += P.units[k].bytes;
     }
   });

@@ -17,6 +17,10 @@ struct ReshardOptions {
   std::string atomic_dir, output;
   TargetLayout target;
   bool plan_only = false, json = false, quiet = false, force = false;
+  // Pieces several units need (TP-replicated parameters, the tied embedding) are read once and
+  // exchanged, as long as each rank holds at most this many bytes of them.
+  int64_t share_bytes = int64_t{256} << 20;
+  int64_t exchange_round_bytes = int64_t{8} << 20;  // per rank and round of that exchange
   std::string report_path;
 };
 
