@@ -154,3 +154,46 @@ for (fmt, ranks), (t, out) in stores.items():
     print(f"  ucp-convert --format {fmt:4s} {ranks} rank(s): {t:6.2f} s, {n} files, {size / 2**30:.2f} GiB")
 for (fmt, other), t in between.items():
     print(f"  ucp-convert --from-atomic ({fmt} -> {other}), 2 ranks: {t:6.2f} s")
+
+# Reshard from each store to a TP=2 x PP=2 target (dp=4, ZeRO-1): time, bytes storage delivered
+# (HDF5 reads whole chunks) against the atomic bytes, peak RSS, files written; the two outputs must
+# be byte-identical.
+import filecmp  # noqa: E402
+
+tp2pp2 = ["--dp", "4", "--tp", "2", "--pp", "2", "--zero-stage", "1", "--dtype", "bf16"]
+print("\nreshard to " + " ".join(tp2pp2) + " from each store (best of %d):" % a.repeat)
+outs = {}
+for fmt in ("pt", "hdf5"):
+    for ranks in (1, 2):
+        new = os.path.join(a.work, f"reshard-from-{fmt}-np{ranks}")
+        report = new + ".json"
+        times = []
+        for r in range(a.repeat):
+            shutil.rmtree(new, ignore_errors=True)
+            subprocess.run(["sync"])
+            cmd = [reshard, stores[(fmt, 2)][1], "-o", new, "-q", "--report", report] + tp2pp2
+            if ranks > 1:
+                cmd = ["mpiexec", "--oversubscribe", "-np", str(ranks)] + cmd
+            times.append(timed(cmd))
+        rep = json.load(open(report))
+        n = sum(len(ns) for _, _, ns in os.walk(new))
+        rss = max(p["peak_rss_bytes"] for p in rep["per_rank"])
+        t = min(times)
+        print(f"  from {fmt:4s} {ranks} rank(s): {t:6.2f} s ({t / best['cp -r']:.2f}x cp -r, "
+              f"{t / best['cp -r + sync']:.2f}x cp -r + sync), read {rep['bytes_read'] / 2**30:.2f} GiB = "
+              f"{rep['read_ratio']:.3f}x the atomic tensors, peak RSS {rss / 2**20:.0f} MiB, {n} files written")
+        outs[(fmt, ranks)] = new
+ref = outs[("pt", 1)]
+tag_dir = open(os.path.join(ref, "latest")).read().strip()
+names = sorted(os.listdir(os.path.join(ref, tag_dir)))
+for key, new in outs.items():
+    _, mismatch, errors = filecmp.cmpfiles(os.path.join(ref, tag_dir), os.path.join(new, tag_dir), names, shallow=False)
+    if mismatch or errors:
+        sys.exit(f"reshard from {key[0]} with {key[1]} rank(s) differs from the .pt store's: {(mismatch + errors)[:3]}")
+print(f"  all four outputs byte-identical ({len(names)} files each)")
+
+# The outputs are large (about 25 GB in all): only the generated checkpoint is kept for the next run.
+for name in os.listdir(a.work):
+    path = os.path.join(a.work, name)
+    if path != src and os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)

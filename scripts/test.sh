@@ -18,7 +18,7 @@ work="$build/tests/work"
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 echo "== AddressSanitizer: reader, writer, inspect, plan and corrupted inputs"
 UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-  "$asan/tests/ucp_unit_tests" "[reader],[writer],[inspect],[corrupt],[plan],[rounding]"
+  "$asan/tests/ucp_unit_tests" "[reader],[writer],[inspect],[corrupt],[plan],[rounding],[naming]"
 echo "== AddressSanitizer: ucp-convert, single process (with leak checks) and 2 MPI ranks, damaged sources"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_case.py" \
   "$asan/apps/ucp-convert" "$work/fixtures/tp2_pp2_dp2_bf16" "$work/asan/a/universal" 1
@@ -32,6 +32,12 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/pytho
   "$asan/apps/ucp-reshard" "$work/reshard/atomic_llama/universal" "$work/asan/reshard_refusals"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/reshard_matrix.py" \
   "$asan/apps/ucp-reshard" "$work/reshard/atomic_llama/universal" "$work/asan/reshard_matrix" mpiexec --dp 3
+echo "== AddressSanitizer: ucp-reshard's exchange of shared pieces (3 MPI ranks), and from the HDF5 store"
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/reshard_exchange.py" \
+  "$asan/apps/ucp-reshard" "$work/reshard/atomic_llama/universal" "$work/asan/reshard_exchange" mpiexec
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/reshard_stores.py" \
+  "$asan/apps/ucp-reshard" "$work/hdf5/tp2_pp2_dp2_bf16-np2/pt/universal" "$work/hdf5/tp2_pp2_dp2_bf16-np2/h5/universal" \
+  "$work/asan/reshard_stores" mpiexec 3,2,2,1,bf16 2,2,1,3,fp16
 echo "== AddressSanitizer: the store conformance suite (.pt and HDF5), the HDF5 store's damaged-file refusals"
 UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 "$asan/tests/ucp_unit_tests" "[store]" "~*garbled*"
 # HDF5 1.10 itself leaks on some error paths of a damaged file (the test checks that no HDF5 id of

@@ -154,13 +154,15 @@ int64_t Numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-ValuePtr OwnedTensor(std::shared_ptr<const void> owner, const void* data, DType dtype, const std::vector<int64_t>& shape) {
-  const auto numel = static_cast<uint64_t>(Numel(shape));
+namespace {
+
+// A contiguous tensor over the whole of a new storage of `shape`, which `fill` completes.
+template <typename Fill>
+ValuePtr WholeStorageTensor(DType dtype, const std::vector<int64_t>& shape, Fill&& fill) {
   auto storage = std::make_shared<Storage>();
   storage->dtype = dtype;
-  storage->numel = numel;
-  storage->bytes = {static_cast<const uint8_t*>(data), numel * ElementSize(dtype)};
-  storage->owner = std::move(owner);
+  storage->numel = static_cast<uint64_t>(Numel(shape));
+  fill(*storage);
   TensorView view;
   view.storage = std::move(storage);
   view.dtype = dtype;
@@ -169,17 +171,17 @@ ValuePtr OwnedTensor(std::shared_ptr<const void> owner, const void* data, DType 
   return Value::MakeTensor(std::move(view));
 }
 
+}  // namespace
+
+ValuePtr OwnedTensor(std::shared_ptr<const void> owner, const void* data, DType dtype, const std::vector<int64_t>& shape) {
+  return WholeStorageTensor(dtype, shape, [&](Storage& st) {
+    st.bytes = {static_cast<const uint8_t*>(data), st.numel * ElementSize(dtype)};
+    st.owner = std::move(owner);
+  });
+}
+
 ValuePtr ProducedTensor(DType dtype, const std::vector<int64_t>& shape, Producer produce) {
-  auto storage = std::make_shared<Storage>();
-  storage->dtype = dtype;
-  storage->numel = static_cast<uint64_t>(Numel(shape));
-  storage->produce = std::move(produce);
-  TensorView view;
-  view.storage = std::move(storage);
-  view.dtype = dtype;
-  view.shape = shape;
-  view.stride = ContiguousStrides(shape);
-  return Value::MakeTensor(std::move(view));
+  return WholeStorageTensor(dtype, shape, [&](Storage& st) { st.produce = std::move(produce); });
 }
 
 void SetItem(Value& dict, const std::string& key, ValuePtr v) { dict.dict.Set(Value::Str(key), std::move(v)); }

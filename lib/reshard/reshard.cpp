@@ -471,7 +471,7 @@ class UnitWriter {
     if (up.shared >= 0) {
       std::memcpy(dst, H_.Get(up.shared, s) + a, static_cast<size_t>(b - a) * 4);
     } else {
-      ReadLocal(S_, up, s, a, b, dst);
+      ReadAligned(k, s, a, b, dst);
     }
     if (s == 0 && !lp_.empty()) {  // the training-dtype weights of the layer files, from the same fp32 values
       uint8_t* lp = lp_[k].get();
@@ -487,6 +487,47 @@ class UnitWriter {
           std::memcpy(lp + 4 * i, &v, 4);
         }
       }
+    }
+  }
+
+  // Local elements [a, b) of unit param k, state s, into dst, read in whole rows of the store's
+  // read blocks (HDF5 chunks). The partitions visit a piece's elements in order, a few MiB at a
+  // time, so the block a request ends in is kept for the next request of that piece instead of
+  // being read twice (the kept tails stay within kTailBytes, least recently used out first).
+  void ReadAligned(size_t k, int s, int64_t a, int64_t b, float* dst) {
+    const UnitParam& up = U_.params[k];
+    const auto& shape = up.copy.shape;
+    if (shape.empty() || shape[0] == 0) return ReadLocal(S_, up, s, a, b, dst);
+    const int64_t inner = up.local_numel / shape[0];
+    const auto block = S_.reader->ReadBlock(S_.atoms[up.atom].name, static_cast<plan::State>(s));
+    const int64_t step = (block.empty() ? 1 : block[0]) * inner;  // elements per row of blocks
+    Tail& t = tails_[{k, s}];
+    tail_bytes_ -= 4 * static_cast<int64_t>(t.data.size());
+    int64_t lo = a / step * step;
+    const int64_t hi = std::min(up.local_numel, (b + step - 1) / step * step);
+    std::vector<float> data(static_cast<size_t>(hi - lo));
+    int64_t from = lo;
+    if (t.lo <= lo && lo < t.hi) {  // the kept tail starts the range
+      const int64_t n = std::min(t.hi, hi) - lo;
+      std::memcpy(data.data(), t.data.data() + (lo - t.lo), static_cast<size_t>(n) * 4);
+      from = lo + n;
+    }
+    if (from < hi) ReadLocal(S_, up, s, from, hi, data.data() + (from - lo));
+    std::memcpy(dst, data.data() + (a - lo), static_cast<size_t>(b - a) * 4);
+    const int64_t keep = std::max(lo, b / step * step);
+    if (b < hi) {
+      t.data.assign(data.begin() + (keep - lo), data.end());
+      t.lo = keep, t.hi = hi, t.used = ++clock_;
+      tail_bytes_ += 4 * static_cast<int64_t>(t.data.size());
+    } else {
+      tails_.erase({k, s});
+    }
+    while (tail_bytes_ > kTailBytes && !tails_.empty()) {
+      auto oldest = tails_.begin();
+      for (auto it = tails_.begin(); it != tails_.end(); ++it)
+        if (it->second.used < oldest->second.used) oldest = it;
+      tail_bytes_ -= 4 * static_cast<int64_t>(oldest->second.data.size());
+      tails_.erase(oldest);
     }
   }
 
@@ -775,6 +816,15 @@ class UnitWriter {
   std::string dir_;
   std::vector<std::shared_ptr<uint8_t[]>> lp_;
   std::map<int, ValuePtr> steps_;
+  struct Tail {
+    int64_t lo = 0, hi = 0;
+    uint64_t used = 0;
+    std::vector<float> data;
+  };
+  static constexpr int64_t kTailBytes = int64_t{32} << 20;
+  std::map<std::pair<size_t, int>, Tail> tails_;
+  int64_t tail_bytes_ = 0;
+  uint64_t clock_ = 0;
 };
 
 }  // namespace

@@ -84,6 +84,10 @@ class AtomReader {
   uint64_t TensorDigest(const std::string& param, plan::State state);
   // Drops the open handles of a parameter (a reader that moves on frees them).
   virtual void Forget(const std::string& param) = 0;
+  // The blocks a state tensor is read in, whole (HDF5: its chunk shape); empty when any slab is
+  // read exactly (.pt, or a contiguous dataset). Readers that align their slabs to it read each
+  // stored byte once.
+  virtual std::vector<int64_t> ReadBlock(const std::string& param, plan::State state) = 0;
 
   // Tensor bytes read so far (4 x the elements of every slab): "bytes read" of a reshard report.
   uint64_t bytes_read() const { return bytes_read_.load(); }

@@ -179,6 +179,10 @@ class H5Reader final : public AtomReader {
     return UniversalAttributes(file_.OpenGroup(name));
   }
 
+  std::vector<int64_t> ReadBlock(const std::string& name, plan::State state) override {
+    return Dataset(param(name), state)->chunk;
+  }
+
   void Forget(const std::string& name) override {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     for (int s = 0; s < plan::kStates; ++s) open_.erase({name, s});

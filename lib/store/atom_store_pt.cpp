@@ -61,6 +61,8 @@ class PtReader final : public AtomReader {
     return *keys;
   }
 
+  std::vector<int64_t> ReadBlock(const std::string&, plan::State) override { return {}; }
+
   void Forget(const std::string& name) override {
     std::lock_guard<std::mutex> lock(mu_);
     for (int s = 0; s < plan::kStates; ++s) open_.erase({name, s});

@@ -350,7 +350,7 @@ TEST_CASE("store: storage bytes: a TP slice of an HDF5 tensor reads whole chunks
           std::vector<int64_t> start = {0, r * 40 / tp}, count = {24, 40 / tp};
           uint64_t before = reader->storage_bytes_read();
           reader->ReadSlab(c.name, plan::State::ExpAvg, start, count, buf.data());
-          CHECK(reader->storage_bytes_read() - before == 4u * 24 * 40 / tp);
+          CHECK(reader->storage_bytes_read() - before == static_cast<uint64_t>(4 * 24 * 40 / tp));
           CHECK(SameBytes({buf.begin(), buf.begin() + 24 * 40 / tp}, Slab(c.data[1], c.shape, start, count)));
         }
       }
