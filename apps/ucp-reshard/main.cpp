@@ -74,6 +74,10 @@ int main(int argc, char** argv) {
                  "embedding), read once and sent over MPI (e.g. 64M, 1G; default 256M; 0: each reads its own)")
       ->transform(CLI::AsSizeValue(false))
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 44));
+  app.add_option("--buffer", o.exchange_round_bytes,
+                 "bytes each rank sends (and receives) per round of that exchange (e.g. 64K, 16M; default 8M)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
   app.add_flag("--plan-only", o.plan_only, "print which rank writes what and the bytes it reads; no data read");
   app.add_flag("--json", o.json, "with --plan-only: as JSON");
   app.add_flag("--force", o.force, "overwrite a non-empty output folder (its `latest` is removed first)");

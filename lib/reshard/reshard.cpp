@@ -369,8 +369,8 @@ class HeldPieces {
     }
   }
 
-  // Collective. Every rank computes the same rounds from the plan.
-  void Exchange(shuffle::Comm& comm, int64_t round_bytes) {
+  // Collective. Every rank computes the same rounds from the plan. Returns {rounds, bytes sent}.
+  std::pair<int64_t, int64_t> Exchange(shuffle::Comm& comm, int64_t round_bytes) {
     struct Transfer {
       int piece, src, dst;
       int64_t done = 0, total = 0;  // floats of the piece's three states, in order
@@ -387,7 +387,8 @@ class HeldPieces {
     const int ranks = comm.size();
     const int64_t cap = std::max<int64_t>(1, round_bytes / 4);
     std::vector<uint8_t> send, recv;
-    for (bool left = !transfers.empty(); left;) {
+    int64_t rounds = 0, sent_bytes = 0;
+    for (bool left = !transfers.empty(); left; ++rounds) {
       std::vector<int64_t> sent(ranks, 0), got(ranks, 0);
       std::vector<Part> round;
       for (size_t t = 0; t < transfers.size(); ++t) {
@@ -413,6 +414,7 @@ class HeldPieces {
         if (x.src != rank_) continue;
         std::memcpy(send.data() + put[x.dst], held_.at(x.piece).data() + p.at, static_cast<size_t>(p.n) * 4);
         put[x.dst] += 4 * p.n;
+        sent_bytes += 4 * p.n;
       }
       comm.Alltoallv(send.data(), scount, sdispl, recv.data(), rcount, rdispl);
       for (const Part& p : round) {
@@ -422,6 +424,7 @@ class HeldPieces {
         take[x.src] += 4 * p.n;
       }
     }
+    return {rounds, sent_bytes};
   }
 
   const float* Get(int piece, int s) const { return held_.at(piece).data() + s * P_.shared[piece].numel; }
@@ -1024,7 +1027,8 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   HeldPieces held(S, P, rank);
   error = Capture([&] { held.ReadMine(); });
   if (AnyFailed(comm, error, err, kTool)) return 1;
-  error = Capture([&] { held.Exchange(comm, o.exchange_round_bytes); });
+  std::pair<int64_t, int64_t> exchanged{0, 0};
+  error = Capture([&] { exchanged = held.Exchange(comm, o.exchange_round_bytes); });
   if (AnyFailed(comm, error, err, kTool)) return 1;
   int64_t planned = 0;
   for (const auto& sp : P.shared) planned += sp.reader == rank ? sp.bytes : 0;
@@ -1043,6 +1047,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   // (HDF5 reads whole chunks).
   json mine = {{"rank", rank}, {"bytes_read", static_cast<int64_t>(S.reader->storage_bytes_read())},
                {"slab_bytes", static_cast<int64_t>(S.reader->bytes_read())}, {"planned_bytes", planned},
+               {"exchange_rounds", exchanged.first}, {"exchange_bytes_sent", exchanged.second},
                {"peak_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024}};
   auto stats = comm.GatherToRoot(mine.dump());
   error = rank == 0 ? Capture([&] {

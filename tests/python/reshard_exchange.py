@@ -2,7 +2,8 @@
 tied embedding) are read once by one MPI rank and sent to the others. For each target, with 3 MPI
 ranks: the report's bytes read equal the plan's and are 1.000x the atomic tensor bytes (each read
 once), and the files are byte-identical to a run with --share-buffer 0, where every unit reads its
-own pieces (read ratio above 1).
+own pieces (read ratio above 1). The first target exchanges in rounds of 4 KiB (pieces cut across
+rounds).
 
   reshard_exchange.py UCP_RESHARD ATOMIC_DIR WORK_DIR MPIEXEC
 """
@@ -16,10 +17,10 @@ import sys
 binary, atomic, work, mpiexec = sys.argv[1:5]
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 failures = 0
-for layout in (["--dp", "2", "--tp", "2", "--pp", "2", "--zero-stage", "1", "--dtype", "bf16"],
+for layout in (["--dp", "2", "--tp", "2", "--pp", "2", "--zero-stage", "1", "--dtype", "bf16", "--buffer", "4K"],
                ["--dp", "3", "--tp", "2", "--pp", "1", "--zero-stage", "3", "--dtype", "fp16"],
                ["--dp", "1", "--tp", "1", "--pp", "2", "--zero-stage", "0", "--dtype", "bf16"]):
-    name = "-".join(layout[1::2])
+    name = "-".join(layout[1:10:2])
     runs = {}
     for share in ("256M", "0"):
         out = os.path.join(work, name, f"share{share}")
@@ -43,7 +44,14 @@ for layout in (["--dp", "2", "--tp", "2", "--pp", "2", "--zero-stage", "1", "--d
         bad.append("bytes read differ from the plan's")
     if not plan["shared"] or not any(len(s["ranks"]) > 1 for s in plan["shared"]):
         bad.append("no piece is shared across ranks: the exchange was not exercised")
+    sent = sum(r["exchange_bytes_sent"] for r in rep["per_rank"])
+    expected = sum(12 * eval("*".join(map(str, s["shape"])) or "1") * (len(s["ranks"]) - 1) for s in plan["shared"])
+    if sent != expected:
+        bad.append(f"{sent} bytes exchanged, the plan's pieces make {expected}")
+    rounds = rep["per_rank"][0]["exchange_rounds"]
+    if "4K" in layout and rounds < 2:
+        bad.append(f"{rounds} exchange round(s) with --buffer 4K")
     print(f"{name}: {len(names)} files identical, read {rep['read_ratio']:.3f}x with the exchange "
-          f"({len(plan['shared'])} shared pieces), {own_rep['read_ratio']:.3f}x without: {'ok' if not bad else 'FAIL ' + '; '.join(bad)}")
+          f"({len(plan['shared'])} shared pieces, {sent} bytes sent in {rounds} rounds), {own_rep['read_ratio']:.3f}x without: {'ok' if not bad else 'FAIL ' + '; '.join(bad)}")
     failures += bool(bad)
 sys.exit(1 if failures else 0)
