@@ -606,29 +606,13 @@ class UnitWriter {
       paddings->items.push_back(Value::Int(pad));
       const int64_t fp32_len = T_.bf16_optimizer() ? ps : ps - pad;
       single->items.push_back(FlatState(segs, fp32_len, 0));
-      auto gs = Value::Make(Value::Kind::Dict);
-      SetItem(*gs, "step", GroupStep(g));
-      SetItem(*gs, "exp_avg", FlatState(segs, ps, 1));
-      SetItem(*gs, "exp_avg_sq", FlatState(std::move(segs), ps, 2));
-      state->dict.Set(Value::Int(g), gs);
+      state->dict.Set(Value::Int(g), AdamState(g, std::move(segs), ps));
       mappings->items.push_back(m);
     }
-    const Value& osrc = *S_.optimizer.root;
-    auto base = Value::Make(Value::Kind::Dict);
-    SetItem(*base, "state", state);
-    SetItem(*base, "param_groups", osrc.Get("param_groups"));
     auto osd = Value::Make(Value::Kind::Dict);
-    auto get = [&](const char* key, ValuePtr fallback) {
-      auto v = osrc.Get(key);
-      return v ? v : fallback;
-    };
-    if (!T_.bf16_optimizer()) {
-      SetItem(*osd, "loss_scaler", LossScalerFor(T_.dtype, osrc.Get("loss_scaler")));
-      SetItem(*osd, "dynamic_loss_scale", Value::Bool(T_.dtype == "fp16"));
-      SetItem(*osd, "overflow", get("overflow", Value::Bool(false)));
-    }
-    SetItem(*osd, "clip_grad", get("clip_grad", Float(0.0)));
-    SetItem(*osd, "base_optimizer_state", base);
+    if (!T_.bf16_optimizer()) PutLossScaling(*osd);
+    SetItem(*osd, "clip_grad", SourceOr("clip_grad", Float(0.0)));
+    SetItem(*osd, "base_optimizer_state", TorchOptimizerState(state));
     SetItem(*osd, "single_partition_of_fp32_groups", single);
     if (!T_.bf16_optimizer()) SetItem(*osd, "zero_stage", ZeroStage());
     SetItem(*osd, "group_paddings", paddings);
@@ -647,6 +631,35 @@ class UnitWriter {
     std::string name = std::string(T_.dtype == "bf16" ? "bf16_" : "") + "zero_pp_rank_" + std::to_string(d) + "_mp_rank_" +
                        MpName() + "_optim_states.pt";
     pt::WriteTorchFile(dir_ + "/" + name, *root);
+  }
+
+  // Group g's Adam state over a flat tensor of `len` elements: the step and the two moments.
+  ValuePtr AdamState(int g, std::vector<Segment> segs, int64_t len) {
+    auto gs = Value::Make(Value::Kind::Dict);
+    SetItem(*gs, "step", GroupStep(g));
+    SetItem(*gs, "exp_avg", FlatState(segs, len, 1));
+    SetItem(*gs, "exp_avg_sq", FlatState(std::move(segs), len, 2));
+    return gs;
+  }
+
+  // torch's optimizer.state_dict(): the per-group state and the source's param_groups.
+  ValuePtr TorchOptimizerState(ValuePtr state) const {
+    auto base = Value::Make(Value::Kind::Dict);
+    SetItem(*base, "state", std::move(state));
+    SetItem(*base, "param_groups", S_.optimizer.root->Get("param_groups"));
+    return base;
+  }
+
+  // The fp16 / ZeRO optimizers' loss scaling: the scaler the dtype needs, and the source's overflow flag.
+  void PutLossScaling(Value& osd) const {
+    SetItem(osd, "loss_scaler", LossScalerFor(T_.dtype, S_.optimizer.root->Get("loss_scaler")));
+    SetItem(osd, "dynamic_loss_scale", Value::Bool(T_.dtype == "fp16"));
+    SetItem(osd, "overflow", SourceOr("overflow", Value::Bool(false)));
+  }
+
+  ValuePtr SourceOr(const char* key, ValuePtr fallback) const {
+    auto v = S_.optimizer.root->Get(key);
+    return v ? v : fallback;
   }
 
   ValuePtr ZeroStage() const {
@@ -671,24 +684,13 @@ class UnitWriter {
         at += piece;
       }
       flat->items.push_back(FlatState(segs, total, 0));
-      auto gs = Value::Make(Value::Kind::Dict);
-      SetItem(*gs, "step", GroupStep(static_cast<int>(g)));
-      SetItem(*gs, "exp_avg", FlatState(segs, total, 1));
-      SetItem(*gs, "exp_avg_sq", FlatState(std::move(segs), total, 2));
-      state->dict.Set(Value::Int(static_cast<int64_t>(g)), gs);
+      state->dict.Set(Value::Int(static_cast<int64_t>(g)), AdamState(static_cast<int>(g), std::move(segs), total));
     }
-    const Value& osrc = *S_.optimizer.root;
-    auto base = Value::Make(Value::Kind::Dict);
-    SetItem(*base, "state", state);
-    SetItem(*base, "param_groups", osrc.Get("param_groups"));
     auto osd = Value::Make(Value::Kind::Dict);
     SetItem(*osd, "zero_stage", ZeroStage());
-    SetItem(*osd, "loss_scaler", LossScalerFor(T_.dtype, osrc.Get("loss_scaler")));
-    SetItem(*osd, "dynamic_loss_scale", Value::Bool(T_.dtype == "fp16"));
-    auto overflow = osrc.Get("overflow");
-    SetItem(*osd, "overflow", overflow ? overflow : Value::Bool(false));
+    PutLossScaling(*osd);
     SetItem(*osd, "partition_count", Value::Int(T_.dp));
-    SetItem(*osd, "optimizer_state_dict", base);
+    SetItem(*osd, "optimizer_state_dict", TorchOptimizerState(state));
     SetItem(*osd, "fp32_flat_groups", flat);
     WriteOptimizerRoot(d, osd);
   }
