@@ -14,6 +14,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import ds_stubs  # noqa: E402,F401
+from refusal import refusal_problems  # noqa: E402
 
 binary, fixture, work = sys.argv[1], sys.argv[2], sys.argv[3]
 mpiexec = sys.argv[4] if len(sys.argv) > 4 else None
@@ -56,14 +57,7 @@ def run(case, src, must_contain, ranks, extra=()):
         cmd = [mpiexec, "--oversubscribe", "-np", str(ranks)] + cmd
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     text = p.stdout + p.stderr
-    problems = []
-    if p.returncode != 1:
-        problems.append(f"exit {p.returncode}, expected 1")
-    for s in must_contain:
-        if s not in text:
-            problems.append(f"message lacks '{s}'")
-    if "Traceback" in text or "terminate called" in text or "Segmentation" in text:
-        problems.append("crashed")
+    problems = refusal_problems(p, must_contain)
     if os.path.exists(os.path.join(out, "ucp_manifest.json")):
         problems.append("a manifest was written")
     status = "ok" if not problems else "FAIL " + "; ".join(problems)

@@ -14,6 +14,9 @@ import sys
 
 import h5py
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from refusal import refusal_problems  # noqa: E402
+
 convert, inspect, fixture, work = sys.argv[1:5]
 problems = []
 shutil.rmtree(work, ignore_errors=True)
@@ -34,15 +37,8 @@ def expect_refusal(d, needles, what):
     for cmd, tool in (([inspect, d, "--verify"], "ucp-inspect --verify"),
                       ([convert, "--from-atomic", d, "-o", d + "-out", "--format", "pt", "-q"], "ucp-convert --from-atomic")):
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        text = p.stdout + p.stderr
-        print(f"--- {what}, {tool}: exit {p.returncode}\n{text.strip()[-600:]}")
-        if p.returncode != 1:
-            problems.append(f"{what}: {tool} exited {p.returncode}, expected 1")
-        for n in needles:
-            if n not in text:
-                problems.append(f"{what}: {tool} does not say '{n}'")
-        if "Traceback" in text or "terminate called" in text or "Segmentation" in text:
-            problems.append(f"{what}: {tool} crashed")
+        print(f"--- {what}, {tool}: exit {p.returncode}\n{(p.stdout + p.stderr).strip()[-600:]}")
+        problems.extend(f"{what}: {tool}: {x}" for x in refusal_problems(p, needles))
     if os.path.exists(os.path.join(d + "-out", "ucp_manifest.json")):
         problems.append(f"{what}: --from-atomic committed a manifest")
 

@@ -14,6 +14,9 @@ import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from refusal import refusal_problems  # noqa: E402
+
 binary, atomic, work = sys.argv[1:4]
 failures = 0
 
@@ -23,10 +26,7 @@ def run(case, src, flags, must, code=1):
     out = os.path.join(work, case)
     p = subprocess.run([binary, src, "-o", out, "-q"] + flags, capture_output=True, text=True)
     text = p.stdout + p.stderr
-    bad = []
-    if p.returncode != code:
-        bad.append(f"exit {p.returncode}, expected {code}")
-    bad += [f"no '{m}' in the message" for m in must if m not in text]
+    bad = refusal_problems(p, must, code)
     if code != 0 and os.path.exists(os.path.join(out, "latest")) and case != "non_empty_output":
         bad.append("a `latest` was written")
     print(f"{case}: {'ok' if not bad else 'FAIL ' + '; '.join(bad)}\n    {text.strip()[:300]}")
