@@ -428,12 +428,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
                                               store::FamilyJson(M), params, files);
       WriteFileAtomically(o.output + "/" + store::kManifestName, manifest.dump(1) + "\n");
       store::Journal::Remove(o.output);
-      // DeepSpeed's load_universal reads <parent>/latest_universal naming this folder; it reads
-      // only the .pt store.
-      if (kind != store::StoreKind::Pt) return;
-      fs::path outp = fs::absolute(o.output).lexically_normal();
-      if (outp.filename().empty()) outp = outp.parent_path();
-      WriteFileAtomically((outp.parent_path() / "latest_universal").string(), outp.filename().string());
+      if (kind == store::StoreKind::Pt) store::WriteLatestUniversal(o.output);  // DeepSpeed reads only the .pt store
     });
   }
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;

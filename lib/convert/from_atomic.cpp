@@ -3,7 +3,6 @@
 // parameter; parameters are spread over the ranks by bytes (largest first, to the least loaded);
 // each rank reads its parameters' tensors whole from the source store and writes them to the
 // target store; rank 0 copies the non-tensor files and commits the manifest last.
-#include <algorithm>
 #include <array>
 #include <chrono>
 #include <map>
@@ -15,6 +14,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "core/xxhash64.h"
+#include "plan/convert_plan.h"
 #include "shuffle/agree.h"
 #include "store/atom_store.h"
 
@@ -24,21 +24,6 @@ using shuffle::AnyFailed;
 using shuffle::Capture;
 
 namespace {
-
-// Which rank writes each parameter: longest-processing-time first, the same answer on every rank.
-std::vector<int> AssignByBytes(const std::vector<store::AtomParam>& params, int ranks) {
-  std::vector<size_t> order(params.size());
-  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return params[a].numel > params[b].numel; });
-  std::vector<int64_t> load(static_cast<size_t>(ranks), 0);
-  std::vector<int> owner(params.size(), 0);
-  for (size_t k : order) {
-    int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-    owner[k] = r;
-    load[static_cast<size_t>(r)] += params[k].numel + 1;
-  }
-  return owner;
-}
 
 // The source's files that are no tensor of its store: zero/optimizer_state.pt, model-states files.
 std::vector<store::FileRecord> NonTensorFiles(const store::AtomReader& reader) {
@@ -115,7 +100,10 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
   std::unique_ptr<store::AtomWriter> writer;
   error = Capture([&] { writer = store::AtomWriter::Create(kind, o.output, specs, comm); });
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
-  const auto owner = AssignByBytes(reader->params(), ranks);
+  // Which rank writes each parameter: by bytes, longest first, the same answer on every rank.
+  std::vector<int64_t> weights;
+  for (const auto& p : reader->params()) weights.push_back(p.numel + 1);
+  const auto owner = plan::AssignLpt(weights, ranks);
   std::vector<store::FileRecord> records;
   int64_t written = 0;
   error = Capture([&] {
@@ -183,11 +171,7 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
     const auto& m = reader->manifest();
     auto manifest = store::AssembleManifest(std::string(store::StoreName(kind)), m.at("source"), m.at("family"), params, files);
     WriteFileAtomically(o.output + "/" + store::kManifestName, manifest.dump(1) + "\n");
-    if (kind == store::StoreKind::Pt) {
-      fs::path outp = fs::absolute(o.output).lexically_normal();
-      if (outp.filename().empty()) outp = outp.parent_path();
-      WriteFileAtomically((outp.parent_path() / "latest_universal").string(), outp.filename().string());
-    }
+    if (kind == store::StoreKind::Pt) store::WriteLatestUniversal(o.output);
   })
                     : "";
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;

@@ -184,6 +184,12 @@ std::vector<std::string> CarriedModelFiles(const source::SourceLayout& L) {
   return out;
 }
 
+void WriteLatestUniversal(const std::string& dir) {
+  fs::path path = fs::absolute(dir).lexically_normal();
+  if (path.filename().empty()) path = path.parent_path();
+  WriteFileAtomically((path.parent_path() / "latest_universal").string(), path.filename().string());
+}
+
 FileRecord CopyFileAtomically(const std::string& from, const std::string& to_dir, const std::string& rel) {
   AtomicFile out(to_dir + "/" + rel);
   ReadFileBlocks(from, [&](const void* p, size_t n) { out.Write(p, n); });

@@ -73,6 +73,10 @@ pt::ValuePtr OptimizerStateValue(const pt::Value& optimizer_file_root, int zero_
 // Model-states files DeepSpeed's universal loader reads, carried over unchanged.
 std::vector<std::string> CarriedModelFiles(const source::SourceLayout& layout);
 
+// DeepSpeed's load_universal finds the atomic checkpoint `dir` through <parent>/latest_universal,
+// which names it; written atomically, after the manifest.
+void WriteLatestUniversal(const std::string& dir);
+
 // A byte-for-byte copy of a file, written atomically.
 FileRecord CopyFileAtomically(const std::string& from, const std::string& to_dir, const std::string& rel);
 
