@@ -44,15 +44,8 @@ Pattern PatternFromName(const std::string& s) {
 }
 
 // One parameter of the atomic checkpoint, as the manifest describes it.
-struct Atom {
-  std::string name;
-  std::vector<int64_t> shape;
-  Pattern pattern = Pattern::ShardV;
-  int split_dim = -1;
-  bool split_known = false, vocab = false;
-  std::vector<int64_t> sub_sizes;
-  int group = 0;
-  bool has_step = false;
+struct Atom : store::AtomParam {
+  Pattern model_pattern = Pattern::ShardV;  // `pattern`, parsed
   LayerPlace place;  // its layer spec and key inside the layer; the embedding is tied to the head spec
   int spec() const { return place.spec; }
   bool tied() const { return place.embedding(); }
@@ -119,15 +112,8 @@ Source LoadSource(const std::string& dir) {
   if (info && info->Get("original_vocab_size")) S.vocab = info->At("original_vocab_size").AsInt();
   for (const store::AtomParam& p : S.reader->params()) {
     Atom a;
-    a.name = p.name;
-    a.shape = p.shape;
-    a.pattern = PatternFromName(p.pattern);
-    a.split_dim = p.split_dim;
-    a.split_known = p.split_dim_known;
-    a.vocab = p.vocab;
-    a.sub_sizes = p.sub_param_sizes;
-    a.group = p.group;
-    a.has_step = p.has_step;
+    static_cast<store::AtomParam&>(a) = p;
+    a.model_pattern = PatternFromName(p.pattern);
     a.place = PlaceOf(a.name, S.naming, S.layers);
     if (a.vocab && S.vocab == 0) S.vocab = a.shape[0];
     S.atoms.push_back(std::move(a));
@@ -188,23 +174,23 @@ UnitParam PieceOf(const Source& S, const TargetLayout& T, int index, int t) {
   plan::Copy& c = u.copy;
   c.pp = 0, c.tp = t;
   c.shape = u.joined_shape;
-  const bool split = T.tp > 1 && patterns::IsSplit(a.pattern);
+  const bool split = T.tp > 1 && patterns::IsSplit(a.model_pattern);
   if (split) {
-    if (!a.split_known)
+    if (!a.split_dim_known)
       throw Error("parameter '" + a.name + "': no rule says which dimension TP splits (row- or column-parallel); "
                   "refusing to guess for TP=" + std::to_string(T.tp) + " (give model rules with --patterns when converting)");
     const int d = a.split_dim;
     if (d < 0 || d >= static_cast<int>(a.shape.size())) throw Error("parameter '" + a.name + "': bad split dimension");
     c.split_dim = d;
-    if (a.pattern == Pattern::ShardNC) {
+    if (a.model_pattern == Pattern::ShardNC) {
       int64_t local = 0, joined = 0;
-      for (size_t i = 0; i < a.sub_sizes.size(); ++i) {
-        if (a.sub_sizes[i] % T.tp)
+      for (size_t i = 0; i < a.sub_param_sizes.size(); ++i) {
+        if (a.sub_param_sizes[i] % T.tp)
           throw Error("parameter '" + a.name + "': sub-parameter " + std::to_string(i) + " of " +
-                      std::to_string(a.sub_sizes[i]) + " rows does not split over TP=" + std::to_string(T.tp));
-        int64_t w = a.sub_sizes[i] / T.tp;
+                      std::to_string(a.sub_param_sizes[i]) + " rows does not split over TP=" + std::to_string(T.tp));
+        int64_t w = a.sub_param_sizes[i] / T.tp;
         c.blocks.push_back({local, w, joined + t * w});
-        local += w, joined += a.sub_sizes[i];
+        local += w, joined += a.sub_param_sizes[i];
       }
       if (joined != u.joined_shape[d]) throw Error("parameter '" + a.name + "': sub-parameter sizes do not add up");
       c.shape[d] = local;
