@@ -245,6 +245,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
 
   // 3. Map, shuffle, union, write: in rounds of bounded size.
   Counters c;
+  std::vector<std::string> divergences;  // tied copies on later stages that differ (notes)
   std::unique_ptr<store::AtomWriter> writer;
   std::mutex records_mu;
   std::vector<store::FileRecord> records;
@@ -269,7 +270,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       std::vector<store::AtomSpec> specs;
       for (const auto& P : plan.params) {
         const auto& pat = *pattern_of.at(P.name);
-        specs.push_back({P.name, P.full_shape, store::ParamMetaJson(L, pat, P), store::UniversalKeysOf(pat), step_of(P),
+        specs.push_back({P.name, P.full_shape, store::ParamMetaJson(L, pat, P), store::UniversalKeysOf(pat, L.zero_stage, pt::Numel(P.joined_shape)), step_of(P),
                          pat.split_dim()});
       }
       writer = store::AtomWriter::Create(kind, o.output, std::move(specs), comm);
@@ -296,6 +297,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       while (next_final < mine.size() && mine[next_final].work_start + plan.params[mine[next_final].param].stream_numel <= upto) {
         size_t i = next_final++;
         auto data = assembly(i).Finish();
+        if (auto d = assembly(i).Divergence(); !d.empty()) divergences.push_back(d);
         open.erase(i);
         const Item it = mine[i];
         const auto& P = plan.params[it.param];
@@ -391,7 +393,8 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   auto gathered = comm.GatherToRoot(mine_json.dump());
   nlohmann::json rank_stats = {{"rank", rank}, {"bytes_read", c.bytes_read}, {"bytes_sent", c.bytes_sent},
                                {"bytes_received", c.bytes_received}, {"bytes_written", c.bytes_written},
-                               {"files_written", c.files_written}, {"peak_rss_bytes", PeakRss()}, {"threads", threads}};
+                               {"files_written", c.files_written}, {"peak_rss_bytes", PeakRss()}, {"threads", threads},
+                               {"notes", divergences}};
   auto stats = comm.GatherToRoot(rank_stats.dump());
   error = "";
   if (rank == 0) {
@@ -411,7 +414,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         if (f.kind == source::FileKind::ZeroOptimizer && f.pp == 0 && f.tp == 0 && f.dp == 0) first_optim = &f;
       if (!first_optim) throw Error(L.dir + ": no optimizer file at (pp=0, tp=0, dp=0)");
       auto root = pt::ReadTorchFile(L.dir + "/" + first_optim->name);
-      auto osv = WithContext(L.dir + "/" + first_optim->name, [&] { return store::OptimizerStateValue(*root.root, L.zero_stage, L.dp); });
+      auto osv = WithContext(L.dir + "/" + first_optim->name, [&] { return store::OptimizerStateValue(*root.root, L.zero_stage); });
       auto d = pt::WriteTorchFile(o.output + "/zero/optimizer_state.pt", *osv);
       files["zero/optimizer_state.pt"] = {"zero/optimizer_state.pt", d.size, d.xxh64};
       for (const auto& name : store::CarriedModelFiles(L))
@@ -436,10 +439,12 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   phases["total"] = Seconds(t0);
 
   if (rank == 0) {
-    nlohmann::json per = nlohmann::json::array();
+    nlohmann::json per = nlohmann::json::array(), notes = nlohmann::json::array();
     int64_t read = 0, written = 0, peak = 0;
     for (const auto& s : stats) {
       auto j = nlohmann::json::parse(s);
+      for (const auto& n : j["notes"]) notes.push_back(n);
+      j.erase("notes");
       read += j["bytes_read"].get<int64_t>(), written += j["bytes_written"].get<int64_t>();
       peak = std::max(peak, j["peak_rss_bytes"].get<int64_t>());
       per.push_back(j);
@@ -447,7 +452,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     if (!o.report_path.empty()) {
       nlohmann::json report = {{"source", o.source}, {"output", o.output}, {"ranks", ranks}, {"phases_seconds", phases},
                                {"bytes_read", read}, {"bytes_written", written}, {"per_rank", per},
-                               {"resumed_items", std::count(done.begin(), done.end(), 1)},
+                               {"resumed_items", std::count(done.begin(), done.end(), 1)}, {"notes", notes},
                                {"plan", {{"rounds", plan.rounds}, {"chunk_bytes", 4 * plan.chunk_elems},
                                          {"imbalance", plan.Imbalance()}}}};
       error = Capture([&] { WriteFileAtomically(o.report_path, report.dump(1) + "\n"); });
@@ -457,6 +462,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       }
     }
     if (talk) {
+      for (const auto& n : notes) err << "ucp-convert: note: " << n.get<std::string>() << "\n";
       char buf[256];
       std::snprintf(buf, sizeof buf, "ucp-convert: wrote %s: %zu parameters, %s read, %s written in %.2fs (peak RSS %s per rank)\n",
                     o.output.c_str(), plan.params.size(), HumanBytes(double(read)).c_str(), HumanBytes(double(written)).c_str(),

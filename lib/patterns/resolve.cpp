@@ -122,6 +122,11 @@ ModelPatterns ResolvePatterns(const source::SourceLayout& L, const ResolveOption
           M.problems.push_back("universal_checkpoint_version " + std::to_string(*M.checkpoint_rules->version) +
                                " requires sub_param_shard_widths for '" + re.text + "', which is absent");
 
+  struct Disagreement {
+    size_t count = 0;
+    std::string text;
+  };
+  std::map<std::string, Disagreement> disagreements;  // per pair of rules, in a stable order
   for (const auto& p : L.params) {
     ParamPattern r;
     r.name = p.name;
@@ -131,10 +136,16 @@ ModelPatterns ResolvePatterns(const source::SourceLayout& L, const ResolveOption
       if (*m && !(*m)->also_matched.empty())
         M.problems.push_back("parameter '" + p.name + "' is matched by two rules of " + (*m)->source + ": " +
                              (*m)->key + " and " + (*m)->also_matched[0]);
-    if (own && fam && own->pattern != fam->pattern)
-      M.problems.push_back("parameter '" + p.name + "': the checkpoint says " + std::string(PatternName(own->pattern)) +
-                           " (" + own->key + ") but " + fam->source + " says " + std::string(PatternName(fam->pattern)) +
-                           " (" + fam->key + ")");
+    if (own && fam && (own->pattern != fam->pattern || own->cat_dim != fam->cat_dim)) {
+      // The checkpoint is the authority; the family file only fills what it does not say.
+      auto& d = disagreements[own->key + " '" + own->rule + "' vs " + fam->key + " '" + fam->rule + "'"];
+      if (d.count++ == 0)
+        d.text = "the checkpoint says " + std::string(PatternName(own->pattern)) + " (" + own->key + " '" + own->rule +
+                 "') where " + fam->source + " says " + std::string(PatternName(fam->pattern)) + " (" + fam->key + " '" +
+                 fam->rule + "'); the checkpoint's rule is used, e.g. for '" + p.name + "'";
+    }
+    r.own = own;
+    r.checkpoint_has_rules = M.checkpoint_rules.has_value();
     r.match = own ? own : fam;
     for (const RuleSet* rs : {M.checkpoint_rules ? &*M.checkpoint_rules : nullptr, M.family ? &*M.family : nullptr}) {
       if (!rs) continue;
@@ -207,6 +218,8 @@ ModelPatterns ResolvePatterns(const source::SourceLayout& L, const ResolveOption
     }
     M.params.push_back(std::move(r));
   }
+  for (const auto& [pair, d] : disagreements)
+    M.notes.push_back(d.text + (d.count > 1 ? " and " + std::to_string(d.count - 1) + " more" : ""));
   return M;
 }
 

@@ -18,6 +18,10 @@ struct ParamPattern {
   Pattern model_pattern = Pattern::ShardV;  // what it is under TP > 1
   Pattern here = Pattern::Unique;           // what it is in this checkpoint's layout
   std::optional<Match> match;               // the deciding rule; empty: no rule, default Shard-V
+  // The checkpoint's own rule for it (what DeepSpeed's converter obeys); `match` is this one when
+  // present, else the family's. `checkpoint_has_rules`: the checkpoint carries rules at all.
+  std::optional<Match> own;
+  bool checkpoint_has_rules = false;
   bool vocab = false;
   bool pp_replicated = false;
   std::vector<int64_t> sub_param_sizes;  // Shard-NC: sizes along the split dim, resolved

@@ -144,8 +144,9 @@ ParamPlan PlanParam(const source::SourceLayout& L, const patterns::ModelPatterns
       }
       bool first = si == 0 && (t == 0 || sharded);
       if (here == Pattern::Partial) c.mode = t == 0 ? CopyMode::Place : CopyMode::Accumulate;
-      else c.mode = first ? CopyMode::Place : CopyMode::Compare;
-      (c.mode == CopyMode::Compare ? rest : place).push_back(std::move(c));
+      else if (first) c.mode = CopyMode::Place;
+      else c.mode = si > 0 && pat.pp_replicated ? CopyMode::Observe : CopyMode::Compare;
+      (c.mode == CopyMode::Place || c.mode == CopyMode::Accumulate ? place : rest).push_back(std::move(c));
     }
     if (sharded && offset != P.joined_shape[dim])
       throw Error("parameter '" + P.name + "': its TP pieces hold " + std::to_string(offset) + " rows on dim " +

@@ -28,7 +28,10 @@ enum class State { Fp32 = 0, ExpAvg = 1, ExpAvgSq = 2 };
 inline constexpr int kStates = 3;
 std::string_view StateName(State s);  // "fp32", "exp_avg", "exp_avg_sq": the atomic file names
 
-enum class CopyMode { Place, Compare, Accumulate };
+// Place: lands in the tensor. Compare: must equal what landed (TP-replicated copies). Accumulate:
+// summed in (Partial). Observe: a pipeline-replicated (tied) parameter's copy on a later stage,
+// which DeepSpeed ignores (only the tied weight is kept in sync): differences become a note.
+enum class CopyMode { Place, Compare, Accumulate, Observe };
 
 // Along the split dimension, local rows [local_start, +length) of a copy are joined rows
 // [joined_start, +length) of the full (vocabulary-padded) tensor.

@@ -264,6 +264,7 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
     L.universal_checkpoint_info = nullptr;
   L.framework = L.args ? "megatron-deepspeed" : "deepspeed";
   int mp_world = 1, dp_world = 1;
+  int config_stage = -1;  // ds_config.zero_optimization.stage of the model-states file
   in_first("training state", [&] {
     if (auto v = root.Get("ds_version")) L.ds_version = v->kind == Value::Kind::Str ? v->s : "";
     if (auto v = root.Get("iteration")) L.iteration = v->AsInt();
@@ -279,6 +280,8 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
       };
       if (enabled("bf16")) L.dtype = "bf16";
       else if (enabled("fp16")) L.dtype = "fp16";
+      if (auto z = cfg->Get("zero_optimization"); z && z->kind == Value::Kind::Dict)
+        if (auto st = z->Get("stage"); st && st->kind == Value::Kind::Int) config_stage = static_cast<int>(st->i);
     } else if (L.args) {
       if (auto b = L.args->Get("bf16"); b && b->kind == Value::Kind::Bool && b->b) L.dtype = "bf16";
       else if (auto h = L.args->Get("fp16"); h && h->kind == Value::Kind::Bool && h->b) L.dtype = "fp16";
@@ -479,6 +482,9 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
   for (const auto& f : L.files)
     if (f.kind == FileKind::LayerStates) parse(f);  // integrity: every layer file must read
   if (stages_seen.size() > 1) L.problems.push_back("optimizer files disagree on the ZeRO stage");
+  // The BF16 optimizer writes no zero_stage (its files have the ZeRO-1 layout): the job's stage, 0 or
+  // 1, is the one its ds_config names.
+  if (L.optimizer == "bf16_optimizer" && (config_stage == 0 || config_stage == 1)) L.zero_stage = config_stage;
   if (L.optimizer.empty()) L.optimizer = zero3_files ? "zero3" : "zero";
   CheckCoverage(L, group_params, partitions);
   if (zero3_files != (L.zero_stage == 3))

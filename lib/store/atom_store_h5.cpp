@@ -72,6 +72,7 @@ void SetUniversalAttributes(const h5::Object& o, const UniversalKeys& k) {
     o.SetAttribute(u + "sub_param_shape.partition_dim", k.sub_param_shape->partition_dim);
   }
   o.SetAttribute(u + "vocab_tensor", int64_t{k.vocab_tensor ? 1 : 0});
+  if (k.bare_numel) o.SetAttribute(u + "zero3_numel", *k.bare_numel);
 }
 
 UniversalKeys UniversalAttributes(const h5::Object& o) {
@@ -87,6 +88,7 @@ UniversalKeys UniversalAttributes(const h5::Object& o) {
     k.sub_param_shape = sp;
   }
   k.vocab_tensor = o.IntAttribute(u + "vocab_tensor") != 0;
+  if (o.HasAttribute(u + "zero3_numel")) k.bare_numel = o.IntAttribute(u + "zero3_numel");
   return k;
 }
 

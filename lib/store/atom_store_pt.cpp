@@ -32,7 +32,7 @@ class PtReader final : public AtomReader {
     const AtomParam& p = param(name);
     CheckSlab(p, state, start, count);
     std::shared_ptr<const pt::TorchFile> file = Tensor(p, state);
-    const pt::TensorView& t = file->root->At("param").AsTensor();
+    const pt::TensorView& t = ParamOf(*file->root);
     CopySlab(reinterpret_cast<const float*>(t.data()), p.shape, start, count, dst);
     file->archive->file()->ReleaseResidentPages();  // copied: the mapping's pages need not count as ours
     const uint64_t bytes = 4 * static_cast<uint64_t>(pt::Numel({count.begin(), count.end()}));
@@ -82,16 +82,23 @@ class PtReader final : public AtomReader {
     const std::string path = dir() + "/" + rel;
     auto file = std::make_shared<pt::TorchFile>(pt::ReadTorchFile(path));
     WithContext(path, [&] {
-      auto v = file->root->Get("param");
+      const bool bare = file->root->kind == pt::Value::Kind::Tensor;  // DeepSpeed's ZeRO-3 form
+      auto v = bare ? file->root : file->root->Get("param");
       if (!v || v->kind != pt::Value::Kind::Tensor) throw Error("no 'param' tensor");
       const pt::TensorView& t = v->AsTensor();
       if (t.dtype != pt::DType::F32) throw Error("'param' is " + std::string(pt::DTypeName(t.dtype)) + ", not float32");
       if (!t.contiguous()) throw Error("'param' is not contiguous");
-      if (t.shape != p.shape)
-        throw Error("'param' has shape " + pt::ShapeString(t.shape) + ", the manifest says " + pt::ShapeString(p.shape));
+      if (bare ? (t.shape.size() != 1 || static_cast<int64_t>(t.numel()) < pt::Numel(p.shape)) : t.shape != p.shape)
+        throw Error("'param' has shape " + pt::ShapeString(t.shape) + ", the manifest says " + pt::ShapeString(p.shape) +
+                    (bare ? " (a 1-D tensor of at least its elements in the ZeRO-3 form)" : ""));
     });
     std::lock_guard<std::mutex> lock(mu_);
     return open_.emplace(key, std::move(file)).first->second;
+  }
+
+  // The parameter's elements: 'param' of the dict, or the bare ZeRO-3 tensor (its prefix).
+  static const pt::TensorView& ParamOf(const pt::Value& root) {
+    return root.kind == pt::Value::Kind::Tensor ? root.AsTensor() : root.At("param").AsTensor();
   }
 
   std::map<std::string, std::array<std::string, plan::kStates + 1>> files_;  // states, then step

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -54,10 +55,16 @@ ValuePtr FloatTensor(std::shared_ptr<float[]> data, const std::vector<int64_t>& 
 
 UniversalKeys UniversalKeysOf(const patterns::ParamPattern& pat) {
   using patterns::Pattern;
+  // What ds_to_universal.py writes: it obeys the checkpoint's own rules, and a parameter they do not
+  // name is concatenated on dim 0 (cat_dim 0). Without any checkpoint rules, the model rules decide.
+  // The one deliberate difference: a row-parallel weight the checkpoint does not name (a TP=1
+  // checkpoint's info has no row-parallel patterns) gets cat_dim 1 from the model rules, because
+  // DeepSpeed's loader would otherwise split it on the wrong dimension at TP > 1.
   UniversalKeys k;
-  const Pattern p = pat.model_pattern;
-  if (p == Pattern::ShardNC && pat.match && pat.match->sub_params) {
-    const auto& rule = *pat.match->sub_params;
+  const std::optional<patterns::Match>& m = pat.checkpoint_has_rules ? pat.own : pat.match;
+  const Pattern p = m ? m->pattern : (pat.checkpoint_has_rules ? Pattern::ShardV : pat.model_pattern);
+  if (p == Pattern::ShardNC && m && m->sub_params) {
+    const auto& rule = *m->sub_params;
     UniversalKeys::SubParamShape sp;
     for (const auto& re : rule.patterns) sp.patterns.push_back(re.text);
     sp.sizes = pat.sub_param_sizes;
@@ -67,22 +74,56 @@ UniversalKeys UniversalKeysOf(const patterns::ParamPattern& pat) {
     k.cat_dim = 0;
     k.param_n_sub_params = static_cast<int64_t>(pat.sub_param_sizes.size());
   } else if (p != Pattern::Replicate && p != Pattern::Partial) {
-    k.cat_dim = p == Pattern::ShardH ? 1 : 0;
+    k.cat_dim = p == Pattern::ShardH || pat.model_pattern == Pattern::ShardH ? 1 : 0;
   }
   k.vocab_tensor = pat.vocab;
   return k;
 }
 
+UniversalKeys UniversalKeysOf(const patterns::ParamPattern& pat, int zero_stage, int64_t source_numel) {
+  if (zero_stage < 3) return UniversalKeysOf(pat);
+  UniversalKeys k;
+  k.bare_numel = source_numel;
+  return k;
+}
+
+namespace {
+// The ZeRO-3 form of a float32 tensor: 1-D, `numel` elements, the tensor's then zeros; streamed.
+ValuePtr BareTensor(const pt::TensorView& t, int64_t numel) {
+  const int64_t have = static_cast<int64_t>(t.numel());
+  if (numel < have) throw Error("internal: the ZeRO-3 form holds fewer elements than the parameter");
+  if (numel == have) return pt::OwnedTensor(t.storage ? t.storage->owner : nullptr, t.data(), pt::DType::F32, {numel});
+  const auto* src = static_cast<const uint8_t*>(t.data());
+  auto owner = t.storage ? t.storage->owner : nullptr;
+  return pt::ProducedTensor(pt::DType::F32, {numel}, [src, owner, have](uint64_t off, uint64_t size, uint8_t* dst) {
+    const uint64_t end = 4 * static_cast<uint64_t>(have);
+    const uint64_t copy = off < end ? std::min(size, end - off) : 0;
+    if (copy) std::memcpy(dst, src + off, copy);
+    std::memset(dst + copy, 0, size - copy);
+  });
+}
+}  // namespace
+
 ValuePtr StateFileValue(const UniversalKeys& k, const std::vector<int64_t>& full_shape, ValuePtr tensor) {
+  if (k.bare_numel) return BareTensor(tensor->AsTensor(), *k.bare_numel);
   auto d = Value::Make(Value::Kind::Dict);
   if (k.sub_param_shape) {
     // deepspeed.checkpoint.universal_checkpoint.SubparamShape(patterns, shape, partition_dim)
     const auto& sp = *k.sub_param_shape;
     auto patterns = Value::Make(Value::Kind::List);
     for (const auto& re : sp.patterns) patterns->items.push_back(Value::Str(re));
-    auto shape = Value::Make(Value::Kind::List);
-    for (size_t i = 0; i < full_shape.size(); ++i)
-      shape->items.push_back(static_cast<int64_t>(i) == sp.partition_dim ? pt::IntList(sp.sizes) : Value::Int(full_shape[i]));
+    // A tuple with a tuple of the sub-parameter sizes at partition_dim, as Megatron-DeepSpeed's info
+    // holds it (((64, 32, 32), 64)): DeepSpeed's loader tests isinstance(d, tuple).
+    auto shape = Value::Make(Value::Kind::Tuple);
+    for (size_t i = 0; i < full_shape.size(); ++i) {
+      if (static_cast<int64_t>(i) != sp.partition_dim) {
+        shape->items.push_back(Value::Int(full_shape[i]));
+        continue;
+      }
+      auto sizes = Value::Make(Value::Kind::Tuple);
+      for (int64_t v : sp.sizes) sizes->items.push_back(Value::Int(v));
+      shape->items.push_back(sizes);
+    }
     auto state = Value::Make(Value::Kind::Dict);
     SetItem(*state, "patterns", patterns);
     SetItem(*state, "shape", shape);
@@ -103,8 +144,21 @@ ValuePtr StateFileValue(const patterns::ParamPattern& pat, ValuePtr tensor) {
 }
 
 UniversalKeys UniversalKeysOfStateFile(const Value& root, const std::vector<int64_t>& full_shape) {
-  if (root.kind != Value::Kind::Dict) throw Error("holds " + root.TypeName() + ", not a dict");
   UniversalKeys k;
+  if (root.kind == Value::Kind::Tensor) {  // the ZeRO-3 form
+    const pt::TensorView& t = root.AsTensor();
+    if (t.shape.size() != 1 || static_cast<int64_t>(t.numel()) < pt::Numel(full_shape))
+      throw Error("holds a bare tensor of shape " + pt::ShapeString(t.shape) + ", not the 1-D ZeRO-3 form of " +
+                  pt::ShapeString(full_shape));
+    const auto* p = reinterpret_cast<const float*>(t.data());
+    for (int64_t i = pt::Numel(full_shape); i < static_cast<int64_t>(t.numel()); ++i)
+      if (p[i] != 0.0f || std::signbit(p[i]))
+        throw Error("its ZeRO-3 padding after the parameter's " + std::to_string(pt::Numel(full_shape)) +
+                    " elements is not zero: not written by ucp");
+    k.bare_numel = static_cast<int64_t>(t.numel());
+    return k;
+  }
+  if (root.kind != Value::Kind::Dict) throw Error("holds " + root.TypeName() + ", not a dict");
   ValuePtr param;
   for (const auto& item : root.AsDict().items()) {
     const std::string key = item.key->kind == Value::Kind::Str ? item.key->s : "";
@@ -134,41 +188,20 @@ UniversalKeys UniversalKeysOfStateFile(const Value& root, const std::vector<int6
   return k;
 }
 
-ValuePtr OptimizerStateValue(const Value& root, int zero_stage, int dp) {
+ValuePtr OptimizerStateValue(const Value& root, int zero_stage) {
+  // As ds_to_universal.py: ZeRO-3 keeps the whole optimizer_state_dict of the first file (its flat
+  // groups included) and adds the inner param_groups; ZeRO 0-2 drop the sharded keys and take the
+  // param_groups of base_optimizer_state. Every other value is the first file's, untouched.
   const Value& osd = root.At("optimizer_state_dict");
   auto out = Value::Make(Value::Kind::Dict);
   ValuePtr param_groups;
   for (const auto& item : osd.AsDict().items()) {
     const std::string key = item.key->kind == Value::Kind::Str ? item.key->s : "";
-    if (zero_stage == 3) {
-      if (key == "fp32_flat_groups") continue;  // the weights themselves: they are in zero/<param>/
-      if (key == "optimizer_state_dict") {
-        // Keep the per-group step (DeepSpeed's ZeRO-3 loader reads state[0]['step']) and the
-        // param_groups; the flat moments are in zero/<param>/.
-        auto inner = Value::Make(Value::Kind::Dict);
-        auto state = Value::Make(Value::Kind::Dict);
-        for (const auto& g : item.value->At("state").AsDict().items()) {
-          auto gs = Value::Make(Value::Kind::Dict);
-          if (auto step = g.value->Get("step")) SetItem(*gs, "step", step);
-          state->dict.Set(g.key, gs);
-        }
-        SetItem(*inner, "state", state);
-        param_groups = item.value->Get("param_groups");
-        if (param_groups) SetItem(*inner, "param_groups", param_groups);
-        out->dict.Set(item.key, inner);
+    if (zero_stage == 3 && key == "optimizer_state_dict") param_groups = item.value->Get("param_groups");
+    if (zero_stage != 3) {
+      if (key == "base_optimizer_state") param_groups = item.value->Get("param_groups");
+      if (key == "base_optimizer_state" || key == "param_slice_mappings" || key == "single_partition_of_fp32_groups")
         continue;
-      }
-    } else {
-      if (key == "base_optimizer_state") {
-        param_groups = item.value->Get("param_groups");
-        continue;
-      }
-      if (key == "param_slice_mappings" || key == "single_partition_of_fp32_groups") continue;
-      if (key == "group_paddings" || key == "partition_count") {
-        size_t n = item.value->IsSequence() ? item.value->items.size() : 1;
-        out->dict.Set(item.key, pt::IntList(std::vector<int64_t>(n, key == "group_paddings" ? 0 : dp)));
-        continue;
-      }
     }
     out->dict.Set(item.key, item.value);
   }

@@ -55,11 +55,19 @@ struct UniversalKeys {
   std::optional<int64_t> cat_dim, param_n_sub_params;
   std::optional<SubParamShape> sub_param_shape;
   bool vocab_tensor = false;
+  // DeepSpeed's ZeRO-3 form: no dict, the state file is the bare 1-D tensor of this many elements,
+  // the parameter as the source held it (the vocabulary padding rows, zeros here, at its end), which
+  // is what DeepSpeed's ZeRO-3 universal loader reads (torch.load(...).view(-1)).
+  std::optional<int64_t> bare_numel;
   bool operator==(const UniversalKeys&) const = default;
 };
+// The keys of a parameter: ds_to_universal.py's dict for ZeRO 0-2 sources (`zero_stage` < 3), its
+// bare ZeRO-3 form of `source_numel` elements for ZeRO-3 sources.
 UniversalKeys UniversalKeysOf(const patterns::ParamPattern& pattern);
+UniversalKeys UniversalKeysOf(const patterns::ParamPattern& pattern, int zero_stage, int64_t source_numel);
 
-// The dict of zero/<name>/<state>.pt: the keys above, 'param' last.
+// The value of zero/<name>/<state>.pt: the dict of the keys above, 'param' last; in the ZeRO-3 form
+// the tensor itself, 1-D, zeros after the parameter's elements.
 pt::ValuePtr StateFileValue(const UniversalKeys& keys, const std::vector<int64_t>& full_shape, pt::ValuePtr tensor);
 pt::ValuePtr StateFileValue(const patterns::ParamPattern& pattern, pt::ValuePtr tensor);
 // The keys of a state file's dict; throws ucp::Error unless StateFileValue gives back exactly that
@@ -68,7 +76,7 @@ UniversalKeys UniversalKeysOfStateFile(const pt::Value& root, const std::vector<
 
 // The non-sharded optimizer state (zero/optimizer_state.pt) from the (pp=0, tp=0, dp=0) optimizer
 // file's root, as ds_to_universal.py derives it.
-pt::ValuePtr OptimizerStateValue(const pt::Value& optimizer_file_root, int zero_stage, int dp);
+pt::ValuePtr OptimizerStateValue(const pt::Value& optimizer_file_root, int zero_stage);
 
 // Model-states files DeepSpeed's universal loader reads, carried over unchanged.
 std::vector<std::string> CarriedModelFiles(const source::SourceLayout& layout);

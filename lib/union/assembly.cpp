@@ -1,6 +1,7 @@
 #include "union/assembly.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -57,6 +58,17 @@ void Assembly::Apply(int64_t stream_start, int64_t numel, const uint8_t* src, co
                       std::to_string(to[k]) + " (replicated copies must be identical)");
         }
         break;
+      case plan::CopyMode::Observe:
+        for (int64_t k = 0; k < n; ++k) {
+          float v;
+          std::memcpy(&v, from + 4 * k, 4);
+          if (std::memcmp(&v, to + k, 4) == 0) continue;
+          ++differing_;
+          double d = std::fabs(static_cast<double>(v) - static_cast<double>(to[k]));
+          if (std::isnan(d)) d = INFINITY;
+          if (largest_at_ < 0 || d > largest_difference_) largest_difference_ = d, largest_at_ = joined + k, largest_pp_ = copy.pp;
+        }
+        break;
     }
   });
   received_ += numel;
@@ -72,6 +84,19 @@ std::shared_ptr<float[]> Assembly::Finish() {
     for (int64_t k = 0; k < param_.full_numel; ++k) out[k] /= n;
   }
   return std::move(data_);
+}
+
+
+
+std::string Assembly::Divergence() const {
+  if (differing_ == 0) return "";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", largest_difference_);
+  const plan::Copy& first = param_.copies.front();
+  return "pipeline-replicated parameter '" + param_.name + "' " + std::string(plan::StateName(state_)) + ": " +
+         std::to_string(differing_) + " elements of its copies on later stages differ from the first stage's (pp=" +
+         std::to_string(first.pp) + "), the largest by " + buf + " (pp=" + std::to_string(largest_pp_) + ", element " +
+         std::to_string(largest_at_) + "); the first stage's copy is kept, as DeepSpeed keeps it";
 }
 
 }  // namespace ucp::union_

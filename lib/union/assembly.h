@@ -1,7 +1,8 @@
 // Union + StripPad for one (parameter, state): the atomic tensor being assembled from the runs of
 // its stream as they arrive. Each run lands where its copy's pattern puts it in the joined tensor
-// (Shard-V / Shard-H / Shard-NC blocks), runs in vocabulary padding rows are dropped, Replicate and
-// tied copies are compared with what is already there, Partial copies are summed then averaged.
+// (Shard-V / Shard-H / Shard-NC blocks), runs in vocabulary padding rows are dropped, Replicate copies
+// are compared with what is already there, // tied copies on later stages are measured against the first stage's (a note, as DeepSpeed
+// keeps the first stage's), Partial copies are summed then averaged.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,10 @@ class Assembly {
   // Checks that every element arrived and returns the tensor (full_shape, float32).
   std::shared_ptr<float[]> Finish();
 
+  // Observe copies (a tied parameter's copies on later stages) that differ from the first stage's:
+  // a note naming the parameter, the state and the largest difference; empty when they agree.
+  std::string Divergence() const;
+
   const plan::ParamPlan& param() const { return param_; }
   plan::State state() const { return state_; }
 
@@ -30,6 +35,10 @@ class Assembly {
   plan::State state_;
   std::shared_ptr<float[]> data_;
   int64_t received_ = 0;  // stream elements applied
+  int64_t differing_ = 0;  // Observe copies' elements unequal to the placed ones
+  double largest_difference_ = 0;
+  int64_t largest_at_ = -1;
+  int largest_pp_ = -1;
 };
 
 }  // namespace ucp::union_

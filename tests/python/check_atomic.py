@@ -7,9 +7,13 @@ of the manifest (recomputed with python3-xxhash, an implementation independent o
 """
 import json
 import os
+import re
 import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from canonical import canonical  # noqa: E402
 import xxhash
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -31,6 +35,32 @@ def same_bytes(a, b):
                                                                         b.contiguous().view(torch.int32))
 
 
+# The keys ds_to_universal.py writes beside 'param', decided as it decides them: by the checkpoint's own
+# universal_checkpoint_info, in its precedence; a parameter no rule names gets cat_dim 0. ucp's one
+# deliberate difference: a row-parallel weight (Shard-H in the model) the checkpoint does not name gets
+# cat_dim 1, or DeepSpeed's loader would split it on the wrong dimension at TP > 1.
+first_model = sorted(f for f in desc["files"] if f.endswith("model_states.pt") and "layer_" not in f)[0]
+ckpt_info = torch.load(os.path.join(fixture, desc["tag"], first_model)).get("universal_checkpoint_info") or {}
+
+
+def ds_keys(name, pattern):
+    def named(key):
+        return any(re.match(p, name) for p in ckpt_info.get(key, []))
+    sub = any(re.match(p, name) for r in ckpt_info.get("parameter_with_sub_params", []) for p in r["patterns"])
+    if named("tp_replicated_parameter_patterns") or named("parameter_to_average_patterns"):
+        want, cat_dim = ["param"], None
+    elif named("parameter_with_2_sub_params_cat_dim_0"):
+        want, cat_dim = ["cat_dim", "param_n_sub_params", "param"], 0
+    elif sub:
+        want, cat_dim = ["sub_param_shape", "param"], None
+    else:
+        want = ["cat_dim", "param"]
+        cat_dim = 1 if named("parameter_with_row_parallelism_patterns") or pattern == "Shard-H" else 0
+    if named("vocabulary_parameter_patterns"):
+        want.insert(-1, "vocab_tensor")
+    return want, cat_dim
+
+
 for name, states in truth["params"].items():
     info = desc["params"][name]
     pattern = info["pattern"]
@@ -41,31 +71,36 @@ for name, states in truth["params"].items():
             fail(f"{path}: missing")
             continue
         d = torch.load(path)
+        if desc["zero_stage"] == 3:
+            # DeepSpeed's ZeRO-3 form: a bare 1-D tensor of the parameter as the source held it (the
+            # padded vocabulary), the ground truth first and zeros in the padding rows.
+            rows = desc["padded_vocab_size"] if vocab else expected.shape[0] if expected.dim() else 1
+            numel = rows * (expected[0].numel() if expected.dim() else 1)
+            ok = torch.is_tensor(d) and d.dim() == 1 and d.numel() == numel and d.dtype == torch.float32
+            if not ok or not same_bytes(d[: expected.numel()].reshape(expected.shape), expected) or \
+                    torch.any(d[expected.numel():].view(torch.int32) != 0):
+                fail(f"{path}: not the ZeRO-3 form of the ground truth ({type(d).__name__} "
+                     f"{tuple(getattr(d, 'shape', ()))}, expected {numel} float32 elements)")
+            continue
         if not isinstance(d, dict):
             fail(f"{path}: holds {type(d).__name__}, not a dict")
             continue
         keys = list(d.keys())
-        if pattern in ("Replicate", "Partial"):
-            want = ["param"]
-        elif pattern == "Shard-NC" and "query_key_value" in name:
-            want = ["sub_param_shape", "param"]
-        elif pattern == "Shard-NC":
-            want = ["cat_dim", "param_n_sub_params", "param"]
-        else:
-            want = ["cat_dim", "param"]
-        if vocab:
-            want.insert(-1, "vocab_tensor")
+        want, cat_dim = ds_keys(name, pattern)
         if keys != want:
-            fail(f"{path}: keys {keys}, DeepSpeed's layout for {pattern} is {want}")
-        if "cat_dim" in d and d["cat_dim"] != (1 if pattern == "Shard-H" else 0):
-            fail(f"{path}: cat_dim {d['cat_dim']} for a {pattern} parameter")
+            fail(f"{path}: keys {keys}, ds_to_universal.py writes {want} (by the checkpoint's rules)")
+        if "cat_dim" in d and d["cat_dim"] != cat_dim:
+            fail(f"{path}: cat_dim {d['cat_dim']} for a {pattern} parameter, expected {cat_dim}")
         if "param_n_sub_params" in d and d["param_n_sub_params"] != 2:
             fail(f"{path}: param_n_sub_params {d['param_n_sub_params']}")
         if "sub_param_shape" in d:
+            # The checkpoint's own SubparamShape, tuples and all (DeepSpeed's loader tests isinstance tuple).
             sp = d["sub_param_shape"]
-            if not isinstance(sp, ds_stubs.SubparamShape) or sp.partition_dim != 0 or \
-                    sum(sp.shape[0]) != expected.shape[0] or sp.shape[1] != expected.shape[1]:
-                fail(f"{path}: sub_param_shape {sp!r}")
+            rule = [r for r in ckpt_info.get("parameter_with_sub_params", []) if any(re.match(p, name) for p in r["patterns"])]
+            if not isinstance(sp, ds_stubs.SubparamShape) or not rule or sp.patterns != list(rule[0]["patterns"]) or \
+                    sp.shape != rule[0]["shape"] or type(sp.shape) is not tuple or \
+                    type(sp.shape[0]) is not tuple or sp.partition_dim != rule[0]["partition_dim"]:
+                fail(f"{path}: sub_param_shape {sp!r}, the checkpoint's rule is {rule[:1]}")
         if vocab and d.get("vocab_tensor") is not True:
             fail(f"{path}: vocab_tensor is not True")
         got = d.get("param")
@@ -80,20 +115,21 @@ extra = sorted(set(os.listdir(os.path.join(atomic, "zero"))) - set(truth["params
 if extra:
     fail(f"zero/ holds entries that are no parameter: {extra[:5]}")
 
+# zero/optimizer_state.pt: what ds_to_universal.py derives from the first optimizer file (natural
+# order: dp=0, mp=00): ZeRO 0-2 drop the sharded keys and take base_optimizer_state's param_groups;
+# ZeRO-3 keep the whole optimizer_state_dict and add its inner param_groups.
 osd = torch.load(os.path.join(atomic, "zero", "optimizer_state.pt"))
-for k in ("param_groups",) + (("ds_version",) if desc["zero_stage"] < 3 else ("optimizer_state_dict",)):
-    if k not in osd:
-        fail(f"zero/optimizer_state.pt: no '{k}' (keys {list(osd)})")
-for k in ("base_optimizer_state", "single_partition_of_fp32_groups", "param_slice_mappings", "fp32_flat_groups"):
-    if k in osd:
-        fail(f"zero/optimizer_state.pt: still holds the sharded '{k}'")
+first = sorted(f for f in desc["files"] if f.endswith("optim_states.pt") and "zero_pp_rank_0_mp_rank_00_" in f)[0]
+src = torch.load(os.path.join(fixture, desc["tag"], first))["optimizer_state_dict"]
 if desc["zero_stage"] < 3:
-    if osd.get("group_paddings") != [0] * len(osd["param_groups"]):
-        fail(f"zero/optimizer_state.pt: group_paddings {osd.get('group_paddings')}")
-    if osd.get("partition_count") != [desc["dp"]] * len(osd["param_groups"]):
-        fail(f"zero/optimizer_state.pt: partition_count {osd.get('partition_count')}")
-    if desc["optimizer"] == "zero" and "loss_scaler" not in osd:
-        fail("zero/optimizer_state.pt: no loss_scaler")
+    want = {k: v for k, v in src.items() if k not in ("base_optimizer_state", "param_slice_mappings",
+                                                      "single_partition_of_fp32_groups")}
+    want["param_groups"] = src["base_optimizer_state"]["param_groups"]
+else:
+    want = dict(src)
+    want["param_groups"] = src["optimizer_state_dict"]["param_groups"]
+if canonical(osd) != canonical(want):
+    fail(f"zero/optimizer_state.pt differs from DeepSpeed's derivation from {first} (keys {list(osd)} vs {list(want)})")
 
 # Model-states files: carried over byte for byte.
 tagdir = os.path.join(fixture, desc["tag"])

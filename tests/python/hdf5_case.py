@@ -142,7 +142,11 @@ def check_hdf5(folder, pt_folder, what):
                 fail(f"{what}: /{name} step {attrs.get('step')!r} ({attrs.get('step_kind')}), expected float32 {truth['step']}")
             # DeepSpeed's keys: what the .pt store's file of the same parameter holds.
             ptd = torch.load(os.path.join(pt_folder, "zero", name, "fp32.pt"))
+            if torch.is_tensor(ptd):  # DeepSpeed's ZeRO-3 form: a bare 1-D tensor
+                ptd = {"zero3_numel": ptd.numel()}
             want = {"universal.vocab_tensor": int(bool(ptd.get("vocab_tensor", False)))}
+            if "zero3_numel" in ptd:
+                want["universal.zero3_numel"] = ptd["zero3_numel"]
             if "cat_dim" in ptd:
                 want["universal.cat_dim"] = ptd["cat_dim"]
             if "param_n_sub_params" in ptd:
