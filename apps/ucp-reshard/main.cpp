@@ -25,13 +25,17 @@ int main(int argc, char** argv) {
       "Reads an atomic checkpoint written by ucp-convert and writes OUT/latest, OUT/global_stepN/ with\n"
       "the files DeepSpeed / Megatron-DeepSpeed write for the target layout, so the job relaunches with its\n"
       "ordinary --load:\n"
-      "  ZeRO 0-2 (GPTModelPipe names): mp_rank_XX_model_states.pt, layer_II-model_TT-model_states.pt\n"
-      "    (weights in the training dtype) and [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt (fp32\n"
+      "  ZeRO 0-2, pipeline module (--model pipe, GPTModelPipe names): mp_rank_XX_model_states.pt,\n"
+      "    layer_II-model_TT-model_states.pt (weights in the training dtype) and\n"
+      "    [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt (fp32\n"
       "    weights, Adam moments, ZeRO flat partitions with DeepSpeed's alignment padding,\n"
       "    param_slice_mappings);\n"
+      "  ZeRO 0-2, not a pipeline module (--model plain, pp=1, GPTModel names): the same optimizer files, and\n"
+      "    mp_rank_XX_model_states.pt with the TP rank's weights under `module` (no layer_* files);\n"
       "  ZeRO-3 (GPTModel names, pp=1): zero_pp_rank_D_mp_rank_TT_model_states.pt and\n"
       "    [bf16_]zero_pp_rank_D_mp_rank_TT_optim_states.pt (every parameter cut in DP equal pieces).\n"
-      "The atomic checkpoint may come from either naming; rules are renamed for the target. Vocabulary rows are\n"
+      "The target model defaults to the source's. The atomic checkpoint may come from either naming; rules are\n"
+      "renamed for the target. The layer count comes from the parameter names. Vocabulary rows are\n"
       "re-padded with zeros for the target TP; split dimensions come from the manifest's model patterns,\n"
       "and a TP>1 target is refused for a parameter whose split dimension no rule decided.\n\n"
       "Each target model-parallel rank (pp stage, tp rank) is one unit: it writes its model-states, layer\n"
@@ -67,6 +71,11 @@ int main(int argc, char** argv) {
   LayoutFlag<std::string>(app, flags, "--partition-method", "partition_method",
        "pipeline partitioning as DeepSpeed computes it: type:REGEX (default type:transformer, as Megatron-DeepSpeed), "
        "uniform, parameters, or explicit layer-spec boundaries such as 0,4,9");
+  LayoutFlag<std::string>(app, flags, "--model", "model",
+       "the target model: pipe (a DeepSpeed PipelineModule: layer_* files, GPTModelPipe names) or plain (not one: "
+       "weights under `module` of mp_rank_XX_model_states.pt, GPTModel names); default the source's, pp>1 always "
+       "pipe, ZeRO-3 always plain")
+      ->check(CLI::IsMember({"pipe", "plain"}));
   LayoutFlag<int64_t>(app, flags, "--make-vocab-size-divisible-by", "make_vocab_size_divisible_by",
        "vocabulary padding multiple per TP rank (default: the source's)")->check(CLI::PositiveNumber);
   app.add_option("--share-buffer", o.share_bytes,

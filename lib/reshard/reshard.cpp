@@ -75,13 +75,31 @@ struct Source {
   pt::TorchFile optimizer;      // zero/optimizer_state.pt
   Naming naming = Naming::Pipe;
   int layers = 0;
-  int64_t vocab = 0, divisible_by = 1;
+  int tp = 1;                       // the source's TP degree
+  int64_t vocab = 0, padded_vocab = 0, divisible_by = 0;  // divisible_by 0: not known from args
+  std::vector<std::string> notes;   // facts derived rather than read (printed by rank 0)
 };
 
 const Value* Arg(const Source& S, const char* key) {
   auto args = S.model_states.root->Get("args");
   auto v = args ? args->Get(key) : nullptr;
   return v ? v.get() : nullptr;
+}
+
+// Transformer layers of a GPT from its parameter names: GPTModel's language_model.encoder.layers.<i>.*
+// (i from 0), or GPTModelPipe's <spec>.* (specs 2..L+1 the layers, L+2 the final norm).
+int LayersFromNames(const std::vector<store::AtomParam>& params, Naming n) {
+  const std::regex plain(R"(language_model\.encoder\.layers\.(\d+)\..+)"), pipe(R"((\d+)\..+)");
+  int highest = -1;
+  for (const auto& p : params) {
+    std::smatch m;
+    if (std::regex_match(p.name, m, n == Naming::Plain ? plain : pipe)) highest = std::max(highest, std::stoi(m[1].str()));
+  }
+  if (n == Naming::Plain) return highest + 1;
+  if (highest < 3)
+    throw Error("the parameter names hold no GPTModelPipe transformer layer (<spec>.<name> with spec 2 or more, and "
+                "the final norm after them)");
+  return highest - 2;
 }
 
 Source LoadSource(const std::string& dir) {
@@ -104,12 +122,17 @@ Source LoadSource(const std::string& dir) {
   if (model_file.empty()) throw Error(dir + ": the manifest lists no mp_rank_*_model_states.pt");
   S.model_states = pt::ReadTorchFile(dir + "/" + model_file);
   S.optimizer = pt::ReadTorchFile(dir + "/zero/optimizer_state.pt");
-  const Value* layers = Arg(S, "num_layers");
-  if (!layers) throw Error(dir + "/" + model_file + ": args has no num_layers: the pipeline layer specs are unknown");
-  S.layers = static_cast<int>(layers->AsInt());
+  S.tp = S.manifest["source"].value("tp", 1);
+  // The layer count: from the parameter names (a plain DeepSpeed engine saves no Megatron args),
+  // checked against args.num_layers where the checkpoint has it.
+  S.layers = LayersFromNames(S.reader->params(), S.naming);
+  if (const Value* layers = Arg(S, "num_layers"); layers && layers->AsInt() != S.layers)
+    throw Error(dir + "/" + model_file + ": args.num_layers is " + std::to_string(layers->AsInt()) + " but the parameter "
+                "names hold " + std::to_string(S.layers) + " transformer layers");
   if (const Value* d = Arg(S, "make_vocab_size_divisible_by")) S.divisible_by = d->AsInt();
   auto info = S.model_states.root->Get("universal_checkpoint_info");
   if (info && info->Get("original_vocab_size")) S.vocab = info->At("original_vocab_size").AsInt();
+  if (info && info->Get("padded_vocab_size")) S.padded_vocab = info->At("padded_vocab_size").AsInt();
   for (const store::AtomParam& p : S.reader->params()) {
     Atom a;
     static_cast<store::AtomParam&>(a) = p;
@@ -161,16 +184,42 @@ std::vector<int> StageBounds(const Source& S, const TargetLayout& T, const std::
   return parts;
 }
 
+// Megatron's make_vocab_size_divisible_by, when the checkpoint does not say it (no args): Megatron's
+// default 128 if the source's padded vocabulary fits it, else the smallest power of two that does;
+// 0 when nothing fits or the padded size is unknown.
+int64_t DerivedDivisibleBy(const Source& S) {
+  if (S.padded_vocab <= 0 || S.vocab <= 0) return 0;
+  auto fits = [&](int64_t d) {
+    const int64_t m = d * S.tp;
+    return (S.vocab + m - 1) / m * m == S.padded_vocab;
+  };
+  if (fits(128)) return 128;
+  for (int64_t d = 1; d <= (int64_t{1} << 20); d *= 2)
+    if (fits(d)) return d;
+  return 0;
+}
+
+// The target's padded vocabulary rows: the multiple of make_vocab_size_divisible_by x TP, as
+// Megatron pads it. The multiple comes from --make-vocab-size-divisible-by, else the source's args,
+// else the source's own padding at an unchanged TP, else DerivedDivisibleBy.
+int64_t PaddedVocab(const Source& S, const TargetLayout& T, int64_t rows) {
+  int64_t div = T.vocab_divisible_by > 0 ? T.vocab_divisible_by : S.divisible_by;
+  if (div <= 0 && T.tp == S.tp && S.padded_vocab >= rows) return S.padded_vocab;
+  if (div <= 0) div = DerivedDivisibleBy(S);
+  if (div <= 0)
+    throw Error("the vocabulary padding of the target is unknown: the checkpoint has no args.make_vocab_size_divisible_by "
+                "and its padded_vocab_size does not tell it; give --make-vocab-size-divisible-by (Megatron's default: 128)");
+  const int64_t m = div * T.tp;
+  return (rows + m - 1) / m * m;
+}
+
 // This TP rank's piece of an atom in the target: the inverse of the atom's pattern.
 UnitParam PieceOf(const Source& S, const TargetLayout& T, int index, int t) {
   const Atom& a = S.atoms[index];
   UnitParam u;
   u.atom = index;
   u.joined_shape = a.shape;
-  if (a.vocab) {
-    const int64_t div = (T.vocab_divisible_by > 0 ? T.vocab_divisible_by : S.divisible_by) * T.tp;
-    u.joined_shape[0] = (a.shape[0] + div - 1) / div * div;
-  }
+  if (a.vocab) u.joined_shape[0] = PaddedVocab(S, T, a.shape[0]);
   plan::Copy& c = u.copy;
   c.pp = 0, c.tp = t;
   c.shape = u.joined_shape;
@@ -291,8 +340,9 @@ LowPrecision LpOf(const std::string& dtype) {
 
 // --- writing one unit -----------------------------------------------------------------------
 
-// ZeRO-3 runs GPTModel (no pipeline engine); the other stages GPTModelPipe.
-Naming NamingOf(const TargetLayout& T) { return T.zero_stage == 3 ? Naming::Plain : Naming::Pipe; }
+// The target's model: GPTModel (not a PipelineModule, plain names) or GPTModelPipe, as resolved by
+// ResolveModel.
+Naming NamingOf(const TargetLayout& T) { return T.model == "plain" ? Naming::Plain : Naming::Pipe; }
 
 // A TP piece of an atomic tensor that several units need (a TP-replicated parameter: every TP rank
 // of its stages; the tied embedding: its first and last stage). One rank reads it, the other ranks
@@ -429,6 +479,19 @@ class HeldPieces {
   std::map<int, int> uses_;
 };
 
+// Where a key sits inside its Megatron module (registration order), for the order of a model's
+// state_dict; keys it does not know come after, in the atomic checkpoint's order.
+int LocalKeyRank(const std::string& local) {
+  static const std::vector<std::string> order = {
+      "word_embeddings.weight", "position_embeddings.weight", "input_layernorm.weight", "input_layernorm.bias",
+      "self_attention.query_key_value.weight", "self_attention.query_key_value.bias", "self_attention.dense.weight",
+      "self_attention.dense.bias", "post_attention_layernorm.weight", "post_attention_layernorm.bias",
+      "mlp.dense_h_to_4h.weight", "mlp.dense_h_to_4h.bias", "mlp.dense_4h_to_h.weight", "mlp.dense_4h_to_h.bias",
+      "weight", "bias"};
+  auto it = std::find(order.begin(), order.end(), local);
+  return it == order.end() ? static_cast<int>(order.size()) : static_cast<int>(it - order.begin());
+}
+
 class UnitWriter {
  public:
   UnitWriter(const Source& S, const TargetLayout& T, const Plan& P, const HeldPieces& H, const Unit& U, std::string dir)
@@ -447,7 +510,11 @@ class UnitWriter {
     }
     const auto lp = LpOf(T_.dtype);
     for (const auto& up : U_.params) lp_.push_back(std::shared_ptr<uint8_t[]>(new uint8_t[std::max<int64_t>(1, up.local_numel) * lp.size]));
-    for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);
+    for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);  // fills lp_ from the fp32 weights
+    if (NamingOf(T_) == Naming::Plain) {
+      pt::WriteTorchFile(dir_ + "/mp_rank_" + MpName() + "_model_states.pt", *ModelStates(PlainModule()));
+      return;
+    }
     WriteLayerFiles();
     pt::WriteTorchFile(dir_ + "/mp_rank_" + MpName() + "_model_states.pt", *ModelStates(Value::None()));
   }
@@ -681,35 +748,27 @@ class UnitWriter {
     WriteOptimizerRoot(d, osd);
   }
 
-  // GPTModel.state_dict_for_save_checkpoint under ZeRO-3: the parameters are empty placeholders,
-  // nested as language_model/embedding/<module>/<leaf> and language_model/encoder/<key>.
+  // DeepSpeed saves module.state_dict() under ZeRO-3 too: GPTModel's flat names, every parameter
+  // an empty placeholder of the training dtype (the weights are in the optimizer files).
   ValuePtr Zero3Module() const {
     static const auto placeholder_owner = std::make_shared<uint8_t>(0);
     const auto lp = LpOf(T_.dtype);
-    auto embedding = OrderedDict(), encoder = OrderedDict();
-    std::vector<int> order;
-    for (const auto& up : U_.params) order.push_back(up.atom);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return S_.atoms[a].spec() < S_.atoms[b].spec(); });
-    const std::string emb = "language_model.embedding.", enc = "language_model.encoder.";
-    for (int k : order) {
-      const std::string& name = P_.names[k];
-      auto empty = pt::OwnedTensor(placeholder_owner, placeholder_owner.get(), lp.dtype, {0});
-      if (name.rfind(emb, 0) == 0) {
-        std::string rest = name.substr(emb.size());
-        const size_t dot = rest.find('.');
-        const std::string module = rest.substr(0, dot), leaf = dot == std::string::npos ? "weight" : rest.substr(dot + 1);
-        auto sub = embedding->Get(module);
-        if (!sub) SetItem(*embedding, module, sub = OrderedDict());
-        SetItem(*sub, leaf, empty);
-      } else {
-        SetItem(*encoder, name.substr(enc.size()), empty);
-      }
-    }
-    auto lm = OrderedDict(), module = OrderedDict();
-    SetItem(*lm, "embedding", embedding);
-    SetItem(*lm, "encoder", encoder);
-    SetItem(*module, "language_model", lm);
+    auto module = OrderedDict();
+    for (size_t k : ModelOrder())
+      SetItem(*module, P_.names[U_.params[k].atom], pt::OwnedTensor(placeholder_owner, placeholder_owner.get(), lp.dtype, {0}));
     return module;
+  }
+
+  // The unit's parameters in the model's order (layer spec, then the key's place in its module):
+  // the order of a model's state_dict and of its layer files.
+  std::vector<size_t> ModelOrder() const {
+    std::vector<size_t> order(U_.params.size());
+    for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+      const LayerPlace &a = S_.atoms[U_.params[x].atom].place, &b = S_.atoms[U_.params[y].atom].place;
+      return std::make_pair(a.spec, LocalKeyRank(a.local)) < std::make_pair(b.spec, LocalKeyRank(b.local));
+    });
+    return order;
   }
 
   ValuePtr DsVersion() const {
@@ -728,10 +787,20 @@ class UnitWriter {
     return Value::None();
   }
 
+  // A model that is not a PipelineModule: its state_dict, this TP rank's weights in the training
+  // dtype under GPTModel's names, in the model's order (embedding, layers, final norm).
+  ValuePtr PlainModule() const {
+    const auto lp = LpOf(T_.dtype);
+    auto module = OrderedDict();
+    for (size_t k : ModelOrder())
+      SetItem(*module, P_.names[U_.params[k].atom], pt::OwnedTensor(lp_[k], lp_[k].get(), lp.dtype, U_.params[k].copy.shape));
+    return module;
+  }
+
   void WriteLayerFiles() {
     const auto lp = LpOf(T_.dtype);
     std::map<int, ValuePtr> files;  // spec -> OrderedDict
-    for (size_t k = 0; k < U_.params.size(); ++k) {
+    for (size_t k : ModelOrder()) {
       const Atom& a = S_.atoms[U_.params[k].atom];
       if (a.tied() && U_.pp != P_.embedding_stage) continue;  // the tied head writes no layer file
       auto& f = files[a.spec()];
@@ -756,6 +825,9 @@ class UnitWriter {
       shapes->items.push_back(m);
     }
     SetItem(*root, "param_shapes", shapes);
+    // DeepSpeed records frozen parameters (none here) when ZeRO partitions gradients (stage 2, 3).
+    for (const char* key : {"frozen_param_shapes", "frozen_param_fragments"})
+      PutIfPresent(*root, key, T_.zero_stage >= 2 ? OrderedDict() : Value::None());
     SetItem(*root, "dp_world_size", Value::Int(T_.dp));
     SetItem(*root, "mp_world_size", Value::Int(T_.tp * T_.pp));
     SetItem(*root, "ds_config", DsConfig());
@@ -830,6 +902,8 @@ void Validate(const Source& S, const TargetLayout& T) {
   if (T.zero_stage == 3 && T.pp > 1) no("ZeRO-3 with pipeline parallelism: DeepSpeed refuses it; use pp=1");
   if (T.zero_stage == 0 && T.dtype != "bf16") no("ZeRO stage 0 is DeepSpeed's BF16 optimizer: it needs --dtype bf16");
   if (T.zero_stage == 2 && T.pp > 1) no("ZeRO-2 with pipeline parallelism: DeepSpeed refuses it; use stage 1");
+  if (T.model == "plain" && T.pp > 1) no("model 'plain' with pp=" + std::to_string(T.pp) + ": only a PipelineModule runs a pipeline");
+  if (T.model == "pipe" && T.zero_stage == 3) no("model 'pipe' with ZeRO-3: DeepSpeed refuses a PipelineModule under ZeRO-3");
   if (T.pp > S.layers)
     no("pp=" + std::to_string(T.pp) + " exceeds the " + std::to_string(S.layers) + " transformer layers");
 }
@@ -871,6 +945,15 @@ void ShareRepeatedPieces(Plan& P, int ranks, int64_t budget) {
     for (int r : sp.ranks) held[r] += hold;
     P.shared.push_back(std::move(sp));
   }
+}
+
+// The target's model kind, when not given: ZeRO-3 is never a pipeline, pp > 1 always is, and
+// otherwise the source's kind is kept (its naming: GPTModel's names for a model that is not a
+// PipelineModule).
+TargetLayout ResolveModel(const Source& S, TargetLayout T) {
+  if (!T.model.empty()) return T;
+  T.model = T.zero_stage == 3 ? "plain" : T.pp > 1 ? "pipe" : S.naming == Naming::Plain ? "plain" : "pipe";
+  return T;
 }
 
 Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_budget) {
@@ -962,19 +1045,25 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   const auto t0 = std::chrono::steady_clock::now();
   Source S;
   Plan P;
+  TargetLayout T;
   std::string error = Capture([&] {
     S = LoadSource(o.atomic_dir);
-    P = MakePlan(S, o.target, ranks, o.share_bytes);
+    T = ResolveModel(S, o.target);
+    P = MakePlan(S, T, ranks, o.share_bytes);
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;
   const std::string tag = S.manifest["source"]["tag"];
   if (talk)
     err << kTool << ": " << o.atomic_dir << " (" << S.atoms.size() << " parameters, from dp=" << S.manifest["source"]["dp"]
-        << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"] << ") to " << o.target.Describe()
+        << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"] << ") to " << T.Describe()
         << "; " << P.units.size() << " model-parallel ranks on " << comm.name() << "\n";
+  if (talk && P.padded_vocab > 0 && T.vocab_divisible_by <= 0 && S.divisible_by <= 0 && T.tp != S.tp)
+    err << kTool << ": note: the checkpoint has no args.make_vocab_size_divisible_by; " << DerivedDivisibleBy(S)
+        << " fits its padded_vocab_size " << S.padded_vocab << " at tp=" << S.tp << ", so the vocabulary is padded to "
+        << P.padded_vocab << " rows (--make-vocab-size-divisible-by to choose)\n";
   if (o.plan_only) {
     if (rank == 0) {
-      json j = PlanJson(S, o.target, P, ranks);
+      json j = PlanJson(S, T, P, ranks);
       if (o.json) {
         out << j.dump(1) << "\n";
       } else {
@@ -983,7 +1072,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
         out << "\n";
         for (const auto& u : j["units"])
           out << "  pp=" << u["pp"] << " tp=" << u["tp"] << " rank " << u["rank"] << ": " << u["params"].size()
-              << " parameters, reads " << HumanBytes(u["bytes_read"].get<double>()) << ", writes " << o.target.dp
+              << " parameters, reads " << HumanBytes(u["bytes_read"].get<double>()) << ", writes " << T.dp
               << " optimizer files\n";
         int64_t across = 0;
         for (const auto& sp : j["shared"]) across += sp["ranks"].size() > 1;
@@ -1023,7 +1112,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   error = Capture([&] {
     for (size_t k = 0; k < P.units.size(); ++k) {
       if (P.owner[k] != rank) continue;
-      UnitWriter(S, o.target, P, held, P.units[k], dir).Write();
+      UnitWriter(S, T, P, held, P.units[k], dir).Write();
       held.Done(P.units[k]);
       planned += P.units[k].bytes;
     }

@@ -11,13 +11,15 @@ namespace ucp::reshard {
 
 std::string TargetLayout::Describe() const {
   return "dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " ZeRO-" +
-         std::to_string(zero_stage) + " " + dtype + (bf16_optimizer() ? " (BF16 optimizer)" : "");
+         std::to_string(zero_stage) + " " + dtype + (bf16_optimizer() ? " (BF16 optimizer)" : "") +
+         (model.empty() ? "" : model == "plain" ? ", not a pipeline module" : ", pipeline module");
 }
 
 nlohmann::json TargetLayout::ToJson() const {
   nlohmann::json j = {{"layout_version", 1}, {"dp", dp}, {"tp", tp}, {"pp", pp}, {"zero_stage", zero_stage},
                       {"dtype", dtype}, {"partition_method", partition_method}};
   if (vocab_divisible_by > 0) j["make_vocab_size_divisible_by"] = vocab_divisible_by;
+  if (!model.empty()) j["model"] = model;
   return j;
 }
 
@@ -66,6 +68,9 @@ TargetLayout ApplyLayout(const nlohmann::json& j, TargetLayout t, const std::str
       static const std::set<std::string> dtypes = {"fp16", "bf16", "fp32"};
       if (!v.is_string() || !dtypes.count(v.get<std::string>())) throw bad("\"fp16\", \"bf16\" or \"fp32\"");
       t.dtype = v.get<std::string>();
+    } else if (key == "model") {
+      if (!v.is_string() || (v != "pipe" && v != "plain")) throw bad("\"pipe\" (a PipelineModule) or \"plain\" (not one)");
+      t.model = v.get<std::string>();
     } else if (key == "partition_method") {
       if (v.is_string() && !v.get<std::string>().empty()) {
         t.partition_method = v.get<std::string>();
@@ -81,7 +86,7 @@ TargetLayout ApplyLayout(const nlohmann::json& j, TargetLayout t, const std::str
       }
     } else {
       throw Error(path + ": unknown key '" + key + "' (schemas/layout.schema.json lists dp, tp, pp, zero_stage, dtype, "
-                  "partition_method, make_vocab_size_divisible_by)");
+                  "partition_method, make_vocab_size_divisible_by, model)");
     }
     given->push_back(key);
   }

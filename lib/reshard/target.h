@@ -17,6 +17,10 @@ struct TargetLayout {
   std::string dtype = "bf16";                       // fp16, bf16, fp32
   std::string partition_method = "type:transformer";  // uniform | parameters | type:REGEX | a,b,c boundaries
   int64_t vocab_divisible_by = 0;                   // 0: the source's make_vocab_size_divisible_by
+  // "pipe": a DeepSpeed PipelineModule (GPTModelPipe names, layer_* files); "plain": a model that is
+  // not one (GPTModel names, weights under `module` of mp_rank_XX_model_states.pt). Empty: the
+  // source's, except that pp > 1 is always a pipeline and ZeRO-3 never is.
+  std::string model;
 
   bool bf16_optimizer() const { return dtype == "bf16" && zero_stage <= 1; }
   std::string Describe() const;  // "dp=4 tp=2 pp=2 ZeRO-1 bf16"
