@@ -43,6 +43,9 @@ class Model:
         if family == "llama":          # GQA + SwiGLU + RMSNorm, no biases, no position embeddings
             self.heads, self.kv_heads, self.ffn = 4, 2, 48
             self.swiglu, self.bias, self.layernorm, self.pos = True, False, False, 0
+        elif family == "gpt-gqa":      # GPT names, LayerNorm, biases, learned positions WITH GQA and SwiGLU,
+            self.heads, self.kv_heads, self.ffn = 4, 2, 48  # as the real DeepSpeed cases (shared/real-deepspeed)
+            self.swiglu, self.bias, self.layernorm, self.pos = True, True, True, 16
         else:                          # GPT: MHA, GeLU, LayerNorm, biases, learned positions
             self.heads, self.kv_heads, self.ffn = 4, 4, 128
             self.swiglu, self.bias, self.layernorm, self.pos = False, True, True, 16
@@ -74,7 +77,8 @@ class Model:
             out.append((f"{x}.self_attention.query_key_value.weight", (self.q + 2 * self.kv, h),
                         "qkv" if self.kv != self.q else "col", x))
             if self.bias:
-                out.append((f"{x}.self_attention.query_key_value.bias", (self.q + 2 * self.kv,), "col", x))
+                out.append((f"{x}.self_attention.query_key_value.bias", (self.q + 2 * self.kv,),
+                            "qkv" if self.kv != self.q else "col", x))
             out.append((f"{x}.self_attention.dense.weight", (h, self.q), "row", x))
             if self.bias:
                 out.append((f"{x}.self_attention.dense.bias", (h,), "replicate", x))
@@ -83,7 +87,8 @@ class Model:
             out.append((f"{x}.mlp.dense_h_to_4h.weight", ((2 if self.swiglu else 1) * self.ffn, h),
                         "swiglu" if self.swiglu else "col", x))
             if self.bias:
-                out.append((f"{x}.mlp.dense_h_to_4h.bias", (self.ffn,), "col", x))
+                out.append((f"{x}.mlp.dense_h_to_4h.bias", ((2 if self.swiglu else 1) * self.ffn,),
+                            "swiglu" if self.swiglu else "col", x))
             out.append((f"{x}.mlp.dense_4h_to_h.weight", (h, self.ffn), "row", x))
             if self.bias:
                 out.append((f"{x}.mlp.dense_4h_to_h.bias", (h,), "replicate", x))
@@ -101,7 +106,9 @@ class Model:
         return f"language_model.encoder.layers.{int(idx) - 2}.{rest}"
 
     def universal_checkpoint_info(self, version, tp, naming):
-        """What Megatron-DeepSpeed's model.universal_checkpoint_info() returns, in DeepSpeed's keys."""
+        """What Megatron-DeepSpeed's model.universal_checkpoint_info() returns, in DeepSpeed's keys. As in
+        the real files, the TP patterns (replicated, averaged, row-parallel) are there only at TP > 1, and
+        a sub-parameter shape is a tuple holding a tuple: ((q, kv, kv), hidden)."""
         if naming == "pipe":
             L, emb = r"\d+.", "tied_modules.embed."
             norm = [r"\d+.weight"] + ([r"\d+.bias"] if self.layernorm else [])
@@ -123,20 +130,27 @@ class Model:
             tp_rep += [L + "self_attention.dense.bias", L + "mlp.dense_4h_to_h.bias"]
         if self.layernorm:
             tp_rep += ([] if self.average_norms else [L + "input_layernorm.bias"]) + [L + "post_attention_layernorm.bias"]
-        if self.average_norms:
-            info["parameter_to_average_patterns"] = [L + "input_layernorm.weight"] + (
-                [L + "input_layernorm.bias"] if self.layernorm else [])
-        info["tp_replicated_parameter_patterns"] = tp_rep
-        info["parameter_with_row_parallelism_patterns"] = [L + "mlp.dense_4h_to_h.weight",
-                                                           L + "self_attention.dense.weight"]
-        info["parameter_with_2_sub_params_cat_dim_0"] = [L + "mlp.dense_h_to_4h.weight"] if self.swiglu else []
+        if tp > 1:
+            if self.average_norms:
+                info["parameter_to_average_patterns"] = [L + "input_layernorm.weight"] + (
+                    [L + "input_layernorm.bias"] if self.layernorm else [])
+            info["tp_replicated_parameter_patterns"] = tp_rep
+            info["parameter_with_row_parallelism_patterns"] = [L + "mlp.dense_4h_to_h.weight",
+                                                               L + "self_attention.dense.weight"]
+        if self.swiglu:
+            info["parameter_with_2_sub_params_cat_dim_0"] = [L + "mlp.dense_h_to_4h.weight"] + (
+                [L + "mlp.dense_h_to_4h.bias"] if self.bias else [])
         if self.kv != self.q:
-            pattern = L + "self_attention.query_key_value.weight"
+            sizes = (self.q, self.kv, self.kv)
             info["parameter_with_sub_params"] = [
-                {"patterns": [pattern], "shape": [[self.q, self.kv, self.kv], self.hidden], "partition_dim": 0}]
+                {"patterns": [L + "self_attention.query_key_value.weight"], "shape": (sizes, self.hidden),
+                 "partition_dim": 0}]
+            if self.bias:
+                info["parameter_with_sub_params"].append(
+                    {"patterns": [L + "self_attention.query_key_value.bias"], "shape": (sizes,), "partition_dim": 0})
             if version >= 0.4:
                 info["sub_param_shard_widths"] = {
-                    pattern: [[n // tp] * tp for n in (self.q, self.kv, self.kv)]}
+                    sp["patterns"][0]: [[n // tp] * tp for n in sizes] for sp in info["parameter_with_sub_params"]}
         return info
 
 
@@ -217,7 +231,12 @@ def main():
     ap.add_argument("--zero-stage", type=int, default=1, choices=[0, 1, 2, 3],
                     help="0 only with bf16: DeepSpeed's BF16 optimizer, as bf16 with stage 1")
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
-    ap.add_argument("--family", default="llama", choices=["llama", "gpt"])
+    ap.add_argument("--family", default="llama", choices=["llama", "gpt", "gpt-gqa"])
+    ap.add_argument("--model", choices=["pipe", "plain"], default=None,
+                    help="pipe: a PipelineModule (layer_* files, GPTModelPipe names); plain: not one (weights under "
+                         "`module` of mp_rank_XX_model_states.pt, GPTModel names). Default: plain for ZeRO-3, else pipe")
+    ap.add_argument("--no-args", action="store_true",
+                    help="as a plain DeepSpeed engine saves: no Megatron args, rng states or checkpoint_version")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--uc-version", type=float, default=0.4, help="universal_checkpoint_version to record")
     ap.add_argument("--seed", type=int, default=1)
@@ -246,7 +265,11 @@ def main():
         model.vocab *= a.scale
     if a.pp > model.layers:
         ap.error("more pipeline stages than layers")
-    naming = "plain" if a.zero_stage == 3 else "pipe"
+    naming = a.model or ("plain" if a.zero_stage == 3 else "pipe")
+    if naming == "pipe" and a.zero_stage == 3:
+        ap.error("DeepSpeed does not run a PipelineModule under ZeRO-3")
+    if naming == "plain" and a.pp > 1:
+        ap.error("only a PipelineModule runs with pp > 1")
     bf16 = a.dtype == "bf16"
     fp16 = a.dtype == "fp16"
     lp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
@@ -307,14 +330,19 @@ def main():
                 "params": [idx]}
 
     def model_state(param_shapes, module):
+        # DeepSpeed records frozen parameters (an empty OrderedDict here) when ZeRO partitions gradients.
+        frozen = collections.OrderedDict() if a.zero_stage >= 2 else None
         state = {"module": module, "buffer_names": [], "optimizer": None, "param_shapes": param_shapes,
-                 "frozen_param_shapes": None, "shared_params": {}, "frozen_param_fragments": None,
+                 "frozen_param_shapes": frozen, "shared_params": {}, "frozen_param_fragments": frozen,
                  "lr_scheduler": lr_scheduler, "data_sampler": None, "random_ltd": None,
                  "sparse_tensor_module_names": set(), "skipped_steps": 0, "global_steps": STEP,
                  "global_samples": STEP * 8 * a.dp, "dp_world_size": a.dp, "mp_world_size": a.tp * a.pp,
                  "ds_config": ds_config, "ds_version": DS_VERSION}
-        state.update({"args": args, "checkpoint_version": 3.0, "iteration": STEP, "tokens": STEP * 8 * a.dp * 64,
-                      "universal_checkpoint_info": info, "rng_state": rng_state})
+        if a.no_args:  # what the real plain-engine cases carry as client state
+            state.update({"iteration": STEP, "universal_checkpoint_info": info})
+        else:
+            state.update({"args": args, "checkpoint_version": 3.0, "iteration": STEP, "tokens": STEP * 8 * a.dp * 64,
+                          "universal_checkpoint_info": info, "rng_state": rng_state})
         return state
 
     # Partial parameters: every TP rank holds its own copy; the truth is DeepSpeed's merge of them,
@@ -331,10 +359,19 @@ def main():
             copies[name][key] = cs
             truth[name][key] = sum(cs) / len(cs)
 
-    def local(name, key, tp_rank):
+    # A tied module's parameters other than the tied weight are not kept in sync: in real files the last
+    # stage's position embedding never gets a gradient (zero moments, its own fp32 values). DeepSpeed
+    # keeps the first stage's copy, which is the truth.
+    last_stage_pos = {"fp32": 0.05 * torch.randn(model.pos or 1, model.hidden, generator=g)}
+    last_stage_pos.update({k: torch.zeros(model.pos or 1, model.hidden) for k in ("exp_avg", "exp_avg_sq")})
+
+    def local(name, key, tp_rank, stage=0):
         if name in copies:
             return copies[name][key][tp_rank].clone()
-        return tp_slice(model, patterns[name], truth[name][key], a.tp, tp_rank, pad_rows[key])
+        full = truth[name][key]
+        if stage > 0 and name == "tied_modules.embed.position_embeddings.weight":
+            full = full + last_stage_pos[key] if key == "fp32" else last_stage_pos[key]
+        return tp_slice(model, patterns[name], full, a.tp, tp_rank, pad_rows[key])
 
     prefix = "bf16_" if bf16 else ""
     files = []
@@ -344,10 +381,15 @@ def main():
                   [n for n in names if no_weight_decay(n, shapes[n])]]
         for t in range(a.tp):
             mp = stage * a.tp + t
-            locals_ = {n: {k: local(n, k, t) for k in ("fp32", "exp_avg", "exp_avg_sq")} for n in names}
+            locals_ = {n: {k: local(n, k, t, stage) for k in ("fp32", "exp_avg", "exp_avg_sq")} for n in names}
             param_shapes = [collections.OrderedDict((name_of(n), torch.Size(locals_[n]["fp32"].shape)) for n in grp)
                             for grp in groups]
-            if a.zero_stage < 3:
+            if a.zero_stage < 3 and naming == "plain":
+                # Not a PipelineModule: module.state_dict(), this TP rank's weights in the training dtype.
+                module = collections.OrderedDict((name_of(n), locals_[n]["fp32"].to(lp_dtype)) for n in names)
+                files.append(f"mp_rank_{mp:02d}_model_states.pt")
+                write(model_state(param_shapes, module), os.path.join(ckpt, files[-1]))
+            elif a.zero_stage < 3:
                 files.append(f"mp_rank_{mp:02d}_model_states.pt")
                 write(model_state(param_shapes, None), os.path.join(ckpt, files[-1]))
                 # Layer files (PipelineModule.save_state_dict): layer-local keys, training dtype.
@@ -379,7 +421,7 @@ def main():
     write({"params": {name_of(n): v for n, v in truth.items()}, "step": STEP,
            "vocab_pad_rows": pad_rows}, os.path.join(a.out, "truth.pt"))
     desc = {
-        "framework": "megatron-deepspeed", "family": a.family, "naming": naming, "dp": a.dp, "tp": a.tp,
+        "framework": "deepspeed" if a.no_args else "megatron-deepspeed", "family": a.family, "naming": naming, "dp": a.dp, "tp": a.tp,
         "pp": a.pp, "zero_stage": a.zero_stage, "dtype": a.dtype,
         "optimizer": "bf16_optimizer" if bf16_optimizer else ("zero3" if a.zero_stage == 3 else "zero"),
         "iteration": STEP, "tag": tag, "universal_checkpoint_version": a.uc_version,
@@ -470,17 +512,9 @@ def zero3_state(a, groups, locals_, d, loss_scaler, param_group):
 
 
 def zero3_module(model, names, dtype):
-    """GPTModel.state_dict_for_save_checkpoint under ZeRO-3: nested, parameters are empty placeholders."""
-    emb = collections.OrderedDict()
-    enc = collections.OrderedDict()
-    for n in names:
-        plain = model.plain_name(n)
-        if plain.startswith("language_model.embedding."):
-            sub = plain[len("language_model.embedding."):].split(".")[0]
-            emb[sub] = collections.OrderedDict(weight=torch.empty(0, dtype=dtype))
-        else:
-            enc[plain[len("language_model.encoder."):]] = torch.empty(0, dtype=dtype)
-    return collections.OrderedDict(language_model=collections.OrderedDict(embedding=emb, encoder=enc))
+    """module.state_dict() under ZeRO-3, as DeepSpeed's engine saves it: GPTModel's flat names, every
+    parameter an empty placeholder."""
+    return collections.OrderedDict((model.plain_name(n), torch.empty(0, dtype=dtype)) for n in names)
 
 
 if __name__ == "__main__":

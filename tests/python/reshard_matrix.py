@@ -5,6 +5,9 @@ truth, and compare the two with compare_shards.py.
   reshard_matrix.py UCP_RESHARD ATOMIC_DIR WORK_DIR MPIEXEC --family F --layers L --dp D [--source-tp T]
 
 Targets: the given DP x TP {1, 2} x PP {1, 2} x ZeRO {0 (bf16), 1, 2 (PP=1), 3 (PP=1)} x {fp16, bf16, fp32}.
+The target model is given explicitly: a PipelineModule for ZeRO 0-2, except that with --plain-pp1 the
+PP=1 ZeRO 0-2 targets are models that are not one (weights in mp_rank_XX_model_states.pt); ZeRO-3
+targets never are.
 """
 import argparse
 import os
@@ -22,6 +25,7 @@ ap.add_argument("mpiexec")
 ap.add_argument("--family", default="llama")
 ap.add_argument("--layers", type=int, default=2)
 ap.add_argument("--dp", type=int, nargs="+", default=[1, 2, 3, 4])
+ap.add_argument("--plain-pp1", action="store_true", help="PP=1 ZeRO 0-2 targets: --model plain")
 a = ap.parse_args()
 
 targets = []
@@ -36,11 +40,12 @@ for dp in a.dp:
 failures = []
 for k, (dp, tp, pp, zero, dtype) in enumerate(targets):
     ranks = (1, 2, 4)[k % 3]
-    name = f"dp{dp}-tp{tp}-pp{pp}-z{zero}-{dtype}"
+    model = "plain" if zero == 3 or (a.plain_pp1 and pp == 1) else "pipe"
+    name = f"dp{dp}-tp{tp}-pp{pp}-z{zero}-{dtype}" + ("-plain" if model == "plain" and zero < 3 else "")
     out, gen = os.path.join(a.work, "ours", name), os.path.join(a.work, "gen", name)
     shutil.rmtree(out, ignore_errors=True)
     cmd = [a.binary, a.atomic, "-o", out, "--dp", str(dp), "--tp", str(tp), "--pp", str(pp),
-           "--zero-stage", str(zero), "--dtype", dtype, "-q"]
+           "--zero-stage", str(zero), "--dtype", dtype, "--model", model, "-q"]
     if ranks > 1:
         cmd = [a.mpiexec, "--oversubscribe", "-np", str(ranks)] + cmd
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -50,7 +55,7 @@ for k, (dp, tp, pp, zero, dtype) in enumerate(targets):
         continue
     subprocess.run([sys.executable, os.path.join(root, "scripts", "make_fixture.py"), gen, "--dp", str(dp),
                     "--tp", str(tp), "--pp", str(pp), "--zero-stage", str(zero), "--dtype", dtype,
-                    "--family", a.family, "--layers", str(a.layers), "--zero-vocab-padding"],
+                    "--family", a.family, "--layers", str(a.layers), "--zero-vocab-padding", "--model", model],
                    check=True, capture_output=True)
     c = subprocess.run([sys.executable, os.path.join(here, "compare_shards.py"), gen, out], capture_output=True, text=True)
     print(f"{name} ({ranks} rank{'s' if ranks > 1 else ''}): {c.stdout.strip().splitlines()[-1]}")
