@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""DeepSpeed itself resumes from what ucp writes: the check before a format change is called done.
+
+For every real case (shared/real-deepspeed/cases/*) and every layout its case.json resumed on, the
+real DeepSpeed harness trains steps 7-10 twice:
+  universal  from ucp-convert's atomic checkpoint ("checkpoint": {"load_universal": true});
+  native     from ucp-reshard's files for that layout (DeepSpeed's ordinary --load);
+and the losses are compared with the uninterrupted run. A resume passes when its largest loss
+difference is within 2x what DeepSpeed's own universal resume got (case.json), and, where DeepSpeed's
+own path is known wrong (TP=1 -> TP=2: it splits row-parallel weights on the wrong dimension),
+within 1e-5 of the uninterrupted run.
+
+Needs DeepSpeed v0.14.5 set up as shared/real-deepspeed/harness/README.md says (CI has none):
+    ORACLE=/work/oracle scripts/deepspeed_resume.py [--case NAME] [--work DIR] [--markdown FILE]
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(cmd, env=None, what=""):
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"{what or cmd[0]}: exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-3000:]}")
+    return r
+
+
+def losses_of(log):
+    out = {}
+    with open(log) as f:
+        for line in f:
+            j = json.loads(line)
+            if "loss" in j and "step" in j:
+                out[str(j["step"])] = j["loss"]
+    return out
+
+
+def layout_flags(args, nproc):
+    tok = {k: int(v) for k, v in re.findall(r"--(tp|pp|zero) (\d+)", args)}
+    tp, pp, zero = tok.get("tp", 1), tok.get("pp", 1), tok.get("zero", 1)
+    dtype = "bf16" if "--dtype bf16" in args else "fp32"
+    model = "pipe" if pp > 1 else "plain"
+    return ["--dp", str(nproc // (tp * pp)), "--tp", str(tp), "--pp", str(pp), "--zero-stage", str(zero),
+            "--dtype", dtype, "--model", model, "--make-vocab-size-divisible-by", "128"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=os.path.join(ROOT, "..", "shared", "real-deepspeed", "cases"))
+    ap.add_argument("--harness", default=os.path.join(ROOT, "..", "shared", "real-deepspeed", "harness"))
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "apps"))
+    ap.add_argument("--work", default="/tmp/ucp-deepspeed-resume")
+    ap.add_argument("--case", action="append", help="only these cases")
+    ap.add_argument("--markdown", help="write the table here too")
+    a = ap.parse_args()
+    oracle = os.environ.get("ORACLE")
+    if not oracle or not os.path.isdir(os.path.join(oracle, "deepspeed", "deepspeed")):
+        sys.exit("set ORACLE to the folder holding deepspeed/ (shared/real-deepspeed/harness/README.md, section 1)")
+    env = dict(os.environ, PYTHONPATH=os.path.join(oracle, "deepspeed"), DS_ACCELERATOR="cpu", DS_BUILD_OPS="0",
+               OMP_NUM_THREADS="1")
+    rows, failed, port = [], 0, 29700
+    for case in sorted(a.case or os.listdir(a.cases)):
+        spec = json.load(open(os.path.join(a.cases, case, "case.json")))
+        base = spec["losses"]
+        src = os.path.join(a.cases, case, "ckpt")
+        work = os.path.join(a.work, case)
+        shutil.rmtree(work, ignore_errors=True)
+        atomic_root = os.path.join(work, "atomic_root")
+        run([os.path.join(a.bin, "ucp-convert"), src, "-o", os.path.join(atomic_root, "global_step6_universal"), "-q"],
+            what="ucp-convert")
+        with open(os.path.join(atomic_root, "latest"), "w") as f:  # the tag the universal load starts from
+            f.write("global_step6")
+        for r in spec["resume"]:
+            for kind in ("universal", "native"):
+                if kind == "universal":
+                    load = atomic_root
+                else:
+                    load = os.path.join(work, "native_" + r["name"])
+                    run([os.path.join(a.bin, "ucp-reshard"), os.path.join(atomic_root, "global_step6_universal"), "-o",
+                         load, "-q"] + layout_flags(r["args"], r["nproc"]), what="ucp-reshard")
+                log = os.path.join(work, f"{kind}_{r['name']}.jsonl")
+                port += 1
+                cmd = ["/usr/bin/python3", "launch.py", str(r["nproc"]), "--port", str(port), "--", "train.py", "--out",
+                       os.path.join(work, "tmp"), "--steps", "10", "--lr", spec["lr"], "--load", load, "--no-save",
+                       "--log", log] + r["args"].split() + (["--load-universal"] if kind == "universal" else [])
+                try:
+                    subprocess.run(cmd, cwd=a.harness, env=env, capture_output=True, text=True, check=True, timeout=600)
+                    got = losses_of(log)
+                    diff = max(abs(got[s] - base[s]) for s in ("7", "8", "9", "10"))
+                except Exception as e:  # noqa: BLE001 - reported in the table
+                    got, diff = {}, float("inf")
+                    print(f"{case} {r['name']} {kind}: {str(e)[-2000:]}", file=sys.stderr)
+                ds = r["max_abs_loss_diff_vs_original"]
+                expected_wrong = "EXPECTED_MISMATCH" in r["name"]
+                bound = 1e-5 if expected_wrong else 2 * ds
+                ok = diff <= bound
+                failed += not ok
+                rows.append((case, r["name"], r["nproc"], kind, diff, ds, bound, ok))
+                print(f"{case:24} {r['name']:38} {kind:9} ucp {diff:.3g}  DeepSpeed {ds:.3g}  bound {bound:.3g}  "
+                      f"{'ok' if ok else 'FAIL'}", flush=True)
+    table = ["| case | resumed on | ranks | load | max loss diff (ucp) | DeepSpeed's own | bound | |",
+             "|---|---|---|---|---|---|---|---|"]
+    for case, name, n, kind, diff, ds, bound, ok in rows:
+        table.append(f"| {case} | {name} | {n} | {kind} | {diff:.3g} | {ds:.3g} | {bound:.3g} | {'ok' if ok else 'FAIL'} |")
+    print("\n".join(table))
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write("\n".join(table) + "\n")
+    print(f"{len(rows) - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
