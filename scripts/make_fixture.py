@@ -123,20 +123,27 @@ class Model:
         info["vocabulary_parameter_patterns"] = [emb + "word_embeddings.weight"]
         info["pipeline_replicated_parameter_patterns"] = [emb + "word_embeddings.weight"] + (
             [emb + "position_embeddings.weight"] if self.pos else [])
-        tp_rep = ([] if self.average_norms else [L + "input_layernorm.weight"]) + [L + "post_attention_layernorm.weight"] + norm
-        if self.pos:
-            tp_rep.append(emb + "position_embeddings.weight")
-        if self.bias:
-            tp_rep += [L + "self_attention.dense.bias", L + "mlp.dense_4h_to_h.bias"]
-        if self.layernorm:
-            tp_rep += ([] if self.average_norms else [L + "input_layernorm.bias"]) + [L + "post_attention_layernorm.bias"]
+        # The rules of each TP pattern, in the model's order of the parameters they name.
+        def rules(pattern):
+            out = []
+            for name, _, p, idx in self.params():
+                if p != pattern:
+                    continue
+                if idx == 1:
+                    rule = emb + name[len("tied_modules.embed."):]
+                elif idx == self.norm_index():
+                    rule = norm[0] if name.endswith(".weight") else norm[-1]
+                else:
+                    rule = L + name.split(".", 1)[1]
+                if rule not in out:
+                    out.append(rule)
+            return out
+        tp_rep = rules("replicate")
+        if self.average_norms:  # (the averaged norms of the fixtures: at any TP, to test the TP=1 merge)
+            info["parameter_to_average_patterns"] = rules("average")
         if tp > 1:
-            if self.average_norms:
-                info["parameter_to_average_patterns"] = [L + "input_layernorm.weight"] + (
-                    [L + "input_layernorm.bias"] if self.layernorm else [])
             info["tp_replicated_parameter_patterns"] = tp_rep
-            info["parameter_with_row_parallelism_patterns"] = [L + "mlp.dense_4h_to_h.weight",
-                                                               L + "self_attention.dense.weight"]
+            info["parameter_with_row_parallelism_patterns"] = rules("row")
         if self.swiglu:
             info["parameter_with_2_sub_params_cat_dim_0"] = [L + "mlp.dense_h_to_4h.weight"] + (
                 [L + "mlp.dense_h_to_4h.bias"] if self.bias else [])

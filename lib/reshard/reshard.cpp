@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -504,7 +505,7 @@ class UnitWriter {
       auto states = ModelStates(Zero3Module());
       for (int d = 0; d < T_.dp; ++d) {
         WriteZero3OptimizerFile(d);
-        pt::WriteTorchFile(dir_ + "/zero_pp_rank_" + std::to_string(d) + "_mp_rank_" + MpName() + "_model_states.pt", *states);
+        pt::WriteTorchFile(dir_ + "/zero_pp_rank_" + std::to_string(d) + "_mp_rank_" + MpName() + "_model_states.pt", *states, Durability::Batch);
       }
       return;
     }
@@ -512,11 +513,11 @@ class UnitWriter {
     for (const auto& up : U_.params) lp_.push_back(std::shared_ptr<uint8_t[]>(new uint8_t[std::max<int64_t>(1, up.local_numel) * lp.size]));
     for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);  // fills lp_ from the fp32 weights
     if (NamingOf(T_) == Naming::Plain) {
-      pt::WriteTorchFile(dir_ + "/mp_rank_" + MpName() + "_model_states.pt", *ModelStates(PlainModule()));
+      pt::WriteTorchFile(dir_ + "/mp_rank_" + MpName() + "_model_states.pt", *ModelStates(PlainModule()), Durability::Batch);
       return;
     }
     WriteLayerFiles();
-    pt::WriteTorchFile(dir_ + "/mp_rank_" + MpName() + "_model_states.pt", *ModelStates(Value::None()));
+    pt::WriteTorchFile(dir_ + "/mp_rank_" + MpName() + "_model_states.pt", *ModelStates(Value::None()), Durability::Batch);
   }
 
  private:
@@ -683,7 +684,7 @@ class UnitWriter {
     SetItem(*root, "ds_version", DsVersion());
     std::string name = std::string(T_.dtype == "bf16" ? "bf16_" : "") + "zero_pp_rank_" + std::to_string(d) + "_mp_rank_" +
                        MpName() + "_optim_states.pt";
-    pt::WriteTorchFile(dir_ + "/" + name, *root);
+    pt::WriteTorchFile(dir_ + "/" + name, *root, Durability::Batch);
   }
 
   // Group g's Adam state over a flat tensor of `len` elements: the step and the two moments.
@@ -811,8 +812,48 @@ class UnitWriter {
     for (const auto& [spec, dict] : files) {
       char buf[64];
       std::snprintf(buf, sizeof buf, "layer_%02d-model_%02d-model_states.pt", spec, U_.tp);
-      pt::WriteTorchFile(dir_ + "/" + buf, *dict);
+      pt::WriteTorchFile(dir_ + "/" + buf, *dict, Durability::Batch);
     }
+  }
+
+  // Megatron-DeepSpeed names the TP rules (replicated, averaged, row-parallel) in its info only at
+  // TP > 1. A TP > 1 target of a source whose info lacks one of them gets it from the rules that
+  // decided the parameters (the manifest's, the model family's where the checkpoint was silent), in
+  // the model's order, placed before the sub-parameter keys as Megatron-DeepSpeed places them.
+  ValuePtr WithTpRules(const Value& info) const {
+    std::vector<std::pair<std::string, ValuePtr>> missing;
+    for (const char* key : {patterns::kAverageKey, patterns::kReplicateKey, patterns::kRowParallelKey}) {
+      if (info.Get(key)) continue;
+      std::vector<size_t> order(S_.atoms.size());
+      for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+      std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+        const LayerPlace &a = S_.atoms[x].place, &b = S_.atoms[y].place;
+        return std::make_pair(a.spec, LocalKeyRank(a.local)) < std::make_pair(b.spec, LocalKeyRank(b.local));
+      });
+      auto list = Value::Make(Value::Kind::List);
+      std::set<std::string> seen;
+      for (size_t k : order) {
+        const auto& rule = S_.atoms[k].meta.value("rule", json::object());
+        if (!rule.is_object() || rule.value("key", "") != key) continue;
+        const std::string re = rule.value("regex", "");
+        if (!re.empty() && seen.insert(re).second) list->items.push_back(Value::Str(re));
+      }
+      if (!list->items.empty()) missing.emplace_back(key, list);
+    }
+    auto out = Copied(info);
+    if (missing.empty()) return out;
+    out->dict = pt::Dict();
+    auto put_missing = [&] {
+      for (auto& [key, list] : missing) SetItem(*out, key, list);
+      missing.clear();
+    };
+    for (const auto& item : info.dict.items()) {
+      const std::string key = item.key->kind == Value::Kind::Str ? item.key->s : "";
+      if (key == patterns::kTwoSubParamsKey || key == patterns::kSubParamsKey || key == "sub_param_shard_widths") put_missing();
+      out->dict.Set(item.key, item.value);
+    }
+    put_missing();
+    return out;
   }
 
   ValuePtr ModelStates(ValuePtr module) const {
@@ -848,7 +889,7 @@ class UnitWriter {
       SetItem(*root, "args", a);
     }
     if (auto info = root->Get("universal_checkpoint_info"); info && info->kind == Value::Kind::Dict) {
-      auto i = Copied(*info);
+      auto i = T_.tp > 1 ? WithTpRules(*info) : Copied(*info);
       if (P_.padded_vocab > 0) PutIfPresent(*i, "padded_vocab_size", Value::Int(P_.padded_vocab));
       if (auto widths = info->Get("sub_param_shard_widths"); widths && widths->kind == Value::Kind::Dict) {
         auto w = Copied(*widths);
@@ -1117,6 +1158,9 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
       planned += P.units[k].bytes;
     }
   });
+  // The shard files were written without an fsync each: one sync of the file system makes them
+  // durable together, on every rank, before rank 0 writes `latest`.
+  if (error.empty()) error = Capture([&] { SyncFileSystemOf(dir); });
   if (AnyFailed(comm, error, err, kTool)) return 1;
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

@@ -1,6 +1,8 @@
 """The same model saved under different layouts must convert to byte-identical atomic tensors.
-Compares every state tensor of every parameter across the atomic checkpoints named, and, between
-checkpoints whose sources used the same parameter naming, the files' checksums too.
+Compares every state tensor of every parameter across the atomic checkpoints named, and the files'
+checksums too between checkpoints whose files DeepSpeed's converter would write alike: the same
+parameter naming, the same form (ZeRO-3's bare tensors or the dict), and the same TP rules in the
+checkpoint's info (Megatron-DeepSpeed names its TP rules only at TP > 1, and the dict's keys follow them).
 
   cross_layout.py ATOMIC_ROOT NAME...   (the fixtures must share family, layer count and seed)
 """
@@ -24,13 +26,15 @@ problems = 0
 for name in names:
     d = os.path.join(root, name, "universal")
     m = json.load(open(os.path.join(d, "ucp_manifest.json")))
-    naming = m["source"]["naming"]
+    naming = (m["source"]["naming"], m["source"]["zero_stage"] == 3, m["source"]["tp"] > 1)
     sums = {e["path"]: e["xxh64"] for e in m["files"]}
     tensors = {}
     for p in m["params"]:
-        canonical = p["name"] if naming == "pipe" else to_pipe[p["name"]]
+        canonical = p["name"] if naming[0] == "pipe" else to_pipe[p["name"]]
         for state in ("fp32", "exp_avg", "exp_avg_sq"):
-            t = torch.load(os.path.join(d, p["files"][state]))["param"]
+            v = torch.load(os.path.join(d, p["files"][state]))
+            # The dict's 'param', or ZeRO-3's bare tensor (padding at its end).
+            t = v["param"] if isinstance(v, dict) else v[: p["numel"]].reshape(p["shape"])
             tensors[(canonical, state)] = (t, sums[p["files"][state]], naming)
     if ref is None:
         ref, ref_name = tensors, name
@@ -45,7 +49,7 @@ for name in names:
             print(f"{name}: {key} differs from {ref_name}")
             problems += 1
         elif nm == rnm and digest != rdigest:
-            print(f"{name}: {key} file bytes differ from {ref_name} (same naming)")
+            print(f"{name}: {key} file bytes differ from {ref_name} (same naming, form and TP rules)")
             problems += 1
     print(f"{name}: {len(tensors)} state tensors compared with {ref_name}")
 print(f"{len(names)} layouts, {problems} differences")

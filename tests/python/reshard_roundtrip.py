@@ -2,8 +2,9 @@
 atomic tensors byte for byte (every zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt file has the
 same XXH64 as in the original manifest). A ZeRO-3 target names its parameters as GPTModel does and
 the others as GPTModelPipe does, and the rules an atomic file embeds (SubparamShape) are written in
-its naming; when a target's naming differs from the source's, its atomic checkpoint is resharded
-once more to the source's own layout and converted, which must give the original bytes again.
+its naming; a ZeRO-3 source's files keep its TP's vocabulary padding (DeepSpeed's ZeRO-3 form). When a
+target's naming or that form differs from the source's, its atomic checkpoint is resharded once more
+to the source's own layout and converted, which must give the original bytes again.
 
   reshard_roundtrip.py UCP_RESHARD UCP_CONVERT ATOMIC_DIR WORK_DIR MPIEXEC [DP,TP,PP,ZERO,DTYPE ...]
 """
@@ -53,12 +54,16 @@ for dp, tp, pp, zero, dtype in layouts:
     shutil.rmtree(os.path.join(work, name), ignore_errors=True)
     there_and_back(atomic, shards, back, dp, tp, pp, zero, dtype)
     returned = json.load(open(os.path.join(back, "ucp_manifest.json")))
-    if returned["source"]["naming"] != manifest["source"]["naming"]:
+    # Atomic files embed the source's naming (rules in SubparamShape) and, from a ZeRO-3 source, its
+    # TP (DeepSpeed's ZeRO-3 form keeps the vocabulary padding rows of the source's TP): where these
+    # differ, one more hop to the source's own layout must give the original bytes.
+    form = lambda s: (s["naming"], s["zero_stage"] == 3, s["tp"] if s["zero_stage"] == 3 else None)  # noqa: E731
+    if form(returned["source"]) != form(manifest["source"]):
         src = manifest["source"]
         shards, back2 = os.path.join(work, name, "shards2"), os.path.join(work, name, "atomic2", "universal")
         there_and_back(back, shards, back2, src["dp"], src["tp"], src["pp"], src["zero_stage"], src["dtype"])
         returned = json.load(open(os.path.join(back2, "ucp_manifest.json")))
-        name += f" and back to {returned['source']['naming']} names"
+        name += f" and back to the source's layout ({returned['source']['naming']} names)"
     again = by_layer(returned["files"])
     diff = [p for p, h in original.items() if again.get(p) != h]
     extra = sorted(set(again) - set(original))
