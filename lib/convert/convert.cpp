@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/atomic_file.h"
+#include "core/buffer_pool.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/task_pool.h"
@@ -39,6 +40,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
+
+constexpr int64_t kBufferPoolBytes = int64_t{64} << 20;  // released assembly buffers kept for reuse
 
 
 std::string VersionString(double v) {
@@ -279,6 +282,9 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     // Writers hold at most one more atomic tensor than the one being assembled: the memory bound
     // of DESIGN.md 5 is 2x the largest state tensor plus the shuffle buffers.
     TaskPool writers(threads, largest);
+    // Tensors are assembled one after another: buffers the writers release are handed out again
+    // rather than faulted in afresh (kept up to kBufferPoolBytes, on top of the bound above).
+    BufferPool buffers(kBufferPoolBytes);
     const auto& mine = plan.work[rank];
     std::map<size_t, std::unique_ptr<union_::Assembly>> open;  // item index -> assembly
     size_t next_final = 0;
@@ -289,7 +295,8 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     };
     auto assembly = [&](size_t i) -> union_::Assembly& {
       auto& a = open[i];
-      if (!a) a = std::make_unique<union_::Assembly>(plan.params[mine[i].param], mine[i].state);
+      if (!a) a = std::make_unique<union_::Assembly>(plan.params[mine[i].param], mine[i].state,
+                                                     buffers.Get(plan.params[mine[i].param].full_numel));
       return *a;
     };
     // Finishes the items that end at or before `upto` and hands them to the writers.

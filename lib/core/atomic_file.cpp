@@ -24,7 +24,7 @@ constexpr size_t kBufferLimit = 1 << 20;
 
 }  // namespace
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+AtomicFile::AtomicFile(std::string path, Durability durability) : path_(std::move(path)), durability_(durability) {
   temp_ = path_ + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(g_counter++);
   fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw Error(path_ + ": cannot create " + temp_ + ": " + std::strerror(errno));
@@ -68,7 +68,7 @@ void AtomicFile::Write(const void* data, size_t size) {
 
 FileDigest AtomicFile::Commit() {
   FlushBuffer();
-  if (::fsync(fd_) != 0) throw Error(path_ + ": fsync failed: " + std::strerror(errno));
+  if (durability_ == Durability::Now && ::fsync(fd_) != 0) throw Error(path_ + ": fsync failed: " + std::strerror(errno));
   if (::close(fd_) != 0) {
     fd_ = -1;
     ::unlink(temp_.c_str());
@@ -80,12 +80,22 @@ FileDigest AtomicFile::Commit() {
     ::unlink(temp_.c_str());
     throw Error(path_ + ": rename from " + temp_ + " failed: " + std::strerror(err));
   }
-  int dir = ::open(DirName(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
+  if (durability_ == Durability::Now) {
+    int dir = ::open(DirName(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir >= 0) {
+      ::fsync(dir);
+      ::close(dir);
+    }
   }
   return {size_, hash_.Digest()};
+}
+
+void SyncFileSystemOf(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot open to sync its file system: " + std::strerror(errno));
+  const int rc = ::syncfs(fd), err = errno;
+  ::close(fd);
+  if (rc != 0) throw Error(path + ": syncing its file system failed: " + std::strerror(err));
 }
 
 FileDigest WriteFileAtomically(const std::string& path, const std::string& contents) {

@@ -21,9 +21,20 @@ struct FileDigest {
   uint64_t xxh64 = 0;
 };
 
+// Now: the protocol above, file by file. Batch: steps 1 and 3 only; the caller makes the whole batch
+// durable at once with SyncFileSystemOf before it writes what marks the batch complete (a manifest,
+// `latest`). A killed process still leaves no file under its final name that is not complete (the
+// bytes are in the page cache before the rename); a crash of the machine before the sync can lose
+// batch files, but then no marker names them.
+enum class Durability { Now, Batch };
+
+// One syncfs(2) of the file system holding `path`: every file written there so far, renames
+// included, is durable when it returns. Throws ucp::Error naming the path.
+void SyncFileSystemOf(const std::string& path);
+
 class AtomicFile {
  public:
-  explicit AtomicFile(std::string path);
+  explicit AtomicFile(std::string path, Durability durability = Durability::Now);
   ~AtomicFile();
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -36,6 +47,7 @@ class AtomicFile {
   void FlushBuffer();
   void WriteAll(const char* data, size_t size);
   std::string path_, temp_;
+  Durability durability_;
   int fd_ = -1;
   std::string buffer_;
   XxHash64 hash_;

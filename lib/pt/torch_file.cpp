@@ -448,11 +448,11 @@ std::string PickleForTesting(const Value& root) {
   return p.out;
 }
 
-FileDigest WriteTorchFile(const std::string& path, const Value& root) {
+FileDigest WriteTorchFile(const std::string& path, const Value& root, Durability durability) {
   return WithContext(path, [&] {
     Pickler pickler;
     pickler.Dump(root);
-    AtomicFile file(path);
+    AtomicFile file(path, durability);
     ZipWriter zip(file);
     const std::string prefix = "archive/";
     zip.AddBytes(prefix + "data.pkl", pickler.out);

@@ -27,8 +27,9 @@ struct TorchFile {
 TorchFile ReadTorchFile(const std::string& path, const ReadOptions& options = {});
 
 // Writes `root` as a torch.save zip archive (pickle protocol 2) at `path`, atomically: the bytes go
-// to a temporary name in the same directory, are fsynced, and are renamed over `path`.
-FileDigest WriteTorchFile(const std::string& path, const Value& root);
+// to a temporary name in the same directory, are fsynced (Durability::Now; Batch: see
+// core/atomic_file.h), and are renamed over `path`.
+FileDigest WriteTorchFile(const std::string& path, const Value& root, Durability durability = Durability::Now);
 
 // The pickle alone (tensors become persistent ids 0, 1, ... in order of appearance), for tests.
 std::string PickleForTesting(const Value& root);

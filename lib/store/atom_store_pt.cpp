@@ -1,6 +1,6 @@
 // The .pt store: DeepSpeed's universal layout, one torch.save file per parameter and state. Reads
-// copy slabs out of the memory-mapped files; writes are what ucp-convert has always written
-// (StateFileValue + WriteTorchFile, each file atomically).
+// copy slabs out of the memory-mapped files; writes are StateFileValue + WriteTorchFile, each file
+// renamed into place whole, all of them made durable by one file-system sync at Commit.
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -117,11 +117,11 @@ class PtWriter final : public AtomWriter {
     auto tensor = pt::OwnedTensor(std::shared_ptr<const void>(), data, pt::DType::F32, s.shape);
     std::vector<FileRecord> out;
     std::string rel = StateRelPath(name, state);
-    auto d = pt::WriteTorchFile(dir_ + "/" + rel, *StateFileValue(s.keys, s.shape, tensor));
+    auto d = pt::WriteTorchFile(dir_ + "/" + rel, *StateFileValue(s.keys, s.shape, tensor), Durability::Batch);
     out.push_back({rel, d.size, d.xxh64});
     if (state == plan::State::Fp32 && s.step) {
       std::string srel = StepRelPath(name);
-      auto sd = pt::WriteTorchFile(dir_ + "/" + srel, *s.step);
+      auto sd = pt::WriteTorchFile(dir_ + "/" + srel, *s.step, Durability::Batch);
       out.push_back({srel, sd.size, sd.xxh64});
     }
     return out;
@@ -130,6 +130,9 @@ class PtWriter final : public AtomWriter {
   bool concurrent() const override { return true; }
 
   StoreCommit Commit() override {
+    // The state files were renamed into place without an fsync each: one sync of the file system,
+    // on every rank, makes them durable together before the manifest can name them.
+    SyncFileSystemOf(dir_);
     StoreCommit c;
     c.storage = nlohmann::json::object();
     for (const auto& s : specs_) {

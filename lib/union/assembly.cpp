@@ -8,8 +8,8 @@
 
 namespace ucp::union_ {
 
-Assembly::Assembly(const plan::ParamPlan& param, plan::State state)
-    : param_(param), state_(state), data_(std::make_shared_for_overwrite<float[]>(std::max<int64_t>(1, param.full_numel))) {}
+Assembly::Assembly(const plan::ParamPlan& param, plan::State state, std::shared_ptr<float[]> buffer)
+    : param_(param), state_(state), data_(std::move(buffer)) {}
 
 void Assembly::Apply(int64_t stream_start, int64_t numel, const uint8_t* src, const std::string& where) {
   const auto& copies = param_.copies;

@@ -15,7 +15,9 @@ namespace ucp::union_ {
 
 class Assembly {
  public:
-  Assembly(const plan::ParamPlan& param, plan::State state);
+  // `buffer` holds at least the parameter's full_numel floats; its contents are overwritten (every
+  // element arrives exactly once), so a reused buffer needs no clearing.
+  Assembly(const plan::ParamPlan& param, plan::State state, std::shared_ptr<float[]> buffer);
 
   // Stream elements [stream_start, +numel) of this parameter, as float32 bytes. `where` names the
   // source file and rank coordinates for errors. Runs must arrive in stream order.
