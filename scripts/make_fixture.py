@@ -242,6 +242,9 @@ def main():
     ap.add_argument("--model", choices=["pipe", "plain"], default=None,
                     help="pipe: a PipelineModule (layer_* files, GPTModelPipe names); plain: not one (weights under "
                          "`module` of mp_rank_XX_model_states.pt, GPTModel names). Default: plain for ZeRO-3, else pipe")
+    ap.add_argument("--synced-tied-copies", action="store_true",
+                    help="every stage holds the first stage's copy of the tied module (as a reshard or DeepSpeed's "
+                         "universal load writes them), not the last stage's own position embedding")
     ap.add_argument("--no-args", action="store_true",
                     help="as a plain DeepSpeed engine saves: no Megatron args, rng states or checkpoint_version")
     ap.add_argument("--layers", type=int, default=2)
@@ -376,7 +379,7 @@ def main():
         if name in copies:
             return copies[name][key][tp_rank].clone()
         full = truth[name][key]
-        if stage > 0 and name == "tied_modules.embed.position_embeddings.weight":
+        if stage > 0 and name == "tied_modules.embed.position_embeddings.weight" and not a.synced_tied_copies:
             full = full + last_stage_pos[key] if key == "fp32" else last_stage_pos[key]
         return tp_slice(model, patterns[name], full, a.tp, tp_rank, pad_rows[key])
 

@@ -55,7 +55,7 @@ for k, (dp, tp, pp, zero, dtype) in enumerate(targets):
         continue
     subprocess.run([sys.executable, os.path.join(root, "scripts", "make_fixture.py"), gen, "--dp", str(dp),
                     "--tp", str(tp), "--pp", str(pp), "--zero-stage", str(zero), "--dtype", dtype,
-                    "--family", a.family, "--layers", str(a.layers), "--zero-vocab-padding", "--model", model],
+                    "--family", a.family, "--layers", str(a.layers), "--zero-vocab-padding", "--synced-tied-copies", "--model", model],
                    check=True, capture_output=True)
     c = subprocess.run([sys.executable, os.path.join(here, "compare_shards.py"), gen, out], capture_output=True, text=True)
     print(f"{name} ({ranks} rank{'s' if ranks > 1 else ''}): {c.stdout.strip().splitlines()[-1]}")
