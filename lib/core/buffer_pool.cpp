@@ -18,7 +18,6 @@ std::shared_ptr<float[]> BufferPool::Get(int64_t numel) {
       buffer = std::move(it->second);
       kept_->free.erase(it);
       kept_->held_bytes -= 4 * capacity;
-      ++kept_->reused;
     }
   }
   if (!buffer) buffer = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(numel));
@@ -34,11 +33,6 @@ std::shared_ptr<float[]> BufferPool::Get(int64_t numel) {
       }
     }
   });
-}
-
-int64_t BufferPool::reused() const {
-  std::lock_guard<std::mutex> lock(kept_->mu);
-  return kept_->reused;
 }
 
 }  // namespace ucp

@@ -17,13 +17,12 @@ class BufferPool {
   // At least `numel` floats, contents undefined. The buffer returns to the pool when the last
   // shared_ptr to it goes, from any thread, also after the pool itself is gone.
   std::shared_ptr<float[]> Get(int64_t numel);
-  int64_t reused() const;  // how many Gets were served from the pool
 
  private:
   struct Kept {
     std::mutex mu;
     std::multimap<int64_t, std::unique_ptr<float[]>> free;  // by capacity, in floats
-    int64_t held_bytes = 0, cap_bytes = 0, reused = 0;
+    int64_t held_bytes = 0, cap_bytes = 0;
   };
   std::shared_ptr<Kept> kept_;
 };
