@@ -41,7 +41,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
-constexpr int64_t kBufferPoolBytes = int64_t{64} << 20;  // released assembly buffers kept for reuse
+constexpr int64_t kBufferPoolBytes = int64_t{128} << 20;  // released assembly buffers kept for reuse
 
 
 std::string VersionString(double v) {
@@ -115,8 +115,29 @@ class Progress {
 };
 
 struct Counters {
-  int64_t bytes_read = 0, bytes_sent = 0, bytes_received = 0, bytes_written = 0, files_written = 0;
+  int64_t bytes_read = 0, bytes_sent = 0, bytes_received = 0, bytes_in_place = 0, bytes_written = 0, files_written = 0;
+  // Where a rank's time goes. read: from the files, into the shuffle buffers or into place;
+  // exchange: the collectives, waiting for the slowest rank included; assemble: union of the
+  // shuffled runs; wait: for room among the writers; sync: the store's commit (one syncfs).
+  // write: the writers' own time, summed over the writer threads (it overlaps the others).
+  double read = 0, exchange = 0, assemble = 0, wait = 0, sync = 0;
+  std::atomic<int64_t> write_ns{0};
+  nlohmann::json SecondsJson() const {
+    return {{"read", read}, {"exchange", exchange}, {"assemble", assemble}, {"wait_for_writers", wait},
+            {"write_threads_sum", write_ns.load() * 1e-9}, {"sync", sync}};
+  }
 };
+
+// Adds the seconds `fn` takes to `total`.
+template <typename Fn>
+auto Timed(double& total, Fn&& fn) {
+  struct Lap {
+    double& total;
+    Clock::time_point start = Clock::now();
+    ~Lap() { total += Seconds(start); }
+  } lap{total};
+  return fn();
+}
 
 // Rank 0's checks and clean-up of the output folder before anything is written.
 void PrepareOutput(const ConvertOptions& o, const source::SourceLayout& L, const std::string& fingerprint,
@@ -149,6 +170,23 @@ void PrepareOutput(const ConvertOptions& o, const source::SourceLayout& L, const
   }
   fs::create_directories(o.output + "/zero");
   if (!*resuming) store::Journal::Start(o.output, fingerprint);
+}
+
+// The files DeepSpeed's universal loader reads besides the atomic tensors: zero/optimizer_state.pt
+// (from the optimizer file at pp=0, tp=0, dp=0) and the model-states files, carried over.
+std::vector<store::FileRecord> WriteSideFiles(const source::SourceLayout& L, const std::string& out, Durability durability) {
+  const source::ShardFile* first_optim = nullptr;
+  for (const auto& f : L.files)
+    if (f.kind == source::FileKind::ZeroOptimizer && f.pp == 0 && f.tp == 0 && f.dp == 0) first_optim = &f;
+  if (!first_optim) throw Error(L.dir + ": no optimizer file at (pp=0, tp=0, dp=0)");
+  std::vector<store::FileRecord> records;
+  auto root = pt::ReadTorchFile(L.dir + "/" + first_optim->name);
+  auto osv = WithContext(L.dir + "/" + first_optim->name, [&] { return store::OptimizerStateValue(*root.root, L.zero_stage); });
+  auto d = pt::WriteTorchFile(out + "/zero/optimizer_state.pt", *osv, durability);
+  records.push_back({"zero/optimizer_state.pt", d.size, d.xxh64});
+  for (const auto& name : store::CarriedModelFiles(L))
+    records.push_back(store::CopyFileAtomically(L.dir + "/" + name, out, name, durability));
+  return records;
 }
 
 }  // namespace
@@ -282,6 +320,15 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     // Writers hold at most one more atomic tensor than the one being assembled: the memory bound
     // of DESIGN.md 5 is 2x the largest state tensor plus the shuffle buffers.
     TaskPool writers(threads, largest);
+    // The last rank (rank 0 has the commit to do) writes the side files alongside, before the
+    // store's commit makes the output durable (the .pt store's commit syncs the file system; the
+    // HDF5 store's syncs only atoms.h5). Their records reach rank 0 with the others.
+    if (rank == ranks - 1)
+      writers.Submit(0, [&] {
+        auto side = WriteSideFiles(L, o.output, kind == store::StoreKind::Pt ? Durability::Batch : Durability::Now);
+        std::lock_guard<std::mutex> lock(records_mu);
+        for (const auto& r : side) c.bytes_written += static_cast<int64_t>(r.bytes), ++c.files_written, records.push_back(r);
+      });
     // Tensors are assembled one after another: buffers the writers release are handed out again
     // rather than faulted in afresh (kept up to kBufferPoolBytes, on top of the bound above).
     BufferPool buffers(kBufferPoolBytes);
@@ -309,7 +356,9 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         const Item it = mine[i];
         const auto& P = plan.params[it.param];
         auto write = [&, it, data = std::move(data)]() {
+          const auto start = Clock::now();
           auto recs = writer->Write(plan.params[it.param].name, it.state, data.get());
+          c.write_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
           for (const auto& r : recs) journal->Append(r);
           KillPointReached(recs.empty() ? 1 : recs.size());  // an HDF5 write commits no file yet: count it
           std::lock_guard<std::mutex> lock(records_mu);
@@ -320,59 +369,76 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
           }
         };
         // A store whose writes must stay on this thread (HDF5 over MPI-IO) writes here.
-        if (writer->concurrent()) writers.Submit(4 * P.full_numel, std::move(write));
+        if (writer->concurrent()) Timed(c.wait, [&] { writers.Submit(4 * P.full_numel, std::move(write)); });
         else write(), c.bytes_written += 4 * P.full_numel;
       }
     };
 
-    std::vector<uint8_t> send, recv;
+    // A run mapped and reduced on this rank whose copy is placed as it is goes straight from the
+    // file into the atomic tensor; every other run passes through the shuffle buffers.
+    auto shuffled = [&](int r, size_t i, const plan::Piece& pc, int64_t off) {
+      return !(r == rank && plan.file_mapper[pc.file] == rank &&
+               plan.params[plan.work[r][i].param].PlacedAsIs(pc.stream_start + off));
+    };
+    ScratchBytes send, recv;
     std::vector<int64_t> scount(ranks), sdispl(ranks), rcount(ranks), rdispl(ranks), cursor(ranks);
     for (int64_t k = 0; k < plan.rounds; ++k) {
       // Pack what this rank maps for every reducer's round k.
-      if (error.empty()) error = Capture([&] {
+      if (error.empty()) error = Timed(c.read, [&] { return Capture([&] {
         int64_t total = 0;
         for (int r = 0; r < ranks; ++r) {
           scount[r] = 0;
-          ForEachRoundRun(plan, r, k, [&](size_t, const plan::Piece& pc, int64_t, int64_t n) {
-            if (plan.file_mapper[pc.file] == rank) scount[r] += 4 * n;
+          ForEachRoundRun(plan, r, k, [&](size_t i, const plan::Piece& pc, int64_t off, int64_t n) {
+            if (plan.file_mapper[pc.file] == rank && shuffled(r, i, pc, off)) scount[r] += 4 * n;
           });
           sdispl[r] = total;
           total += scount[r];
         }
-        send.resize(static_cast<size_t>(total));
+        send.Reserve(static_cast<size_t>(total));
         for (int r = 0; r < ranks; ++r) {
           int64_t at = sdispl[r];
           ForEachRoundRun(plan, r, k, [&](size_t i, const plan::Piece& pc, int64_t off, int64_t n) {
             if (plan.file_mapper[pc.file] != rank) return;
             const Item& it = plan.work[r][i];
-            mapper->Read(pc, it.state, off, n, send.data() + at, plan.params[it.param].name);
+            const std::string& name = plan.params[it.param].name;
+            if (!shuffled(r, i, pc, off)) {
+              assembly(i).ApplyInPlace(pc.stream_start + off, n, [&](uint8_t* dst, int64_t o2, int64_t m) {
+                mapper->Read(pc, it.state, off + o2, m, dst, name);
+              });
+              c.bytes_in_place += 4 * n;
+              return;
+            }
+            mapper->Read(pc, it.state, off, n, send.data() + at, name);
             at += 4 * n;
           });
         }
         int64_t rtotal = 0;
         std::fill(rcount.begin(), rcount.end(), 0);
-        ForEachRoundRun(plan, rank, k, [&](size_t, const plan::Piece& pc, int64_t, int64_t n) {
-          rcount[plan.file_mapper[pc.file]] += 4 * n;
+        ForEachRoundRun(plan, rank, k, [&](size_t i, const plan::Piece& pc, int64_t off, int64_t n) {
+          if (shuffled(rank, i, pc, off)) rcount[plan.file_mapper[pc.file]] += 4 * n;
         });
         for (int m = 0; m < ranks; ++m) rdispl[m] = rtotal, rtotal += rcount[m];
-        recv.resize(static_cast<size_t>(rtotal));
-      });
-      std::array<int64_t, 2> sums = {error.empty() ? 0 : 1, c.bytes_received};
-      comm.AllreduceSum(sums);
+        recv.Reserve(static_cast<size_t>(rtotal));
+      }); });
+      std::array<int64_t, 2> sums = {error.empty() ? 0 : 1, c.bytes_received + c.bytes_in_place};
+      Timed(c.exchange, [&] { comm.AllreduceSum(sums); });
       if (sums[0] > 0) {
         AnyFailed(comm, error, err, "ucp-convert");
         return 1;
       }
       if (rank == 0) progress.Update(sums[1]);
-      comm.Alltoallv(send.data(), scount, sdispl, recv.data(), rcount, rdispl);
+      Timed(c.exchange, [&] { comm.Alltoallv(send.data(), scount, sdispl, recv.data(), rcount, rdispl); });
       for (int r = 0; r < ranks; ++r) c.bytes_sent += scount[r], c.bytes_received += rcount[r];
-      // Union: every run lands in its item's atomic tensor, in stream order.
+      // Union: every shuffled run lands in its item's atomic tensor, in stream order.
       error = Capture([&] {
         std::copy(rdispl.begin(), rdispl.end(), cursor.begin());
-        ForEachRoundRun(plan, rank, k, [&](size_t i, const plan::Piece& pc, int64_t off, int64_t n) {
-          int64_t& at = cursor[plan.file_mapper[pc.file]];
-          assembly(i).Apply(pc.stream_start + off, n, recv.data() + at, where(pc));
-          at += 4 * n;
+        Timed(c.assemble, [&] {
+          ForEachRoundRun(plan, rank, k, [&](size_t i, const plan::Piece& pc, int64_t off, int64_t n) {
+            if (!shuffled(rank, i, pc, off)) return;
+            int64_t& at = cursor[plan.file_mapper[pc.file]];
+            assembly(i).Apply(pc.stream_start + off, n, recv.data() + at, where(pc));
+            at += 4 * n;
+          });
         });
         finish_upto(std::min((k + 1) * plan.chunk_elems, plan.work_numel[rank]));
       });
@@ -386,7 +452,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   }
   store::StoreCommit committed;
-  error = Capture([&] { committed = writer->Commit(); });  // collective (HDF5: close, attributes, rename)
+  error = Capture([&] { Timed(c.sync, [&] { committed = writer->Commit(); }); });  // collective (HDF5: close, attributes, rename)
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   if (rank == 0) {
     int64_t total = total_stream;
@@ -399,8 +465,8 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   for (const auto& r : records) mine_json.push_back(r.ToJson());
   auto gathered = comm.GatherToRoot(mine_json.dump());
   nlohmann::json rank_stats = {{"rank", rank}, {"bytes_read", c.bytes_read}, {"bytes_sent", c.bytes_sent},
-                               {"bytes_received", c.bytes_received}, {"bytes_written", c.bytes_written},
-                               {"files_written", c.files_written}, {"peak_rss_bytes", PeakRss()}, {"threads", threads},
+                               {"bytes_received", c.bytes_received}, {"bytes_read_in_place", c.bytes_in_place}, {"bytes_written", c.bytes_written},
+                               {"files_written", c.files_written}, {"seconds", c.SecondsJson()}, {"peak_rss_bytes", PeakRss()}, {"threads", threads},
                                {"notes", divergences}};
   auto stats = comm.GatherToRoot(rank_stats.dump());
   error = "";
@@ -416,16 +482,6 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         for (int s = 0; s < plan::kStates && kind == store::StoreKind::Pt; ++s)
           if (!files.count(store::StateRelPath(P.name, static_cast<State>(s))))
             throw Error("internal: no file recorded for " + store::StateRelPath(P.name, static_cast<State>(s)));
-      const source::ShardFile* first_optim = nullptr;
-      for (const auto& f : L.files)
-        if (f.kind == source::FileKind::ZeroOptimizer && f.pp == 0 && f.tp == 0 && f.dp == 0) first_optim = &f;
-      if (!first_optim) throw Error(L.dir + ": no optimizer file at (pp=0, tp=0, dp=0)");
-      auto root = pt::ReadTorchFile(L.dir + "/" + first_optim->name);
-      auto osv = WithContext(L.dir + "/" + first_optim->name, [&] { return store::OptimizerStateValue(*root.root, L.zero_stage); });
-      auto d = pt::WriteTorchFile(o.output + "/zero/optimizer_state.pt", *osv);
-      files["zero/optimizer_state.pt"] = {"zero/optimizer_state.pt", d.size, d.xxh64};
-      for (const auto& name : store::CarriedModelFiles(L))
-        files[name] = store::CopyFileAtomically(L.dir + "/" + name, o.output, name);
       std::map<std::string, const patterns::ParamPattern*> pattern_of;
       for (const auto& p : M.params) pattern_of[p.name] = &p;
       nlohmann::json params = nlohmann::json::array();

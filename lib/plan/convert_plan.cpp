@@ -40,6 +40,31 @@ std::vector<int> AssignLpt(const std::vector<int64_t>& weights, int bins) {
   return out;
 }
 
+std::vector<int> AssignLocal(const std::vector<int64_t>& weights, std::vector<int64_t> load,
+                             const std::function<int64_t(size_t, int)>& affinity, double slack) {
+  const int bins = static_cast<int>(load.size());
+  int64_t total = 0, heaviest = 0;
+  for (auto w : load) total += w;
+  for (auto w : weights) total += w, heaviest = std::max(heaviest, w);
+  const double cap = std::max(static_cast<double>(total) / bins * (1 + slack), static_cast<double>(heaviest));
+  std::vector<size_t> order(weights.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weights[a] > weights[b]; });
+  std::vector<int> out(weights.size(), 0);
+  for (size_t k : order) {
+    int best = -1;  // the bin with the most affinity that has room; ties to the lowest index
+    int64_t best_affinity = 0;
+    for (int b = 0; b < bins; ++b) {
+      const int64_t a = affinity(k, b);
+      if (a > best_affinity && static_cast<double>(load[b] + weights[k]) <= cap) best = b, best_affinity = a;
+    }
+    if (best < 0) best = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    out[k] = best;
+    load[best] += weights[k];
+  }
+  return out;
+}
+
 namespace {
 
 // Rows of each sub-parameter held by each TP rank: widths[i][t].
@@ -215,11 +240,48 @@ ConvertPlan MakeConvertPlan(const source::SourceLayout& L, const patterns::Model
     throw Error(msg);
   }
 
-  // Reducers: (parameter, state) items, balanced by the bytes they receive and write.
-  std::vector<int64_t> weights;
-  for (const auto& P : plan.params)
-    for (int s = 0; s < kStates; ++s) weights.push_back(4 * (P.stream_numel + P.full_numel));
-  auto bins = AssignLpt(weights, ranks);
+  // Mappers: the optimizer files holding fragments, in (pp, tp, dp) order, cut into runs of about
+  // equal size, one per rank. Neighbouring data-parallel files hold neighbouring ranges of the
+  // flat partition, so a parameter that straddles two files is mostly read by one rank.
+  plan.file_mapper.assign(L.files.size(), -1);
+  std::vector<int> data_files;
+  for (const auto& fr : L.fragments)
+    if (std::find(data_files.begin(), data_files.end(), fr.file) == data_files.end()) data_files.push_back(fr.file);
+  std::sort(data_files.begin(), data_files.end(), [&](int a, int b) {
+    const auto &fa = L.files[a], &fb = L.files[b];
+    return std::tie(fa.pp, fa.tp, fa.dp, a) < std::tie(fb.pp, fb.tp, fb.dp, b);
+  });
+  std::vector<int64_t> sizes;
+  int64_t total_size = 0;
+  for (int fi : data_files) {
+    std::error_code ec;
+    auto size = fs::file_size(L.dir + "/" + L.files[fi].name, ec);
+    sizes.push_back(ec ? 0 : static_cast<int64_t>(size));
+    total_size += sizes.back();
+  }
+  plan.mapped_bytes.assign(ranks, 0);
+  int64_t before = 0;
+  for (size_t k = 0; k < data_files.size(); ++k) {
+    // The rank whose even share holds this file's middle byte (files of no size: by count).
+    const double middle = total_size > 0 ? (before + sizes[k] / 2.0) / static_cast<double>(total_size)
+                                         : (k + 0.5) / static_cast<double>(data_files.size());
+    const int r = std::min(ranks - 1, static_cast<int>(middle * ranks));
+    plan.file_mapper[data_files[k]] = r;
+    plan.mapped_bytes[r] += sizes[k];
+    before += sizes[k];
+  }
+
+  // Reducers: (parameter, state) items, balanced by the bytes they receive and write, each on
+  // the rank that maps most of its bytes while that rank's load stays within 5% of an even
+  // share: bytes reduced where they are read go straight into place, with no shuffle.
+  std::vector<int64_t> weights, local(static_cast<size_t>(plan.params.size()) * ranks, 0);
+  int64_t total_weight = 0;
+  for (size_t p = 0; p < plan.params.size(); ++p) {
+    const auto& P = plan.params[p];
+    for (int s = 0; s < kStates; ++s) weights.push_back(4 * (P.stream_numel + P.full_numel)), total_weight += weights.back();
+    for (const auto& pc : P.pieces) local[p * ranks + plan.file_mapper[pc.file]] += pc.numel;
+  }
+  auto bins = AssignLocal(weights, std::vector<int64_t>(ranks, 0), [&](size_t k, int r) { return local[(k / kStates) * ranks + r]; });
   std::vector<size_t> order(weights.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weights[a] > weights[b]; });
@@ -234,25 +296,6 @@ ConvertPlan MakeConvertPlan(const source::SourceLayout& L, const patterns::Model
     plan.work[r].push_back({p, s, plan.work_numel[r]});
     plan.work_numel[r] += plan.params[p].stream_numel;
     plan.reduced_bytes[r] += 4 * plan.params[p].full_numel;
-  }
-
-  // Mappers: the optimizer files holding fragments, balanced by file size.
-  plan.file_mapper.assign(L.files.size(), -1);
-  std::vector<int> data_files;
-  std::vector<int64_t> sizes;
-  for (const auto& fr : L.fragments)
-    if (std::find(data_files.begin(), data_files.end(), fr.file) == data_files.end()) data_files.push_back(fr.file);
-  std::sort(data_files.begin(), data_files.end());
-  for (int fi : data_files) {
-    std::error_code ec;
-    auto size = fs::file_size(L.dir + "/" + L.files[fi].name, ec);
-    sizes.push_back(ec ? 0 : static_cast<int64_t>(size));
-  }
-  auto file_bins = AssignLpt(sizes, ranks);
-  plan.mapped_bytes.assign(ranks, 0);
-  for (size_t k = 0; k < data_files.size(); ++k) {
-    plan.file_mapper[data_files[k]] = file_bins[k];
-    plan.mapped_bytes[file_bins[k]] += sizes[k];
   }
 
   plan.chunk_elems = std::max<int64_t>(256, buffer_bytes / (4 * (ranks + 1)));
@@ -277,6 +320,13 @@ void ConvertPlan::SkipDone(const std::vector<char>& done) {
   }
   rounds = 0;
   for (int r = 0; r < ranks; ++r) rounds = std::max(rounds, (work_numel[r] + chunk_elems - 1) / chunk_elems);
+}
+
+const Copy& ParamPlan::CopyAt(int64_t stream_pos) const {
+  auto it = std::upper_bound(copies.begin(), copies.end(), stream_pos,
+                             [](int64_t s, const Copy& c) { return s < c.stream_start; });
+  if (it == copies.begin()) throw Error("internal: stream element " + std::to_string(stream_pos) + " of '" + name + "' precedes its copies");
+  return *(it - 1);
 }
 
 double ConvertPlan::Imbalance() const {

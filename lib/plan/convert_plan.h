@@ -68,6 +68,12 @@ struct ParamPlan {
   std::vector<Piece> pieces;   // sorted by stream_start; they tile the stream exactly
   std::array<int, kStates> reducer{};
   std::tuple<int, int, int> step_key;  // (pp, tp, group) of SourceLayout::steps
+
+  // The copy that stream element `stream_pos` belongs to.
+  const Copy& CopyAt(int64_t stream_pos) const;
+  // Whether the copy holding `stream_pos` is placed as it is (Place, not averaged): its runs can be
+  // read straight into the atomic tensor, without passing through a shuffle buffer.
+  bool PlacedAsIs(int64_t stream_pos) const { return !averaged && CopyAt(stream_pos).mode == CopyMode::Place; }
 };
 
 struct Item {
@@ -103,6 +109,12 @@ ConvertPlan MakeConvertPlan(const source::SourceLayout& layout, const patterns::
 // Longest-processing-time-first assignment of weighted items to `bins`: returns each item's bin.
 // Ties go to the lowest bin, so every rank computes the same answer.
 std::vector<int> AssignLpt(const std::vector<int64_t>& weights, int bins);
+
+// The same items, heaviest first, each to the bin of highest affinity(item, bin) > 0 whose load
+// stays within (1 + slack) x an even share (or the heaviest item), else to the lightest bin. The
+// bins start with loads `load` (one per bin).
+std::vector<int> AssignLocal(const std::vector<int64_t>& weights, std::vector<int64_t> load,
+                             const std::function<int64_t(size_t, int)>& affinity, double slack = 0.05);
 
 // Every sub-run of `param`'s stream in [begin, end), as (piece, offset within the piece, numel).
 template <typename Fn>

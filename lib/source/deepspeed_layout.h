@@ -22,6 +22,9 @@ struct ShardFile {
   FileKind kind;
   int pp = 0, tp = 0, dp = 0, mp = 0;  // mp = pp * TP + tp, as DeepSpeed names files
   int layer = -1;                      // layer files
+  // mp_rank_XX_model_states.pt or zero_pp_rank_X_mp_rank_XX_model_states.pt: what DeepSpeed's
+  // universal loader reads besides the atomic tensors (ucp-convert carries them over).
+  bool model_states() const { return kind == FileKind::ModelStates || kind == FileKind::Zero3ModelStates; }
 };
 
 struct ParamRecord {

@@ -213,7 +213,7 @@ ValuePtr OptimizerStateValue(const Value& root, int zero_stage) {
 std::vector<std::string> CarriedModelFiles(const source::SourceLayout& L) {
   std::vector<std::string> out;
   for (const auto& f : L.files)
-    if (f.kind == source::FileKind::ModelStates || f.kind == source::FileKind::Zero3ModelStates) out.push_back(f.name);
+    if (f.model_states()) out.push_back(f.name);
   return out;
 }
 
@@ -223,8 +223,9 @@ void WriteLatestUniversal(const std::string& dir) {
   WriteFileAtomically((path.parent_path() / "latest_universal").string(), path.filename().string());
 }
 
-FileRecord CopyFileAtomically(const std::string& from, const std::string& to_dir, const std::string& rel) {
-  AtomicFile out(to_dir + "/" + rel);
+FileRecord CopyFileAtomically(const std::string& from, const std::string& to_dir, const std::string& rel,
+                              Durability durability) {
+  AtomicFile out(to_dir + "/" + rel, durability);
   ReadFileBlocks(from, [&](const void* p, size_t n) { out.Write(p, n); });
   FileDigest d = out.Commit();
   return {rel, d.size, d.xxh64};

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "patterns/resolve.h"
 #include "plan/convert_plan.h"
 #include "pt/value.h"
@@ -86,7 +87,8 @@ std::vector<std::string> CarriedModelFiles(const source::SourceLayout& layout);
 void WriteLatestUniversal(const std::string& dir);
 
 // A byte-for-byte copy of a file, written atomically.
-FileRecord CopyFileAtomically(const std::string& from, const std::string& to_dir, const std::string& rel);
+FileRecord CopyFileAtomically(const std::string& from, const std::string& to_dir, const std::string& rel,
+                              Durability durability = Durability::Now);
 
 // Resume journal: <out>/.ucp-journal/{run.json, rank-<r>.jsonl}.
 class Journal {

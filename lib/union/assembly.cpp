@@ -13,9 +13,7 @@ Assembly::Assembly(const plan::ParamPlan& param, plan::State state, std::shared_
 
 void Assembly::Apply(int64_t stream_start, int64_t numel, const uint8_t* src, const std::string& where) {
   const auto& copies = param_.copies;
-  auto it = std::upper_bound(copies.begin(), copies.end(), stream_start,
-                             [](int64_t s, const plan::Copy& c) { return s < c.stream_start; });
-  const plan::Copy& copy = *(it - 1);
+  const plan::Copy& copy = param_.CopyAt(stream_start);
   if (stream_start + numel > copy.stream_start + copy.numel) throw Error("internal: a run crosses two copies");
   float* out = data_.get();
   const int64_t limit = param_.full_numel;  // joined offsets at or past it are vocabulary padding
@@ -70,6 +68,18 @@ void Assembly::Apply(int64_t stream_start, int64_t numel, const uint8_t* src, co
         }
         break;
     }
+  });
+  received_ += numel;
+}
+
+void Assembly::ApplyInPlace(int64_t stream_start, int64_t numel, const std::function<void(uint8_t*, int64_t, int64_t)>& read) {
+  if (!param_.PlacedAsIs(stream_start)) throw Error("internal: '" + param_.name + "' is not placed as it is");
+  const plan::Copy& copy = param_.CopyAt(stream_start);
+  if (stream_start + numel > copy.stream_start + copy.numel) throw Error("internal: a run crosses two copies");
+  const int64_t limit = param_.full_numel, local0 = stream_start - copy.stream_start;
+  plan::ForEachJoinedRun(copy, param_.joined_shape, local0, local0 + numel, [&](int64_t local, int64_t joined, int64_t n) {
+    if (joined >= limit) return;
+    read(reinterpret_cast<uint8_t*>(data_.get() + joined), local - local0, std::min(n, limit - joined));
   });
   received_ += numel;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -22,6 +23,11 @@ class Assembly {
   // Stream elements [stream_start, +numel) of this parameter, as float32 bytes. `where` names the
   // source file and rank coordinates for errors. Runs must arrive in stream order.
   void Apply(int64_t stream_start, int64_t numel, const uint8_t* src, const std::string& where);
+  // The same for a run of a copy placed as it is (ParamPlan::PlacedAsIs), with no bytes in hand:
+  // read(dst, offset, n) stores the run's elements [offset, +n) as float32 bytes at dst, which is
+  // their place in the atomic tensor, so they are moved once. Vocabulary padding is not read.
+  // May come before the runs of other copies that precede it in the stream.
+  void ApplyInPlace(int64_t stream_start, int64_t numel, const std::function<void(uint8_t*, int64_t, int64_t)>& read);
   // Checks that every element arrived and returns the tensor (full_shape, float32).
   std::shared_ptr<float[]> Finish();
 

@@ -59,6 +59,27 @@ TEST_CASE("reducers of a BLOOM-176B-shaped parameter list are balanced within 1.
   CHECK(plan::AssignLpt(weights, 64) == bins);
 }
 
+TEST_CASE("items go to the bin that holds most of their bytes while its load stays near an even share", "[plan]") {
+  // 40 items of weight 10; 30 prefer bin 0 and 10 prefer bin 1; nothing prefers bin 2 or 3.
+  std::vector<int64_t> weights(40, 10);
+  auto affinity = [](size_t k, int b) -> int64_t { return (k < 30 ? b == 0 : b == 1) ? 100 : 0; };
+  auto bins = plan::AssignLocal(weights, std::vector<int64_t>(4, 0), affinity, 0.05);
+  std::vector<int64_t> load(4, 0);
+  int local = 0;
+  for (size_t k = 0; k < weights.size(); ++k) load[bins[k]] += weights[k], local += affinity(k, bins[k]) > 0;
+  // An even share is 100 and the cap 105: bin 0 takes 10 of the 30 that prefer it and nothing
+  // else; the rest spread so that no bin passes the cap.
+  for (size_t k = 0; k < weights.size(); ++k)
+    if (bins[k] == 0) CHECK(k < 30);
+  CHECK(load[0] == 100);
+  CHECK(*std::max_element(load.begin(), load.end()) <= 105);
+  CHECK(local > 10);  // bin 1 took some of its own too
+  CHECK(plan::AssignLocal(weights, std::vector<int64_t>(4, 0), affinity, 0.05) == bins);  // deterministic
+  // Starting loads count: a bin that starts full gets only what fits.
+  auto started = plan::AssignLocal(weights, {300, 0, 0, 0}, affinity, 0.05);
+  CHECK(std::count(started.begin(), started.end(), 0) == 0);
+}
+
 TEST_CASE("copy-local runs land where the pattern puts them in the joined tensor", "[plan]") {
   // A fused [q; k; v] of 4 + 2 + 2 rows x 3 columns, TP=2: rank 1 holds q rows 2-3, k row 1, v row 1.
   plan::Copy c;
