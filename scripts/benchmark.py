@@ -40,6 +40,8 @@ ap.add_argument("--build", default=os.path.join(root, "build"))
 ap.add_argument("--repeat", type=int, default=5)
 ap.add_argument("--deepspeed", help="DeepSpeed source tree: also time its ds_to_universal.py")
 ap.add_argument("--targets", default="tp2pp2,z3dp2", help="reshard targets: tp2pp2 (DP=1 ZeRO-1), z3dp2 (ZeRO-3 DP=2)")
+ap.add_argument("--mpiexec-args", default="", help="extra mpiexec options for the 2-rank runs, e.g. '--mca pml ob1' "
+                "(OpenMPI's UCX start-up costs about 0.17 s per run on one node)")
 a = ap.parse_args()
 if a.repeat < 5:
     sys.exit("--repeat must be at least 5 (medians of at least 5 paired runs)")
@@ -82,7 +84,7 @@ def read_write_sync(from_dir, to_dir):
 
 def run(cmd, ranks=1):
     if ranks > 1:
-        cmd = ["mpiexec", "--oversubscribe", "-np", str(ranks)] + cmd
+        cmd = ["mpiexec", "--oversubscribe"] + a.mpiexec_args.split() + ["-np", str(ranks)] + cmd
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
 
 
@@ -161,7 +163,10 @@ for name in targets:
     print(f"{k} vs read-write+sync of the {tree_bytes(reshard_out[name]) / 2**20:.0f} MiB it writes: "
           f"{med[k] / med[f'read-write+sync of {name}' + chr(39) + 's output']:.2f}x")
 if "ds_to_universal.py" in med:
-    print(f"ds_to_universal.py / ucp-convert 2 ranks: {med['ds_to_universal.py'] / med['ucp-convert 2 ranks']:.1f}x")
+    for ranks in ("1 rank", "2 ranks"):
+        print(f"ds_to_universal.py / ucp-convert {ranks}: {med['ds_to_universal.py'] / med['ucp-convert ' + ranks]:.1f}x")
+if a.mpiexec_args:
+    print(f"2-rank runs: mpiexec {a.mpiexec_args}")
 print("\nper rank (last run):")
 for key, path in sorted(reports.items()):
     rep = json.load(open(path))
@@ -171,5 +176,10 @@ for key, path in sorted(reports.items()):
     print(f"  {key:14s} peak RSS {rss} MiB; read {rep['bytes_read'] / 2**20:.0f} MiB, written "
           f"{rep.get('bytes_written', 0) / 2**20:.0f} MiB{extra}; phases " +
           json.dumps({k: round(v, 3) for k, v in phases.items()}))
+    for p in rep["per_rank"]:
+        if "seconds" in p:  # where each rank's time went (write: the writer threads' sum, overlapping)
+            print(f"    rank {p['rank']}: " + ", ".join(f"{k} {v:.3f}" for k, v in p["seconds"].items()) +
+                  f"; shuffled {p.get('bytes_received', 0) / 2**20:.0f} MiB, read in place "
+                  f"{p.get('bytes_read_in_place', 0) / 2**20:.0f} MiB")
 largest = max(4 * p["numel"] for p in json.load(open(os.path.join(atomic, "ucp_manifest.json")))["params"])
 print(f"largest state tensor {largest / 2**20:.1f} MiB: the bound 2x that + 256 MiB is {(2 * largest) / 2**20 + 256:.0f} MiB")

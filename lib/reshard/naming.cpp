@@ -180,4 +180,18 @@ ValuePtr RenameRules(const Value& info, const std::vector<std::pair<std::string,
   return out;
 }
 
+int LayerCountOf(const std::vector<std::string>& names, Naming n) {
+  const std::regex plain(R"(language_model\.encoder\.layers\.(\d+)\..+)"), pipe(R"((\d+)\..+)");
+  int highest = -1;
+  for (const auto& name : names) {
+    std::smatch m;
+    if (std::regex_match(name, m, n == Naming::Plain ? plain : pipe)) highest = std::max(highest, std::stoi(m[1].str()));
+  }
+  if (n == Naming::Plain) return highest + 1;
+  if (highest < 3)
+    throw Error("the parameter names hold no GPTModelPipe transformer layer (<spec>.<name> with spec 2 or more, and "
+                "the final norm after them)");
+  return highest - 2;
+}
+
 }  // namespace ucp::reshard

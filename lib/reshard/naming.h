@@ -26,6 +26,10 @@ struct LayerPlace {
   bool embedding() const { return spec == 1; }
 };
 
+// Transformer layers of a GPT from its parameter names: GPTModel's language_model.encoder.layers.<i>.*
+// (i from 0), or GPTModelPipe's <spec>.* (specs 2..L+1 the layers, L+2 the final norm).
+int LayerCountOf(const std::vector<std::string>& names, Naming n);
+
 // Throws ucp::Error for a name that is not a GPT parameter of `layers` layers in naming `n`.
 LayerPlace PlaceOf(const std::string& name, Naming n, int layers);
 std::string NameAt(const LayerPlace& place, Naming n, int layers);

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/atomic_file.h"
+#include "core/buffer_pool.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "patterns/rules.h"
@@ -87,22 +88,6 @@ const Value* Arg(const Source& S, const char* key) {
   return v ? v.get() : nullptr;
 }
 
-// Transformer layers of a GPT from its parameter names: GPTModel's language_model.encoder.layers.<i>.*
-// (i from 0), or GPTModelPipe's <spec>.* (specs 2..L+1 the layers, L+2 the final norm).
-int LayersFromNames(const std::vector<store::AtomParam>& params, Naming n) {
-  const std::regex plain(R"(language_model\.encoder\.layers\.(\d+)\..+)"), pipe(R"((\d+)\..+)");
-  int highest = -1;
-  for (const auto& p : params) {
-    std::smatch m;
-    if (std::regex_match(p.name, m, n == Naming::Plain ? plain : pipe)) highest = std::max(highest, std::stoi(m[1].str()));
-  }
-  if (n == Naming::Plain) return highest + 1;
-  if (highest < 3)
-    throw Error("the parameter names hold no GPTModelPipe transformer layer (<spec>.<name> with spec 2 or more, and "
-                "the final norm after them)");
-  return highest - 2;
-}
-
 Source LoadSource(const std::string& dir) {
   Source S;
   S.reader = store::AtomReader::Open(dir);
@@ -126,7 +111,9 @@ Source LoadSource(const std::string& dir) {
   S.tp = S.manifest["source"].value("tp", 1);
   // The layer count: from the parameter names (a plain DeepSpeed engine saves no Megatron args),
   // checked against args.num_layers where the checkpoint has it.
-  S.layers = LayersFromNames(S.reader->params(), S.naming);
+  std::vector<std::string> names;
+  for (const auto& p : S.reader->params()) names.push_back(p.name);
+  S.layers = LayerCountOf(names, S.naming);
   if (const Value* layers = Arg(S, "num_layers"); layers && layers->AsInt() != S.layers)
     throw Error(dir + "/" + model_file + ": args.num_layers is " + std::to_string(layers->AsInt()) + " but the parameter "
                 "names hold " + std::to_string(S.layers) + " transformer layers");
@@ -392,7 +379,7 @@ class HeldPieces {
     for (size_t i = 0; i < P.shared.size(); ++i) {
       const SharedPiece& sp = P.shared[i];
       if (!std::binary_search(sp.ranks.begin(), sp.ranks.end(), rank)) continue;
-      held_[static_cast<int>(i)].resize(static_cast<size_t>(plan::kStates * sp.numel));
+      held_[static_cast<int>(i)] = AllocateBytes(static_cast<size_t>(plan::kStates * sp.numel) * 4);  // not cleared: every element is read or received
       for (const auto& [u, k] : sp.users) uses_[static_cast<int>(i)] += P.owner[u] == rank;
     }
   }
@@ -402,7 +389,7 @@ class HeldPieces {
       const SharedPiece& sp = P_.shared[i];
       if (sp.reader != rank_) continue;
       const UnitParam& up = P_.units[sp.unit].params[sp.param];
-      for (int s = 0; s < plan::kStates; ++s) ReadLocal(S_, up, s, 0, sp.numel, data.data() + s * sp.numel);
+      for (int s = 0; s < plan::kStates; ++s) ReadLocal(S_, up, s, 0, sp.numel, Floats(data) + s * sp.numel);
     }
   }
 
@@ -423,7 +410,7 @@ class HeldPieces {
           transfers.push_back({static_cast<int>(i), P_.shared[i].reader, r, 0, plan::kStates * P_.shared[i].numel});
     const int ranks = comm.size();
     const int64_t cap = std::max<int64_t>(1, round_bytes / 4);
-    std::vector<uint8_t> send, recv;
+    ScratchBytes send, recv;
     int64_t rounds = 0, sent_bytes = 0;
     for (bool left = !transfers.empty(); left; ++rounds) {
       std::vector<int64_t> sent(ranks, 0), got(ranks, 0);
@@ -443,13 +430,13 @@ class HeldPieces {
         if (x.dst == rank_) rcount[x.src] += 4 * p.n;
       }
       for (int r = 1; r < ranks; ++r) sdispl[r] = sdispl[r - 1] + scount[r - 1], rdispl[r] = rdispl[r - 1] + rcount[r - 1];
-      send.resize(static_cast<size_t>(sdispl[ranks - 1] + scount[ranks - 1]));
-      recv.resize(static_cast<size_t>(rdispl[ranks - 1] + rcount[ranks - 1]));
+      send.Reserve(static_cast<size_t>(sdispl[ranks - 1] + scount[ranks - 1]));
+      recv.Reserve(static_cast<size_t>(rdispl[ranks - 1] + rcount[ranks - 1]));
       std::vector<int64_t> put = sdispl, take = rdispl;
       for (const Part& p : round) {  // parts to each rank in round order: the receiver reads them alike
         const Transfer& x = transfers[p.transfer];
         if (x.src != rank_) continue;
-        std::memcpy(send.data() + put[x.dst], held_.at(x.piece).data() + p.at, static_cast<size_t>(p.n) * 4);
+        std::memcpy(send.data() + put[x.dst], Floats(held_.at(x.piece)) + p.at, static_cast<size_t>(p.n) * 4);
         put[x.dst] += 4 * p.n;
         sent_bytes += 4 * p.n;
       }
@@ -457,14 +444,14 @@ class HeldPieces {
       for (const Part& p : round) {
         const Transfer& x = transfers[p.transfer];
         if (x.dst != rank_) continue;
-        std::memcpy(held_.at(x.piece).data() + p.at, recv.data() + take[x.src], static_cast<size_t>(p.n) * 4);
+        std::memcpy(Floats(held_.at(x.piece)) + p.at, recv.data() + take[x.src], static_cast<size_t>(p.n) * 4);
         take[x.src] += 4 * p.n;
       }
     }
     return {rounds, sent_bytes};
   }
 
-  const float* Get(int piece, int s) const { return held_.at(piece).data() + s * P_.shared[piece].numel; }
+  const float* Get(int piece, int s) const { return Floats(held_.at(piece)) + s * P_.shared[piece].numel; }
 
   // Unit `u` (of this rank) is written: its pieces lose a user here, and go with the last.
   void Done(const Unit& u) {
@@ -476,7 +463,9 @@ class HeldPieces {
   const Source& S_;
   const Plan& P_;
   int rank_;
-  std::map<int, std::vector<float>> held_;
+  using Bytes = std::unique_ptr<uint8_t[], FreeDeleter>;
+  static float* Floats(const Bytes& b) { return reinterpret_cast<float*>(b.get()); }
+  std::map<int, Bytes> held_;
   std::map<int, int> uses_;
 };
 
@@ -491,6 +480,11 @@ int LocalKeyRank(const std::string& local) {
       "weight", "bias"};
   auto it = std::find(order.begin(), order.end(), local);
   return it == order.end() ? static_cast<int>(order.size()) : static_cast<int>(it - order.begin());
+}
+
+// The model's order of parameters: layer spec, then the key's place in its module.
+bool InModelOrder(const LayerPlace& a, const LayerPlace& b) {
+  return std::make_pair(a.spec, LocalKeyRank(a.local)) < std::make_pair(b.spec, LocalKeyRank(b.local));
 }
 
 class UnitWriter {
@@ -510,7 +504,8 @@ class UnitWriter {
       return;
     }
     const auto lp = LpOf(T_.dtype);
-    for (const auto& up : U_.params) lp_.push_back(std::shared_ptr<uint8_t[]>(new uint8_t[std::max<int64_t>(1, up.local_numel) * lp.size]));
+    for (const auto& up : U_.params)  // filled whole from the fp32 weights, so not cleared
+      lp_.push_back(std::shared_ptr<uint8_t[]>(AllocateBytes(std::max<int64_t>(1, up.local_numel) * lp.size).release(), FreeDeleter()));
     for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);  // fills lp_ from the fp32 weights
     if (NamingOf(T_) == Naming::Plain) {
       pt::WriteTorchFile(dir_ + "/mp_rank_" + MpName() + "_model_states.pt", *ModelStates(PlainModule()), Durability::Batch);
@@ -532,17 +527,19 @@ class UnitWriter {
     }
     if (s == 0 && !lp_.empty()) {  // the training-dtype weights of the layer files, from the same fp32 values
       uint8_t* lp = lp_[k].get();
-      for (int64_t i = a; i < b; ++i) {
-        float v = dst[i - a];
-        if (T_.dtype == "bf16") {
-          uint16_t h = pt::Fp32ToBf16(v);
-          std::memcpy(lp + 2 * i, &h, 2);
-        } else if (T_.dtype == "fp16") {
-          uint16_t h = pt::Fp32ToFp16(v);
-          std::memcpy(lp + 2 * i, &h, 2);
-        } else {
-          std::memcpy(lp + 4 * i, &v, 4);
+      const int64_t n = b - a;
+      if (T_.dtype == "bf16") {
+        for (int64_t i = 0; i < n; ++i) {
+          const uint16_t h = pt::Fp32ToBf16(dst[i]);
+          std::memcpy(lp + 2 * (a + i), &h, 2);
         }
+      } else if (T_.dtype == "fp16") {
+        for (int64_t i = 0; i < n; ++i) {
+          const uint16_t h = pt::Fp32ToFp16(dst[i]);
+          std::memcpy(lp + 2 * (a + i), &h, 2);
+        }
+      } else {
+        std::memcpy(lp + 4 * a, dst, static_cast<size_t>(n) * 4);
       }
     }
   }
@@ -557,7 +554,8 @@ class UnitWriter {
     if (shape.empty() || shape[0] == 0) return ReadLocal(S_, up, s, a, b, dst);
     const int64_t inner = up.local_numel / shape[0];
     const auto block = S_.reader->ReadBlock(S_.atoms[up.atom].name, static_cast<plan::State>(s));
-    const int64_t step = (block.empty() ? 1 : block[0]) * inner;  // elements per row of blocks
+    if (block.empty()) return ReadLocal(S_, up, s, a, b, dst);  // a store without blocks reads any range as cheaply
+    const int64_t step = block[0] * inner;  // elements per row of blocks
     Tail& t = tails_[{k, s}];
     tail_bytes_ -= 4 * static_cast<int64_t>(t.data.size());
     int64_t lo = a / step * step;
@@ -766,8 +764,7 @@ class UnitWriter {
     std::vector<size_t> order(U_.params.size());
     for (size_t k = 0; k < order.size(); ++k) order[k] = k;
     std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-      const LayerPlace &a = S_.atoms[U_.params[x].atom].place, &b = S_.atoms[U_.params[y].atom].place;
-      return std::make_pair(a.spec, LocalKeyRank(a.local)) < std::make_pair(b.spec, LocalKeyRank(b.local));
+      return InModelOrder(S_.atoms[U_.params[x].atom].place, S_.atoms[U_.params[y].atom].place);
     });
     return order;
   }
@@ -822,14 +819,11 @@ class UnitWriter {
   // the model's order, placed before the sub-parameter keys as Megatron-DeepSpeed places them.
   ValuePtr WithTpRules(const Value& info) const {
     std::vector<std::pair<std::string, ValuePtr>> missing;
+    std::vector<size_t> order(S_.atoms.size());
+    for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return InModelOrder(S_.atoms[x].place, S_.atoms[y].place); });
     for (const char* key : {patterns::kAverageKey, patterns::kReplicateKey, patterns::kRowParallelKey}) {
       if (info.Get(key)) continue;
-      std::vector<size_t> order(S_.atoms.size());
-      for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-      std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-        const LayerPlace &a = S_.atoms[x].place, &b = S_.atoms[y].place;
-        return std::make_pair(a.spec, LocalKeyRank(a.local)) < std::make_pair(b.spec, LocalKeyRank(b.local));
-      });
       auto list = Value::Make(Value::Kind::List);
       std::set<std::string> seen;
       for (size_t k : order) {

@@ -17,6 +17,7 @@ sys.path.insert(0, here)
 sys.path.insert(0, os.path.join(here, "..", "..", "scripts"))
 import ds_stubs  # noqa: E402,F401
 from make_fixture import Model  # noqa: E402
+from atomic_files import atomic_tensor  # noqa: E402
 
 root, names = sys.argv[1], sys.argv[2:]
 model = Model("llama", 2)
@@ -33,8 +34,7 @@ for name in names:
         canonical = p["name"] if naming[0] == "pipe" else to_pipe[p["name"]]
         for state in ("fp32", "exp_avg", "exp_avg_sq"):
             v = torch.load(os.path.join(d, p["files"][state]))
-            # The dict's 'param', or ZeRO-3's bare tensor (padding at its end).
-            t = v["param"] if isinstance(v, dict) else v[: p["numel"]].reshape(p["shape"])
+            t = atomic_tensor(v, p["shape"])
             tensors[(canonical, state)] = (t, sums[p["files"][state]], naming)
     if ref is None:
         ref, ref_name = tensors, name

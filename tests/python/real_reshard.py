@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds_stubs  # noqa: E402,F401
+from atomic_files import atomic_tensor  # noqa: E402
 
 # Largest differences allowed between two layouts' training runs of the same job, by what the tensor
 # is. Measured on these cases (max over all pairs of fp32 cases with 2 parameter groups): weights
@@ -111,13 +112,8 @@ def compare_values(atomic, ds_universal, tolerance):
     zero = os.path.join(ds_universal, "zero")
     shapes = {p["name"]: p["shape"] for p in json.load(open(os.path.join(atomic, "ucp_manifest.json")))["params"]}
 
-    def param(v, name):  # the dict form's 'param', or the ZeRO-3 form's bare 1-D tensor (padding at its end)
-        if isinstance(v, dict):
-            return v["param"].detach()
-        n = 1
-        for d in shapes[name]:
-            n *= d
-        return v.detach().reshape(-1)[:n].reshape(shapes[name])
+    def param(v, name):
+        return atomic_tensor(v, shapes[name])
 
     for name in sorted(os.listdir(zero)):
         if not os.path.isdir(os.path.join(zero, name)):
