@@ -10,8 +10,8 @@ medians and ratios against references measured in the same rounds:
                                      chunks, then sync: the honest floor for a tool that must
                                      transform the data it moves
   ucp-convert SRC -o OUT             1 rank and 2 MPI ranks
-  ucp-reshard OUT -o NEW             to two layouts, 2 MPI ranks, each against a read-write+sync of
-                                     the bytes it writes
+  ucp-reshard OUT -o NEW             to two layouts, 1 rank and 2 MPI ranks, each against a
+                                     cp -r && sync and a read-write+sync of the bytes it writes
   ds_to_universal.py                 DeepSpeed's converter, when --deepspeed DIR (a DeepSpeed source
                                      tree, see shared/real-deepspeed/harness/README.md) is given
 Page cache warm (the source is read once before the rounds). Peak RSS per rank and bytes read and
@@ -40,8 +40,8 @@ ap.add_argument("--build", default=os.path.join(root, "build"))
 ap.add_argument("--repeat", type=int, default=5)
 ap.add_argument("--deepspeed", help="DeepSpeed source tree: also time its ds_to_universal.py")
 ap.add_argument("--targets", default="tp2pp2,z3dp2", help="reshard targets: tp2pp2 (DP=1 ZeRO-1), z3dp2 (ZeRO-3 DP=2)")
-ap.add_argument("--mpiexec-args", default="", help="extra mpiexec options for the 2-rank runs, e.g. '--mca pml ob1' "
-                "(OpenMPI's UCX start-up costs about 0.17 s per run on one node)")
+ap.add_argument("--mpiexec-args", default="", help="extra mpiexec options for the 2-rank runs, e.g. '--mca pml ucx' (on one node the tools "
+                "choose Open MPI's ob1 themselves unless told otherwise)")
 a = ap.parse_args()
 if a.repeat < 5:
     sys.exit("--repeat must be at least 5 (medians of at least 5 paired runs)")
@@ -124,10 +124,14 @@ for ranks in (1, 2):
         lambda ranks=ranks, rep=rep: (run([convert, src, "-o", out_dir + "/u", "-q", "--report", rep], ranks),
                                       reports.__setitem__(f"convert{ranks}", rep))
 for name, flags in targets.items():
-    rep = os.path.join(a.work, f"reshard-{name}.json")
-    commands[f"ucp-reshard {name}"] = lambda flags=flags, rep=rep, name=name: (
-        run([reshard, atomic, "-o", out_dir, "-q", "--dtype", dtype, "--report", rep] + flags, 2),
-        reports.__setitem__(f"reshard-{name}", rep))
+    for ranks in (1, 2):
+        rep = os.path.join(a.work, f"reshard-{name}-np{ranks}.json")
+        commands[f"ucp-reshard {name} {ranks} rank{'s' if ranks > 1 else ''}"] = \
+            lambda flags=flags, rep=rep, name=name, ranks=ranks: (
+                run([reshard, atomic, "-o", out_dir, "-q", "--dtype", dtype, "--report", rep] + flags, ranks),
+                reports.__setitem__(f"reshard-{name}{ranks}", rep))
+    commands[f"cp -r && sync of {name}'s output"] = lambda name=name: subprocess.run(
+        f"cp -r '{reshard_out[name]}' '{out_dir}' && sync", shell=True, check=True)
     commands[f"read-write+sync of {name}'s output"] = lambda name=name: read_write_sync(reshard_out[name], out_dir)
 if a.deepspeed:
     shims = os.path.join(root, "..", "shared", "real-deepspeed", "harness", "shims")
@@ -159,9 +163,11 @@ for k in names:
     print(f"{k:34s} {med[k]:9.3f} {lo:6.2f}-{hi:<6.2f} {med[k] / med['cp -r']:9.2f} {med[k] / med['cp -r && sync']:11.2f} "
           f"{med[k] / med['read-write+sync']:11.2f}")
 for name in targets:
-    k = f"ucp-reshard {name}"
-    print(f"{k} vs read-write+sync of the {tree_bytes(reshard_out[name]) / 2**20:.0f} MiB it writes: "
-          f"{med[k] / med[f'read-write+sync of {name}' + chr(39) + 's output']:.2f}x")
+    cp, rw = med[f"cp -r && sync of {name}'s output"], med[f"read-write+sync of {name}'s output"]
+    for ranks in ("1 rank", "2 ranks"):
+        k = f"ucp-reshard {name} {ranks}"
+        print(f"{k} vs the {tree_bytes(reshard_out[name]) / 2**20:.0f} MiB it writes: {med[k] / cp:.2f}x cp -r && sync, "
+              f"{med[k] / rw:.2f}x read-write+sync")
 if "ds_to_universal.py" in med:
     for ranks in ("1 rank", "2 ranks"):
         print(f"ds_to_universal.py / ucp-convert {ranks}: {med['ds_to_universal.py'] / med['ucp-convert ' + ranks]:.1f}x")
@@ -177,9 +183,9 @@ for key, path in sorted(reports.items()):
           f"{rep.get('bytes_written', 0) / 2**20:.0f} MiB{extra}; phases " +
           json.dumps({k: round(v, 3) for k, v in phases.items()}))
     for p in rep["per_rank"]:
-        if "seconds" in p:  # where each rank's time went (write: the writer threads' sum, overlapping)
-            print(f"    rank {p['rank']}: " + ", ".join(f"{k} {v:.3f}" for k, v in p["seconds"].items()) +
-                  f"; shuffled {p.get('bytes_received', 0) / 2**20:.0f} MiB, read in place "
-                  f"{p.get('bytes_read_in_place', 0) / 2**20:.0f} MiB")
+        if "seconds" in p:  # where each rank's time went (convert's write: the writer threads' sum, overlapping)
+            moved = (f"; shuffled {p['bytes_received'] / 2**20:.0f} MiB, read in place {p['bytes_read_in_place'] / 2**20:.0f} MiB"
+                     if "bytes_read_in_place" in p else "")
+            print(f"    rank {p['rank']}: " + ", ".join(f"{k} {v:.3f}" for k, v in p["seconds"].items()) + moved)
 largest = max(4 * p["numel"] for p in json.load(open(os.path.join(atomic, "ucp_manifest.json")))["params"])
 print(f"largest state tensor {largest / 2**20:.1f} MiB: the bound 2x that + 256 MiB is {(2 * largest) / 2**20 + 256:.0f} MiB")

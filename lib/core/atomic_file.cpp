@@ -24,7 +24,8 @@ constexpr size_t kBufferLimit = 1 << 20;
 
 }  // namespace
 
-AtomicFile::AtomicFile(std::string path, Durability durability) : path_(std::move(path)), durability_(durability) {
+AtomicFile::AtomicFile(std::string path, Durability durability, Digest digest)
+    : path_(std::move(path)), durability_(durability), digest_(digest) {
   temp_ = path_ + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(g_counter++);
   fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw Error(path_ + ": cannot create " + temp_ + ": " + std::strerror(errno));
@@ -56,7 +57,7 @@ void AtomicFile::FlushBuffer() {
 
 void AtomicFile::Write(const void* data, size_t size) {
   if (fd_ < 0) throw Error(path_ + ": write after commit");
-  hash_.Update(data, size);
+  if (digest_ == Digest::Xxh64) hash_.Update(data, size);
   size_ += size;
   if (buffer_.size() + size > kBufferLimit) FlushBuffer();
   if (size <= kBufferLimit) {
@@ -87,7 +88,7 @@ FileDigest AtomicFile::Commit() {
       ::close(dir);
     }
   }
-  return {size_, hash_.Digest()};
+  return {size_, digest_ == Digest::Xxh64 ? hash_.Digest() : 0};
 }
 
 void SyncFileSystemOf(const std::string& path) {

@@ -28,13 +28,17 @@ struct FileDigest {
 // batch files, but then no marker names them.
 enum class Durability { Now, Batch };
 
+// Xxh64: Commit() reports the XXH64 of the bytes, computed as they are written (what a manifest
+// records). None: a file nothing records a digest of; its FileDigest::xxh64 is 0.
+enum class Digest { Xxh64, None };
+
 // One syncfs(2) of the file system holding `path`: every file written there so far, renames
 // included, is durable when it returns. Throws ucp::Error naming the path.
 void SyncFileSystemOf(const std::string& path);
 
 class AtomicFile {
  public:
-  explicit AtomicFile(std::string path, Durability durability = Durability::Now);
+  explicit AtomicFile(std::string path, Durability durability = Durability::Now, Digest digest = Digest::Xxh64);
   ~AtomicFile();
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -48,6 +52,7 @@ class AtomicFile {
   void WriteAll(const char* data, size_t size);
   std::string path_, temp_;
   Durability durability_;
+  Digest digest_;
   int fd_ = -1;
   std::string buffer_;
   XxHash64 hash_;

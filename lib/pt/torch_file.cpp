@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "core/atomic_file.h"
+#include "core/buffer_pool.h"
 #include "core/error.h"
 #include "pt/unpickler.h"
 
@@ -448,26 +449,29 @@ std::string PickleForTesting(const Value& root) {
   return p.out;
 }
 
-FileDigest WriteTorchFile(const std::string& path, const Value& root, Durability durability) {
+FileDigest WriteTorchFile(const std::string& path, const Value& root, Durability durability, Digest digest) {
   return WithContext(path, [&] {
     Pickler pickler;
     pickler.Dump(root);
-    AtomicFile file(path, durability);
+    AtomicFile file(path, durability, digest);
     ZipWriter zip(file);
     const std::string prefix = "archive/";
     zip.AddBytes(prefix + "data.pkl", pickler.out);
     zip.AddBytes(prefix + "byteorder", "little");
-    std::vector<uint8_t> chunk;  // for produced tensors
+    // Produced tensors pass through this buffer, kept by the thread from file to file: its pages
+    // are faulted in once per run, not once per file.
+    thread_local ScratchBytes chunk;
     for (size_t k = 0; k < pickler.tensors.size(); ++k) {
       const TensorView& t = *pickler.tensors[k];
       const std::string entry = prefix + "data/" + std::to_string(k);
       if (t.storage->produce) {  // produced once, in chunks, and streamed with its CRC after it
-        chunk.resize(static_cast<size_t>(std::min<uint64_t>(t.nbytes(), kProduceChunk)));
+        const uint64_t step = std::min<uint64_t>(t.nbytes(), kProduceChunk);
+        uint8_t* buf = chunk.Reserve(static_cast<size_t>(step));
         zip.Add(entry, t.nbytes(), std::nullopt, [&](const auto& sink) {
-          for (uint64_t at = 0; at < t.nbytes(); at += chunk.size()) {
-            const uint64_t n = std::min<uint64_t>(chunk.size(), t.nbytes() - at);
-            t.storage->produce(at, n, chunk.data());
-            sink(chunk.data(), static_cast<size_t>(n));
+          for (uint64_t at = 0; at < t.nbytes(); at += step) {
+            const uint64_t n = std::min<uint64_t>(step, t.nbytes() - at);
+            t.storage->produce(at, n, buf);
+            sink(buf, static_cast<size_t>(n));
           }
         });
         continue;

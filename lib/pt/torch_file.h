@@ -28,8 +28,10 @@ TorchFile ReadTorchFile(const std::string& path, const ReadOptions& options = {}
 
 // Writes `root` as a torch.save zip archive (pickle protocol 2) at `path`, atomically: the bytes go
 // to a temporary name in the same directory, are fsynced (Durability::Now; Batch: see
-// core/atomic_file.h), and are renamed over `path`.
-FileDigest WriteTorchFile(const std::string& path, const Value& root, Durability durability = Durability::Now);
+// core/atomic_file.h), and are renamed over `path`. The XXH64 of the file's bytes is computed as
+// they go unless Digest::None.
+FileDigest WriteTorchFile(const std::string& path, const Value& root, Durability durability = Durability::Now,
+                          Digest digest = Digest::Xxh64);
 
 // The pickle alone (tensors become persistent ids 0, 1, ... in order of appearance), for tests.
 std::string PickleForTesting(const Value& root);

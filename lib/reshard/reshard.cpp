@@ -9,6 +9,8 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -58,11 +60,15 @@ struct UnitParam {
   plan::Copy copy;  // this TP rank's piece: local rows <- joined rows
   std::vector<int64_t> joined_shape;
   int64_t local_numel = 0;
+  int64_t begin = 0, end = 0;  // the local elements its unit reads: all, or under ZeRO-3 one DP rank's slice
   int shared = -1;  // index into Plan::shared: a piece other units need too, held in memory
 };
 
+// One rank's work: a model-parallel rank's files (every DP rank's), or under ZeRO-3, where nothing
+// is written whole, one DP rank's files of it.
 struct Unit {
   int pp = 0, tp = 0;
+  int dp = -1;  // ZeRO-3: the DP rank; -1: all of them
   std::vector<UnitParam> params;           // in flat-buffer order within each group
   std::vector<std::vector<int>> groups;    // indices into params, per optimizer group
   int64_t bytes = 0;                       // atomic bytes it reads itself (not its shared pieces)
@@ -244,11 +250,15 @@ UnitParam PieceOf(const Source& S, const TargetLayout& T, int index, int t) {
   return u;
 }
 
-// The atomic bytes a piece copies: its elements that are not vocabulary padding, in every state.
+// ZeRO-3 (stage3.py) pads every parameter to a multiple of DP and cuts it in DP equal pieces.
+int64_t Zero3Piece(int64_t numel, int dp) { return (numel + dp - 1) / dp; }
+
+// The atomic bytes a unit's piece copies: the elements it reads that are not vocabulary padding,
+// in every state.
 int64_t AtomicBytes(const UnitParam& u, const Atom& a) {
   const int64_t full = pt::Numel(a.shape);
   int64_t have = 0;
-  plan::ForEachJoinedRun(u.copy, u.joined_shape, 0, u.local_numel,
+  plan::ForEachJoinedRun(u.copy, u.joined_shape, u.begin, u.end,
                          [&](int64_t, int64_t joined, int64_t n) { have += std::clamp<int64_t>(full - joined, 0, n); });
   return 4 * plan::kStates * have;
 }
@@ -340,7 +350,7 @@ struct SharedPiece {
   std::vector<std::pair<int, int>> users;   // (unit, param index in the unit)
   std::vector<int> ranks;                   // the ranks that hold it, ascending
   int reader = 0;
-  int64_t numel = 0, bytes = 0;             // local elements; the atomic bytes its read costs
+  int64_t begin = 0, numel = 0, bytes = 0;  // its local elements [begin, begin + numel); the atomic bytes its read costs
 };
 
 struct Plan {
@@ -389,7 +399,7 @@ class HeldPieces {
       const SharedPiece& sp = P_.shared[i];
       if (sp.reader != rank_) continue;
       const UnitParam& up = P_.units[sp.unit].params[sp.param];
-      for (int s = 0; s < plan::kStates; ++s) ReadLocal(S_, up, s, 0, sp.numel, Floats(data) + s * sp.numel);
+      for (int s = 0; s < plan::kStates; ++s) ReadLocal(S_, up, s, sp.begin, sp.begin + sp.numel, Floats(data) + s * sp.numel);
     }
   }
 
@@ -451,7 +461,11 @@ class HeldPieces {
     return {rounds, sent_bytes};
   }
 
-  const float* Get(int piece, int s) const { return Floats(held_.at(piece)) + s * P_.shared[piece].numel; }
+  // Local element `at` of a held piece, state s.
+  const float* Get(int piece, int s, int64_t at) const {
+    const SharedPiece& sp = P_.shared[piece];
+    return Floats(held_.at(piece)) + s * sp.numel + (at - sp.begin);
+  }
 
   // Unit `u` (of this rank) is written: its pieces lose a user here, and go with the last.
   void Done(const Unit& u) {
@@ -489,42 +503,60 @@ bool InModelOrder(const LayerPlace& a, const LayerPlace& b) {
 
 class UnitWriter {
  public:
-  UnitWriter(const Source& S, const TargetLayout& T, const Plan& P, const HeldPieces& H, const Unit& U, std::string dir)
-      : S_(S), T_(T), P_(P), H_(H), U_(U), dir_(std::move(dir)) {}
+  // `arena` holds the unit's training-dtype weights; kept by the caller from unit to unit, so that
+  // its pages are faulted in (and zeroed by the kernel) once per run, not once per unit.
+  UnitWriter(const Source& S, const TargetLayout& T, const Plan& P, const HeldPieces& H, const Unit& U, std::string dir,
+             ScratchBytes& arena)
+      : S_(S), T_(T), P_(P), H_(H), U_(U), dir_(std::move(dir)), arena_(arena) {}
 
-  // The files of this unit: under ZeRO-3 a model-states and an optimizer file per DP rank; else
-  // the optimizer files of every DP rank, the layer files and the model-states file.
+  // The files of this unit: under ZeRO-3 its DP rank's model-states and optimizer files; else the
+  // optimizer files of every DP rank, the layer files and the model-states file.
   void Write() {
     if (T_.zero_stage == 3) {
-      auto states = ModelStates(Zero3Module());
-      for (int d = 0; d < T_.dp; ++d) {
-        WriteZero3OptimizerFile(d);
-        pt::WriteTorchFile(dir_ + "/zero_pp_rank_" + std::to_string(d) + "_mp_rank_" + MpName() + "_model_states.pt", *states, Durability::Batch);
-      }
+      WriteZero3OptimizerFile(U_.dp);
+      WriteShardFile("zero_pp_rank_" + std::to_string(U_.dp) + "_mp_rank_" + MpName() + "_model_states.pt",
+                     *ModelStates(Zero3Module()));
       return;
     }
     const auto lp = LpOf(T_.dtype);
-    for (const auto& up : U_.params)  // filled whole from the fp32 weights, so not cleared
-      lp_.push_back(std::shared_ptr<uint8_t[]>(AllocateBytes(std::max<int64_t>(1, up.local_numel) * lp.size).release(), FreeDeleter()));
+    auto size = [&](const UnitParam& up) { return (std::max<int64_t>(1, up.local_numel) * lp.size + 63) / 64 * 64; };
+    int64_t total = 0;
+    for (const auto& up : U_.params) total += size(up);
+    uint8_t* at = arena_.Reserve(static_cast<size_t>(total));  // filled whole from the fp32 weights, so not cleared
+    for (const auto& up : U_.params) {
+      lp_.push_back(std::shared_ptr<uint8_t[]>(std::shared_ptr<void>(), at));  // not owning: the arena outlives the unit
+      at += size(up);
+    }
     for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);  // fills lp_ from the fp32 weights
     if (NamingOf(T_) == Naming::Plain) {
-      pt::WriteTorchFile(dir_ + "/mp_rank_" + MpName() + "_model_states.pt", *ModelStates(PlainModule()), Durability::Batch);
+      WriteShardFile("mp_rank_" + MpName() + "_model_states.pt", *ModelStates(PlainModule()));
       return;
     }
     WriteLayerFiles();
-    pt::WriteTorchFile(dir_ + "/mp_rank_" + MpName() + "_model_states.pt", *ModelStates(Value::None()), Durability::Batch);
+    WriteShardFile("mp_rank_" + MpName() + "_model_states.pt", *ModelStates(Value::None()));
   }
 
+  // Seconds spent reading the atomic tensors (or copying held pieces) while writing.
+  double read_seconds() const { return read_seconds_; }
+
  private:
+  // One file of the target, written without an fsync of its own (the run syncs the file system
+  // once before `latest` names the folder) and without a digest (nothing records one).
+  void WriteShardFile(const std::string& name, const Value& root) const {
+    pt::WriteTorchFile(dir_ + "/" + name, root, Durability::Batch, Digest::None);
+  }
+
   // Copies local elements [a, b) of unit param k, state s, to dst (float32), from the held piece
   // or the store; fp32 also to the layer files' weights.
   void Fill(size_t k, int s, int64_t a, int64_t b, float* dst) {
     const UnitParam& up = U_.params[k];
+    const auto t0 = std::chrono::steady_clock::now();
     if (up.shared >= 0) {
-      std::memcpy(dst, H_.Get(up.shared, s) + a, static_cast<size_t>(b - a) * 4);
+      std::memcpy(dst, H_.Get(up.shared, s, a), static_cast<size_t>(b - a) * 4);
     } else {
       ReadAligned(k, s, a, b, dst);
     }
+    read_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s == 0 && !lp_.empty()) {  // the training-dtype weights of the layer files, from the same fp32 values
       uint8_t* lp = lp_[k].get();
       const int64_t n = b - a;
@@ -598,11 +630,15 @@ class UnitWriter {
     return pt::ProducedTensor(pt::DType::F32, {len}, [this, segs = std::move(segs), s](uint64_t off, uint64_t size, uint8_t* dst) {
       const int64_t a = static_cast<int64_t>(off / 4), b = static_cast<int64_t>((off + size) / 4);
       float* out = reinterpret_cast<float*>(dst);
-      std::fill(out, out + (b - a), 0.0f);
+      int64_t filled = a;  // [a, filled) written; segments come in flat order, the gaps between them are zeros
       for (const auto& sg : segs) {
         const int64_t f0 = std::max(a, sg.at), f1 = std::min(b, sg.at + sg.n);
-        if (f0 < f1) Fill(static_cast<size_t>(sg.k), s, sg.local + (f0 - sg.at), sg.local + (f1 - sg.at), out + (f0 - a));
+        if (f0 >= f1) continue;
+        std::fill(out + (filled - a), out + (f0 - a), 0.0f);
+        Fill(static_cast<size_t>(sg.k), s, sg.local + (f0 - sg.at), sg.local + (f1 - sg.at), out + (f0 - a));
+        filled = f1;
       }
+      std::fill(out + (filled - a), out + (b - a), 0.0f);
     });
   }
 
@@ -682,7 +718,7 @@ class UnitWriter {
     SetItem(*root, "ds_version", DsVersion());
     std::string name = std::string(T_.dtype == "bf16" ? "bf16_" : "") + "zero_pp_rank_" + std::to_string(d) + "_mp_rank_" +
                        MpName() + "_optim_states.pt";
-    pt::WriteTorchFile(dir_ + "/" + name, *root, Durability::Batch);
+    WriteShardFile(name, *root);
   }
 
   // Group g's Adam state over a flat tensor of `len` elements: the step and the two moments.
@@ -720,20 +756,17 @@ class UnitWriter {
     return stage;
   }
 
-  // ZeRO-3 (stage3.py): every parameter padded to a multiple of DP and cut in DP equal pieces; a
-  // rank's flat group is the concatenation of its pieces, in the group's parameter order.
+  // ZeRO-3: DP rank d's flat group is the concatenation of its slices of the group's parameters
+  // (each padded to its piece), in the group's parameter order.
   void WriteZero3OptimizerFile(int d) {
     auto state = Value::Make(Value::Kind::Dict), flat = Value::Make(Value::Kind::List);
     for (size_t g = 0; g < U_.groups.size(); ++g) {
       int64_t total = 0;
-      for (int k : U_.groups[g]) total += (U_.params[k].local_numel + T_.dp - 1) / T_.dp;
       std::vector<Segment> segs;
-      int64_t at = 0;
       for (int k : U_.groups[g]) {
-        const int64_t n = U_.params[k].local_numel, piece = (n + T_.dp - 1) / T_.dp;
-        const int64_t lo = std::min(n, d * piece), hi = std::min(n, lo + piece);
-        if (lo < hi) segs.push_back({k, lo, at, hi - lo});
-        at += piece;
+        const UnitParam& up = U_.params[k];
+        if (up.begin < up.end) segs.push_back({k, up.begin, total, up.end - up.begin});
+        total += Zero3Piece(up.local_numel, T_.dp);
       }
       flat->items.push_back(FlatState(segs, total, 0));
       state->dict.Set(Value::Int(static_cast<int64_t>(g)), AdamState(static_cast<int>(g), std::move(segs), total));
@@ -809,7 +842,7 @@ class UnitWriter {
     for (const auto& [spec, dict] : files) {
       char buf[64];
       std::snprintf(buf, sizeof buf, "layer_%02d-model_%02d-model_states.pt", spec, U_.tp);
-      pt::WriteTorchFile(dir_ + "/" + buf, *dict, Durability::Batch);
+      WriteShardFile(buf, *dict);
     }
   }
 
@@ -912,8 +945,10 @@ class UnitWriter {
   const HeldPieces& H_;
   const Unit& U_;
   std::string dir_;
+  ScratchBytes& arena_;
   std::vector<std::shared_ptr<uint8_t[]>> lp_;
   std::map<int, ValuePtr> steps_;
+  double read_seconds_ = 0;
   struct Tail {
     int64_t lo = 0, hi = 0;
     uint64_t used = 0;
@@ -946,11 +981,13 @@ void Validate(const Source& S, const TargetLayout& T) {
 // Picks the shared pieces: by bytes saved, as long as every rank that holds one stays within
 // `budget` bytes of held pieces; the reader of each is the holder with the fewest shared bytes read.
 void ShareRepeatedPieces(Plan& P, int ranks, int64_t budget) {
-  std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> users;  // (atom, tp or -1) -> users
+  // (atom, tp or -1, first element, end) -> users
+  std::map<std::tuple<int, int, int64_t, int64_t>, std::vector<std::pair<int, int>>> users;
   for (size_t u = 0; u < P.units.size(); ++u)
     for (size_t k = 0; k < P.units[u].params.size(); ++k) {
       const UnitParam& up = P.units[u].params[k];
-      users[{up.atom, up.copy.split_dim >= 0 ? P.units[u].tp : -1}].push_back({static_cast<int>(u), static_cast<int>(k)});
+      if (up.begin == up.end) continue;
+      users[{up.atom, up.copy.split_dim >= 0 ? P.units[u].tp : -1, up.begin, up.end}].push_back({static_cast<int>(u), static_cast<int>(k)});
     }
   std::vector<SharedPiece> candidates;
   for (auto& [key, list] : users) {
@@ -958,7 +995,7 @@ void ShareRepeatedPieces(Plan& P, int ranks, int64_t budget) {
     SharedPiece sp;
     sp.unit = list[0].first, sp.param = list[0].second, sp.users = list;
     const UnitParam& up = P.units[sp.unit].params[sp.param];
-    sp.numel = up.local_numel;
+    sp.begin = up.begin, sp.numel = up.end - up.begin;
     for (const auto& [u, k] : list) sp.ranks.push_back(P.owner[u]);
     std::sort(sp.ranks.begin(), sp.ranks.end());
     sp.ranks.erase(std::unique(sp.ranks.begin(), sp.ranks.end()), sp.ranks.end());
@@ -1024,10 +1061,21 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
         if (stage_of(a.spec()) != s && !(a.tied() && stage_of(head) == s)) continue;
         u.groups[a.group].push_back(static_cast<int>(u.params.size()));
         u.params.push_back(PieceOf(S, T, static_cast<int>(k), t));
-        u.bytes += AtomicBytes(u.params.back(), a);
+        u.params.back().end = u.params.back().local_numel;
       }
       any |= !u.params.empty();
-      P.units.push_back(std::move(u));
+      for (int d = 0; d < (T.zero_stage == 3 ? T.dp : 1); ++d) {
+        Unit part = u;
+        if (T.zero_stage == 3) {
+          part.dp = d;
+          for (auto& up : part.params) {
+            const int64_t piece = Zero3Piece(up.local_numel, T.dp);
+            up.begin = std::min(up.local_numel, d * piece), up.end = std::min(up.local_numel, up.begin + piece);
+          }
+        }
+        for (const auto& up : part.params) part.bytes += AtomicBytes(up, S.atoms[up.atom]);
+        P.units.push_back(std::move(part));
+      }
     }
     if (!any)
       throw Error("target pipeline stage " + std::to_string(s) + " would hold no parameter (layer specs [" +
@@ -1055,14 +1103,14 @@ json PlanJson(const Source& S, const TargetLayout& T, const Plan& P, int ranks) 
     planned += u.bytes;
     json params = json::array();
     for (const auto& up : u.params) params.push_back({{"name", S.atoms[up.atom].name}, {"shape", up.copy.shape}});
-    units.push_back({{"pp", u.pp}, {"tp", u.tp}, {"rank", P.owner[k]}, {"bytes_read", u.bytes},
-                     {"optimizer_files", T.dp}, {"params", params}});
+    units.push_back({{"pp", u.pp}, {"tp", u.tp}, {"dp", u.dp}, {"rank", P.owner[k]}, {"bytes_read", u.bytes},
+                     {"optimizer_files", u.dp < 0 ? T.dp : 1}, {"params", params}});
   }
   json shared = json::array();
   for (const auto& sp : P.shared) {
     const UnitParam& up = P.units[sp.unit].params[sp.param];
     planned += sp.bytes;
-    shared.push_back({{"name", S.atoms[up.atom].name}, {"shape", up.copy.shape}, {"units", sp.users.size()},
+    shared.push_back({{"name", S.atoms[up.atom].name}, {"shape", up.copy.shape}, {"elements", sp.numel}, {"units", sp.users.size()},
                       {"reader", sp.reader}, {"ranks", sp.ranks}, {"bytes_read", sp.bytes}});
   }
   json target = T.ToJson();
@@ -1091,7 +1139,8 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   if (talk)
     err << kTool << ": " << o.atomic_dir << " (" << S.atoms.size() << " parameters, from dp=" << S.manifest["source"]["dp"]
         << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"] << ") to " << T.Describe()
-        << "; " << P.units.size() << " model-parallel ranks on " << comm.name() << "\n";
+        << "; " << P.units.size() << (T.zero_stage == 3 ? " (model-parallel, DP) ranks' files" : " model-parallel ranks")
+        << " on " << comm.name() << "\n";
   if (talk && P.padded_vocab > 0 && T.vocab_divisible_by <= 0 && S.divisible_by <= 0 && T.tp != S.tp)
     err << kTool << ": note: the checkpoint has no args.make_vocab_size_divisible_by; " << DerivedDivisibleBy(S)
         << " fits its padded_vocab_size " << S.padded_vocab << " at tp=" << S.tp << ", so the vocabulary is padded to "
@@ -1106,9 +1155,10 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
         for (size_t s = 0; s + 1 < P.parts.size(); ++s) out << "[" << P.parts[s] << ", " << P.parts[s + 1] << ") ";
         out << "\n";
         for (const auto& u : j["units"])
-          out << "  pp=" << u["pp"] << " tp=" << u["tp"] << " rank " << u["rank"] << ": " << u["params"].size()
-              << " parameters, reads " << HumanBytes(u["bytes_read"].get<double>()) << ", writes " << T.dp
-              << " optimizer files\n";
+          out << "  pp=" << u["pp"] << " tp=" << u["tp"] << (u["dp"] >= 0 ? " dp=" + u["dp"].dump() : "") << " rank "
+              << u["rank"] << ": " << u["params"].size() << " parameters, reads "
+              << HumanBytes(u["bytes_read"].get<double>()) << ", writes " << u["optimizer_files"] << " optimizer file"
+              << (u["optimizer_files"] == 1 ? "\n" : "s\n");
         int64_t across = 0;
         for (const auto& sp : j["shared"]) across += sp["ranks"].size() > 1;
         out << "  " << j["shared"].size() << " pieces needed by several units read once (" << across
@@ -1135,26 +1185,42 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
 
+  // Where this rank's time goes: the shared pieces read and exchanged, the units' reads (while
+  // their files are written) and the rest of writing them, the one sync.
+  json seconds = json::object();
+  auto lap = [last = std::chrono::steady_clock::now()]() mutable {
+    const auto now = std::chrono::steady_clock::now();
+    return std::chrono::duration<double>(now - std::exchange(last, now)).count();
+  };
   // The shared pieces first: read by one rank each, exchanged, held until their last unit is done.
   HeldPieces held(S, P, rank);
   error = Capture([&] { held.ReadMine(); });
+  seconds["read_shared"] = lap();
   if (AnyFailed(comm, error, err, kTool)) return 1;
   std::pair<int64_t, int64_t> exchanged{0, 0};
   error = Capture([&] { exchanged = held.Exchange(comm, o.exchange_round_bytes); });
+  seconds["exchange"] = lap();
   if (AnyFailed(comm, error, err, kTool)) return 1;
   int64_t planned = 0;
   for (const auto& sp : P.shared) planned += sp.reader == rank ? sp.bytes : 0;
+  double unit_reads = 0;
   error = Capture([&] {
+    ScratchBytes arena;
     for (size_t k = 0; k < P.units.size(); ++k) {
       if (P.owner[k] != rank) continue;
-      UnitWriter(S, T, P, held, P.units[k], dir).Write();
+      UnitWriter writer(S, T, P, held, P.units[k], dir, arena);
+      writer.Write();
+      unit_reads += writer.read_seconds();
       held.Done(P.units[k]);
       planned += P.units[k].bytes;
     }
   });
+  const double units = lap();
+  seconds["read"] = unit_reads, seconds["write"] = units - unit_reads;
   // The shard files were written without an fsync each: one sync of the file system makes them
   // durable together, on every rank, before rank 0 writes `latest`.
   if (error.empty()) error = Capture([&] { SyncFileSystemOf(dir); });
+  seconds["sync"] = lap();
   if (AnyFailed(comm, error, err, kTool)) return 1;
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -1162,7 +1228,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   // (HDF5 reads whole chunks).
   json mine = {{"rank", rank}, {"bytes_read", static_cast<int64_t>(S.reader->storage_bytes_read())},
                {"slab_bytes", static_cast<int64_t>(S.reader->bytes_read())}, {"planned_bytes", planned},
-               {"exchange_rounds", exchanged.first}, {"exchange_bytes_sent", exchanged.second},
+               {"exchange_rounds", exchanged.first}, {"exchange_bytes_sent", exchanged.second}, {"seconds", seconds},
                {"peak_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024}};
   auto stats = comm.GatherToRoot(mine.dump());
   error = rank == 0 ? Capture([&] {

@@ -2,6 +2,7 @@
 #include "store/atom_store.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <numeric>
 
@@ -216,15 +217,19 @@ void CopySlab(const float* src, std::span<const int64_t> shape, std::span<const 
     if (c == 0) return;
   std::vector<int64_t> stride(n, 1);
   for (size_t d = n - 1; d > 0; --d) stride[d - 1] = stride[d] * shape[d];
-  // Innermost run: the last dimension's count; iterate over the others like an odometer.
-  std::vector<int64_t> idx(n, 0);
-  const int64_t run = count[n - 1];
+  // The contiguous run: the innermost dimension's count, times every dimension outside it whose
+  // inner dimensions are taken whole (a block of full rows is one copy). The dimensions outside the
+  // run are iterated like an odometer.
+  size_t inner = n - 1;
+  int64_t run = count[n - 1];
+  while (inner > 0 && count[inner] == shape[inner]) run *= count[--inner];
+  std::vector<int64_t> idx(inner, 0);
   while (true) {
-    int64_t off = 0;
-    for (size_t d = 0; d < n; ++d) off += (start[d] + idx[d]) * stride[d];
-    std::copy(src + off, src + off + run, dst);
+    int64_t off = start[inner] * stride[inner];
+    for (size_t d = 0; d < inner; ++d) off += (start[d] + idx[d]) * stride[d];
+    std::memcpy(dst, src + off, static_cast<size_t>(run) * sizeof(float));
     dst += run;
-    size_t d = n - 1;
+    size_t d = inner;
     while (d > 0) {
       if (++idx[d - 1] < count[d - 1]) break;
       idx[d - 1] = 0;

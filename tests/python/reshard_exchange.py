@@ -45,7 +45,7 @@ for layout in (["--dp", "2", "--tp", "2", "--pp", "2", "--zero-stage", "1", "--d
     if not plan["shared"] or not any(len(s["ranks"]) > 1 for s in plan["shared"]):
         bad.append("no piece is shared across ranks: the exchange was not exercised")
     sent = sum(r["exchange_bytes_sent"] for r in rep["per_rank"])
-    expected = sum(12 * eval("*".join(map(str, s["shape"])) or "1") * (len(s["ranks"]) - 1) for s in plan["shared"])
+    expected = sum(12 * s["elements"] * (len(s["ranks"]) - 1) for s in plan["shared"])
     if sent != expected:
         bad.append(f"{sent} bytes exchanged, the plan's pieces make {expected}")
     rounds = rep["per_rank"][0]["exchange_rounds"]
