@@ -37,7 +37,7 @@ std::shared_ptr<MappedFile> MappedFile::Open(const std::string& path) {
     data = static_cast<uint8_t*>(p);
   }
   ::close(fd);
-  return std::shared_ptr<MappedFile>(new MappedFile(path, data, size));
+  return std::shared_ptr<MappedFile>(new MappedFile(path, data, size, st.st_dev, st.st_ino));
 }
 
 MappedFile::~MappedFile() {
@@ -46,6 +46,30 @@ MappedFile::~MappedFile() {
 
 void MappedFile::ReleaseResidentPages() const {
   if (size_ > 0) ::madvise(data_, size_, MADV_DONTNEED);
+}
+
+void MappedFile::ReadAt(uint64_t offset, size_t n, void* dst) const {
+  if (offset > size_ || n > size_ - offset)
+    throw Error(path_ + ": read of " + std::to_string(n) + " bytes at " + std::to_string(offset) + " past its end");
+  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path_ + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_dev != dev_ || st.st_ino != ino_) {
+    ::close(fd);
+    throw Error(path_ + ": replaced while being read");
+  }
+  auto* to = static_cast<uint8_t*>(dst);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, to, n, static_cast<off_t>(offset));
+    if (got <= 0) {
+      if (got < 0 && errno == EINTR) continue;
+      const std::string why = got < 0 ? std::strerror(errno) : "unexpected end of file";
+      ::close(fd);
+      throw Error(path_ + ": read failed at byte " + std::to_string(offset) + ": " + why);
+    }
+    to += got, offset += static_cast<uint64_t>(got), n -= static_cast<size_t>(got);
+  }
+  ::close(fd);
 }
 
 }  // namespace ucp

@@ -206,6 +206,18 @@ std::vector<int64_t> ChunkShape(const std::vector<int64_t>& shape, int split_dim
   return chunk;
 }
 
+std::optional<int64_t> ContiguousSlabStart(std::span<const int64_t> shape, std::span<const int64_t> start,
+                                           std::span<const int64_t> count) {
+  const size_t n = shape.size();
+  size_t inner = n;  // dimensions [inner, n) are whole
+  while (inner > 0 && count[inner - 1] == shape[inner - 1]) --inner;
+  for (size_t d = 0; d + 1 < inner; ++d)
+    if (count[d] != 1) return std::nullopt;  // outside the partial dimension, one index only
+  int64_t offset = 0;
+  for (size_t d = 0; d < n; ++d) offset = offset * shape[d] + start[d];
+  return offset;
+}
+
 void CopySlab(const float* src, std::span<const int64_t> shape, std::span<const int64_t> start,
               std::span<const int64_t> count, float* dst) {
   const size_t n = shape.size();

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -181,6 +182,10 @@ void RemoveAtomicCheckpoint(const std::string& dir);
 std::string RecordedDatasetDigest(AtomReader& reader, const std::string& param, plan::State state);
 
 // Row-major copy of the slab [start, start + count) of a tensor of `shape` at src into dst.
+// ContiguousSlabStart: the element offset of the slab's first element when the slab is one run of
+// the tensor's elements (whole inner dimensions, a single index in the outer ones), else nothing.
+std::optional<int64_t> ContiguousSlabStart(std::span<const int64_t> shape, std::span<const int64_t> start,
+                                           std::span<const int64_t> count);
 void CopySlab(const float* src, std::span<const int64_t> shape, std::span<const int64_t> start,
               std::span<const int64_t> count, float* dst);
 

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "pt/torch_file.h"
 #include "store/atom_store.h"
 
@@ -33,9 +34,16 @@ class PtReader final : public AtomReader {
     CheckSlab(p, state, start, count);
     std::shared_ptr<const pt::TorchFile> file = Tensor(p, state);
     const pt::TensorView& t = ParamOf(*file->root);
-    CopySlab(reinterpret_cast<const float*>(t.data()), p.shape, start, count, dst);
-    file->archive->file()->ReleaseResidentPages();  // copied: the mapping's pages need not count as ours
+    const MappedFile& mapped = *file->archive->file();
     const uint64_t bytes = 4 * static_cast<uint64_t>(pt::Numel({count.begin(), count.end()}));
+    const bool in_file = t.data() >= mapped.bytes().data() && t.data() + t.nbytes() <= mapped.bytes().data() + mapped.size();
+    if (auto first = ContiguousSlabStart(p.shape, start, count); first && in_file) {
+      // One run of the file: read by offset, without faulting in the mapping.
+      mapped.ReadAt(static_cast<uint64_t>(t.data() - mapped.bytes().data()) + 4 * static_cast<uint64_t>(*first), bytes, dst);
+    } else {
+      CopySlab(reinterpret_cast<const float*>(t.data()), p.shape, start, count, dst);
+      mapped.ReleaseResidentPages();  // copied: the mapping's pages need not count as ours
+    }
     bytes_read_ += bytes;
     storage_bytes_read_ += bytes;
   }
