@@ -17,6 +17,7 @@
 #include "core/buffer_pool.h"
 #include "core/error.h"
 #include "core/format.h"
+#include "core/output_lock.h"
 #include "core/task_pool.h"
 #include "map/mapper.h"
 #include "patterns/resolve.h"
@@ -139,17 +140,18 @@ auto Timed(double& total, Fn&& fn) {
   return fn();
 }
 
-// Rank 0's checks and clean-up of the output folder before anything is written.
+// Rank 0's checks and clean-up of the output folder before anything is written; its lock taken
+// first (held until the run ends).
 void PrepareOutput(const ConvertOptions& o, const source::SourceLayout& L, const std::string& fingerprint,
-                   bool* resuming) {
+                   bool* resuming, std::unique_ptr<OutputLock>* lock, std::string* lock_note) {
   std::error_code ec;
   auto src = fs::weakly_canonical(L.dir, ec), dst = fs::weakly_canonical(o.output, ec);
   if (src == dst || fs::weakly_canonical(L.root, ec) == dst)
     throw Error(o.output + ": the output folder is the source checkpoint folder");
   *resuming = false;
-  bool exists = fs::exists(o.output);
-  bool empty = !exists || fs::is_empty(o.output);
-  if (exists && !fs::is_directory(o.output)) throw Error(o.output + ": exists and is not a folder");
+  if (fs::exists(o.output) && !fs::is_directory(o.output)) throw Error(o.output + ": exists and is not a folder");
+  *lock = std::make_unique<OutputLock>(o.output, "ucp-convert", lock_note);
+  bool empty = OutputLock::HoldsOnlyLock(o.output);
   if (!empty) {
     if (o.resume && !o.force) {
       if (store::IsAtomicCheckpoint(o.output))
@@ -250,8 +252,11 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   // 2. The output folder (rank 0), then the resume decision (every rank, from the journal).
   const std::string fingerprint = store::Fingerprint(L, M);
   bool resuming = false;
-  error = rank == 0 ? Capture([&] { PrepareOutput(o, L, fingerprint, &resuming); }) : "";
+  std::unique_ptr<OutputLock> lock;
+  std::string lock_note;
+  error = rank == 0 ? Capture([&] { PrepareOutput(o, L, fingerprint, &resuming, &lock, &lock_note); }) : "";
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+  if (talk && !lock_note.empty()) err << "ucp-convert: note: " << lock_note << "\n";
   std::map<std::string, store::FileRecord> journaled;  // from the interrupted run
   std::vector<char> done(plan.params.size() * plan::kStates, 0);
   int64_t flag = resuming ? 1 : 0;

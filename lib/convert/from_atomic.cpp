@@ -13,6 +13,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/format.h"
+#include "core/output_lock.h"
 #include "core/xxhash64.h"
 #include "plan/convert_plan.h"
 #include "shuffle/agree.h"
@@ -84,10 +85,13 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
     err << "ucp-convert: " << o.from_atomic << ": " << store::StoreName(reader->store()) << " store, "
         << reader->params().size() << " parameters -> " << o.output << " (" << o.format << "); " << comm.name() << "\n";
 
-  // 2. Rank 0: the output folder, by the rules of a conversion from a source.
+  // 2. Rank 0: the output folder, by the rules of a conversion from a source; locked first.
+  std::unique_ptr<OutputLock> lock;
+  std::string lock_note;
   error = rank == 0 ? Capture([&] {
     if (fs::exists(o.output) && !fs::is_directory(o.output)) throw Error(o.output + ": exists and is not a folder");
-    if (fs::exists(o.output) && !fs::is_empty(o.output)) {
+    lock = std::make_unique<OutputLock>(o.output, "ucp-convert", &lock_note);
+    if (!OutputLock::HoldsOnlyLock(o.output)) {
       if (!o.force) throw Error(o.output + ": exists and is not empty; use --force to overwrite it");
       store::RemoveAtomicCheckpoint(o.output);
     }
@@ -95,6 +99,7 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
   })
                     : "";
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+  if (talk && !lock_note.empty()) err << "ucp-convert: note: " << lock_note << "\n";
 
   // 3. The writer (collective), then each rank's parameters, one whole tensor at a time.
   std::unique_ptr<store::AtomWriter> writer;

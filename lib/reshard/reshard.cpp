@@ -18,6 +18,7 @@
 #include "core/buffer_pool.h"
 #include "core/error.h"
 #include "core/format.h"
+#include "core/output_lock.h"
 #include "patterns/rules.h"
 #include "plan/convert_plan.h"
 #include "pt/low_precision.h"
@@ -1172,10 +1173,15 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
     return 0;
   }
 
-  // The output folder: refused when it holds something, unless --force (then `latest` goes first).
+  // The output folder, locked first: refused when it holds something, unless --force (then
+  // `latest` goes first).
   const std::string dir = o.output + "/" + tag;
+  std::unique_ptr<OutputLock> lock;
+  std::string lock_note;
   error = rank == 0 ? Capture([&] {
-    if (fs::exists(o.output) && !fs::is_empty(o.output)) {
+    if (fs::exists(o.output) && !fs::is_directory(o.output)) throw Error(o.output + ": exists and is not a folder");
+    lock = std::make_unique<OutputLock>(o.output, kTool, &lock_note);
+    if (!OutputLock::HoldsOnlyLock(o.output)) {
       if (!o.force)
         throw Error(o.output + ": exists and is not empty; use --force to overwrite it");
       fs::remove(o.output + "/latest");
@@ -1184,6 +1190,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
     fs::create_directories(dir);
   }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (talk && !lock_note.empty()) err << kTool << ": note: " << lock_note << "\n";
 
   // Where this rank's time goes: the shared pieces read and exchanged, the units' reads (while
   // their files are written) and the rest of writing them, the one sync.

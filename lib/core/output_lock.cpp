@@ -1,0 +1,145 @@
+#include "core/output_lock.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace ucp {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string HostName() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown";
+  return buf;
+}
+
+// The start time of process `pid` in clock ticks since boot (field 22 of /proc/PID/stat), or ""
+// when there is no such process (or no /proc). Tells a pid's process from a later one given it.
+std::string StartTicks(long pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos) return "";
+  std::istringstream fields(stat.substr(close + 1));
+  std::string field;
+  for (int k = 3; k <= 22 && fields >> field; ++k)
+    if (k == 22) return field;
+  return "";
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::string Now() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  char buf[32];
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Whether the holder a lock names is known to be gone: on this host, with no process of that pid
+// started at the recorded time. A lock of another host, or one that cannot be read, is never stale.
+bool Stale(const nlohmann::json& holder) {
+  if (!holder.is_object() || holder.value("host", "") != HostName()) return false;
+  const long pid = holder.value("pid", 0L);
+  if (pid <= 0) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
+  const std::string ticks = StartTicks(pid);
+  return !ticks.empty() && ticks != holder.value("start_ticks", "");
+}
+
+std::string Describe(const nlohmann::json& holder) {
+  if (!holder.is_object()) return "a lock that cannot be read";
+  std::string s = holder.value("tool", "a ucp tool") + ", pid " + std::to_string(holder.value("pid", 0L)) + " on host " +
+                  holder.value("host", "?") + ", since " + holder.value("started", "?");
+  if (holder.value("host", "") != HostName()) s += " (another host: whether it still runs cannot be checked from here)";
+  return s;
+}
+
+}  // namespace
+
+OutputLock::OutputLock(const std::string& dir, const std::string& tool, std::string* note) {
+  if (note) note->clear();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(dir + ": cannot create the output folder: " + ec.message());
+  path_ = dir + "/" + kFileName;
+  const long pid = static_cast<long>(::getpid());
+  content_ = nlohmann::json{{"tool", tool}, {"host", HostName()}, {"pid", pid}, {"start_ticks", StartTicks(pid)},
+                            {"started", Now()}}.dump() + "\n";
+  // The lock appears whole or not at all: written under a private name, then linked to its own
+  // (link(2) fails if the name exists: the exclusive step).
+  const std::string mine = path_ + ".tmp-" + std::to_string(pid);
+  {
+    const int fd = ::open(mine.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw Error(dir + ": cannot write its lock " + mine + ": " + std::strerror(errno));
+    const bool ok = ::write(fd, content_.data(), content_.size()) == static_cast<ssize_t>(content_.size());
+    ::close(fd);
+    if (!ok) {
+      ::unlink(mine.c_str());
+      throw Error(dir + ": cannot write its lock " + mine);
+    }
+  }
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    if (::link(mine.c_str(), path_.c_str()) == 0) {
+      ::unlink(mine.c_str());
+      return;
+    }
+    if (errno != EEXIST) {
+      const int err = errno;
+      ::unlink(mine.c_str());
+      throw Error(dir + ": cannot take its lock " + path_ + ": " + std::strerror(err));
+    }
+    const std::string seen = ReadAll(path_);
+    const nlohmann::json holder = nlohmann::json::parse(seen, nullptr, false);
+    if (!Stale(holder)) {
+      ::unlink(mine.c_str());
+      throw Error(dir + ": another run is writing this folder: " + Describe(holder) + " (" + path_ +
+                  "); wait for it to end, or remove that file if it no longer runs");
+    }
+    // Take the stale lock away under a private name, and check that what was moved is the lock
+    // judged stale (not a live one another run created meanwhile: then it goes back).
+    const std::string moved = path_ + ".stale-" + std::to_string(pid);
+    if (::rename(path_.c_str(), moved.c_str()) != 0) continue;  // gone already: try again
+    if (ReadAll(moved) == seen) {
+      ::unlink(moved.c_str());
+      if (note) *note = "took over the lock of a run that is gone: " + Describe(holder);
+    } else {
+      ::link(moved.c_str(), path_.c_str());
+      ::unlink(moved.c_str());
+    }
+  }
+  ::unlink(mine.c_str());
+  throw Error(dir + ": could not take its lock " + path_ + " (other runs keep taking it)");
+}
+
+OutputLock::~OutputLock() {
+  if (ReadAll(path_) == content_) ::unlink(path_.c_str());  // only our own
+}
+
+bool OutputLock::HoldsOnlyLock(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename() != kFileName) return false;
+  return true;
+}
+
+}  // namespace ucp
