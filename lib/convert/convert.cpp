@@ -145,8 +145,8 @@ auto Timed(double& total, Fn&& fn) {
 void PrepareOutput(const ConvertOptions& o, const source::SourceLayout& L, const std::string& fingerprint,
                    bool* resuming, std::unique_ptr<OutputLock>* lock, std::string* lock_note) {
   std::error_code ec;
-  auto src = fs::weakly_canonical(L.dir, ec), dst = fs::weakly_canonical(o.output, ec);
-  if (src == dst || fs::weakly_canonical(L.root, ec) == dst)
+  RefuseOutputWithin(o.output, L.dir, "the source checkpoint folder");
+  if (fs::weakly_canonical(L.root, ec) == fs::weakly_canonical(o.output, ec))  // a folder inside the root is DeepSpeed's place for it
     throw Error(o.output + ": the output folder is the source checkpoint folder");
   *resuming = false;
   if (fs::exists(o.output) && !fs::is_directory(o.output)) throw Error(o.output + ": exists and is not a folder");

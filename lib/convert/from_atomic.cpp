@@ -71,9 +71,7 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
   error = Capture([&] {
     kind = store::StoreFromName(o.format);
     if (o.output.empty()) throw Error("an output folder is required (-o OUT)");
-    std::error_code ec;
-    if (fs::weakly_canonical(o.from_atomic, ec) == fs::weakly_canonical(o.output, ec))
-      throw Error(o.output + ": the output folder is the --from-atomic folder");
+    RefuseOutputWithin(o.output, o.from_atomic, "the --from-atomic folder");
     reader = store::AtomReader::Open(o.from_atomic);
     for (const auto& p : reader->params()) {
       specs.push_back({p.name, p.shape, p.meta, reader->ReadUniversalKeys(p.name), reader->ReadStep(p.name), p.split_dim});

@@ -135,6 +135,20 @@ OutputLock::~OutputLock() {
   if (ReadAll(path_) == content_) ::unlink(path_.c_str());  // only our own
 }
 
+void RefuseOutputWithin(const std::string& output, const std::string& input, const std::string& what) {
+  std::error_code ec;
+  const fs::path out = fs::weakly_canonical(output, ec), in = fs::weakly_canonical(input, ec);
+  if (out.empty() || in.empty()) return;
+  auto o = out.begin(), i = in.begin();
+  for (; i != in.end() && !i->empty(); ++i, ++o)  // a trailing "" component (a path ending in /) matches anything
+    if (o == out.end() || *o != *i) return;
+  fs::path plain = fs::absolute(output, ec).lexically_normal();
+  if (!plain.has_filename()) plain = plain.parent_path();
+  const bool linked = out != plain;
+  throw Error(output + ": the output folder " + (out == in ? "is " : "is inside ") + what + " " + input +
+              (linked ? " (through a symbolic link: it resolves to " + out.string() + ")" : ""));
+}
+
 bool OutputLock::HoldsOnlyLock(const std::string& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))

@@ -28,4 +28,9 @@ class OutputLock {
   std::string path_, content_;
 };
 
+// Refuses (ucp::Error naming both) an output folder that is `input` or lies inside it, symbolic
+// links resolved: a run would write into what it reads, and --force would delete it. `what` names
+// the input, e.g. "the source checkpoint folder".
+void RefuseOutputWithin(const std::string& output, const std::string& input, const std::string& what);
+
 }  // namespace ucp

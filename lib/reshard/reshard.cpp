@@ -1131,6 +1131,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   Plan P;
   TargetLayout T;
   std::string error = Capture([&] {
+    if (!o.plan_only) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
     S = LoadSource(o.atomic_dir);
     T = ResolveModel(S, o.target);
     P = MakePlan(S, T, ranks, o.share_bytes);

@@ -1,5 +1,10 @@
-"""Two runs never write one folder: ucp-convert (from a source and --from-atomic) and ucp-reshard
-take OUT/.ucp-lock first. For each tool:
+"""The output folder rules of ucp-convert (from a source and --from-atomic) and ucp-reshard.
+
+A run never writes into what it reads: an output folder that is the input (the source's shard
+folder, the --from-atomic folder, the atomic checkpoint) or lies inside it, also when reached through
+a symbolic link, is refused with exit 1 before anything is created there.
+
+Two runs never write one folder: each tool takes OUT/.ucp-lock first. For each tool:
   - a lock held by a live process (this test's own, on this host) makes the run exit 1 with a message
     naming the holder's pid and host; the run writes nothing and leaves the holder's lock alone;
   - a lock of another host is refused too (its process cannot be checked), and says so;
@@ -7,7 +12,7 @@ take OUT/.ucp-lock first. For each tool:
     is taken over: the run succeeds, says it took the lock over, and removes its own lock at the end;
   - a finished run leaves no lock.
 
-  output_lock.py UCP_CONVERT UCP_RESHARD FIXTURE_DIR ATOMIC_DIR WORK_DIR
+  output_folder.py UCP_CONVERT UCP_RESHARD FIXTURE_DIR ATOMIC_DIR WORK_DIR
 """
 import json
 import os
@@ -42,11 +47,30 @@ def lock(out, pid, host=None, ticks=None):
     return text
 
 
-tools = {
-    "convert": lambda out: [convert, fixture, "-o", out],
-    "convert --from-atomic": lambda out: [convert, "--from-atomic", atomic, "--format", "pt", "-o", out],
-    "reshard": lambda out: [reshard, atomic, "-o", out, "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1"],
-}
+# Inside the input, directly or through a symbolic link.
+tag = os.path.join(fixture, open(os.path.join(fixture, "latest")).read().strip())
+os.makedirs(work, exist_ok=True)
+inputs = {"convert": (tag, lambda out: [convert, fixture, "-o", out]),
+          "convert --from-atomic": (atomic, lambda out: [convert, "--from-atomic", atomic, "--format", "pt", "-o", out]),
+          "reshard": (atomic, lambda out: [reshard, atomic, "-o", out, "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1"])}
+for name, (src, cmd) in inputs.items():
+    link = os.path.join(work, "link-" + name.replace(" ", "_").replace("-", ""))
+    if os.path.lexists(link):
+        os.remove(link)
+    os.symlink(os.path.abspath(src), link)
+    before = sorted(os.listdir(src))
+    for out, how in ((src, "the input itself"), (os.path.join(src, "out"), "inside the input"),
+                     (link, "a link to the input"), (os.path.join(link, "out"), "inside it through a link")):
+        p = subprocess.run(cmd(out), capture_output=True, text=True, timeout=600)
+        if p.returncode != 1 or "the output folder is" not in p.stderr:
+            problems.append(f"{name}: -o {how}: exit {p.returncode}, {p.stderr.strip()[-300:]}")
+        if "link" in how and "symbolic link" not in p.stderr:
+            problems.append(f"{name}: -o {how}: the message does not say a link led there")
+    if sorted(os.listdir(src)) != before:
+        problems.append(f"{name}: a refused run changed the input folder: {sorted(set(os.listdir(src)) ^ set(before))}")
+    print(f"{name}, output in the input: {'ok' if not any(x.startswith(name + ':') for x in problems) else 'FAIL'}")
+
+tools = {name: cmd for name, (_, cmd) in inputs.items()}
 for name, cmd in tools.items():
     out = os.path.join(work, name.replace(" ", "_").replace("-", ""))
     # A live holder: refused, nothing written, the holder's lock intact.
