@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -74,6 +75,16 @@ std::string Describe(const nlohmann::json& holder) {
   return s;
 }
 
+// The private names (.ucp-lock.*) of runs killed while taking a lock, removed by the run that holds
+// it (a run still taking one loses anyway).
+void RemoveLeftovers(const std::string& dir) {
+  std::error_code ec;
+  std::vector<fs::path> left;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().rfind(std::string(OutputLock::kFileName) + ".", 0) == 0) left.push_back(e.path());
+  for (const auto& p : left) fs::remove(p, ec);
+}
+
 }  // namespace
 
 OutputLock::OutputLock(const std::string& dir, const std::string& tool, std::string* note) {
@@ -100,8 +111,21 @@ OutputLock::OutputLock(const std::string& dir, const std::string& tool, std::str
   }
   for (int attempt = 0; attempt < 5; ++attempt) {
     if (::link(mine.c_str(), path_.c_str()) == 0) {
-      ::unlink(mine.c_str());
+      RemoveLeftovers(dir);
       return;
+    }
+    if (errno == EPERM || errno == ENOTSUP || errno == ENOSYS) {  // a file system without hard links
+      const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (fd >= 0) {
+        const bool ok = ::write(fd, content_.data(), content_.size()) == static_cast<ssize_t>(content_.size());
+        ::close(fd);
+        if (!ok) {
+          ::unlink(mine.c_str());
+          throw Error(dir + ": cannot write its lock " + path_);
+        }
+        RemoveLeftovers(dir);
+        return;
+      }
     }
     if (errno != EEXIST) {
       const int err = errno;
@@ -151,8 +175,8 @@ void RefuseOutputWithin(const std::string& output, const std::string& input, con
 
 bool OutputLock::HoldsOnlyLock(const std::string& dir) {
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().filename() != kFileName) return false;
+  for (const auto& e : fs::directory_iterator(dir, ec))  // the lock, and what a run killed while taking one leaves
+    if (e.path().filename().string().rfind(kFileName, 0) != 0) return false;
   return true;
 }
 

@@ -21,7 +21,8 @@ class OutputLock {
   OutputLock(const OutputLock&) = delete;
   OutputLock& operator=(const OutputLock&) = delete;
 
-  // Whether `dir` holds nothing but (perhaps) a lock: an output folder that is empty for a run.
+  // Whether `dir` holds nothing but (perhaps) a lock and the private names a run killed while
+  // taking one can leave (.ucp-lock.*): an output folder that is empty for a run.
   static bool HoldsOnlyLock(const std::string& dir);
 
  private:

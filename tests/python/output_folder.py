@@ -39,6 +39,7 @@ def dead_pid():
 def lock(out, pid, host=None, ticks=None):
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
+    open(os.path.join(out, ".ucp-lock.tmp-1"), "w").close()  # left by a run killed while taking a lock
     holder = {"tool": "ucp-test", "host": host or socket.gethostname(), "pid": pid,
               "start_ticks": ticks if ticks is not None else start_ticks(pid), "started": "2026-01-01T00:00:00Z"}
     text = json.dumps(holder) + "\n"
@@ -83,7 +84,7 @@ for name, cmd in tools.items():
             problems.append(f"{name}: the refusal does not name the holder ({why}): {p.stderr.strip()[-300:]}")
         if host and "another host" not in p.stderr:
             problems.append(f"{name}: the refusal does not say the holder is on another host")
-        if sorted(os.listdir(out)) != [".ucp-lock"] or open(os.path.join(out, ".ucp-lock")).read() != text:
+        if sorted(os.listdir(out)) != [".ucp-lock", ".ucp-lock.tmp-1"] or open(os.path.join(out, ".ucp-lock")).read() != text:
             problems.append(f"{name}: the refused run touched the folder: {sorted(os.listdir(out))}")
     # Stale: an exited pid, and a reused one (this process, another start time).
     for pid, ticks, why in ((dead_pid(), "1", "an exited process"), (os.getpid(), "1", "a reused pid")):
@@ -93,8 +94,8 @@ for name, cmd in tools.items():
             problems.append(f"{name}: exit {p.returncode} with the stale lock of {why}: {p.stderr.strip()[-300:]}")
         elif "took over the lock" not in p.stderr:
             problems.append(f"{name}: no note that the stale lock of {why} was taken over")
-        if os.path.exists(os.path.join(out, ".ucp-lock")):
-            problems.append(f"{name}: a finished run left its lock")
+        if any(f.startswith(".ucp-lock") for f in os.listdir(out)):
+            problems.append(f"{name}: a finished run left a lock or a killed run's leftover: {sorted(os.listdir(out))}")
     print(f"{name}: {'ok' if not any(x.startswith(name + ':') for x in problems) else 'FAIL'}")
 
 for p in problems:
