@@ -6,6 +6,7 @@
 
 #include "convert/convert.h"
 #include "patterns/rules.h"
+#include "h5/h5.h"
 #include "shuffle/comm.h"
 
 int main(int argc, char** argv) {
@@ -86,6 +87,7 @@ int main(int argc, char** argv) {
     std::cerr << "ucp-convert: error: --force and --resume contradict each other\n";
     return 2;
   }
+  ucp::h5::InitializeBeforeMpi();  // before MPI_Init: see h5/h5.h
   auto comm = plan_ranks > 0 ? ucp::shuffle::MakeLocalComm() : ucp::shuffle::MakeWorldComm(&argc, &argv);
   o.plan_ranks = plan_ranks;
   if (!o.from_atomic.empty()) return ucp::convert::RunConvertFromAtomic(o, *comm, std::cout, std::cerr);

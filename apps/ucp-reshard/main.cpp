@@ -7,6 +7,7 @@
 #include "reshard/target.h"
 
 #include "reshard/reshard.h"
+#include "h5/h5.h"
 #include "shuffle/comm.h"
 
 namespace {
@@ -111,6 +112,7 @@ int main(int argc, char** argv) {
     std::cerr << "ucp-reshard: error: an output folder is required (-o OUT), or --plan-only\n";
     return 2;
   }
+  ucp::h5::InitializeBeforeMpi();  // before MPI_Init: see h5/h5.h
   auto comm = ucp::shuffle::MakeWorldComm(&argc, &argv);
   return ucp::reshard::RunReshard(o, *comm, std::cout, std::cerr);
 }

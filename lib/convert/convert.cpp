@@ -3,9 +3,6 @@
 #include <sys/resource.h>
 
 #include <atomic>
-#include <csignal>
-#include <cstdlib>
-
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -82,17 +79,6 @@ void ForEachRoundRun(const ConvertPlan& plan, int r, int64_t k, Fn&& fn) {
   }
 }
 
-// Fault injection for the kill-and-resume tests: UCP_TEST_KILL_AFTER_FILES=N makes the rank
-// SIGKILL itself once it has committed N files (HDF5 store: written N tensors), as a node failure would.
-void KillPointReached(size_t files) {
-  static const long limit = [] {
-    const char* v = std::getenv("UCP_TEST_KILL_AFTER_FILES");
-    return v ? std::atol(v) : 0L;
-  }();
-  static std::atomic<long> committed{0};
-  if (limit > 0 && (committed += static_cast<long>(files)) >= limit) ::raise(SIGKILL);
-}
-
 class Progress {
  public:
   Progress(bool on, int64_t total) : on_(on), total_(total), start_(Clock::now()), last_(start_) {}
@@ -140,29 +126,46 @@ auto Timed(double& total, Fn&& fn) {
   return fn();
 }
 
+// What a --resume finds: nothing to resume (start afresh), files of an interrupted run to verify
+// and keep, or a run killed after its manifest, whose commit only needs finishing.
+enum class Resume { No, Yes, OnlyCommitLeft };
+
+// Whether `dir` holds nothing a run completed: folders, temporaries, the lock (a run killed before
+// its journal existed).
+bool HoldsOnlyLeftovers(const std::string& dir) {
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!it->is_directory() && !IsTemporaryName(name) && name.rfind(OutputLock::kFileName, 0) != 0) return false;
+  }
+  return !ec;
+}
+
 // Rank 0's checks and clean-up of the output folder before anything is written; its lock taken
 // first (held until the run ends).
 void PrepareOutput(const ConvertOptions& o, const source::SourceLayout& L, const std::string& fingerprint,
-                   bool* resuming, std::unique_ptr<OutputLock>* lock, std::string* lock_note) {
+                   Resume* resume, std::unique_ptr<OutputLock>* lock, std::string* lock_note) {
   std::error_code ec;
   RefuseOutputWithin(o.output, L.dir, "the source checkpoint folder");
   if (fs::weakly_canonical(L.root, ec) == fs::weakly_canonical(o.output, ec))  // a folder inside the root is DeepSpeed's place for it
     throw Error(o.output + ": the output folder is the source checkpoint folder");
-  *resuming = false;
+  *resume = Resume::No;
   if (fs::exists(o.output) && !fs::is_directory(o.output)) throw Error(o.output + ": exists and is not a folder");
   *lock = std::make_unique<OutputLock>(o.output, "ucp-convert", lock_note);
-  bool empty = OutputLock::HoldsOnlyLock(o.output);
-  if (!empty) {
+  const bool journal = fs::exists(o.output + "/" + store::kJournalDir + "/run.json");
+  if (o.resume && !o.force && !journal && !store::IsAtomicCheckpoint(o.output) && HoldsOnlyLeftovers(o.output)) {
+    RemoveTemporaries(o.output);  // killed before it had written anything to keep: start afresh
+  } else if (!OutputLock::HoldsOnlyLock(o.output)) {
     if (o.resume && !o.force) {
-      if (store::IsAtomicCheckpoint(o.output))
+      if (store::IsAtomicCheckpoint(o.output) && !journal)
         throw Error(o.output + ": already holds a complete atomic checkpoint (ucp_manifest.json); nothing to resume");
       store::Journal::Load(o.output, fingerprint);  // throws unless the same conversion
-      *resuming = true;
-      // Temporaries of files the killed run was writing: never renamed, never complete.
-      std::vector<fs::path> stale;
-      for (const auto& e : fs::recursive_directory_iterator(o.output))
-        if (e.is_regular_file() && e.path().filename().string().find(".tmp-") != std::string::npos) stale.push_back(e.path());
-      for (const auto& p : stale) fs::remove(p);
+      if (store::IsAtomicCheckpoint(o.output)) {
+        *resume = Resume::OnlyCommitLeft;
+        return;
+      }
+      *resume = Resume::Yes;
+      RemoveTemporaries(o.output);  // files the killed run was writing: never renamed, never complete
     } else if (o.force) {
       store::RemoveAtomicCheckpoint(o.output);  // the manifest first
     } else {
@@ -171,7 +174,14 @@ void PrepareOutput(const ConvertOptions& o, const source::SourceLayout& L, const
     }
   }
   fs::create_directories(o.output + "/zero");
-  if (!*resuming) store::Journal::Start(o.output, fingerprint);
+  if (*resume == Resume::No) store::Journal::Start(o.output, fingerprint);
+}
+
+// The last steps of a conversion's commit, after its manifest: latest_universal (DeepSpeed reads
+// only the .pt store), then the journal goes.
+void FinishCommit(const std::string& output, store::StoreKind kind) {
+  if (kind == store::StoreKind::Pt) store::WriteLatestUniversal(output);
+  store::Journal::Remove(output);
 }
 
 // The files DeepSpeed's universal loader reads besides the atomic tensors: zero/optimizer_state.pt
@@ -251,17 +261,23 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
 
   // 2. The output folder (rank 0), then the resume decision (every rank, from the journal).
   const std::string fingerprint = store::Fingerprint(L, M);
-  bool resuming = false;
+  Resume resume = Resume::No;
   std::unique_ptr<OutputLock> lock;
   std::string lock_note;
-  error = rank == 0 ? Capture([&] { PrepareOutput(o, L, fingerprint, &resuming, &lock, &lock_note); }) : "";
+  error = rank == 0 ? Capture([&] { PrepareOutput(o, L, fingerprint, &resume, &lock, &lock_note); }) : "";
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   if (talk && !lock_note.empty()) err << "ucp-convert: note: " << lock_note << "\n";
+  int64_t flag = static_cast<int64_t>(resume);
+  comm.AllreduceMax({&flag, 1});
+  if (static_cast<Resume>(flag) == Resume::OnlyCommitLeft) {
+    error = rank == 0 ? Capture([&] { FinishCommit(o.output, kind); }) : "";
+    if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+    if (talk) err << "ucp-convert: resumed a run killed after its manifest: " << o.output << " is complete\n";
+    return 0;
+  }
+  const bool resuming = static_cast<Resume>(flag) == Resume::Yes;
   std::map<std::string, store::FileRecord> journaled;  // from the interrupted run
   std::vector<char> done(plan.params.size() * plan::kStates, 0);
-  int64_t flag = resuming ? 1 : 0;
-  comm.AllreduceMax({&flag, 1});
-  resuming = flag != 0;
   if (resuming) {
     std::vector<int64_t> ok(done.size(), 0);
     error = Capture([&] {
@@ -365,7 +381,6 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
           auto recs = writer->Write(plan.params[it.param].name, it.state, data.get());
           c.write_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
           for (const auto& r : recs) journal->Append(r);
-          KillPointReached(recs.empty() ? 1 : recs.size());  // an HDF5 write commits no file yet: count it
           std::lock_guard<std::mutex> lock(records_mu);
           for (const auto& r : recs) {
             c.bytes_written += static_cast<int64_t>(r.bytes);
@@ -498,8 +513,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       auto manifest = store::AssembleManifest(std::string(store::StoreName(kind)), store::SourceJson(L, M),
                                               store::FamilyJson(M), params, files);
       WriteFileAtomically(o.output + "/" + store::kManifestName, manifest.dump(1) + "\n");
-      store::Journal::Remove(o.output);
-      if (kind == store::StoreKind::Pt) store::WriteLatestUniversal(o.output);  // DeepSpeed reads only the .pt store
+      FinishCommit(o.output, kind);
     });
   }
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;

@@ -6,8 +6,12 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <vector>
 
 #include "core/error.h"
+#include "core/fault_point.h"
+#include "core/process.h"
 
 namespace ucp {
 namespace {
@@ -21,14 +25,16 @@ std::string DirName(const std::string& path) {
 
 std::atomic<uint64_t> g_counter{0};
 constexpr size_t kBufferLimit = 1 << 20;
+constexpr const char* kTempMark = ".tmp-";
 
 }  // namespace
 
 AtomicFile::AtomicFile(std::string path, Durability durability, Digest digest)
     : path_(std::move(path)), durability_(durability), digest_(digest) {
-  temp_ = path_ + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(g_counter++);
+  temp_ = TemporaryName(path_);
   fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw Error(path_ + ": cannot create " + temp_ + ": " + std::strerror(errno));
+  FaultPoint("file-open", path_);
 }
 
 AtomicFile::~AtomicFile() {
@@ -47,6 +53,7 @@ void AtomicFile::WriteAll(const char* p, size_t left) {
     }
     p += n;
     left -= static_cast<size_t>(n);
+    FaultPoint("file-write", path_);
   }
 }
 
@@ -69,7 +76,11 @@ void AtomicFile::Write(const void* data, size_t size) {
 
 FileDigest AtomicFile::Commit() {
   FlushBuffer();
-  if (durability_ == Durability::Now && ::fsync(fd_) != 0) throw Error(path_ + ": fsync failed: " + std::strerror(errno));
+  FaultPoint("file-written", path_);
+  if (durability_ == Durability::Now) {
+    if (::fsync(fd_) != 0) throw Error(path_ + ": fsync failed: " + std::strerror(errno));
+    FaultPoint("file-synced", path_);
+  }
   if (::close(fd_) != 0) {
     fd_ = -1;
     ::unlink(temp_.c_str());
@@ -81,6 +92,7 @@ FileDigest AtomicFile::Commit() {
     ::unlink(temp_.c_str());
     throw Error(path_ + ": rename from " + temp_ + " failed: " + std::strerror(err));
   }
+  FaultPoint("file-renamed", path_);
   if (durability_ == Durability::Now) {
     int dir = ::open(DirName(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dir >= 0) {
@@ -97,12 +109,43 @@ void SyncFileSystemOf(const std::string& path) {
   const int rc = ::syncfs(fd), err = errno;
   ::close(fd);
   if (rc != 0) throw Error(path + ": syncing its file system failed: " + std::strerror(err));
+  FaultPoint("sync", path);
 }
 
 FileDigest WriteFileAtomically(const std::string& path, const std::string& contents) {
   AtomicFile f(path);
   f.Write(contents.data(), contents.size());
   return f.Commit();
+}
+
+std::string TemporaryName(const std::string& path) {
+  return path + kTempMark + std::to_string(::getpid()) + "-" + std::to_string(g_counter++);
+}
+
+bool IsTemporaryName(const std::string& file_name) { return file_name.find(kTempMark) != std::string::npos; }
+
+void RemoveTemporaries(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<fs::path> found;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+    if (!it->is_directory() && IsTemporaryName(it->path().filename().string())) found.push_back(it->path());
+  for (const auto& p : found) fs::remove(p, ec);
+}
+
+void RemoveDeadTemporariesOf(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const std::string prefix = p.filename().string() + kTempMark;
+  std::error_code ec;
+  std::vector<fs::path> dead;
+  for (const auto& e : fs::directory_iterator(p.has_parent_path() ? p.parent_path() : fs::path("."), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const long pid = std::atol(name.c_str() + prefix.size());  // "<pid>-<n>"
+    if (pid > 0 && ProcessGone(pid)) dead.push_back(e.path());
+  }
+  for (const auto& d : dead) fs::remove(d, ec);
 }
 
 }  // namespace ucp

@@ -62,4 +62,14 @@ class AtomicFile {
 // Writes a whole small file atomically.
 FileDigest WriteFileAtomically(const std::string& path, const std::string& contents);
 
+// The one naming rule for temporaries: "<path>.tmp-<pid>-<n>", n counting in this process.
+std::string TemporaryName(const std::string& path);
+// Whether a file name (no folder) is a temporary's: a killed run's leftover, never complete.
+bool IsTemporaryName(const std::string& file_name);
+// Removes every temporary under `dir`, recursively: for a run that holds the folder's lock.
+void RemoveTemporaries(const std::string& dir);
+// Removes the temporaries of `path` (in its folder) whose process is gone: for a file outside
+// any locked folder (latest_universal beside the atomic checkpoint).
+void RemoveDeadTemporariesOf(const std::string& path);
+
 }  // namespace ucp

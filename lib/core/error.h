@@ -13,13 +13,16 @@ class Error : public std::runtime_error {
   explicit Error(std::string message) : std::runtime_error(std::move(message)) {}
 };
 
-// Throws Error("context: inner message") for any std::exception raised by fn.
+// Throws Error("context: inner message") for any std::exception raised by fn; a message that
+// already begins with the context (an error naming the same file) is passed on as it is.
 template <typename Fn>
 auto WithContext(const std::string& context, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
   } catch (const std::exception& e) {
-    throw Error(context + ": " + e.what());
+    const std::string inner = e.what();
+    if (inner.rfind(context + ":", 0) == 0) throw Error(inner);
+    throw Error(context + ": " + inner);
   }
 }
 

@@ -8,4 +8,10 @@ namespace ucp {
 // "0 B", "37.5 KiB", "1.6 GiB": binary units, one decimal above bytes.
 std::string HumanBytes(double bytes);
 
+// "2026-11-23T14:05:09Z": the current time, UTC, to the second.
+std::string UtcTimestamp();
+// The time a written checkpoint records: SOURCE_DATE_EPOCH (seconds since 1970) when the
+// environment sets it, so that two runs on the same input write the same bytes; else now.
+std::string OutputTimestamp();
+
 }  // namespace ucp

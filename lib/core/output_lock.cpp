@@ -5,66 +5,33 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/fault_point.h"
+#include "core/format.h"
+#include "core/process.h"
 
 namespace ucp {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string HostName() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown";
-  return buf;
-}
-
-// The start time of process `pid` in clock ticks since boot (field 22 of /proc/PID/stat), or ""
-// when there is no such process (or no /proc). Tells a pid's process from a later one given it.
-std::string StartTicks(long pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t close = stat.rfind(')');  // the command name may hold spaces and parentheses
-  if (close == std::string::npos) return "";
-  std::istringstream fields(stat.substr(close + 1));
-  std::string field;
-  for (int k = 3; k <= 22 && fields >> field; ++k)
-    if (k == 22) return field;
-  return "";
-}
-
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-std::string Now() {
-  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  char buf[32];
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-// Whether the holder a lock names is known to be gone: on this host, with no process of that pid
-// started at the recorded time. A lock of another host, or one that cannot be read, is never stale.
+// Whether the holder a lock names is known to be gone: on this host, and its process gone (see
+// ProcessGone). A lock of another host, or one that cannot be read, is never stale.
 bool Stale(const nlohmann::json& holder) {
   if (!holder.is_object() || holder.value("host", "") != HostName()) return false;
-  const long pid = holder.value("pid", 0L);
-  if (pid <= 0) return false;
-  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
-  const std::string ticks = StartTicks(pid);
-  return !ticks.empty() && ticks != holder.value("start_ticks", "");
+  return ProcessGone(holder.value("pid", 0L), holder.value("start_ticks", ""));
 }
 
 std::string Describe(const nlohmann::json& holder) {
@@ -95,7 +62,7 @@ OutputLock::OutputLock(const std::string& dir, const std::string& tool, std::str
   path_ = dir + "/" + kFileName;
   const long pid = static_cast<long>(::getpid());
   content_ = nlohmann::json{{"tool", tool}, {"host", HostName()}, {"pid", pid}, {"start_ticks", StartTicks(pid)},
-                            {"started", Now()}}.dump() + "\n";
+                            {"started", UtcTimestamp()}}.dump() + "\n";
   // The lock appears whole or not at all: written under a private name, then linked to its own
   // (link(2) fails if the name exists: the exclusive step).
   const std::string mine = path_ + ".tmp-" + std::to_string(pid);
@@ -112,6 +79,7 @@ OutputLock::OutputLock(const std::string& dir, const std::string& tool, std::str
   for (int attempt = 0; attempt < 5; ++attempt) {
     if (::link(mine.c_str(), path_.c_str()) == 0) {
       RemoveLeftovers(dir);
+      FaultPoint("lock-taken", path_);
       return;
     }
     if (errno == EPERM || errno == ENOTSUP || errno == ENOSYS) {  // a file system without hard links
@@ -124,6 +92,7 @@ OutputLock::OutputLock(const std::string& dir, const std::string& tool, std::str
           throw Error(dir + ": cannot write its lock " + path_);
         }
         RemoveLeftovers(dir);
+        FaultPoint("lock-taken", path_);
         return;
       }
     }

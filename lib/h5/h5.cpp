@@ -3,9 +3,11 @@
 #define OMPI_SKIP_MPICXX 1  // the C API only
 #define MPICH_SKIP_MPICXX 1
 #include <hdf5.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <mutex>
+#include <string>
 
 #include "core/error.h"
 
@@ -48,6 +50,18 @@ std::string ErrorStack() {
   for (char& c : out)
     if (c == '\n') c = ' ';  // HDF5's messages embed ctime() and its newline
   return out.empty() ? "no HDF5 error message" : out;
+}
+
+// HDF5's error stack does not carry errno: a write or close that failed on a full file system
+// says only "write failed". When the file's file system has (almost) no room left, say so.
+std::string SpaceNote(const std::string& file) {
+  struct statvfs st {};
+  const size_t slash = file.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : file.substr(0, slash);
+  if (::statvfs(dir.c_str(), &st) != 0) return "";
+  const unsigned long long free = static_cast<unsigned long long>(st.f_bavail) * st.f_frsize;
+  if (free >= (1u << 20)) return "";
+  return " (No space left on device: " + std::to_string(free) + " bytes free on the file system of " + dir + ")";
 }
 
 // Runs one HDF5 call under the lock; a negative result becomes ucp::Error("where: op: stack").
@@ -120,7 +134,11 @@ void Object::Close() {
   hid_t id = id_;
   id_ = -1;
   const char* op = type_ == Type::File ? "H5Fclose" : type_ == Type::Dataset ? "H5Dclose" : "H5*close";
-  Call(op, Where(), [&] { return CloseId(id, type_); });
+  try {
+    Call(op, Where(), [&] { return CloseId(id, type_); });
+  } catch (const Error& e) {
+    throw Error(e.what() + (type_ == Type::File || type_ == Type::Dataset ? SpaceNote(*file_) : ""));
+  }
 }
 
 std::string Object::Where() const { return *file_ + ": " + (path_.empty() ? "/" : path_); }
@@ -381,7 +399,11 @@ void Dataset::WriteAll(const float* data) const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   if (n == 0) return;
-  Call("H5Dwrite", Where(), [&] { return H5Dwrite(id_, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data); });
+  try {
+    Call("H5Dwrite", Where(), [&] { return H5Dwrite(id_, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data); });
+  } catch (const Error& e) {
+    throw Error(e.what() + SpaceNote(*file_));
+  }
 }
 
 void Dataset::ReadSlab(std::span<const int64_t> start, std::span<const int64_t> count, float* dst) const {
@@ -426,7 +448,9 @@ Object AccessList(const std::string& path, const void* mpi_comm) {
 File File::Create(const std::string& path, const void* mpi_comm) {
   std::lock_guard<std::recursive_mutex> lock(Mutex());
   Object fapl = AccessList(path, mpi_comm);
-  hid_t f = Call("H5Fcreate", path, [&] { return H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id()); });
+  Object fcpl(Call("H5Pcreate", path, [] { return H5Pcreate(H5P_FILE_CREATE); }), Object::Type::PropList, nullptr, "");
+  Call("H5Pset_obj_track_times", path, [&] { return H5Pset_obj_track_times(fcpl.id(), false); });  // the root group's too
+  hid_t f = Call("H5Fcreate", path, [&] { return H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.id(), fapl.id()); });
   File out;
   static_cast<Object&>(out) = Object(f, Type::File, std::make_shared<const std::string>(path), "/");
   return out;
@@ -440,6 +464,22 @@ File File::Open(const std::string& path, bool writable, const void* mpi_comm) {
   File out;
   static_cast<Object&>(out) = Object(f, Type::File, std::make_shared<const std::string>(path), "/");
   return out;
+}
+
+int64_t File::Size() const {
+  hsize_t size = 0;
+  Call("H5Fget_filesize", Where(), [&] { return H5Fget_filesize(id_, &size); });
+  return static_cast<int64_t>(size);
+}
+
+void File::Abandon() {
+  id_ = -1;  // never closed: HDF5 keeps it until the process ends, and no exit hook closes it
+}
+
+void InitializeBeforeMpi() {
+  std::lock_guard<std::recursive_mutex> lock(Mutex());
+  H5dont_atexit();
+  InitOnce();
 }
 
 int64_t OpenIdCount() {

@@ -109,10 +109,21 @@ class File : public Group {
   static File Open(const std::string& path, bool writable, const void* mpi_comm = nullptr);
   // Flushes and closes, checked; collective under MPI-IO.
   void CloseFile() { Close(); }
+  // The file's size as HDF5 has allocated it so far (its end of address space).
+  int64_t Size() const;
+  // Lets go of the file without closing it: for a file written through MPI-IO that a failure
+  // abandons. Closing it flushes metadata, collectively; a rank whose flush fails (a full disk)
+  // leaves the collective, and the others wait in it for ever. The temporary is removed instead.
+  void Abandon();
 
  private:
   using Group::Group;
 };
+
+// Starts HDF5 before MPI_Init, without its exit hook. Started after MPI_Init, HDF5 closes what is
+// still open inside MPI_Finalize, and started at all, at exit: an abandoned file (above) would be
+// flushed collectively then, and hang the job it was abandoned to save.
+void InitializeBeforeMpi();
 
 // HDF5 ids open in this process (files, groups, datasets, attributes, ...): 0 once every handle is
 // gone, whatever failed on the way (the tests check that errors leave nothing open).

@@ -18,6 +18,7 @@
 #include "core/buffer_pool.h"
 #include "core/error.h"
 #include "core/format.h"
+#include "core/names.h"
 #include "core/output_lock.h"
 #include "patterns/rules.h"
 #include "plan/convert_plan.h"
@@ -1130,14 +1131,18 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   Source S;
   Plan P;
   TargetLayout T;
+  std::string tag;  // the source's, the target's folder name
   std::string error = Capture([&] {
     if (!o.plan_only) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
     S = LoadSource(o.atomic_dir);
+    WithContext(o.atomic_dir + "/" + store::kManifestName, [&] {
+      tag = S.manifest.at("source").at("tag").get<std::string>();
+      RequirePlainName(tag, "source.tag");
+    });
     T = ResolveModel(S, o.target);
     P = MakePlan(S, T, ranks, o.share_bytes);
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;
-  const std::string tag = S.manifest["source"]["tag"];
   if (talk)
     err << kTool << ": " << o.atomic_dir << " (" << S.atoms.size() << " parameters, from dp=" << S.manifest["source"]["dp"]
         << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"] << ") to " << T.Describe()
@@ -1175,7 +1180,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   }
 
   // The output folder, locked first: refused when it holds something, unless --force (then
-  // `latest` goes first).
+  // `latest` goes first, then what it named, and what killed runs left).
   const std::string dir = o.output + "/" + tag;
   std::unique_ptr<OutputLock> lock;
   std::string lock_note;
@@ -1186,7 +1191,9 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
       if (!o.force)
         throw Error(o.output + ": exists and is not empty; use --force to overwrite it");
       fs::remove(o.output + "/latest");
+      fs::remove(o.output + "/latest_checkpointed_iteration.txt");
       fs::remove_all(dir);
+      RemoveTemporaries(o.output);
     }
     fs::create_directories(dir);
   }) : "";

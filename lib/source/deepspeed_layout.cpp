@@ -5,6 +5,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "core/names.h"
 
 namespace ucp::source {
 namespace fs = std::filesystem;
@@ -33,8 +34,7 @@ std::string ResolveShardDir(const std::string& dir, std::string* tag) {
   std::ifstream in(latest);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   *tag = Trimmed(text);
-  if (tag->empty() || tag->find('/') != std::string::npos || *tag == "..")
-    throw Error(latest.string() + ": does not name a tag folder (found '" + text + "')");
+  WithContext(latest.string(), [&] { RequirePlainName(*tag, "the tag"); });
   fs::path shard_dir = fs::path(dir) / *tag;
   if (!fs::is_directory(shard_dir)) throw Error(latest.string() + ": names '" + *tag + "', which is not a folder");
   return shard_dir.string();

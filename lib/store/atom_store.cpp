@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <numeric>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/xxhash64.h"
 
@@ -162,10 +163,7 @@ void RemoveAtomicCheckpoint(const std::string& dir) {
   Journal::Remove(dir);
   fs::remove_all(dir + "/zero");
   fs::remove(dir + "/" + kAtomsH5);
-  std::vector<fs::path> stale;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().filename().string().rfind(std::string(kAtomsH5) + ".tmp-", 0) == 0) stale.push_back(e.path());
-  for (const auto& p : stale) fs::remove(p);
+  RemoveTemporaries(dir);  // of killed runs, the lock's private names too
 }
 
 std::vector<int64_t> ChunkShape(const std::vector<int64_t>& shape, int split_dim,

@@ -175,7 +175,7 @@ std::unique_ptr<AtomWriter> CreatePtWriter(const std::string& dir, std::vector<A
 std::unique_ptr<AtomWriter> CreateH5Writer(const std::string& dir, std::vector<AtomSpec> specs, shuffle::Comm& comm);
 
 // --force: uncommits an atomic checkpoint in `dir` (the manifest goes first) and removes its
-// tensors of either store, the resume journal and temporaries of a killed HDF5 write.
+// tensors of either store, the resume journal and the temporaries of killed runs.
 void RemoveAtomicCheckpoint(const std::string& dir);
 
 // The XXH64 (hex) atoms.h5 records for a dataset (its attribute "xxh64"); hdf5 readers only.

@@ -20,6 +20,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/fault_point.h"
 #include "core/xxhash64.h"
 #include "h5/h5.h"
 #include "shuffle/agree.h"
@@ -234,22 +235,29 @@ class H5Writer final : public AtomWriter {
     comm.AllreduceMax({&pid, 1});  // one temporary name on every rank
     temp_ = dir_ + "/" + kAtomsH5 + ".tmp-" + std::to_string(pid);
     final_ = dir_ + "/" + kAtomsH5;
-    file_ = h5::File::Create(temp_, comm.size() > 1 ? comm.mpi_comm() : nullptr);
-    for (const auto& s : specs_) {
-      h5::Group g = file_.CreateGroup(s.name);
-      auto chunk = ChunkShape(s.shape, s.split_dim, s.meta.value("sub_param_sizes", std::vector<int64_t>{}));
-      for (int k = 0; k < plan::kStates; ++k)
-        g.CreateFloatDataset(std::string(plan::StateName(static_cast<plan::State>(k))), s.shape, chunk);
+    try {
+      file_ = h5::File::Create(temp_, comm.size() > 1 ? comm.mpi_comm() : nullptr);
+      for (const auto& s : specs_) {
+        h5::Group g = file_.CreateGroup(s.name);
+        auto chunk = ChunkShape(s.shape, s.split_dim, s.meta.value("sub_param_sizes", std::vector<int64_t>{}));
+        for (int k = 0; k < plan::kStates; ++k)
+          g.CreateFloatDataset(std::string(plan::StateName(static_cast<plan::State>(k))), s.shape, chunk);
+      }
+      // Every block the file will use, taken now (rank 0), while a full disk is one clear error
+      // every rank learns of: later, a write that fails on one rank inside a collective close
+      // would leave the others waiting.
+      std::string error = comm.rank() == 0 ? shuffle::Capture([&] { Reserve(temp_, file_.Size()); }) : "";
+      int64_t failed = error.empty() ? 0 : 1;
+      comm.AllreduceMax({&failed, 1});
+      if (failed) throw Error(comm.rank() == 0 ? error : temp_ + ": rank 0 could not reserve the file's space");
+    } catch (...) {
+      Abandon();
+      throw;
     }
   }
 
   ~H5Writer() override {
-    if (committed_) return;
-    try {
-      file_ = h5::File();  // closes (collectively: every rank destroys its writer)
-    } catch (...) {
-    }
-    if (comm_.rank() == 0) ::unlink(temp_.c_str());
+    if (!committed_) Abandon();
   }
 
   std::vector<FileRecord> Write(const std::string& name, plan::State state, const float* data) override {
@@ -258,6 +266,7 @@ class H5Writer final : public AtomWriter {
     std::lock_guard<std::mutex> lock(mu_);
     file_.OpenGroup(name).OpenDataset(std::string(plan::StateName(state))).WriteAll(data);
     digests_[name][std::string(plan::StateName(state))] = HexDigest(digest);
+    FaultPoint("h5-dataset", temp_ + ":/" + name + "/" + std::string(plan::StateName(state)));
     return {};
   }
 
@@ -266,6 +275,7 @@ class H5Writer final : public AtomWriter {
   StoreCommit Commit() override {
     // Collective steps first, each rank's failure kept for after them: no rank may skip one.
     std::string error = shuffle::Capture([&] { file_.CloseFile(); });
+    file_.Abandon();  // closed, or failed closing: never closed again
     auto gathered = comm_.GatherToRoot(nlohmann::json(digests_).dump());
     if (!error.empty()) throw Error(error);
     StoreCommit c;
@@ -304,6 +314,7 @@ class H5Writer final : public AtomWriter {
       f.CloseFile();
     }
     FsyncPath(temp_, false);
+    FaultPoint("h5-closed", temp_);
     if (::rename(temp_.c_str(), final_.c_str()) != 0)
       throw Error(final_ + ": cannot rename " + temp_ + " to it: " + std::strerror(errno));
     committed_ = true;
@@ -315,6 +326,31 @@ class H5Writer final : public AtomWriter {
   }
 
  private:
+  // fallocate(2) of [0, bytes): blocks taken now, or ENOSPC now. A file system that cannot
+  // (EOPNOTSUPP) writes without the reservation.
+  static void Reserve(const std::string& path, int64_t bytes) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) throw Error(path + ": cannot open to reserve its space: " + std::strerror(errno));
+    const int rc = bytes > 0 ? ::fallocate(fd, 0, 0, bytes) : 0, err = errno;
+    ::close(fd);
+    if (rc != 0 && err != EOPNOTSUPP && err != ENOSYS)
+      throw Error(path + ": cannot reserve " + std::to_string(bytes) + " bytes for the HDF5 store: " + std::strerror(err));
+  }
+
+  // After a failure: the file is let go (closed when written by this process alone, else
+  // abandoned, see h5::File::Abandon) and the temporary removed.
+  void Abandon() {
+    if (comm_.size() > 1) {
+      file_.Abandon();
+    } else {
+      try {
+        file_ = h5::File();
+      } catch (...) {
+      }
+    }
+    if (comm_.rank() == 0) ::unlink(temp_.c_str());
+  }
+
   shuffle::Comm& comm_;
   std::string temp_, final_;
   h5::File file_;

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "core/names.h"
 #include "pt/torch_file.h"
 #include "store/atom_store.h"
 
@@ -24,6 +25,8 @@ class PtReader final : public AtomReader {
         for (int s = 0; s < plan::kStates; ++s)
           f[s] = p.at("files").at(std::string(plan::StateName(static_cast<plan::State>(s)))).get<std::string>();
         if (p.at("files").contains("step")) f[plan::kStates] = p.at("files").at("step").get<std::string>();
+        for (const auto& path : f)
+          if (!path.empty()) RequirePlainRelativePath(path, "file of parameter '" + p.at("name").get<std::string>() + "'");
       }
     });
   }

@@ -15,6 +15,9 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/file_blocks.h"
+#include "core/fault_point.h"
+#include "core/format.h"
+#include "core/names.h"
 #include "core/xxhash64.h"
 #include "pt/torch_file.h"
 
@@ -29,17 +32,14 @@ nlohmann::json FileRecord::ToJson() const { return {{"path", path}, {"bytes", by
 FileRecord FileRecord::FromJson(const nlohmann::json& j) {
   FileRecord r;
   r.path = j.at("path").get<std::string>();
+  RequirePlainRelativePath(r.path, "file path");
   r.bytes = j.at("bytes").get<uint64_t>();
   r.xxh64 = std::stoull(j.at("xxh64").get<std::string>(), nullptr, 16);
   return r;
 }
 
 std::string ParamRelDir(const std::string& name) {
-  bool bad = name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
-             name.find('\0') != std::string::npos || name.size() > 255;
-  if (bad)
-    throw Error("parameter name '" + name + "' cannot be a folder name under zero/ (empty, '.', '..', a '/' or NUL, "
-                "or longer than 255 bytes)");
+  RequirePlainName(name, "parameter name");  // a folder under zero/
   return "zero/" + name;
 }
 std::string StateRelPath(const std::string& name, plan::State s) {
@@ -220,7 +220,9 @@ std::vector<std::string> CarriedModelFiles(const source::SourceLayout& L) {
 void WriteLatestUniversal(const std::string& dir) {
   fs::path path = fs::absolute(dir).lexically_normal();
   if (path.filename().empty()) path = path.parent_path();
-  WriteFileAtomically((path.parent_path() / "latest_universal").string(), path.filename().string());
+  const std::string latest = (path.parent_path() / "latest_universal").string();
+  RemoveDeadTemporariesOf(latest);  // of runs killed while writing it
+  WriteFileAtomically(latest, path.filename().string());
 }
 
 FileRecord CopyFileAtomically(const std::string& from, const std::string& to_dir, const std::string& rel,
@@ -288,6 +290,7 @@ void Journal::Append(const FileRecord& r) {
   std::lock_guard<std::mutex> lock(mu_);
   if (::write(fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
     throw Error("journal write failed: " + std::string(std::strerror(errno)));
+  FaultPoint("journal", r.path);
 }
 
 bool Verify(const std::string& dir, const FileRecord& r, std::string* why) {
@@ -382,10 +385,7 @@ nlohmann::json AssembleManifest(const std::string& store, const nlohmann::json& 
   j["format_version"] = kFormatVersion;
   j["ucp_version"] = UCP_VERSION;
   j["checksum"] = "xxh64";
-  auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  char when[32];
-  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  j["created"] = when;
+  j["created"] = OutputTimestamp();
   j["store"] = store;
   j["source"] = source;
   j["family"] = family;

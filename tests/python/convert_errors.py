@@ -92,21 +92,35 @@ with open(path, "r+b") as fh:
     fh.truncate(os.path.getsize(path) // 2)
 cases.append(("truncated_file", src, [victim]))
 
-# 5. A parameter name that would leave zero/ as a path (renamed consistently in every file; it
-#    matches no pattern rule, hence --no-strict to get as far as the store).
-src, tag = copy_fixture("unsafe_name")
-old, new = "2.input_layernorm.weight", "../2.input_layernorm.weight"
-for f in sorted(os.listdir(tag)):
-    path = os.path.join(tag, f)
-    sd = torch.load(path)
-    if "param_shapes" in sd:
-        sd["param_shapes"] = [type(g)((new if k == old else k, v) for k, v in g.items()) for g in sd["param_shapes"]]
-    if "optimizer_state_dict" in sd and "param_slice_mappings" in sd["optimizer_state_dict"]:
-        osd = sd["optimizer_state_dict"]
-        osd["param_slice_mappings"] = [type(g)((new if k == old else k, v) for k, v in g.items())
-                                       for g in osd["param_slice_mappings"]]
-    torch.save(sd, path)
-cases.append(("unsafe_name", src, [new, "cannot be a folder name under zero/"], ["--no-strict"]))
+# 5. Parameter names that cannot be folder names under zero/: one that climbs out, one absolute, one
+#    with a NUL byte, '..' itself, one of 300 bytes (renamed consistently in every file; they match no
+#    pattern rule, hence --no-strict to get as far as the store). Refused before anything is written.
+old = "2.input_layernorm.weight"
+for label, new, shown, why in [("dotdot", "../" + old, "../" + old, "holds a '/'"),
+                               ("absolute", "/tmp/" + old, "/tmp/" + old, "holds a '/'"),
+                               ("nul", old + "\0x", old + "\\x00x", "holds a NUL byte"),
+                               ("parent", "..", "..", "is '..'"),
+                               ("long", "w" * 300, "w" * 80 + "...", "is 300 bytes long")]:
+    src, tag = copy_fixture("unsafe_name_" + label)
+    for f in sorted(os.listdir(tag)):
+        path = os.path.join(tag, f)
+        sd = torch.load(path)
+        if "param_shapes" in sd:
+            sd["param_shapes"] = [type(g)((new if k == old else k, v) for k, v in g.items()) for g in sd["param_shapes"]]
+        if "optimizer_state_dict" in sd and "param_slice_mappings" in sd["optimizer_state_dict"]:
+            osd = sd["optimizer_state_dict"]
+            osd["param_slice_mappings"] = [type(g)((new if k == old else k, v) for k, v in g.items())
+                                           for g in osd["param_slice_mappings"]]
+        torch.save(sd, path)
+    cases.append(("unsafe_name_" + label, src, [f"parameter name '{shown}' {why}"], ["--no-strict"]))
+
+# 6. A `latest` whose tag is no plain folder name: refused naming the file, nothing read through it.
+for label, text, why in [("dotdot", "../global_step12", "holds a '/'"), ("parent", "..", "is '..'"),
+                         ("absolute", "/etc", "holds a '/'"), ("long", "g" * 256, "is 256 bytes long")]:
+    src, tag = copy_fixture("unsafe_tag_" + label)
+    with open(os.path.join(src, "latest"), "w") as f:
+        f.write(text)
+    cases.append(("unsafe_tag_" + label, src, [os.path.join(src, "latest"), "the tag", why]))
 
 for case, src, must, *extra in cases:
     for ranks in ([1, 2] if mpiexec else [1]):

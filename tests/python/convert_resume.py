@@ -30,8 +30,8 @@ def run(args, ranks=1, env=None):
     return subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=600)
 
 
-# 1. Killed after 9 committed files, with 2 ranks.
-p = run([], ranks=2, env={"UCP_TEST_KILL_AFTER_FILES": "9"})
+# 1. Killed (both ranks) when each has renamed its 5th file into place.
+p = run([], ranks=2, env={"UCP_TEST_KILL_AT": "file-renamed:5"})
 if p.returncode == 0:
     problems.append("the killed run exited 0")
 if os.path.exists(os.path.join(out, "ucp_manifest.json")):

@@ -74,7 +74,7 @@ expect_refusal(damaged("missing", os.remove), ["atoms.h5"], "atoms.h5 missing")
 # A run killed while writing atoms.h5 leaves no atoms.h5 and no manifest, only its temporary.
 killed = os.path.join(work, "killed")
 p = subprocess.run([convert, fixture, "-o", killed, "--format", "hdf5", "-q"], capture_output=True, text=True,
-                   env=dict(os.environ, UCP_TEST_KILL_AFTER_FILES="5"))
+                   env=dict(os.environ, UCP_TEST_KILL_AT="h5-dataset:5"))
 left = sorted(os.listdir(killed)) if os.path.exists(killed) else []
 if p.returncode != -9 or "ucp_manifest.json" in left or "atoms.h5" in left or \
         not any(n.startswith("atoms.h5.tmp-") for n in left):

@@ -55,6 +55,30 @@ json.dump(m, open(mpath, "w"))
 run("unknown_split_tp2", unknown, layout + ["--tp", "2", "--pp", "1"], [victim["name"], "refusing to guess"])
 run("unknown_split_tp1", unknown, layout + ["--tp", "1", "--pp", "1"], [], code=0)
 
+# Names in the manifest that would reach outside a folder: the source tag (the target's folder name),
+# a parameter's tensor file (the manifest's own file list: tests/unit/test_naming.cpp). Refused before anything is written.
+def edited_manifest(case, fn):
+    d = os.path.join(work, "sources", case, "universal")
+    shutil.copytree(atomic, d)
+    path = os.path.join(d, "ucp_manifest.json")
+    m = json.load(open(path))
+    fn(m)
+    json.dump(m, open(path, "w"))
+    return d
+
+
+for label, tag, why in [("dotdot", "../escape", "holds a '/'"), ("absolute", "/tmp/escape", "holds a '/'"),
+                        ("parent", "..", "is '..'"), ("nul", "global\0step", "holds a NUL byte"),
+                        ("long", "t" * 256, "is 256 bytes long")]:
+    src = edited_manifest("unsafe_tag_" + label, lambda m: m["source"].__setitem__("tag", tag))
+    run("unsafe_tag_" + label, src, layout + ["--tp", "1", "--pp", "1"], ["ucp_manifest.json", "source.tag", why])
+    if os.path.exists(os.path.join(work, "escape")) or os.path.exists("/tmp/escape"):
+        print(f"unsafe_tag_{label}: FAIL something was written outside the output folder")
+        failures += 1
+src = edited_manifest("unsafe_param_file",
+                      lambda m: m["params"][0]["files"].__setitem__("fp32", "/etc/passwd"))
+run("unsafe_param_file", src, layout + ["--tp", "1", "--pp", "1"], ["'/etc/passwd' is absolute"])
+
 os.makedirs(os.path.join(work, "non_empty_output"), exist_ok=True)
 open(os.path.join(work, "non_empty_output", "keep.txt"), "w").write("x")
 run("non_empty_output", atomic, layout + ["--tp", "1", "--pp", "1"], ["not empty", "--force"])

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/names.h"
 #include "reshard/naming.h"
+#include "store/atomic_store.h"
 
 using namespace ucp;
 using namespace ucp::reshard;
@@ -104,4 +106,24 @@ TEST_CASE("a rule that is not a regex is refused with its text", "[naming]") {
   auto info = Value::Make(Value::Kind::Dict);
   pt::SetItem(*info, "tp_replicated_parameter_patterns", StrList({"(unclosed"}));
   CHECK_THROWS_WITH(RenameRules(*info, Names(), Naming::Pipe, Naming::Plain, 3), Catch::Contains("(unclosed"));
+}
+
+TEST_CASE("names read from files stay inside the folder they are joined to", "[naming]") {
+  for (const std::string& good : std::vector<std::string>{"global_step12", "2.mlp.dense_4h_to_h.weight", "a..b", ".hidden", std::string(255, 'x')})
+    CHECK(IsPlainName(good));
+  for (const std::string& bad : std::vector<std::string>{"", ".", "..", "a/b", "/abs", std::string("a\0b", 3), std::string(256, 'x')})
+    CHECK_FALSE(IsPlainName(bad));
+  for (const std::string& good : std::vector<std::string>{"zero/x.weight/fp32.pt", "mp_rank_00_model_states.pt", "zero/..x/step.pt"})
+    CHECK(IsPlainRelativePath(good));
+  for (const std::string& bad : std::vector<std::string>{"", "/etc/passwd", "../x", "zero/../../x", "zero//x", "zero/x/", "zero/./x",
+                                std::string("zero/a\0b", 9), std::string(4097, 'x')})
+    CHECK_FALSE(IsPlainRelativePath(bad));
+  CHECK_THROWS_WITH(RequirePlainName("a/b", "the tag"), "the tag 'a/b' holds a '/': it cannot be a file or folder name");
+  CHECK_THROWS_WITH(RequirePlainName(std::string("a\0\x7f", 3), "the tag"), Catch::Contains("'a\\x00\\x7f' holds a NUL byte"));
+  CHECK_THROWS_WITH(store::ParamRelDir(".."), Catch::Contains("parameter name '..' is '..'"));
+  // A manifest's file list: every path a run copies or verifies is refused before it is used.
+  const nlohmann::json record = {{"path", "../../outside.pt"}, {"bytes", 1}, {"xxh64", "00"}};
+  CHECK_THROWS_WITH(store::FileRecord::FromJson(record),
+                    "file path '../../outside.pt' has a component that is '..': it would name a file outside its folder");
+  CHECK(store::FileRecord::FromJson({{"path", "zero/x/fp32.pt"}, {"bytes", 1}, {"xxh64", "ff"}}).xxh64 == 0xff);
 }
