@@ -61,7 +61,16 @@ class Machine {
     return std::string(reinterpret_cast<const char*>(p), n);
   }
 
-  void Push(ValuePtr v) { stack_.push_back(std::move(v)); }
+  // Bounds on what a pickle may make this machine hold, far above what torch.save writes (it builds
+  // dicts and lists in batches of 1000, and memoizes each object once) and far below what would let
+  // a small hostile file take gigabytes: refused as soon as they are passed.
+  static constexpr size_t kMaxStack = size_t{1} << 16;  // values and marks on the stack
+  static constexpr size_t kMaxMemo = size_t{1} << 22;   // memo entries
+
+  void Push(ValuePtr v) {
+    if (stack_.size() >= kMaxStack) Fail("more than " + std::to_string(kMaxStack) + " values on the pickle stack");
+    stack_.push_back(std::move(v));
+  }
   ValuePtr Pop() {
     if (stack_.size() <= Floor()) Fail("stack underflow");
     ValuePtr v = std::move(stack_.back());
@@ -81,7 +90,10 @@ class Machine {
     stack_.resize(m);
     return out;
   }
-  void MemoPut(uint64_t index) { memo_[index] = Top(); }
+  void MemoPut(uint64_t index) {
+    if (memo_.size() >= kMaxMemo && !memo_.count(index)) Fail("more than " + std::to_string(kMaxMemo) + " memo entries");
+    memo_[index] = Top();
+  }
   ValuePtr MemoGet(uint64_t index) {
     auto it = memo_.find(index);
     if (it == memo_.end()) Fail("memo index " + std::to_string(index) + " was never stored");
@@ -314,7 +326,10 @@ ValuePtr Machine::Run() {
         ValuePtr root = Pop();
         return root;
       }
-      case '(': marks_.push_back(stack_.size()); break;  // MARK
+      case '(':  // MARK
+        if (marks_.size() >= kMaxStack) Fail("more than " + std::to_string(kMaxStack) + " MARKs open");
+        marks_.push_back(stack_.size());
+        break;
       case '0': Pop(); break;                               // POP
       case '1': PopMark(); break;                           // POP_MARK
       case '2': Push(Top()); break;                         // DUP

@@ -145,6 +145,11 @@ ZipArchive::ZipArchive(std::shared_ptr<MappedFile> file) : file_(std::move(file)
     throw Error(path + ": truncated zip: central directory [" + std::to_string(cd_offset) + ", +" +
                 std::to_string(cd_size) + ") lies beyond the end of the file (" + std::to_string(in.size()) +
                 " bytes)");
+  // Far more records than torch.save writes (one per storage, and a few): refused before any is read.
+  constexpr uint64_t kMaxEntries = uint64_t{1} << 18;
+  if (count > kMaxEntries)
+    throw Error(path + ": the zip declares " + std::to_string(count) + " entries; more than " +
+                std::to_string(kMaxEntries) + " is not a checkpoint file ucp reads");
   // Each central header is at least 46 bytes: a count larger than that allows is a lie.
   if (count > cd_size / 46 + 1)
     throw Error(path + ": corrupt zip: " + std::to_string(count) + " entries cannot fit in a central directory of " +

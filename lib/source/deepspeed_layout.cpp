@@ -53,9 +53,18 @@ int ZeroStageOf(const Value& v) {
   return static_cast<int>(v.AsInt());
 }
 
+// A parameter's shape: non-negative dimensions, at most 2^48 elements (1 PiB of fp32; larger is a
+// damaged or hostile file, and would overflow the byte arithmetic downstream).
 std::vector<int64_t> Shape(const Value& v) {
+  constexpr int64_t kMaxElements = int64_t{1} << 48;
   std::vector<int64_t> out;
   for (const auto& d : v.AsSequence()) out.push_back(d->AsInt());
+  int64_t numel = 1;
+  for (int64_t n : out) {
+    if (n < 0) throw Error("shape " + pt::ShapeString(out) + " has a negative dimension");
+    if (n > 0 && numel > kMaxElements / n) throw Error("shape " + pt::ShapeString(out) + " has more than 2^48 elements");
+    numel = n == 0 ? 0 : numel * n;
+  }
   return out;
 }
 

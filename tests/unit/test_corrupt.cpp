@@ -10,6 +10,7 @@
 #include "inspect/inspect.h"
 #include "patterns/rules.h"
 #include "pt/torch_file.h"
+#include "pt/unpickler.h"
 #include "test_support.h"
 
 using namespace ucp;
@@ -125,4 +126,32 @@ TEST_CASE("corrupt: a truncated shard inside a checkpoint makes inspect exit 2 n
   std::ostringstream out, err;
   CHECK(inspect::RunInspect(dst, o, out, err) == 2);
   CHECK_THAT(err.str(), Catch::Contains(victim.string()));
+}
+
+TEST_CASE("corrupt: hostile pickles are refused before they grow the machine without bound", "[corrupt]") {
+  // tests/python/hostile_sizes.py measures the peak RSS of the same through ucp-convert.
+  const pt::StorageResolver none = [](pt::DType, const std::string& key, uint64_t) -> std::shared_ptr<pt::Storage> {
+    throw Error("no storage " + key);
+  };
+  auto refused = [&](const std::string& pickle, const std::string& why) {
+    const auto* p = reinterpret_cast<const uint8_t*>(pickle.data());
+    CHECK_THROWS_WITH(pt::Unpickle({p, pickle.size()}, none), Catch::Contains(why));
+  };
+  const std::string proto = "\x80\x02";
+  std::string nested = proto, marks = proto, memo = proto + "N";
+  for (int k = 0; k < 1000000; ++k) nested += "](";
+  nested += std::string(1000000, 'e') + ".";
+  refused(nested, "more than 65536 values on the pickle stack");
+  marks += std::string(1000000, '(') + "N.";
+  refused(marks, "more than 65536 MARKs open");
+  for (uint32_t k = 0; k <= (uint32_t{1} << 22); ++k) memo += "r" + std::string(reinterpret_cast<const char*>(&k), 4);
+  refused(memo + ".", "more than 4194304 memo entries");
+  const uint64_t huge = 1000000000000ull;
+  refused(proto + "\x8e" + std::string(reinterpret_cast<const char*>(&huge), 8) + "x.", "needs 1000000000000 more bytes");
+  // At the bounds themselves, a pickle still reads: 65535 values under one MARK, as a tuple.
+  std::string wide = proto + "(";
+  for (int k = 0; k < 65535; ++k) wide += "N";
+  wide += "t.";
+  const auto* w = reinterpret_cast<const uint8_t*>(wide.data());
+  CHECK(pt::Unpickle({w, wide.size()}, none)->AsSequence().size() == 65535);
 }
