@@ -7,6 +7,7 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <sstream>
 
 #include "core/error.h"
 #include "inspect/inspect.h"
@@ -20,49 +21,57 @@ namespace ucp::inspect {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// The report's reading of the manifest goes through at() and value(): a manifest missing a key or
+// holding the wrong type is refused (nlohmann's const operator[] on a missing key is undefined).
+json ReportOf(const std::string& dir, const json& m, const InspectOptions& options);
+
 json AtomicReport(const std::string& dir, const InspectOptions& options) {
-  json m = store::ReadManifest(dir);
+  const json m = store::ReadManifest(dir);
+  return WithContext(dir + "/" + store::kManifestName, [&] { return ReportOf(dir, m, options); });
+}
+
+json ReportOf(const std::string& dir, const json& m, const InspectOptions& options) {
   json r;
   r["ucp_inspect_version"] = 1;
   r["kind"] = "atomic";
   r["path"] = dir;
-  r["format_version"] = m["format_version"];
-  r["created"] = m["created"];
-  r["ucp_version"] = m["ucp_version"];
+  r["format_version"] = m.value("format_version", json());
+  r["created"] = m.value("created", json());
+  r["ucp_version"] = m.value("ucp_version", json());
   const store::StoreKind kind = WithContext(dir + "/" + store::kManifestName, [&] { return store::StoreOf(m); });
   r["store"] = std::string(store::StoreName(kind));
-  r["source"] = m["source"];
-  r["family"] = m["family"];
+  r["source"] = m.value("source", json());
+  r["family"] = m.value("family", json());
   std::regex filter(options.params_regex.empty() ? ".*" : options.params_regex);
   json params = json::array();
   std::map<std::string, uint64_t> sizes;
-  for (const auto& f : m["files"]) sizes[f["path"].get<std::string>()] = f["bytes"].get<uint64_t>();
-  for (const auto& p : m["params"]) {
-    if (!std::regex_search(p["name"].get<std::string>(), filter)) continue;
+  for (const auto& f : m.at("files")) sizes[f.at("path").get<std::string>()] = f.at("bytes").get<uint64_t>();
+  for (const auto& p : m.at("params")) {
+    if (!std::regex_search(p.at("name").get<std::string>(), filter)) continue;
     uint64_t bytes = 0;
     if (p.contains("files"))
-      for (const auto& [state, path] : p["files"].items()) bytes += sizes.count(path) ? sizes[path] : 0;
+      for (const auto& [state, path] : p.at("files").items()) bytes += sizes.count(path) ? sizes[path] : 0;
     else
-      bytes = 4 * plan::kStates * p["numel"].get<uint64_t>();  // the tensors inside atoms.h5
-    json q = {{"name", p["name"]}, {"shape", p["shape"]}, {"pattern", p["pattern"]},
-              {"pattern_in_source", p["pattern_in_source"]}, {"split_dim", p["split_dim"]},
-              {"split_dim_known", p["split_dim_known"]}, {"vocab", p["vocab"]}, {"bytes", bytes}};
+      bytes = 4 * plan::kStates * p.at("numel").get<uint64_t>();  // the tensors inside atoms.h5
+    json q = {{"name", p.at("name")}, {"shape", p.value("shape", json())}, {"pattern", p.value("pattern", json())},
+              {"pattern_in_source", p.value("pattern_in_source", json())}, {"split_dim", p.value("split_dim", json())},
+              {"split_dim_known", p.value("split_dim_known", json())}, {"vocab", p.value("vocab", json())}, {"bytes", bytes}};
     params.push_back(q);
   }
   r["params"] = params;
-  r["totals"] = m["totals"];
+  r["totals"] = m.value("totals", json());
   json problems = json::array();
   std::set<std::string> listed;
-  for (const auto& f : m["files"]) listed.insert(f["path"].get<std::string>());
-  for (const auto& p : m["params"]) {
+  for (const auto& f : m.at("files")) listed.insert(f.at("path").get<std::string>());
+  for (const auto& p : m.at("params")) {
     if (!p.contains(kind == store::StoreKind::Pt ? "files" : "hdf5"))
-      problems.push_back("parameter '" + p["name"].get<std::string>() + "': no '" +
+      problems.push_back("parameter '" + p.at("name").get<std::string>() + "': no '" +
                          (kind == store::StoreKind::Pt ? "files" : "hdf5") + "' entry for its " +
                          std::string(store::StoreName(kind)) + " store");
     else if (kind == store::StoreKind::Pt)
-      for (const auto& [state, path] : p["files"].items())
+      for (const auto& [state, path] : p.at("files").items())
         if (!listed.count(path.get<std::string>()))
-          problems.push_back("parameter '" + p["name"].get<std::string>() + "': " + state + " file " +
+          problems.push_back("parameter '" + p.at("name").get<std::string>() + "': " + state + " file " +
                              path.get<std::string>() + " is not in the manifest's file list");
   }
   if (kind == store::StoreKind::Hdf5 && !listed.count(store::kAtomsH5))
@@ -70,7 +79,7 @@ json AtomicReport(const std::string& dir, const InspectOptions& options) {
   json verify = nullptr;
   if (options.verify) {
     int64_t checked = 0, bytes = 0;
-    for (const auto& f : m["files"]) {
+    for (const auto& f : m.at("files")) {
       store::FileRecord rec = store::FileRecord::FromJson(f);
       std::string why;
       if (!store::Verify(dir, rec, &why)) problems.push_back(rec.path + ": " + why);
@@ -100,7 +109,7 @@ json AtomicReport(const std::string& dir, const InspectOptions& options) {
             std::string name(plan::StateName(state)), where = std::string(store::kAtomsH5) + ": /" + p.name + "/" + name;
             std::string got = HexDigest(reader->TensorDigest(p.name, state));
             std::string attr = store::RecordedDatasetDigest(*reader, p.name, state);
-            std::string listed_digest = m["params"][&p - &reader->params()[0]]["hdf5"]["xxh64"].value(name, "");
+            std::string listed_digest = m.at("params").at(static_cast<size_t>(&p - &reader->params()[0])).at("hdf5").at("xxh64").value(name, "");
             if (got != attr || got != listed_digest)
               problems.push_back(where + ": xxh64 " + got + ", the file's attribute says " + attr + ", the manifest says " +
                                  listed_digest);
@@ -133,36 +142,44 @@ int RunInspectAtomic(const std::string& dir, const InspectOptions& options, std:
     out << r.dump(1) << "\n";
     return code;
   }
-  const auto& s = r["source"];
-  out << "atomic checkpoint  " << dir << "  (format " << r["format_version"] << ", ucp " << r["ucp_version"].get<std::string>()
-      << ", " << r["created"].get<std::string>() << ")\n"
-      << "converted from     " << s["path"].get<std::string>() << "  (tag " << s["tag"].get<std::string>() << ")\n"
-      << "source layout      dp=" << s["dp"] << " tp=" << s["tp"] << " pp=" << s["pp"] << "  ZeRO-" << s["zero_stage"] << " ("
-      << s["optimizer"].get<std::string>() << "), " << s["dtype"].get<std::string>() << ", iteration " << s["iteration"]
-      << ", DeepSpeed " << s["ds_version"].get<std::string>() << "\n"
-      << "model rules        "
-      << (r["family"].is_null() ? std::string("none") : r["family"]["name"].get<std::string>()) << "\n"
-      << "store              " << r["store"].get<std::string>() << "\n"
-      << "contents           " << r["totals"]["params"] << " parameters, " << r["totals"]["files"] << " files, "
-      << r["totals"]["bytes"] << " bytes\n\n";
-  size_t w = NameWidth(r["params"]);
-  out << std::left << std::setw(w + 2) << "parameter" << std::setw(14) << "shape" << std::setw(11) << "pattern"
-      << std::setw(11) << "in source" << std::setw(11) << "split dim" << "bytes\n";
-  for (const auto& p : r["params"]) {
-    std::string shape = CompactShape(p["shape"]);
-    std::string split = p["split_dim"].is_null() ? "-" : p["split_dim"].dump();
-    if (!p["split_dim_known"].get<bool>()) split += "?";
-    out << std::setw(w + 2) << p["name"].get<std::string>() << std::setw(14) << shape << std::setw(11)
-        << p["pattern"].get<std::string>() << std::setw(11) << p["pattern_in_source"].get<std::string>() << std::setw(11)
-        << split << p["bytes"] << (p["vocab"].get<bool>() ? "  vocab" : "") << "\n";
+  // The manifest's values as the table shows them: a key of the wrong type is refused here.
+  std::ostringstream text;  // printed whole, or not at all
+  try {
+    const auto& s = r["source"];
+    text << "atomic checkpoint  " << dir << "  (format " << r["format_version"] << ", ucp " << r["ucp_version"].get<std::string>()
+        << ", " << r["created"].get<std::string>() << ")\n"
+        << "converted from     " << s.at("path").get<std::string>() << "  (tag " << s.at("tag").get<std::string>() << ")\n"
+        << "source layout      dp=" << s.at("dp") << " tp=" << s.at("tp") << " pp=" << s.at("pp") << "  ZeRO-" << s.at("zero_stage") << " ("
+        << s.at("optimizer").get<std::string>() << "), " << s.at("dtype").get<std::string>() << ", iteration " << s.at("iteration")
+        << ", DeepSpeed " << s.at("ds_version").get<std::string>() << "\n"
+        << "model rules        "
+        << (r["family"].is_null() ? std::string("none") : r["family"]["name"].get<std::string>()) << "\n"
+        << "store              " << r["store"].get<std::string>() << "\n"
+        << "contents           " << r["totals"]["params"] << " parameters, " << r["totals"]["files"] << " files, "
+        << r["totals"]["bytes"] << " bytes\n\n";
+    size_t w = NameWidth(r["params"]);
+    text << std::left << std::setw(w + 2) << "parameter" << std::setw(14) << "shape" << std::setw(11) << "pattern"
+        << std::setw(11) << "in source" << std::setw(11) << "split dim" << "bytes\n";
+    for (const auto& p : r["params"]) {
+      std::string shape = CompactShape(p["shape"]);
+      std::string split = p["split_dim"].is_null() ? "-" : p["split_dim"].dump();
+      if (!p["split_dim_known"].get<bool>()) split += "?";
+      text << std::setw(w + 2) << p["name"].get<std::string>() << std::setw(14) << shape << std::setw(11)
+          << p["pattern"].get<std::string>() << std::setw(11) << p["pattern_in_source"].get<std::string>() << std::setw(11)
+          << split << p["bytes"] << (p["vocab"].get<bool>() ? "  vocab" : "") << "\n";
+    }
+    if (!r["verify"].is_null())
+      text << "\nverify             " << r["verify"]["files_checked"] << " files, " << r["verify"]["bytes_checked"]
+          << " bytes checked against the manifest's XXH64"
+          << (r["verify"].contains("datasets_checked")
+                  ? "; " + r["verify"]["datasets_checked"].dump() + " datasets of atoms.h5 against their recorded XXH64"
+                  : std::string())
+          << "\n";
+  } catch (const std::exception& e) {
+    err << "ucp-inspect: error: " << dir << "/" << store::kManifestName << ": " << e.what() << "\n";
+    return 2;
   }
-  if (!r["verify"].is_null())
-    out << "\nverify             " << r["verify"]["files_checked"] << " files, " << r["verify"]["bytes_checked"]
-        << " bytes checked against the manifest's XXH64"
-        << (r["verify"].contains("datasets_checked")
-                ? "; " + r["verify"]["datasets_checked"].dump() + " datasets of atoms.h5 against their recorded XXH64"
-                : std::string())
-        << "\n";
+  out << text.str();
   for (const auto& p : r["problems"]) out << "PROBLEM  " << p.get<std::string>() << "\n";
   if (!r["verify"].is_null() && r["problems"].empty()) out << "all files match\n";
   return code;

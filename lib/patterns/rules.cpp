@@ -1,5 +1,6 @@
 #include "patterns/rules.h"
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,7 +17,83 @@ const std::vector<std::string>& ListKeys() {
   return keys;
 }
 
+// Why `text` could make std::regex (a backtracking matcher) take exponential or runaway time on a
+// parameter name, or "" when it cannot. Rules come from files and from checkpoints (a hostile
+// checkpoint's universal_checkpoint_info among them); the rules DeepSpeed and Megatron-DeepSpeed
+// write are literal names with a \d+ or two. Refused: more than 1024 bytes; a quantifier on a
+// quantifier (a lazy '?' aside); a quantified group holding a quantifier or an alternation (star
+// height 2, the classic catastrophic case); back-references; more than 3 unbounded quantifiers.
+std::string RegexHazard(const std::string& text) {
+  if (text.size() > 1024) return "longer than 1024 bytes";
+  struct Group {
+    bool inner = false;  // holds a quantifier or an alternation
+  };
+  std::vector<Group> groups(1);
+  enum class Last { None, Atom, Group, Quantifier, Lazy } last = Last::None;
+  bool last_group_inner = false;
+  int unbounded = 0;
+  auto quantify = [&](bool is_unbounded) -> std::string {
+    if (last == Last::Quantifier || last == Last::Lazy) return "a quantifier follows a quantifier";
+    if (last == Last::Group && last_group_inner) return "a quantified group holds a quantifier or an alternation";
+    if (is_unbounded && ++unbounded > 3) return "more than 3 unbounded quantifiers (*, +, {n,})";
+    groups.back().inner = true;
+    last = Last::Quantifier;
+    return "";
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    std::string why;
+    if (c == '\\') {
+      if (i + 1 < text.size() && text[i + 1] >= '1' && text[i + 1] <= '9') return "a back-reference";
+      ++i;
+      last = Last::Atom;
+    } else if (c == '[') {
+      size_t j = i + 1;
+      if (j < text.size() && text[j] == '^') ++j;
+      if (j < text.size() && text[j] == ']') ++j;
+      while (j < text.size() && text[j] != ']') j += text[j] == '\\' ? 2 : 1;
+      i = j;
+      last = Last::Atom;
+    } else if (c == '(') {
+      groups.push_back({});
+      if (i + 1 < text.size() && text[i + 1] == '?') ++i;  // (?: (?= (?!
+      last = Last::None;
+    } else if (c == ')') {
+      if (groups.size() > 1) {
+        last_group_inner = groups.back().inner;
+        groups.pop_back();
+        groups.back().inner = groups.back().inner || last_group_inner;
+      }
+      last = Last::Group;
+    } else if (c == '|') {
+      groups.back().inner = true;
+      last = Last::None;
+    } else if (c == '*' || c == '+') {
+      why = quantify(true);
+    } else if (c == '?') {
+      if (last == Last::Quantifier) last = Last::Lazy;
+      else why = quantify(false);
+    } else if (c == '{' && i + 1 < text.size() && std::isdigit(static_cast<unsigned char>(text[i + 1]))) {
+      const size_t close = text.find('}', i);
+      if (close == std::string::npos) {
+        last = Last::Atom;
+        continue;
+      }
+      const std::string body = text.substr(i + 1, close - i - 1);
+      why = quantify(!body.empty() && body.back() == ',');
+      i = close;
+    } else {
+      last = Last::Atom;
+    }
+    if (!why.empty()) return why;
+  }
+  return "";
+}
+
 Regex Compile(const std::string& text, const std::string& where) {
+  if (auto hazard = RegexHazard(text); !hazard.empty())
+    throw Error(where + ": regular expression '" + text.substr(0, 200) + (text.size() > 200 ? "..." : "") +
+                "' refused: " + hazard + " (it could take exponential time on a parameter name)");
   try {
     return Regex{text, std::regex(text, std::regex::ECMAScript)};
   } catch (const std::regex_error& e) {

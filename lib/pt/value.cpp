@@ -148,6 +148,17 @@ ValuePtr Value::MakeObject(std::string module, std::string name, ValuePtr args, 
   v->state = std::move(state);
   return v;
 }
+int64_t CheckedNumel(const std::vector<int64_t>& shape) {
+  constexpr int64_t kMaxElements = int64_t{1} << 48;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) throw Error("shape " + ShapeString(shape) + " has a negative dimension");
+    if (d > 0 && n > kMaxElements / d) throw Error("shape " + ShapeString(shape) + " has more than 2^48 elements");
+    n = d == 0 ? 0 : n * d;
+  }
+  return n;
+}
+
 int64_t Numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

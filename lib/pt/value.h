@@ -66,6 +66,9 @@ void SetItem(Value& dict, const std::string& key, std::shared_ptr<Value> v);
 std::shared_ptr<Value> IntList(const std::vector<int64_t>& values);
 
 // Elements of a tensor of this shape (1 for a scalar's empty shape).
+// A shape read from a file: throws ucp::Error ("shape [..] has a negative dimension" / "more than
+// 2^48 elements": 1 PiB of float32, a damaged or hostile file) before any arithmetic can overflow.
+int64_t CheckedNumel(const std::vector<int64_t>& shape);
 int64_t Numel(const std::vector<int64_t>& shape);
 
 // Row-major strides of a shape.

@@ -44,8 +44,10 @@ std::vector<std::string> MissingLayoutKeys(const std::vector<std::string>& given
 
 TargetLayout ApplyLayout(const nlohmann::json& j, TargetLayout t, const std::string& path, std::vector<std::string>* given) {
   if (!j.is_object()) throw Error(path + ": a layout is a JSON object (schemas/layout.schema.json)");
-  for (const auto& [key, v] : j.items()) {
-    auto bad = [&, key = key](const std::string& want) {
+  for (const auto& item : j.items()) {
+    const std::string& key = item.key();
+    const nlohmann::json& v = item.value();
+    auto bad = [&](const std::string& want) {
       return Error(path + ": '" + key + "' must be " + want + ", not " + v.dump());
     };
     auto positive = [&]() -> int {

@@ -53,18 +53,11 @@ int ZeroStageOf(const Value& v) {
   return static_cast<int>(v.AsInt());
 }
 
-// A parameter's shape: non-negative dimensions, at most 2^48 elements (1 PiB of fp32; larger is a
-// damaged or hostile file, and would overflow the byte arithmetic downstream).
+// A parameter's shape, checked (pt::CheckedNumel).
 std::vector<int64_t> Shape(const Value& v) {
-  constexpr int64_t kMaxElements = int64_t{1} << 48;
   std::vector<int64_t> out;
   for (const auto& d : v.AsSequence()) out.push_back(d->AsInt());
-  int64_t numel = 1;
-  for (int64_t n : out) {
-    if (n < 0) throw Error("shape " + pt::ShapeString(out) + " has a negative dimension");
-    if (n > 0 && numel > kMaxElements / n) throw Error("shape " + pt::ShapeString(out) + " has more than 2^48 elements");
-    numel = n == 0 ? 0 : numel * n;
-  }
+  pt::CheckedNumel(out);
   return out;
 }
 
@@ -99,10 +92,12 @@ void CheckCoverage(SourceLayout& L, GroupParams& group_params,
   for (size_t k = 0; k < L.params.size(); ++k) index[L.params[k].name] = static_cast<int>(k);
   std::map<std::tuple<int, int, int>, std::vector<const Fragment*>> by_param;  // (param, pp, tp)
   for (const auto& fr : L.fragments) by_param[{fr.param, L.files[fr.file].pp, L.files[fr.file].tp}].push_back(&fr);
-  for (const auto& [key, params] : group_params) {
-    auto [pp, tp, g] = key;
+  for (const auto& [group_key, params] : group_params) {
+    const auto key = group_key;  // named copies: lambdas below capture them (clang 14: no bindings)
+    const int pp = std::get<0>(key), tp = std::get<1>(key);
     int64_t offset = 0;  // of the parameter in the group's flat buffer (ZeRO-1/2)
-    for (const auto& [name, numel] : params) {
+    for (const auto& [name, param_numel] : params) {
+      const int64_t numel = param_numel;
       const int64_t param_offset = offset;
       offset += numel;
       // The optimizer file that should hold element `e` of this parameter.

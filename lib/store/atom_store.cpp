@@ -67,7 +67,8 @@ AtomReader::AtomReader(StoreKind store, std::string dir, nlohmann::json manifest
       a.name = p.at("name").get<std::string>();
       a.shape = p.at("shape").get<std::vector<int64_t>>();
       a.numel = p.at("numel").get<int64_t>();
-      if (pt::Numel(a.shape) != a.numel) throw Error("parameter '" + a.name + "': numel does not match its shape");
+      if (WithContext("parameter '" + a.name + "'", [&] { return pt::CheckedNumel(a.shape); }) != a.numel)
+        throw Error("parameter '" + a.name + "': numel does not match its shape");
       a.pattern = p.at("pattern").get<std::string>();
       a.split_dim = p.at("split_dim").is_null() ? -1 : p.at("split_dim").get<int>();
       a.split_dim_known = p.at("split_dim_known").get<bool>();

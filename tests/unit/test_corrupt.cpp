@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "inspect/inspect.h"
+#include "store/atom_store.h"
 #include "patterns/rules.h"
 #include "pt/torch_file.h"
 #include "pt/unpickler.h"
@@ -154,4 +155,40 @@ TEST_CASE("corrupt: hostile pickles are refused before they grow the machine wit
   wide += "t.";
   const auto* w = reinterpret_cast<const uint8_t*>(wide.data());
   CHECK(pt::Unpickle({w, wide.size()}, none)->AsSequence().size() == 65535);
+}
+
+// Inputs the fuzzers of tests/fuzz found (scripts/fuzz.sh), kept in tests/data/fuzz_regressions/<harness>/.
+TEST_CASE("corrupt: inputs the fuzzers found stay refused with ucp::Error", "[corrupt]") {
+  const fs::path regressions = fs::path(UCP_SOURCE_DIR) / "tests" / "data" / "fuzz_regressions";
+  int cases = 0;
+  for (const auto& e : fs::directory_iterator(regressions / "manifest")) {
+    // A manifest whose source lacks "path": the report read it through nlohmann's const operator[]
+    // (undefined on a missing key: a use after free under ASan).
+    fs::path dir = test::WorkDir() / "fuzz_regressions" / e.path().stem();
+    fs::create_directories(dir);
+    fs::copy_file(e.path(), dir / "ucp_manifest.json", fs::copy_options::overwrite_existing);
+    for (bool json : {true, false}) {
+      std::ostringstream out, err;
+      inspect::InspectOptions options;
+      options.json = json;
+      const int code = inspect::RunInspect(dir.string(), options, out, err);
+      if (json) {
+        CHECK(code != 2);  // the JSON report copies "source" as it is; nothing read through a missing key
+      } else {
+        CHECK(code == 2);  // the table shows source.path: refused naming the file and the key
+        CHECK_THAT(err.str(), Catch::Contains("ucp_manifest.json") && Catch::Contains("'path'"));
+      }
+    }
+    try {
+      store::AtomReader::Open(dir.string());
+    } catch (const Error&) {
+    }
+    ++cases;
+  }
+  for (const auto& e : fs::directory_iterator(regressions / "patterns")) {
+    // A rule that made std::regex backtrack for minutes: refused before it is compiled.
+    CHECK_THROWS_WITH(patterns::RuleSet::FromFile(e.path().string()), Catch::Contains("exponential time"));
+    ++cases;
+  }
+  CHECK(cases >= 2);
 }

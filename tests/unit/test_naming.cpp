@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/names.h"
+#include "patterns/rules.h"
 #include "reshard/naming.h"
 #include "store/atomic_store.h"
 
@@ -106,6 +107,31 @@ TEST_CASE("a rule that is not a regex is refused with its text", "[naming]") {
   auto info = Value::Make(Value::Kind::Dict);
   pt::SetItem(*info, "tp_replicated_parameter_patterns", StrList({"(unclosed"}));
   CHECK_THROWS_WITH(RenameRules(*info, Names(), Naming::Pipe, Naming::Plain, 3), Catch::Contains("(unclosed"));
+}
+
+TEST_CASE("rules that could take exponential time are refused, the rules DeepSpeed writes are not", "[naming]") {
+  auto rules = [](const std::string& pattern) {
+    return patterns::RuleSet::FromJson({{"tp_replicated_parameter_patterns", {pattern}}}, "rules.json");
+  };
+  for (const std::string& ok : std::vector<std::string>{
+           "\\d+.input_layernorm.weight", "language_model.encoder.layers.\\d+.mlp.dense_h_to_4h.weight",
+           "(q_proj|k_proj|v_proj).weight", "model.layers.\\d+.(self_attn|mlp).[a-z_]+.weight", "a{2}b?c*?", "(ab)+"})
+    CHECK_NOTHROW(rules(ok));
+  const std::vector<std::pair<std::string, std::string>> hazards = {
+      {"(a+)+b", "a quantified group holds a quantifier"},
+      {"(a|aa)*b", "a quantified group holds a quantifier or an alternation"},
+      {"((ab)*c)*", "a quantified group holds"},
+      {"language_model***.weight", "a quantifier follows a quantifier"},
+      {"a+{2,}", "a quantifier follows a quantifier"},
+      {"(a)\\1", "a back-reference"},
+      {".*.*.*.*x", "more than 3 unbounded quantifiers"},
+      {std::string(1025, 'a'), "longer than 1024 bytes"}};
+  for (const auto& [pattern, why] : hazards)
+    CHECK_THROWS_WITH(rules(pattern), Catch::Contains("rules.json") && Catch::Contains(why));
+  // In a checkpoint's universal_checkpoint_info too (a hostile checkpoint's rules).
+  auto info = Value::Make(Value::Kind::Dict);
+  pt::SetItem(*info, "tp_replicated_parameter_patterns", StrList({"(\\d+)*x"}));
+  CHECK_THROWS_WITH(patterns::RuleSet::FromCheckpointInfo(*info), Catch::Contains("exponential time"));
 }
 
 TEST_CASE("names read from files stay inside the folder they are joined to", "[naming]") {
