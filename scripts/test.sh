@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): installs missing dependencies, builds, runs every test through
 # ctest, then rebuilds the unit tests with AddressSanitizer + UBSan and reruns the tests that feed
-# damaged and hostile input to the reader.
+# damaged and hostile input to the reader, then runs each libFuzzer harness for 30 s.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$root/build}"
@@ -50,3 +50,5 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/pytho
   "$asan/apps/ucp-convert" "$asan/apps/ucp-inspect" "$work/fixtures/zero3_tp2_dp2_gpt" "$work/asan/hdf5_np1" 1
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/hdf5_case.py" \
   "$asan/apps/ucp-convert" "$asan/apps/ucp-inspect" "$work/fixtures/tp2_pp2_dp2_bf16" "$work/asan/hdf5_np2" 2 mpiexec
+echo "== libFuzzer: each harness for 30 s (scripts/fuzz.sh), seeded with the real and fixture files"
+UCP_TEST_WORK="$work" FUZZ_BUILD_DIR="$build-fuzz" bash "$root/scripts/fuzz.sh" all 30

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Builds one libFuzzer harness (tests/fuzz/fuzz_NAME.cpp) and runs it for SECONDS.
+#
+#   scripts/fuzz.sh NAME SECONDS      NAME: zip unpickle torch_file manifest layout patterns atoms_h5
+#   scripts/fuzz.sh all SECONDS       each in turn
+#
+# The build (FUZZ_BUILD_DIR, default build-fuzz/) is clang with libFuzzer's coverage, ASan and UBSan
+# over the whole library. Seeds come fresh each run from the real DeepSpeed checkpoints
+# (../shared/real-deepspeed/cases), the test suite's fixtures and atomic checkpoints (UCP_TEST_WORK,
+# default build/tests/work, made by scripts/test.sh), tests/data and patterns/; what the fuzzer
+# finds new stays in build-fuzz/corpus/NAME for the next run. A crash, a leak, undefined behaviour
+# or an exception other than ucp::Error leaves its input in build-fuzz/crashes/NAME/ and makes this
+# script exit 1; each such input becomes a regression test (tests/unit/test_corrupt.cpp).
+# The last line printed per harness: executions, coverage (libFuzzer's cov/ft) and corpus size.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+name="${1:?usage: fuzz.sh NAME|all SECONDS}"
+seconds="${2:?usage: fuzz.sh NAME|all SECONDS}"
+all=(zip unpickle torch_file manifest layout patterns atoms_h5)
+if [ "$name" = all ]; then
+  status=0
+  for n in "${all[@]}"; do bash "$0" "$n" "$seconds" || status=1; done
+  exit $status
+fi
+case " ${all[*]} " in *" $name "*) ;; *) echo "fuzz.sh: unknown harness '$name' (one of: ${all[*]})" >&2; exit 2 ;; esac
+
+build="${FUZZ_BUILD_DIR:-$root/build-fuzz}"
+work="${UCP_TEST_WORK:-$root/build/tests/work}"
+real="$root/../shared/real-deepspeed/cases"
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  CC=clang CXX=clang++ cmake -S "$root" -B "$build" -DUCP_FUZZ=ON -DUCP_BUILD_TESTS=OFF \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
+fi
+cmake --build "$build" --target "fuzz_$name" -j "$(nproc)" > "$build.build.log" 2>&1 || { tail -40 "$build.build.log"; exit 1; }
+
+seeds="$build/seeds/$name"
+corpus="$build/corpus/$name"
+crashes="$build/crashes/$name"
+rm -rf "$seeds"
+mkdir -p "$seeds" "$corpus" "$crashes"
+first_lines() { local f; f="$(mktemp)"; cat > "$f"; sed -n "1,$1p" "$f"; rm -f "$f"; }
+small_pt() {  # .pt files of at most 256 KiB, real ones first: at most 200
+  local list="$build/seeds/pt.list"
+  find "$real" "$work/fixtures" "$root/tests/data" -name '*.pt' -size -256k > "$list" 2>/dev/null || true
+  sed -n 1,200p "$list"
+}
+seed_n=0
+add() { cp "$1" "$seeds/$((seed_n++))-$(basename "$1")"; }
+case "$name" in
+  zip|torch_file)
+    while read -r f; do add "$f"; done < <(small_pt) ;;
+  unpickle)
+    small_pt | /usr/bin/python3 -c '
+import sys, zipfile
+for i, path in enumerate(sys.stdin.read().split()):
+    with zipfile.ZipFile(path) as z:
+        for n in z.namelist():
+            if n.endswith("data.pkl"):
+                open(f"{sys.argv[1]}/{i}.pkl", "wb").write(z.read(n))
+' "$seeds" ;;
+  manifest)
+    while read -r f; do add "$f"; done < <(find "$work" -name ucp_manifest.json -size -256k 2>/dev/null | first_lines 100) ;;
+  layout)
+    add "$root/tests/data/layout_example.json"
+    while read -r f; do add "$f"; done < <(find "$work" -name '*.json' -path '*layout*' 2>/dev/null | first_lines 20) ;;
+  patterns)
+    for f in "$root"/patterns/*.json; do add "$f"; done ;;
+  atoms_h5)
+    h5="$(find "$work" -name atoms.h5 -path '*/h5/universal/*' -size -1M 2>/dev/null | first_lines 1)"
+    [ -n "$h5" ] || h5="$(find "$work" -name atoms.h5 -path '*/damaged/good/*' 2>/dev/null | first_lines 1)"
+    if [ -z "$h5" ]; then
+      echo "fuzz.sh: no atoms.h5 under $work to seed from: run scripts/test.sh first" >&2
+      exit 1
+    fi
+    add "$h5"
+    export UCP_FUZZ_MANIFEST="$(dirname "$h5")/ucp_manifest.json" ;;
+esac
+if [ "$(ls -A "$seeds")" = "" ]; then
+  echo "fuzz.sh: no seeds for $name (run scripts/test.sh first, for the fixtures)" >&2
+  exit 1
+fi
+
+log="$build/fuzz_$name.log"
+export TMPDIR="${TMPDIR:-/tmp}"
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}"
+set +e
+"$build/tests/fuzz/fuzz_$name" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=30 -print_final_stats=1 \
+  -artifact_prefix="$crashes/" "$corpus" "$seeds" > "$log" 2>&1
+rc=$?
+set -e
+rm -rf "$TMPDIR"/ucp-fuzz-* 2>/dev/null || true
+execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)"
+last="$(grep -E '^#[0-9]+' "$log" | tail -1)"
+echo "fuzz_$name: ${seconds}s, ${execs:-?} executions, $(ls "$seeds" | wc -l) seeds; last: ${last:-none}"
+if [ $rc -ne 0 ]; then
+  echo "fuzz_$name: FAILED (exit $rc); input(s) in $crashes/, log $log:" >&2
+  grep -E 'ERROR|SUMMARY|escaped|deadly|==[0-9]+==' "$log" | head -20 >&2
+  exit 1
+fi
