@@ -75,6 +75,7 @@ else:
             problems.append(f"{what}: peak RSS {rss / 2**20:.1f} MiB, over {MAX_RSS >> 20} MiB")
     if os.path.exists(os.path.join(work, "out")):
         problems.append("an output folder was created")
+    shutil.rmtree(os.path.join(work, "zip_1e6_entries"), ignore_errors=True)  # 100 MB, no longer needed
     for p in problems:
         print("PROBLEM:", p)
     print(f"{len(cases)} hostile inputs, {len(problems)} problems")
