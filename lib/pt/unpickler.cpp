@@ -18,6 +18,9 @@ class Machine {
     for (auto& v : stack_) ReleaseTree(std::move(v));
     for (auto& [k, v] : memo_) ReleaseTree(std::move(v));
   }
+  // On a refused pickle: frees every value the machine built, `extra` (a refused result) included,
+  // cycles too (a list appended to itself through the memo), which ReleaseTree leaves alone.
+  void Abandon(ValuePtr extra = nullptr);
 
   ValuePtr Run();
 
@@ -591,13 +594,86 @@ void ReleaseTree(ValuePtr root) {
   }
 }
 
+// Whether a value holds itself, directly or further down (a list appended to itself through the
+// memo, an object whose state is itself): torch.save never writes one, and every walk over a tree,
+// ReleaseTree's included, would loop or leak on it. Iterative depth-first search with colours.
+bool HasCycle(const ValuePtr& root) {
+  auto children = [](const Value* v) {
+    std::vector<const Value*> c;
+    for (const auto& i : v->items) c.push_back(i.get());
+    for (const auto& it : v->dict.items()) c.push_back(it.key.get()), c.push_back(it.value.get());
+    c.push_back(v->args.get());
+    c.push_back(v->state.get());
+    return c;
+  };
+  std::unordered_map<const Value*, bool> open;  // true: on the current path; false: done
+  struct Frame {
+    const Value* v;
+    std::vector<const Value*> next;
+    size_t at = 0;
+  };
+  std::vector<Frame> path;
+  if (root) path.push_back({root.get(), children(root.get())}), open[root.get()] = true;
+  while (!path.empty()) {
+    Frame& f = path.back();
+    if (f.at == f.next.size()) {
+      open[f.v] = false;
+      path.pop_back();
+      continue;
+    }
+    const Value* c = f.next[f.at++];
+    if (!c) continue;
+    auto it = open.find(c);
+    if (it != open.end()) {
+      if (it->second) return true;
+      continue;
+    }
+    open[c] = true;
+    path.push_back({c, children(c)});
+  }
+  return false;
+}
+
+void Machine::Abandon(ValuePtr extra) {
+  std::vector<ValuePtr> todo = std::move(stack_), all;
+  for (auto& [k, v] : memo_) todo.push_back(std::move(v));
+  memo_.clear();
+  todo.push_back(std::move(extra));
+  std::unordered_set<const Value*> seen;
+  while (!todo.empty()) {
+    ValuePtr v = std::move(todo.back());
+    todo.pop_back();
+    if (!v || !seen.insert(v.get()).second) continue;
+    for (const auto& c : v->items) todo.push_back(c);
+    for (const auto& it : v->dict.items()) todo.push_back(it.key), todo.push_back(it.value);
+    todo.push_back(v->args);
+    todo.push_back(v->state);
+    all.push_back(std::move(v));
+  }
+  for (const auto& v : all) {  // no edge left: each goes with `all`
+    v->items.clear();
+    v->dict = Dict();
+    v->args.reset();
+    v->state.reset();
+  }
+}
+
 ValuePtr Unpickle(std::span<const uint8_t> bytes, const StorageResolver& storages, UnpickleLimits limits) {
   Machine machine(bytes, storages);
-  ValuePtr root = machine.Run();
-  size_t depth = Depth(root, limits.max_nesting);
-  if (depth > limits.max_nesting) {
-    ReleaseTree(std::move(root));
+  ValuePtr root;
+  try {
+    root = machine.Run();
+  } catch (...) {
+    machine.Abandon();
+    throw;
+  }
+  if (Depth(root, limits.max_nesting) > limits.max_nesting) {
+    machine.Abandon(std::move(root));
     throw Error("pickle nests deeper than " + std::to_string(limits.max_nesting) + " levels");
+  }
+  if (HasCycle(root)) {
+    machine.Abandon(std::move(root));
+    throw Error("pickle holds a cycle (a value inside itself), which torch.save never writes");
   }
   return root;
 }
