@@ -40,7 +40,7 @@ rm -rf "$seeds"
 mkdir -p "$seeds" "$corpus" "$crashes"
 first_lines() { local f; f="$(mktemp)"; cat > "$f"; sed -n "1,$1p" "$f"; rm -f "$f"; }
 small_pt() {  # .pt files of at most 256 KiB, real ones first: at most 200
-  local list="$build/seeds/pt.list"
+  local list="$build/seeds/$name.pt.list"  # one per harness: harnesses may run side by side
   find "$real" "$work/fixtures" "$root/tests/data" -name '*.pt' -size -256k > "$list" 2>/dev/null || true
   sed -n 1,200p "$list"
 }

@@ -118,9 +118,13 @@ FileDigest WriteFileAtomically(const std::string& path, const std::string& conte
   return f.Commit();
 }
 
-std::string TemporaryName(const std::string& path) {
-  return path + kTempMark + std::to_string(::getpid()) + "-" + std::to_string(g_counter++);
+std::string TemporaryName(const std::string& path, long pid, uint64_t n) {
+  return path + kTempMark + std::to_string(pid) + "-" + std::to_string(n);
 }
+
+std::string TemporaryName(const std::string& path) { return TemporaryName(path, ::getpid(), NextTemporarySerial()); }
+
+uint64_t NextTemporarySerial() { return g_counter++; }
 
 bool IsTemporaryName(const std::string& file_name) { return file_name.find(kTempMark) != std::string::npos; }
 

@@ -62,8 +62,12 @@ class AtomicFile {
 // Writes a whole small file atomically.
 FileDigest WriteFileAtomically(const std::string& path, const std::string& contents);
 
-// The one naming rule for temporaries: "<path>.tmp-<pid>-<n>", n counting in this process.
+// The one naming rule for temporaries: "<path>.tmp-<pid>-<n>", n counting in process `pid`.
+std::string TemporaryName(const std::string& path, long pid, uint64_t n);
+// The same for this process and its next n.
 std::string TemporaryName(const std::string& path);
+// This process's next n: for a temporary several processes must name alike (rank 0's, shared).
+uint64_t NextTemporarySerial();
 // Whether a file name (no folder) is a temporary's: a killed run's leftover, never complete.
 bool IsTemporaryName(const std::string& file_name);
 // Removes every temporary under `dir`, recursively: for a run that holds the folder's lock.

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/fault_point.h"
 #include "core/format.h"
@@ -65,7 +66,7 @@ OutputLock::OutputLock(const std::string& dir, const std::string& tool, std::str
                             {"started", UtcTimestamp()}}.dump() + "\n";
   // The lock appears whole or not at all: written under a private name, then linked to its own
   // (link(2) fails if the name exists: the exclusive step).
-  const std::string mine = path_ + ".tmp-" + std::to_string(pid);
+  const std::string mine = TemporaryName(path_);
   {
     const int fd = ::open(mine.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) throw Error(dir + ": cannot write its lock " + mine + ": " + std::strerror(errno));

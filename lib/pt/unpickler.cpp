@@ -551,26 +551,53 @@ ValuePtr Machine::Run() {
   }
 }
 
-// Depth of the tree (cycles count once), iteratively.
-size_t Depth(const ValuePtr& root, size_t limit) {
-  std::vector<std::pair<const Value*, size_t>> todo{{root.get(), 1}};
-  std::unordered_set<const Value*> seen;
-  size_t deepest = 0;
-  while (!todo.empty()) {
-    auto [v, d] = todo.back();
-    todo.pop_back();
-    if (!v || !seen.insert(v).second) continue;
-    deepest = std::max(deepest, d);
-    if (deepest > limit) return deepest;
-    for (const auto& c : v->items) todo.push_back({c.get(), d + 1});
-    for (const auto& it : v->dict.items()) {
-      todo.push_back({it.key.get(), d + 1});
-      todo.push_back({it.value.get(), d + 1});
+// The longest chain of values from `root` down (1 for a leaf; shared values walked once), or
+// nullopt when a value holds itself, directly or further down (a list appended to itself through
+// the memo, an object whose state is itself): torch.save never writes one, and a walk over it would
+// loop or leak. One iterative depth-first search; it stops once a chain is longer than `limit`.
+struct TreeShape {
+  size_t depth = 0;
+  bool cycle = false;
+};
+TreeShape Measure(const ValuePtr& root, size_t limit) {
+  if (!root) return {};
+  std::unordered_map<const Value*, size_t> height;  // 0: on the current path; else done, its height
+  struct Frame {
+    const Value* v;
+    std::vector<const Value*> next;
+    size_t at = 0, below = 0;  // next child; the tallest child so far
+  };
+  std::vector<Frame> path;
+  auto enter = [&](const Value* v) {
+    Frame f{v, {}};
+    v->ForEachChild([&](const ValuePtr& c) { if (c) f.next.push_back(c.get()); });
+    height[v] = 0;
+    path.push_back(std::move(f));
+  };
+  enter(root.get());
+  while (!path.empty()) {
+    if (path.size() > limit) return {path.size(), false};
+    Frame& f = path.back();
+    if (f.at == f.next.size()) {
+      size_t h = f.below + 1;
+      height[f.v] = h;
+      path.pop_back();
+      if (path.empty()) return {h, false};
+      path.back().below = std::max(path.back().below, h);
+      continue;
     }
-    todo.push_back({v->args.get(), d + 1});
-    todo.push_back({v->state.get(), d + 1});
+    const Value* c = f.next[f.at++];
+    auto it = height.find(c);
+    if (it == height.end()) {
+      enter(c);
+    } else if (it->second == 0) {
+      return {path.size(), true};
+    } else {
+      f.below = std::max(f.below, it->second);
+      if (path.size() + it->second > limit) return {path.size() + it->second, false};
+    }
   }
-  return deepest;
+  return {};
 }
 
 }  // namespace
@@ -582,56 +609,9 @@ void ReleaseTree(ValuePtr root) {
     ValuePtr v = std::move(todo.back());
     todo.pop_back();
     if (!v || v.use_count() > 1) continue;  // someone else still holds it
-    for (auto& c : v->items) todo.push_back(std::move(c));
-    v->items.clear();
-    for (const auto& it : v->dict.items()) {
-      todo.push_back(it.key);
-      todo.push_back(it.value);
-    }
-    v->dict = Dict();
-    todo.push_back(std::move(v->args));
-    todo.push_back(std::move(v->state));
+    v->ForEachChild([&](const ValuePtr& c) { todo.push_back(c); });
+    v->ClearChildren();
   }
-}
-
-// Whether a value holds itself, directly or further down (a list appended to itself through the
-// memo, an object whose state is itself): torch.save never writes one, and every walk over a tree,
-// ReleaseTree's included, would loop or leak on it. Iterative depth-first search with colours.
-bool HasCycle(const ValuePtr& root) {
-  auto children = [](const Value* v) {
-    std::vector<const Value*> c;
-    for (const auto& i : v->items) c.push_back(i.get());
-    for (const auto& it : v->dict.items()) c.push_back(it.key.get()), c.push_back(it.value.get());
-    c.push_back(v->args.get());
-    c.push_back(v->state.get());
-    return c;
-  };
-  std::unordered_map<const Value*, bool> open;  // true: on the current path; false: done
-  struct Frame {
-    const Value* v;
-    std::vector<const Value*> next;
-    size_t at = 0;
-  };
-  std::vector<Frame> path;
-  if (root) path.push_back({root.get(), children(root.get())}), open[root.get()] = true;
-  while (!path.empty()) {
-    Frame& f = path.back();
-    if (f.at == f.next.size()) {
-      open[f.v] = false;
-      path.pop_back();
-      continue;
-    }
-    const Value* c = f.next[f.at++];
-    if (!c) continue;
-    auto it = open.find(c);
-    if (it != open.end()) {
-      if (it->second) return true;
-      continue;
-    }
-    open[c] = true;
-    path.push_back({c, children(c)});
-  }
-  return false;
 }
 
 void Machine::Abandon(ValuePtr extra) {
@@ -644,18 +624,10 @@ void Machine::Abandon(ValuePtr extra) {
     ValuePtr v = std::move(todo.back());
     todo.pop_back();
     if (!v || !seen.insert(v.get()).second) continue;
-    for (const auto& c : v->items) todo.push_back(c);
-    for (const auto& it : v->dict.items()) todo.push_back(it.key), todo.push_back(it.value);
-    todo.push_back(v->args);
-    todo.push_back(v->state);
+    v->ForEachChild([&](const ValuePtr& c) { todo.push_back(c); });
     all.push_back(std::move(v));
   }
-  for (const auto& v : all) {  // no edge left: each goes with `all`
-    v->items.clear();
-    v->dict = Dict();
-    v->args.reset();
-    v->state.reset();
-  }
+  for (const auto& v : all) v->ClearChildren();  // no edge left: each goes with `all`
 }
 
 ValuePtr Unpickle(std::span<const uint8_t> bytes, const StorageResolver& storages, UnpickleLimits limits) {
@@ -667,13 +639,14 @@ ValuePtr Unpickle(std::span<const uint8_t> bytes, const StorageResolver& storage
     machine.Abandon();
     throw;
   }
-  if (Depth(root, limits.max_nesting) > limits.max_nesting) {
-    machine.Abandon(std::move(root));
-    throw Error("pickle nests deeper than " + std::to_string(limits.max_nesting) + " levels");
-  }
-  if (HasCycle(root)) {
+  TreeShape shape = Measure(root, limits.max_nesting);
+  if (shape.cycle) {
     machine.Abandon(std::move(root));
     throw Error("pickle holds a cycle (a value inside itself), which torch.save never writes");
+  }
+  if (shape.depth > limits.max_nesting) {
+    machine.Abandon(std::move(root));
+    throw Error("pickle nests deeper than " + std::to_string(limits.max_nesting) + " levels");
   }
   return root;
 }

@@ -123,6 +123,22 @@ struct Value {
   static ValuePtr MakeTensor(TensorView view);
 
   bool is(Kind k) const { return kind == k; }
+  // Calls f(const ValuePtr&) on each value this one holds (null ones included): the one list of a
+  // value's edges, for every walk over a tree.
+  template <class F>
+  void ForEachChild(F&& f) const {
+    for (const auto& c : items) f(c);
+    for (const auto& it : dict.items()) f(it.key), f(it.value);
+    f(args);
+    f(state);
+  }
+  // Drops every edge ForEachChild walks.
+  void ClearChildren() {
+    items.clear();
+    dict = Dict();
+    args.reset();
+    state.reset();
+  }
   bool IsSequence() const { return kind == Kind::List || kind == Kind::Tuple; }
   std::string QualifiedName() const { return module + "." + name; }
   // "dict", "list", "object argparse.Namespace", ... for error messages.

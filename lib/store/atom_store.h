@@ -133,7 +133,7 @@ struct StoreCommit {
 // Writes the tensors of an atomic checkpoint into one store.
 //   pt:   Write commits zero/<param>/<state>.pt (and step.pt with fp32) at once, each atomically;
 //         thread-safe. Commit only describes them.
-//   hdf5: Create makes <dir>/atoms.h5.tmp-<pid> with every group and dataset (collective under
+//   hdf5: Create makes <dir>/atoms.h5.tmp-<pid>-<n> with every group and dataset (collective under
 //         MPI: every rank passes the same specs); Write is one independent H5Dwrite of a whole
 //         dataset by whichever rank holds the tensor; Commit closes the file (collective), rank 0
 //         then adds the attributes (metadata, XXH64 of every dataset, steps), fsyncs and renames it

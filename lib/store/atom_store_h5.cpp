@@ -2,7 +2,7 @@
 //
 // Writing, and why in this order (the atomicity protocol of core/atomic_file.h, for one file that
 // many ranks write):
-//   1. every rank creates <dir>/atoms.h5.tmp-<pid of rank 0> together (MPI-IO under MPI), then every
+//   1. every rank creates <dir>/atoms.h5.tmp-<pid>-<n> (rank 0's) together (MPI-IO under MPI), then every
 //      group and dataset, collectively, from the same list: parallel HDF5 wants metadata changes
 //      collective, and space is allocated at creation so raw writes change no metadata;
 //   2. each rank writes the datasets it holds, each with one independent H5Dwrite;
@@ -231,10 +231,11 @@ class H5Writer final : public AtomWriter {
       : AtomWriter(dir, std::move(specs)), comm_(comm) {
     for (const auto& s : specs_)
       if (s.step) CheckStep(s.name, *s.step);
-    int64_t pid = comm.rank() == 0 ? ::getpid() : 0;
-    comm.AllreduceMax({&pid, 1});  // one temporary name on every rank
-    temp_ = dir_ + "/" + kAtomsH5 + ".tmp-" + std::to_string(pid);
     final_ = dir_ + "/" + kAtomsH5;
+    int64_t name[2] = {0, 0};  // rank 0's pid and serial: one temporary name on every rank
+    if (comm.rank() == 0) name[0] = ::getpid(), name[1] = static_cast<int64_t>(NextTemporarySerial());
+    comm.AllreduceMax(name);
+    temp_ = TemporaryName(final_, static_cast<long>(name[0]), static_cast<uint64_t>(name[1]));
     try {
       file_ = h5::File::Create(temp_, comm.size() > 1 ? comm.mpi_comm() : nullptr);
       for (const auto& s : specs_) {
@@ -274,8 +275,7 @@ class H5Writer final : public AtomWriter {
 
   StoreCommit Commit() override {
     // Collective steps first, each rank's failure kept for after them: no rank may skip one.
-    std::string error = shuffle::Capture([&] { file_.CloseFile(); });
-    file_.Abandon();  // closed, or failed closing: never closed again
+    std::string error = shuffle::Capture([&] { file_.CloseFile(); });  // never closed again, even if it failed
     auto gathered = comm_.GatherToRoot(nlohmann::json(digests_).dump());
     if (!error.empty()) throw Error(error);
     StoreCommit c;

@@ -155,6 +155,18 @@ TEST_CASE("corrupt: hostile pickles are refused before they grow the machine wit
   wide += "t.";
   const auto* w = reinterpret_cast<const uint8_t*>(wide.data());
   CHECK(pt::Unpickle({w, wide.size()}, none)->AsSequence().size() == 65535);
+  // Nesting is the longest chain, through shared values too: a tuple of `wrap` lists around a list
+  // nested 600 deep (kept in the memo) and of that same list is 1 + wrap + 600 deep, whichever way
+  // the walk meets the shared list first; the bound (1000 by default) is a chain of 1000 values.
+  auto shared_chain = [&](int wrap) {
+    const std::string put(std::string("q\0", 2)), get(std::string("h\0", 2));
+    const std::string deep = std::string(599, '(') + "]" + std::string(599, 'l') + put + "0";  // built, kept, popped
+    return proto + deep + "(" + std::string(wrap, '(') + get + std::string(wrap, 'l') + get + "t.";
+  };
+  const std::string at_bound = shared_chain(399);
+  const auto* a = reinterpret_cast<const uint8_t*>(at_bound.data());
+  CHECK(pt::Unpickle({a, at_bound.size()}, none)->AsSequence().size() == 2);
+  refused(shared_chain(400), "nests deeper than 1000 levels");
 }
 
 // Inputs the fuzzers of tests/fuzz found (scripts/fuzz.sh), kept in tests/data/fuzz_regressions/<harness>/.
