@@ -95,6 +95,9 @@ def check_after_kill(base, ref, what):
 
 
 def rerun_args(base):
+    """The flags of the rerun after a kill: none when no output folder was made yet."""
+    if not os.path.exists(out_dir(base)):
+        return []
     if mode != "convert-pt":
         return ["--force"]
     out = out_dir(base)
@@ -104,10 +107,7 @@ def rerun_args(base):
 
 
 def finish(base, ref, what):
-    if not os.path.exists(out_dir(base)):
-        extra = []
-    else:
-        extra = rerun_args(base)
+    extra = rerun_args(base)
     p = run(base, extra)
     if p.returncode != 0:
         problems.append(f"{what}: the rerun ({' '.join(extra) or 'no flag'}) exited {p.returncode}: {p.stderr.strip()[-400:]}")
