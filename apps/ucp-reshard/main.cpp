@@ -51,7 +51,12 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  mpirun -np 4 ucp-reshard ckpt/atomic -o new_ckpt --dp 4 --tp 2 --pp 2 --zero-stage 1 --dtype bf16\n"
       "  ucp-reshard ckpt/atomic --dp 2 --tp 2 --pp 1 --zero-stage 2 --dtype fp16 --plan-only --json\n"
-      "  ucp-reshard ckpt/atomic -o new_ckpt --layout target.json --dp 8"};
+      "  ucp-reshard ckpt/atomic -o new_ckpt --layout target.json --dp 8\n"
+      "  ucp-reshard ckpt/atomic --gpus 96 --gpus-per-node 4 --gpu-memory 40G --plan-only\n\n"
+      "--gpus N chooses the layout: every dp x tp x pp = N with TP dividing the heads, the key-value heads and the\n"
+      "FFN width and staying within a node, PP at most the layers, each ZeRO stage DeepSpeed runs there; memory per\n"
+      "GPU = weights + gradients + optimizer states (per ZeRO stage) + an activation allowance; among those that\n"
+      "fit: the source's TP and PP first, then the fewest stages, the least ZeRO communication, the smallest TP."};
   ucp::reshard::ReshardOptions o;
   auto& t = o.target;
   app.add_option("atomic", o.atomic_dir, "atomic checkpoint folder (with ucp_manifest.json)")->required();
@@ -88,7 +93,23 @@ int main(int argc, char** argv) {
                  "bytes each rank sends (and receives) per round of that exchange (e.g. 64K, 16M; default 8M)")
       ->transform(CLI::AsSizeValue(false))
       ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
-  app.add_flag("--plan-only", o.plan_only, "print which rank writes what and the bytes it reads; no data read");
+  auto& g = o.planner;
+  app.add_option("--gpus", g.gpus,
+                 "choose the layout for this many GPUs instead of giving --dp/--tp/--pp/--zero-stage (those given "
+                 "are kept): the valid layouts, their memory per GPU, and the preferred one that fits; with "
+                 "--plan-only, the ranked candidates and the reason")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--gpus-per-node", g.gpus_per_node, "with --gpus: GPUs per node; TP stays within a node (default 8)")
+      ->check(CLI::Range(1, 1 << 10));
+  app.add_option("--gpu-memory", g.gpu_memory, "with --gpus: memory of one GPU (e.g. 80G, the default; 40G, 24G)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 50));
+  app.add_option("--activation-memory", g.activation_memory,
+                 "with --gpus: memory per GPU set aside for activations and buffers (default a quarter of --gpu-memory)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
+  app.add_flag("--plan-only", o.plan_only,
+               "print which rank writes what and the bytes it reads (with --gpus: the layouts considered); no data read");
   app.add_flag("--json", o.json, "with --plan-only: as JSON");
   app.add_flag("--force", o.force, "overwrite a non-empty output folder (its `latest` is removed first)");
   app.add_option("--report", o.report_path, "write a JSON report: seconds, bytes read per rank, peak RSS");
@@ -98,10 +119,15 @@ int main(int argc, char** argv) {
     std::vector<std::string> given;
     if (!layout_file.empty()) t = ucp::reshard::ReadLayoutFile(layout_file, t, &given);
     t = ucp::reshard::ApplyLayout(flags, t, "the command line", &given);
-    if (auto missing = ucp::reshard::MissingLayoutKeys(given); !missing.empty()) {
+    if (g.gpus > 0) {
+      g.base = t;
+      for (const char* key : {"dp", "tp", "pp", "zero_stage"})
+        if (std::find(given.begin(), given.end(), key) != given.end()) g.fixed.push_back(key);
+    } else if (auto missing = ucp::reshard::MissingLayoutKeys(given); !missing.empty()) {
       std::string key = missing.front(), flag_name = key;
       std::replace(flag_name.begin(), flag_name.end(), '_', '-');
-      std::cerr << "ucp-reshard: error: no " << key << ": give --" << flag_name << " or \"" << key << "\" in a --layout file\n";
+      std::cerr << "ucp-reshard: error: no " << key << ": give --" << flag_name << " or \"" << key
+                << "\" in a --layout file, or --gpus N to choose the layout\n";
       return 2;
     }
   } catch (const ucp::Error& e) {

@@ -1097,6 +1097,33 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
   return P;
 }
 
+// The planner's view of the source: its shape facts and, per candidate layout, what each
+// model-parallel rank would hold (MakePlan's units; ZeRO-3's per-DP units counted once, whole).
+LayoutChoice ChooseFor(const Source& S, const PlannerRequest& request) {
+  ModelFacts m;
+  m.layers = S.layers;
+  auto arg = [&](const char* key) -> int64_t {
+    const Value* v = Arg(S, key);
+    return v && v->is(Value::Kind::Int) ? v->AsInt() : 0;
+  };
+  m.heads = arg("num_attention_heads"), m.kv_heads = arg("num_key_value_heads"), m.ffn = arg("ffn_hidden_size");
+  if (m.kv_heads == 0) m.kv_heads = m.heads;
+  const json& src = S.manifest["source"];
+  m.source.dp = src.value("dp", 1), m.source.tp = src.value("tp", 1), m.source.pp = src.value("pp", 1);
+  m.source.zero_stage = src.value("zero_stage", 1), m.source.dtype = src.value("dtype", "bf16");
+  return ChooseLayout(m, request, [&](const TargetLayout& layout) {
+    const TargetLayout T = ResolveModel(S, layout);
+    const Plan P = MakePlan(S, T, 1, 0);
+    std::vector<std::vector<int64_t>> loads;
+    for (const Unit& u : P.units) {
+      if (u.dp > 0) continue;
+      loads.emplace_back();
+      for (const UnitParam& up : u.params) loads.back().push_back(up.local_numel);
+    }
+    return loads;
+  });
+}
+
 json PlanJson(const Source& S, const TargetLayout& T, const Plan& P, int ranks) {
   json units = json::array();
   int64_t planned = 0;
@@ -1131,6 +1158,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   Source S;
   Plan P;
   TargetLayout T;
+  LayoutChoice choice;
   std::string tag;  // the source's, the target's folder name
   std::string error = Capture([&] {
     if (!o.plan_only) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
@@ -1139,10 +1167,27 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
       tag = S.manifest.at("source").at("tag").get<std::string>();
       RequirePlainName(tag, "source.tag");
     });
-    T = ResolveModel(S, o.target);
+    T = o.target;
+    if (o.planner.gpus > 0) {
+      choice = ChooseFor(S, o.planner);
+      if (choice.chosen < 0 && !o.plan_only) throw Error(choice.reason);
+      if (choice.chosen >= 0) T = choice.candidates[choice.chosen].layout;
+      if (o.plan_only) return;
+    }
+    T = ResolveModel(S, T);
     P = MakePlan(S, T, ranks, o.share_bytes);
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (o.planner.gpus > 0 && o.plan_only) {  // the layout chosen, not the work of writing it
+    if (rank == 0) {
+      if (o.json)
+        out << choice.ToJson(o.planner).dump(1) << "\n";
+      else
+        choice.Print(out, o.planner);
+    }
+    return choice.chosen >= 0 ? 0 : 1;
+  }
+  if (talk && o.planner.gpus > 0) err << kTool << ": layout for " << o.planner.gpus << " GPUs: " << choice.reason << "\n";
   if (talk)
     err << kTool << ": " << o.atomic_dir << " (" << S.atoms.size() << " parameters, from dp=" << S.manifest["source"]["dp"]
         << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"] << ") to " << T.Describe()

@@ -8,6 +8,7 @@
 #include <ostream>
 #include <string>
 
+#include "reshard/planner.h"
 #include "reshard/target.h"
 #include "shuffle/comm.h"
 
@@ -22,6 +23,9 @@ struct ReshardOptions {
   int64_t share_bytes = int64_t{256} << 20;
   int64_t exchange_round_bytes = int64_t{8} << 20;  // per rank and round of that exchange
   std::string report_path;
+  // planner.gpus > 0: the layout is chosen for that many GPUs (reshard/planner.h); `target` holds
+  // the dtype and the degrees the user fixed (planner.fixed).
+  PlannerRequest planner;
 };
 
 // Exit codes: 0 done, 1 failed or refused (the lowest failing rank prints why).

@@ -1,0 +1,192 @@
+#include "reshard/planner.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <tuple>
+
+#include "core/error.h"
+#include "core/format.h"
+
+namespace ucp::reshard {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int DtypeBytes(const std::string& dtype) { return dtype == "fp32" ? 4 : 2; }
+
+bool Fixed(const PlannerRequest& r, const char* key) {
+  return std::find(r.fixed.begin(), r.fixed.end(), key) != r.fixed.end();
+}
+
+// 0: an all-reduce as plain DP (stages 0 and 1), 1: ZeRO-2's reduce-scatter, 2: ZeRO-3's gathers.
+int ZeroCommunication(int stage) { return stage <= 1 ? 0 : stage - 1; }
+
+std::string Degrees(const TargetLayout& t) {
+  return "dp=" + std::to_string(t.dp) + " tp=" + std::to_string(t.tp) + " pp=" + std::to_string(t.pp) + " ZeRO-" +
+         std::to_string(t.zero_stage);
+}
+
+// Why the model cannot take `tp` by its shape facts, or "".
+std::string TpRefusal(const ModelFacts& m, const PlannerRequest& r, int tp) {
+  if (tp > r.gpus_per_node || r.gpus_per_node % tp)
+    return "tp=" + std::to_string(tp) + " does not divide the " + std::to_string(r.gpus_per_node) + " GPUs of a node";
+  const std::pair<const char*, int64_t> facts[] = {{"attention heads", m.heads}, {"key-value heads", m.kv_heads}, {"FFN width", m.ffn}};
+  for (const auto& [what, n] : facts)
+    if (n > 0 && n % tp) return "tp=" + std::to_string(tp) + " does not divide the " + std::to_string(n) + " " + what;
+  return "";
+}
+
+}  // namespace
+
+nlohmann::json MemoryEstimate::ToJson() const {
+  return {{"weights", weights}, {"gradients", gradients}, {"optimizer", optimizer}, {"activations", activations}, {"total", total()}};
+}
+
+MemoryEstimate EstimateMemory(const TargetLayout& t, const std::vector<int64_t>& numels, int64_t activations) {
+  const int64_t b = DtypeBytes(t.dtype);
+  int64_t all = 0, sliced = 0;  // sum n; sum ceil(n / dp)
+  for (int64_t n : numels) all += n, sliced += CeilDiv(n, t.dp);
+  const int64_t partition = CeilDiv(all, t.dp);
+  MemoryEstimate m;
+  m.activations = activations;
+  if (t.zero_stage == 3) {
+    m.weights = b * sliced, m.gradients = b * sliced, m.optimizer = 12 * sliced;
+    return m;
+  }
+  m.weights = b * all;
+  m.gradients = t.zero_stage == 2 ? b * partition : t.bf16_optimizer() ? 4 * all : b * all;
+  m.optimizer = 12 * partition;
+  return m;
+}
+
+LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& r, const LoadOf& load) {
+  if (r.gpus < 1) throw Error("--gpus must be at least 1");
+  if (r.gpus_per_node < 1) throw Error("--gpus-per-node must be at least 1");
+  LayoutChoice choice;
+  std::vector<Candidate> valid, refused;
+  for (int tp = 1; tp <= r.gpus; ++tp) {
+    if (r.gpus % tp || (Fixed(r, "tp") && tp != r.base.tp)) continue;
+    const std::string tp_no = TpRefusal(model, r, tp);
+    for (int pp = 1; pp <= r.gpus / tp; ++pp) {
+      if ((r.gpus / tp) % pp || (Fixed(r, "pp") && pp != r.base.pp)) continue;
+      const int dp = r.gpus / tp / pp;
+      if (Fixed(r, "dp") && dp != r.base.dp) continue;
+      for (int z = 0; z <= 3; ++z) {
+        if (Fixed(r, "zero_stage") && z != r.base.zero_stage) continue;
+        if ((z == 0 && r.base.dtype != "bf16") || (z >= 2 && pp > 1)) continue;  // DeepSpeed runs none of these
+        Candidate c;
+        c.layout = r.base;
+        c.layout.dp = dp, c.layout.tp = tp, c.layout.pp = pp, c.layout.zero_stage = z;
+        if (!tp_no.empty()) {
+          c.refused = tp_no;
+        } else if (pp > model.layers) {
+          c.refused = "pp=" + std::to_string(pp) + " exceeds the " + std::to_string(model.layers) + " layers";
+        } else {
+          try {
+            for (const auto& unit : load(c.layout)) {
+              MemoryEstimate m = EstimateMemory(c.layout, unit, r.activations());
+              if (m.total() > c.memory.total()) c.memory = m;
+            }
+            c.fits = c.memory.total() <= r.gpu_memory;
+          } catch (const Error& e) {
+            c.refused = e.what();
+          }
+        }
+        (c.refused.empty() ? valid : refused).push_back(std::move(c));
+      }
+    }
+  }
+  const TargetLayout& s = model.source;
+  auto key = [&](const Candidate& c) {
+    const TargetLayout& t = c.layout;
+    return std::make_tuple(!c.fits, !(t.tp == s.tp && t.pp == s.pp), t.pp, ZeroCommunication(t.zero_stage),
+                           t.zero_stage != s.zero_stage, t.tp, c.memory.total());
+  };
+  std::stable_sort(valid.begin(), valid.end(), [&](const Candidate& a, const Candidate& b) { return key(a) < key(b); });
+  choice.candidates = valid;
+  choice.candidates.insert(choice.candidates.end(), refused.begin(), refused.end());
+
+  const std::string budget = HumanBytes(static_cast<double>(r.gpu_memory));
+  if (valid.empty()) {
+    choice.reason = "no layout of this model takes " + std::to_string(r.gpus) + " GPU" + (r.gpus > 1 ? "s" : "") +
+                    (refused.empty() ? " with the degrees given" : ": " + refused.front().refused);
+    return choice;
+  }
+  if (!valid.front().fits) {
+    auto least = std::min_element(valid.begin(), valid.end(), [](const Candidate& a, const Candidate& b) {
+      return a.memory.total() < b.memory.total();
+    });
+    const MemoryEstimate& m = least->memory;
+    choice.reason = "no layout fits " + std::to_string(r.gpus) + " GPU" + (r.gpus > 1 ? "s" : "") + " of " + budget + ": the smallest, " +
+                    Degrees(least->layout) + ", needs " + HumanBytes(double(m.total())) + " per GPU (weights " +
+                    HumanBytes(double(m.weights)) + ", gradients " + HumanBytes(double(m.gradients)) + ", optimizer " +
+                    HumanBytes(double(m.optimizer)) + ", activation allowance " + HumanBytes(double(m.activations)) + ")";
+    return choice;
+  }
+  choice.chosen = 0;
+  const Candidate& c = choice.candidates[0];
+  const TargetLayout& t = c.layout;
+  std::string why;
+  if (t.tp == s.tp && t.pp == s.pp) {
+    why = "keeps the source's tp=" + std::to_string(s.tp) + " pp=" + std::to_string(s.pp);
+  } else {
+    auto same = std::find_if(choice.candidates.begin(), choice.candidates.end(),
+                             [&](const Candidate& o) { return o.layout.tp == s.tp && o.layout.pp == s.pp; });
+    why = "the source's tp=" + std::to_string(s.tp) + " pp=" + std::to_string(s.pp) +
+          (same == choice.candidates.end() ? " cannot take " + std::to_string(r.gpus) + " GPU" + (r.gpus > 1 ? "s" : "")
+           : !same->refused.empty()        ? " is refused: " + same->refused
+                                           : " does not fit (" + HumanBytes(double(same->memory.total())) + " per GPU at best)") +
+          "; then the fewest pipeline stages (pp=" + std::to_string(t.pp) + ")";
+  }
+  why += ", the least ZeRO communication (ZeRO-" + std::to_string(t.zero_stage) +
+         (t.zero_stage == s.zero_stage ? ", as the source" : "") + "), the smallest TP (tp=" + std::to_string(t.tp) +
+         "): " + HumanBytes(double(c.memory.total())) + " of " + budget + " per GPU";
+  choice.reason = why;
+  return choice;
+}
+
+nlohmann::json LayoutChoice::ToJson(const PlannerRequest& r) const {
+  nlohmann::json list = nlohmann::json::array(), no = nlohmann::json::array();
+  for (const auto& c : candidates) {
+    if (c.refused.empty())
+      list.push_back({{"layout", c.layout.ToJson()}, {"memory_per_gpu", c.memory.ToJson()}, {"fits", c.fits}});
+    else
+      no.push_back({{"layout", c.layout.ToJson()}, {"refused", c.refused}});
+  }
+  return {{"gpus", r.gpus},
+          {"gpus_per_node", r.gpus_per_node},
+          {"gpu_memory", r.gpu_memory},
+          {"activation_memory", r.activations()},
+          {"chosen", chosen >= 0 ? candidates[chosen].layout.ToJson() : nlohmann::json(nullptr)},
+          {"reason", reason},
+          {"candidates", list},
+          {"refused", no}};
+}
+
+void LayoutChoice::Print(std::ostream& out, const PlannerRequest& r, size_t shown) const {
+  out << "layouts for " << r.gpus << " GPU" << (r.gpus > 1 ? "s" : "") << " (" << r.gpus_per_node << " per node, "
+      << HumanBytes(double(r.gpu_memory)) << " each; activation allowance " << HumanBytes(double(r.activations()))
+      << "), memory per GPU of the most loaded rank, by preference:\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-24s %10s %10s %10s %10s  %s\n", "layout", "weights", "gradients", "optimizer", "total", "");
+  out << line;
+  size_t n = 0, valid = 0, refused = 0;
+  for (const auto& c : candidates) {
+    if (!c.refused.empty()) {
+      ++refused;
+      continue;
+    }
+    ++valid;
+    if (n++ >= shown) continue;
+    std::snprintf(line, sizeof line, "%s %-24s %10s %10s %10s %10s  %s\n", &c == &candidates[std::max(chosen, 0)] && chosen >= 0 ? "*" : " ",
+                  Degrees(c.layout).c_str(), HumanBytes(double(c.memory.weights)).c_str(),
+                  HumanBytes(double(c.memory.gradients)).c_str(), HumanBytes(double(c.memory.optimizer)).c_str(),
+                  HumanBytes(double(c.memory.total())).c_str(), c.fits ? "fits" : "too big");
+    out << line;
+  }
+  if (valid > shown) out << "  ... " << valid - shown << " more (--json lists all)\n";
+  if (refused) out << "  " << refused << " layout" << (refused > 1 ? "s" : "") << " the model cannot take (--json says why)\n";
+  out << (chosen >= 0 ? "chosen: " + Degrees(candidates[chosen].layout) + ": " : "none chosen: ") << reason << "\n";
+}
+
+}  // namespace ucp::reshard
