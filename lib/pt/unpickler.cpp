@@ -14,13 +14,10 @@ using Kind = Value::Kind;
 class Machine {
  public:
   Machine(std::span<const uint8_t> in, const StorageResolver& storages) : in_(in), storages_(storages) {}
-  ~Machine() {
-    for (auto& v : stack_) ReleaseTree(std::move(v));
-    for (auto& [k, v] : memo_) ReleaseTree(std::move(v));
-  }
-  // On a refused pickle: frees every value the machine built, `extra` (a refused result) included,
-  // cycles too (a list appended to itself through the memo), which ReleaseTree leaves alone.
-  void Abandon(ValuePtr extra = nullptr);
+  // Breaks every cycle among the values the machine built, except within `keep` (the result,
+  // checked to hold none), so that all of them but `keep`'s go with the machine: a list appended to
+  // itself, then popped or left behind by a failure, would otherwise never be freed.
+  void Release(const std::unordered_set<const Value*>& keep = {});
 
   ValuePtr Run();
 
@@ -72,6 +69,15 @@ class Machine {
 
   void Push(ValuePtr v) {
     if (stack_.size() >= kMaxStack) Fail("more than " + std::to_string(kMaxStack) + " values on the pickle stack");
+    // Only a value that was on the stack can be given children later (APPEND, SETITEM, BUILD act
+    // on the top), so only these can close a cycle: Release knows them all.
+    if (v && (v->kind == Kind::List || v->kind == Kind::Set || v->kind == Kind::Dict || v->kind == Kind::Object)) {
+      if (mutable_.size() >= 2 * mutable_live_ + 4096) {  // a weak_ptr keeps its value's memory: drop the dead
+        std::erase_if(mutable_, [](const std::weak_ptr<Value>& w) { return w.expired(); });
+        mutable_live_ = mutable_.size();
+      }
+      mutable_.push_back(v);
+    }
     stack_.push_back(std::move(v));
   }
   ValuePtr Pop() {
@@ -124,6 +130,8 @@ class Machine {
   std::vector<ValuePtr> stack_;
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, ValuePtr> memo_;
+  std::vector<std::weak_ptr<Value>> mutable_;  // lists, sets, dicts, objects ever pushed
+  size_t mutable_live_ = 0;                     // of them alive at the last sweep
 };
 
 ValuePtr Machine::Long(const std::string& le) {
@@ -558,6 +566,7 @@ ValuePtr Machine::Run() {
 struct TreeShape {
   size_t depth = 0;
   bool cycle = false;
+  std::unordered_set<const Value*> values;  // every value in the tree, when measured whole
 };
 TreeShape Measure(const ValuePtr& root, size_t limit) {
   if (!root) return {};
@@ -576,13 +585,17 @@ TreeShape Measure(const ValuePtr& root, size_t limit) {
   };
   enter(root.get());
   while (!path.empty()) {
-    if (path.size() > limit) return {path.size(), false};
+    if (path.size() > limit) return {path.size(), false, {}};
     Frame& f = path.back();
     if (f.at == f.next.size()) {
       size_t h = f.below + 1;
       height[f.v] = h;
       path.pop_back();
-      if (path.empty()) return {h, false};
+      if (path.empty()) {
+        TreeShape whole{h, false, {}};
+        for (const auto& [v, _] : height) whole.values.insert(v);
+        return whole;
+      }
       path.back().below = std::max(path.back().below, h);
       continue;
     }
@@ -591,10 +604,10 @@ TreeShape Measure(const ValuePtr& root, size_t limit) {
     if (it == height.end()) {
       enter(c);
     } else if (it->second == 0) {
-      return {path.size(), true};
+      return {path.size(), true, {}};
     } else {
       f.below = std::max(f.below, it->second);
-      if (path.size() + it->second > limit) return {path.size() + it->second, false};
+      if (path.size() + it->second > limit) return {path.size() + it->second, false, {}};
     }
   }
   return {};
@@ -602,32 +615,10 @@ TreeShape Measure(const ValuePtr& root, size_t limit) {
 
 }  // namespace
 
-void ReleaseTree(ValuePtr root) {
-  std::vector<ValuePtr> todo;
-  todo.push_back(std::move(root));
-  while (!todo.empty()) {
-    ValuePtr v = std::move(todo.back());
-    todo.pop_back();
-    if (!v || v.use_count() > 1) continue;  // someone else still holds it
-    v->ForEachChild([&](const ValuePtr& c) { todo.push_back(c); });
-    v->ClearChildren();
-  }
-}
-
-void Machine::Abandon(ValuePtr extra) {
-  std::vector<ValuePtr> todo = std::move(stack_), all;
-  for (auto& [k, v] : memo_) todo.push_back(std::move(v));
-  memo_.clear();
-  todo.push_back(std::move(extra));
-  std::unordered_set<const Value*> seen;
-  while (!todo.empty()) {
-    ValuePtr v = std::move(todo.back());
-    todo.pop_back();
-    if (!v || !seen.insert(v.get()).second) continue;
-    v->ForEachChild([&](const ValuePtr& c) { todo.push_back(c); });
-    all.push_back(std::move(v));
-  }
-  for (const auto& v : all) v->ClearChildren();  // no edge left: each goes with `all`
+void Machine::Release(const std::unordered_set<const Value*>& keep) {
+  for (const auto& w : mutable_)
+    if (ValuePtr v = w.lock(); v && !keep.count(v.get())) v->ClearChildren();
+  mutable_.clear();
 }
 
 ValuePtr Unpickle(std::span<const uint8_t> bytes, const StorageResolver& storages, UnpickleLimits limits) {
@@ -636,18 +627,16 @@ ValuePtr Unpickle(std::span<const uint8_t> bytes, const StorageResolver& storage
   try {
     root = machine.Run();
   } catch (...) {
-    machine.Abandon();
+    machine.Release();
     throw;
   }
   TreeShape shape = Measure(root, limits.max_nesting);
-  if (shape.cycle) {
-    machine.Abandon(std::move(root));
-    throw Error("pickle holds a cycle (a value inside itself), which torch.save never writes");
+  if (shape.cycle || shape.depth > limits.max_nesting) {
+    machine.Release();
+    throw Error(shape.cycle ? "pickle holds a cycle (a value inside itself), which torch.save never writes"
+                            : "pickle nests deeper than " + std::to_string(limits.max_nesting) + " levels");
   }
-  if (shape.depth > limits.max_nesting) {
-    machine.Abandon(std::move(root));
-    throw Error("pickle nests deeper than " + std::to_string(limits.max_nesting) + " levels");
-  }
+  machine.Release(shape.values);
   return root;
 }
 

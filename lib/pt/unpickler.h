@@ -22,7 +22,4 @@ struct UnpickleLimits {
 // Throws ucp::Error("pickle offset N: ...") on malformed input.
 ValuePtr Unpickle(std::span<const uint8_t> bytes, const StorageResolver& storages, UnpickleLimits limits = {});
 
-// Drops a tree without recursion, so that a deep or cyclic tree cannot exhaust the stack.
-void ReleaseTree(ValuePtr root);
-
 }  // namespace ucp::pt

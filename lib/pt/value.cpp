@@ -1,5 +1,7 @@
 #include "pt/value.h"
 
+#include <utility>
+
 #include "core/error.h"
 
 namespace ucp::pt {
@@ -84,6 +86,30 @@ std::string ScalarKey(const Value& v) {
     case Value::Kind::Bool: return "i:" + std::to_string(v.b ? 1 : 0);  // Python: True == 1
     case Value::Kind::None: return "n:";
     default: return "";
+  }
+}
+
+std::vector<Dict::Item> Dict::TakeItems() {
+  index_.clear();
+  return std::exchange(items_, {});
+}
+
+void Value::MoveChildrenTo(std::vector<ValuePtr>& out) {
+  for (auto& c : items) out.push_back(std::move(c));
+  items.clear();
+  for (auto& it : dict.TakeItems()) out.push_back(std::move(it.key)), out.push_back(std::move(it.value));
+  if (args) out.push_back(std::move(args));
+  if (state) out.push_back(std::move(state));
+}
+
+Value::~Value() {
+  if (items.empty() && dict.size() == 0 && !args && !state) return;  // a leaf
+  std::vector<ValuePtr> todo;
+  MoveChildrenTo(todo);
+  while (!todo.empty()) {
+    ValuePtr v = std::move(todo.back());
+    todo.pop_back();
+    if (v && v.use_count() == 1) v->MoveChildrenTo(todo);  // then it goes, a leaf, at the end of this turn
   }
 }
 

@@ -90,6 +90,7 @@ class Dict {
   ValuePtr Get(int64_t key) const;
   const std::vector<Item>& items() const { return items_; }
   size_t size() const { return items_.size(); }
+  std::vector<Item> TakeItems();  // leaves the dict empty
 
  private:
   std::vector<Item> items_;
@@ -98,6 +99,15 @@ class Dict {
 
 struct Value {
   enum class Kind { None, Bool, Int, BigInt, Float, Str, Bytes, List, Tuple, Set, Dict, Global, Object, Tensor, Storage };
+  Value() = default;
+  Value(const Value&) = default;
+  Value(Value&&) = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) = default;
+  // Tears down the values only this one holds without recursion: a chain nested a million deep
+  // (a hostile pickle's) may be dropped anywhere, mid-unpickle included, without exhausting the
+  // stack. A cycle is not freed: the unpickler breaks the ones it built (ClearChildren).
+  ~Value();
   Kind kind = Kind::None;
   bool b = false;
   int64_t i = 0;
@@ -134,11 +144,11 @@ struct Value {
   }
   // Drops every edge ForEachChild walks.
   void ClearChildren() {
-    items.clear();
-    dict = Dict();
-    args.reset();
-    state.reset();
+    std::vector<ValuePtr> gone;
+    MoveChildrenTo(gone);
   }
+  // Moves every edge ForEachChild walks into `out`.
+  void MoveChildrenTo(std::vector<ValuePtr>& out);
   bool IsSequence() const { return kind == Kind::List || kind == Kind::Tuple; }
   std::string QualifiedName() const { return module + "." + name; }
   // "dict", "list", "object argparse.Namespace", ... for error messages.

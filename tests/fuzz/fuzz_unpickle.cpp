@@ -17,5 +17,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     s->bytes = {zeros.data(), static_cast<size_t>(bytes)};
     return s;
   };
-  return ucp::fuzz::Run([&] { ucp::pt::ReleaseTree(ucp::pt::Unpickle({data, size}, resolve)); });
+  return ucp::fuzz::Run([&] { ucp::pt::Unpickle({data, size}, resolve); });
 }
