@@ -2,10 +2,13 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <iostream>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "reshard/target.h"
 
+#include "patterns/rules.h"
+#include "reshard/in_place.h"
 #include "reshard/reshard.h"
 #include "h5/h5.h"
 #include "shuffle/comm.h"
@@ -52,14 +55,25 @@ int main(int argc, char** argv) {
       "  mpirun -np 4 ucp-reshard ckpt/atomic -o new_ckpt --dp 4 --tp 2 --pp 2 --zero-stage 1 --dtype bf16\n"
       "  ucp-reshard ckpt/atomic --dp 2 --tp 2 --pp 1 --zero-stage 2 --dtype fp16 --plan-only --json\n"
       "  ucp-reshard ckpt/atomic -o new_ckpt --layout target.json --dp 8\n"
-      "  ucp-reshard ckpt/atomic --gpus 96 --gpus-per-node 4 --gpu-memory 40G --plan-only\n\n"
+      "  ucp-reshard ckpt/atomic --gpus 96 --gpus-per-node 4 --gpu-memory 40G --plan-only\n"
+      "  mpirun -np 8 ucp-reshard /ckpt/run1 --in-place --gpus 96 --keep 2    in a job script, before training\n\n"
       "--gpus N chooses the layout: every dp x tp x pp = N with TP dividing the heads, the key-value heads and the\n"
       "FFN width and staying within a node, PP at most the layers, each ZeRO stage DeepSpeed runs there; memory per\n"
       "GPU = weights + gradients + optimizer states (per ZeRO stage) + an activation allowance; among those that\n"
       "fit: the source's TP and PP first, then the fewest stages, the least ZeRO communication, the smallest TP."};
   ucp::reshard::ReshardOptions o;
   auto& t = o.target;
-  app.add_option("atomic", o.atomic_dir, "atomic checkpoint folder (with ucp_manifest.json)")->required();
+  app.add_option("atomic", o.atomic_dir,
+                 "atomic checkpoint folder (with ucp_manifest.json); with --in-place, the training run's checkpoint root")
+      ->required();
+  bool in_place = false;
+  ucp::reshard::InPlaceOptions ip;
+  app.add_flag("--in-place", in_place,
+               "lazy reconfiguration of a checkpoint root (with `latest`, native or atomic): nothing to do if `latest` has "
+               "the target layout; else convert it (or reuse ROOT/<tag>_universal when it holds the same files), "
+               "reshard into ROOT/<tag>_dp.._tp.._pp.._z.._<dtype> and point `latest` at it; the old tag stays");
+  app.add_option("--keep", ip.keep, "with --in-place: keep at most this many tags written in place, the newest (default: all)")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("-o,--output", o.output, "checkpoint folder to write (gets `latest` and global_stepN/)");
   std::string layout_file;
   app.add_option("--layout", layout_file, "target layout as JSON (schemas/layout.schema.json); flags override it")
@@ -119,6 +133,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> given;
     if (!layout_file.empty()) t = ucp::reshard::ReadLayoutFile(layout_file, t, &given);
     t = ucp::reshard::ApplyLayout(flags, t, "the command line", &given);
+    ip.given = given;
     if (g.gpus > 0) {
       g.base = t;
       for (const char* key : {"dp", "tp", "pp", "zero_stage"})
@@ -133,6 +148,23 @@ int main(int argc, char** argv) {
   } catch (const ucp::Error& e) {
     std::cerr << "ucp-reshard: error: " << e.what() << "\n";
     return 1;
+  }
+  if (in_place) {
+    if (!o.output.empty() || o.plan_only || o.force) {
+      std::cerr << "ucp-reshard: error: --in-place writes beside the checkpoint it reads: no -o, --plan-only or --force\n";
+      return 2;
+    }
+    ip.root = o.atomic_dir;
+    ip.reshard = o;
+    ip.patterns_dir = ucp::patterns::DefaultPatternsDir();
+    ip.progress = ::isatty(STDERR_FILENO);
+    ucp::h5::InitializeBeforeMpi();
+    auto comm = ucp::shuffle::MakeWorldComm(&argc, &argv);
+    return ucp::reshard::RunInPlace(ip, *comm, std::cout, std::cerr);
+  }
+  if (ip.keep > 0) {
+    std::cerr << "ucp-reshard: error: --keep only applies with --in-place\n";
+    return 2;
   }
   if (!o.plan_only && o.output.empty()) {
     std::cerr << "ucp-reshard: error: an output folder is required (-o OUT), or --plan-only\n";

@@ -25,6 +25,7 @@
 #include "pt/low_precision.h"
 #include "pt/torch_file.h"
 #include "reshard/naming.h"
+#include "source/deepspeed_layout.h"
 #include "shuffle/agree.h"
 #include "store/atom_store.h"
 
@@ -1025,8 +1026,7 @@ void ShareRepeatedPieces(Plan& P, int ranks, int64_t budget) {
 // otherwise the source's kind is kept (its naming: GPTModel's names for a model that is not a
 // PipelineModule).
 TargetLayout ResolveModel(const Source& S, TargetLayout T) {
-  if (!T.model.empty()) return T;
-  T.model = T.zero_stage == 3 ? "plain" : T.pp > 1 ? "pipe" : S.naming == Naming::Plain ? "plain" : "pipe";
+  T.model = ResolvedModel(T, NamingName(S.naming));
   return T;
 }
 
@@ -1151,6 +1151,10 @@ json PlanJson(const Source& S, const TargetLayout& T, const Plan& P, int ranks) 
 
 }  // namespace
 
+LayoutChoice ChooseLayoutFor(const std::string& atomic_dir, const PlannerRequest& request) {
+  return ChooseFor(LoadSource(atomic_dir), request);
+}
+
 int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
   const int rank = comm.rank(), ranks = comm.size();
   const bool talk = rank == 0 && !o.quiet;
@@ -1161,7 +1165,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   LayoutChoice choice;
   std::string tag;  // the source's, the target's folder name
   std::string error = Capture([&] {
-    if (!o.plan_only) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
+    if (!o.plan_only && !o.in_place) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
     S = LoadSource(o.atomic_dir);
     WithContext(o.atomic_dir + "/" + store::kManifestName, [&] {
       tag = S.manifest.at("source").at("tag").get<std::string>();
@@ -1226,13 +1230,16 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
 
   // The output folder, locked first: refused when it holds something, unless --force (then
   // `latest` goes first, then what it named, and what killed runs left).
-  const std::string dir = o.output + "/" + tag;
+  const std::string out_tag = o.output_tag.empty() ? tag : o.output_tag;
+  const std::string dir = o.output + "/" + out_tag;
   std::unique_ptr<OutputLock> lock;
   std::string lock_note;
   error = rank == 0 ? Capture([&] {
     if (fs::exists(o.output) && !fs::is_directory(o.output)) throw Error(o.output + ": exists and is not a folder");
     lock = std::make_unique<OutputLock>(o.output, kTool, &lock_note);
-    if (!OutputLock::HoldsOnlyLock(o.output)) {
+    if (o.in_place) {
+      fs::remove_all(dir);  // what a killed run left: `latest` never named it
+    } else if (!OutputLock::HoldsOnlyLock(o.output)) {
       if (!o.force)
         throw Error(o.output + ": exists and is not empty; use --force to overwrite it");
       fs::remove(o.output + "/latest");
@@ -1292,10 +1299,13 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
                {"peak_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024}};
   auto stats = comm.GatherToRoot(mine.dump());
   error = rank == 0 ? Capture([&] {
-    // `latest` last: a run killed before this line leaves no checkpoint DeepSpeed would load.
-    WriteFileAtomically(o.output + "/latest_checkpointed_iteration.txt",
-                        std::to_string(S.manifest["source"]["iteration"].get<int64_t>()));
-    WriteFileAtomically(o.output + "/latest", tag);
+    // `latest` last: a run killed before this line leaves no checkpoint DeepSpeed would load (in
+    // place: `latest` still names the checkpoint it named).
+    if (o.in_place) WriteFileAtomically(dir + "/" + source::kReshardMarker, o.marker.dump(1) + "\n");
+    const std::string iteration_file = o.output + "/latest_checkpointed_iteration.txt";
+    if (!o.in_place || fs::exists(iteration_file))
+      WriteFileAtomically(iteration_file, std::to_string(S.manifest["source"]["iteration"].get<int64_t>()));
+    WriteFileAtomically(o.output + "/latest", out_tag);
   }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
   if (rank == 0) {

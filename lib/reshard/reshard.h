@@ -26,7 +26,17 @@ struct ReshardOptions {
   // planner.gpus > 0: the layout is chosen for that many GPUs (reshard/planner.h); `target` holds
   // the dtype and the degrees the user fixed (planner.fixed).
   PlannerRequest planner;
+  // In place (reshard/in_place.h): `output` is the training run's checkpoint root, holding other
+  // tags; the files go to output/<output_tag>, replaced if a killed run left it, then `marker` is
+  // written there, and `latest` (and latest_checkpointed_iteration.txt where it exists) last.
+  bool in_place = false;
+  std::string output_tag;  // empty: the source's tag
+  nlohmann::json marker;
 };
+
+// The planner's choice for an atomic checkpoint (reshard/planner.h); throws ucp::Error on a
+// folder that is not one.
+LayoutChoice ChooseLayoutFor(const std::string& atomic_dir, const PlannerRequest& request);
 
 // Exit codes: 0 done, 1 failed or refused (the lowest failing rank prints why).
 int RunReshard(const ReshardOptions& options, shuffle::Comm& comm, std::ostream& out, std::ostream& err);

@@ -23,6 +23,11 @@ nlohmann::json TargetLayout::ToJson() const {
   return j;
 }
 
+std::string ResolvedModel(const TargetLayout& t, const std::string& source_naming) {
+  if (!t.model.empty()) return t.model;
+  return t.zero_stage == 3 ? "plain" : t.pp > 1 ? "pipe" : source_naming;
+}
+
 TargetLayout ReadLayoutFile(const std::string& path, TargetLayout base, std::vector<std::string>* given) {
   std::ifstream in(path);
   if (!in) throw Error(path + ": cannot read the layout file");

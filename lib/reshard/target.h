@@ -27,6 +27,10 @@ struct TargetLayout {
   nlohmann::json ToJson() const;  // as schemas/layout.schema.json
 };
 
+// The target's model kind, "pipe" or "plain", when `model` is empty: ZeRO-3 is never a pipeline,
+// pp > 1 always is, and otherwise the source's kind (its naming) is kept.
+std::string ResolvedModel(const TargetLayout& t, const std::string& source_naming);
+
 // A layout object (schemas/layout.schema.json) over `base`: the keys it has replace base's, and
 // are added to `given`. Throws ucp::Error naming `source` and the key for an unknown key or a value
 // of the wrong type or range. The flags of ucp-reshard come through here too, as an object.

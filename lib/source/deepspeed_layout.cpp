@@ -1,10 +1,12 @@
 #include "source/deepspeed_layout.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 
 #include "core/error.h"
+#include "core/xxhash64.h"
 #include "core/names.h"
 
 namespace ucp::source {
@@ -494,6 +496,28 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
   if (zero3_files != (L.zero_stage == 3))
     L.problems.push_back("ZeRO-3 model files present but optimizer files say stage " + std::to_string(L.zero_stage));
   return L;
+}
+
+std::string FolderFingerprint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file() && e.path().filename() != kReshardMarker) names.push_back(e.path().filename().string());
+  if (ec) throw Error(dir + ": cannot list: " + ec.message());
+  std::sort(names.begin(), names.end());
+  std::string text;
+  for (const auto& n : names) {
+    std::ifstream in(dir + "/" + n, std::ios::binary | std::ios::ate);
+    const std::streamoff size = in.tellg();
+    if (!in || size < 0) throw Error(dir + "/" + n + ": cannot read");
+    const std::streamoff tail = std::min<std::streamoff>(size, std::streamoff{64} << 10);
+    std::string last(static_cast<size_t>(tail), '\0');
+    in.seekg(size - tail);
+    if (!in.read(last.data(), tail)) throw Error(dir + "/" + n + ": cannot read");
+    text += n + " " + std::to_string(size) + " " + HexDigest(XxHash64::Of(last.data(), last.size())) + "\n";
+  }
+  return HexDigest(XxHash64::Of(text.data(), text.size()));
 }
 
 }  // namespace ucp::source

@@ -89,6 +89,16 @@ struct IndexOptions {
 // errors / problems so that one run reports all of it.
 SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions& options = {});
 
+// The file ucp-reshard --in-place leaves in a checkpoint folder it wrote (the source tag, the atomic
+// checkpoint and the layout): not part of the checkpoint.
+inline constexpr const char* kReshardMarker = "ucp_reshard.json";
+
+// A fingerprint of a checkpoint folder's files, to tell whether an atomic checkpoint was converted
+// from what the folder holds now: XXH64 over the sorted regular files (their names, sizes and the
+// XXH64 of their last 64 KiB, where a zip keeps its central directory with every entry's CRC-32),
+// ucp's own marker files left out. Same bytes, same fingerprint, wherever the folder was copied.
+std::string FolderFingerprint(const std::string& dir);
+
 // Is `dir` (or dir/<latest>) a DeepSpeed checkpoint folder?
 bool LooksLikeDeepSpeedCheckpoint(const std::string& dir);
 

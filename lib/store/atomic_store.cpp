@@ -342,7 +342,8 @@ nlohmann::json SourceJson(const source::SourceLayout& L, const patterns::ModelPa
                         {"pp", L.pp},
                         {"iteration", L.iteration},
                         {"ds_version", L.ds_version},
-                        {"naming", L.naming}};
+                        {"naming", L.naming},
+                        {"fingerprint", source::FolderFingerprint(L.dir)}};
   if (M.checkpoint_rules && M.checkpoint_rules->version) src["universal_checkpoint_version"] = *M.checkpoint_rules->version;
   else src["universal_checkpoint_version"] = nullptr;
   return src;

@@ -1,0 +1,225 @@
+#include "reshard/in_place.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "convert/convert.h"
+#include "core/error.h"
+#include "core/format.h"
+#include "core/names.h"
+#include "shuffle/agree.h"
+#include "source/deepspeed_layout.h"
+#include "store/atomic_store.h"
+
+namespace ucp::reshard {
+namespace {
+
+namespace fs = std::filesystem;
+using shuffle::AnyFailed;
+using shuffle::Capture;
+constexpr const char* kTool = "ucp-reshard";
+
+std::string ReadSmallFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+nlohmann::json ReadJsonFile(const std::string& path) {
+  const nlohmann::json j = nlohmann::json::parse(ReadSmallFile(path), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw Error(path + ": not a JSON object");
+  return j;
+}
+
+// What `latest` names, as far as the in-place step needs it.
+struct Current {
+  std::string tag, dir;
+  std::string kind;            // "native", "resharded" (a tag this step wrote) or "atomic"
+  bool layout_known = false;   // not for an atomic checkpoint
+  TargetLayout layout;         // dp, tp, pp, zero_stage, dtype, model (naming)
+  std::string source_tag;      // the tag new folders are named after
+  std::string atomic;          // the atomic checkpoint that may serve (folder name in the root)
+};
+
+Current ReadCurrent(const std::string& root) {
+  Current c;
+  const std::string latest = root + "/latest";
+  if (!fs::exists(latest)) throw Error(root + ": no `latest` file: --in-place takes the checkpoint root a training run saves into");
+  c.tag = ReadSmallFile(latest);
+  RequirePlainName(c.tag, latest);
+  c.dir = root + "/" + c.tag;
+  if (!fs::is_directory(c.dir)) throw Error(latest + " names '" + c.tag + "', which is not a folder of " + root);
+  if (fs::exists(c.dir + "/" + store::kManifestName)) {
+    const nlohmann::json m = ReadJsonFile(c.dir + "/" + store::kManifestName);
+    c.kind = "atomic", c.atomic = c.tag;
+    c.source_tag = WithContext(c.dir + "/" + store::kManifestName, [&] { return m.at("source").at("tag").get<std::string>(); });
+    RequirePlainName(c.source_tag, c.dir + "/" + store::kManifestName + ": source.tag");
+    return c;
+  }
+  c.layout_known = true;
+  if (fs::exists(c.dir + "/" + source::kReshardMarker)) {
+    const std::string path = c.dir + "/" + source::kReshardMarker;
+    const nlohmann::json m = ReadJsonFile(path);
+    WithContext(path, [&] {
+      c.kind = "resharded";
+      c.source_tag = m.at("source_tag").get<std::string>();
+      c.atomic = m.at("atomic").get<std::string>();
+      std::vector<std::string> given;
+      c.layout = ApplyLayout(m.at("layout"), TargetLayout{}, path, &given);
+      c.layout.model = m.at("naming").get<std::string>();
+    });
+    RequirePlainName(c.source_tag, path + ": source_tag");
+    RequirePlainName(c.atomic, path + ": atomic");
+    return c;
+  }
+  const source::SourceLayout L = source::IndexDeepSpeedCheckpoint(c.dir);
+  if (!L.errors.empty()) throw Error(L.errors.front());
+  c.kind = "native", c.source_tag = c.tag, c.atomic = c.tag + "_universal";
+  c.layout.dp = L.dp, c.layout.tp = L.tp, c.layout.pp = L.pp, c.layout.zero_stage = L.zero_stage;
+  c.layout.dtype = L.dtype, c.layout.model = L.naming;
+  return c;
+}
+
+std::string Describe(const TargetLayout& t) {
+  return "dp=" + std::to_string(t.dp) + " tp=" + std::to_string(t.tp) + " pp=" + std::to_string(t.pp) + " ZeRO-" +
+         std::to_string(t.zero_stage) + " " + t.dtype;
+}
+
+bool Same(const TargetLayout& current, const TargetLayout& target) {
+  return current.dp == target.dp && current.tp == target.tp && current.pp == target.pp &&
+         current.zero_stage == target.zero_stage && current.dtype == target.dtype &&
+         (target.model.empty() || target.model == current.model);
+}
+
+// Whether the atomic checkpoint ROOT/<name> is complete and was converted from `current`'s files.
+bool Reusable(const std::string& root, const Current& current) {
+  const std::string dir = root + "/" + current.atomic;
+  const std::string manifest = dir + "/" + store::kManifestName;
+  if (!fs::exists(manifest) || fs::exists(dir + "/" + store::kJournalDir)) return false;
+  if (current.kind != "native") return true;  // the atomic checkpoint a resharded tag was written from
+  const nlohmann::json m = nlohmann::json::parse(ReadSmallFile(manifest), nullptr, false);
+  if (m.is_discarded() || !m.is_object() || !m.contains("source") || !m["source"].is_object()) return false;
+  const nlohmann::json& fp = m["source"].value("fingerprint", nlohmann::json());
+  return fp.is_string() && fp.get<std::string>() == source::FolderFingerprint(current.dir);
+}
+
+// --keep: the tags this step wrote beyond the `keep` newest go (never the one `latest` names).
+std::vector<std::string> Removable(const std::string& root, const std::string& current, int keep) {
+  std::vector<std::pair<std::string, std::string>> tags;  // created, name
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_directory() || name == current || !fs::exists(e.path() / source::kReshardMarker)) continue;
+    const nlohmann::json m = nlohmann::json::parse(ReadSmallFile((e.path() / source::kReshardMarker).string()), nullptr, false);
+    tags.push_back({m.is_object() ? m.value("created", "") : "", name});
+  }
+  std::sort(tags.rbegin(), tags.rend());  // newest first
+  std::vector<std::string> out;
+  for (size_t k = static_cast<size_t>(std::max(keep - 1, 0)); k < tags.size(); ++k) out.push_back(tags[k].second);
+  return out;
+}
+
+}  // namespace
+
+std::string InPlaceTag(const std::string& source_tag, const TargetLayout& t) {
+  return source_tag + "_dp" + std::to_string(t.dp) + "_tp" + std::to_string(t.tp) + "_pp" + std::to_string(t.pp) + "_z" +
+         std::to_string(t.zero_stage) + "_" + t.dtype;
+}
+
+int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
+  const bool talk = comm.rank() == 0 && !o.reshard.quiet;
+  const std::string root = fs::path(o.root).lexically_normal().string();
+  Current current;
+  TargetLayout target = o.reshard.target;
+  bool nothing_to_do = false;
+  std::string error = Capture([&] {
+    current = ReadCurrent(root);
+    if (!current.layout_known) return;
+    if (std::find(o.given.begin(), o.given.end(), "dtype") == o.given.end())
+      target.dtype = current.layout.dtype;  // the training dtype stays unless --dtype says
+    if (o.reshard.planner.gpus > 0)  // the planner is asked only when the GPU count changed
+      nothing_to_do = current.layout.dp * current.layout.tp * current.layout.pp == o.reshard.planner.gpus;
+    else
+      nothing_to_do = Same(current.layout, target);
+  });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  const std::string was = current.tag + " (" + (current.layout_known ? Describe(current.layout) + ", " : "") + current.kind + ")";
+  if (nothing_to_do) {
+    if (talk) err << kTool << ": " << root << "/latest names " << was << ": already the target layout; nothing to do\n";
+    return 0;
+  }
+
+  // The atomic checkpoint: reused when it holds what the tag holds now, else converted.
+  bool reuse = false;
+  error = Capture([&] { reuse = Reusable(root, current); });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  const std::string atomic = root + "/" + current.atomic;
+  if (reuse) {
+    if (talk) err << kTool << ": " << was << ": reusing the atomic checkpoint " << atomic << "\n";
+  } else {
+    if (talk) err << kTool << ": " << was << ": converting it into " << atomic << "\n";
+    convert::ConvertOptions c;
+    c.source = current.dir, c.output = atomic, c.force = true;
+    c.patterns_dir = o.patterns_dir, c.quiet = o.reshard.quiet, c.progress = o.progress;
+    if (convert::RunConvert(c, comm, out, err) != 0) return 1;
+  }
+
+  ReshardOptions r = o.reshard;
+  r.atomic_dir = atomic, r.output = root, r.in_place = true;
+  r.planner.base.dtype = target.dtype;
+  if (r.planner.gpus > 0) {
+    LayoutChoice choice;
+    error = Capture([&] {
+      choice = ChooseLayoutFor(atomic, r.planner);
+      if (choice.chosen < 0) throw Error(choice.reason);
+    });
+    if (AnyFailed(comm, error, err, kTool)) return 1;
+    target = choice.candidates[choice.chosen].layout;
+    if (talk) err << kTool << ": layout for " << r.planner.gpus << " GPUs: " << choice.reason << "\n";
+    r.planner = PlannerRequest{};
+    if (current.layout_known && Same(current.layout, target)) {
+      if (talk) err << kTool << ": " << was << " is already that layout; nothing to do\n";
+      return 0;
+    }
+  }
+  std::string naming;
+  error = Capture([&] {
+    const nlohmann::json m = ReadJsonFile(atomic + "/" + store::kManifestName);
+    naming = ResolvedModel(target, WithContext(atomic + "/" + store::kManifestName,
+                                               [&] { return m.at("source").at("naming").get<std::string>(); }));
+  });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  r.target = target;
+  r.output_tag = InPlaceTag(current.source_tag, target);
+  r.marker = {{"tool", kTool}, {"ucp_version", UCP_VERSION}, {"created", OutputTimestamp()},
+              {"source_tag", current.source_tag}, {"atomic", current.atomic}, {"layout", target.ToJson()},
+              {"naming", naming}};
+  if (r.output_tag == current.tag) {
+    if (talk) err << kTool << ": error: " << current.tag << " is named after the target layout but is not it\n";
+    return 1;
+  }
+  if (RunReshard(r, comm, out, err) != 0) return 1;
+  std::string rollback = current.tag;  // the tag `latest` named, unless --keep removed it
+  error = comm.rank() == 0 ? Capture([&] {
+    if (o.keep <= 0) return;
+    for (const auto& name : Removable(root, r.output_tag, o.keep)) {
+      if (talk) err << kTool << ": --keep " << o.keep << ": removing " << root << "/" << name << "\n";
+      fs::remove_all(root + "/" + name);
+      if (name == rollback) rollback = current.source_tag;
+    }
+  }) : "";
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (talk)
+    err << kTool << ": " << root << "/latest now names " << r.output_tag << " (" << Describe(target) << "); to roll back, "
+        << "write " << rollback << " into it\n";
+  return 0;
+}
+
+}  // namespace ucp::reshard

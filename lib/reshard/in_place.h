@@ -1,0 +1,40 @@
+// ucp-reshard --in-place: the lazy reconfiguration step of a job script. Given the training run's
+// checkpoint root (with `latest`) and a target layout (or a GPU count for the planner):
+//   1. the checkpoint `latest` names already has that layout: nothing is read beyond its metadata,
+//      nothing written;
+//   2. else its atomic checkpoint ROOT/<tag>_universal is reused when complete and converted from
+//      what the tag folder holds now (the manifest's source fingerprint), or made by ucp-convert;
+//   3. ucp-reshard writes ROOT/<tag>_<dp..>_<tp..>_<pp..>_<z..>_<dtype> beside the other tags, with a
+//      marker (source::kReshardMarker) naming its source tag, atomic checkpoint and layout;
+//   4. `latest` (and latest_checkpointed_iteration.txt where it exists) then names it, atomically,
+//      so the unchanged training command (--load ROOT) resumes on the new layout;
+//   5. --keep N: at most N tags written this way stay, the newest (the original tag always stays).
+// A run killed anywhere leaves `latest` naming a complete checkpoint, the old or the new one; the
+// same command again finishes the job, and once done is a no-op.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "reshard/reshard.h"
+#include "shuffle/comm.h"
+
+namespace ucp::reshard {
+
+struct InPlaceOptions {
+  std::string root;
+  ReshardOptions reshard;      // target or planner, buffers, report, quiet (atomic_dir and output unused)
+  std::vector<std::string> given;  // layout keys the user gave: an unnamed dtype stays the checkpoint's
+  int keep = 0;                // tags written in place kept, the newest; 0: all
+  std::string patterns_dir;    // for the conversion, when one is needed
+  bool progress = false;
+};
+
+// The folder name of a layout's tag: "<source tag>_dp4_tp2_pp1_z1_bf16".
+std::string InPlaceTag(const std::string& source_tag, const TargetLayout& layout);
+
+// Exit codes: 0 done or nothing to do, 1 failed or refused.
+int RunInPlace(const InPlaceOptions& options, shuffle::Comm& comm, std::ostream& out, std::ostream& err);
+
+}  // namespace ucp::reshard
