@@ -149,6 +149,7 @@ int main(int argc, char** argv) {
     std::cerr << "ucp-reshard: error: " << e.what() << "\n";
     return 1;
   }
+  o.progress = ::isatty(STDERR_FILENO);
   if (in_place) {
     if (!o.output.empty() || o.plan_only || o.force) {
       std::cerr << "ucp-reshard: error: --in-place writes beside the checkpoint it reads: no -o, --plan-only or --force\n";
@@ -157,7 +158,7 @@ int main(int argc, char** argv) {
     ip.root = o.atomic_dir;
     ip.reshard = o;
     ip.patterns_dir = ucp::patterns::DefaultPatternsDir();
-    ip.progress = ::isatty(STDERR_FILENO);
+    ip.progress = o.progress;
     ucp::h5::InitializeBeforeMpi();
     auto comm = ucp::shuffle::MakeWorldComm(&argc, &argv);
     return ucp::reshard::RunInPlace(ip, *comm, std::cout, std::cerr);

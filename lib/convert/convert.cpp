@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "core/output_lock.h"
+#include "core/progress.h"
 #include "core/task_pool.h"
 #include "map/mapper.h"
 #include "patterns/resolve.h"
@@ -78,28 +79,6 @@ void ForEachRoundRun(const ConvertPlan& plan, int r, int64_t k, Fn&& fn) {
     plan::ForEachPieceRun(P, a, b, [&](const plan::Piece& pc, int64_t off, int64_t n) { fn(i, pc, off, n); });
   }
 }
-
-class Progress {
- public:
-  Progress(bool on, int64_t total) : on_(on), total_(total), start_(Clock::now()), last_(start_) {}
-  void Update(int64_t done, bool final = false) {
-    if (!on_) return;
-    auto now = Clock::now();
-    if (!final && std::chrono::duration<double>(now - last_).count() < 0.25) return;
-    last_ = now;
-    double secs = std::max(1e-6, Seconds(start_)), rate = done / secs;
-    double eta = rate > 0 ? (total_ - done) / rate : 0;
-    std::fprintf(stderr, "\rucp-convert: %s / %s  %s/s  ETA %.0fs   ", HumanBytes(double(done)).c_str(),
-                 HumanBytes(double(total_)).c_str(), HumanBytes(rate).c_str(), eta);
-    if (final) std::fprintf(stderr, "\n");
-    std::fflush(stderr);
-  }
-
- private:
-  bool on_;
-  int64_t total_;
-  Clock::time_point start_, last_;
-};
 
 struct Counters {
   int64_t bytes_read = 0, bytes_sent = 0, bytes_received = 0, bytes_in_place = 0, bytes_written = 0, files_written = 0;
@@ -316,7 +295,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   const int threads = o.threads > 0 ? o.threads : AvailableCores();
   int64_t total_stream = 0;
   for (int r = 0; r < ranks; ++r) total_stream += 4 * plan.work_numel[r];
-  Progress progress(talk && o.progress, total_stream);
+  ProgressLine progress("ucp-convert", talk && o.progress, total_stream);
   {
     std::unique_ptr<map::Mapper> mapper;
     std::unique_ptr<store::Journal> journal;

@@ -20,6 +20,7 @@
 #include "core/format.h"
 #include "core/names.h"
 #include "core/output_lock.h"
+#include "core/progress.h"
 #include "patterns/rules.h"
 #include "plan/convert_plan.h"
 #include "pt/low_precision.h"
@@ -1271,8 +1272,12 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   int64_t planned = 0;
   for (const auto& sp : P.shared) planned += sp.reader == rank ? sp.bytes : 0;
   double unit_reads = 0;
+  int64_t my_bytes = 0;  // the atomic bytes of this rank's units, for rank 0's progress line
+  for (size_t k = 0; k < P.units.size(); ++k) my_bytes += P.owner[k] == rank ? P.units[k].bytes : 0;
+  ProgressLine progress(kTool, talk && o.progress, my_bytes);
   error = Capture([&] {
     ScratchBytes arena;
+    int64_t done = 0;
     for (size_t k = 0; k < P.units.size(); ++k) {
       if (P.owner[k] != rank) continue;
       UnitWriter writer(S, T, P, held, P.units[k], dir, arena);
@@ -1280,7 +1285,9 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
       unit_reads += writer.read_seconds();
       held.Done(P.units[k]);
       planned += P.units[k].bytes;
+      progress.Update(done += P.units[k].bytes);
     }
+    progress.Update(done, true);
   });
   const double units = lap();
   seconds["read"] = unit_reads, seconds["write"] = units - unit_reads;

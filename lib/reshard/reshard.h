@@ -18,6 +18,7 @@ struct ReshardOptions {
   std::string atomic_dir, output;
   TargetLayout target;
   bool plan_only = false, json = false, quiet = false, force = false;
+  bool progress = false;  // a live progress line on rank 0 (the app sets it when stderr is a terminal)
   // Pieces several units need (TP-replicated parameters, the tied embedding) are read once and
   // exchanged, as long as each rank holds at most this many bytes of them.
   int64_t share_bytes = int64_t{256} << 20;
