@@ -88,10 +88,7 @@ Current ReadCurrent(const std::string& root) {
   return c;
 }
 
-std::string Describe(const TargetLayout& t) {
-  return "dp=" + std::to_string(t.dp) + " tp=" + std::to_string(t.tp) + " pp=" + std::to_string(t.pp) + " ZeRO-" +
-         std::to_string(t.zero_stage) + " " + t.dtype;
-}
+std::string Describe(const TargetLayout& t) { return t.Degrees() + " " + t.dtype; }
 
 bool Same(const TargetLayout& current, const TargetLayout& target) {
   return current.dp == target.dp && current.tp == target.tp && current.pp == target.pp &&

@@ -21,11 +21,6 @@ bool Fixed(const PlannerRequest& r, const char* key) {
 // 0: an all-reduce as plain DP (stages 0 and 1), 1: ZeRO-2's reduce-scatter, 2: ZeRO-3's gathers.
 int ZeroCommunication(int stage) { return stage <= 1 ? 0 : stage - 1; }
 
-std::string Degrees(const TargetLayout& t) {
-  return "dp=" + std::to_string(t.dp) + " tp=" + std::to_string(t.tp) + " pp=" + std::to_string(t.pp) + " ZeRO-" +
-         std::to_string(t.zero_stage);
-}
-
 // Why the model cannot take `tp` by its shape facts, or "".
 std::string TpRefusal(const ModelFacts& m, const PlannerRequest& r, int tp) {
   if (tp > r.gpus_per_node || r.gpus_per_node % tp)
@@ -118,7 +113,7 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& r, cons
     });
     const MemoryEstimate& m = least->memory;
     choice.reason = "no layout fits " + std::to_string(r.gpus) + " GPU" + (r.gpus > 1 ? "s" : "") + " of " + budget + ": the smallest, " +
-                    Degrees(least->layout) + ", needs " + HumanBytes(double(m.total())) + " per GPU (weights " +
+                    least->layout.Degrees() + ", needs " + HumanBytes(double(m.total())) + " per GPU (weights " +
                     HumanBytes(double(m.weights)) + ", gradients " + HumanBytes(double(m.gradients)) + ", optimizer " +
                     HumanBytes(double(m.optimizer)) + ", activation allowance " + HumanBytes(double(m.activations)) + ")";
     return choice;
@@ -179,14 +174,14 @@ void LayoutChoice::Print(std::ostream& out, const PlannerRequest& r, size_t show
     ++valid;
     if (n++ >= shown) continue;
     std::snprintf(line, sizeof line, "%s %-24s %10s %10s %10s %10s  %s\n", &c == &candidates[std::max(chosen, 0)] && chosen >= 0 ? "*" : " ",
-                  Degrees(c.layout).c_str(), HumanBytes(double(c.memory.weights)).c_str(),
+                  c.layout.Degrees().c_str(), HumanBytes(double(c.memory.weights)).c_str(),
                   HumanBytes(double(c.memory.gradients)).c_str(), HumanBytes(double(c.memory.optimizer)).c_str(),
                   HumanBytes(double(c.memory.total())).c_str(), c.fits ? "fits" : "too big");
     out << line;
   }
   if (valid > shown) out << "  ... " << valid - shown << " more (--json lists all)\n";
   if (refused) out << "  " << refused << " layout" << (refused > 1 ? "s" : "") << " the model cannot take (--json says why)\n";
-  out << (chosen >= 0 ? "chosen: " + Degrees(candidates[chosen].layout) + ": " : "none chosen: ") << reason << "\n";
+  out << (chosen >= 0 ? "chosen: " + candidates[chosen].layout.Degrees() + ": " : "none chosen: ") << reason << "\n";
 }
 
 }  // namespace ucp::reshard

@@ -9,9 +9,13 @@
 
 namespace ucp::reshard {
 
-std::string TargetLayout::Describe() const {
+std::string TargetLayout::Degrees() const {
   return "dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " ZeRO-" +
-         std::to_string(zero_stage) + " " + dtype + (bf16_optimizer() ? " (BF16 optimizer)" : "") +
+         std::to_string(zero_stage);
+}
+
+std::string TargetLayout::Describe() const {
+  return Degrees() + " " + dtype + (bf16_optimizer() ? " (BF16 optimizer)" : "") +
          (model.empty() ? "" : model == "plain" ? ", not a pipeline module" : ", pipeline module");
 }
 

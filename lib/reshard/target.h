@@ -23,6 +23,7 @@ struct TargetLayout {
   std::string model;
 
   bool bf16_optimizer() const { return dtype == "bf16" && zero_stage <= 1; }
+  std::string Degrees() const;   // "dp=4 tp=2 pp=2 ZeRO-1"
   std::string Describe() const;  // "dp=4 tp=2 pp=2 ZeRO-1 bf16"
   nlohmann::json ToJson() const;  // as schemas/layout.schema.json
 };
