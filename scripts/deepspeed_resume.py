@@ -5,6 +5,8 @@ For every real case (shared/real-deepspeed/cases/*) and every layout its case.js
 real DeepSpeed harness trains steps 7-10 twice:
   universal  from ucp-convert's atomic checkpoint ("checkpoint": {"load_universal": true});
   native     from ucp-reshard's files for that layout (DeepSpeed's ordinary --load);
+  in-place   from a copy of the case's own checkpoint root after `ucp-reshard ROOT --in-place` to that
+             layout (the job-script step: `latest` then names the resharded tag; --load ROOT);
 and the losses are compared with the uninterrupted run. A resume passes when its largest loss
 difference is within 2x what DeepSpeed's own universal resume got (case.json), and, where DeepSpeed's
 own path is known wrong (TP=1 -> TP=2: it splits row-parallel weights on the wrong dimension),
@@ -77,9 +79,14 @@ def main():
         with open(os.path.join(atomic_root, "latest"), "w") as f:  # the tag the universal load starts from
             f.write("global_step6")
         for r in spec["resume"]:
-            for kind in ("universal", "native"):
+            for kind in ("universal", "native", "in-place"):
                 if kind == "universal":
                     load = atomic_root
+                elif kind == "in-place":
+                    load = os.path.join(work, "in_place_" + r["name"])
+                    shutil.copytree(src, load)
+                    run([os.path.join(a.bin, "ucp-reshard"), load, "--in-place", "-q"] + layout_flags(r["args"], r["nproc"]),
+                        what="ucp-reshard --in-place")
                 else:
                     load = os.path.join(work, "native_" + r["name"])
                     run([os.path.join(a.bin, "ucp-reshard"), os.path.join(atomic_root, "global_step6_universal"), "-o",
