@@ -559,10 +559,11 @@ ValuePtr Machine::Run() {
   }
 }
 
-// The longest chain of values from `root` down (1 for a leaf; shared values walked once), or
-// nullopt when a value holds itself, directly or further down (a list appended to itself through
-// the memo, an object whose state is itself): torch.save never writes one, and a walk over it would
-// loop or leak. One iterative depth-first search; it stops once a chain is longer than `limit`.
+// The longest chain of values from `root` down (1 for a leaf; shared values walked once), and
+// whether a value holds itself, directly or further down (a list appended to itself through the
+// memo, an object whose state is itself): torch.save never writes one, and a walk over it would
+// loop. One iterative depth-first search; it stops at a cycle or once a chain is longer than
+// `limit`, else it lists every value of the tree.
 struct TreeShape {
   size_t depth = 0;
   bool cycle = false;
