@@ -208,10 +208,17 @@ RuleSet RuleSet::FromJson(const nlohmann::json& j, const std::string& source) {
     } else if (key == "sub_param_shard_widths") {
       if (!value.is_object()) throw Error(where + ": expected an object pattern -> [[width per TP rank]]");
       for (const auto& [pattern, widths] : value.items()) {
-        try {
-          r.shard_widths[pattern] = widths.get<std::vector<std::vector<int64_t>>>();
-        } catch (const std::exception&) {
-          throw Error(where + "['" + pattern + "']: expected a list (per sub-parameter) of lists of integers");
+        // Each element checked before it is read: nlohmann converts 1e300 to an integer with undefined behaviour.
+        const std::string bad = where + "['" + pattern + "']: expected a list (per sub-parameter) of lists of integers";
+        if (!widths.is_array()) throw Error(bad);
+        auto& list = r.shard_widths[pattern];
+        for (const auto& per_sub : widths) {
+          if (!per_sub.is_array()) throw Error(bad);
+          std::vector<int64_t>& row = list.emplace_back();
+          for (const auto& w : per_sub) {
+            if (!w.is_number_integer()) throw Error(bad);
+            row.push_back(w.get<int64_t>());
+          }
         }
       }
     } else if (key == "universal_checkpoint_version") {

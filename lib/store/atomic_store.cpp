@@ -17,6 +17,7 @@
 #include "core/file_blocks.h"
 #include "core/fault_point.h"
 #include "core/format.h"
+#include "core/json_schema.h"
 #include "core/names.h"
 #include "core/xxhash64.h"
 #include "pt/torch_file.h"
@@ -406,10 +407,14 @@ nlohmann::json ReadManifest(const std::string& dir) {
   try {
     nlohmann::json j;
     in >> j;
-    if (j.value("format", "") != "ucp-atomic-checkpoint") throw Error("not a ucp atomic-checkpoint manifest");
-    if (j.value("format_version", 0) > kFormatVersion)
-      throw Error("format_version " + std::to_string(j.value("format_version", 0)) + " is newer than this ucp reads (" +
-                  std::to_string(kFormatVersion) + ")");
+    if (!j.is_object() || j.value("format", "") != "ucp-atomic-checkpoint")
+      throw Error("not a ucp atomic-checkpoint manifest");
+    const nlohmann::json version = j.value("format_version", nlohmann::json());
+    if (version.is_number_integer() && version.get<int64_t>() > kFormatVersion)
+      throw Error("format_version " + version.dump() + " is newer than this ucp reads (" + std::to_string(kFormatVersion) +
+                  ")");
+    // Every field as schemas/manifest.schema.json has it, before anything reads one.
+    JsonSchema::Builtin("manifest.schema.json").Validate(j);
     return j;
   } catch (const Error& e) {
     throw Error(path + ": " + e.what());

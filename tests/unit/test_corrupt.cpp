@@ -183,8 +183,9 @@ TEST_CASE("corrupt: inputs the fuzzers found stay refused with ucp::Error", "[co
   const fs::path regressions = fs::path(UCP_SOURCE_DIR) / "tests" / "data" / "fuzz_regressions";
   int cases = 0;
   for (const auto& e : fs::directory_iterator(regressions / "manifest")) {
-    // A manifest whose source lacks "path": the report read it through nlohmann's const operator[]
-    // (undefined on a missing key: a use after free under ASan).
+    // A manifest whose source lacks "path" (the report read it through nlohmann's const operator[]:
+    // a use after free under ASan); numbers like 1e300 where integers belong (nlohmann converts them
+    // with undefined behaviour: fatal under UBSan). Each refused by the schema check, naming the key.
     fs::path dir = test::WorkDir() / "fuzz_regressions" / e.path().stem();
     fs::create_directories(dir);
     fs::copy_file(e.path(), dir / "ucp_manifest.json", fs::copy_options::overwrite_existing);
@@ -192,18 +193,10 @@ TEST_CASE("corrupt: inputs the fuzzers found stay refused with ucp::Error", "[co
       std::ostringstream out, err;
       inspect::InspectOptions options;
       options.json = json;
-      const int code = inspect::RunInspect(dir.string(), options, out, err);
-      if (json) {
-        CHECK(code != 2);  // the JSON report copies "source" as it is; nothing read through a missing key
-      } else {
-        CHECK(code == 2);  // the table shows source.path: refused naming the file and the key
-        CHECK_THAT(err.str(), Catch::Contains("ucp_manifest.json") && Catch::Contains("'path'"));
-      }
+      CHECK(inspect::RunInspect(dir.string(), options, out, err) == 2);
+      CHECK_THAT(err.str(), Catch::Contains("ucp_manifest.json"));
     }
-    try {
-      store::AtomReader::Open(dir.string());
-    } catch (const Error&) {
-    }
+    CHECK_THROWS_AS(store::AtomReader::Open(dir.string()), Error);
     ++cases;
   }
   for (const auto& e : fs::directory_iterator(regressions / "unpickle")) {
@@ -223,5 +216,5 @@ TEST_CASE("corrupt: inputs the fuzzers found stay refused with ucp::Error", "[co
     CHECK_THROWS_WITH(patterns::RuleSet::FromFile(e.path().string()), Catch::Contains("exponential time"));
     ++cases;
   }
-  CHECK(cases >= 3);
+  CHECK(cases >= 7);
 }
