@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "core/error.h"
@@ -116,6 +117,12 @@ FileDigest WriteFileAtomically(const std::string& path, const std::string& conte
   AtomicFile f(path);
   f.Write(contents.data(), contents.size());
   return f.Commit();
+}
+
+std::optional<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 std::string TemporaryName(const std::string& path, long pid, uint64_t n) {

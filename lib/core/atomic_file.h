@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/xxhash64.h"
@@ -61,6 +62,8 @@ class AtomicFile {
 
 // Writes a whole small file atomically.
 FileDigest WriteFileAtomically(const std::string& path, const std::string& contents);
+// Reads a whole small file back; nullopt when it cannot be opened.
+std::optional<std::string> ReadWholeFile(const std::string& path);
 
 // The one naming rule for temporaries: "<path>.tmp-<pid>-<n>", n counting in process `pid`.
 std::string TemporaryName(const std::string& path, long pid, uint64_t n);

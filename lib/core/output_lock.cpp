@@ -23,10 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+// What a lock file holds; "" when it cannot be read (then never judged stale, nor taken as ours).
+std::string ReadAll(const std::string& path) { return ReadWholeFile(path).value_or(""); }
 
 // Whether the holder a lock names is known to be gone: on this host, and its process gone (see
 // ProcessGone). A lock of another host, or one that cannot be read, is never stale.

@@ -2,12 +2,11 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "convert/convert.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/names.h"
@@ -23,20 +22,25 @@ using shuffle::AnyFailed;
 using shuffle::Capture;
 constexpr const char* kTool = "ucp-reshard";
 
-std::string ReadSmallFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot read");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string s = ss.str();
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
-  return s;
-}
-
 nlohmann::json ReadJsonFile(const std::string& path) {
-  const nlohmann::json j = nlohmann::json::parse(ReadSmallFile(path), nullptr, false);
+  const std::optional<std::string> text = ReadWholeFile(path);
+  if (!text) throw Error(path + ": cannot read");
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) throw Error(path + ": not a JSON object");
   return j;
+}
+
+// A JSON object file read leniently, for what decides only whether to reuse or remove: a file that
+// is missing or malformed reads as an empty object.
+nlohmann::json ReadJsonLeniently(const std::string& path) {
+  nlohmann::json j = nlohmann::json::parse(ReadWholeFile(path).value_or(""), nullptr, false);
+  return j.is_object() ? j : nlohmann::json::object();
+}
+
+// A string field, or "" when it is absent or not a string.
+std::string StringField(const nlohmann::json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
 // What `latest` names, as far as the in-place step needs it.
@@ -53,8 +57,7 @@ Current ReadCurrent(const std::string& root) {
   Current c;
   const std::string latest = root + "/latest";
   if (!fs::exists(latest)) throw Error(root + ": no `latest` file: --in-place takes the checkpoint root a training run saves into");
-  c.tag = ReadSmallFile(latest);
-  RequirePlainName(c.tag, latest);
+  c.tag = source::ReadLatestTag(root);
   c.dir = root + "/" + c.tag;
   if (!fs::is_directory(c.dir)) throw Error(latest + " names '" + c.tag + "', which is not a folder of " + root);
   if (fs::exists(c.dir + "/" + store::kManifestName)) {
@@ -102,10 +105,11 @@ bool Reusable(const std::string& root, const Current& current) {
   const std::string manifest = dir + "/" + store::kManifestName;
   if (!fs::exists(manifest) || fs::exists(dir + "/" + store::kJournalDir)) return false;
   if (current.kind != "native") return true;  // the atomic checkpoint a resharded tag was written from
-  const nlohmann::json m = nlohmann::json::parse(ReadSmallFile(manifest), nullptr, false);
-  if (m.is_discarded() || !m.is_object() || !m.contains("source") || !m["source"].is_object()) return false;
-  const nlohmann::json& fp = m["source"].value("fingerprint", nlohmann::json());
-  return fp.is_string() && fp.get<std::string>() == source::FolderFingerprint(current.dir);
+  const nlohmann::json m = ReadJsonLeniently(manifest);
+  const auto src = m.find("source");
+  if (src == m.end() || !src->is_object()) return false;
+  const std::string fingerprint = StringField(*src, "fingerprint");
+  return !fingerprint.empty() && fingerprint == source::FolderFingerprint(current.dir);
 }
 
 // --keep: the tags this step wrote beyond the `keep` newest go (never the one `latest` names).
@@ -114,8 +118,7 @@ std::vector<std::string> Removable(const std::string& root, const std::string& c
   for (const auto& e : fs::directory_iterator(root)) {
     const std::string name = e.path().filename().string();
     if (!e.is_directory() || name == current || !fs::exists(e.path() / source::kReshardMarker)) continue;
-    const nlohmann::json m = nlohmann::json::parse(ReadSmallFile((e.path() / source::kReshardMarker).string()), nullptr, false);
-    tags.push_back({m.is_object() ? m.value("created", "") : "", name});
+    tags.push_back({StringField(ReadJsonLeniently((e.path() / source::kReshardMarker).string()), "created"), name});
   }
   std::sort(tags.rbegin(), tags.rend());  // newest first
   std::vector<std::string> out;

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <regex>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/xxhash64.h"
 #include "core/names.h"
@@ -33,14 +34,24 @@ std::string ResolveShardDir(const std::string& dir, std::string* tag) {
       }
     throw Error(dir + ": no .pt shard files and no 'latest' file: not a DeepSpeed checkpoint folder");
   }
-  std::ifstream in(latest);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  *tag = Trimmed(text);
-  WithContext(latest.string(), [&] { RequirePlainName(*tag, "the tag"); });
+  *tag = ReadLatestTag(dir);
   fs::path shard_dir = fs::path(dir) / *tag;
   if (!fs::is_directory(shard_dir)) throw Error(latest.string() + ": names '" + *tag + "', which is not a folder");
   return shard_dir.string();
 }
+
+}  // namespace
+
+std::string ReadLatestTag(const std::string& root) {
+  const std::string latest = root + "/latest";
+  const std::optional<std::string> text = ReadWholeFile(latest);
+  if (!text) throw Error(latest + ": cannot read");
+  const std::string tag = Trimmed(*text);
+  WithContext(latest, [&] { RequirePlainName(tag, "the tag"); });
+  return tag;
+}
+
+namespace {
 
 // DeepSpeed's ZeroStageEnum, pickled as ZeroStageEnum(2) or, by Python >= 3.11, getattr(ZeroStageEnum, 'gradients').
 int ZeroStageOf(const Value& v) {

@@ -99,6 +99,10 @@ inline constexpr const char* kReshardMarker = "ucp_reshard.json";
 // ucp's own marker files left out. Same bytes, same fingerprint, wherever the folder was copied.
 std::string FolderFingerprint(const std::string& dir);
 
+// The tag root/latest names (trimmed, a plain name), as DeepSpeed's --load reads it. Throws
+// ucp::Error naming the file when it is missing, unreadable or not a plain name.
+std::string ReadLatestTag(const std::string& root);
+
 // Is `dir` (or dir/<latest>) a DeepSpeed checkpoint folder?
 bool LooksLikeDeepSpeedCheckpoint(const std::string& dir);
 

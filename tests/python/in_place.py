@@ -23,15 +23,13 @@ import json
 import os
 import random
 import shutil
-import signal
+import kill_support
 import subprocess
 import sys
 import time
 
 reshard, source, work = sys.argv[1:4]
-ENV = dict(os.environ, SOURCE_DATE_EPOCH="1700000000")
-for k in ("UCP_TEST_KILL_AT", "UCP_TEST_KILL_RANK", "UCP_TEST_FAULT_LOG"):
-    ENV.pop(k, None)
+ENV = kill_support.clean_env()
 TARGET = ["--dp", "4", "--tp", "1", "--pp", "1", "--zero-stage", "2"]
 NEW = "global_step12_dp4_tp1_pp1_z2_bf16"
 problems = []
@@ -141,11 +139,8 @@ if p.returncode != 0 or "converting it into" not in p.stderr or tree(os.path.joi
 print("reuse, --keep 1, --dtype fp16, stale atomic checkpoint: checked")
 
 # 4. Kills.
-points = [l.rstrip("\n").split(" ", 3) for l in open(log)]
-special = [pt for pt in points if len(pt) > 3 and (os.path.basename(pt[3].split(":")[0]) in
-           ("latest", "latest_universal", "ucp_manifest.json", "ucp_reshard.json", ".ucp-lock")) or pt[1] == "sync"]
-step = len(points) / 20
-spread = [points[min(len(points) - 1, int(k * step + rng.random() * step))] for k in range(20)]
+points = kill_support.read_points(log)
+special = kill_support.special(points, {"latest", "latest_universal", "ucp_manifest.json", "ucp_reshard.json", ".ucp-lock"})
 tried = survived = 0
 
 
@@ -170,7 +165,7 @@ def finish(root, what):
         problems.append(f"{what}: a second rerun did something: {p.stderr[-300:]}")
 
 
-for k, (rank, name, n, *_) in enumerate(spread + special):
+for k, (rank, name, n, _) in enumerate(kill_support.spread(points, 20, rng) + special):
     root = fresh("kill")
     what = f"kill {k} at {name}:{n}"
     before = len(problems)
@@ -181,14 +176,7 @@ for k, (rank, name, n, *_) in enumerate(spread + special):
     survived += len(problems) == before
 for k in range(3):
     root = fresh("kill")
-    proc = subprocess.Popen([reshard, root, "--in-place", *TARGET], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=ENV, start_new_session=True)
-    time.sleep(rng.random() * wall)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+    kill_support.kill_after([reshard, root, "--in-place", *TARGET], ENV, rng.random() * wall)
     what = f"outside kill {k}"
     before = len(problems)
     check(root, what)

@@ -20,7 +20,7 @@ usage: kill_anywhere.py MODE TOOL SOURCE WORK RANKS MPIEXEC [TOOL ARGS...]
 import os
 import random
 import shutil
-import signal
+import kill_support
 import subprocess
 import sys
 import time
@@ -30,10 +30,7 @@ tool_args = sys.argv[7:]
 ranks = int(ranks)
 rng = random.Random(f"kill-anywhere {mode} {ranks}")
 problems = []
-ENV = dict(os.environ, SOURCE_DATE_EPOCH="1700000000")  # the manifest's time: same input, same bytes
-ENV.pop("UCP_TEST_KILL_AT", None)
-ENV.pop("UCP_TEST_KILL_RANK", None)
-ENV.pop("UCP_TEST_FAULT_LOG", None)
+ENV = kill_support.clean_env()
 # The files that mark an output complete, in the order the tools write them: each stands for every
 # file of the output but the markers written after it.
 ORDER = ["latest_checkpointed_iteration.txt", "ucp_manifest.json", "latest_universal", "latest"]
@@ -131,22 +128,13 @@ wall = time.monotonic() - t0
 if p.returncode != 0:
     sys.exit(f"the reference run failed ({p.returncode}): {p.stderr}")
 ref = tree(ref_base)
-points = []  # (rank, name, n, path), in the order passed
-with open(log) as f:
-    for line in f:
-        parts = line.rstrip("\n").split(" ", 3)
-        points.append((parts[0], parts[1], int(parts[2]), parts[3] if len(parts) > 3 else ""))
+points = kill_support.read_points(log)
 print(f"reference: {len(ref)} files, {len(points)} fault points passed, {wall:.2f}s")
 
 # 2. The kills.
-special = [pt for pt in points if os.path.basename(pt[3].split(":")[0]) in MARKERS | {".ucp-lock"} or pt[1] == "sync"]
-spread = []
-step = len(points) / 50
-for k in range(50):
-    i = min(len(points) - 1, int(k * step + rng.random() * step))
-    spread.append(points[i])
+special = kill_support.special(points, MARKERS | {".ucp-lock"})
 kills = []
-for pt in spread + special:
+for pt in kill_support.spread(points, 50, rng) + special:
     rank, name, n, _ = pt
     if ranks == 1:
         kills.append((name, n, None))
@@ -185,15 +173,7 @@ for k in range(5):
     base = os.path.join(work, f"x{k}")
     shutil.rmtree(base, ignore_errors=True)
     os.makedirs(base)
-    proc = subprocess.Popen(command(base), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
-                            start_new_session=True)
-    time.sleep(rng.random() * wall)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-    time.sleep(0.2)  # let the job's last processes go
+    kill_support.kill_after(command(base), ENV, rng.random() * wall)
     what = f"outside kill {k}"
     tried += 1
     before = len(problems)

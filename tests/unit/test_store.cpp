@@ -79,7 +79,8 @@ nlohmann::json Meta(const Case& c) {
   return {{"name", c.name}, {"shape", c.shape}, {"dtype", "float32"}, {"numel", pt::Numel(c.shape)},
           {"pattern", c.split_dim < 0 ? "Replicate" : "Shard-V"}, {"split_dim", c.split_dim < 0 ? nlohmann::json(nullptr) : nlohmann::json(c.split_dim)},
           {"split_dim_known", true}, {"sub_param_sizes", std::vector<int64_t>{}}, {"vocab", c.keys.vocab_tensor},
-          {"group", 0}};
+          {"group", 0}, {"pattern_in_source", "Replicate"}, {"vocab_padding_rows_in_source", 0},
+          {"pp_replicated", false}, {"rule", nullptr}, {"source_copies", 1}, {"source_fragments", 1}};
 }
 
 // Writes the cases into `dir` with the store, and the manifest as ucp-convert would.
@@ -103,7 +104,10 @@ void WriteStore(StoreKind kind, const fs::path& dir, const std::vector<Case>& ca
     p.update(committed.storage.at(c.name));
     params.push_back(p);
   }
-  nlohmann::json source = {{"dp", 1}};
+  // Every key schemas/manifest.schema.json requires (ReadManifest checks them).
+  nlohmann::json source = {{"path", "/src"}, {"tag", "global_step1"}, {"framework", "deepspeed"}, {"optimizer", "zero"},
+                           {"zero_stage", 1}, {"dtype", "fp32"}, {"dp", 1}, {"tp", 1}, {"pp", 1}, {"iteration", 1},
+                           {"ds_version", "0.14.5"}, {"naming", "plain"}, {"universal_checkpoint_version", nullptr}};
   auto m = store::AssembleManifest(std::string(store::StoreName(kind)), source, nullptr, params, files);
   WriteFileAtomically((dir / store::kManifestName).string(), m.dump(1));
 }
