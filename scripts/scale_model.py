@@ -10,7 +10,9 @@ as ucp-convert does (lib/plan/convert_plan.cpp): files in (pp, tp, dp) order cut
 size, one per rank; (parameter, state) items, heaviest first, each on the rank mapping most of its
 bytes while that rank stays within 5% of an even share, else on the lightest. `--check CKPT` first
 checks this model of the plan against `ucp-convert --plan-only --ranks N --json` on a real
-checkpoint: the same per-rank bytes out, from the checkpoint's own parameters.
+checkpoint: the same per-rank bytes out, from the checkpoint's own parameters. The model-states files
+(the stage's bf16 weights, which DeepSpeed's universal loader reads) are copied over as they are:
+spread over the ranks first, then the items balanced around them.
 
 The costs. One single-rank `ucp-convert --report` on CKPT gives the CPU seconds per byte of the read
 side (parsing, copying out of the page cache) and of the write side (assembling, CRC, writing into the
@@ -46,11 +48,20 @@ convert = os.path.join(a.build, "apps", "ucp-convert")
 # --- the plan, as lib/plan/convert_plan.cpp makes it ------------------------------------------------
 
 
-def assign_local(weights, ranks, affinity, slack=0.05):
-    """AssignLocal: heaviest first, to the bin of most affinity within (1 + slack) x an even share."""
-    total, heaviest = sum(weights), max(weights)
-    cap = max(total / ranks * (1 + slack), heaviest)
+def assign_lpt(weights, ranks):
+    """AssignLpt: heaviest first, each to the lightest bin (the lowest on ties)."""
     load, out = [0] * ranks, [0] * len(weights)
+    for k in sorted(range(len(weights)), key=lambda k: -weights[k]):
+        out[k] = min(range(ranks), key=lambda b: (load[b], b))
+        load[out[k]] += weights[k]
+    return out
+
+
+def assign_local(weights, ranks, affinity, start, slack=0.05):
+    """AssignLocal: heaviest first, to the bin of most affinity within (1 + slack) x an even share."""
+    total, heaviest = sum(weights) + sum(start), max(weights)
+    cap = max(total / ranks * (1 + slack), heaviest)
+    load, out = list(start), [0] * len(weights)
     for k in sorted(range(len(weights)), key=lambda k: -weights[k]):
         best, best_aff = -1, 0
         for b, aff in affinity(k).items():
@@ -65,8 +76,9 @@ def assign_local(weights, ranks, affinity, slack=0.05):
     return out
 
 
-def plan(params, files, ranks):
-    """params: [(full_numel, stream_numel, {file: elements})]; files: [bytes] in (pp, tp, dp) order.
+def plan(params, files, ranks, carried=()):
+    """params: [(full_numel, stream_numel, {file: elements})]; files: [bytes] in (pp, tp, dp) order;
+    carried: the model-states files' bytes (copied over as they are, spread first).
     Returns per-rank (bytes in, bytes out, bytes received)."""
     total = sum(files)
     mapper, before, bytes_in = [], 0, [0] * ranks
@@ -81,9 +93,13 @@ def plan(params, files, ranks):
         for f, n in where.items():
             per_rank[mapper[f]] = per_rank.get(mapper[f], 0) + n
         local.append(per_rank)
+    bytes_out, received, start = [0] * ranks, [0] * ranks, [0] * ranks
+    for size, r in zip(carried, assign_lpt(list(carried), ranks)):
+        bytes_in[r] += size
+        bytes_out[r] += size
+        start[r] += 2 * size
     weights = [4 * (stream + full) for full, stream, _ in params for _ in range(3)]
-    bins = assign_local(weights, ranks, lambda k: local[k // 3])
-    bytes_out, received = [0] * ranks, [0] * ranks
+    bins = assign_local(weights, ranks, lambda k: local[k // 3], start)
     for k, r in enumerate(bins):
         full, stream, _ = params[k // 3]
         bytes_out[r] += 4 * full
@@ -93,7 +109,8 @@ def plan(params, files, ranks):
 
 def megatron_gpt(layers, hidden, vocab, tp, pp, dp):
     """A Megatron GPT (learned positions off, as BLOOM's ALiBi; 4h MLP; tied embedding) saved by
-    ZeRO-1: its parameters as plan() wants them and its optimizer files' sizes."""
+    ZeRO-1 in bf16: its parameters as plan() wants them, its optimizer files' sizes and its
+    model-states files' sizes (the stage's TP-local bf16 weights, one file per (pp, tp))."""
     padded = -(-vocab // (128 * tp)) * 128 * tp
     h = hidden
     layer = [("qkv.w", 3 * h * h, True), ("qkv.b", 3 * h, True), ("dense.w", h * h, True), ("dense.b", h, False),
@@ -112,11 +129,12 @@ def megatron_gpt(layers, hidden, vocab, tp, pp, dp):
     add(pp - 1, h, False)
     add(pp - 1, h, False)
     stages[pp - 1].append((0, True, padded * h))  # the tied head: a copy of the embedding, read and compared
-    files = []
+    files, model_files = [], []
     for s in range(pp):
         for t in range(tp):
             group = [(p, n // tp if split else n) for p, split, n in stages[s]]
             total = sum(n for _, n in group)
+            model_files.append(2 * total + 4096)
             padded_total = -(-total // (2 * dp)) * 2 * dp
             part = padded_total // dp
             first = len(files)
@@ -129,7 +147,7 @@ def megatron_gpt(layers, hidden, vocab, tp, pp, dp):
                     if hi > lo:
                         params[p][2][first + d] = params[p][2].get(first + d, 0) + hi - lo
                 at += n
-    return [tuple(p) for p in params], files
+    return [tuple(p) for p in params], files, model_files
 
 
 # --- checking the model of the plan against the real one --------------------------------------------
@@ -144,11 +162,12 @@ def check(ckpt):
     for ranks in (2, 3, 4, 8):
         j = json.loads(subprocess.run([convert, ckpt, "--plan-only", "--json", "--ranks", str(ranks)], env=env,
                                       capture_output=True, text=True, check=True).stdout)
-        mine = sorted(r["bytes_out"] for r in j["per_rank"])
+        mine = sorted(r["bytes_out"] + r["bytes_carried"] for r in j["per_rank"])
         # The model gets what it can from the JSON: each item's bytes; affinity is not in the JSON, so
         # the check is of the balancing alone (all affinities equal: the lightest-bin rule).
         params = [(p["bytes"] // 12, p["bytes"] // 12, {}) for p in j["params"]]
-        _, out, _ = plan(params, [1] * ranks, ranks)
+        carried = [r["bytes_carried"] for r in j["per_rank"] if r["bytes_carried"]]
+        _, out, _ = plan(params, [1] * ranks, ranks, carried)
         model = sorted(out)
         print(f"  {ranks} ranks: max bytes out, ucp-convert --plan-only {max(mine) / 2**20:.1f} MiB, "
               f"this model without affinity {max(model) / 2**20:.1f} MiB")
@@ -191,11 +210,11 @@ models = [  # name, (layers, hidden, vocab), source (tp, pp, dp), paper's transf
 print(f"{'model':11} {'ranks':>5} {'nodes':>5} {'TB in+out':>9} {'max rank in/out/recv GB':>25} {'predicted':>10} "
       f"{'storage floor':>13} {'pred/floor':>10}   paper (Table 3)")
 for name, (layers, hidden, vocab), (tp, pp, dp), (paper_min, paper_nodes) in models:
-    params, files = megatron_gpt(layers, hidden, vocab, tp, pp, dp)
+    params, files, model_files = megatron_gpt(layers, hidden, vocab, tp, pp, dp)
     for ranks in sorted({8, 32, 128, 384, 512, paper_nodes * a.ranks_per_node}):
         nodes = -(-ranks // a.ranks_per_node)
         per_node = min(ranks, a.ranks_per_node)
-        bin_, bout, recv = plan(params, files, ranks)
+        bin_, bout, recv = plan(params, files, ranks, model_files)
         io = a.node_bandwidth / per_node
         net = a.network_bandwidth / per_node
         times = [bi * (cpu_in + 1 / io) + bo * (cpu_out + 1 / io) + rc / net for bi, bo, rc in zip(bin_, bout, recv)]

@@ -163,21 +163,17 @@ void FinishCommit(const std::string& output, store::StoreKind kind) {
   store::Journal::Remove(output);
 }
 
-// The files DeepSpeed's universal loader reads besides the atomic tensors: zero/optimizer_state.pt
-// (from the optimizer file at pp=0, tp=0, dp=0) and the model-states files, carried over.
-std::vector<store::FileRecord> WriteSideFiles(const source::SourceLayout& L, const std::string& out, Durability durability) {
+// zero/optimizer_state.pt, which DeepSpeed's universal loader reads besides the atomic tensors:
+// from the optimizer file at pp=0, tp=0, dp=0.
+store::FileRecord WriteOptimizerStateFile(const source::SourceLayout& L, const std::string& out, Durability durability) {
   const source::ShardFile* first_optim = nullptr;
   for (const auto& f : L.files)
     if (f.kind == source::FileKind::ZeroOptimizer && f.pp == 0 && f.tp == 0 && f.dp == 0) first_optim = &f;
   if (!first_optim) throw Error(L.dir + ": no optimizer file at (pp=0, tp=0, dp=0)");
-  std::vector<store::FileRecord> records;
   auto root = pt::ReadTorchFile(L.dir + "/" + first_optim->name);
   auto osv = WithContext(L.dir + "/" + first_optim->name, [&] { return store::OptimizerStateValue(*root.root, L.zero_stage); });
   auto d = pt::WriteTorchFile(out + "/zero/optimizer_state.pt", *osv, durability);
-  records.push_back({"zero/optimizer_state.pt", d.size, d.xxh64});
-  for (const auto& name : store::CarriedModelFiles(L))
-    records.push_back(store::CopyFileAtomically(L.dir + "/" + name, out, name, durability));
-  return records;
+  return {"zero/optimizer_state.pt", d.size, d.xxh64};
 }
 
 }  // namespace
@@ -320,15 +316,30 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     // Writers hold at most one more atomic tensor than the one being assembled: the memory bound
     // of DESIGN.md 5 is 2x the largest state tensor plus the shuffle buffers.
     TaskPool writers(threads, largest);
-    // The last rank (rank 0 has the commit to do) writes the side files alongside, before the
-    // store's commit makes the output durable (the .pt store's commit syncs the file system; the
-    // HDF5 store's syncs only atoms.h5). Their records reach rank 0 with the others.
-    if (rank == ranks - 1)
-      writers.Submit(0, [&] {
-        auto side = WriteSideFiles(L, o.output, kind == store::StoreKind::Pt ? Durability::Batch : Durability::Now);
+    // The side files DeepSpeed's universal loader reads, written alongside, before the store's
+    // commit makes the output durable (the .pt store's commit syncs the file system; the HDF5
+    // store's syncs only atoms.h5): the model-states files copied by the ranks the plan gave them,
+    // zero/optimizer_state.pt by the last rank (rank 0 has the commit to do). Their records reach
+    // rank 0 with the others.
+    const Durability side_durability = kind == store::StoreKind::Pt ? Durability::Batch : Durability::Now;
+    auto side_file = [&](auto make) {
+      return [&, make] {
+        store::FileRecord r = make();
         std::lock_guard<std::mutex> lock(records_mu);
-        for (const auto& r : side) c.bytes_written += static_cast<int64_t>(r.bytes), ++c.files_written, records.push_back(r);
-      });
+        c.bytes_written += static_cast<int64_t>(r.bytes), ++c.files_written, records.push_back(r);
+      };
+    };
+    // Submitted after the rounds: a copy started first would take the core from the mapping that
+    // the other ranks wait for in the first exchange.
+    auto submit_side_files = [&] {
+      if (rank == ranks - 1)
+        writers.Submit(0, side_file([&] { return WriteOptimizerStateFile(L, o.output, side_durability); }));
+      for (size_t f = 0; f < L.files.size(); ++f)
+        if (plan.file_carrier[f] == rank)
+          writers.Submit(0, side_file([&, name = L.files[f].name] {
+            return store::CopyFileAtomically(L.dir + "/" + name, o.output, name, side_durability);
+          }));
+    };
     // Tensors are assembled one after another: buffers the writers release are handed out again
     // rather than faulted in afresh (kept up to kBufferPoolBytes, on top of the bound above).
     BufferPool buffers(kBufferPoolBytes);
@@ -445,6 +456,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     }
     if (error.empty()) error = Capture([&] {
       finish_upto(INT64_MAX);  // items of no elements, and a rank with no rounds
+      submit_side_files();
       writers.Drain();
     });
     c.bytes_read = static_cast<int64_t>(mapper->bytes_read());

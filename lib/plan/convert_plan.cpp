@@ -274,6 +274,27 @@ ConvertPlan MakeConvertPlan(const source::SourceLayout& L, const patterns::Model
   // Reducers: (parameter, state) items, balanced by the bytes they receive and write, each on
   // the rank that maps most of its bytes while that rank's load stays within 5% of an even
   // share: bytes reduced where they are read go straight into place, with no shuffle.
+  // Model-states files to carry: spread first (largest first), their read and written bytes the
+  // loads the reducers start from.
+  plan.file_carrier.assign(L.files.size(), -1);
+  plan.carried_bytes.assign(ranks, 0);
+  std::vector<int> carried;
+  std::vector<int64_t> carried_weights;
+  for (size_t f = 0; f < L.files.size(); ++f) {
+    if (!L.files[f].model_states()) continue;
+    std::error_code ec;
+    auto size = fs::file_size(L.dir + "/" + L.files[f].name, ec);
+    carried.push_back(static_cast<int>(f));
+    carried_weights.push_back(ec ? 0 : static_cast<int64_t>(size));
+  }
+  std::vector<int64_t> start_load(ranks, 0);
+  auto carriers = AssignLpt(carried_weights, ranks);
+  for (size_t k = 0; k < carried.size(); ++k) {
+    plan.file_carrier[carried[k]] = carriers[k];
+    plan.carried_bytes[carriers[k]] += carried_weights[k];
+    start_load[carriers[k]] += 2 * carried_weights[k];
+  }
+
   std::vector<int64_t> weights, local(static_cast<size_t>(plan.params.size()) * ranks, 0);
   int64_t total_weight = 0;
   for (size_t p = 0; p < plan.params.size(); ++p) {
@@ -281,7 +302,7 @@ ConvertPlan MakeConvertPlan(const source::SourceLayout& L, const patterns::Model
     for (int s = 0; s < kStates; ++s) weights.push_back(4 * (P.stream_numel + P.full_numel)), total_weight += weights.back();
     for (const auto& pc : P.pieces) local[p * ranks + plan.file_mapper[pc.file]] += pc.numel;
   }
-  auto bins = AssignLocal(weights, std::vector<int64_t>(ranks, 0), [&](size_t k, int r) { return local[(k / kStates) * ranks + r]; });
+  auto bins = AssignLocal(weights, start_load, [&](size_t k, int r) { return local[(k / kStates) * ranks + r]; });
   std::vector<size_t> order(weights.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weights[a] > weights[b]; });
@@ -331,7 +352,10 @@ const Copy& ParamPlan::CopyAt(int64_t stream_pos) const {
 
 double ConvertPlan::Imbalance() const {
   int64_t total = 0, most = 0;
-  for (int64_t b : reduced_bytes) total += b, most = std::max(most, b);
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t b = reduced_bytes[r] + (carried_bytes.empty() ? 0 : carried_bytes[r]);
+    total += b, most = std::max(most, b);
+  }
   return total ? static_cast<double>(most) * ranks / static_cast<double>(total) : 1.0;
 }
 
@@ -350,8 +374,12 @@ nlohmann::json ConvertPlan::ToJson(const source::SourceLayout& L) const {
     nlohmann::json files = nlohmann::json::array();
     for (size_t f = 0; f < file_mapper.size(); ++f)
       if (file_mapper[f] == r) files.push_back(L.files[f].name);
+    nlohmann::json carries = nlohmann::json::array();
+    for (size_t f = 0; f < file_carrier.size(); ++f)
+      if (file_carrier[f] == r) carries.push_back(L.files[f].name);
     per.push_back({{"rank", r}, {"maps", files}, {"bytes_in", mapped_bytes[r]}, {"items", work[r].size()},
-                   {"bytes_out", reduced_bytes[r]}, {"elements_received", work_numel[r]}});
+                   {"bytes_out", reduced_bytes[r]}, {"elements_received", work_numel[r]}, {"carries", carries},
+                   {"bytes_carried", carried_bytes[r]}});
   }
   j["per_rank"] = per;
   nlohmann::json params = nlohmann::json::array();
@@ -373,15 +401,16 @@ std::string ConvertPlan::ToText() const {
     << HumanBytes(static_cast<double>(in)) << ", writes " << HumanBytes(static_cast<double>(out)) << " of tensors\n";
   o << "shuffle: " << rounds << " round(s) of at most " << HumanBytes(4.0 * chunk_elems) << " per reducer\n";
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%6s %6s %12s %7s %12s\n", "rank", "files", "bytes in", "items", "bytes out");
+  std::snprintf(buf, sizeof buf, "%6s %6s %12s %7s %12s %12s\n", "rank", "files", "bytes in", "items", "bytes out", "carried");
   o << buf;
   for (int r = 0; r < ranks; ++r) {
     int files = static_cast<int>(std::count(file_mapper.begin(), file_mapper.end(), r));
-    std::snprintf(buf, sizeof buf, "%6d %6d %12s %7zu %12s\n", r, files, HumanBytes(static_cast<double>(mapped_bytes[r])).c_str(),
-                  work[r].size(), HumanBytes(static_cast<double>(reduced_bytes[r])).c_str());
+    std::snprintf(buf, sizeof buf, "%6d %6d %12s %7zu %12s %12s\n", r, files, HumanBytes(static_cast<double>(mapped_bytes[r])).c_str(),
+                  work[r].size(), HumanBytes(static_cast<double>(reduced_bytes[r])).c_str(),
+                  HumanBytes(static_cast<double>(carried_bytes[r])).c_str());
     o << buf;
   }
-  std::snprintf(buf, sizeof buf, "imbalance of bytes out (max / mean): %.3f\n", Imbalance());
+  std::snprintf(buf, sizeof buf, "imbalance of bytes out, carried files included (max / mean): %.3f\n", Imbalance());
   o << buf;
   return o.str();
 }

@@ -91,12 +91,17 @@ struct ConvertPlan {
   std::vector<int64_t> work_numel;        // per reducer
   std::vector<int64_t> mapped_bytes;      // per rank: source file bytes it maps
   std::vector<int64_t> reduced_bytes;     // per rank: atomic tensor bytes it writes
+  // The model-states files carried over as they are (DeepSpeed's universal loader reads them):
+  // per SourceLayout::files index, the rank that copies it (-1: not carried); they count in the
+  // balance of the reducers' work, as their bytes are read and written too.
+  std::vector<int> file_carrier;
+  std::vector<int64_t> carried_bytes;     // per rank
   int64_t rounds = 0;
 
-  double Imbalance() const;
+  double Imbalance() const;  // max / mean of the bytes each rank writes (reduced and carried)
   // Drops items already done (resume): done[param * kStates + state]. Work streams, the round
   // count and the byte counts are recomputed; every rank must pass the same flags.
-  void SkipDone(const std::vector<char>& done);  // max / mean of reduced_bytes
+  void SkipDone(const std::vector<char>& done);
   nlohmann::json ToJson(const source::SourceLayout& layout) const;
   std::string ToText() const;
 };

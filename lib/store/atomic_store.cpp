@@ -211,13 +211,6 @@ ValuePtr OptimizerStateValue(const Value& root, int zero_stage) {
   return out;
 }
 
-std::vector<std::string> CarriedModelFiles(const source::SourceLayout& L) {
-  std::vector<std::string> out;
-  for (const auto& f : L.files)
-    if (f.model_states()) out.push_back(f.name);
-  return out;
-}
-
 void WriteLatestUniversal(const std::string& dir) {
   fs::path path = fs::absolute(dir).lexically_normal();
   if (path.filename().empty()) path = path.parent_path();

@@ -79,9 +79,6 @@ UniversalKeys UniversalKeysOfStateFile(const pt::Value& root, const std::vector<
 // file's root, as ds_to_universal.py derives it.
 pt::ValuePtr OptimizerStateValue(const pt::Value& optimizer_file_root, int zero_stage);
 
-// Model-states files DeepSpeed's universal loader reads, carried over unchanged.
-std::vector<std::string> CarriedModelFiles(const source::SourceLayout& layout);
-
 // DeepSpeed's load_universal finds the atomic checkpoint `dir` through <parent>/latest_universal,
 // which names it; written atomically, after the manifest.
 void WriteLatestUniversal(const std::string& dir);
