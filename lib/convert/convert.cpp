@@ -40,8 +40,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
-constexpr int64_t kBufferPoolBytes = int64_t{128} << 20;  // released assembly buffers kept for reuse
-
 
 std::string VersionString(double v) {
   char buf[32];
@@ -340,9 +338,11 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
             return store::CopyFileAtomically(L.dir + "/" + name, o.output, name, side_durability);
           }));
     };
-    // Tensors are assembled one after another: buffers the writers release are handed out again
-    // rather than faulted in afresh (kept up to kBufferPoolBytes, on top of the bound above).
-    BufferPool buffers(kBufferPoolBytes);
+    // Tensors are assembled one after another: memory the writers release is handed out again
+    // rather than faulted in afresh. What is live at once: the writers' tensors (up to the largest),
+    // the one being finished, and the round's open assemblies; the region has room for that with
+    // slack for fragmentation (it is address space; only what is used becomes resident).
+    BufferPool buffers(3 * largest + o.buffer_bytes);
     const auto& mine = plan.work[rank];
     std::map<size_t, std::unique_ptr<union_::Assembly>> open;  // item index -> assembly
     size_t next_final = 0;

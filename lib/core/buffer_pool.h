@@ -6,9 +6,7 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <map>
 #include <memory>
-#include <mutex>
 
 namespace ucp {
 
@@ -18,25 +16,25 @@ struct FreeDeleter {
 // `bytes` bytes, uninitialised; from 2 MiB up, aligned to 2 MiB and advised into huge pages.
 std::unique_ptr<uint8_t[], FreeDeleter> AllocateBytes(size_t bytes);
 
-// Float buffers handed out again once released, so that a run that assembles tensor after tensor
-// does not fault in fresh pages for each one. Released buffers are kept up to `cap_bytes`, the
-// largest dropped first when they exceed it; Get hands out the smallest kept buffer that is large
-// enough, else allocates (AllocateBytes).
+// Float buffers carved from one region of memory that stays mapped while the pool (or any of its
+// buffers) lives. A released range is handed out again, whole or in part, so a run that assembles
+// tensor after tensor of differing sizes faults in (and has the kernel zero) only the pages of its
+// largest working set, once, rather than every tensor's. Requests are served first-fit from the
+// region's low end, which keeps the touched part compact; one the region cannot hold at the moment
+// is allocated on its own (AllocateBytes) and freed when released. The region is only address
+// space until touched: its size is a ceiling, not a reservation of memory.
 class BufferPool {
  public:
-  explicit BufferPool(int64_t cap_bytes);
-  // At least `numel` floats, contents undefined. The buffer returns to the pool when the last
-  // shared_ptr to it goes, from any thread, also after the pool itself is gone.
+  explicit BufferPool(int64_t region_bytes);
+  // At least `numel` floats, contents undefined, 64-byte aligned. The range returns to the pool
+  // when the last shared_ptr to it goes, from any thread, also after the pool itself is gone.
   std::shared_ptr<float[]> Get(int64_t numel);
-  int64_t held_bytes() const;  // kept now, for reuse
+  int64_t free_bytes() const;        // of the region, now
+  int64_t outside_bytes() const;     // handed out so far from outside the region (it was full)
 
  private:
-  struct Kept {
-    std::mutex mu;
-    std::multimap<int64_t, std::unique_ptr<uint8_t[], FreeDeleter>> free;  // by capacity, in floats
-    int64_t held_bytes = 0, cap_bytes = 0;
-  };
-  std::shared_ptr<Kept> kept_;
+  struct Region;
+  std::shared_ptr<Region> region_;
 };
 
 // A byte buffer used round after round (the shuffle's send and receive buffers): it grows when a
