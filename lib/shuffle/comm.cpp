@@ -4,7 +4,9 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
+#include <ctime>
 #include <cstdlib>
 #include <cstring>
 
@@ -48,6 +50,21 @@ std::vector<int> ToInt(const std::vector<int64_t>& v) {
   return out;
 }
 
+// Waits for a nonblocking collective without spinning. Open MPI's blocking collectives poll
+// until the slowest rank arrives; on a node with a core per rank that polling takes the core
+// from the rank's own writer threads (file writes and checksums), so a rank that waits slows the
+// one it waits for. Here: a short spin for the common quick case, then sleeps that grow to 200 us
+// with an MPI_Test (which also drives the transfer) between them.
+void WaitSleeping(MPI_Request* request, const char* what) {
+  int done = 0;
+  for (int spins = 0; spins < 64 && !done; ++spins) Check(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
+  for (long nanos = 5'000; !done; nanos = std::min<long>(nanos * 2, 200'000)) {
+    timespec ts{0, nanos};
+    nanosleep(&ts, nullptr);
+    Check(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
+  }
+}
+
 class MpiComm final : public Comm {
  public:
   MpiComm() {
@@ -66,21 +83,19 @@ class MpiComm final : public Comm {
   void Alltoallv(const uint8_t* send, const std::vector<int64_t>& send_count, const std::vector<int64_t>& send_displ,
                  uint8_t* recv, const std::vector<int64_t>& recv_count, const std::vector<int64_t>& recv_displ) override {
     auto sc = ToInt(send_count), sd = ToInt(send_displ), rc = ToInt(recv_count), rd = ToInt(recv_displ);
-    Check(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, MPI_COMM_WORLD),
+    MPI_Request req;
+    Check(MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, MPI_COMM_WORLD, &req),
           "Alltoallv");
+    WaitSleeping(&req, "Alltoallv");
   }
-  void AllreduceSum(std::span<int64_t> v) override {
-    Check(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD),
-          "Allreduce");
-  }
-  void AllreduceMax(std::span<int64_t> v) override {
-    Check(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD),
-          "Allreduce");
-  }
+  void AllreduceSum(std::span<int64_t> v) override { Allreduce(v, MPI_SUM); }
+  void AllreduceMax(std::span<int64_t> v) override { Allreduce(v, MPI_MAX); }
   std::vector<std::string> GatherToRoot(const std::string& mine) override {
     int n = static_cast<int>(mine.size());
     std::vector<int> sizes(rank_ == 0 ? size_ : 0), displs;
-    Check(MPI_Gather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, MPI_COMM_WORLD), "Gather");
+    MPI_Request req;
+    Check(MPI_Igather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, MPI_COMM_WORLD, &req), "Gather");
+    WaitSleeping(&req, "Gather");
     std::string all;
     if (rank_ == 0) {
       int64_t total = 0;
@@ -88,13 +103,18 @@ class MpiComm final : public Comm {
       if (total > INT_MAX) throw Error("internal: gathered report exceeds 2 GiB");
       all.resize(static_cast<size_t>(total));
     }
-    Check(MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), sizes.data(), displs.data(), MPI_CHAR, 0, MPI_COMM_WORLD),
+    Check(MPI_Igatherv(mine.data(), n, MPI_CHAR, all.data(), sizes.data(), displs.data(), MPI_CHAR, 0, MPI_COMM_WORLD, &req),
           "Gatherv");
+    WaitSleeping(&req, "Gatherv");
     std::vector<std::string> out;
     for (int r = 0; rank_ == 0 && r < size_; ++r) out.push_back(all.substr(displs[r], sizes[r]));
     return out;
   }
-  void Barrier() override { Check(MPI_Barrier(MPI_COMM_WORLD), "Barrier"); }
+  void Barrier() override {
+    MPI_Request req;
+    Check(MPI_Ibarrier(MPI_COMM_WORLD, &req), "Barrier");
+    WaitSleeping(&req, "Barrier");
+  }
   [[noreturn]] void Abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);
@@ -102,6 +122,13 @@ class MpiComm final : public Comm {
   const void* mpi_comm() const override { return &world_; }
 
  private:
+  void Allreduce(std::span<int64_t> v, MPI_Op op) {
+    MPI_Request req;
+    Check(MPI_Iallreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_INT64_T, op, MPI_COMM_WORLD, &req),
+          "Allreduce");
+    WaitSleeping(&req, "Allreduce");
+  }
+
   int rank_ = 0, size_ = 1;
   MPI_Comm world_ = MPI_COMM_WORLD;
 };
