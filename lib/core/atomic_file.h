@@ -22,9 +22,9 @@ struct FileDigest {
   uint64_t xxh64 = 0;
 };
 
-// Now: the protocol above, file by file. Batch: steps 1 and 3 only; the caller makes the whole batch
-// durable at once with SyncFileSystemOf before it writes what marks the batch complete (a manifest,
-// `latest`). A killed process still leaves no file under its final name that is not complete (the
+// Now: the protocol above, file by file. Batch: steps 1 and 3 only, the file's writeback started
+// in the background (StartWriteback); the caller makes the whole batch durable at once with
+// SyncFileSystemOf before it writes what marks the batch complete (a manifest, `latest`). A killed process still leaves no file under its final name that is not complete (the
 // bytes are in the page cache before the rename); a crash of the machine before the sync can lose
 // batch files, but then no marker names them.
 enum class Durability { Now, Batch };
@@ -36,6 +36,11 @@ enum class Digest { Xxh64, None };
 // One syncfs(2) of the file system holding `path`: every file written there so far, renames
 // included, is durable when it returns. Throws ucp::Error naming the path.
 void SyncFileSystemOf(const std::string& path);
+
+// Hands the open descriptor `fd` to a background thread that starts the kernel writing the file's
+// dirty pages to disk and then closes it: a batch file's bytes travel to the disk while the run
+// goes on, and the batch's one sync waits for little. Durability still comes from the sync.
+void StartWriteback(int fd);
 
 class AtomicFile {
  public:
