@@ -4,8 +4,9 @@
 The machine is shared and noisy: every command runs --repeat times (at least 5), the commands of a
 round one after the other in an order that alternates from round to round, and the report gives
 medians and ratios against references measured in the same rounds:
-  cp -r SRC DST                      the plain copy (data left in the page cache)
-  cp -r SRC DST && sync              the durable copy (ucp makes its output durable too)
+  cp -r SRC/TAG DST                  the plain copy (data left in the page cache)
+  cp -r SRC/TAG DST && sync          the durable copy (ucp makes its output durable too)
+                                     (TAG: the checkpoint folder `latest` names, what the tools read)
   read-write+sync                    every file read and written through user space in 8 MiB
                                      chunks, then sync: the honest floor for a tool that must
                                      transform the data it moves
@@ -113,10 +114,12 @@ def clean():
     os.sync()
 
 
+# The references copy the checkpoint folder `latest` names, the bytes the tools read: the root may
+# hold other checkpoints (DeepSpeed's own universal output, older steps) that ucp never touches.
 commands = {
-    "cp -r": lambda: subprocess.run(["cp", "-r", src, out_dir], check=True),
-    "cp -r && sync": lambda: subprocess.run(f"cp -r '{src}' '{out_dir}' && sync", shell=True, check=True),
-    "read-write+sync": lambda: read_write_sync(src, out_dir),
+    "cp -r": lambda: subprocess.run(["cp", "-r", tag, out_dir], check=True),
+    "cp -r && sync": lambda: subprocess.run(f"cp -r '{tag}' '{out_dir}' && sync", shell=True, check=True),
+    "read-write+sync": lambda: read_write_sync(tag, out_dir),
 }
 for ranks in (1, 2):
     rep = os.path.join(a.work, f"convert-np{ranks}.json")

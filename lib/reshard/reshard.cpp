@@ -542,12 +542,17 @@ class UnitWriter {
 
   // Seconds spent reading the atomic tensors (or copying held pieces) while writing.
   double read_seconds() const { return read_seconds_; }
+  // Bytes and files of the target this writer has written.
+  int64_t bytes_written() const { return bytes_written_; }
+  int64_t files_written() const { return files_written_; }
 
  private:
   // One file of the target, written without an fsync of its own (the run syncs the file system
   // once before `latest` names the folder) and without a digest (nothing records one).
-  void WriteShardFile(const std::string& name, const Value& root) const {
-    pt::WriteTorchFile(dir_ + "/" + name, root, Durability::Batch, Digest::None);
+  void WriteShardFile(const std::string& name, const Value& root) {
+    const std::string path = dir_ + "/" + name;
+    pt::WriteTorchFile(path, root, Durability::Batch, Digest::None);
+    bytes_written_ += static_cast<int64_t>(fs::file_size(path)), ++files_written_;
   }
 
   // Copies local elements [a, b) of unit param k, state s, to dst (float32), from the held piece
@@ -953,6 +958,7 @@ class UnitWriter {
   std::vector<std::shared_ptr<uint8_t[]>> lp_;
   std::map<int, ValuePtr> steps_;
   double read_seconds_ = 0;
+  int64_t bytes_written_ = 0, files_written_ = 0;
   struct Tail {
     int64_t lo = 0, hi = 0;
     uint64_t used = 0;
@@ -1272,6 +1278,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   int64_t planned = 0;
   for (const auto& sp : P.shared) planned += sp.reader == rank ? sp.bytes : 0;
   double unit_reads = 0;
+  int64_t bytes_written = 0, files_written = 0;
   int64_t my_bytes = 0;  // the atomic bytes of this rank's units, for rank 0's progress line
   for (size_t k = 0; k < P.units.size(); ++k) my_bytes += P.owner[k] == rank ? P.units[k].bytes : 0;
   ProgressLine progress(kTool, talk && o.progress, my_bytes);
@@ -1283,6 +1290,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
       UnitWriter writer(S, T, P, held, P.units[k], dir, arena);
       writer.Write();
       unit_reads += writer.read_seconds();
+      bytes_written += writer.bytes_written(), files_written += writer.files_written();
       held.Done(P.units[k]);
       planned += P.units[k].bytes;
       progress.Update(done += P.units[k].bytes);
@@ -1302,6 +1310,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   // (HDF5 reads whole chunks).
   json mine = {{"rank", rank}, {"bytes_read", static_cast<int64_t>(S.reader->storage_bytes_read())},
                {"slab_bytes", static_cast<int64_t>(S.reader->bytes_read())}, {"planned_bytes", planned},
+               {"bytes_written", bytes_written}, {"files_written", files_written},
                {"exchange_rounds", exchanged.first}, {"exchange_bytes_sent", exchanged.second}, {"seconds", seconds},
                {"peak_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024}};
   auto stats = comm.GatherToRoot(mine.dump());
@@ -1316,11 +1325,11 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
   if (rank == 0) {
-    int64_t total = 0, peak = 0;
+    int64_t total = 0, peak = 0, written = 0;
     json per = json::array();
     for (const auto& s : stats) {
       auto j = json::parse(s);
-      total += j["bytes_read"].get<int64_t>();
+      total += j["bytes_read"].get<int64_t>(), written += j["bytes_written"].get<int64_t>();
       peak = std::max(peak, j["peak_rss_bytes"].get<int64_t>());
       per.push_back(j);
     }
@@ -1329,7 +1338,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
     if (!o.report_path.empty()) {
       json report = {{"atomic", o.atomic_dir}, {"store", store::StoreName(S.reader->store())}, {"output", o.output},
                      {"ranks", ranks}, {"seconds", secs}, {"bytes_read", total}, {"atomic_bytes", P.needed_bytes},
-                     {"read_ratio", ratio}, {"per_rank", per}};
+                     {"read_ratio", ratio}, {"bytes_written", written}, {"per_rank", per}};
       error = Capture([&] { WriteFileAtomically(o.report_path, report.dump(1) + "\n"); });
       if (!error.empty()) {
         err << kTool << ": error: " << error << std::endl;

@@ -1,9 +1,9 @@
 """Redundancy-bypassing loading: pieces several target ranks need (TP-replicated parameters, the
 tied embedding) are read once by one MPI rank and sent to the others. For each target, with 3 MPI
 ranks: the report's bytes read equal the plan's and are 1.000x the atomic tensor bytes (each read
-once), and the files are byte-identical to a run with --share-buffer 0, where every unit reads its
-own pieces (read ratio above 1). The first target exchanges in rounds of 4 KiB (pieces cut across
-rounds).
+once), its bytes and files written are those of the folder, and the files are byte-identical to a
+run with --share-buffer 0, where every unit reads its own pieces (read ratio above 1). The first
+target exchanges in rounds of 4 KiB (pieces cut across rounds).
 
   reshard_exchange.py UCP_RESHARD ATOMIC_DIR WORK_DIR MPIEXEC
 """
@@ -42,6 +42,9 @@ for layout in (["--dp", "2", "--tp", "2", "--pp", "2", "--zero-stage", "1", "--d
         bad.append(f"read {rep['read_ratio']:.4f}x the atomic bytes, not 1.000x")
     if sum(r["planned_bytes"] for r in rep["per_rank"]) != rep["bytes_read"] or rep["bytes_read"] != plan["bytes_read"]:
         bad.append("bytes read differ from the plan's")
+    on_disk = sum(os.path.getsize(os.path.join(shared_out, tag, n)) for n in os.listdir(os.path.join(shared_out, tag)))
+    if rep["bytes_written"] != on_disk or sum(r["files_written"] for r in rep["per_rank"]) != len(names):
+        bad.append(f"report says {rep['bytes_written']} bytes written, the files hold {on_disk}")
     if not plan["shared"] or not any(len(s["ranks"]) > 1 for s in plan["shared"]):
         bad.append("no piece is shared across ranks: the exchange was not exercised")
     sent = sum(r["exchange_bytes_sent"] for r in rep["per_rank"])
