@@ -150,7 +150,7 @@ void PrepareOutput(const ConvertOptions& o, const source::SourceLayout& L, const
                   "--force to overwrite it");
     }
   }
-  fs::create_directories(o.output + "/zero");
+  CreateSpreadFolder(o.output + "/zero");  // a folder per parameter
   if (*resume == Resume::No) store::Journal::Start(o.output, fingerprint);
 }
 

@@ -93,7 +93,7 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
       if (!o.force) throw Error(o.output + ": exists and is not empty; use --force to overwrite it");
       store::RemoveAtomicCheckpoint(o.output);
     }
-    fs::create_directories(o.output + "/zero");
+    CreateSpreadFolder(o.output + "/zero");  // a folder per parameter
   })
                     : "";
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;

@@ -1,6 +1,8 @@
 #include "core/atomic_file.h"
 
 #include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -176,6 +178,18 @@ void SyncFileSystemOf(const std::string& path) {
   ::close(fd);
   if (rc != 0) throw Error(path + ": syncing its file system failed: " + std::strerror(err));
   FaultPoint("sync", path);
+}
+
+void CreateSpreadFolder(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw Error(dir + ": cannot open the folder just created: " + std::strerror(errno));
+  int flags = 0;  // a hint: a file system that has no such flags, or refuses them, writes as it would anyway
+  if (::ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0 && !(flags & FS_TOPDIR_FL)) {
+    flags |= FS_TOPDIR_FL;
+    (void)::ioctl(fd, FS_IOC_SETFLAGS, &flags);
+  }
+  ::close(fd);
 }
 
 FileDigest WriteFileAtomically(const std::string& path, const std::string& contents) {

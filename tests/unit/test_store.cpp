@@ -4,10 +4,15 @@
 // byte with what the test wrote, the slabs cut by the test's own index arithmetic. Also: steps and
 // DeepSpeed keys round-trip, bytes-read accounting, and damaged stores refused with the file named.
 #include <catch2/catch.hpp>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -392,4 +397,26 @@ TEST_CASE("store: HDF5 errors name the file, the object and the operation", "[st
   auto g = f.CreateGroup("a.b");
   CHECK_THROWS_WITH(f.CreateGroup("a.b"), Catch::Contains(q.string() + ": /a.b: H5Gcreate2") && Catch::Contains("already exists"));
   CHECK_THROWS_WITH(g.IntAttribute("nope"), Catch::Contains("/a.b attribute 'nope'") && Catch::Contains("H5Aopen"));
+}
+
+TEST_CASE("store: the folder of parameter folders is created, again too, and marked to spread them", "[store]") {
+  const auto root = test::WorkDir() / "spread";
+  std::filesystem::remove_all(root);
+  const std::string dir = (root / "out" / "zero").string();
+  CreateSpreadFolder(dir);
+  CreateSpreadFolder(dir);  // a resumed run finds it there
+  REQUIRE(std::filesystem::is_directory(dir));
+  auto flags_of = [](const std::filesystem::path& p) -> std::optional<int> {
+    const int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY);
+    int flags = 0;
+    const bool ok = fd >= 0 && ::ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0;
+    if (fd >= 0) ::close(fd);
+    return ok ? std::optional<int>(flags) : std::nullopt;
+  };
+  if (auto parent = flags_of(root / "out")) {  // a file system with the flags (ext4 here): the hint is set
+    CHECK(!(*parent & FS_TOPDIR_FL));
+    CHECK((flags_of(dir).value() & FS_TOPDIR_FL) != 0);
+  }
+  std::ofstream(root / "file") << "x";
+  CHECK_THROWS(CreateSpreadFolder((root / "file" / "zero").string()));
 }
