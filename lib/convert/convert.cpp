@@ -82,13 +82,15 @@ struct Counters {
   int64_t bytes_read = 0, bytes_sent = 0, bytes_received = 0, bytes_in_place = 0, bytes_written = 0, files_written = 0;
   // Where a rank's time goes. read: from the files, into the shuffle buffers or into place;
   // exchange: the collectives, waiting for the slowest rank included; assemble: union of the
-  // shuffled runs; wait: for room among the writers; sync: the store's commit (one syncfs).
-  // write: the writers' own time, summed over the writer threads (it overlaps the others).
-  double read = 0, exchange = 0, assemble = 0, wait = 0, sync = 0;
-  std::atomic<int64_t> write_ns{0};
+  // shuffled runs; wait: for room among the writers; drain: for the writers to finish, after the
+  // last round; sync: the store's commit (one syncfs). write: the writers' own time, summed over
+  // the writer threads (it overlaps the others), the side files' share of it apart.
+  double read = 0, exchange = 0, assemble = 0, wait = 0, drain = 0, sync = 0;
+  std::atomic<int64_t> write_ns{0}, side_ns{0};
   nlohmann::json SecondsJson() const {
     return {{"read", read}, {"exchange", exchange}, {"assemble", assemble}, {"wait_for_writers", wait},
-            {"write_threads_sum", write_ns.load() * 1e-9}, {"sync", sync}};
+            {"drain", drain}, {"write_threads_sum", write_ns.load() * 1e-9}, {"side_files", side_ns.load() * 1e-9},
+            {"sync", sync}};
   }
 };
 
@@ -322,7 +324,10 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     const Durability side_durability = kind == store::StoreKind::Pt ? Durability::Batch : Durability::Now;
     auto side_file = [&](auto make) {
       return [&, make] {
+        const auto start = Clock::now();
         store::FileRecord r = make();
+        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+        c.write_ns += ns, c.side_ns += ns;
         std::lock_guard<std::mutex> lock(records_mu);
         c.bytes_written += static_cast<int64_t>(r.bytes), ++c.files_written, records.push_back(r);
       };
@@ -457,7 +462,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     if (error.empty()) error = Capture([&] {
       finish_upto(INT64_MAX);  // items of no elements, and a rank with no rounds
       submit_side_files();
-      writers.Drain();
+      Timed(c.drain, [&] { writers.Drain(); });
     });
     c.bytes_read = static_cast<int64_t>(mapper->bytes_read());
     if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
