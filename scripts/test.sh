@@ -16,9 +16,9 @@ cmake -S "$root" -B "$asan" -DUCP_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug > "$asan.
 cmake --build "$asan" -j "$(nproc)" --target ucp_unit_tests ucp-inspect ucp-convert ucp-reshard
 work="$build/tests/work"
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-echo "== AddressSanitizer: reader, writer, inspect, plan and corrupted inputs"
+echo "== AddressSanitizer: reader, writer, inspect, plans and corrupted inputs"
 UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-  "$asan/tests/ucp_unit_tests" "[reader],[writer],[inspect],[corrupt],[plan],[rounding],[naming],[buffers]"
+  "$asan/tests/ucp_unit_tests" "[reader],[writer],[inspect],[corrupt],[plan],[rounding],[naming],[buffers],[reshard_plan]"
 echo "== AddressSanitizer: ucp-convert, single process (with leak checks) and 2 MPI ranks, damaged sources"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_case.py" \
   "$asan/apps/ucp-convert" "$work/fixtures/tp2_pp2_dp2_bf16" "$work/asan/a/universal" 1

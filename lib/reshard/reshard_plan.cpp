@@ -1,0 +1,379 @@
+#include "reshard/reshard_plan.h"
+
+#include <algorithm>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <tuple>
+
+#include "core/error.h"
+#include "pt/value.h"
+
+namespace ucp::reshard {
+using nlohmann::json;
+using patterns::Pattern;
+using pt::Value;
+
+namespace {
+
+Pattern PatternFromName(const std::string& s) {
+  for (Pattern p : {Pattern::Unique, Pattern::Replicate, Pattern::Partial, Pattern::ShardV, Pattern::ShardH, Pattern::ShardNC})
+    if (patterns::PatternName(p) == s) return p;
+  throw Error("unknown pattern '" + s + "' in the manifest");
+}
+
+const Value* Arg(const Source& S, const char* key) {
+  auto args = S.model_states.root->Get("args");
+  auto v = args ? args->Get(key) : nullptr;
+  return v ? v.get() : nullptr;
+}
+
+// GPTModelPipe's specs: 0 a cast, 1 the embedding, 2..L+1 the transformer layers, L+2 the final
+// norm, L+3 the tied head, then a cast back (not with fp32).
+std::vector<std::string> SpecNames(int layers, const std::string& dtype) {
+  std::vector<std::string> names = {"_to_float16", "EmbeddingPipe"};
+  for (int i = 0; i < layers; ++i) names.push_back("ParallelTransformerLayerPipe");
+  names.push_back("MixedFusedRMSNorm LayerNorm");
+  names.push_back("EmbeddingPipe");
+  if (dtype != "fp32") names.push_back("float16_to_fp32");
+  return names;
+}
+
+std::vector<int> StageBounds(const Source& S, const TargetLayout& T, const std::vector<int64_t>& spec_numel) {
+  auto names = SpecNames(S.layers, T.dtype);
+  const int n = static_cast<int>(names.size());
+  std::string method = T.partition_method;
+  std::vector<int> parts;
+  if (method == "uniform") {
+    parts = PartitionUniform(n, T.pp);
+  } else if (method == "parameters") {
+    parts = PartitionBalanced(std::vector<double>(spec_numel.begin(), spec_numel.end()), T.pp);
+  } else if (method.rfind("type:", 0) == 0) {
+    std::regex re(method.substr(5), std::regex::icase);
+    std::vector<double> w(n, 0);
+    bool any = false;
+    for (int k = 0; k < n; ++k)
+      if (std::regex_search(names[k], re)) w[k] = 1, any = true;
+    if (!any) throw Error("partition method '" + method + "' matches no layer type of GPTModelPipe");
+    parts = PartitionBalanced(w, T.pp);
+  } else {
+    std::stringstream ss(method);
+    std::string item;
+    while (std::getline(ss, item, ',')) parts.push_back(std::stoi(item));
+    if (static_cast<int>(parts.size()) != T.pp + 1 || parts.front() != 0 || parts.back() != n ||
+        !std::is_sorted(parts.begin(), parts.end()))
+      throw Error("partition boundaries '" + method + "' must be " + std::to_string(T.pp + 1) +
+                  " increasing numbers from 0 to " + std::to_string(n) + " (the layer specs)");
+  }
+  return parts;
+}
+
+}  // namespace
+
+Source LoadSource(const std::string& dir) {
+  Source S;
+  S.reader = store::AtomReader::Open(dir);
+  S.manifest = S.reader->manifest();
+  const std::string naming = S.manifest["source"].value("naming", "");
+  if (naming != NamingName(Naming::Pipe) && naming != NamingName(Naming::Plain))
+    throw Error(dir + ": the manifest's source naming is '" + naming + "'; ucp-reshard knows GPTModelPipe ('pipe') "
+                "and GPTModel ('plain') names");
+  S.naming = naming == "pipe" ? Naming::Pipe : Naming::Plain;
+  // The model-states file of model-parallel rank 0: mp_rank_00_model_states.pt, or under ZeRO-3
+  // zero_pp_rank_0_mp_rank_00_model_states.pt.
+  std::string model_file;
+  const std::regex model_re(R"((zero_pp_rank_0_)?mp_rank_\d+_model_states\.pt)");
+  for (const auto& f : S.manifest["files"]) {
+    std::string p = f["path"];
+    if (std::regex_match(p, model_re) && (model_file.empty() || p < model_file)) model_file = p;
+  }
+  if (model_file.empty()) throw Error(dir + ": the manifest lists no mp_rank_*_model_states.pt");
+  S.model_states = pt::ReadTorchFile(dir + "/" + model_file);
+  S.optimizer = pt::ReadTorchFile(dir + "/zero/optimizer_state.pt");
+  S.tp = S.manifest["source"].value("tp", 1);
+  // The layer count: from the parameter names (a plain DeepSpeed engine saves no Megatron args),
+  // checked against args.num_layers where the checkpoint has it.
+  std::vector<std::string> names;
+  for (const auto& p : S.reader->params()) names.push_back(p.name);
+  S.layers = LayerCountOf(names, S.naming);
+  if (const Value* layers = Arg(S, "num_layers"); layers && layers->AsInt() != S.layers)
+    throw Error(dir + "/" + model_file + ": args.num_layers is " + std::to_string(layers->AsInt()) + " but the parameter "
+                "names hold " + std::to_string(S.layers) + " transformer layers");
+  if (const Value* d = Arg(S, "make_vocab_size_divisible_by")) S.divisible_by = d->AsInt();
+  auto info = S.model_states.root->Get("universal_checkpoint_info");
+  if (info && info->Get("original_vocab_size")) S.vocab = info->At("original_vocab_size").AsInt();
+  if (info && info->Get("padded_vocab_size")) S.padded_vocab = info->At("padded_vocab_size").AsInt();
+  for (const store::AtomParam& p : S.reader->params()) {
+    Atom a;
+    static_cast<store::AtomParam&>(a) = p;
+    a.model_pattern = PatternFromName(p.pattern);
+    a.place = PlaceOf(a.name, S.naming, S.layers);
+    if (a.vocab && S.vocab == 0) S.vocab = a.shape[0];
+    S.atoms.push_back(std::move(a));
+  }
+  return S;
+}
+
+int64_t DerivedDivisibleBy(const Source& S) {
+  if (S.padded_vocab <= 0 || S.vocab <= 0) return 0;
+  auto fits = [&](int64_t d) {
+    const int64_t m = d * S.tp;
+    return (S.vocab + m - 1) / m * m == S.padded_vocab;
+  };
+  if (fits(128)) return 128;
+  for (int64_t d = 1; d <= (int64_t{1} << 20); d *= 2)
+    if (fits(d)) return d;
+  return 0;
+}
+
+namespace {
+
+// The target's padded vocabulary rows: the multiple of make_vocab_size_divisible_by x TP, as
+// Megatron pads it. The multiple comes from --make-vocab-size-divisible-by, else the source's args,
+// else the source's own padding at an unchanged TP, else DerivedDivisibleBy.
+int64_t PaddedVocab(const Source& S, const TargetLayout& T, int64_t rows) {
+  int64_t div = T.vocab_divisible_by > 0 ? T.vocab_divisible_by : S.divisible_by;
+  if (div <= 0 && T.tp == S.tp && S.padded_vocab >= rows) return S.padded_vocab;
+  if (div <= 0) div = DerivedDivisibleBy(S);
+  if (div <= 0)
+    throw Error("the vocabulary padding of the target is unknown: the checkpoint has no args.make_vocab_size_divisible_by "
+                "and its padded_vocab_size does not tell it; give --make-vocab-size-divisible-by (Megatron's default: 128)");
+  const int64_t m = div * T.tp;
+  return (rows + m - 1) / m * m;
+}
+
+// This TP rank's piece of an atom in the target: the inverse of the atom's pattern.
+UnitParam PieceOf(const Source& S, const TargetLayout& T, int index, int t) {
+  const Atom& a = S.atoms[index];
+  UnitParam u;
+  u.atom = index;
+  u.joined_shape = a.shape;
+  if (a.vocab) u.joined_shape[0] = PaddedVocab(S, T, a.shape[0]);
+  plan::Copy& c = u.copy;
+  c.pp = 0, c.tp = t;
+  c.shape = u.joined_shape;
+  const bool split = T.tp > 1 && patterns::IsSplit(a.model_pattern);
+  if (split) {
+    if (!a.split_dim_known)
+      throw Error("parameter '" + a.name + "': no rule says which dimension TP splits (row- or column-parallel); "
+                  "refusing to guess for TP=" + std::to_string(T.tp) + " (give model rules with --patterns when converting)");
+    const int d = a.split_dim;
+    if (d < 0 || d >= static_cast<int>(a.shape.size())) throw Error("parameter '" + a.name + "': bad split dimension");
+    c.split_dim = d;
+    if (a.model_pattern == Pattern::ShardNC) {
+      int64_t local = 0, joined = 0;
+      for (size_t i = 0; i < a.sub_param_sizes.size(); ++i) {
+        if (a.sub_param_sizes[i] % T.tp)
+          throw Error("parameter '" + a.name + "': sub-parameter " + std::to_string(i) + " of " +
+                      std::to_string(a.sub_param_sizes[i]) + " rows does not split over TP=" + std::to_string(T.tp));
+        int64_t w = a.sub_param_sizes[i] / T.tp;
+        c.blocks.push_back({local, w, joined + t * w});
+        local += w, joined += a.sub_param_sizes[i];
+      }
+      if (joined != u.joined_shape[d]) throw Error("parameter '" + a.name + "': sub-parameter sizes do not add up");
+      c.shape[d] = local;
+    } else {
+      if (u.joined_shape[d] % T.tp)
+        throw Error("parameter '" + a.name + "': dimension " + std::to_string(d) + " of " +
+                    pt::ShapeString(u.joined_shape) + " does not split over TP=" + std::to_string(T.tp));
+      c.shape[d] = u.joined_shape[d] / T.tp;
+      c.blocks.push_back({0, c.shape[d], t * c.shape[d]});
+    }
+  }
+  c.numel = pt::Numel(c.shape);
+  u.local_numel = c.numel;
+  return u;
+}
+
+void Validate(const Source& S, const TargetLayout& T) {
+  auto no = [](const std::string& why) { throw Error("target " + why); };
+  if (T.dp < 1 || T.tp < 1 || T.pp < 1) no("degrees must be at least 1");
+  if (T.dtype != "fp16" && T.dtype != "bf16" && T.dtype != "fp32") no("dtype must be fp16, bf16 or fp32");
+  if (T.zero_stage < 0 || T.zero_stage > 3) no("ZeRO stage must be 0, 1, 2 or 3");
+  if (T.zero_stage == 3 && T.pp > 1) no("ZeRO-3 with pipeline parallelism: DeepSpeed refuses it; use pp=1");
+  if (T.zero_stage == 0 && T.dtype != "bf16") no("ZeRO stage 0 is DeepSpeed's BF16 optimizer: it needs --dtype bf16");
+  if (T.zero_stage == 2 && T.pp > 1) no("ZeRO-2 with pipeline parallelism: DeepSpeed refuses it; use stage 1");
+  if (T.model == "plain" && T.pp > 1) no("model 'plain' with pp=" + std::to_string(T.pp) + ": only a PipelineModule runs a pipeline");
+  if (T.model == "pipe" && T.zero_stage == 3) no("model 'pipe' with ZeRO-3: DeepSpeed refuses a PipelineModule under ZeRO-3");
+  if (T.pp > S.layers)
+    no("pp=" + std::to_string(T.pp) + " exceeds the " + std::to_string(S.layers) + " transformer layers");
+}
+
+// Picks the shared pieces: by bytes saved, as long as every rank that holds one stays within
+// `budget` bytes of held pieces; the reader of each is the holder with the fewest shared bytes read.
+void ShareRepeatedPieces(Plan& P, int ranks, int64_t budget) {
+  // (atom, tp or -1, first element, end) -> users
+  std::map<std::tuple<int, int, int64_t, int64_t>, std::vector<std::pair<int, int>>> users;
+  for (size_t u = 0; u < P.units.size(); ++u)
+    for (size_t k = 0; k < P.units[u].params.size(); ++k) {
+      const UnitParam& up = P.units[u].params[k];
+      if (up.begin == up.end) continue;
+      users[{up.atom, up.copy.split_dim >= 0 ? P.units[u].tp : -1, up.begin, up.end}].push_back({static_cast<int>(u), static_cast<int>(k)});
+    }
+  std::vector<SharedPiece> candidates;
+  for (auto& [key, list] : users) {
+    if (list.size() < 2) continue;
+    SharedPiece sp;
+    sp.unit = list[0].first, sp.param = list[0].second, sp.users = list;
+    const UnitParam& up = P.units[sp.unit].params[sp.param];
+    sp.begin = up.begin, sp.numel = up.end - up.begin;
+    for (const auto& [u, k] : list) sp.ranks.push_back(P.owner[u]);
+    std::sort(sp.ranks.begin(), sp.ranks.end());
+    sp.ranks.erase(std::unique(sp.ranks.begin(), sp.ranks.end()), sp.ranks.end());
+    candidates.push_back(std::move(sp));
+  }
+  std::stable_sort(candidates.begin(), candidates.end(), [](const SharedPiece& a, const SharedPiece& b) {
+    return a.numel * static_cast<int64_t>(a.users.size() - 1) > b.numel * static_cast<int64_t>(b.users.size() - 1);
+  });
+  std::vector<int64_t> held(ranks, 0), reads(ranks, 0);
+  for (auto& sp : candidates) {
+    const int64_t hold = 4 * plan::kStates * sp.numel;
+    if (std::any_of(sp.ranks.begin(), sp.ranks.end(), [&](int r) { return held[r] + hold > budget; })) continue;
+    sp.reader = *std::min_element(sp.ranks.begin(), sp.ranks.end(), [&](int a, int b) { return reads[a] < reads[b]; });
+    const int index = static_cast<int>(P.shared.size());
+    for (const auto& [u, k] : sp.users) {
+      UnitParam& up = P.units[u].params[k];
+      up.shared = index;
+    }
+    for (int r : sp.ranks) held[r] += hold;
+    P.shared.push_back(std::move(sp));
+  }
+}
+
+}  // namespace
+
+int64_t Zero3Piece(int64_t numel, int dp) { return (numel + dp - 1) / dp; }
+
+int64_t AtomicBytes(const UnitParam& u, const Atom& a) {
+  const int64_t full = pt::Numel(a.shape);
+  int64_t have = 0;
+  plan::ForEachJoinedRun(u.copy, u.joined_shape, u.begin, u.end,
+                         [&](int64_t, int64_t joined, int64_t n) { have += std::clamp<int64_t>(full - joined, 0, n); });
+  return 4 * plan::kStates * have;
+}
+
+Naming NamingOf(const TargetLayout& T) { return T.model == "plain" ? Naming::Plain : Naming::Pipe; }
+
+TargetLayout ResolveModel(const Source& S, TargetLayout T) {
+  T.model = ResolvedModel(T, NamingName(S.naming));
+  return T;
+}
+
+Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_budget) {
+  Validate(S, T);
+  Plan P;
+  const int head = S.layers + 3;
+  std::vector<int64_t> spec_numel(SpecNames(S.layers, T.dtype).size(), 0);
+  for (size_t k = 0; k < S.atoms.size(); ++k) {
+    int64_t n = PieceOf(S, T, static_cast<int>(k), 0).local_numel;
+    spec_numel.at(S.atoms[k].spec()) += n;
+    if (S.atoms[k].tied()) spec_numel.at(head) += n;
+    P.needed_bytes += 4 * plan::kStates * pt::Numel(S.atoms[k].shape);
+  }
+  P.parts = StageBounds(S, T, spec_numel);
+  for (const auto& a : S.atoms) P.names.push_back(NameAt(a.place, NamingOf(T), S.layers));
+  auto stage_of = [&](int spec) {
+    for (int s = 0; s < T.pp; ++s)
+      if (spec >= P.parts[s] && spec < P.parts[s + 1]) return s;
+    return -1;
+  };
+  P.embedding_stage = stage_of(1);
+  int groups = 0;
+  for (const auto& a : S.atoms) groups = std::max(groups, a.group + 1);
+  if (auto pg = S.optimizer.root->Get("param_groups")) groups = std::max<int>(groups, static_cast<int>(pg->AsSequence().size()));
+  for (int s = 0; s < T.pp; ++s) {
+    bool any = false;
+    for (int t = 0; t < T.tp; ++t) {
+      Unit u;
+      u.pp = s, u.tp = t;
+      u.groups.assign(groups, {});
+      for (size_t k = 0; k < S.atoms.size(); ++k) {
+        const Atom& a = S.atoms[k];
+        if (stage_of(a.spec()) != s && !(a.tied() && stage_of(head) == s)) continue;
+        u.groups[a.group].push_back(static_cast<int>(u.params.size()));
+        u.params.push_back(PieceOf(S, T, static_cast<int>(k), t));
+        u.params.back().end = u.params.back().local_numel;
+      }
+      any |= !u.params.empty();
+      for (int d = 0; d < (T.zero_stage == 3 ? T.dp : 1); ++d) {
+        Unit part = u;
+        if (T.zero_stage == 3) {
+          part.dp = d;
+          for (auto& up : part.params) {
+            const int64_t piece = Zero3Piece(up.local_numel, T.dp);
+            up.begin = std::min(up.local_numel, d * piece), up.end = std::min(up.local_numel, up.begin + piece);
+          }
+        }
+        for (const auto& up : part.params) part.bytes += AtomicBytes(up, S.atoms[up.atom]);
+        P.units.push_back(std::move(part));
+      }
+    }
+    if (!any)
+      throw Error("target pipeline stage " + std::to_string(s) + " would hold no parameter (layer specs [" +
+                  std::to_string(P.parts[s]) + ", " + std::to_string(P.parts[s + 1]) + "))");
+  }
+  for (const auto& a : S.atoms)
+    if (a.vocab) P.padded_vocab = PieceOf(S, T, static_cast<int>(&a - S.atoms.data()), 0).joined_shape[0];
+  std::vector<int64_t> weights;
+  for (const auto& u : P.units) weights.push_back(u.bytes);
+  P.owner = plan::AssignLpt(weights, ranks);
+  ShareRepeatedPieces(P, ranks, share_budget);
+  for (auto& sp : P.shared) {
+    const UnitParam& up = P.units[sp.unit].params[sp.param];
+    sp.bytes = AtomicBytes(up, S.atoms[up.atom]);
+    for (const auto& [u, k] : sp.users) P.units[u].bytes -= sp.bytes;
+  }
+  return P;
+}
+
+LayoutChoice ChooseFor(const Source& S, const PlannerRequest& request) {
+  ModelFacts m;
+  m.layers = S.layers;
+  auto arg = [&](const char* key) -> int64_t {
+    const Value* v = Arg(S, key);
+    return v && v->is(Value::Kind::Int) ? v->AsInt() : 0;
+  };
+  m.heads = arg("num_attention_heads"), m.kv_heads = arg("num_key_value_heads"), m.ffn = arg("ffn_hidden_size");
+  if (m.kv_heads == 0) m.kv_heads = m.heads;
+  const json& src = S.manifest["source"];
+  m.source.dp = src.value("dp", 1), m.source.tp = src.value("tp", 1), m.source.pp = src.value("pp", 1);
+  m.source.zero_stage = src.value("zero_stage", 1), m.source.dtype = src.value("dtype", "bf16");
+  return ChooseLayout(m, request, [&](const TargetLayout& layout) {
+    const TargetLayout T = ResolveModel(S, layout);
+    const Plan P = MakePlan(S, T, 1, 0);
+    std::vector<std::vector<int64_t>> loads;
+    for (const Unit& u : P.units) {
+      if (u.dp > 0) continue;
+      loads.emplace_back();
+      for (const UnitParam& up : u.params) loads.back().push_back(up.local_numel);
+    }
+    return loads;
+  });
+}
+
+json PlanJson(const Source& S, const TargetLayout& T, const Plan& P, int ranks) {
+  json units = json::array();
+  int64_t planned = 0;
+  for (size_t k = 0; k < P.units.size(); ++k) {
+    const Unit& u = P.units[k];
+    planned += u.bytes;
+    json params = json::array();
+    for (const auto& up : u.params) params.push_back({{"name", S.atoms[up.atom].name}, {"shape", up.copy.shape}});
+    units.push_back({{"pp", u.pp}, {"tp", u.tp}, {"dp", u.dp}, {"rank", P.owner[k]}, {"bytes_read", u.bytes},
+                     {"optimizer_files", u.dp < 0 ? T.dp : 1}, {"params", params}});
+  }
+  json shared = json::array();
+  for (const auto& sp : P.shared) {
+    const UnitParam& up = P.units[sp.unit].params[sp.param];
+    planned += sp.bytes;
+    shared.push_back({{"name", S.atoms[up.atom].name}, {"shape", up.copy.shape}, {"elements", sp.numel}, {"units", sp.users.size()},
+                      {"reader", sp.reader}, {"ranks", sp.ranks}, {"bytes_read", sp.bytes}});
+  }
+  json target = T.ToJson();
+  target["padded_vocab_size"] = P.padded_vocab;
+  return {{"target", target}, {"naming", NamingName(NamingOf(T))}, {"stage_bounds", P.parts}, {"ranks", ranks},
+          {"units", units}, {"shared", shared}, {"bytes_read", planned}, {"atomic_bytes", P.needed_bytes},
+          {"read_ratio", P.needed_bytes ? static_cast<double>(planned) / static_cast<double>(P.needed_bytes) : 1.0}};
+}
+
+}  // namespace ucp::reshard

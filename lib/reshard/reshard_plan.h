@@ -1,0 +1,127 @@
+// The reshard plan (the Universal Checkpointing paper's UcpInfo): from an atomic checkpoint and a
+// target layout, the units of work, one per target model-parallel rank (under ZeRO-3 one per
+// (model-parallel, DP) rank), each with the TP piece of every atomic tensor its files hold; the
+// pipeline stages' layer bounds; which MPI rank writes which unit; and the pieces several units
+// need, read once and exchanged. No data is read here beyond the atomic checkpoint's manifest and
+// its two small side files (reshard/reshard.cpp writes the plan out).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "patterns/rules.h"
+#include "plan/convert_plan.h"
+#include "pt/torch_file.h"
+#include "reshard/naming.h"
+#include "reshard/planner.h"
+#include "reshard/target.h"
+#include "store/atom_store.h"
+
+namespace ucp::reshard {
+
+// One parameter of the atomic checkpoint, as the manifest describes it.
+struct Atom : store::AtomParam {
+  patterns::Pattern model_pattern = patterns::Pattern::ShardV;  // `pattern`, parsed
+  LayerPlace place;  // its layer spec and key inside the layer; the embedding is tied to the head spec
+  int spec() const { return place.spec; }
+  bool tied() const { return place.embedding(); }
+};
+
+// The piece of one atomic tensor a unit holds: its TP rank's rows, all of them or one DP rank's slice.
+struct UnitParam {
+  int atom = -1;
+  plan::Copy copy;  // this TP rank's piece: local rows <- joined rows
+  std::vector<int64_t> joined_shape;
+  int64_t local_numel = 0;
+  int64_t begin = 0, end = 0;  // the local elements its unit reads: all, or under ZeRO-3 one DP rank's slice
+  int shared = -1;  // index into Plan::shared: a piece other units need too, held in memory
+};
+
+// One rank's work: a model-parallel rank's files (every DP rank's), or under ZeRO-3, where nothing
+// is written whole, one DP rank's files of it.
+struct Unit {
+  int pp = 0, tp = 0;
+  int dp = -1;  // ZeRO-3: the DP rank; -1: all of them
+  std::vector<UnitParam> params;           // in flat-buffer order within each group
+  std::vector<std::vector<int>> groups;    // indices into params, per optimizer group
+  int64_t bytes = 0;                       // atomic bytes it reads itself (not its shared pieces)
+};
+
+// The atomic checkpoint's non-tensor state and its parameters.
+struct Source {
+  std::unique_ptr<store::AtomReader> reader;  // the tensors, from either store
+  nlohmann::json manifest;
+  std::vector<Atom> atoms;
+  pt::TorchFile model_states;   // carried-over model-states file of rank 0
+  pt::TorchFile optimizer;      // zero/optimizer_state.pt
+  Naming naming = Naming::Pipe;
+  int layers = 0;
+  int tp = 1;                       // the source's TP degree
+  int64_t vocab = 0, padded_vocab = 0, divisible_by = 0;  // divisible_by 0: not known from args
+  std::vector<std::string> notes;   // facts derived rather than read (printed by rank 0)
+};
+
+// A TP piece of an atomic tensor that several units need (a TP-replicated parameter: every TP rank
+// of its stages; the tied embedding: its first and last stage). One rank reads it, the other ranks
+// that hold it receive it over MPI, and each serves its units from memory: storage is read once.
+struct SharedPiece {
+  int unit = -1, param = -1;                // a user, whose UnitParam describes the piece
+  std::vector<std::pair<int, int>> users;   // (unit, param index in the unit)
+  std::vector<int> ranks;                   // the ranks that hold it, ascending
+  int reader = 0;
+  int64_t begin = 0, numel = 0, bytes = 0;  // its local elements [begin, begin + numel); the atomic bytes its read costs
+};
+
+// The plan of one target on a number of MPI ranks.
+struct Plan {
+  std::vector<Unit> units;
+  std::vector<SharedPiece> shared;
+  std::vector<int> parts, owner;  // stage bounds over layer specs; unit -> rank
+  std::vector<std::string> names;  // per atom: its name in the target's naming
+  int64_t padded_vocab = 0, needed_bytes = 0;
+  int embedding_stage = 0;
+};
+
+// Reads the atomic checkpoint's manifest, model-states and optimizer-state side files. Throws
+// ucp::Error naming the folder or file.
+Source LoadSource(const std::string& dir);
+
+// Megatron's make_vocab_size_divisible_by, when the checkpoint does not say it (no args): Megatron's
+// default 128 if the source's padded vocabulary fits it, else the smallest power of two that does;
+// 0 when nothing fits or the padded size is unknown.
+int64_t DerivedDivisibleBy(const Source& S);
+
+// ZeRO-3 (stage3.py) pads every parameter to a multiple of DP and cuts it in DP equal pieces.
+int64_t Zero3Piece(int64_t numel, int dp);
+
+// The atomic bytes a unit's piece copies: the elements it reads that are not vocabulary padding,
+// in every state.
+int64_t AtomicBytes(const UnitParam& u, const Atom& a);
+
+// The target's model: GPTModel (not a PipelineModule, plain names) or GPTModelPipe, as resolved by
+// ResolveModel.
+Naming NamingOf(const TargetLayout& T);
+
+// The target's model kind, when not given: ZeRO-3 is never a pipeline, pp > 1 always is, and
+// otherwise the source's kind is kept (its naming: GPTModel's names for a model that is not a
+// PipelineModule).
+TargetLayout ResolveModel(const Source& S, TargetLayout T);
+
+// The plan of `T` (its model resolved) for `ranks` MPI ranks, sharing pieces while each rank holds
+// at most `share_budget` bytes of them. Throws ucp::Error for a target DeepSpeed would refuse or
+// the source cannot fill.
+Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_budget);
+
+// The planner's view of the source: its shape facts and, per candidate layout, what each
+// model-parallel rank would hold (MakePlan's units; ZeRO-3's per-DP units counted once, whole).
+LayoutChoice ChooseFor(const Source& S, const PlannerRequest& request);
+
+// The plan as --plan-only --json prints it (schemas/reshard-plan.schema.json).
+nlohmann::json PlanJson(const Source& S, const TargetLayout& T, const Plan& P, int ranks);
+
+}  // namespace ucp::reshard
