@@ -25,6 +25,7 @@
 #include "reshard/naming.h"
 #include "reshard/reshard_plan.h"
 #include "source/deepspeed_layout.h"
+#include "source/deepspeed_names.h"
 #include "shuffle/agree.h"
 #include "store/atom_store.h"
 
@@ -269,7 +270,7 @@ class UnitWriter {
   void Write() {
     if (T_.zero_stage == 3) {
       WriteZero3OptimizerFile(U_.dp);
-      WriteShardFile("zero_pp_rank_" + std::to_string(U_.dp) + "_mp_rank_" + MpName() + "_model_states.pt",
+      WriteShardFile(source::Zero3ModelStatesFileName(U_.dp, Mp()),
                      *ModelStates(Zero3Module()));
       return;
     }
@@ -284,11 +285,11 @@ class UnitWriter {
     }
     for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);  // fills lp_ from the fp32 weights
     if (NamingOf(T_) == Naming::Plain) {
-      WriteShardFile("mp_rank_" + MpName() + "_model_states.pt", *ModelStates(PlainModule()));
+      WriteShardFile(source::ModelStatesFileName(Mp()), *ModelStates(PlainModule()));
       return;
     }
     WriteLayerFiles();
-    WriteShardFile("mp_rank_" + MpName() + "_model_states.pt", *ModelStates(Value::None()));
+    WriteShardFile(source::ModelStatesFileName(Mp()), *ModelStates(Value::None()));
   }
 
   // Seconds spent reading the atomic tensors (or copying held pieces) while writing.
@@ -402,11 +403,7 @@ class UnitWriter {
     });
   }
 
-  std::string MpName() const {
-    char buf[16];
-    std::snprintf(buf, sizeof buf, "%02d", U_.pp * T_.tp + U_.tp);
-    return buf;
-  }
+  int Mp() const { return U_.pp * T_.tp + U_.tp; }  // the model-parallel rank in DeepSpeed's file names
 
   ValuePtr DsConfig() const {
     auto cfg = S_.model_states.root->Get("ds_config");
@@ -476,9 +473,7 @@ class UnitWriter {
     SetItem(*root, "optimizer_state_dict", std::move(osd));
     SetItem(*root, "ds_config", DsConfig());
     SetItem(*root, "ds_version", DsVersion());
-    std::string name = std::string(T_.dtype == "bf16" ? "bf16_" : "") + "zero_pp_rank_" + std::to_string(d) + "_mp_rank_" +
-                       MpName() + "_optim_states.pt";
-    WriteShardFile(name, *root);
+    WriteShardFile(source::OptimStatesFileName(T_.dtype == "bf16" ? "bf16_" : "", d, Mp()), *root);
   }
 
   // Group g's Adam state over a flat tensor of `len` elements: the step and the two moments.
@@ -600,9 +595,7 @@ class UnitWriter {
       SetItem(*f, a.place.local, pt::OwnedTensor(owner, owner.get(), lp.dtype, U_.params[k].copy.shape));
     }
     for (const auto& [spec, dict] : files) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "layer_%02d-model_%02d-model_states.pt", spec, U_.tp);
-      WriteShardFile(buf, *dict);
+      WriteShardFile(source::LayerStatesFileName(spec, U_.tp), *dict);
     }
   }
 

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "pt/value.h"
+#include "source/deepspeed_names.h"
 
 namespace ucp::reshard {
 using nlohmann::json;
@@ -82,10 +83,12 @@ Source LoadSource(const std::string& dir) {
   // The model-states file of model-parallel rank 0: mp_rank_00_model_states.pt, or under ZeRO-3
   // zero_pp_rank_0_mp_rank_00_model_states.pt.
   std::string model_file;
-  const std::regex model_re(R"((zero_pp_rank_0_)?mp_rank_\d+_model_states\.pt)");
   for (const auto& f : S.manifest["files"]) {
-    std::string p = f["path"];
-    if (std::regex_match(p, model_re) && (model_file.empty() || p < model_file)) model_file = p;
+    const std::string p = f["path"];
+    const auto name = source::ParseFileName(p);
+    const bool model = name && (name->kind == source::FileKind::ModelStates ||
+                                (name->kind == source::FileKind::Zero3ModelStates && name->dp == 0));
+    if (model && (model_file.empty() || p < model_file)) model_file = p;
   }
   if (model_file.empty()) throw Error(dir + ": the manifest lists no mp_rank_*_model_states.pt");
   S.model_states = pt::ReadTorchFile(dir + "/" + model_file);

@@ -199,38 +199,25 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
   L.dir = ResolveShardDir(dir, &L.tag);
 
   // 1. Classify file names.
-  static const std::regex model_re(R"(mp_rank_(\d+)_model_states\.pt)");
-  static const std::regex layer_re(R"(layer_(\d+)-model_(\d+)-model_states\.pt)");
-  static const std::regex layer_notp_re(R"(layer_(\d+)-model_states\.pt)");
-  static const std::regex optim_re(R"((bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
-  static const std::regex zero3_model_re(R"(zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt)");
-  static const std::regex moe_re(R"((layer_\d+_expert_\d+_mp_rank_\d+|expp_rank_\d+_mp_rank_\d+)_.*\.pt)");
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(L.dir))
     if (e.is_regular_file()) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   bool any_bf16_prefix = false;
   for (const auto& n : names) {
-    std::smatch m;
-    ShardFile f{n, FileKind::ModelStates};
-    if (std::regex_match(n, m, model_re)) {
-      f.mp = std::stoi(m[1]);
-    } else if (std::regex_match(n, m, layer_re)) {
-      f.kind = FileKind::LayerStates, f.layer = std::stoi(m[1]), f.tp = std::stoi(m[2]);
-    } else if (std::regex_match(n, m, layer_notp_re)) {
-      f.kind = FileKind::LayerStates, f.layer = std::stoi(m[1]);
-    } else if (std::regex_match(n, m, optim_re)) {
-      f.kind = FileKind::ZeroOptimizer, f.dp = std::stoi(m[2]), f.mp = std::stoi(m[3]);
-      any_bf16_prefix |= m[1] == "bf16_";
-    } else if (std::regex_match(n, m, zero3_model_re)) {
-      f.kind = FileKind::Zero3ModelStates, f.dp = std::stoi(m[1]), f.mp = std::stoi(m[2]);
-    } else if (std::regex_match(n, moe_re)) {
+    const auto parsed = ParseFileName(n);
+    if (!parsed && IsMoeFileName(n)) {
       L.errors.push_back(n + ": DeepSpeed MoE expert files are not supported yet");
       continue;
-    } else {
+    }
+    if (!parsed) {
       if (n.size() > 3 && n.substr(n.size() - 3) == ".pt") L.notes.push_back(n + ": unrecognised file name, ignored");
       continue;
     }
+    ShardFile f{n, parsed->kind};
+    f.mp = parsed->mp, f.dp = parsed->dp;
+    if (f.kind == FileKind::LayerStates) f.layer = parsed->layer, f.tp = parsed->tp;
+    any_bf16_prefix |= parsed->prefix == "bf16_";
     L.files.push_back(f);
   }
   auto count = [&](FileKind k) {
@@ -347,14 +334,13 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
   };
   for (int pp = 0; pp < L.pp; ++pp)
     for (int tp = 0; tp < L.tp; ++tp) {
-      char mp[16];
-      std::snprintf(mp, sizeof mp, "%02d", zero3_files ? tp : pp * L.tp + tp);
+      const int mp = zero3_files ? tp : pp * L.tp + tp;
       std::string coords = "pp=" + std::to_string(pp) + ", tp=" + std::to_string(tp);
-      if (!zero3_files) expect(std::string("mp_rank_") + mp + "_model_states.pt", coords);
+      if (!zero3_files) expect(ModelStatesFileName(mp), coords);
       for (int dp = 0; dp < L.dp; ++dp) {
         std::string c = coords + ", dp=" + std::to_string(dp);
-        expect(prefix + "zero_pp_rank_" + std::to_string(dp) + "_mp_rank_" + mp + "_optim_states.pt", c);
-        if (zero3_files) expect("zero_pp_rank_" + std::to_string(dp) + "_mp_rank_" + mp + "_model_states.pt", c);
+        expect(OptimStatesFileName(prefix, dp, mp), c);
+        if (zero3_files) expect(Zero3ModelStatesFileName(dp, mp), c);
       }
     }
   for (const auto& f : L.files) {
@@ -367,12 +353,9 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
       if (f.kind == FileKind::LayerStates) layer_files[f.layer].insert(f.tp);
     for (const auto& [layer, tps] : layer_files)
       for (int tp = 0; tp < L.tp; ++tp)
-        if (!tps.count(tp)) {
-          char buf[64];
-          std::snprintf(buf, sizeof buf, "layer_%02d-model_%02d-model_states.pt", layer, tp);
-          L.problems.push_back(std::string("missing rank file ") + buf + " (layer " + std::to_string(layer) +
+        if (!tps.count(tp))
+          L.problems.push_back("missing rank file " + LayerStatesFileName(layer, tp) + " (layer " + std::to_string(layer) +
                                ", tp=" + std::to_string(tp) + ")");
-        }
   }
 
   // 5. Parameters and their per-TP shapes, from each model file's param_shapes.

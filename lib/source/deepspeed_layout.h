@@ -12,10 +12,9 @@
 #include <vector>
 
 #include "pt/torch_file.h"
+#include "source/deepspeed_names.h"
 
 namespace ucp::source {
-
-enum class FileKind { ModelStates, LayerStates, ZeroOptimizer, Zero3ModelStates };
 
 struct ShardFile {
   std::string name;

@@ -1,0 +1,35 @@
+// DeepSpeed's checkpoint file names, both ways: the one place that knows how its engine names the
+// files of a (pp, tp, dp) rank (engine.py's _get_ckpt_name, _get_zero_ckpt_name and the pipeline
+// module's layer files), for the index that reads them and the writer of ucp-reshard.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace ucp::source {
+
+enum class FileKind { ModelStates, LayerStates, ZeroOptimizer, Zero3ModelStates };
+
+// What a file name says. mp = pp * TP + tp, the model-parallel rank DeepSpeed puts in names.
+struct FileName {
+  FileKind kind = FileKind::ModelStates;
+  int mp = 0, dp = 0;
+  int layer = -1, tp = 0;  // layer files: the layer spec and TP rank (tp_known false: a name without it)
+  bool tp_known = true;
+  std::string prefix;      // optimizer files: "bf16_", "fp16_" or ""
+};
+
+// The name's kind and numbers; nullopt for a name DeepSpeed's dense engine does not write.
+std::optional<FileName> ParseFileName(const std::string& name);
+// A name of a Mixture-of-Experts layout (layer_L_expert_E_mp_rank_XX_*, expp_rank_R_mp_rank_XX_*).
+bool IsMoeFileName(const std::string& name);
+
+std::string MpRankName(int mp);                                                  // "07"
+std::string ModelStatesFileName(int mp);                                         // mp_rank_07_model_states.pt
+std::string Zero3ModelStatesFileName(int dp, int mp);                            // zero_pp_rank_3_mp_rank_07_model_states.pt
+std::string OptimStatesFileName(const std::string& prefix, int dp, int mp);      // bf16_zero_pp_rank_3_mp_rank_07_optim_states.pt
+std::string LayerStatesFileName(int layer, int tp);                              // layer_05-model_01-model_states.pt
+// The name `f` describes (the inverse of ParseFileName).
+std::string FormatFileName(const FileName& f);
+
+}  // namespace ucp::source

@@ -1,0 +1,76 @@
+// DeepSpeed's file names (source/deepspeed_names.h), both ways, against the names real DeepSpeed
+// wrote: every shard file of the real cases (UCP_REAL_DEEPSPEED, ../shared/real-deepspeed/cases)
+// parses, and formatting what it says gives the name back.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <string>
+
+#include "source/deepspeed_names.h"
+
+using namespace ucp::source;
+namespace fs = std::filesystem;
+
+TEST_CASE("deepspeed names: every shard file real DeepSpeed wrote parses and formats back", "[deepspeed_names]") {
+  const char* cases = std::getenv("UCP_REAL_DEEPSPEED");
+  REQUIRE(cases);
+  REQUIRE(fs::is_directory(cases));
+  std::set<FileKind> kinds;
+  std::set<std::string> prefixes;
+  int files = 0;
+  for (const auto& c : fs::directory_iterator(cases)) {
+    if (!fs::is_directory(c.path() / "ckpt")) continue;
+    for (const auto& step : fs::directory_iterator(c.path() / "ckpt")) {
+      const std::string tag = step.path().filename().string();
+      if (!step.is_directory() || tag.find("universal") != std::string::npos) continue;
+      for (const auto& f : fs::directory_iterator(step.path())) {
+        const std::string name = f.path().filename().string();
+        INFO(f.path().string());
+        const auto parsed = ParseFileName(name);
+        REQUIRE(parsed);
+        CHECK(FormatFileName(*parsed) == name);
+        CHECK(!IsMoeFileName(name));
+        kinds.insert(parsed->kind), prefixes.insert(parsed->prefix), ++files;
+      }
+    }
+  }
+  CHECK(files > 0);
+  // The real cases hold every kind (layer files of PP=2, ZeRO-3's per-DP model states) and both
+  // optimizer prefixes (the BF16 optimizer's and none).
+  CHECK(kinds.size() == 4);
+  CHECK(prefixes == std::set<std::string>{"", "bf16_"});
+}
+
+TEST_CASE("deepspeed names: the numbers in a name, and names that are not a dense engine's", "[deepspeed_names]") {
+  auto f = ParseFileName("bf16_zero_pp_rank_3_mp_rank_07_optim_states.pt");
+  REQUIRE(f);
+  CHECK(f->kind == FileKind::ZeroOptimizer);
+  CHECK(f->prefix == "bf16_");
+  CHECK(f->dp == 3);
+  CHECK(f->mp == 7);
+  f = ParseFileName("layer_12-model_01-model_states.pt");
+  REQUIRE(f);
+  CHECK(f->kind == FileKind::LayerStates);
+  CHECK(f->layer == 12);
+  CHECK(f->tp == 1);
+  f = ParseFileName("layer_04-model_states.pt");
+  REQUIRE(f);
+  CHECK(!f->tp_known);
+  CHECK(FormatFileName(*f) == "layer_04-model_states.pt");
+  f = ParseFileName("zero_pp_rank_10_mp_rank_02_model_states.pt");
+  REQUIRE(f);
+  CHECK(f->kind == FileKind::Zero3ModelStates);
+  CHECK(f->dp == 10);
+  CHECK(f->mp == 2);
+  CHECK(ModelStatesFileName(0) == "mp_rank_00_model_states.pt");
+  CHECK(ModelStatesFileName(123) == "mp_rank_123_model_states.pt");
+  CHECK(OptimStatesFileName("", 0, 1) == "zero_pp_rank_0_mp_rank_01_optim_states.pt");
+  for (const std::string moe : {"layer_3_expert_5_mp_rank_00_model_states.pt", "expp_rank_1_mp_rank_00_optim_states.pt"}) {
+    CHECK(!ParseFileName(moe));
+    CHECK(IsMoeFileName(moe));
+  }
+  CHECK(!ParseFileName("mp_rank_00_model_states.pt.tmp"));
+  CHECK(!ParseFileName("optimizer_state.pt"));
+}
