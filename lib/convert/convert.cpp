@@ -136,8 +136,15 @@ void PrepareOutput(const ConvertOptions& o, const source::SourceLayout& L, const
     RemoveTemporaries(o.output);  // killed before it had written anything to keep: start afresh
   } else if (!OutputLock::HoldsOnlyLock(o.output)) {
     if (o.resume && !o.force) {
-      if (store::IsAtomicCheckpoint(o.output) && !journal)
+      if (store::IsAtomicCheckpoint(o.output) && !journal) {
+        // A journal folder without its run.json: the run was killed while removing its journal,
+        // after its manifest; only the end of its commit is left to do.
+        if (fs::exists(o.output + "/" + store::kJournalDir)) {
+          *resume = Resume::OnlyCommitLeft;
+          return;
+        }
         throw Error(o.output + ": already holds a complete atomic checkpoint (ucp_manifest.json); nothing to resume");
+      }
       store::Journal::Load(o.output, fingerprint);  // throws unless the same conversion
       if (store::IsAtomicCheckpoint(o.output)) {
         *resume = Resume::OnlyCommitLeft;

@@ -72,7 +72,19 @@ else:
     if os.path.exists(os.path.join(out, ".ucp-journal")):
         problems.append("the journal was left behind")
 
-# 4. --resume on a complete folder: nothing to do, said clearly.
+# 4. A run killed while removing its journal (after its manifest): the journal folder is left
+# without its run.json; --resume finishes the commit.
+os.makedirs(os.path.join(out, ".ucp-journal"))
+open(os.path.join(out, ".ucp-journal", "rank-0.jsonl"), "w").write("")
+p = run(["--resume"])
+if p.returncode != 0 or os.path.exists(os.path.join(out, ".ucp-journal")):
+    problems.append(f"--resume after a kill during the journal's removal: exit {p.returncode}, journal left: "
+                    f"{os.path.exists(os.path.join(out, '.ucp-journal'))}: {p.stderr.strip()}")
+elif subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_atomic.py"),
+                     fixture, out]).returncode != 0:
+    problems.append("the output finished after a kill during the journal's removal differs from the ground truth")
+
+# 5. --resume on a complete folder: nothing to do, said clearly.
 p = run(["--resume"])
 if p.returncode != 1 or "complete" not in p.stderr:
     problems.append(f"--resume on a complete folder: exit {p.returncode}: {p.stderr.strip()}")
