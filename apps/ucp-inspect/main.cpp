@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "formats/registry.h"
 #include "inspect/inspect.h"
 #include "patterns/rules.h"
 
@@ -20,11 +21,12 @@ int main(int argc, char** argv) {
       "  ucp-inspect ckpt/ --json | jq .degrees  machine-readable (schemas/inspect.schema.json)\n"
       "  ucp-inspect ckpt/ --params 'layernorm'  only matching parameters\n"
       "  ucp-inspect ckpt/ --patterns patterns/megatron-llama-pipe.json\n"
-      "  ucp-inspect --list-patterns"};
+      "  ucp-inspect --list-patterns\n"
+      "  ucp-inspect --list-formats [--json]      the source and target formats ucp knows"};
   std::string dir;
   ucp::inspect::InspectOptions options;
   options.patterns_dir = ucp::patterns::DefaultPatternsDir();
-  bool no_strict = false, list_patterns = false;
+  bool no_strict = false, list_patterns = false, list_formats = false;
   app.add_option("dir", dir, "checkpoint folder");
   app.add_flag("--json", options.json, "print the report as JSON");
   app.add_option("--params", options.params_regex, "only list parameters whose name matches this regex");
@@ -36,8 +38,16 @@ int main(int argc, char** argv) {
   app.add_flag("--no-strict", no_strict, "report problems as warnings and exit 0");
   app.add_flag("--verify", options.verify, "also read every tensor's bytes and check its CRC32");
   app.add_flag("--list-patterns", list_patterns, "list the pattern vocabulary and the rule files available");
+  app.add_flag("--list-formats", list_formats, "list the checkpoint formats ucp reads and writes (its drivers)");
   CLI11_PARSE(app, argc, argv);
   options.strict = !no_strict;
+  if (list_formats) {
+    if (options.json)
+      std::cout << ucp::formats::FormatsJson().dump(1) << "\n";
+    else
+      ucp::formats::PrintFormats(std::cout);
+    return 0;
+  }
   if (list_patterns) return ucp::inspect::ListPatterns(options.patterns_dir, options.json, std::cout, std::cerr);
   if (dir.empty()) {
     std::cerr << "ucp-inspect: error: a checkpoint folder is required (see --help)\n";

@@ -17,12 +17,13 @@
 #include "core/output_lock.h"
 #include "core/progress.h"
 #include "core/task_pool.h"
+#include "formats/registry.h"
 #include "map/mapper.h"
 #include "patterns/resolve.h"
 #include "plan/convert_plan.h"
 #include "pt/torch_file.h"
 #include "shuffle/agree.h"
-#include "source/deepspeed_layout.h"
+#include "source/source_index.h"
 #include "store/atom_store.h"
 #include "store/atomic_store.h"
 #include "union/assembly.h"
@@ -122,7 +123,7 @@ bool HoldsOnlyLeftovers(const std::string& dir) {
 
 // Rank 0's checks and clean-up of the output folder before anything is written; its lock taken
 // first (held until the run ends).
-void PrepareOutput(const ConvertOptions& o, const source::SourceLayout& L, const std::string& fingerprint,
+void PrepareOutput(const ConvertOptions& o, const source::SourceIndex& L, const std::string& fingerprint,
                    Resume* resume, std::unique_ptr<OutputLock>* lock, std::string* lock_note) {
   std::error_code ec;
   RefuseOutputWithin(o.output, L.dir, "the source checkpoint folder");
@@ -172,10 +173,10 @@ void FinishCommit(const std::string& output, store::StoreKind kind) {
 
 // zero/optimizer_state.pt, which DeepSpeed's universal loader reads besides the atomic tensors:
 // from the optimizer file at pp=0, tp=0, dp=0.
-store::FileRecord WriteOptimizerStateFile(const source::SourceLayout& L, const std::string& out, Durability durability) {
+store::FileRecord WriteOptimizerStateFile(const source::SourceIndex& L, const std::string& out, Durability durability) {
   const source::ShardFile* first_optim = nullptr;
   for (const auto& f : L.files)
-    if (f.kind == source::FileKind::ZeroOptimizer && f.pp == 0 && f.tp == 0 && f.dp == 0) first_optim = &f;
+    if (f.data && f.pp == 0 && f.tp == 0 && f.dp == 0) first_optim = &f;
   if (!first_optim) throw Error(L.dir + ": no optimizer file at (pp=0, tp=0, dp=0)");
   auto root = pt::ReadTorchFile(L.dir + "/" + first_optim->name);
   auto osv = WithContext(L.dir + "/" + first_optim->name, [&] { return store::OptimizerStateValue(*root.root, L.zero_stage); });
@@ -196,7 +197,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   };
 
   // 1. Index, patterns, plan: every rank, from metadata only, to the same answer.
-  source::SourceLayout L;
+  source::SourceIndex L;
   patterns::ModelPatterns M;
   ConvertPlan plan;
   store::StoreKind kind = store::StoreKind::Pt;
@@ -204,7 +205,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     kind = store::StoreFromName(o.format);
     if (kind == store::StoreKind::Hdf5 && o.resume)
       throw Error("--resume is not supported with --format hdf5: atoms.h5 is one file, written whole; rerun with --force");
-    L = source::IndexDeepSpeedCheckpoint(o.source);
+    L = formats::IndexSource(o.source);
     if (!L.errors.empty()) throw Error(Joined(L.errors, o.source + ": unreadable or malformed files:"));
     if (o.strict && !L.problems.empty())
       throw Error(Joined(L.problems, o.source + ": the checkpoint is inconsistent (--no-strict to convert anyway):"));

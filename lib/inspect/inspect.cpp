@@ -8,25 +8,15 @@
 
 #include "core/error.h"
 #include "core/format.h"
+#include "formats/registry.h"
 #include "patterns/resolve.h"
 #include "store/atomic_store.h"
-#include "source/deepspeed_layout.h"
+#include "source/source_index.h"
 
 namespace ucp::inspect {
 namespace {
 
 using nlohmann::json;
-
-const char* KindName(source::FileKind k) {
-  switch (k) {
-    case source::FileKind::ModelStates: return "model_states";
-    case source::FileKind::LayerStates: return "layer_states";
-    case source::FileKind::ZeroOptimizer: return "optimizer_states";
-    case source::FileKind::Zero3ModelStates: return "zero3_model_states";
-  }
-  return "?";
-}
-
 
 std::string Reason(const patterns::ParamPattern& p) {
   if (!p.match) return p.vocab ? "vocabulary rule; no TP rule" : "no rule (default Shard-V)";
@@ -39,13 +29,14 @@ std::string Reason(const patterns::ParamPattern& p) {
 }  // namespace
 
 json InspectReport(const std::string& dir, const InspectOptions& options) {
-  source::SourceLayout L = source::IndexDeepSpeedCheckpoint(dir, {.verify_storage_crc = options.verify});
+  source::SourceIndex L = formats::IndexSource(dir, {.verify_storage_crc = options.verify});
   json r;
   r["ucp_inspect_version"] = 1;
   r["kind"] = "source";
   r["path"] = L.root;
   r["shard_dir"] = L.dir;
   r["tag"] = L.tag;
+  r["format"] = L.format;
   r["framework"] = L.framework;
   r["ds_version"] = L.ds_version;
   r["optimizer"] = L.optimizer;
@@ -56,10 +47,10 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
   r["naming"] = L.naming;
   json files = json::array();
   for (const auto& f : L.files) {
-    json e = {{"name", f.name}, {"kind", KindName(f.kind)}, {"tp", f.tp}};
-    if (f.kind == source::FileKind::LayerStates) e["layer"] = f.layer;
+    json e = {{"name", f.name}, {"kind", f.kind}, {"tp", f.tp}};
+    if (f.layer >= 0) e["layer"] = f.layer;
     else e["pp"] = f.pp;
-    if (f.kind == source::FileKind::ZeroOptimizer || f.kind == source::FileKind::Zero3ModelStates) e["dp"] = f.dp;
+    if (f.per_dp) e["dp"] = f.dp;
     files.push_back(e);
   }
   r["files"] = files;
@@ -155,6 +146,7 @@ int RunInspect(const std::string& dir, const InspectOptions& options, std::ostre
   } else {
     const auto& d = r["degrees"];
     out << "checkpoint   " << r["path"].get<std::string>() << "  (tag " << r["tag"].get<std::string>() << ")\n"
+        << "format       " << r["format"].get<std::string>() << "  (ucp-inspect --list-formats)\n"
         << "framework    " << r["framework"].get<std::string>() << "  (DeepSpeed " << r["ds_version"].get<std::string>()
         << ", " << r["naming"].get<std::string>() << " naming)\n"
         << "layout       dp=" << d["dp"] << " tp=" << d["tp"] << " pp=" << d["pp"] << "  ZeRO-" << r["zero_stage"]

@@ -11,7 +11,7 @@
 
 namespace ucp::map {
 
-Mapper::Mapper(const source::SourceLayout& L, const plan::ConvertPlan& plan, int rank) {
+Mapper::Mapper(const source::SourceIndex& L, const plan::ConvertPlan& plan, int rank) {
   for (size_t fi = 0; fi < L.files.size(); ++fi) {
     if (plan.file_mapper[fi] != rank) continue;
     const auto& f = L.files[fi];
@@ -19,13 +19,9 @@ Mapper::Mapper(const source::SourceLayout& L, const plan::ConvertPlan& plan, int
     o.path = L.dir + "/" + f.name;
     o.where = o.path + " (pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) + ", dp=" + std::to_string(f.dp) + ")";
     WithContext(o.where, [&] {
-      pt::TorchFile file = pt::ReadTorchFile(o.path);
-      const uint8_t* base = file.archive->file()->bytes().data();
-      for (const auto& g : source::FlatGroupsOf(*file.root, L.zero_stage)) {
+      for (const auto& g : f.groups) {
         std::array<Tensor, plan::kStates> t;
-        const pt::TensorView* views[plan::kStates] = {&g.fp32, &g.exp_avg, &g.exp_avg_sq};
-        for (int s = 0; s < plan::kStates; ++s)
-          t[s] = {static_cast<uint64_t>(views[s]->data() - base), views[s]->numel()};
+        for (int s = 0; s < plan::kStates; ++s) t[s] = {g[s].offset, static_cast<uint64_t>(g[s].numel)};
         o.groups.push_back(t);
       }
       o.fd = ::open(o.path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "plan/convert_plan.h"
-#include "source/deepspeed_layout.h"
+#include "source/source_index.h"
 
 namespace ucp::map {
 
@@ -19,7 +19,7 @@ class Mapper {
  public:
   // Opens and indexes the files of `layout` that `plan` maps on `rank`; throws ucp::Error naming
   // the file and its rank coordinates.
-  Mapper(const source::SourceLayout& layout, const plan::ConvertPlan& plan, int rank);
+  Mapper(const source::SourceIndex& layout, const plan::ConvertPlan& plan, int rank);
   ~Mapper();
   Mapper(const Mapper&) = delete;
   Mapper& operator=(const Mapper&) = delete;

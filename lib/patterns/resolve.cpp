@@ -7,26 +7,20 @@
 namespace ucp::patterns {
 namespace {
 
-int64_t ArgInt(const source::SourceLayout& L, const char* key) {
-  if (!L.args) return -1;
-  auto v = L.args->Get(key);
-  return v && v->kind == pt::Value::Kind::Int ? v->i : -1;
-}
-
 // q_proj / kv_proj / ffn from the Megatron args; -1 when unknown.
-int64_t ResolveSize(const std::string& size, const source::SourceLayout& L) {
+int64_t ResolveSize(const std::string& size, const source::SourceIndex& L) {
   if (!size.empty() && std::isdigit(static_cast<unsigned char>(size[0]))) return std::stoll(size);
-  int64_t heads = ArgInt(L, "num_attention_heads"), kv_heads = ArgInt(L, "num_key_value_heads");
-  int64_t kv_channels = ArgInt(L, "kv_channels"), hidden = ArgInt(L, "hidden_size");
+  int64_t heads = L.Fact("num_attention_heads"), kv_heads = L.Fact("num_key_value_heads");
+  int64_t kv_channels = L.Fact("kv_channels"), hidden = L.Fact("hidden_size");
   if (kv_channels < 0 && hidden > 0 && heads > 0) kv_channels = hidden / heads;
   if (kv_heads < 0) kv_heads = heads;
   if (size == "q_proj" && heads > 0 && kv_channels > 0) return heads * kv_channels;
   if (size == "kv_proj" && kv_heads > 0 && kv_channels > 0) return kv_heads * kv_channels;
-  if (size == "ffn") return ArgInt(L, "ffn_hidden_size");
+  if (size == "ffn") return L.Fact("ffn_hidden_size");
   return -1;
 }
 
-size_t CountMatched(const RuleSet& rules, const source::SourceLayout& L, size_t* unmatched_rules) {
+size_t CountMatched(const RuleSet& rules, const source::SourceIndex& L, size_t* unmatched_rules) {
   size_t matched = 0;
   std::set<std::string> used;
   for (const auto& p : L.params) {
@@ -49,7 +43,7 @@ size_t CountMatched(const RuleSet& rules, const source::SourceLayout& L, size_t*
 }
 
 // Rules of `rules` that match no parameter.
-std::vector<std::string> UnmatchedRules(const RuleSet& rules, const source::SourceLayout& L) {
+std::vector<std::string> UnmatchedRules(const RuleSet& rules, const source::SourceIndex& L) {
   std::vector<std::string> out;
   auto any = [&](const Regex& re) {
     for (const auto& p : L.params)
@@ -67,7 +61,7 @@ std::vector<std::string> UnmatchedRules(const RuleSet& rules, const source::Sour
 
 }  // namespace
 
-ModelPatterns ResolvePatterns(const source::SourceLayout& L, const ResolveOptions& options) {
+ModelPatterns ResolvePatterns(const source::SourceIndex& L, const ResolveOptions& options) {
   ModelPatterns M;
   if (L.universal_checkpoint_info) {
     try {

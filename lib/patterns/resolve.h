@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "patterns/rules.h"
-#include "source/deepspeed_layout.h"
+#include "source/source_index.h"
 
 namespace ucp::patterns {
 
@@ -47,6 +47,6 @@ struct ResolveOptions {
   std::string patterns_dir;                // family files to detect from
 };
 
-ModelPatterns ResolvePatterns(const source::SourceLayout& layout, const ResolveOptions& options);
+ModelPatterns ResolvePatterns(const source::SourceIndex& layout, const ResolveOptions& options);
 
 }  // namespace ucp::patterns

@@ -111,7 +111,7 @@ std::vector<std::vector<int64_t>> SubParamWidths(const patterns::ParamPattern& p
   return w;
 }
 
-ParamPlan PlanParam(const source::SourceLayout& L, const patterns::ModelPatterns& M, int index,
+ParamPlan PlanParam(const source::SourceIndex& L, const patterns::ModelPatterns& M, int index,
                     const patterns::ParamPattern& pat) {
   const source::ParamRecord& rec = L.params[index];
   ParamPlan P;
@@ -192,7 +192,7 @@ ParamPlan PlanParam(const source::SourceLayout& L, const patterns::ModelPatterns
 
 }  // namespace
 
-ConvertPlan MakeConvertPlan(const source::SourceLayout& L, const patterns::ModelPatterns& M, int ranks,
+ConvertPlan MakeConvertPlan(const source::SourceIndex& L, const patterns::ModelPatterns& M, int ranks,
                             int64_t buffer_bytes) {
   if (ranks < 1) throw Error("internal: plan for " + std::to_string(ranks) + " ranks");
   ConvertPlan plan;
@@ -281,7 +281,7 @@ ConvertPlan MakeConvertPlan(const source::SourceLayout& L, const patterns::Model
   std::vector<int> carried;
   std::vector<int64_t> carried_weights;
   for (size_t f = 0; f < L.files.size(); ++f) {
-    if (!L.files[f].model_states()) continue;
+    if (!L.files[f].carried) continue;
     std::error_code ec;
     auto size = fs::file_size(L.dir + "/" + L.files[f].name, ec);
     carried.push_back(static_cast<int>(f));
@@ -359,7 +359,7 @@ double ConvertPlan::Imbalance() const {
   return total ? static_cast<double>(most) * ranks / static_cast<double>(total) : 1.0;
 }
 
-nlohmann::json ConvertPlan::ToJson(const source::SourceLayout& L) const {
+nlohmann::json ConvertPlan::ToJson(const source::SourceIndex& L) const {
   nlohmann::json j;
   j["ranks"] = ranks;
   j["chunk_bytes"] = chunk_elems * 4;

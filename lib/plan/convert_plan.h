@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "patterns/resolve.h"
-#include "source/deepspeed_layout.h"
+#include "source/source_index.h"
 
 namespace ucp::plan {
 
@@ -56,7 +56,7 @@ struct Piece {
 };
 
 struct ParamPlan {
-  int index = -1;  // into SourceLayout::params and ModelPatterns::params
+  int index = -1;  // into SourceIndex::params and ModelPatterns::params
   std::string name;
   std::vector<int64_t> joined_shape;  // TP pieces joined, vocabulary padding still in
   std::vector<int64_t> full_shape;    // the atomic tensor
@@ -67,7 +67,7 @@ struct ParamPlan {
   int accumulated_copies = 1;  // how many copies that mean divides by
   std::vector<Piece> pieces;   // sorted by stream_start; they tile the stream exactly
   std::array<int, kStates> reducer{};
-  std::tuple<int, int, int> step_key;  // (pp, tp, group) of SourceLayout::steps
+  std::tuple<int, int, int> step_key;  // (pp, tp, group) of SourceIndex::steps
 
   // The copy that stream element `stream_pos` belongs to.
   const Copy& CopyAt(int64_t stream_pos) const;
@@ -86,13 +86,13 @@ struct ConvertPlan {
   int ranks = 1;
   int64_t chunk_elems = 0;
   std::vector<ParamPlan> params;
-  std::vector<int> file_mapper;           // per SourceLayout::files index; -1: not a data file
+  std::vector<int> file_mapper;           // per SourceIndex::files index; -1: not a data file
   std::vector<std::vector<Item>> work;    // per reducer, in processing order
   std::vector<int64_t> work_numel;        // per reducer
   std::vector<int64_t> mapped_bytes;      // per rank: source file bytes it maps
   std::vector<int64_t> reduced_bytes;     // per rank: atomic tensor bytes it writes
   // The model-states files carried over as they are (DeepSpeed's universal loader reads them):
-  // per SourceLayout::files index, the rank that copies it (-1: not carried); they count in the
+  // per SourceIndex::files index, the rank that copies it (-1: not carried); they count in the
   // balance of the reducers' work, as their bytes are read and written too.
   std::vector<int> file_carrier;
   std::vector<int64_t> carried_bytes;     // per rank
@@ -102,13 +102,13 @@ struct ConvertPlan {
   // Drops items already done (resume): done[param * kStates + state]. Work streams, the round
   // count and the byte counts are recomputed; every rank must pass the same flags.
   void SkipDone(const std::vector<char>& done);
-  nlohmann::json ToJson(const source::SourceLayout& layout) const;
+  nlohmann::json ToJson(const source::SourceIndex& layout) const;
   std::string ToText() const;
 };
 
 // Throws ucp::Error with every reason the layout cannot be converted (shapes that do not add up,
 // sub-parameter widths that do not divide, ...).
-ConvertPlan MakeConvertPlan(const source::SourceLayout& layout, const patterns::ModelPatterns& patterns, int ranks,
+ConvertPlan MakeConvertPlan(const source::SourceIndex& layout, const patterns::ModelPatterns& patterns, int ranks,
                             int64_t buffer_bytes);
 
 // Longest-processing-time-first assignment of weighted items to `bins`: returns each item's bin.

@@ -10,8 +10,9 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "core/names.h"
+#include "formats/registry.h"
 #include "shuffle/agree.h"
-#include "source/deepspeed_layout.h"
+#include "source/source_index.h"
 #include "store/atomic_store.h"
 
 namespace ucp::reshard {
@@ -83,7 +84,7 @@ Current ReadCurrent(const std::string& root) {
     RequirePlainName(c.atomic, path + ": atomic");
     return c;
   }
-  const source::SourceLayout L = source::IndexDeepSpeedCheckpoint(c.dir);
+  const source::SourceIndex L = formats::IndexSource(c.dir);
   if (!L.errors.empty()) throw Error(L.errors.front());
   c.kind = "native", c.source_tag = c.tag, c.atomic = c.tag + "_universal";
   c.layout.dp = L.dp, c.layout.tp = L.tp, c.layout.pp = L.pp, c.layout.zero_stage = L.zero_stage;

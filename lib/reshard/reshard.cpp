@@ -24,8 +24,8 @@
 #include "pt/torch_file.h"
 #include "reshard/naming.h"
 #include "reshard/reshard_plan.h"
-#include "source/deepspeed_layout.h"
-#include "source/deepspeed_names.h"
+#include "source/source_index.h"
+#include "formats/deepspeed/names.h"
 #include "shuffle/agree.h"
 #include "store/atom_store.h"
 
@@ -270,7 +270,7 @@ class UnitWriter {
   void Write() {
     if (T_.zero_stage == 3) {
       WriteZero3OptimizerFile(U_.dp);
-      WriteShardFile(source::Zero3ModelStatesFileName(U_.dp, Mp()),
+      WriteShardFile(deepspeed::Zero3ModelStatesFileName(U_.dp, Mp()),
                      *ModelStates(Zero3Module()));
       return;
     }
@@ -285,11 +285,11 @@ class UnitWriter {
     }
     for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);  // fills lp_ from the fp32 weights
     if (NamingOf(T_) == Naming::Plain) {
-      WriteShardFile(source::ModelStatesFileName(Mp()), *ModelStates(PlainModule()));
+      WriteShardFile(deepspeed::ModelStatesFileName(Mp()), *ModelStates(PlainModule()));
       return;
     }
     WriteLayerFiles();
-    WriteShardFile(source::ModelStatesFileName(Mp()), *ModelStates(Value::None()));
+    WriteShardFile(deepspeed::ModelStatesFileName(Mp()), *ModelStates(Value::None()));
   }
 
   // Seconds spent reading the atomic tensors (or copying held pieces) while writing.
@@ -473,7 +473,7 @@ class UnitWriter {
     SetItem(*root, "optimizer_state_dict", std::move(osd));
     SetItem(*root, "ds_config", DsConfig());
     SetItem(*root, "ds_version", DsVersion());
-    WriteShardFile(source::OptimStatesFileName(T_.dtype == "bf16" ? "bf16_" : "", d, Mp()), *root);
+    WriteShardFile(deepspeed::OptimStatesFileName(T_.dtype == "bf16" ? "bf16_" : "", d, Mp()), *root);
   }
 
   // Group g's Adam state over a flat tensor of `len` elements: the step and the two moments.
@@ -595,7 +595,7 @@ class UnitWriter {
       SetItem(*f, a.place.local, pt::OwnedTensor(owner, owner.get(), lp.dtype, U_.params[k].copy.shape));
     }
     for (const auto& [spec, dict] : files) {
-      WriteShardFile(source::LayerStatesFileName(spec, U_.tp), *dict);
+      WriteShardFile(deepspeed::LayerStatesFileName(spec, U_.tp), *dict);
     }
   }
 

@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "pt/value.h"
-#include "source/deepspeed_names.h"
+#include "formats/deepspeed/names.h"
 
 namespace ucp::reshard {
 using nlohmann::json;
@@ -85,9 +85,9 @@ Source LoadSource(const std::string& dir) {
   std::string model_file;
   for (const auto& f : S.manifest["files"]) {
     const std::string p = f["path"];
-    const auto name = source::ParseFileName(p);
-    const bool model = name && (name->kind == source::FileKind::ModelStates ||
-                                (name->kind == source::FileKind::Zero3ModelStates && name->dp == 0));
+    const auto name = deepspeed::ParseFileName(p);
+    const bool model = name && (name->kind == deepspeed::FileKind::ModelStates ||
+                                (name->kind == deepspeed::FileKind::Zero3ModelStates && name->dp == 0));
     if (model && (model_file.empty() || p < model_file)) model_file = p;
   }
   if (model_file.empty()) throw Error(dir + ": the manifest lists no mp_rank_*_model_states.pt");

@@ -307,7 +307,7 @@ bool Verify(const std::string& dir, const FileRecord& r, std::string* why) {
   return true;
 }
 
-std::string Fingerprint(const source::SourceLayout& L, const patterns::ModelPatterns& M) {
+std::string Fingerprint(const source::SourceIndex& L, const patterns::ModelPatterns& M) {
   std::ostringstream o;
   o << "ucp-atomic " << kFormatVersion << " " << UCP_VERSION << "\n" << fs::absolute(L.dir).lexically_normal().string() << "\n";
   for (const auto& f : L.files) {
@@ -324,7 +324,7 @@ std::string Fingerprint(const source::SourceLayout& L, const patterns::ModelPatt
 // ---------------------------------------------------------------------------------------------
 // Manifest
 
-nlohmann::json SourceJson(const source::SourceLayout& L, const patterns::ModelPatterns& M) {
+nlohmann::json SourceJson(const source::SourceIndex& L, const patterns::ModelPatterns& M) {
   nlohmann::json src = {{"path", fs::absolute(L.root).lexically_normal().string()},
                         {"tag", L.tag},
                         {"framework", L.framework},
@@ -348,7 +348,7 @@ nlohmann::json FamilyJson(const patterns::ModelPatterns& M) {
   return nullptr;
 }
 
-nlohmann::json ParamMetaJson(const source::SourceLayout& L, const patterns::ParamPattern& pat, const plan::ParamPlan& P) {
+nlohmann::json ParamMetaJson(const source::SourceIndex& L, const patterns::ParamPattern& pat, const plan::ParamPlan& P) {
   nlohmann::json p;
   p["name"] = P.name;
   p["shape"] = P.full_shape;

@@ -111,14 +111,14 @@ bool Verify(const std::string& dir, const FileRecord& record, std::string* why =
 
 // What identifies a conversion: the source files (names, sizes, mtimes), the resolved patterns and
 // the format version. A resume must see the same.
-std::string Fingerprint(const source::SourceLayout& layout, const patterns::ModelPatterns& patterns);
+std::string Fingerprint(const source::SourceIndex& layout, const patterns::ModelPatterns& patterns);
 
 // The manifest, in parts. "source" and "family" of a conversion; each parameter's metadata (every
 // field of its "params" entry but where its tensors are: "files" in the .pt store, "hdf5" in the
 // HDF5 store).
-nlohmann::json SourceJson(const source::SourceLayout& layout, const patterns::ModelPatterns& patterns);
+nlohmann::json SourceJson(const source::SourceIndex& layout, const patterns::ModelPatterns& patterns);
 nlohmann::json FamilyJson(const patterns::ModelPatterns& patterns);
-nlohmann::json ParamMetaJson(const source::SourceLayout& layout, const patterns::ParamPattern& pattern,
+nlohmann::json ParamMetaJson(const source::SourceIndex& layout, const patterns::ParamPattern& pattern,
                              const plan::ParamPlan& param);
 // The whole manifest: `store` is "pt" or "hdf5"; `params` the entries in order (metadata plus
 // storage); `files` maps relative path -> record, for every file of the atomic folder.

@@ -8,9 +8,9 @@
 #include <set>
 #include <string>
 
-#include "source/deepspeed_names.h"
+#include "formats/deepspeed/names.h"
 
-using namespace ucp::source;
+using namespace ucp::deepspeed;
 namespace fs = std::filesystem;
 
 TEST_CASE("deepspeed names: every shard file real DeepSpeed wrote parses and formats back", "[deepspeed_names]") {

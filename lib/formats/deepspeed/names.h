@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-namespace ucp::source {
+namespace ucp::deepspeed {
 
 enum class FileKind { ModelStates, LayerStates, ZeroOptimizer, Zero3ModelStates };
 
@@ -32,4 +32,4 @@ std::string LayerStatesFileName(int layer, int tp);                             
 // The name `f` describes (the inverse of ParseFileName).
 std::string FormatFileName(const FileName& f);
 
-}  // namespace ucp::source
+}  // namespace ucp::deepspeed

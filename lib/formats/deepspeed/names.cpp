@@ -1,9 +1,9 @@
-#include "source/deepspeed_names.h"
+#include "formats/deepspeed/names.h"
 
 #include <cstdio>
 #include <regex>
 
-namespace ucp::source {
+namespace ucp::deepspeed {
 
 std::optional<FileName> ParseFileName(const std::string& name) {
   static const std::regex model_re(R"(mp_rank_(\d+)_model_states\.pt)");
@@ -71,4 +71,4 @@ std::string FormatFileName(const FileName& f) {
   return {};
 }
 
-}  // namespace ucp::source
+}  // namespace ucp::deepspeed

@@ -1,4 +1,4 @@
-#include "source/deepspeed_layout.h"
+#include "formats/deepspeed/index.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -10,16 +10,15 @@
 #include "core/xxhash64.h"
 #include "core/names.h"
 
-namespace ucp::source {
+namespace ucp::deepspeed {
 namespace fs = std::filesystem;
 using pt::Value;
+using source::Fragment;
+using source::ParamRecord;
+using source::ShardFile;
+using source::SourceIndex;
 
 namespace {
-
-std::string Trimmed(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
 
 // The shard folder: dir/<contents of dir/latest> when `latest` exists, else `dir` itself.
 std::string ResolveShardDir(const std::string& dir, std::string* tag) {
@@ -34,24 +33,12 @@ std::string ResolveShardDir(const std::string& dir, std::string* tag) {
       }
     throw Error(dir + ": no .pt shard files and no 'latest' file: not a DeepSpeed checkpoint folder");
   }
-  *tag = ReadLatestTag(dir);
+  *tag = source::ReadLatestTag(dir);
   fs::path shard_dir = fs::path(dir) / *tag;
   if (!fs::is_directory(shard_dir)) throw Error(latest.string() + ": names '" + *tag + "', which is not a folder");
   return shard_dir.string();
 }
 
-}  // namespace
-
-std::string ReadLatestTag(const std::string& root) {
-  const std::string latest = root + "/latest";
-  const std::optional<std::string> text = ReadWholeFile(latest);
-  if (!text) throw Error(latest + ": cannot read");
-  const std::string tag = Trimmed(*text);
-  WithContext(latest, [&] { RequirePlainName(tag, "the tag"); });
-  return tag;
-}
-
-namespace {
 
 // DeepSpeed's ZeroStageEnum, pickled as ZeroStageEnum(2) or, by Python >= 3.11, getattr(ZeroStageEnum, 'gradients').
 int ZeroStageOf(const Value& v) {
@@ -74,6 +61,22 @@ std::vector<int64_t> Shape(const Value& v) {
   return out;
 }
 
+// The index's word for each kind of file (what ucp-inspect prints), and back.
+constexpr std::pair<FileKind, const char*> kKindNames[] = {{FileKind::ModelStates, "model_states"},
+                                                           {FileKind::LayerStates, "layer_states"},
+                                                           {FileKind::ZeroOptimizer, "optimizer_states"},
+                                                           {FileKind::Zero3ModelStates, "zero3_model_states"}};
+const char* KindName(FileKind k) {
+  for (const auto& [kind, name] : kKindNames)
+    if (kind == k) return name;
+  return "?";
+}
+FileKind KindOf(const ShardFile& f) {
+  for (const auto& [kind, name] : kKindNames)
+    if (f.kind == name) return kind;
+  throw Error("internal: file kind '" + f.kind + "'");
+}
+
 std::string Coord(const ShardFile& f) {
   return "(pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) + ", dp=" + std::to_string(f.dp) + ")";
 }
@@ -84,7 +87,7 @@ using GroupParams = std::map<std::tuple<int, int, int>, std::vector<std::pair<st
 // element (an overlap: a corrupt mapping or a foreign file). And every element of every
 // parameter's TP-local tensor at every (pp, tp) that holds it must be in exactly one fragment (a
 // gap is a missing fragment: the message names the rank file that should hold it).
-void CheckCoverage(SourceLayout& L, GroupParams& group_params,
+void CheckCoverage(SourceIndex& L, GroupParams& group_params,
                    const std::map<std::tuple<int, int, int>, int64_t>& partitions) {
   auto file_of = [&](const Fragment* fr) { return L.files[fr->file].name + " " + Coord(L.files[fr->file]); };
   std::map<std::pair<int, int>, std::vector<const Fragment*>> by_file;  // (file, group)
@@ -122,7 +125,7 @@ void CheckCoverage(SourceLayout& L, GroupParams& group_params,
           dp = static_cast<int>((param_offset + e) / it->second);
         }
         for (const auto& f : L.files)
-          if (f.kind == FileKind::ZeroOptimizer && f.pp == pp && f.tp == tp && f.dp == dp) return f.name + " " + Coord(f);
+          if (f.data && f.pp == pp && f.tp == tp && f.dp == dp) return f.name + " " + Coord(f);
         return "(pp=" + std::to_string(pp) + ", tp=" + std::to_string(tp) + ", dp=" + std::to_string(dp) + ")";
       };
       std::string what = "parameter '" + name + "' (pp=" + std::to_string(pp) + ", tp=" + std::to_string(tp) + ")";
@@ -177,13 +180,7 @@ std::vector<FlatGroup> FlatGroupsOf(const Value& root, int zero_stage) {
   return out;
 }
 
-const ParamRecord* SourceLayout::Find(const std::string& name) const {
-  for (const auto& p : params)
-    if (p.name == name) return &p;
-  return nullptr;
-}
-
-bool LooksLikeDeepSpeedCheckpoint(const std::string& dir) {
+bool LooksLikeCheckpoint(const std::string& dir) {
   try {
     std::string tag;
     ResolveShardDir(dir, &tag);
@@ -193,8 +190,9 @@ bool LooksLikeDeepSpeedCheckpoint(const std::string& dir) {
   }
 }
 
-SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions& options) {
-  SourceLayout L;
+SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& options) {
+  SourceIndex L;
+  L.format = "deepspeed";
   L.root = dir;
   L.dir = ResolveShardDir(dir, &L.tag);
 
@@ -204,6 +202,7 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
     if (e.is_regular_file()) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   bool any_bf16_prefix = false;
+  std::vector<int> mps;  // per file: the model-parallel rank its name holds
   for (const auto& n : names) {
     const auto parsed = ParseFileName(n);
     if (!parsed && IsMoeFileName(n)) {
@@ -214,14 +213,18 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
       if (n.size() > 3 && n.substr(n.size() - 3) == ".pt") L.notes.push_back(n + ": unrecognised file name, ignored");
       continue;
     }
-    ShardFile f{n, parsed->kind};
-    f.mp = parsed->mp, f.dp = parsed->dp;
-    if (f.kind == FileKind::LayerStates) f.layer = parsed->layer, f.tp = parsed->tp;
+    ShardFile f;
+    f.name = n, f.kind = KindName(parsed->kind), f.dp = parsed->dp;
+    f.data = parsed->kind == FileKind::ZeroOptimizer;
+    f.carried = parsed->kind == FileKind::ModelStates || parsed->kind == FileKind::Zero3ModelStates;
+    f.per_dp = parsed->kind == FileKind::ZeroOptimizer || parsed->kind == FileKind::Zero3ModelStates;
+    if (parsed->kind == FileKind::LayerStates) f.layer = parsed->layer, f.tp = parsed->tp;
+    mps.push_back(parsed->mp);
     any_bf16_prefix |= parsed->prefix == "bf16_";
     L.files.push_back(f);
   }
   auto count = [&](FileKind k) {
-    return std::count_if(L.files.begin(), L.files.end(), [&](const ShardFile& f) { return f.kind == k; });
+    return std::count_if(L.files.begin(), L.files.end(), [&](const ShardFile& f) { return KindOf(f) == k; });
   };
   if (count(FileKind::ModelStates) == 0 && count(FileKind::Zero3ModelStates) == 0)
     throw Error(L.dir + ": no mp_rank_*_model_states.pt or zero_pp_rank_*_model_states.pt file: not a DeepSpeed "
@@ -246,14 +249,14 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
   };
   std::vector<ShardFile*> model_files;
   for (auto& f : L.files)
-    if (f.kind == (zero3_files ? FileKind::Zero3ModelStates : FileKind::ModelStates)) model_files.push_back(&f);
+    if (KindOf(f) == (zero3_files ? FileKind::Zero3ModelStates : FileKind::ModelStates)) model_files.push_back(&f);
   std::shared_ptr<pt::TorchFile> first;
   for (auto* f : model_files) {
     first = parse(*f);
     if (first) break;
   }
   if (!first) return L;  // nothing readable: the errors say why
-  L.first_model_file = first;
+  L.keep_alive = first;
   const Value& root = *first->root;
   auto in_first = [&](const char* what, auto&& fn) {
     try {
@@ -262,11 +265,15 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
       L.errors.push_back(first->archive->path() + ": " + what + ": " + e.what());
     }
   };
-  L.args = root.Get("args");
+  const pt::ValuePtr args = root.Get("args");  // Megatron's argparse.Namespace
+  if (args)
+    for (const char* key : {"num_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "kv_channels",
+                            "ffn_hidden_size", "padded_vocab_size", "make_vocab_size_divisible_by"})
+      if (auto v = args->Get(key); v && v->kind == Value::Kind::Int) L.model_facts[key] = v->i;
   L.universal_checkpoint_info = root.Get("universal_checkpoint_info");
   if (L.universal_checkpoint_info && L.universal_checkpoint_info->kind == Value::Kind::None)
     L.universal_checkpoint_info = nullptr;
-  L.framework = L.args ? "megatron-deepspeed" : "deepspeed";
+  L.framework = args ? "megatron-deepspeed" : "deepspeed";
   int mp_world = 1, dp_world = 1;
   int config_stage = -1;  // ds_config.zero_optimization.stage of the model-states file
   in_first("training state", [&] {
@@ -286,9 +293,9 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
       else if (enabled("fp16")) L.dtype = "fp16";
       if (auto z = cfg->Get("zero_optimization"); z && z->kind == Value::Kind::Dict)
         if (auto st = z->Get("stage"); st && st->kind == Value::Kind::Int) config_stage = static_cast<int>(st->i);
-    } else if (L.args) {
-      if (auto b = L.args->Get("bf16"); b && b->kind == Value::Kind::Bool && b->b) L.dtype = "bf16";
-      else if (auto h = L.args->Get("fp16"); h && h->kind == Value::Kind::Bool && h->b) L.dtype = "fp16";
+    } else if (args) {
+      if (auto b = args->Get("bf16"); b && b->kind == Value::Kind::Bool && b->b) L.dtype = "bf16";
+      else if (auto h = args->Get("fp16"); h && h->kind == Value::Kind::Bool && h->b) L.dtype = "fp16";
     }
   });
   if (!L.errors.empty()) return L;
@@ -296,11 +303,11 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
   // 3. Degrees: from metadata (Megatron args, else DeepSpeed's world sizes and the layer files).
   std::set<int> layer_tps;
   for (const auto& f : L.files)
-    if (f.kind == FileKind::LayerStates) layer_tps.insert(f.tp);
-  if (L.args && L.args->Get("tensor_model_parallel_size")) {
+    if (KindOf(f) == FileKind::LayerStates) layer_tps.insert(f.tp);
+  if (args && args->Get("tensor_model_parallel_size")) {
     in_first("args", [&] {
-      L.tp = static_cast<int>(L.args->At("tensor_model_parallel_size").AsInt());
-      L.pp = static_cast<int>(L.args->At("pipeline_model_parallel_size").AsInt());
+      L.tp = static_cast<int>(args->At("tensor_model_parallel_size").AsInt());
+      L.pp = static_cast<int>(args->At("pipeline_model_parallel_size").AsInt());
     });
   } else {
     L.tp = layer_tps.empty() ? (zero3_files ? mp_world : mp_world) : static_cast<int>(layer_tps.size());
@@ -316,12 +323,13 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
   if (!zero3_files && mp_world != L.tp * L.pp)
     L.problems.push_back("mismatched degrees: mp_world_size " + std::to_string(mp_world) + " != tp " +
                          std::to_string(L.tp) + " x pp " + std::to_string(L.pp));
-  for (auto& f : L.files) {
-    if (f.kind == FileKind::LayerStates) continue;
+  for (size_t fi = 0; fi < L.files.size(); ++fi) {
+    ShardFile& f = L.files[fi];
+    if (KindOf(f) == FileKind::LayerStates) continue;
     if (zero3_files) {
-      f.tp = f.mp, f.pp = 0;  // ZeRO-3 names files by TP rank (no PP)
+      f.tp = mps[fi], f.pp = 0;  // ZeRO-3 names files by TP rank (no PP)
     } else {
-      f.pp = f.mp / L.tp, f.tp = f.mp % L.tp;
+      f.pp = mps[fi] / L.tp, f.tp = mps[fi] % L.tp;
     }
   }
 
@@ -344,13 +352,13 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
       }
     }
   for (const auto& f : L.files) {
-    bool outside = f.kind == FileKind::LayerStates ? f.tp >= L.tp : (f.tp >= L.tp || f.pp >= L.pp || f.dp >= L.dp);
+    bool outside = KindOf(f) == FileKind::LayerStates ? f.tp >= L.tp : (f.tp >= L.tp || f.pp >= L.pp || f.dp >= L.dp);
     if (outside) L.problems.push_back(f.name + ": rank " + Coord(f) + " lies outside the layout's degrees");
   }
   if (L.naming == "pipe") {
     std::map<int, std::set<int>> layer_files;
     for (const auto& f : L.files)
-      if (f.kind == FileKind::LayerStates) layer_files[f.layer].insert(f.tp);
+      if (KindOf(f) == FileKind::LayerStates) layer_files[f.layer].insert(f.tp);
     for (const auto& [layer, tps] : layer_files)
       for (int tp = 0; tp < L.tp; ++tp)
         if (!tps.count(tp))
@@ -398,8 +406,8 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
   std::set<int> stages_seen;
   std::map<std::tuple<int, int, int>, int64_t> partitions;  // (pp, tp, group) -> flat partition size
   for (size_t fi = 0; fi < L.files.size(); ++fi) {
-    const ShardFile& f = L.files[fi];
-    if (f.kind != FileKind::ZeroOptimizer) continue;
+    ShardFile& f = L.files[fi];
+    if (!f.data) continue;
     auto file = parse(f);
     if (!file) continue;
     std::string where = L.dir + "/" + f.name + " " + Coord(f);
@@ -421,6 +429,11 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
           L.problems.push_back(where + ": partition_count " + std::to_string(c) + " != dp_world_size " +
                                std::to_string(L.dp));
       auto flat = FlatGroupsOf(*file->root, stage);
+      const uint8_t* base = file->archive->file()->bytes().data();
+      auto extent = [&](const pt::TensorView& t) {
+        return source::Extent{static_cast<uint64_t>(t.data() - base), static_cast<int64_t>(t.numel())};
+      };
+      for (const auto& fg : flat) f.groups.push_back({extent(fg.fp32), extent(fg.exp_avg), extent(fg.exp_avg_sq)});
       for (size_t g = 0; g < flat.size(); ++g) {
         int gi = static_cast<int>(g);
         if (f.dp == 0) L.steps[{f.pp, f.tp, gi}] = flat[g].step;
@@ -480,7 +493,7 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
     }
   }
   for (const auto& f : L.files)
-    if (f.kind == FileKind::LayerStates) parse(f);  // integrity: every layer file must read
+    if (KindOf(f) == FileKind::LayerStates) parse(f);  // integrity: every layer file must read
   if (stages_seen.size() > 1) L.problems.push_back("optimizer files disagree on the ZeRO stage");
   // The BF16 optimizer writes no zero_stage (its files have the ZeRO-1 layout): the job's stage, 0 or
   // 1, is the one its ds_config names.
@@ -492,26 +505,4 @@ SourceLayout IndexDeepSpeedCheckpoint(const std::string& dir, const IndexOptions
   return L;
 }
 
-std::string FolderFingerprint(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_regular_file() && e.path().filename() != kReshardMarker) names.push_back(e.path().filename().string());
-  if (ec) throw Error(dir + ": cannot list: " + ec.message());
-  std::sort(names.begin(), names.end());
-  std::string text;
-  for (const auto& n : names) {
-    std::ifstream in(dir + "/" + n, std::ios::binary | std::ios::ate);
-    const std::streamoff size = in.tellg();
-    if (!in || size < 0) throw Error(dir + "/" + n + ": cannot read");
-    const std::streamoff tail = std::min<std::streamoff>(size, std::streamoff{64} << 10);
-    std::string last(static_cast<size_t>(tail), '\0');
-    in.seekg(size - tail);
-    if (!in.read(last.data(), tail)) throw Error(dir + "/" + n + ": cannot read");
-    text += n + " " + std::to_string(size) + " " + HexDigest(XxHash64::Of(last.data(), last.size())) + "\n";
-  }
-  return HexDigest(XxHash64::Of(text.data(), text.size()));
-}
-
-}  // namespace ucp::source
+}  // namespace ucp::deepspeed

@@ -1,0 +1,58 @@
+#include "source/source_index.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/names.h"
+#include "core/xxhash64.h"
+
+namespace ucp::source {
+namespace fs = std::filesystem;
+
+const ParamRecord* SourceIndex::Find(const std::string& name) const {
+  for (const auto& p : params)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+int64_t SourceIndex::Fact(const std::string& key) const {
+  auto it = model_facts.find(key);
+  return it == model_facts.end() ? -1 : it->second;
+}
+
+std::string ReadLatestTag(const std::string& root) {
+  const std::string latest = root + "/latest";
+  const std::optional<std::string> text = ReadWholeFile(latest);
+  if (!text) throw Error(latest + ": cannot read");
+  const size_t b = text->find_first_not_of(" \t\r\n"), e = text->find_last_not_of(" \t\r\n");
+  const std::string tag = b == std::string::npos ? "" : text->substr(b, e - b + 1);
+  WithContext(latest, [&] { RequirePlainName(tag, "the tag"); });
+  return tag;
+}
+
+std::string FolderFingerprint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file() && e.path().filename() != kReshardMarker) names.push_back(e.path().filename().string());
+  if (ec) throw Error(dir + ": cannot list: " + ec.message());
+  std::sort(names.begin(), names.end());
+  std::string text;
+  for (const auto& n : names) {
+    std::ifstream in(dir + "/" + n, std::ios::binary | std::ios::ate);
+    const std::streamoff size = in.tellg();
+    if (!in || size < 0) throw Error(dir + "/" + n + ": cannot read");
+    const std::streamoff tail = std::min<std::streamoff>(size, std::streamoff{64} << 10);
+    std::string last(static_cast<size_t>(tail), '\0');
+    in.seekg(size - tail);
+    if (!in.read(last.data(), tail)) throw Error(dir + "/" + n + ": cannot read");
+    text += n + " " + std::to_string(size) + " " + HexDigest(XxHash64::Of(last.data(), last.size())) + "\n";
+  }
+  return HexDigest(XxHash64::Of(text.data(), text.size()));
+}
+
+}  // namespace ucp::source

@@ -1,0 +1,105 @@
+// What a source driver (formats/) finds in a checkpoint folder, in terms no stage after it needs a
+// format to read: the layout's degrees, the shard files at their (pp, tp, dp) coordinates, every
+// parameter with its per-TP-rank shape, every piece of every parameter as a run of elements inside
+// a file's flat optimizer groups (located by byte offsets), the model facts and the checkpoint's
+// own pattern rules, and diagnostics. Map, union, plan and store read only this.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "pt/value.h"
+
+namespace ucp::source {
+
+// A contiguous run of little-endian float32 inside a file: bytes [offset, offset + 4 * numel).
+struct Extent {
+  uint64_t offset = 0;
+  int64_t numel = 0;
+};
+
+struct ShardFile {
+  std::string name;
+  std::string kind;        // the driver's word for it ("optimizer_states", "model_states", ...)
+  bool data = false;       // holds flat optimizer groups (fragments point into it)
+  bool carried = false;    // copied as it is into the atomic checkpoint (what its loader reads besides the tensors)
+  bool per_dp = false;     // one per DP rank (its dp coordinate means something)
+  int pp = 0, tp = 0, dp = 0;
+  int layer = -1;          // a layer's file: its layer spec
+  // data files: per param group, where its fp32 master weights, exp_avg and exp_avg_sq lie
+  std::vector<std::array<Extent, 3>> groups;
+};
+
+struct ParamRecord {
+  std::string name;
+  int group = -1;                                // optimizer param group
+  std::map<int, std::vector<int64_t>> tp_shape;  // TP rank -> this rank's shape
+  std::set<int> stages;                          // PP stages that hold it
+};
+
+// A run of one parameter's elements inside one data file's flat partition of a param group:
+// flat[src_start, src_start + numel) holds elements [dst_start, dst_start + numel) of the
+// parameter's TP-local tensor (flattened) at this file's (pp, tp).
+struct Fragment {
+  int file = -1;  // index into SourceIndex::files
+  int group = 0;
+  int param = -1;  // index into SourceIndex::params
+  int64_t src_start = 0, numel = 0, dst_start = 0;
+};
+
+struct SourceIndex {
+  std::string format;  // the source driver that read it (formats/registry.h)
+  std::string root;    // the folder named by the user
+  std::string dir;     // the folder holding the shard files (root/<tag> when root has `latest`)
+  std::string tag;
+  std::string framework;  // the driver's variant: "megatron-deepspeed", "deepspeed"
+  std::string optimizer;  // the optimizer that wrote the states: "zero", "bf16_optimizer", "zero3"
+  int zero_stage = 0;
+  std::string dtype;  // training dtype: fp16, bf16, fp32
+  int dp = 1, tp = 1, pp = 1;
+  int64_t iteration = 0;
+  std::string ds_version;  // the writer's version, as the files record it
+  std::string naming;      // "pipe" (layer files; GPTModelPipe names) or "plain"
+  std::vector<ShardFile> files;
+  std::vector<ParamRecord> params;  // in first-seen order: stage, group, position
+  std::vector<Fragment> fragments;  // every data file's pieces of every parameter
+  std::map<std::tuple<int, int, int>, pt::ValuePtr> steps;  // (pp, tp, group) -> step, from dp rank 0
+  // The checkpoint's own pattern rules, in the universal_checkpoint_info form the atomic checkpoint
+  // keeps (patterns/rules.h reads it), or nullptr.
+  pt::ValuePtr universal_checkpoint_info;
+  std::map<std::string, int64_t> model_facts;  // integer model hyper-parameters (hidden_size, ...)
+  std::shared_ptr<const void> keep_alive;      // what the values above point into
+  int64_t zero_padding_elements = 0;           // alignment padding over all data files
+  std::vector<std::string> errors;    // unreadable or malformed files: always fatal
+  std::vector<std::string> problems;  // inconsistencies: fatal under --strict
+  std::vector<std::string> notes;     // what was found that the user may want to know
+
+  const ParamRecord* Find(const std::string& name) const;
+  int64_t Fact(const std::string& key) const;  // -1 when unknown
+};
+
+struct IndexOptions {
+  bool verify_storage_crc = false;  // read every tensor byte and check the container's checksums
+};
+
+// The file ucp-reshard --in-place leaves in a checkpoint folder it wrote (the source tag, the atomic
+// checkpoint and the layout): not part of the checkpoint.
+inline constexpr const char* kReshardMarker = "ucp_reshard.json";
+
+// A fingerprint of a checkpoint folder's files, to tell whether an atomic checkpoint was converted
+// from what the folder holds now: XXH64 over the sorted regular files (their names, sizes and the
+// XXH64 of their last 64 KiB, where a zip keeps its central directory with every entry's CRC-32),
+// ucp's own marker files left out. Same bytes, same fingerprint, wherever the folder was copied.
+std::string FolderFingerprint(const std::string& dir);
+
+// The tag root/latest names (trimmed, a plain name), as a framework's --load reads it. Throws
+// ucp::Error naming the file when it is missing, unreadable or not a plain name.
+std::string ReadLatestTag(const std::string& root);
+
+}  // namespace ucp::source
