@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "reshard/target.h"
+#include "target/target.h"
 
 #include "patterns/rules.h"
 #include "reshard/in_place.h"

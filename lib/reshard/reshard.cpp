@@ -18,106 +18,24 @@
 #include "core/names.h"
 #include "core/output_lock.h"
 #include "core/progress.h"
+#include "formats/registry.h"
 #include "patterns/rules.h"
 #include "plan/convert_plan.h"
-#include "pt/low_precision.h"
-#include "pt/torch_file.h"
-#include "reshard/naming.h"
-#include "reshard/reshard_plan.h"
+#include "target/naming.h"
+#include "target/reshard_plan.h"
 #include "source/source_index.h"
-#include "formats/deepspeed/names.h"
 #include "shuffle/agree.h"
 #include "store/atom_store.h"
 
 namespace ucp::reshard {
 namespace fs = std::filesystem;
 using nlohmann::json;
-using pt::IntList;
-using pt::SetItem;
-using pt::Value;
-using pt::ValuePtr;
 using shuffle::AnyFailed;
 using shuffle::Capture;
 
 namespace {
 
 constexpr const char* kTool = "ucp-reshard";
-
-// --- values ---------------------------------------------------------------------------------
-
-ValuePtr Copied(const Value& v) { return std::make_shared<Value>(v); }  // shallow: shares the children
-
-void PutIfPresent(Value& dict, const std::string& key, ValuePtr v) {
-  if (dict.dict.Get(key)) SetItem(dict, key, std::move(v));
-}
-
-ValuePtr OrderedDict() {
-  auto d = Value::Make(Value::Kind::Dict);
-  d->module = "collections", d->name = "OrderedDict";
-  return d;
-}
-ValuePtr TorchSize(const std::vector<int64_t>& shape) {
-  auto t = Value::Make(Value::Kind::Tuple);
-  for (int64_t d : shape) t->items.push_back(Value::Int(d));
-  t->module = "torch", t->name = "Size";
-  return t;
-}
-ValuePtr TorchDtype(const std::string& dtype) {
-  auto g = Value::Make(Value::Kind::Global);
-  g->module = "torch", g->name = dtype == "bf16" ? "bfloat16" : dtype == "fp16" ? "float16" : "float32";
-  return g;
-}
-ValuePtr Float(double f) { return Value::Float(f); }
-
-// DeepSpeed's loss scalers, as their __init__ leaves them.
-ValuePtr LossScalerFor(const std::string& dtype, const ValuePtr& source) {
-  const bool dynamic = dtype == "fp16";
-  const char* cls = dynamic ? "DynamicLossScaler" : "LossScaler";
-  if (source && source->kind == Value::Kind::Object && source->name == cls) return source;
-  auto state = Value::Make(Value::Kind::Dict);
-  if (dynamic) {
-    SetItem(*state, "cur_scale", Float(65536.0));
-    SetItem(*state, "cur_iter", Value::Int(0));
-    SetItem(*state, "last_overflow_iter", Value::Int(-1));
-    SetItem(*state, "scale_factor", Float(2.0));
-    SetItem(*state, "scale_window", Value::Int(1000));
-    SetItem(*state, "min_scale", Value::Int(1));
-    SetItem(*state, "delayed_shift", Value::Int(1));
-    SetItem(*state, "cur_hysteresis", Value::Int(1));
-    SetItem(*state, "consecutive_hysteresis", Value::Bool(false));
-    SetItem(*state, "raise_error_at_min_scale", Value::Bool(true));
-    SetItem(*state, "dynamic", Value::Bool(true));
-    SetItem(*state, "dtype", TorchDtype("fp16"));
-  } else {
-    SetItem(*state, "cur_scale", Float(1.0));
-    SetItem(*state, "dynamic", Value::Bool(false));
-  }
-  auto obj = Value::MakeObject("deepspeed.runtime.fp16.loss_scaler", cls, nullptr, state);
-  obj->via_new = true;
-  return obj;
-}
-
-ValuePtr FragmentAddress(int64_t numel, int64_t start) {
-  auto state = Value::Make(Value::Kind::Dict);
-  SetItem(*state, "numel", Value::Int(numel));
-  SetItem(*state, "start", Value::Int(start));
-  auto obj = Value::MakeObject("deepspeed.utils.tensor_fragment", "fragment_address", nullptr, state);
-  obj->via_new = true;
-  return obj;
-}
-
-struct LowPrecision {
-  pt::DType dtype;
-  size_t size;
-};
-LowPrecision LpOf(const std::string& dtype) {
-  if (dtype == "bf16") return {pt::DType::BF16, 2};
-  if (dtype == "fp16") return {pt::DType::F16, 2};
-  return {pt::DType::F32, 4};
-}
-
-// --- writing one unit -----------------------------------------------------------------------
-
 
 // --- reading --------------------------------------------------------------------------------
 
@@ -239,77 +157,13 @@ class HeldPieces {
   std::map<int, int> uses_;
 };
 
-// Where a key sits inside its Megatron module (registration order), for the order of a model's
-// state_dict; keys it does not know come after, in the atomic checkpoint's order.
-int LocalKeyRank(const std::string& local) {
-  static const std::vector<std::string> order = {
-      "word_embeddings.weight", "position_embeddings.weight", "input_layernorm.weight", "input_layernorm.bias",
-      "self_attention.query_key_value.weight", "self_attention.query_key_value.bias", "self_attention.dense.weight",
-      "self_attention.dense.bias", "post_attention_layernorm.weight", "post_attention_layernorm.bias",
-      "mlp.dense_h_to_4h.weight", "mlp.dense_h_to_4h.bias", "mlp.dense_4h_to_h.weight", "mlp.dense_4h_to_h.bias",
-      "weight", "bias"};
-  auto it = std::find(order.begin(), order.end(), local);
-  return it == order.end() ? static_cast<int>(order.size()) : static_cast<int>(it - order.begin());
-}
-
-// The model's order of parameters: layer spec, then the key's place in its module.
-bool InModelOrder(const LayerPlace& a, const LayerPlace& b) {
-  return std::make_pair(a.spec, LocalKeyRank(a.local)) < std::make_pair(b.spec, LocalKeyRank(b.local));
-}
-
-class UnitWriter {
+// The values of one unit, as its target writer asks for them: from a held piece, or read from the
+// store (the time spent reading counted).
+class UnitSlices final : public SliceSource {
  public:
-  // `arena` holds the unit's training-dtype weights; kept by the caller from unit to unit, so that
-  // its pages are faulted in (and zeroed by the kernel) once per run, not once per unit.
-  UnitWriter(const Source& S, const TargetLayout& T, const Plan& P, const HeldPieces& H, const Unit& U, std::string dir,
-             ScratchBytes& arena)
-      : S_(S), T_(T), P_(P), H_(H), U_(U), dir_(std::move(dir)), arena_(arena) {}
+  UnitSlices(const Source& S, const HeldPieces& H, const Unit& U) : S_(S), H_(H), U_(U) {}
 
-  // The files of this unit: under ZeRO-3 its DP rank's model-states and optimizer files; else the
-  // optimizer files of every DP rank, the layer files and the model-states file.
-  void Write() {
-    if (T_.zero_stage == 3) {
-      WriteZero3OptimizerFile(U_.dp);
-      WriteShardFile(deepspeed::Zero3ModelStatesFileName(U_.dp, Mp()),
-                     *ModelStates(Zero3Module()));
-      return;
-    }
-    const auto lp = LpOf(T_.dtype);
-    auto size = [&](const UnitParam& up) { return (std::max<int64_t>(1, up.local_numel) * lp.size + 63) / 64 * 64; };
-    int64_t total = 0;
-    for (const auto& up : U_.params) total += size(up);
-    uint8_t* at = arena_.Reserve(static_cast<size_t>(total));  // filled whole from the fp32 weights, so not cleared
-    for (const auto& up : U_.params) {
-      lp_.push_back(std::shared_ptr<uint8_t[]>(std::shared_ptr<void>(), at));  // not owning: the arena outlives the unit
-      at += size(up);
-    }
-    for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);  // fills lp_ from the fp32 weights
-    if (NamingOf(T_) == Naming::Plain) {
-      WriteShardFile(deepspeed::ModelStatesFileName(Mp()), *ModelStates(PlainModule()));
-      return;
-    }
-    WriteLayerFiles();
-    WriteShardFile(deepspeed::ModelStatesFileName(Mp()), *ModelStates(Value::None()));
-  }
-
-  // Seconds spent reading the atomic tensors (or copying held pieces) while writing.
-  double read_seconds() const { return read_seconds_; }
-  // Bytes and files of the target this writer has written.
-  int64_t bytes_written() const { return bytes_written_; }
-  int64_t files_written() const { return files_written_; }
-
- private:
-  // One file of the target, written without an fsync of its own (the run syncs the file system
-  // once before `latest` names the folder) and without a digest (nothing records one).
-  void WriteShardFile(const std::string& name, const Value& root) {
-    const std::string path = dir_ + "/" + name;
-    pt::WriteTorchFile(path, root, Durability::Batch, Digest::None);
-    bytes_written_ += static_cast<int64_t>(fs::file_size(path)), ++files_written_;
-  }
-
-  // Copies local elements [a, b) of unit param k, state s, to dst (float32), from the held piece
-  // or the store; fp32 also to the layer files' weights.
-  void Fill(size_t k, int s, int64_t a, int64_t b, float* dst) {
+  void Read(size_t k, int s, int64_t a, int64_t b, float* dst) override {
     const UnitParam& up = U_.params[k];
     const auto t0 = std::chrono::steady_clock::now();
     if (up.shared >= 0) {
@@ -318,25 +172,12 @@ class UnitWriter {
       ReadAligned(k, s, a, b, dst);
     }
     read_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s == 0 && !lp_.empty()) {  // the training-dtype weights of the layer files, from the same fp32 values
-      uint8_t* lp = lp_[k].get();
-      const int64_t n = b - a;
-      if (T_.dtype == "bf16") {
-        for (int64_t i = 0; i < n; ++i) {
-          const uint16_t h = pt::Fp32ToBf16(dst[i]);
-          std::memcpy(lp + 2 * (a + i), &h, 2);
-        }
-      } else if (T_.dtype == "fp16") {
-        for (int64_t i = 0; i < n; ++i) {
-          const uint16_t h = pt::Fp32ToFp16(dst[i]);
-          std::memcpy(lp + 2 * (a + i), &h, 2);
-        }
-      } else {
-        std::memcpy(lp + 4 * a, dst, static_cast<size_t>(n) * 4);
-      }
-    }
   }
 
+  // Seconds spent reading the atomic tensors (or copying held pieces).
+  double read_seconds() const { return read_seconds_; }
+
+ private:
   // Local elements [a, b) of unit param k, state s, into dst, read in whole rows of the store's
   // read blocks (HDF5 chunks). The partitions visit a piece's elements in order, a few MiB at a
   // time, so the block a request ends in is kept for the next request of that piece instead of
@@ -379,330 +220,10 @@ class UnitWriter {
     }
   }
 
-  // Elements [at, at + n) of a flat ZeRO tensor are unit parameter k's local elements [local, local + n).
-  struct Segment {
-    int k;
-    int64_t local, at, n;
-  };
-
-  // A flat float32 ZeRO tensor of `len` elements, produced while its file is written: the segments'
-  // elements of state `s`, zeros elsewhere (alignment padding). Nothing of it is held in memory.
-  ValuePtr FlatState(std::vector<Segment> segs, int64_t len, int s) {
-    return pt::ProducedTensor(pt::DType::F32, {len}, [this, segs = std::move(segs), s](uint64_t off, uint64_t size, uint8_t* dst) {
-      const int64_t a = static_cast<int64_t>(off / 4), b = static_cast<int64_t>((off + size) / 4);
-      float* out = reinterpret_cast<float*>(dst);
-      int64_t filled = a;  // [a, filled) written; segments come in flat order, the gaps between them are zeros
-      for (const auto& sg : segs) {
-        const int64_t f0 = std::max(a, sg.at), f1 = std::min(b, sg.at + sg.n);
-        if (f0 >= f1) continue;
-        std::fill(out + (filled - a), out + (f0 - a), 0.0f);
-        Fill(static_cast<size_t>(sg.k), s, sg.local + (f0 - sg.at), sg.local + (f1 - sg.at), out + (f0 - a));
-        filled = f1;
-      }
-      std::fill(out + (filled - a), out + (b - a), 0.0f);
-    });
-  }
-
-  int Mp() const { return U_.pp * T_.tp + U_.tp; }  // the model-parallel rank in DeepSpeed's file names
-
-  ValuePtr DsConfig() const {
-    auto cfg = S_.model_states.root->Get("ds_config");
-    if (!cfg || cfg->kind != Value::Kind::Dict) return cfg ? cfg : Value::None();
-    auto out = Copied(*cfg);
-    auto section = [&](const char* key, const char* field, ValuePtr v) {
-      auto sec = out->Get(key);
-      if (!sec || sec->kind != Value::Kind::Dict) return;
-      auto copy = Copied(*sec);
-      SetItem(*copy, field, std::move(v));
-      SetItem(*out, key, copy);
-    };
-    section("zero_optimization", "stage", Value::Int(T_.zero_stage));
-    section("bf16", "enabled", Value::Bool(T_.dtype == "bf16"));
-    section("fp16", "enabled", Value::Bool(T_.dtype == "fp16"));
-    return out;
-  }
-
-  void WriteOptimizerFile(int d) {
-    const int groups = static_cast<int>(U_.groups.size());
-    const int64_t alignment = 2 * T_.dp;  // DeepSpeed: nccl_start_alignment_factor (2) x DP
-    auto state = Value::Make(Value::Kind::Dict);
-    auto single = Value::Make(Value::Kind::List), paddings = Value::Make(Value::Kind::List);
-    auto mappings = Value::Make(Value::Kind::List);
-    for (int g = 0; g < groups; ++g) {
-      int64_t total = 0;
-      for (int k : U_.groups[g]) total += U_.params[k].local_numel;
-      const int64_t padded = (total + alignment - 1) / alignment * alignment, ps = padded / T_.dp;
-      const int64_t lo = d * ps, hi = lo + ps;
-      std::vector<Segment> segs;
-      auto m = OrderedDict();
-      int64_t at = 0;
-      for (int k : U_.groups[g]) {
-        const int64_t n = U_.params[k].local_numel, f0 = std::max(at, lo), f1 = std::min(at + n, hi);
-        if (f0 < f1) {
-          segs.push_back({k, f0 - at, f0 - lo, f1 - f0});
-          SetItem(*m, P_.names[U_.params[k].atom], FragmentAddress(f1 - f0, f0 - lo));
-        }
-        at += n;
-      }
-      // Padding: the BF16 optimizer counts it on the last rank; ZeRO-1/2 on every rank it reaches,
-      // and stores that rank's fp32 partition without it.
-      int64_t pad = T_.bf16_optimizer() ? (d == T_.dp - 1 ? padded - total : 0)
-                                        : (total <= lo ? ps : (total < hi ? hi - total : 0));
-      paddings->items.push_back(Value::Int(pad));
-      const int64_t fp32_len = T_.bf16_optimizer() ? ps : ps - pad;
-      single->items.push_back(FlatState(segs, fp32_len, 0));
-      state->dict.Set(Value::Int(g), AdamState(g, std::move(segs), ps));
-      mappings->items.push_back(m);
-    }
-    auto osd = Value::Make(Value::Kind::Dict);
-    if (!T_.bf16_optimizer()) PutLossScaling(*osd);
-    SetItem(*osd, "clip_grad", SourceOr("clip_grad", Float(0.0)));
-    SetItem(*osd, "base_optimizer_state", TorchOptimizerState(state));
-    SetItem(*osd, "single_partition_of_fp32_groups", single);
-    if (!T_.bf16_optimizer()) SetItem(*osd, "zero_stage", ZeroStage());
-    SetItem(*osd, "group_paddings", paddings);
-    SetItem(*osd, "partition_count", IntList(std::vector<int64_t>(groups, T_.dp)));
-    SetItem(*osd, "ds_version", DsVersion());
-    SetItem(*osd, "param_slice_mappings", mappings);
-    WriteOptimizerRoot(d, osd);
-  }
-
-  // DeepSpeed's engine saves {optimizer_state_dict, ds_config, ds_version} per DP rank.
-  void WriteOptimizerRoot(int d, ValuePtr osd) {
-    auto root = Value::Make(Value::Kind::Dict);
-    SetItem(*root, "optimizer_state_dict", std::move(osd));
-    SetItem(*root, "ds_config", DsConfig());
-    SetItem(*root, "ds_version", DsVersion());
-    WriteShardFile(deepspeed::OptimStatesFileName(T_.dtype == "bf16" ? "bf16_" : "", d, Mp()), *root);
-  }
-
-  // Group g's Adam state over a flat tensor of `len` elements: the step and the two moments.
-  ValuePtr AdamState(int g, std::vector<Segment> segs, int64_t len) {
-    auto gs = Value::Make(Value::Kind::Dict);
-    SetItem(*gs, "step", GroupStep(g));
-    SetItem(*gs, "exp_avg", FlatState(segs, len, 1));
-    SetItem(*gs, "exp_avg_sq", FlatState(std::move(segs), len, 2));
-    return gs;
-  }
-
-  // torch's optimizer.state_dict(): the per-group state and the source's param_groups.
-  ValuePtr TorchOptimizerState(ValuePtr state) const {
-    auto base = Value::Make(Value::Kind::Dict);
-    SetItem(*base, "state", std::move(state));
-    SetItem(*base, "param_groups", S_.optimizer.root->Get("param_groups"));
-    return base;
-  }
-
-  // The fp16 / ZeRO optimizers' loss scaling: the scaler the dtype needs, and the source's overflow flag.
-  void PutLossScaling(Value& osd) const {
-    SetItem(osd, "loss_scaler", LossScalerFor(T_.dtype, S_.optimizer.root->Get("loss_scaler")));
-    SetItem(osd, "dynamic_loss_scale", Value::Bool(T_.dtype == "fp16"));
-    SetItem(osd, "overflow", SourceOr("overflow", Value::Bool(false)));
-  }
-
-  ValuePtr SourceOr(const char* key, ValuePtr fallback) const {
-    auto v = S_.optimizer.root->Get(key);
-    return v ? v : fallback;
-  }
-
-  ValuePtr ZeroStage() const {
-    auto stage = Value::MakeObject("deepspeed.runtime.zero.config", "ZeroStageEnum");
-    stage->args->items.push_back(Value::Int(T_.zero_stage));
-    return stage;
-  }
-
-  // ZeRO-3: DP rank d's flat group is the concatenation of its slices of the group's parameters
-  // (each padded to its piece), in the group's parameter order.
-  void WriteZero3OptimizerFile(int d) {
-    auto state = Value::Make(Value::Kind::Dict), flat = Value::Make(Value::Kind::List);
-    for (size_t g = 0; g < U_.groups.size(); ++g) {
-      int64_t total = 0;
-      std::vector<Segment> segs;
-      for (int k : U_.groups[g]) {
-        const UnitParam& up = U_.params[k];
-        if (up.begin < up.end) segs.push_back({k, up.begin, total, up.end - up.begin});
-        total += Zero3Piece(up.local_numel, T_.dp);
-      }
-      flat->items.push_back(FlatState(segs, total, 0));
-      state->dict.Set(Value::Int(static_cast<int64_t>(g)), AdamState(static_cast<int>(g), std::move(segs), total));
-    }
-    auto osd = Value::Make(Value::Kind::Dict);
-    SetItem(*osd, "zero_stage", ZeroStage());
-    PutLossScaling(*osd);
-    SetItem(*osd, "partition_count", Value::Int(T_.dp));
-    SetItem(*osd, "optimizer_state_dict", TorchOptimizerState(state));
-    SetItem(*osd, "fp32_flat_groups", flat);
-    WriteOptimizerRoot(d, osd);
-  }
-
-  // DeepSpeed saves module.state_dict() under ZeRO-3 too: GPTModel's flat names, every parameter
-  // an empty placeholder of the training dtype (the weights are in the optimizer files).
-  ValuePtr Zero3Module() const {
-    static const auto placeholder_owner = std::make_shared<uint8_t>(0);
-    const auto lp = LpOf(T_.dtype);
-    auto module = OrderedDict();
-    for (size_t k : ModelOrder())
-      SetItem(*module, P_.names[U_.params[k].atom], pt::OwnedTensor(placeholder_owner, placeholder_owner.get(), lp.dtype, {0}));
-    return module;
-  }
-
-  // The unit's parameters in the model's order (layer spec, then the key's place in its module):
-  // the order of a model's state_dict and of its layer files.
-  std::vector<size_t> ModelOrder() const {
-    std::vector<size_t> order(U_.params.size());
-    for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-      return InModelOrder(S_.atoms[U_.params[x].atom].place, S_.atoms[U_.params[y].atom].place);
-    });
-    return order;
-  }
-
-  ValuePtr DsVersion() const {
-    auto v = S_.optimizer.root->Get("ds_version");
-    if (!v) v = S_.model_states.root->Get("ds_version");
-    return v ? v : Value::Str("0.14.5");
-  }
-
-  ValuePtr GroupStep(int g) {
-    for (const auto& a : S_.atoms)
-      if (a.group == g && a.has_step) {
-        auto it = steps_.find(g);
-        if (it == steps_.end()) it = steps_.emplace(g, S_.reader->ReadStep(a.name)).first;
-        return it->second;
-      }
-    return Value::None();
-  }
-
-  // A model that is not a PipelineModule: its state_dict, this TP rank's weights in the training
-  // dtype under GPTModel's names, in the model's order (embedding, layers, final norm).
-  ValuePtr PlainModule() const {
-    const auto lp = LpOf(T_.dtype);
-    auto module = OrderedDict();
-    for (size_t k : ModelOrder())
-      SetItem(*module, P_.names[U_.params[k].atom], pt::OwnedTensor(lp_[k], lp_[k].get(), lp.dtype, U_.params[k].copy.shape));
-    return module;
-  }
-
-  void WriteLayerFiles() {
-    const auto lp = LpOf(T_.dtype);
-    std::map<int, ValuePtr> files;  // spec -> OrderedDict
-    for (size_t k : ModelOrder()) {
-      const Atom& a = S_.atoms[U_.params[k].atom];
-      if (a.tied() && U_.pp != P_.embedding_stage) continue;  // the tied head writes no layer file
-      auto& f = files[a.spec()];
-      if (!f) f = OrderedDict();
-      auto owner = lp_[k];
-      SetItem(*f, a.place.local, pt::OwnedTensor(owner, owner.get(), lp.dtype, U_.params[k].copy.shape));
-    }
-    for (const auto& [spec, dict] : files) {
-      WriteShardFile(deepspeed::LayerStatesFileName(spec, U_.tp), *dict);
-    }
-  }
-
-  // Megatron-DeepSpeed names the TP rules (replicated, averaged, row-parallel) in its info only at
-  // TP > 1. A TP > 1 target of a source whose info lacks one of them gets it from the rules that
-  // decided the parameters (the manifest's, the model family's where the checkpoint was silent), in
-  // the model's order, placed before the sub-parameter keys as Megatron-DeepSpeed places them.
-  ValuePtr WithTpRules(const Value& info) const {
-    std::vector<std::pair<std::string, ValuePtr>> missing;
-    std::vector<size_t> order(S_.atoms.size());
-    for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return InModelOrder(S_.atoms[x].place, S_.atoms[y].place); });
-    for (const char* key : {patterns::kAverageKey, patterns::kReplicateKey, patterns::kRowParallelKey}) {
-      if (info.Get(key)) continue;
-      auto list = Value::Make(Value::Kind::List);
-      std::set<std::string> seen;
-      for (size_t k : order) {
-        const auto& rule = S_.atoms[k].meta.value("rule", json::object());
-        if (!rule.is_object() || rule.value("key", "") != key) continue;
-        const std::string re = rule.value("regex", "");
-        if (!re.empty() && seen.insert(re).second) list->items.push_back(Value::Str(re));
-      }
-      if (!list->items.empty()) missing.emplace_back(key, list);
-    }
-    auto out = Copied(info);
-    if (missing.empty()) return out;
-    out->dict = pt::Dict();
-    auto put_missing = [&] {
-      for (auto& [key, list] : missing) SetItem(*out, key, list);
-      missing.clear();
-    };
-    for (const auto& item : info.dict.items()) {
-      const std::string key = item.key->kind == Value::Kind::Str ? item.key->s : "";
-      if (key == patterns::kTwoSubParamsKey || key == patterns::kSubParamsKey || key == "sub_param_shard_widths") put_missing();
-      out->dict.Set(item.key, item.value);
-    }
-    put_missing();
-    return out;
-  }
-
-  ValuePtr ModelStates(ValuePtr module) const {
-    auto root = Copied(*S_.model_states.root);
-    SetItem(*root, "module", std::move(module));
-    auto shapes = Value::Make(Value::Kind::List);
-    for (const auto& grp : U_.groups) {
-      auto m = OrderedDict();
-      for (int k : grp) SetItem(*m, P_.names[U_.params[k].atom], TorchSize(U_.params[k].copy.shape));
-      shapes->items.push_back(m);
-    }
-    SetItem(*root, "param_shapes", shapes);
-    // DeepSpeed records frozen parameters (none here) when ZeRO partitions gradients (stage 2, 3).
-    for (const char* key : {"frozen_param_shapes", "frozen_param_fragments"})
-      PutIfPresent(*root, key, T_.zero_stage >= 2 ? OrderedDict() : Value::None());
-    SetItem(*root, "dp_world_size", Value::Int(T_.dp));
-    SetItem(*root, "mp_world_size", Value::Int(T_.tp * T_.pp));
-    SetItem(*root, "ds_config", DsConfig());
-    if (auto args = root->Get("args"); args && args->kind == Value::Kind::Object && args->state) {
-      auto a = Copied(*args);
-      a->state = Copied(*args->state);
-      Value& st = *a->state;
-      PutIfPresent(st, "tensor_model_parallel_size", Value::Int(T_.tp));
-      PutIfPresent(st, "pipeline_model_parallel_size", Value::Int(T_.pp));
-      PutIfPresent(st, "data_parallel_size", Value::Int(T_.dp));
-      PutIfPresent(st, "world_size", Value::Int(T_.dp * T_.tp * T_.pp));
-      if (P_.padded_vocab > 0) PutIfPresent(st, "padded_vocab_size", Value::Int(P_.padded_vocab));
-      PutIfPresent(st, "fp16", Value::Bool(T_.dtype == "fp16"));
-      PutIfPresent(st, "bf16", Value::Bool(T_.dtype == "bf16"));
-      PutIfPresent(st, "params_dtype", TorchDtype(T_.dtype));
-      PutIfPresent(st, "zero_stage", Value::Int(T_.zero_stage));
-      PutIfPresent(st, "no_pipeline_parallel", Value::Bool(NamingOf(T_) == Naming::Plain));
-      SetItem(*root, "args", a);
-    }
-    if (auto info = root->Get("universal_checkpoint_info"); info && info->kind == Value::Kind::Dict) {
-      auto i = T_.tp > 1 ? WithTpRules(*info) : Copied(*info);
-      if (P_.padded_vocab > 0) PutIfPresent(*i, "padded_vocab_size", Value::Int(P_.padded_vocab));
-      if (auto widths = info->Get("sub_param_shard_widths"); widths && widths->kind == Value::Kind::Dict) {
-        auto w = Copied(*widths);
-        w->dict = pt::Dict();
-        for (const auto& item : widths->dict.items()) {
-          auto per = Value::Make(Value::Kind::List);
-          for (const auto& sub : item.value->AsSequence()) {
-            int64_t size = 0;
-            for (const auto& x : sub->AsSequence()) size += x->AsInt();
-            per->items.push_back(IntList(std::vector<int64_t>(T_.tp, size / T_.tp)));
-          }
-          w->dict.Set(item.key, per);
-        }
-        SetItem(*i, "sub_param_shard_widths", w);
-      }
-      std::vector<std::pair<std::string, std::string>> names;
-      for (size_t k = 0; k < S_.atoms.size(); ++k) names.emplace_back(S_.atoms[k].name, P_.names[k]);
-      SetItem(*root, "universal_checkpoint_info", RenameRules(*i, names, S_.naming, NamingOf(T_), S_.layers));
-    }
-    return root;
-  }
-
   const Source& S_;
-  const TargetLayout& T_;
-  const Plan& P_;
   const HeldPieces& H_;
   const Unit& U_;
-  std::string dir_;
-  ScratchBytes& arena_;
-  std::vector<std::shared_ptr<uint8_t[]>> lp_;
-  std::map<int, ValuePtr> steps_;
   double read_seconds_ = 0;
-  int64_t bytes_written_ = 0, files_written_ = 0;
   struct Tail {
     int64_t lo = 0, hi = 0;
     uint64_t used = 0;
@@ -713,6 +234,8 @@ class UnitWriter {
   int64_t tail_bytes_ = 0;
   uint64_t clock_ = 0;
 };
+
+
 
 }  // namespace
 
@@ -729,7 +252,9 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   TargetLayout T;
   LayoutChoice choice;
   std::string tag;  // the source's, the target's folder name
+  const formats::TargetDriver* target_driver = nullptr;
   std::string error = Capture([&] {
+    target_driver = &formats::FindTarget(o.format);
     if (!o.plan_only && !o.in_place) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
     S = LoadSource(o.atomic_dir);
     WithContext(o.atomic_dir + "/" + store::kManifestName, [&] {
@@ -845,10 +370,10 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
     int64_t done = 0;
     for (size_t k = 0; k < P.units.size(); ++k) {
       if (P.owner[k] != rank) continue;
-      UnitWriter writer(S, T, P, held, P.units[k], dir, arena);
-      writer.Write();
-      unit_reads += writer.read_seconds();
-      bytes_written += writer.bytes_written(), files_written += writer.files_written();
+      UnitSlices slices(S, held, P.units[k]);
+      const UnitFiles wrote = target_driver->write_unit(S, T, P, P.units[k], slices, dir, arena);
+      unit_reads += slices.read_seconds();
+      bytes_written += wrote.bytes, files_written += wrote.files;
       held.Done(P.units[k]);
       planned += P.units[k].bytes;
       progress.Update(done += P.units[k].bytes);

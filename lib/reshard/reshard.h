@@ -8,8 +8,8 @@
 #include <ostream>
 #include <string>
 
-#include "reshard/planner.h"
-#include "reshard/target.h"
+#include "target/planner.h"
+#include "target/target.h"
 #include "shuffle/comm.h"
 
 namespace ucp::reshard {
@@ -17,6 +17,7 @@ namespace ucp::reshard {
 struct ReshardOptions {
   std::string atomic_dir, output;
   TargetLayout target;
+  std::string format = "deepspeed";  // the target driver (formats/registry.h) that writes the files
   bool plan_only = false, json = false, quiet = false, force = false;
   bool progress = false;  // a live progress line on rank 0 (the app sets it when stderr is a terminal)
   // Pieces several units need (TP-replicated parameters, the tied embedding) are read once and

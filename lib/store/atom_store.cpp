@@ -18,12 +18,17 @@ namespace {
 struct StoreEntry {
   StoreKind kind;
   const char* name;
+  const char* description;
   std::unique_ptr<AtomReader> (*open)(const std::string&, nlohmann::json);
   std::unique_ptr<AtomWriter> (*create)(const std::string&, std::vector<AtomSpec>, shuffle::Comm&);
 };
 const StoreEntry kStores[] = {
-    {StoreKind::Pt, "pt", OpenPtReader, CreatePtWriter},
-    {StoreKind::Hdf5, "hdf5", OpenH5Reader, CreateH5Writer},
+    {StoreKind::Pt, "pt",
+     "DeepSpeed's universal checkpoint layout, zero/<param>/{fp32,exp_avg,exp_avg_sq}.pt, which its "
+     "load_universal reads",
+     OpenPtReader, CreatePtWriter},
+    {StoreKind::Hdf5, "hdf5", "one atoms.h5 (schemas/atoms-h5.schema.json), written in parallel through MPI-IO",
+     OpenH5Reader, CreateH5Writer},
 };
 
 const StoreEntry& EntryOf(StoreKind kind) {
@@ -35,6 +40,12 @@ const StoreEntry& EntryOf(StoreKind kind) {
 }  // namespace
 
 std::string_view StoreName(StoreKind kind) { return EntryOf(kind).name; }
+
+std::vector<std::pair<std::string, std::string>> StoreDescriptions() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& e : kStores) out.emplace_back(e.name, e.description);
+  return out;
+}
 
 StoreKind StoreFromName(const std::string& name) {
   std::string known;

@@ -33,7 +33,9 @@ namespace ucp::store {
 enum class StoreKind { Pt, Hdf5 };
 std::string_view StoreName(StoreKind kind);    // "pt", "hdf5"
 StoreKind StoreFromName(const std::string& name);  // throws ucp::Error listing the known stores
-StoreKind StoreOf(const nlohmann::json& manifest);  // its "store"; absent: pt (format_version 1 folders)
+StoreKind StoreOf(const nlohmann::json& manifest);
+// Every store, (name, what it is), for ucp-inspect --list-formats.
+std::vector<std::pair<std::string, std::string>> StoreDescriptions();  // its "store"; absent: pt (format_version 1 folders)
 
 inline constexpr const char* kAtomsH5 = "atoms.h5";
 inline constexpr int kAtomsH5Version = 1;  // the layout of atoms.h5, schemas/atoms-h5.schema.json

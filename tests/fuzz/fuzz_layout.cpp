@@ -2,7 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz_support.h"
-#include "reshard/target.h"
+#include "target/target.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   return ucp::fuzz::Run([&] {

@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/names.h"
 #include "patterns/rules.h"
-#include "reshard/naming.h"
+#include "target/naming.h"
 #include "store/atomic_store.h"
 
 using namespace ucp;

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "reshard/planner.h"
+#include "target/planner.h"
 
 using namespace ucp;
 using namespace ucp::reshard;

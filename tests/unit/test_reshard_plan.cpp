@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "reshard/reshard_plan.h"
+#include "target/reshard_plan.h"
 #include "test_support.h"
 
 using namespace ucp;

@@ -329,7 +329,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     if (zero3_files) {
       f.tp = mps[fi], f.pp = 0;  // ZeRO-3 names files by TP rank (no PP)
     } else {
-      f.pp = mps[fi] / L.tp, f.tp = mps[fi] % L.tp;
+      f.pp = mps[fi] / L.tp, f.tp = mps[fi] % L.tp;  // the inverse of MpRank
     }
   }
 
@@ -342,7 +342,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   };
   for (int pp = 0; pp < L.pp; ++pp)
     for (int tp = 0; tp < L.tp; ++tp) {
-      const int mp = zero3_files ? tp : pp * L.tp + tp;
+      const int mp = zero3_files ? tp : MpRank(pp, tp, L.tp);
       std::string coords = "pp=" + std::to_string(pp) + ", tp=" + std::to_string(tp);
       if (!zero3_files) expect(ModelStatesFileName(mp), coords);
       for (int dp = 0; dp < L.dp; ++dp) {

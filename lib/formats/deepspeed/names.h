@@ -24,6 +24,8 @@ std::optional<FileName> ParseFileName(const std::string& name);
 // A name of a Mixture-of-Experts layout (layer_L_expert_E_mp_rank_XX_*, expp_rank_R_mp_rank_XX_*).
 bool IsMoeFileName(const std::string& name);
 
+// The model-parallel rank of (pp, tp) under TP degree `tp_degree`, as DeepSpeed numbers its files.
+inline int MpRank(int pp, int tp, int tp_degree) { return pp * tp_degree + tp; }
 std::string MpRankName(int mp);                                                  // "07"
 std::string ModelStatesFileName(int mp);                                         // mp_rank_07_model_states.pt
 std::string Zero3ModelStatesFileName(int dp, int mp);                            // zero_pp_rank_3_mp_rank_07_model_states.pt

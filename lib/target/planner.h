@@ -34,7 +34,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "reshard/target.h"
+#include "target/target.h"
 
 namespace ucp::reshard {
 

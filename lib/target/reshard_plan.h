@@ -17,9 +17,9 @@
 #include "patterns/rules.h"
 #include "plan/convert_plan.h"
 #include "pt/torch_file.h"
-#include "reshard/naming.h"
-#include "reshard/planner.h"
-#include "reshard/target.h"
+#include "target/naming.h"
+#include "target/planner.h"
+#include "target/target.h"
 #include "store/atom_store.h"
 
 namespace ucp::reshard {
@@ -85,6 +85,20 @@ struct Plan {
   std::vector<std::string> names;  // per atom: its name in the target's naming
   int64_t padded_vocab = 0, needed_bytes = 0;
   int embedding_stage = 0;
+};
+
+// Where a target driver's writer takes a unit's values from: local elements [a, b) of the unit's
+// parameter k (an index into Unit::params), state s (plan::State), as float32. ucp-reshard's
+// implementation reads the atomic store or copies a piece held for several units.
+class SliceSource {
+ public:
+  virtual ~SliceSource() = default;
+  virtual void Read(size_t k, int s, int64_t a, int64_t b, float* dst) = 0;
+};
+
+// What a target driver's writer wrote for one unit.
+struct UnitFiles {
+  int64_t bytes = 0, files = 0;
 };
 
 // Reads the atomic checkpoint's manifest, model-states and optimizer-state side files. Throws

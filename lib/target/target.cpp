@@ -1,4 +1,4 @@
-#include "reshard/target.h"
+#include "target/target.h"
 
 #include <algorithm>
 #include <fstream>

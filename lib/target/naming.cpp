@@ -1,4 +1,4 @@
-#include "reshard/naming.h"
+#include "target/naming.h"
 
 #include <regex>
 

@@ -1,4 +1,4 @@
-#include "reshard/planner.h"
+#include "target/planner.h"
 
 #include <algorithm>
 #include <cstdio>

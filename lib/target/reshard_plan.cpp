@@ -1,4 +1,4 @@
-#include "reshard/reshard_plan.h"
+#include "target/reshard_plan.h"
 
 #include <algorithm>
 #include <map>
@@ -8,7 +8,6 @@
 
 #include "core/error.h"
 #include "pt/value.h"
-#include "formats/deepspeed/names.h"
 
 namespace ucp::reshard {
 using nlohmann::json;
@@ -80,14 +79,14 @@ Source LoadSource(const std::string& dir) {
     throw Error(dir + ": the manifest's source naming is '" + naming + "'; ucp-reshard knows GPTModelPipe ('pipe') "
                 "and GPTModel ('plain') names");
   S.naming = naming == "pipe" ? Naming::Pipe : Naming::Plain;
-  // The model-states file of model-parallel rank 0: mp_rank_00_model_states.pt, or under ZeRO-3
-  // zero_pp_rank_0_mp_rank_00_model_states.pt.
+  // The model-states file of model-parallel rank 0, which the atomic checkpoint carries at its top
+  // level (the universal layout: mp_rank_00_model_states.pt, or under ZeRO-3
+  // zero_pp_rank_0_mp_rank_00_model_states.pt): the first such name, in name order.
   std::string model_file;
   for (const auto& f : S.manifest["files"]) {
     const std::string p = f["path"];
-    const auto name = deepspeed::ParseFileName(p);
-    const bool model = name && (name->kind == deepspeed::FileKind::ModelStates ||
-                                (name->kind == deepspeed::FileKind::Zero3ModelStates && name->dp == 0));
+    const std::string_view suffix = "model_states.pt";
+    const bool model = p.find('/') == std::string::npos && p.size() > suffix.size() && p.ends_with(suffix);
     if (model && (model_file.empty() || p < model_file)) model_file = p;
   }
   if (model_file.empty()) throw Error(dir + ": the manifest lists no mp_rank_*_model_states.pt");

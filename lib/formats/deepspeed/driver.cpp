@@ -1,0 +1,30 @@
+// The DeepSpeed format's rows of the registry (formats/registry.h): its source driver (index.h)
+// and its target driver (writer.h).
+#include "formats/driver.h"
+#include "formats/deepspeed/index.h"
+#include "formats/deepspeed/writer.h"
+
+namespace ucp::formats {
+
+const SourceDriver& DeepSpeedSource() {
+  static constexpr SourceDriver driver = {"deepspeed",
+     "DeepSpeed and Megatron-DeepSpeed native checkpoints: ZeRO stages 0-3, the BF16 optimizer, TP, PP and DP "
+     "(DeepSpeed 0.12 and later); the pipeline's layer files or a plain module",
+     "mp_rank_XX_model_states.pt, [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt, "
+     "zero_pp_rank_D_mp_rank_XX_model_states.pt, layer_LL-model_TT-model_states.pt",
+     deepspeed::LooksLikeCheckpoint, deepspeed::IndexCheckpoint};
+  return driver;
+}
+
+const TargetDriver& DeepSpeedTarget() {
+  static constexpr TargetDriver driver = {"deepspeed",
+     "DeepSpeed / Megatron-DeepSpeed native checkpoints for a new layout (ucp-reshard): ZeRO-1/2 flat partitions "
+     "with DeepSpeed's alignment padding, the BF16 optimizer (ZeRO-0/1 bf16), ZeRO-3 per-rank files; a "
+     "PipelineModule's layer files or a plain module; loaded by the job's ordinary --load",
+     "mp_rank_XX_model_states.pt, [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt, "
+     "zero_pp_rank_D_mp_rank_XX_model_states.pt, layer_LL-model_TT-model_states.pt, latest",
+     deepspeed::WriteUnit};
+  return driver;
+}
+
+}  // namespace ucp::formats
