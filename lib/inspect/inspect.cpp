@@ -42,7 +42,7 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
   r["optimizer"] = L.optimizer;
   r["zero_stage"] = L.zero_stage;
   r["dtype"] = L.dtype;
-  r["degrees"] = {{"dp", L.dp}, {"tp", L.tp}, {"pp", L.pp}};
+  r["degrees"] = {{"dp", L.dp}, {"tp", L.tp}, {"pp", L.pp}, {"ep", L.ep}};
   r["iteration"] = L.iteration;
   r["naming"] = L.naming;
   json files = json::array();
@@ -51,6 +51,7 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
     if (f.layer >= 0) e["layer"] = f.layer;
     else e["pp"] = f.pp;
     if (f.per_dp) e["dp"] = f.dp;
+    if (f.expert >= 0) e["expert"] = f.expert;
     files.push_back(e);
   }
   r["files"] = files;
@@ -149,7 +150,8 @@ int RunInspect(const std::string& dir, const InspectOptions& options, std::ostre
         << "format       " << r["format"].get<std::string>() << "  (ucp-inspect --list-formats)\n"
         << "framework    " << r["framework"].get<std::string>() << "  (DeepSpeed " << r["ds_version"].get<std::string>()
         << ", " << r["naming"].get<std::string>() << " naming)\n"
-        << "layout       dp=" << d["dp"] << " tp=" << d["tp"] << " pp=" << d["pp"] << "  ZeRO-" << r["zero_stage"]
+        << "layout       dp=" << d["dp"] << " tp=" << d["tp"] << " pp=" << d["pp"]
+        << (d["ep"] != 1 ? " ep=" + d["ep"].dump() : "") << "  ZeRO-" << r["zero_stage"]
         << " (" << r["optimizer"].get<std::string>() << "), " << r["dtype"].get<std::string>() << "\n"
         << "iteration    " << r["iteration"] << "\n";
     const auto& uc = r["universal_checkpoint_info"];

@@ -149,7 +149,8 @@ int RunInspectAtomic(const std::string& dir, const InspectOptions& options, std:
     text << "atomic checkpoint  " << dir << "  (format " << r["format_version"] << ", ucp " << r["ucp_version"].get<std::string>()
         << ", " << r["created"].get<std::string>() << ")\n"
         << "converted from     " << s.at("path").get<std::string>() << "  (tag " << s.at("tag").get<std::string>() << ")\n"
-        << "source layout      dp=" << s.at("dp") << " tp=" << s.at("tp") << " pp=" << s.at("pp") << "  ZeRO-" << s.at("zero_stage") << " ("
+        << "source layout      dp=" << s.at("dp") << " tp=" << s.at("tp") << " pp=" << s.at("pp")
+        << (s.value("moe", false) ? " ep=" + std::to_string(s.value("ep", 1)) + " (Mixture of Experts)" : "") << "  ZeRO-" << s.at("zero_stage") << " ("
         << s.at("optimizer").get<std::string>() << "), " << s.at("dtype").get<std::string>() << ", iteration " << s.at("iteration")
         << ", DeepSpeed " << s.at("ds_version").get<std::string>() << "\n"
         << "model rules        "

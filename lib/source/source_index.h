@@ -31,7 +31,8 @@ struct ShardFile {
   bool carried = false;    // copied as it is into the atomic checkpoint (what its loader reads besides the tensors)
   bool per_dp = false;     // one per DP rank (its dp coordinate means something)
   int pp = 0, tp = 0, dp = 0;
-  int layer = -1;          // a layer's file: its layer spec
+  int layer = -1;          // a layer's file: its layer spec; an expert's file: its MoE layer's ordinal
+  int expert = -1;         // an expert's file: the global expert id
   // data files: per param group, where its fp32 master weights, exp_avg and exp_avg_sq lie
   std::vector<std::array<Extent, 3>> groups;
 };
@@ -63,6 +64,8 @@ struct SourceIndex {
   int zero_stage = 0;
   std::string dtype;  // training dtype: fp16, bf16, fp32
   int dp = 1, tp = 1, pp = 1;
+  bool moe = false;  // Mixture of Experts: expert parameters, each under its global expert id
+  int ep = 1;        // expert parallelism: experts split over ep ranks, each replicated dp / ep times
   int64_t iteration = 0;
   std::string ds_version;  // the writer's version, as the files record it
   std::string naming;      // "pipe" (layer files; GPTModelPipe names) or "plain"

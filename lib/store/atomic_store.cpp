@@ -338,6 +338,7 @@ nlohmann::json SourceJson(const source::SourceIndex& L, const patterns::ModelPat
                         {"ds_version", L.ds_version},
                         {"naming", L.naming},
                         {"fingerprint", source::FolderFingerprint(L.dir)}};
+  if (L.moe) src["moe"] = true, src["ep"] = L.ep;
   if (M.checkpoint_rules && M.checkpoint_rules->version) src["universal_checkpoint_version"] = *M.checkpoint_rules->version;
   else src["universal_checkpoint_version"] = nullptr;
   return src;

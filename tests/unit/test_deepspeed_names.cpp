@@ -67,10 +67,18 @@ TEST_CASE("deepspeed names: the numbers in a name, and names that are not a dens
   CHECK(ModelStatesFileName(0) == "mp_rank_00_model_states.pt");
   CHECK(ModelStatesFileName(123) == "mp_rank_123_model_states.pt");
   CHECK(OptimStatesFileName("", 0, 1) == "zero_pp_rank_0_mp_rank_01_optim_states.pt");
-  for (const std::string moe : {"layer_3_expert_5_mp_rank_00_model_states.pt", "expp_rank_1_mp_rank_00_optim_states.pt"}) {
-    CHECK(!ParseFileName(moe));
+  for (const std::string moe : {"layer_3_expert_5_mp_rank_00_model_states.pt", "expp_rank_1_mp_rank_02_optim_states.pt"}) {
     CHECK(IsMoeFileName(moe));
+    f = ParseFileName(moe);
+    REQUIRE(f);
+    CHECK(FormatFileName(*f) == moe);
   }
+  f = ParseFileName("layer_3_expert_5_mp_rank_01_model_states.pt");
+  REQUIRE(f);
+  CHECK((f->kind == FileKind::ExpertStates && f->layer == 3 && f->expert == 5 && f->mp == 1));
+  f = ParseFileName("expp_rank_1_mp_rank_02_optim_states.pt");
+  REQUIRE(f);
+  CHECK((f->kind == FileKind::ExpertOptimizer && f->dp == 1 && f->mp == 2));
   CHECK(!ParseFileName("mp_rank_00_model_states.pt.tmp"));
   CHECK(!ParseFileName("optimizer_state.pt"));
 }

@@ -1,6 +1,8 @@
 #include "formats/deepspeed/index.h"
 
 #include <algorithm>
+#include <cctype>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -65,7 +67,9 @@ std::vector<int64_t> Shape(const Value& v) {
 constexpr std::pair<FileKind, const char*> kKindNames[] = {{FileKind::ModelStates, "model_states"},
                                                            {FileKind::LayerStates, "layer_states"},
                                                            {FileKind::ZeroOptimizer, "optimizer_states"},
-                                                           {FileKind::Zero3ModelStates, "zero3_model_states"}};
+                                                           {FileKind::Zero3ModelStates, "zero3_model_states"},
+                                                           {FileKind::ExpertStates, "expert_states"},
+                                                           {FileKind::ExpertOptimizer, "expert_optimizer_states"}};
 const char* KindName(FileKind k) {
   for (const auto& [kind, name] : kKindNames)
     if (kind == k) return name;
@@ -77,11 +81,130 @@ FileKind KindOf(const ShardFile& f) {
   throw Error("internal: file kind '" + f.kind + "'");
 }
 
+// An expert parameter's name: <prefix>deepspeed_experts.<id>.<rest> (deepspeed.moe.experts.Experts).
+// In the model-states and optimizer files <id> is the expert's index on its expert-parallel rank;
+// in the expert files it is the global id.
+struct ExpertName {
+  std::string prefix;  // up to and with "deepspeed_experts."
+  int id = 0;
+  std::string rest;    // from the '.' after the id
+};
+std::optional<ExpertName> ExpertOf(const std::string& name) {
+  static const std::string tag = ".deepspeed_experts.";
+  const size_t at = name.find(tag);
+  if (at == std::string::npos) return std::nullopt;
+  const size_t b = at + tag.size(), e = name.find('.', b);
+  if (e == std::string::npos || e == b || e - b > 6) return std::nullopt;
+  for (size_t k = b; k < e; ++k)
+    if (!std::isdigit(static_cast<unsigned char>(name[k]))) return std::nullopt;
+  return ExpertName{name.substr(0, b), std::stoi(name.substr(b, e - b)), name.substr(e)};
+}
+
+// What a Mixture-of-Experts checkpoint says of its parameters instead of param_shapes.
+struct MoeShapes {
+  std::map<std::string, std::set<int>> experts;  // expert prefix -> the global ids of its expert files
+
+  void Add(const std::string& name, const ShardFile& f, const std::vector<int64_t>& shape, SourceIndex& L,
+           std::map<std::string, size_t>& index) {
+    pt::CheckedNumel(shape);
+    auto [it, inserted] = index.emplace(name, L.params.size());
+    if (inserted) L.params.push_back(ParamRecord{name, -1, {}, {}});
+    ParamRecord& p = L.params[it->second];
+    p.stages.insert(f.pp);
+    auto [s, fresh] = p.tp_shape.emplace(f.tp, shape);
+    if (!fresh && s->second != shape)
+      L.problems.push_back(f.name + ": parameter '" + name + "' has shape " + pt::ShapeString(shape) + " at tp=" +
+                           std::to_string(f.tp) + " but " + pt::ShapeString(s->second) + " in another file");
+  }
+
+  // The global name of an expert parameter that expert-parallel rank `ep_rank` of `ep` names by
+  // its local index. Throws ucp::Error saying what does not fit.
+  std::string Global(const std::string& name, int ep_rank, int ep) const {
+    const auto e = ExpertOf(name);
+    if (!e) throw Error("parameter '" + name + "' is in an expert group but names no deepspeed_experts.<id>");
+    auto it = experts.find(e->prefix);
+    if (it == experts.end()) throw Error("parameter '" + name + "': no layer_*_expert_*_model_states.pt holds its layer's experts");
+    const int total = static_cast<int>(it->second.size());
+    if (total % ep != 0)
+      throw Error("'" + e->prefix + "' has " + std::to_string(total) + " expert files, not a multiple of the " +
+                  std::to_string(ep) + " expert-parallel ranks");
+    const int local = total / ep;
+    if (e->id >= local)
+      throw Error("parameter '" + name + "': local expert " + std::to_string(e->id) + " of " + std::to_string(local) +
+                  " per expert-parallel rank");
+    return e->prefix + std::to_string(ep_rank * local + e->id) + e->rest;
+  }
+};
+
+// Whether optimizer param group g holds experts ('moe': True, DeepSpeed's
+// split_params_into_different_moe_groups_for_optimizer).
+bool IsExpertGroup(const Value& osd, size_t g) {
+  auto base = osd.Get("base_optimizer_state");
+  auto groups = base ? base->Get("param_groups") : nullptr;
+  if (!groups) return false;
+  const auto& list = groups->AsSequence();
+  if (g >= list.size()) return false;
+  auto m = list[g]->Get("moe");
+  return m && m->kind == Value::Kind::Bool && m->b;
+}
+
+std::string Coord(const ShardFile& f);
+using GroupParams = std::map<std::tuple<int, int, int>, std::vector<std::pair<std::string, int64_t>>>;
+
+// A Mixture-of-Experts index, after every optimizer file: each fragment made relative to its
+// parameter's first element (the smallest flat position that parameter has), each parameter's
+// group, the groups' parameter lists for the coverage check, and what is not supported.
+void FinishMoe(SourceIndex& L, GroupParams& group_params, bool zero_files, const Value& model_root) {
+  if (!zero_files)
+    L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint without ZeRO optimizer files (the optimizer state "
+                       "inside expp_rank_*_mp_rank_*_optim_states.pt, ZeRO stage 0) is not supported yet");
+  if (L.zero_stage == 3)
+    L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint under ZeRO-3 is not supported yet");
+  std::map<int, std::pair<int64_t, const Fragment*>> first;  // param -> its smallest flat position
+  for (const auto& fr : L.fragments) {
+    auto [it, fresh] = first.emplace(fr.param, std::make_pair(fr.dst_start, &fr));
+    if (!fresh && fr.dst_start < it->second.first) it->second = {fr.dst_start, &fr};
+  }
+  for (auto& fr : L.fragments) fr.dst_start -= first.at(fr.param).first;
+  std::map<std::tuple<int, int, int>, std::vector<std::tuple<int64_t, std::string, int64_t>>> lists;
+  for (size_t k = 0; k < L.params.size(); ++k) {
+    ParamRecord& p = L.params[k];
+    auto it = first.find(static_cast<int>(k));
+    if (it == first.end()) {
+      L.problems.push_back("parameter '" + p.name + "' is in the model but in no optimizer group (missing fragment)");
+      continue;
+    }
+    const Fragment& fr = *it->second.second;
+    const ShardFile& f = L.files[fr.file];
+    p.group = fr.group;
+    const auto shape = p.tp_shape.find(f.tp);
+    if (shape == p.tp_shape.end()) continue;
+    lists[{f.pp, f.tp, fr.group}].emplace_back(it->second.first, p.name, pt::Numel(shape->second));
+  }
+  for (auto& [key, list] : lists) {
+    std::sort(list.begin(), list.end());
+    for (const auto& [at, name, numel] : list) group_params[key].push_back({name, numel});
+  }
+  // The model-states file's num_experts (one count per MoE layer) against the expert files.
+  if (auto n = model_root.Get("num_experts"); n && n->kind == Value::Kind::List) {
+    std::map<int, std::set<int>> files;  // MoE layer ordinal -> global expert ids, at mp 0
+    for (const auto& f : L.files)
+      if (f.expert >= 0 && f.pp == 0 && f.tp == 0) files[f.layer].insert(f.expert);
+    const auto& counts = n->AsSequence();
+    for (size_t layer = 0; layer < counts.size(); ++layer) {
+      const int64_t want = counts[layer]->AsInt();
+      const auto& have = files[static_cast<int>(layer)];
+      for (int64_t e = 0; e < want; ++e)
+        if (!have.count(static_cast<int>(e)))
+          L.problems.push_back("missing rank file " + ExpertStatesFileName(static_cast<int>(layer), static_cast<int>(e), 0) +
+                               " (MoE layer " + std::to_string(layer) + " has " + std::to_string(want) + " experts)");
+    }
+  }
+}
+
 std::string Coord(const ShardFile& f) {
   return "(pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) + ", dp=" + std::to_string(f.dp) + ")";
 }
-
-using GroupParams = std::map<std::tuple<int, int, int>, std::vector<std::pair<std::string, int64_t>>>;
 
 // Two checks on the fragments. In each file's flat group buffer no two fragments may share an
 // element (an overlap: a corrupt mapping or a foreign file). And every element of every
@@ -205,10 +328,6 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   std::vector<int> mps;  // per file: the model-parallel rank its name holds
   for (const auto& n : names) {
     const auto parsed = ParseFileName(n);
-    if (!parsed && IsMoeFileName(n)) {
-      L.errors.push_back(n + ": DeepSpeed MoE expert files are not supported yet");
-      continue;
-    }
     if (!parsed) {
       if (n.size() > 3 && n.substr(n.size() - 3) == ".pt") L.notes.push_back(n + ": unrecognised file name, ignored");
       continue;
@@ -217,8 +336,10 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     f.name = n, f.kind = KindName(parsed->kind), f.dp = parsed->dp;
     f.data = parsed->kind == FileKind::ZeroOptimizer;
     f.carried = parsed->kind == FileKind::ModelStates || parsed->kind == FileKind::Zero3ModelStates;
-    f.per_dp = parsed->kind == FileKind::ZeroOptimizer || parsed->kind == FileKind::Zero3ModelStates;
+    f.per_dp = parsed->kind == FileKind::ZeroOptimizer || parsed->kind == FileKind::Zero3ModelStates ||
+               parsed->kind == FileKind::ExpertOptimizer;
     if (parsed->kind == FileKind::LayerStates) f.layer = parsed->layer, f.tp = parsed->tp;
+    if (parsed->kind == FileKind::ExpertStates) f.layer = parsed->layer, f.expert = parsed->expert;
     mps.push_back(parsed->mp);
     any_bf16_prefix |= parsed->prefix == "bf16_";
     L.files.push_back(f);
@@ -276,14 +397,28 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   L.framework = args ? "megatron-deepspeed" : "deepspeed";
   int mp_world = 1, dp_world = 1;
   int config_stage = -1;  // ds_config.zero_optimization.stage of the model-states file
+  // A Mixture-of-Experts save (engine._save_moe_checkpoint) writes no ds_config, ds_version or
+  // param_shapes into the model-states file; its ZeRO optimizer files have the first two.
+  const bool moe = count(FileKind::ExpertStates) > 0 || root.Get("num_experts");
+  pt::ValuePtr config = root.Get("ds_config"), version = root.Get("ds_version");
+  if (moe && !config)
+    for (const auto& f : L.files)
+      if (f.data && f.dp == 0 && mps[&f - L.files.data()] == 0)
+        if (auto file = parse(f)) {
+          const Value& r = *file->root;
+          config = r.Get("ds_config"), version = r.Get("ds_version");
+          L.notes.push_back("Mixture of Experts: ds_config and ds_version read from " + f.name +
+                            " (the MoE model-states file has neither)");
+          break;
+        }
   in_first("training state", [&] {
-    if (auto v = root.Get("ds_version")) L.ds_version = v->kind == Value::Kind::Str ? v->s : "";
+    if (version) L.ds_version = version->kind == Value::Kind::Str ? version->s : "";
     if (auto v = root.Get("iteration")) L.iteration = v->AsInt();
     else if (auto g = root.Get("global_steps")) L.iteration = g->AsInt();
     mp_world = static_cast<int>(root.At("mp_world_size").AsInt());
     dp_world = static_cast<int>(root.At("dp_world_size").AsInt());
     L.dtype = "fp32";
-    if (auto cfg = root.Get("ds_config"); cfg && cfg->kind == Value::Kind::Dict) {
+    if (const auto& cfg = config; cfg && cfg->kind == Value::Kind::Dict) {
       auto enabled = [&](const char* key) {
         auto sec = cfg->Get(key);
         auto en = sec ? sec->Get("enabled") : nullptr;
@@ -369,7 +504,32 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   // 5. Parameters and their per-TP shapes, from each model file's param_shapes.
   std::map<std::string, size_t> index;
   GroupParams group_params;  // (pp,tp,g)
+  // Mixture of Experts: no param_shapes. The shapes are the module's tensors (the model-states file
+  // holds every parameter but the experts) and the expert files' (each expert under its global id);
+  // the optimizer groups, their order and the flat offsets come from the ZeRO files' mappings (step 6).
+  MoeShapes moe_shapes;
+  if (moe) {
+    for (auto* f : model_files)
+      if (auto file = parse(*f)) try {
+          for (const auto& item : file->root->At("module").AsDict().items())
+            moe_shapes.Add(item.key->AsStr(), *f, item.value->AsTensor().shape, L, index);
+        } catch (const std::exception& e) {
+          L.errors.push_back(L.dir + "/" + f->name + ": module: " + e.what());
+        }
+    for (auto& f : L.files)
+      if (KindOf(f) == FileKind::ExpertStates)
+        if (auto file = parse(f)) try {
+            for (const auto& item : file->root->AsDict().items()) {
+              const std::string& name = item.key->AsStr();
+              moe_shapes.Add(name, f, item.value->AsTensor().shape, L, index);
+              if (auto e = ExpertOf(name)) moe_shapes.experts[e->prefix].insert(e->id);
+            }
+          } catch (const std::exception& e) {
+            L.errors.push_back(L.dir + "/" + f.name + ": " + e.what());
+          }
+  }
   for (auto* f : model_files) {
+    if (moe) break;
     if (zero3_files && f->dp != 0) continue;  // every ZeRO-3 rank repeats the same shapes
     auto file = parse(*f);
     if (!file) continue;
@@ -424,10 +584,19 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
       if (pc.kind == Value::Kind::Int) counts.push_back(pc.i);
       else
         for (const auto& c : pc.AsSequence()) counts.push_back(c->AsInt());
-      for (int64_t c : counts)
-        if (c != L.dp)
-          L.problems.push_back(where + ": partition_count " + std::to_string(c) + " != dp_world_size " +
-                               std::to_string(L.dp));
+      for (size_t g = 0; g < counts.size(); ++g) {
+        int64_t expected = L.dp;
+        if (moe && IsExpertGroup(osd, g)) {
+          // Expert groups are partitioned over the expert-data-parallel group, dp / ep ranks.
+          if (L.ep == 1 && counts[g] > 0 && counts[g] < L.dp && L.dp % counts[g] == 0)
+            L.ep = static_cast<int>(L.dp / counts[g]);
+          expected = L.dp / L.ep;
+        }
+        if (counts[g] != expected)
+          L.problems.push_back(where + ": partition_count " + std::to_string(counts[g]) + " of group " +
+                               std::to_string(g) + " != " + std::to_string(expected) +
+                               (expected == L.dp ? " (dp_world_size)" : " (dp / ep)"));
+      }
       auto flat = FlatGroupsOf(*file->root, stage);
       const uint8_t* base = file->archive->file()->bytes().data();
       auto extent = [&](const pt::TensorView& t) {
@@ -475,6 +644,19 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
         L.zero_padding_elements += osd.At("group_paddings").AsSequence().at(g)->AsInt();
         const auto& mappings = osd.At("param_slice_mappings").AsSequence();
         if (g >= mappings.size()) throw Error("param_slice_mappings has no group " + std::to_string(g));
+        if (moe) {
+          // Fragments at their flat position in the group's buffer (one per expert-parallel rank for
+          // an expert group); made relative to each parameter's first element below.
+          const bool experts = IsExpertGroup(osd, g);
+          const int ep_rank = experts ? f.dp % L.ep : 0;
+          const int64_t part = experts ? f.dp / L.ep : f.dp;
+          for (const auto& item : mappings[g]->AsDict().items()) {
+            const std::string name = experts ? moe_shapes.Global(item.key->AsStr(), ep_rank, L.ep) : item.key->AsStr();
+            const int64_t start = item.value->At("start").AsInt(), numel = item.value->At("numel").AsInt();
+            add(name, start, numel, part * partition + start);
+          }
+          continue;
+        }
         auto offsets = offsets_of(f.pp, f.tp, gi);
         for (const auto& item : mappings[g]->AsDict().items()) {
           const std::string& name = item.key->AsStr();
@@ -499,6 +681,8 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   // 1, is the one its ds_config names.
   if (L.optimizer == "bf16_optimizer" && (config_stage == 0 || config_stage == 1)) L.zero_stage = config_stage;
   if (L.optimizer.empty()) L.optimizer = zero3_files ? "zero3" : "zero";
+  L.moe = moe;
+  if (moe) FinishMoe(L, group_params, count(FileKind::ZeroOptimizer) > 0, root);
   CheckCoverage(L, group_params, partitions);
   if (zero3_files != (L.zero_stage == 3))
     L.problems.push_back("ZeRO-3 model files present but optimizer files say stage " + std::to_string(L.zero_stage));

@@ -1,0 +1,155 @@
+"""A real DeepSpeed Mixture-of-Experts checkpoint (expert parallelism, ZeRO-1/2) through ucp-inspect
+and ucp-convert, on 1 and 2 ranks, checked against what DeepSpeed itself wrote:
+
+    real_moe.py INSPECT CONVERT RESHARD CASE_DIR WORK MPIEXEC
+
+- ucp-inspect reads it cleanly and reports the expert-parallel degree the case was trained with
+  (case.json's --ep-size) and every expert file;
+- fp32: every atomic tensor equals, byte for byte, the weight DeepSpeed saved for that parameter
+  (fp32 training: the master weights are the model's): the non-expert parameters from
+  mp_rank_00_model_states.pt's module (vocabulary padding rows dropped), each expert parameter from
+  its layer_<L>_expert_<E>_mp_rank_00_model_states.pt under its global id E. An expert mapped to the
+  wrong global id, or a fragment placed wrongly, fails here;
+- exp_avg / exp_avg_sq: equal to the moments reassembled here from the ZeRO optimizer files
+  (param_slice_mappings; expert groups partitioned over dp / ep ranks, their local expert ids made
+  global by the file's expert-parallel rank), nonzero for every parameter that trained;
+- ucp-reshard refuses the atomic checkpoint (it writes no expert files yet), exit 1, naming it, and
+  leaves no output folder.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ds_stubs  # noqa: E402,F401  DeepSpeed's pickled classes, without DeepSpeed
+
+EXPERT = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..*)$")
+
+
+def load(path):
+    return torch.load(path, map_location="cpu", weights_only=False) if "weights_only" in \
+        torch.load.__code__.co_varnames else torch.load(path, map_location="cpu")
+
+
+def run(cmd, what):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{what} failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def saved_weights(shard):
+    """name -> the tensor DeepSpeed saved: the module, and every expert file under global ids."""
+    out = dict(load(os.path.join(shard, "mp_rank_00_model_states.pt"))["module"])
+    for f in sorted(os.listdir(shard)):
+        if re.fullmatch(r"layer_\d+_expert_\d+_mp_rank_00_model_states\.pt", f):
+            out.update(load(os.path.join(shard, f)))
+    return out
+
+
+def reassembled_moments(shard, ep):
+    """name -> {exp_avg, exp_avg_sq}, from every ZeRO optimizer file."""
+    files = sorted(f for f in os.listdir(shard) if re.fullmatch(r"zero_pp_rank_\d+_mp_rank_00_optim_states\.pt", f))
+    pieces = {}  # name -> list of (flat position, state, tensor)
+    for f in files:
+        d = int(re.match(r"zero_pp_rank_(\d+)_", f).group(1))
+        osd = load(os.path.join(shard, f))["optimizer_state_dict"]
+        groups = osd["base_optimizer_state"]["param_groups"]
+        state = osd["base_optimizer_state"]["state"]
+        for g, mapping in enumerate(osd["param_slice_mappings"]):
+            moe = bool(groups[g].get("moe", False))
+            part = d // ep if moe else d
+            size = state[g]["exp_avg"].numel()
+            for name, frag in mapping.items():
+                if moe:
+                    m = EXPERT.match(name)
+                    name = (m.group(1), int(m.group(2)), m.group(3))
+                pieces.setdefault((name, d % ep if moe else -1), []).append(
+                    (part * size + frag.start, frag.start, frag.numel, state[g]))
+    return pieces
+
+
+def main():
+    inspect, convert, reshard, case, work, mpiexec = sys.argv[1:7]
+    src = os.path.join(case, "ckpt")
+    info = json.load(open(os.path.join(case, "case.json")))
+    ep = int(re.search(r"--ep-size (\d+)", info["train_args"]).group(1))
+    tag = open(os.path.join(src, "latest")).read().strip()
+    shard = os.path.join(src, tag)
+
+    report = json.loads(run([inspect, src, "--json"], "ucp-inspect --json").stdout)
+    assert report["degrees"].get("ep") == ep, f"ucp-inspect says ep={report['degrees'].get('ep')}, the case trained with {ep}"
+    experts = [f for f in report["files"] if f["kind"] == "expert_states"]
+    assert len(experts) == len([f for f in os.listdir(shard) if "_expert_" in f]), "expert files missing from the report"
+    print(f"inspect: dp={report['degrees']['dp']} ep={ep} ZeRO-{report['zero_stage']}, {len(experts)} expert files, "
+          f"{len(report['params'])} parameters")
+
+    saved = saved_weights(shard)
+    # The moments, reassembled from the optimizer files (independently of ucp).
+    num_experts = {}
+    for name in saved:
+        m = EXPERT.match(name)
+        if m:
+            num_experts.setdefault(m.group(1), set()).add(int(m.group(2)))
+    pieces = reassembled_moments(shard, ep)
+    moments = {}
+    for (key, ep_rank), runs in pieces.items():
+        if isinstance(key, tuple):
+            prefix, local, rest = key
+            per_rank = len(num_experts[prefix]) // ep
+            name = f"{prefix}{ep_rank * per_rank + local}{rest}"
+        else:
+            name = key
+        first = min(r[0] for r in runs)
+        numel = saved[name].numel()
+        out = {s: torch.zeros(numel, dtype=torch.float32) for s in ("exp_avg", "exp_avg_sq")}
+        for flat, start, n, st in runs:
+            for s in out:
+                out[s][flat - first:flat - first + n] = st[s][start:start + n]
+        moments[name] = out
+
+    shutil.rmtree(work, ignore_errors=True)
+    for ranks in (1, 2):
+        out = os.path.join(work, f"np{ranks}")
+        cmd = [convert, src, "-o", out, "-q"]
+        if ranks > 1:
+            cmd = [mpiexec, "--oversubscribe", "-np", str(ranks)] + cmd
+        run(cmd, f"ucp-convert on {ranks} rank(s)")
+        zero = os.path.join(out, "zero")
+        params = sorted(p for p in os.listdir(zero) if os.path.isdir(os.path.join(zero, p)))
+        assert sorted(saved) == params, f"atomic parameters differ: {sorted(set(saved) ^ set(params))[:6]}"
+        for name in params:
+            fp32 = load(os.path.join(zero, name, "fp32.pt"))["param"]
+            want = saved[name]
+            if want.shape != fp32.shape:  # the vocabulary padding rows, dropped in the atomic tensor
+                assert want.shape[1:] == fp32.shape[1:] and want.shape[0] > fp32.shape[0], name
+                want = want[:fp32.shape[0]]
+            assert want.dtype == torch.float32 and torch.equal(want.contiguous().view(torch.int32),
+                                                               fp32.contiguous().view(torch.int32)), \
+                f"{name}: fp32 differs from DeepSpeed's saved weight"
+            for s in ("exp_avg", "exp_avg_sq"):
+                got = load(os.path.join(zero, name, f"{s}.pt"))["param"].reshape(-1)
+                ref = moments[name][s]
+                if got.numel() != ref.numel():  # vocabulary rows dropped: the moments of the rows kept
+                    ref = ref.reshape(saved[name].shape)[:fp32.shape[0]].reshape(-1)
+                assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), f"{name}: {s} differs"
+                assert bool(got.abs().sum() > 0), f"{name}: {s} is all zeros"
+        n_exp = sum(1 for p in params if EXPERT.match(p))
+        print(f"np{ranks}: {len(params)} parameters ({n_exp} expert tensors under global ids) equal DeepSpeed's "
+              f"saved weights; moments equal the reassembled ZeRO partitions")
+    target = os.path.join(work, "resharded")
+    r = subprocess.run([reshard, os.path.join(work, "np1"), "-o", target, "--dp", "2", "--tp", "1", "--pp", "1",
+                        "--zero-stage", "1", "--dtype", "fp32"], capture_output=True, text=True)
+    assert r.returncode == 1 and "Mixture-of-Experts atomic checkpoint (ep=" in r.stderr, (r.returncode, r.stderr)
+    assert not os.path.exists(target), "ucp-reshard left an output folder behind"
+    print("ucp-reshard: refused, " + r.stderr.strip().splitlines()[-1][:100])
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
