@@ -102,7 +102,7 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
                 {"dtype", L.dtype},
                 {"group", rec.group},
                 {"stages", rec.stages},
-                {"pattern", patterns::PatternName(p.here)},
+                {"pattern", rec.expert >= 0 ? std::string("Expert") : std::string(patterns::PatternName(p.here))},
                 {"model_pattern", patterns::PatternName(p.model_pattern)},
                 {"reason", Reason(p)},
                 {"vocab", p.vocab},
@@ -111,6 +111,11 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
                 {"bytes_atomic", numel * 4 * 3}};
       if (p.match) e["rule"] = {{"key", p.match->key}, {"pattern", p.match->rule}, {"source", p.match->source}};
       if (!p.sub_param_sizes.empty()) e["sub_param_sizes"] = p.sub_param_sizes;
+      if (rec.expert >= 0) {
+        e["expert"] = {{"id", rec.expert}, {"ep_rank", rec.ep_rank}};
+        e["reason"] = "expert " + std::to_string(rec.expert) + ", whole on expert-parallel rank " +
+                      std::to_string(rec.ep_rank) + " of " + std::to_string(L.ep) + "; under TP>1: " + Reason(p);
+      }
       params.push_back(e);
     }
   }

@@ -42,6 +42,9 @@ struct ParamRecord {
   int group = -1;                                // optimizer param group
   std::map<int, std::vector<int64_t>> tp_shape;  // TP rank -> this rank's shape
   std::set<int> stages;                          // PP stages that hold it
+  // Mixture of Experts: an expert's parameter, under its global expert id, held whole by one
+  // expert-parallel rank (the Expert pattern: EP is the expert axis); -1 for every other parameter.
+  int expert = -1, ep_rank = -1;
 };
 
 // A run of one parameter's elements inside one data file's flat partition of a param group:

@@ -86,6 +86,19 @@ def main():
     assert report["degrees"].get("ep") == ep, f"ucp-inspect says ep={report['degrees'].get('ep')}, the case trained with {ep}"
     experts = [f for f in report["files"] if f["kind"] == "expert_states"]
     assert len(experts) == len([f for f in os.listdir(shard) if "_expert_" in f]), "expert files missing from the report"
+    per_layer = {}
+    for p in report["params"]:
+        m = EXPERT.match(p["name"])
+        if m:
+            per_layer.setdefault(m.group(1), set()).add(int(m.group(2)))
+    for p in report["params"]:
+        m = EXPERT.match(p["name"])
+        if not m:
+            assert p["pattern"] != "Expert", p["name"]
+            continue
+        owner = int(m.group(2)) // (len(per_layer[m.group(1)]) // ep)
+        assert p["pattern"] == "Expert" and p["expert"] == {"id": int(m.group(2)), "ep_rank": owner}, \
+            f"{p['name']}: pattern {p['pattern']}, {p.get('expert')}; expected Expert on expert-parallel rank {owner}"
     print(f"inspect: dp={report['degrees']['dp']} ep={ep} ZeRO-{report['zero_stage']}, {len(experts)} expert files, "
           f"{len(report['params'])} parameters")
 

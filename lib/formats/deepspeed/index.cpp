@@ -100,21 +100,41 @@ std::optional<ExpertName> ExpertOf(const std::string& name) {
   return ExpertName{name.substr(0, b), std::stoi(name.substr(b, e - b)), name.substr(e)};
 }
 
+// Parameter `name` has `shape` in file f (at its pp, tp): recorded, the first time with `group`;
+// a different shape at the same tp is a problem ("... but <other shape> <elsewhere>").
+ParamRecord& RecordShape(SourceIndex& L, std::map<std::string, size_t>& index, const std::string& name, int group,
+                         const ShardFile& f, const std::vector<int64_t>& shape, const char* elsewhere) {
+  auto [it, inserted] = index.emplace(name, L.params.size());
+  if (inserted) L.params.push_back(ParamRecord{name, group, {}, {}});
+  ParamRecord& p = L.params[it->second];
+  p.stages.insert(f.pp);
+  auto [s, fresh] = p.tp_shape.emplace(f.tp, shape);
+  if (!fresh && s->second != shape)
+    L.problems.push_back(f.name + ": parameter '" + name + "' has shape " + pt::ShapeString(shape) + " at tp=" +
+                         std::to_string(f.tp) + " but " + pt::ShapeString(s->second) + " " + elsewhere);
+  return p;
+}
+
 // What a Mixture-of-Experts checkpoint says of its parameters instead of param_shapes.
 struct MoeShapes {
   std::map<std::string, std::set<int>> experts;  // expert prefix -> the global ids of its expert files
+  std::map<std::string, int> layer_of;           // expert prefix -> its MoE layer's ordinal (file names)
+  std::vector<int64_t> num_experts;              // per MoE layer ordinal, from the model-states file
 
   void Add(const std::string& name, const ShardFile& f, const std::vector<int64_t>& shape, SourceIndex& L,
            std::map<std::string, size_t>& index) {
     pt::CheckedNumel(shape);
-    auto [it, inserted] = index.emplace(name, L.params.size());
-    if (inserted) L.params.push_back(ParamRecord{name, -1, {}, {}});
-    ParamRecord& p = L.params[it->second];
-    p.stages.insert(f.pp);
-    auto [s, fresh] = p.tp_shape.emplace(f.tp, shape);
-    if (!fresh && s->second != shape)
-      L.problems.push_back(f.name + ": parameter '" + name + "' has shape " + pt::ShapeString(shape) + " at tp=" +
-                           std::to_string(f.tp) + " but " + pt::ShapeString(s->second) + " in another file");
+    RecordShape(L, index, name, -1, f, shape, "in another file");
+  }
+
+  // How many experts the MoE layer of `prefix` has: the model-states file's num_experts, else its
+  // expert files (0: none).
+  int ExpertsOf(const std::string& prefix) const {
+    auto it = experts.find(prefix);
+    if (it == experts.end()) return 0;
+    const int layer = layer_of.at(prefix);
+    return layer < static_cast<int>(num_experts.size()) ? static_cast<int>(num_experts[layer])
+                                                        : static_cast<int>(it->second.size());
   }
 
   // The global name of an expert parameter that expert-parallel rank `ep_rank` of `ep` names by
@@ -122,11 +142,10 @@ struct MoeShapes {
   std::string Global(const std::string& name, int ep_rank, int ep) const {
     const auto e = ExpertOf(name);
     if (!e) throw Error("parameter '" + name + "' is in an expert group but names no deepspeed_experts.<id>");
-    auto it = experts.find(e->prefix);
-    if (it == experts.end()) throw Error("parameter '" + name + "': no layer_*_expert_*_model_states.pt holds its layer's experts");
-    const int total = static_cast<int>(it->second.size());
+    const int total = ExpertsOf(e->prefix);
+    if (total == 0) throw Error("parameter '" + name + "': no layer_*_expert_*_model_states.pt holds its layer's experts");
     if (total % ep != 0)
-      throw Error("'" + e->prefix + "' has " + std::to_string(total) + " expert files, not a multiple of the " +
+      throw Error("'" + e->prefix + "' has " + std::to_string(total) + " experts, not a multiple of the " +
                   std::to_string(ep) + " expert-parallel ranks");
     const int local = total / ep;
     if (e->id >= local)
@@ -154,7 +173,7 @@ using GroupParams = std::map<std::tuple<int, int, int>, std::vector<std::pair<st
 // A Mixture-of-Experts index, after every optimizer file: each fragment made relative to its
 // parameter's first element (the smallest flat position that parameter has), each parameter's
 // group, the groups' parameter lists for the coverage check, and what is not supported.
-void FinishMoe(SourceIndex& L, GroupParams& group_params, bool zero_files, const Value& model_root) {
+void FinishMoe(SourceIndex& L, const MoeShapes& moe, GroupParams& group_params, bool zero_files, const Value& model_root) {
   if (!zero_files)
     L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint without ZeRO optimizer files (the optimizer state "
                        "inside expp_rank_*_mp_rank_*_optim_states.pt, ZeRO stage 0) is not supported yet");
@@ -166,6 +185,10 @@ void FinishMoe(SourceIndex& L, GroupParams& group_params, bool zero_files, const
     if (!fresh && fr.dst_start < it->second.first) it->second = {fr.dst_start, &fr};
   }
   for (auto& fr : L.fragments) fr.dst_start -= first.at(fr.param).first;
+  for (auto& p : L.params)
+    if (auto e = ExpertOf(p.name); e && p.name.find(".deepspeed_moe.") != std::string::npos)
+      if (const int total = moe.ExpertsOf(e->prefix); total > 0)
+        p.expert = e->id, p.ep_rank = e->id / std::max(1, total / L.ep);
   std::map<std::tuple<int, int, int>, std::vector<std::tuple<int64_t, std::string, int64_t>>> lists;
   for (size_t k = 0; k < L.params.size(); ++k) {
     ParamRecord& p = L.params[k];
@@ -509,6 +532,8 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   // the optimizer groups, their order and the flat offsets come from the ZeRO files' mappings (step 6).
   MoeShapes moe_shapes;
   if (moe) {
+    if (auto n = root.Get("num_experts"); n && n->kind == Value::Kind::List)
+      for (const auto& c : n->AsSequence()) moe_shapes.num_experts.push_back(c->AsInt());
     for (auto* f : model_files)
       if (auto file = parse(*f)) try {
           for (const auto& item : file->root->At("module").AsDict().items())
@@ -522,7 +547,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
             for (const auto& item : file->root->AsDict().items()) {
               const std::string& name = item.key->AsStr();
               moe_shapes.Add(name, f, item.value->AsTensor().shape, L, index);
-              if (auto e = ExpertOf(name)) moe_shapes.experts[e->prefix].insert(e->id);
+              if (auto e = ExpertOf(name)) moe_shapes.experts[e->prefix].insert(e->id), moe_shapes.layer_of[e->prefix] = f.layer;
             }
           } catch (const std::exception& e) {
             L.errors.push_back(L.dir + "/" + f.name + ": " + e.what());
@@ -539,15 +564,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
         for (const auto& item : groups[g]->AsDict().items()) {
           const std::string& name = item.key->AsStr();
           auto shape = Shape(*item.value);
-          auto [it, inserted] = index.emplace(name, L.params.size());
-          if (inserted) L.params.push_back(ParamRecord{name, static_cast<int>(g), {}, {}});
-          ParamRecord& p = L.params[it->second];
-          p.stages.insert(f->pp);
-          auto [s, fresh] = p.tp_shape.emplace(f->tp, shape);
-          if (!fresh && s->second != shape)
-            L.problems.push_back(f->name + ": parameter '" + name + "' has shape " + pt::ShapeString(shape) +
-                                 " at tp=" + std::to_string(f->tp) + " but " + pt::ShapeString(s->second) +
-                                 " on another stage");
+          RecordShape(L, index, name, static_cast<int>(g), *f, shape, "on another stage");
           group_params[{f->pp, f->tp, static_cast<int>(g)}].push_back({name, pt::Numel(shape)});
         }
       }
@@ -616,7 +633,8 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
         auto add = [&](const std::string& name, int64_t src, int64_t numel, int64_t dst) {
           auto it = index.find(name);
           if (it == index.end()) {
-            L.problems.push_back(where + ": parameter '" + name + "' has a fragment but is in no param_shapes");
+            L.problems.push_back(where + ": parameter '" + name + "' has a fragment but is in no " +
+                                 (moe ? "module or expert file" : "param_shapes"));
             return;
           }
           if (src < 0 || numel < 0 || src + numel > std::min(partition, have_fp32))
@@ -682,7 +700,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   if (L.optimizer == "bf16_optimizer" && (config_stage == 0 || config_stage == 1)) L.zero_stage = config_stage;
   if (L.optimizer.empty()) L.optimizer = zero3_files ? "zero3" : "zero";
   L.moe = moe;
-  if (moe) FinishMoe(L, group_params, count(FileKind::ZeroOptimizer) > 0, root);
+  if (moe) FinishMoe(L, moe_shapes, group_params, count(FileKind::ZeroOptimizer) > 0, root);
   CheckCoverage(L, group_params, partitions);
   if (zero3_files != (L.zero_stage == 3))
     L.problems.push_back("ZeRO-3 model files present but optimizer files say stage " + std::to_string(L.zero_stage));

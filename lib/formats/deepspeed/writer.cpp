@@ -9,8 +9,8 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "formats/deepspeed/names.h"
-#include "pt/low_precision.h"
 #include "patterns/rules.h"
+#include "pt/low_precision.h"
 #include "pt/torch_file.h"
 #include "target/naming.h"
 
