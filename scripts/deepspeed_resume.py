@@ -14,6 +14,9 @@ within 1e-5 of the uninterrupted run.
 
 Needs DeepSpeed v0.14.5 set up as shared/real-deepspeed/harness/README.md says (CI has none):
     ORACLE=/work/oracle scripts/deepspeed_resume.py [--case NAME] [--work DIR] [--markdown FILE]
+The Mixture-of-Experts cases (universal loads only; where DeepSpeed's converter failed, the bound is
+the fp32 noise between layouts):
+    ORACLE=/work/oracle scripts/deepspeed_resume.py --cases tests/data/real-moe --kinds universal
 """
 import argparse
 import json
@@ -60,6 +63,8 @@ def main():
     ap.add_argument("--work", default="/tmp/ucp-deepspeed-resume")
     ap.add_argument("--case", action="append", help="only these cases")
     ap.add_argument("--markdown", help="write the table here too")
+    ap.add_argument("--kinds", default="universal,native,in-place",
+                    help="which loads to try (tests/data/real-moe: universal only; ucp-reshard refuses MoE)")
     a = ap.parse_args()
     oracle = os.environ.get("ORACLE")
     if not oracle or not os.path.isdir(os.path.join(oracle, "deepspeed", "deepspeed")):
@@ -68,6 +73,8 @@ def main():
                OMP_NUM_THREADS="1")
     rows, failed, port = [], 0, 29700
     for case in sorted(a.case or os.listdir(a.cases)):
+        if not os.path.isfile(os.path.join(a.cases, case, "case.json")):
+            continue  # (a README beside the cases)
         spec = json.load(open(os.path.join(a.cases, case, "case.json")))
         base = spec["losses"]
         src = os.path.join(a.cases, case, "ckpt")
@@ -79,7 +86,7 @@ def main():
         with open(os.path.join(atomic_root, "latest"), "w") as f:  # the tag the universal load starts from
             f.write("global_step6")
         for r in spec["resume"]:
-            for kind in ("universal", "native", "in-place"):
+            for kind in a.kinds.split(","):
                 if kind == "universal":
                     load = atomic_root
                 elif kind == "in-place":
@@ -103,18 +110,21 @@ def main():
                 except Exception as e:  # noqa: BLE001 - reported in the table
                     got, diff = {}, float("inf")
                     print(f"{case} {r['name']} {kind}: {str(e)[-2000:]}", file=sys.stderr)
-                ds = r["max_abs_loss_diff_vs_original"]
+                ds = r.get("max_abs_loss_diff_vs_original")
                 expected_wrong = "EXPECTED_MISMATCH" in r["name"]
-                bound = 1e-5 if expected_wrong else 2 * ds
+                # DeepSpeed's own resume is the bound; where it has none (its converter failed), the
+                # fp32 noise between layouts measured on the dense cases (<= 9.54e-07), doubled.
+                bound = 1e-5 if expected_wrong else (2 * ds if ds is not None else 2e-6)
                 ok = diff <= bound
                 failed += not ok
                 rows.append((case, r["name"], r["nproc"], kind, diff, ds, bound, ok))
-                print(f"{case:24} {r['name']:38} {kind:9} ucp {diff:.3g}  DeepSpeed {ds:.3g}  bound {bound:.3g}  "
+                print(f"{case:24} {r['name']:38} {kind:9} ucp {diff:.3g}  DeepSpeed {ds if ds is None else f'{ds:.3g}'}  bound {bound:.3g}  "
                       f"{'ok' if ok else 'FAIL'}", flush=True)
     table = ["| case | resumed on | ranks | load | max loss diff (ucp) | DeepSpeed's own | bound | |",
              "|---|---|---|---|---|---|---|---|"]
     for case, name, n, kind, diff, ds, bound, ok in rows:
-        table.append(f"| {case} | {name} | {n} | {kind} | {diff:.3g} | {ds:.3g} | {bound:.3g} | {'ok' if ok else 'FAIL'} |")
+        table.append(f"| {case} | {name} | {n} | {kind} | {diff:.3g} | {'none' if ds is None else f'{ds:.3g}'} | {bound:.3g} | "
+                     f"{'ok' if ok else 'FAIL'} |")
     print("\n".join(table))
     if a.markdown:
         with open(a.markdown, "w") as f:

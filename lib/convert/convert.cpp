@@ -220,10 +220,11 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   if (talk) {
     err << "ucp-convert: " << L.framework << " " << (L.zero_stage == 3 ? "ZeRO-3" : "ZeRO-" + std::to_string(L.zero_stage))
         << " (" << L.optimizer << ") " << L.dtype << " dp=" << L.dp << " tp=" << L.tp << " pp=" << L.pp
-        << ", DeepSpeed " << (L.ds_version.empty() ? "?" : L.ds_version) << ", universal_checkpoint_version "
+        << (L.moe ? " ep=" + std::to_string(L.ep) + " (Mixture of Experts)" : "") << ", DeepSpeed " << (L.ds_version.empty() ? "?" : L.ds_version) << ", universal_checkpoint_version "
         << (M.checkpoint_rules && M.checkpoint_rules->version ? VersionString(*M.checkpoint_rules->version) : "none")
         << "; " << plan.params.size() << " parameters; " << comm.name() << "\n";
-    for (const auto& n : M.notes) err << "ucp-convert: note: " << n << "\n";
+    for (const auto* list : {&L.notes, &M.notes})
+      for (const auto& n : *list) err << "ucp-convert: note: " << n << "\n";
     if (!o.strict)
       for (const auto* list : {&L.problems, &M.problems})
         for (const auto& p : *list) err << "ucp-convert: warning: " << p << "\n";

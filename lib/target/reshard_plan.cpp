@@ -83,6 +83,7 @@ Source LoadSource(const std::string& dir) {
     throw Error(dir + ": a Mixture-of-Experts atomic checkpoint (ep=" + std::to_string(S.manifest["source"].value("ep", 1)) +
                 "): ucp-reshard does not write expert files and expert optimizer groups yet; the atomic tensors are "
                 "complete (ucp-inspect " + dir + ")");
+  // (A Mixture-of-Experts checkpoint, refused above, also carries layer_*_expert_*_model_states.pt.)
   // The model-states file of model-parallel rank 0, which the atomic checkpoint carries at its top
   // level (the universal layout: mp_rank_00_model_states.pt, or under ZeRO-3
   // zero_pp_rank_0_mp_rank_00_model_states.pt): the first such name, in name order.

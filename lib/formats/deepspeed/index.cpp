@@ -208,6 +208,9 @@ void FinishMoe(SourceIndex& L, const MoeShapes& moe, GroupParams& group_params, 
     std::sort(list.begin(), list.end());
     for (const auto& [at, name, numel] : list) group_params[key].push_back({name, numel});
   }
+  L.notes.push_back("Mixture of Experts, ep=" + std::to_string(L.ep) + ": the atomic checkpoint keeps each expert under its "
+                    "global id; DeepSpeed's universal load looks an expert up by its local name on its expert-parallel "
+                    "rank, so it restores experts right only in a job with ep_size 1");
   // The model-states file's num_experts (one count per MoE layer) against the expert files.
   if (auto n = model_root.Get("num_experts"); n && n->kind == Value::Kind::List) {
     std::map<int, std::set<int>> files;  // MoE layer ordinal -> global expert ids, at mp 0
@@ -358,7 +361,10 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     ShardFile f;
     f.name = n, f.kind = KindName(parsed->kind), f.dp = parsed->dp;
     f.data = parsed->kind == FileKind::ZeroOptimizer;
-    f.carried = parsed->kind == FileKind::ModelStates || parsed->kind == FileKind::Zero3ModelStates;
+    // What DeepSpeed's universal load reads besides the atomic tensors: the model-states files, and
+    // a Mixture-of-Experts model's expert files (its load_moe_state_dict).
+    f.carried = parsed->kind == FileKind::ModelStates || parsed->kind == FileKind::Zero3ModelStates ||
+                parsed->kind == FileKind::ExpertStates;
     f.per_dp = parsed->kind == FileKind::ZeroOptimizer || parsed->kind == FileKind::Zero3ModelStates ||
                parsed->kind == FileKind::ExpertOptimizer;
     if (parsed->kind == FileKind::LayerStates) f.layer = parsed->layer, f.tp = parsed->tp;
