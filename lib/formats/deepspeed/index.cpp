@@ -171,39 +171,45 @@ std::string Coord(const ShardFile& f);
 using GroupParams = std::map<std::tuple<int, int, int>, std::vector<std::pair<std::string, int64_t>>>;
 
 // A Mixture-of-Experts index, after every optimizer file: each fragment made relative to its
-// parameter's first element (the smallest flat position that parameter has), each parameter's
-// group, the groups' parameter lists for the coverage check, and what is not supported.
+// parameter's first element (the smallest flat position the parameter has in the buffers of its
+// (pp, tp)), each parameter's group, the groups' parameter lists for the coverage check, and what
+// is not supported.
 void FinishMoe(SourceIndex& L, const MoeShapes& moe, GroupParams& group_params, bool zero_files, const Value& model_root) {
   if (!zero_files)
     L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint without ZeRO optimizer files (the optimizer state "
                        "inside expp_rank_*_mp_rank_*_optim_states.pt, ZeRO stage 0) is not supported yet");
   if (L.zero_stage == 3)
     L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint under ZeRO-3 is not supported yet");
-  std::map<int, std::pair<int64_t, const Fragment*>> first;  // param -> its smallest flat position
+  // (param, pp, tp) -> its smallest flat position there, and that fragment
+  std::map<std::tuple<int, int, int>, std::pair<int64_t, const Fragment*>> first;
+  auto copy_of = [&](const Fragment& fr) {
+    return std::make_tuple(fr.param, L.files[fr.file].pp, L.files[fr.file].tp);
+  };
   for (const auto& fr : L.fragments) {
-    auto [it, fresh] = first.emplace(fr.param, std::make_pair(fr.dst_start, &fr));
+    auto [it, fresh] = first.emplace(copy_of(fr), std::make_pair(fr.dst_start, &fr));
     if (!fresh && fr.dst_start < it->second.first) it->second = {fr.dst_start, &fr};
   }
-  for (auto& fr : L.fragments) fr.dst_start -= first.at(fr.param).first;
+  std::vector<int64_t> shift(L.fragments.size());
+  for (size_t k = 0; k < L.fragments.size(); ++k) shift[k] = first.at(copy_of(L.fragments[k])).first;
+  for (size_t k = 0; k < L.fragments.size(); ++k) L.fragments[k].dst_start -= shift[k];
   for (auto& p : L.params)
     if (auto e = ExpertOf(p.name); e && p.name.find(".deepspeed_moe.") != std::string::npos)
       if (const int total = moe.ExpertsOf(e->prefix); total > 0)
         p.expert = e->id, p.ep_rank = e->id / std::max(1, total / L.ep);
   std::map<std::tuple<int, int, int>, std::vector<std::tuple<int64_t, std::string, int64_t>>> lists;
-  for (size_t k = 0; k < L.params.size(); ++k) {
-    ParamRecord& p = L.params[k];
-    auto it = first.find(static_cast<int>(k));
-    if (it == first.end()) {
-      L.problems.push_back("parameter '" + p.name + "' is in the model but in no optimizer group (missing fragment)");
-      continue;
-    }
-    const Fragment& fr = *it->second.second;
-    const ShardFile& f = L.files[fr.file];
+  std::set<int> placed;
+  for (const auto& [copy, where] : first) {
+    const auto [param, pp, tp] = copy;
+    const Fragment& fr = *where.second;
+    ParamRecord& p = L.params[param];
     p.group = fr.group;
-    const auto shape = p.tp_shape.find(f.tp);
-    if (shape == p.tp_shape.end()) continue;
-    lists[{f.pp, f.tp, fr.group}].emplace_back(it->second.first, p.name, pt::Numel(shape->second));
+    placed.insert(param);
+    if (const auto shape = p.tp_shape.find(tp); shape != p.tp_shape.end())
+      lists[{pp, tp, fr.group}].emplace_back(where.first, p.name, pt::Numel(shape->second));
   }
+  for (size_t k = 0; k < L.params.size(); ++k)
+    if (!placed.count(static_cast<int>(k)))
+      L.problems.push_back("parameter '" + L.params[k].name + "' is in the model but in no optimizer group (missing fragment)");
   for (auto& [key, list] : lists) {
     std::sort(list.begin(), list.end());
     for (const auto& [at, name, numel] : list) group_params[key].push_back({name, numel});
