@@ -9,9 +9,11 @@ namespace ucp::formats {
 const SourceDriver& DeepSpeedSource() {
   static constexpr SourceDriver driver = {"deepspeed",
      "DeepSpeed and Megatron-DeepSpeed native checkpoints: ZeRO stages 0-3, the BF16 optimizer, TP, PP and DP "
-     "(DeepSpeed 0.12 and later); the pipeline's layer files or a plain module",
+     "(DeepSpeed 0.12 and later); the pipeline's layer files or a plain module; Mixture of Experts with expert "
+     "parallelism under ZeRO-1/2 (each expert under its global id)",
      "mp_rank_XX_model_states.pt, [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt, "
-     "zero_pp_rank_D_mp_rank_XX_model_states.pt, layer_LL-model_TT-model_states.pt",
+     "zero_pp_rank_D_mp_rank_XX_model_states.pt, layer_LL-model_TT-model_states.pt, "
+     "layer_L_expert_E_mp_rank_XX_model_states.pt, expp_rank_R_mp_rank_XX_optim_states.pt",
      deepspeed::LooksLikeCheckpoint, deepspeed::IndexCheckpoint};
   return driver;
 }
