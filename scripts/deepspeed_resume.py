@@ -47,12 +47,13 @@ def losses_of(log):
 
 
 def layout_flags(args, nproc):
-    tok = {k: int(v) for k, v in re.findall(r"--(tp|pp|zero) (\d+)", args)}
+    tok = {k: int(v) for k, v in re.findall(r"--(tp|pp|zero|ep-size) (\d+)", args)}
     tp, pp, zero = tok.get("tp", 1), tok.get("pp", 1), tok.get("zero", 1)
     dtype = "bf16" if "--dtype bf16" in args else "fp32"
     model = "pipe" if pp > 1 else "plain"
     return ["--dp", str(nproc // (tp * pp)), "--tp", str(tp), "--pp", str(pp), "--zero-stage", str(zero),
-            "--dtype", dtype, "--model", model, "--make-vocab-size-divisible-by", "128"]
+            "--dtype", dtype, "--model", model, "--make-vocab-size-divisible-by", "128"] + \
+        (["--ep", str(tok["ep-size"])] if "ep-size" in tok else [])
 
 
 def main():
@@ -64,7 +65,8 @@ def main():
     ap.add_argument("--case", action="append", help="only these cases")
     ap.add_argument("--markdown", help="write the table here too")
     ap.add_argument("--kinds", default="universal,native,in-place",
-                    help="which loads to try (tests/data/real-moe: universal only; ucp-reshard refuses MoE)")
+                    help="which loads to try (universal: DeepSpeed's universal load of ucp-convert's output; native: "
+                         "ucp-reshard's files; in-place: ucp-reshard --in-place)")
     a = ap.parse_args()
     oracle = os.environ.get("ORACLE")
     if not oracle or not os.path.isdir(os.path.join(oracle, "deepspeed", "deepspeed")):

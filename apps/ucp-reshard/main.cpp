@@ -86,6 +86,9 @@ int main(int argc, char** argv) {
   LayoutFlag<int>(app, flags, "--zero-stage", "zero_stage",
        "ZeRO stage: 0 (bf16 only: the BF16 optimizer), 1, 2, or 3 (pp=1) (required, here or in --layout)")
       ->check(CLI::Range(0, 3));
+  LayoutFlag<int>(app, flags, "--ep", "ep",
+       "Mixture of Experts: the expert-parallel degree of the target job (DeepSpeed's ep_size), dividing --dp and each "
+       "MoE layer's expert count (default: the source's)")->check(CLI::PositiveNumber);
   LayoutFlag<std::string>(app, flags, "--dtype", "dtype", "training dtype: fp16, bf16 (default) or fp32")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   LayoutFlag<std::string>(app, flags, "--partition-method", "partition_method",

@@ -180,6 +180,9 @@ store::FileRecord WriteOptimizerStateFile(const source::SourceIndex& L, const st
   if (!first_optim) throw Error(L.dir + ": no optimizer file at (pp=0, tp=0, dp=0)");
   auto root = pt::ReadTorchFile(L.dir + "/" + first_optim->name);
   auto osv = WithContext(L.dir + "/" + first_optim->name, [&] { return store::OptimizerStateValue(*root.root, L.zero_stage); });
+  // A Mixture-of-Experts model-states file has no ds_config; ucp-reshard writes the optimizer
+  // files' from this copy (DeepSpeed's universal load reads only the keys it knows).
+  if (auto config = root.root->Get("ds_config"); L.moe && config) pt::SetItem(*osv, "ds_config", config);
   auto d = pt::WriteTorchFile(out + "/zero/optimizer_state.pt", *osv, durability);
   return {"zero/optimizer_state.pt", d.size, d.xxh64};
 }

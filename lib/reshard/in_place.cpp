@@ -89,6 +89,7 @@ Current ReadCurrent(const std::string& root) {
   c.kind = "native", c.source_tag = c.tag, c.atomic = c.tag + "_universal";
   c.layout.dp = L.dp, c.layout.tp = L.tp, c.layout.pp = L.pp, c.layout.zero_stage = L.zero_stage;
   c.layout.dtype = L.dtype, c.layout.model = L.naming;
+  if (L.moe) c.layout.ep = L.ep;
   return c;
 }
 
@@ -97,7 +98,7 @@ std::string Describe(const TargetLayout& t) { return t.Degrees() + " " + t.dtype
 bool Same(const TargetLayout& current, const TargetLayout& target) {
   return current.dp == target.dp && current.tp == target.tp && current.pp == target.pp &&
          current.zero_stage == target.zero_stage && current.dtype == target.dtype &&
-         (target.model.empty() || target.model == current.model);
+         (target.model.empty() || target.model == current.model) && (target.ep == 0 || target.ep == std::max(1, current.ep));
 }
 
 // Whether the atomic checkpoint ROOT/<name> is complete and was converted from `current`'s files.
@@ -131,7 +132,7 @@ std::vector<std::string> Removable(const std::string& root, const std::string& c
 
 std::string InPlaceTag(const std::string& source_tag, const TargetLayout& t) {
   return source_tag + "_dp" + std::to_string(t.dp) + "_tp" + std::to_string(t.tp) + "_pp" + std::to_string(t.pp) + "_z" +
-         std::to_string(t.zero_stage) + "_" + t.dtype;
+         std::to_string(t.zero_stage) + (t.ep > 1 ? "_ep" + std::to_string(t.ep) : "") + "_" + t.dtype;
 }
 
 int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {

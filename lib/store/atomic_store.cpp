@@ -339,6 +339,14 @@ nlohmann::json SourceJson(const source::SourceIndex& L, const patterns::ModelPat
                         {"naming", L.naming},
                         {"fingerprint", source::FolderFingerprint(L.dir)}};
   if (L.moe) src["moe"] = true, src["ep"] = L.ep;
+  // The carried file that holds the model's non-tensor state (rank 0's; the first by name), which
+  // ucp-reshard starts the target's from: not an expert's file, which a Mixture-of-Experts
+  // checkpoint carries too.
+  std::string model_states;
+  for (const auto& f : L.files)
+    if (f.carried && f.expert < 0 && f.pp == 0 && f.tp == 0 && f.dp == 0 && (model_states.empty() || f.name < model_states))
+      model_states = f.name;
+  if (!model_states.empty()) src["model_states"] = model_states;
   if (M.checkpoint_rules && M.checkpoint_rules->version) src["universal_checkpoint_version"] = *M.checkpoint_rules->version;
   else src["universal_checkpoint_version"] = nullptr;
   return src;

@@ -1,5 +1,6 @@
 #include "target/naming.h"
 
+#include <cctype>
 #include <regex>
 
 #include "core/error.h"
@@ -178,6 +179,17 @@ ValuePtr RenameRules(const Value& info, const std::vector<std::pair<std::string,
     out->dict.Set(item.key, nv);
   }
   return out;
+}
+
+std::optional<ExpertName> ExpertOf(const std::string& name) {
+  static const std::string tag = ".deepspeed_experts.";
+  const size_t at = name.find(tag);
+  if (at == std::string::npos) return std::nullopt;
+  const size_t b = at + tag.size(), e = name.find('.', b);
+  if (e == std::string::npos || e == b || e - b > 6) return std::nullopt;
+  for (size_t k = b; k < e; ++k)
+    if (!std::isdigit(static_cast<unsigned char>(name[k]))) return std::nullopt;
+  return ExpertName{name.substr(0, b), std::stoi(name.substr(b, e - b)), name.substr(e)};
 }
 
 int LayerCountOf(const std::vector<std::string>& names, Naming n) {

@@ -10,6 +10,7 @@
 // other naming rewrites them, and checks every rewritten rule picks the same parameters.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,17 @@ int LayerCountOf(const std::vector<std::string>& names, Naming n);
 // Throws ucp::Error for a name that is not a GPT parameter of `layers` layers in naming `n`.
 LayerPlace PlaceOf(const std::string& name, Naming n, int layers);
 std::string NameAt(const LayerPlace& place, Naming n, int layers);
+
+// An expert parameter of DeepSpeed's MoE layer (deepspeed.moe.experts.Experts):
+// <prefix>deepspeed_experts.<id>.<rest>. The model, its model-states and optimizer files name an
+// expert by its index on its expert-parallel rank; the expert files by its global id.
+struct ExpertName {
+  std::string prefix;  // up to and with "deepspeed_experts."
+  int id = 0;
+  std::string rest;    // from the '.' after the id
+  std::string With(int other_id) const { return prefix + std::to_string(other_id) + rest; }
+};
+std::optional<ExpertName> ExpertOf(const std::string& name);
 
 // universal_checkpoint_info with every rule rewritten from one naming to the other. `names` pairs
 // each parameter's name in `from` with its name in `to`; a rule whose plain rewrite would not match

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <tuple>
 
 #include "core/error.h"
+#include "core/names.h"
 #include "pt/value.h"
 
 namespace ucp::reshard {
@@ -68,7 +70,57 @@ std::vector<int> StageBounds(const Source& S, const TargetLayout& T, const std::
   return parts;
 }
 
+// Mixture of Experts: each expert parameter's global id and MoE layer ordinal (the MoE layers in
+// model order, as DeepSpeed numbers them), checked against the model-states file's num_experts;
+// which optimizer groups hold experts.
+void ReadExperts(Source& S, const std::string& model_path) {
+  S.moe = true;
+  S.ep = S.manifest["source"].value("ep", 1);
+  auto n = S.model_states.root->Get("num_experts");
+  if (!n || n->kind != Value::Kind::List) throw Error(model_path + ": a Mixture-of-Experts model-states file without num_experts");
+  for (const auto& c : n->AsSequence()) S.num_experts.push_back(c->AsInt());
+  std::map<std::pair<int, std::string>, std::set<int>> layers;  // (spec, expert prefix) -> global ids
+  for (Atom& a : S.atoms)
+    if (auto e = ExpertOf(a.name); e && a.name.find(".deepspeed_moe.") != std::string::npos) {
+      a.expert = e->id;
+      layers[{a.spec(), e->prefix}].insert(e->id);
+    }
+  if (layers.size() != S.num_experts.size())
+    throw Error(model_path + ": num_experts lists " + std::to_string(S.num_experts.size()) + " MoE layers but the atomic "
+                "checkpoint holds experts of " + std::to_string(layers.size()));
+  std::map<std::string, int> ordinal;
+  for (const auto& [key, ids] : layers) {
+    const int layer = static_cast<int>(ordinal.size());
+    const int64_t want = S.num_experts[layer];
+    if (static_cast<int64_t>(ids.size()) != want || *ids.rbegin() != want - 1)
+      throw Error("'" + key.second + "' (MoE layer " + std::to_string(layer) + "): the atomic checkpoint holds " +
+                  std::to_string(ids.size()) + " experts, num_experts says " + std::to_string(want));
+    ordinal[key.second] = layer;
+  }
+  int groups = 0;
+  for (const Atom& a : S.atoms) groups = std::max(groups, a.group + 1);
+  std::vector<int> experts(groups, 0), others(groups, 0);
+  for (Atom& a : S.atoms) {
+    if (a.expert >= 0) a.moe_layer = ordinal.at(ExpertOf(a.name)->prefix);
+    (a.expert >= 0 ? experts : others)[a.group]++;
+  }
+  for (int g = 0; g < groups; ++g) {
+    if (experts[g] > 0 && others[g] > 0)
+      throw Error("optimizer group " + std::to_string(g) + " holds experts and other parameters: DeepSpeed keeps experts "
+                  "in groups of their own (split_params_into_different_moe_groups_for_optimizer)");
+    S.expert_group.push_back(experts[g] > 0);
+  }
+}
+
 }  // namespace
+
+int EpRankOf(const Source& S, const Atom& a, int ep) {
+  return a.expert / static_cast<int>(S.num_experts.at(a.moe_layer) / ep);
+}
+
+int LocalExpertId(const Source& S, const Atom& a, int ep) {
+  return a.expert % static_cast<int>(S.num_experts.at(a.moe_layer) / ep);
+}
 
 Source LoadSource(const std::string& dir) {
   Source S;
@@ -79,20 +131,23 @@ Source LoadSource(const std::string& dir) {
     throw Error(dir + ": the manifest's source naming is '" + naming + "'; ucp-reshard knows GPTModelPipe ('pipe') "
                 "and GPTModel ('plain') names");
   S.naming = naming == "pipe" ? Naming::Pipe : Naming::Plain;
-  if (S.manifest["source"].value("moe", false))
-    throw Error(dir + ": a Mixture-of-Experts atomic checkpoint (ep=" + std::to_string(S.manifest["source"].value("ep", 1)) +
-                "): ucp-reshard does not write expert files and expert optimizer groups yet; the atomic tensors are "
-                "complete (ucp-inspect " + dir + ")");
-  // (A Mixture-of-Experts checkpoint, refused above, also carries layer_*_expert_*_model_states.pt.)
-  // The model-states file of model-parallel rank 0, which the atomic checkpoint carries at its top
-  // level (the universal layout: mp_rank_00_model_states.pt, or under ZeRO-3
-  // zero_pp_rank_0_mp_rank_00_model_states.pt): the first such name, in name order.
-  std::string model_file;
-  for (const auto& f : S.manifest["files"]) {
-    const std::string p = f["path"];
-    const std::string_view suffix = "model_states.pt";
-    const bool model = p.find('/') == std::string::npos && p.size() > suffix.size() && p.ends_with(suffix);
-    if (model && (model_file.empty() || p < model_file)) model_file = p;
+  // The carried model-states file of rank 0, as the manifest names it; in manifests of earlier
+  // builds (no Mixture of Experts, whose expert files are carried too), the first top-level
+  // *model_states.pt by name (mp_rank_00_model_states.pt, or under ZeRO-3
+  // zero_pp_rank_0_mp_rank_00_model_states.pt).
+  std::string model_file = S.manifest["source"].value("model_states", "");
+  if (!model_file.empty()) {
+    RequirePlainName(model_file, dir + "/ucp_manifest.json: source.model_states");
+  } else if (S.manifest["source"].value("moe", false)) {
+    throw Error(dir + ": a Mixture-of-Experts atomic checkpoint whose manifest does not name its model-states file "
+                "(written by an earlier ucp-convert): convert the checkpoint again");
+  } else {
+    for (const auto& f : S.manifest["files"]) {
+      const std::string p = f["path"];
+      const std::string_view suffix = "model_states.pt";
+      const bool model = p.find('/') == std::string::npos && p.size() > suffix.size() && p.ends_with(suffix);
+      if (model && (model_file.empty() || p < model_file)) model_file = p;
+    }
   }
   if (model_file.empty()) throw Error(dir + ": the manifest lists no mp_rank_*_model_states.pt");
   S.model_states = pt::ReadTorchFile(dir + "/" + model_file);
@@ -118,6 +173,7 @@ Source LoadSource(const std::string& dir) {
     if (a.vocab && S.vocab == 0) S.vocab = a.shape[0];
     S.atoms.push_back(std::move(a));
   }
+  if (S.manifest["source"].value("moe", false)) ReadExperts(S, dir + "/" + model_file);
   return S;
 }
 
@@ -204,6 +260,27 @@ void Validate(const Source& S, const TargetLayout& T) {
   if (T.model == "pipe" && T.zero_stage == 3) no("model 'pipe' with ZeRO-3: DeepSpeed refuses a PipelineModule under ZeRO-3");
   if (T.pp > S.layers)
     no("pp=" + std::to_string(T.pp) + " exceeds the " + std::to_string(S.layers) + " transformer layers");
+  if (!S.moe) {
+    if (T.ep > 1) no("ep=" + std::to_string(T.ep) + ": the checkpoint has no Mixture-of-Experts layer");
+    return;
+  }
+  const std::string moe = "Mixture of Experts with ";
+  if (T.tp > 1 || T.pp > 1)
+    no(moe + "tp=" + std::to_string(T.tp) + " pp=" + std::to_string(T.pp) + ": ucp-reshard writes MoE layouts with tp=1 "
+       "and pp=1 (no real DeepSpeed MoE checkpoint with TP or PP has been checked yet)");
+  if (T.zero_stage == 0 || T.zero_stage == 3)
+    no(moe + "ZeRO-" + std::to_string(T.zero_stage) + ": ucp-reshard writes MoE layouts under ZeRO-1 and ZeRO-2 (without "
+       "ZeRO the expert optimizer states go in expp_rank files, under ZeRO-3 DeepSpeed partitions differently)");
+  if (T.bf16_optimizer())
+    no(moe + "bf16 under ZeRO-1 (DeepSpeed's BF16 optimizer): use --zero-stage 2, or fp16 / fp32");
+  if (NamingOf(T) != Naming::Plain)
+    no(moe + "model 'pipe': DeepSpeed's MoE layers run in a model that is not a PipelineModule");
+  if (T.ep < 1 || T.dp % T.ep != 0)
+    no("ep=" + std::to_string(T.ep) + " must divide dp=" + std::to_string(T.dp) + " (each expert is replicated dp / ep times)");
+  for (size_t l = 0; l < S.num_experts.size(); ++l)
+    if (S.num_experts[l] % T.ep != 0)
+      no("ep=" + std::to_string(T.ep) + " must divide the " + std::to_string(S.num_experts[l]) + " experts of MoE layer " +
+         std::to_string(l));
 }
 
 // Picks the shared pieces: by bytes saved, as long as every rank that holds one stays within
@@ -263,6 +340,7 @@ Naming NamingOf(const TargetLayout& T) { return T.model == "plain" ? Naming::Pla
 
 TargetLayout ResolveModel(const Source& S, TargetLayout T) {
   T.model = ResolvedModel(T, NamingName(S.naming));
+  if (T.ep == 0 && S.moe) T.ep = S.ep;  // (without experts it stays unsaid: 1)
   return T;
 }
 

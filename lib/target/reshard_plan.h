@@ -28,6 +28,9 @@ namespace ucp::reshard {
 struct Atom : store::AtomParam {
   patterns::Pattern model_pattern = patterns::Pattern::ShardV;  // `pattern`, parsed
   LayerPlace place;  // its layer spec and key inside the layer; the embedding is tied to the head spec
+  // Mixture of Experts: an expert's parameter, under its global id in MoE layer `moe_layer` (the
+  // layer's ordinal among the MoE layers, as DeepSpeed numbers its expert files); -1 otherwise.
+  int expert = -1, moe_layer = -1;
   int spec() const { return place.spec; }
   bool tied() const { return place.embedding(); }
 };
@@ -62,6 +65,10 @@ struct Source {
   Naming naming = Naming::Pipe;
   int layers = 0;
   int tp = 1;                       // the source's TP degree
+  bool moe = false;                 // Mixture of Experts (the manifest's source.moe)
+  int ep = 1;                       // the source's expert-parallel degree
+  std::vector<int64_t> num_experts; // per MoE layer ordinal: its experts (the model-states file's num_experts)
+  std::vector<bool> expert_group;   // per optimizer group: it holds experts (DeepSpeed's 'moe': True groups)
   int64_t vocab = 0, padded_vocab = 0, divisible_by = 0;  // divisible_by 0: not known from args
   std::vector<std::string> notes;   // facts derived rather than read (printed by rank 0)
 };
@@ -123,8 +130,13 @@ Naming NamingOf(const TargetLayout& T);
 
 // The target's model kind, when not given: ZeRO-3 is never a pipeline, pp > 1 always is, and
 // otherwise the source's kind is kept (its naming: GPTModel's names for a model that is not a
-// PipelineModule).
+// PipelineModule). Its expert-parallel degree, when not given: the source's.
 TargetLayout ResolveModel(const Source& S, TargetLayout T);
+
+// Mixture of Experts: the expert-parallel rank that holds expert parameter `a` in a job of `ep`
+// expert-parallel ranks (experts split in ep equal runs of global ids), and its id there.
+int EpRankOf(const Source& S, const Atom& a, int ep);
+int LocalExpertId(const Source& S, const Atom& a, int ep);
 
 // The plan of `T` (its model resolved) for `ranks` MPI ranks, sharing pieces while each rank holds
 // at most `share_budget` bytes of them. Throws ucp::Error for a target DeepSpeed would refuse or

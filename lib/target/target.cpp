@@ -11,7 +11,7 @@ namespace ucp::reshard {
 
 std::string TargetLayout::Degrees() const {
   return "dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " ZeRO-" +
-         std::to_string(zero_stage);
+         std::to_string(zero_stage) + (ep > 1 ? " ep=" + std::to_string(ep) : "");
 }
 
 std::string TargetLayout::Describe() const {
@@ -23,6 +23,7 @@ nlohmann::json TargetLayout::ToJson() const {
   nlohmann::json j = {{"layout_version", 1}, {"dp", dp}, {"tp", tp}, {"pp", pp}, {"zero_stage", zero_stage},
                       {"dtype", dtype}, {"partition_method", partition_method}};
   if (vocab_divisible_by > 0) j["make_vocab_size_divisible_by"] = vocab_divisible_by;
+  if (ep > 0) j["ep"] = ep;
   if (!model.empty()) j["model"] = model;
   return j;
 }
@@ -71,6 +72,7 @@ TargetLayout ApplyLayout(const nlohmann::json& j, TargetLayout t, const std::str
     if (key == "dp") t.dp = positive();
     else if (key == "tp") t.tp = positive();
     else if (key == "pp") t.pp = positive();
+    else if (key == "ep") t.ep = positive();
     else if (key == "make_vocab_size_divisible_by") t.vocab_divisible_by = positive();
     else if (key == "zero_stage") {
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 3) throw bad("0, 1, 2 or 3");
@@ -97,7 +99,7 @@ TargetLayout ApplyLayout(const nlohmann::json& j, TargetLayout t, const std::str
       }
     } else {
       throw Error(path + ": unknown key '" + key + "' (schemas/layout.schema.json lists dp, tp, pp, zero_stage, dtype, "
-                  "partition_method, make_vocab_size_divisible_by, model)");
+                  "partition_method, make_vocab_size_divisible_by, model, ep)");
     }
     given->push_back(key);
   }

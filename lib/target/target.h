@@ -14,6 +14,7 @@ namespace ucp::reshard {
 struct TargetLayout {
   int dp = 1, tp = 1, pp = 1;
   int zero_stage = 1;                               // 0 (with bf16: the BF16 optimizer), 1, 2, 3
+  int ep = 0;  // Mixture of Experts: the expert-parallel degree (dividing dp); 0: the source's (1 without experts)
   std::string dtype = "bf16";                       // fp16, bf16, fp32
   std::string partition_method = "type:transformer";  // uniform | parameters | type:REGEX | a,b,c boundaries
   int64_t vocab_divisible_by = 0;                   // 0: the source's make_vocab_size_divisible_by
@@ -23,7 +24,7 @@ struct TargetLayout {
   std::string model;
 
   bool bf16_optimizer() const { return dtype == "bf16" && zero_stage <= 1; }
-  std::string Degrees() const;   // "dp=4 tp=2 pp=2 ZeRO-1"
+  std::string Degrees() const;   // "dp=4 tp=2 pp=2 ZeRO-1", and " ep=2" with expert parallelism
   std::string Describe() const;  // "dp=4 tp=2 pp=2 ZeRO-1 bf16"
   nlohmann::json ToJson() const;  // as schemas/layout.schema.json
 };

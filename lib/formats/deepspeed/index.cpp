@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/xxhash64.h"
 #include "core/names.h"
+#include "target/naming.h"
 
 namespace ucp::deepspeed {
 namespace fs = std::filesystem;
@@ -81,24 +82,7 @@ FileKind KindOf(const ShardFile& f) {
   throw Error("internal: file kind '" + f.kind + "'");
 }
 
-// An expert parameter's name: <prefix>deepspeed_experts.<id>.<rest> (deepspeed.moe.experts.Experts).
-// In the model-states and optimizer files <id> is the expert's index on its expert-parallel rank;
-// in the expert files it is the global id.
-struct ExpertName {
-  std::string prefix;  // up to and with "deepspeed_experts."
-  int id = 0;
-  std::string rest;    // from the '.' after the id
-};
-std::optional<ExpertName> ExpertOf(const std::string& name) {
-  static const std::string tag = ".deepspeed_experts.";
-  const size_t at = name.find(tag);
-  if (at == std::string::npos) return std::nullopt;
-  const size_t b = at + tag.size(), e = name.find('.', b);
-  if (e == std::string::npos || e == b || e - b > 6) return std::nullopt;
-  for (size_t k = b; k < e; ++k)
-    if (!std::isdigit(static_cast<unsigned char>(name[k]))) return std::nullopt;
-  return ExpertName{name.substr(0, b), std::stoi(name.substr(b, e - b)), name.substr(e)};
-}
+using reshard::ExpertOf;
 
 // Parameter `name` has `shape` in file f (at its pp, tp): recorded, the first time with `group`;
 // a different shape at the same tp is a problem ("... but <other shape> <elsewhere>").

@@ -144,6 +144,7 @@ class UnitWriter {
     }
     for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);  // fills lp_ from the fp32 weights
     if (NamingOf(T_) == Naming::Plain) {
+      if (S_.moe) WriteExpertFiles();
       WriteShardFile(ModelStatesFileName(Mp()), *ModelStates(PlainModule()));
       return;
     }
@@ -166,6 +167,15 @@ class UnitWriter {
   // also to the layer files' weights.
   void Fill(size_t k, int s, int64_t a, int64_t b, float* dst) {
     slices_.Read(k, s, a, b, dst);
+    if (s > 0 && S_.atoms[U_.params[k].atom].expert >= 0 && Ep() != S_.ep) {
+      // DeepSpeed averages an expert's gradient over its expert-data-parallel group (dp / ep ranks)
+      // after summing the tokens of all ep ranks of its expert-parallel group: it is ep times the
+      // mean gradient, and the Adam moments a job at ep keeps are ep and ep^2 times the mean's.
+      // Changing ep rescales them (exactly, for power-of-two ratios), so that the first steps at the
+      // new degree continue the old ones.
+      const double r = static_cast<double>(Ep()) / S_.ep, f = s == 1 ? r : r * r;
+      for (int64_t i = 0; i < b - a; ++i) dst[i] = static_cast<float>(dst[i] * f);
+    }
     if (s == 0 && !lp_.empty()) {  // the training-dtype weights of the layer files, from the same fp32 values
       uint8_t* lp = lp_[k].get();
       const int64_t n = b - a;
@@ -211,8 +221,11 @@ class UnitWriter {
 
   int Mp() const { return MpRank(U_.pp, U_.tp, T_.tp); }
 
+  // The source's ds_config (a Mixture-of-Experts model-states file has none: the atomic
+  // checkpoint's optimizer state keeps its optimizer files' one), with the target's stage and dtype.
   ValuePtr DsConfig() const {
     auto cfg = S_.model_states.root->Get("ds_config");
+    if (!cfg) cfg = S_.optimizer.root->Get("ds_config");
     if (!cfg || cfg->kind != Value::Kind::Dict) return cfg ? cfg : Value::None();
     auto out = Copied(*cfg);
     auto section = [&](const char* key, const char* field, ValuePtr v) {
@@ -228,31 +241,65 @@ class UnitWriter {
     return out;
   }
 
+  // Mixture of Experts: the expert-parallel degree, and whether optimizer group g holds experts.
+  int Ep() const { return std::max(1, T_.ep); }
+  bool ExpertGroup(size_t g) const { return S_.moe && g < S_.expert_group.size() && S_.expert_group[g]; }
+
+  // The parameters of group g in DP rank d's optimizer file, in the group's flat order. An expert
+  // group holds the experts of d's expert-parallel rank (d % ep) only, layer by layer, expert by
+  // expert (the order of the model's parameters on that rank).
+  std::vector<int> GroupMembers(size_t g, int d) const {
+    if (!ExpertGroup(g)) return U_.groups[g];
+    std::vector<int> members;
+    for (int k : U_.groups[g])
+      if (EpRankOf(S_, S_.atoms[U_.params[k].atom], Ep()) == d % Ep()) members.push_back(k);
+    std::stable_sort(members.begin(), members.end(), [&](int x, int y) {
+      const Atom &a = S_.atoms[U_.params[x].atom], &b = S_.atoms[U_.params[y].atom];
+      return std::make_pair(a.spec(), a.expert) < std::make_pair(b.spec(), b.expert);
+    });
+    return members;
+  }
+
+  // Unit parameter k's name in an optimizer file: an expert by its id on its expert-parallel rank.
+  std::string OptimizerName(int k) const {
+    const Atom& a = S_.atoms[U_.params[k].atom];
+    const std::string& name = P_.names[U_.params[k].atom];
+    if (a.expert < 0) return name;
+    return ExpertOf(name)->With(LocalExpertId(S_, a, Ep()));
+  }
+
   void WriteOptimizerFile(int d) {
     const int groups = static_cast<int>(U_.groups.size());
-    const int64_t alignment = 2 * T_.dp;  // DeepSpeed: nccl_start_alignment_factor (2) x DP
     auto state = Value::Make(Value::Kind::Dict);
     auto single = Value::Make(Value::Kind::List), paddings = Value::Make(Value::Kind::List);
     auto mappings = Value::Make(Value::Kind::List);
+    std::vector<int64_t> partition_count;
     for (int g = 0; g < groups; ++g) {
+      // An expert group is partitioned over its expert-data-parallel group (dp / ep ranks: d's
+      // partition is d / ep), every other group over all DP ranks.
+      const bool experts = ExpertGroup(g);
+      const int parts = experts ? T_.dp / Ep() : T_.dp, part = experts ? d / Ep() : d;
+      partition_count.push_back(parts);
+      const std::vector<int> members = GroupMembers(g, d);
+      const int64_t alignment = 2 * parts;  // DeepSpeed: nccl_start_alignment_factor (2) x the group's DP degree
       int64_t total = 0;
-      for (int k : U_.groups[g]) total += U_.params[k].local_numel;
-      const int64_t padded = (total + alignment - 1) / alignment * alignment, ps = padded / T_.dp;
-      const int64_t lo = d * ps, hi = lo + ps;
+      for (int k : members) total += U_.params[k].local_numel;
+      const int64_t padded = (total + alignment - 1) / alignment * alignment, ps = padded / parts;
+      const int64_t lo = part * ps, hi = lo + ps;
       std::vector<Segment> segs;
       auto m = OrderedDict();
       int64_t at = 0;
-      for (int k : U_.groups[g]) {
+      for (int k : members) {
         const int64_t n = U_.params[k].local_numel, f0 = std::max(at, lo), f1 = std::min(at + n, hi);
         if (f0 < f1) {
           segs.push_back({k, f0 - at, f0 - lo, f1 - f0});
-          SetItem(*m, P_.names[U_.params[k].atom], FragmentAddress(f1 - f0, f0 - lo));
+          SetItem(*m, OptimizerName(k), FragmentAddress(f1 - f0, f0 - lo));
         }
         at += n;
       }
       // Padding: the BF16 optimizer counts it on the last rank; ZeRO-1/2 on every rank it reaches,
       // and stores that rank's fp32 partition without it.
-      int64_t pad = T_.bf16_optimizer() ? (d == T_.dp - 1 ? padded - total : 0)
+      int64_t pad = T_.bf16_optimizer() ? (part == parts - 1 ? padded - total : 0)
                                         : (total <= lo ? ps : (total < hi ? hi - total : 0));
       paddings->items.push_back(Value::Int(pad));
       const int64_t fp32_len = T_.bf16_optimizer() ? ps : ps - pad;
@@ -267,7 +314,7 @@ class UnitWriter {
     SetItem(*osd, "single_partition_of_fp32_groups", single);
     if (!T_.bf16_optimizer()) SetItem(*osd, "zero_stage", ZeroStage());
     SetItem(*osd, "group_paddings", paddings);
-    SetItem(*osd, "partition_count", IntList(std::vector<int64_t>(groups, T_.dp)));
+    SetItem(*osd, "partition_count", IntList(partition_count));
     SetItem(*osd, "ds_version", DsVersion());
     SetItem(*osd, "param_slice_mappings", mappings);
     WriteOptimizerRoot(d, osd);
@@ -295,8 +342,44 @@ class UnitWriter {
   ValuePtr TorchOptimizerState(ValuePtr state) const {
     auto base = Value::Make(Value::Kind::Dict);
     SetItem(*base, "state", std::move(state));
-    SetItem(*base, "param_groups", S_.optimizer.root->Get("param_groups"));
+    SetItem(*base, "param_groups", ParamGroups());
     return base;
+  }
+
+  // The source's param_groups; Mixture of Experts: each expert group named after the target's
+  // expert-parallel degree, as DeepSpeed names it ('ep_size_<ep>').
+  ValuePtr ParamGroups() const {
+    auto groups = S_.optimizer.root->Get("param_groups");
+    if (!S_.moe || !groups || groups->kind != Value::Kind::List) return groups;
+    auto out = Copied(*groups);
+    for (auto& g : out->items) {
+      auto moe = g->Get("moe");
+      if (!moe || moe->kind != Value::Kind::Bool || !moe->b || !g->Get("name")) continue;
+      g = Copied(*g);
+      SetItem(*g, "name", Value::Str("ep_size_" + std::to_string(Ep())));
+    }
+    return out;
+  }
+
+  // Mixture of Experts: one file per expert of each MoE layer, its weights under its global id in
+  // the training dtype (engine._save_moe_checkpoint), and per expert-parallel rank an
+  // expp_rank file, which under ZeRO holds no optimizer state.
+  void WriteExpertFiles() {
+    const auto lp = LpOf(T_.dtype);
+    std::map<std::pair<int, int>, ValuePtr> files;  // (MoE layer, global expert) -> its weights
+    for (size_t k = 0; k < U_.params.size(); ++k) {
+      const Atom& a = S_.atoms[U_.params[k].atom];
+      if (a.expert < 0) continue;
+      auto& f = files[{a.moe_layer, a.expert}];
+      if (!f) f = Value::Make(Value::Kind::Dict);
+      SetItem(*f, P_.names[U_.params[k].atom], pt::OwnedTensor(lp_[k], lp_[k].get(), lp.dtype, U_.params[k].copy.shape));
+    }
+    for (const auto& [key, dict] : files) WriteShardFile(ExpertStatesFileName(key.first, key.second, Mp()), *dict);
+    for (int r = 0; r < Ep(); ++r) {
+      auto root = Value::Make(Value::Kind::Dict);
+      SetItem(*root, "optimizer", Value::None());
+      WriteShardFile(ExpertOptimFileName(r, Mp()), *root);
+    }
   }
 
   // The fp16 / ZeRO optimizers' loss scaling: the scaler the dtype needs, and the source's overflow flag.
@@ -384,8 +467,10 @@ class UnitWriter {
   ValuePtr PlainModule() const {
     const auto lp = LpOf(T_.dtype);
     auto module = OrderedDict();
-    for (size_t k : ModelOrder())
+    for (size_t k : ModelOrder()) {
+      if (S_.atoms[U_.params[k].atom].expert >= 0) continue;  // the experts have files of their own
       SetItem(*module, P_.names[U_.params[k].atom], pt::OwnedTensor(lp_[k], lp_[k].get(), lp.dtype, U_.params[k].copy.shape));
+    }
     return module;
   }
 
@@ -451,13 +536,16 @@ class UnitWriter {
       for (int k : grp) SetItem(*m, P_.names[U_.params[k].atom], TorchSize(U_.params[k].copy.shape));
       shapes->items.push_back(m);
     }
-    SetItem(*root, "param_shapes", shapes);
+    // A Mixture-of-Experts save (engine._save_moe_checkpoint) records no param_shapes or ds_config.
+    if (S_.moe) PutIfPresent(*root, "param_shapes", shapes);
+    else SetItem(*root, "param_shapes", shapes);
     // DeepSpeed records frozen parameters (none here) when ZeRO partitions gradients (stage 2, 3).
     for (const char* key : {"frozen_param_shapes", "frozen_param_fragments"})
       PutIfPresent(*root, key, T_.zero_stage >= 2 ? OrderedDict() : Value::None());
     SetItem(*root, "dp_world_size", Value::Int(T_.dp));
     SetItem(*root, "mp_world_size", Value::Int(T_.tp * T_.pp));
-    SetItem(*root, "ds_config", DsConfig());
+    if (S_.moe) PutIfPresent(*root, "ds_config", DsConfig());
+    else SetItem(*root, "ds_config", DsConfig());
     if (auto args = root->Get("args"); args && args->kind == Value::Kind::Object && args->state) {
       auto a = Copied(*args);
       a->state = Copied(*args->state);

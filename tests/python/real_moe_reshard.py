@@ -1,0 +1,301 @@
+"""ucp-reshard of a real DeepSpeed Mixture-of-Experts checkpoint, to every expert-parallel degree,
+DP degree and ZeRO stage (1, 2) its 4 experts allow, each output checked against what DeepSpeed
+itself wrote for the source, independently of ucp:
+
+    real_moe_reshard.py CONVERT RESHARD CASE_DIR WORK MPIEXEC
+
+- the same layout as the source: every file DeepSpeed wrote, and no other, with the same keys,
+  values and tensor bytes; the only difference allowed is the vocabulary padding rows of the
+  embedding (and its flat fp32 partition), which the atomic checkpoint drops and ucp-reshard zeroes;
+- every other layout (ep in 1, 2, 4 dividing dp in 1, 2, 4; ZeRO-1 and ZeRO-2):
+  - the file set DeepSpeed's engine writes for it: the model-states file, one file per expert of
+    each MoE layer, one expp_rank file per expert-parallel rank ({'optimizer': None} under ZeRO),
+    one ZeRO file per DP rank;
+  - the weights: the model-states module and every expert file (global ids) equal DeepSpeed's
+    saved weights byte for byte (padding rows zero);
+  - the ZeRO files, reassembled here the way DeepSpeed partitions them (expert groups over the
+    dp / ep ranks of each expert-parallel rank, experts named by their local id there): fp32 equal
+    to the saved weights; exp_avg and exp_avg_sq equal to the source's moments reassembled from
+    DeepSpeed's files, an expert's scaled by (ep / source ep) and its square (DeepSpeed's expert
+    gradients are ep times the mean: writer.cpp);
+  - partition_count, the expert groups' names (ep_size_<ep>), the ZeRO stage, dp_world_size;
+- round trip: the ep=1 dp=1 ZeRO-2 output converted again and resharded to the source layout
+  equals DeepSpeed's files as above, on 2 MPI ranks;
+- refusals (exit 1, a message naming the reason, no output folder): ep not dividing dp or the
+  experts, tp > 1, ZeRO-3, ZeRO-0.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ds_stubs  # noqa: E402,F401  DeepSpeed's pickled classes, without DeepSpeed
+from real_moe import EXPERT, load, run, saved_weights  # noqa: E402
+
+VOCAB = "language_model.embedding.word_embeddings.weight"
+
+
+def flat_pieces(shard, ep):
+    """(name, ep rank or -1) -> [(flat position in the parameter's group, start, numel, file's group
+    state, fp32 partition)], from every ZeRO file of `shard` (DeepSpeed's partitioning: an expert
+    group over the dp / ep ranks d with d % ep equal, partition d // ep)."""
+    pieces = {}
+    for f in sorted(os.listdir(shard)):
+        m = re.fullmatch(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt", f)
+        if not m:
+            continue
+        d = int(m.group(1))
+        osd = load(os.path.join(shard, f))["optimizer_state_dict"]
+        groups = osd["base_optimizer_state"]["param_groups"]
+        state = osd["base_optimizer_state"]["state"]
+        for g, mapping in enumerate(osd["param_slice_mappings"]):
+            moe = bool(groups[g].get("moe", False))
+            part = d // ep if moe else d
+            size = state[g]["exp_avg"].numel()
+            for name, frag in mapping.items():
+                key = (name, d % ep if moe else -1)
+                pieces.setdefault(key, []).append((part * size + frag.start, frag.start, frag.numel, state[g],
+                                                   osd["single_partition_of_fp32_groups"][g]))
+    return pieces
+
+
+def reassembled(shard, ep, shapes):
+    """global name -> {fp32, exp_avg, exp_avg_sq} (flat), from the ZeRO files of `shard`."""
+    per_layer = {}
+    for name in shapes:
+        m = EXPERT.match(name)
+        if m:
+            per_layer.setdefault(m.group(1), set()).add(int(m.group(2)))
+    out = {}
+    for (name, ep_rank), runs in flat_pieces(shard, ep).items():
+        if ep_rank >= 0:
+            m = EXPERT.match(name)
+            local = int(m.group(2))
+            per_rank = len(per_layer[m.group(1)]) // ep
+            assert local < per_rank, f"{name}: local id {local} on an expert-parallel rank of {per_rank} experts"
+            name = f"{m.group(1)}{ep_rank * per_rank + local}{m.group(3)}"
+        assert name not in out, f"{name}: in the ZeRO files twice"
+        first = min(r[0] for r in runs)
+        numel = shapes[name].numel()
+        got = {s: torch.full((numel,), float("nan")) for s in ("fp32", "exp_avg", "exp_avg_sq")}
+        for flat, start, n, st, fp32 in runs:
+            at = flat - first
+            got["exp_avg"][at:at + n] = st["exp_avg"][start:start + n]
+            got["exp_avg_sq"][at:at + n] = st["exp_avg_sq"][start:start + n]
+            got["fp32"][at:at + n] = fp32[start:start + n]
+        for s, t in got.items():
+            assert not bool(torch.isnan(t).any()), f"{name}: {s} not covered by the ZeRO files' fragments"
+        out[name] = got
+    return out
+
+
+def same_bytes(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).contiguous().view(torch.uint8),
+                                                                    b.reshape(-1).contiguous().view(torch.uint8))
+
+
+def check_weights(name, want, got, vocab_rows, where):
+    """`got` (a resharded weight) equals DeepSpeed's `want`; the vocabulary padding rows are zero."""
+    if name == VOCAB:
+        assert got.shape == want.shape and bool((got[vocab_rows:] == 0).all()), f"{where}: {name}: padding rows"
+        want, got = want[:vocab_rows], got[:vocab_rows]
+    assert same_bytes(want, got), f"{where}: {name}: differs from DeepSpeed's saved weight"
+
+
+def check_layout(target, src_shard, dp, ep, zero, src_ep, saved, moments, vocab_rows, num_experts):
+    tag = open(os.path.join(target, "latest")).read().strip()
+    shard = os.path.join(target, tag)
+    where = f"dp={dp} ep={ep} ZeRO-{zero}"
+    want_files = {"mp_rank_00_model_states.pt"} | {f"zero_pp_rank_{d}_mp_rank_00_optim_states.pt" for d in range(dp)} | \
+        {f"expp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(ep)} | \
+        {f"layer_{layer}_expert_{e}_mp_rank_00_model_states.pt" for layer, n in enumerate(num_experts) for e in range(n)}
+    have = set(os.listdir(shard))
+    assert have == want_files, f"{where}: files {sorted(have ^ want_files)[:6]} differ from DeepSpeed's set"
+    weights = saved_weights(shard)
+    assert sorted(weights) == sorted(saved), f"{where}: weights {sorted(set(weights) ^ set(saved))[:6]}"
+    for name, want in saved.items():
+        check_weights(name, want, weights[name], vocab_rows, where)
+    scale = ep / src_ep
+    for name, got in reassembled(shard, ep, saved).items():
+        check_weights(name, saved[name], got["fp32"].reshape(saved[name].shape), vocab_rows, where + " fp32")
+        f = scale if EXPERT.match(name) else 1.0
+        for s, factor in (("exp_avg", f), ("exp_avg_sq", f * f)):
+            ref = moments[name][s] * factor
+            mine = got[s]
+            if name == VOCAB:
+                hidden = saved[name].shape[1]
+                assert bool((mine[vocab_rows * hidden:] == 0).all()), f"{where}: {name}: {s} padding rows"
+                ref, mine = ref[:vocab_rows * hidden], mine[:vocab_rows * hidden]
+            assert same_bytes(ref, mine), f"{where}: {name}: {s} differs from the source's (x{factor})"
+    for r in range(ep):
+        assert load(os.path.join(shard, f"expp_rank_{r}_mp_rank_00_optim_states.pt")) == {"optimizer": None}, where
+    for d in range(dp):
+        root = load(os.path.join(shard, f"zero_pp_rank_{d}_mp_rank_00_optim_states.pt"))
+        osd = root["optimizer_state_dict"]
+        groups = osd["base_optimizer_state"]["param_groups"]
+        moe = [bool(g.get("moe", False)) for g in groups]
+        assert any(moe), where
+        assert osd["partition_count"] == [dp // ep if m else dp for m in moe], f"{where}: {osd['partition_count']}"
+        assert all(g["name"] == f"ep_size_{ep}" for g, m in zip(groups, moe) if m), f"{where}: {[g['name'] for g in groups]}"
+        assert int(osd["zero_stage"]) == zero and root["ds_config"]["zero_optimization"]["stage"] == zero, where
+    states = load(os.path.join(shard, "mp_rank_00_model_states.pt"))
+    src_states = load(os.path.join(src_shard, "mp_rank_00_model_states.pt"))
+    assert states["dp_world_size"] == dp and states["num_experts"] == src_states["num_experts"], where
+    assert list(states) == list(src_states), f"{where}: model-states keys {list(states)} vs DeepSpeed's {list(src_states)}"
+
+
+def deep_equal(a, b, path, allowed, problems):
+    """DeepSpeed's value `a` and ours `b`: equal types, keys (in order), values and tensor bytes; a
+    tensor may differ only where `allowed(path)` returns a mask of the elements that may."""
+    if torch.is_tensor(a):
+        if not torch.is_tensor(b) or a.dtype != b.dtype or a.shape != b.shape:
+            problems.append(f"{path}: {a.dtype}{tuple(a.shape)} vs {getattr(b, 'dtype', type(b))}")
+            return
+        differ = a.reshape(-1).contiguous().view(torch.uint8) != b.reshape(-1).contiguous().view(torch.uint8)
+        if a.numel() and bool(differ.any()):
+            elem = differ.reshape(a.numel(), -1).any(dim=1) if a.element_size() > 1 else differ
+            mask = allowed(path, a.numel())
+            if mask is None or bool((elem & ~mask).any()):
+                problems.append(f"{path}: {int(elem.sum())} elements differ")
+        return
+    if type(a) is not type(b):
+        problems.append(f"{path}: {type(a).__name__} vs {type(b).__name__}")
+    elif isinstance(a, dict):
+        if list(a) != list(b):
+            problems.append(f"{path}: keys {list(a)[:6]} vs {list(b)[:6]}")
+        for k in a:
+            if k in b:
+                deep_equal(a[k], b[k], f"{path}/{k}", allowed, problems)
+    elif isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            problems.append(f"{path}: {len(a)} vs {len(b)} items")
+        for k, (x, y) in enumerate(zip(a, b)):
+            deep_equal(x, y, f"{path}[{k}]", allowed, problems)
+    elif hasattr(a, "__dict__") and not isinstance(a, type):
+        deep_equal(vars(a), vars(b), path + "." + type(a).__name__, allowed, problems)
+    elif a != b:
+        problems.append(f"{path}: {a!r} vs {b!r}")
+
+
+def check_same_as_deepspeed(target, src_shard, ep, vocab_rows, hidden):
+    """Every file of DeepSpeed's shard, and no other, equal in `target`; the vocabulary padding alone
+    may differ: the embedding's rows >= vocab_rows in the module, and the elements of its flat fp32
+    partitions past vocab_rows * hidden."""
+    tag = open(os.path.join(target, "latest")).read().strip()
+    shard = os.path.join(target, tag)
+    names = sorted(os.listdir(src_shard))
+    assert sorted(os.listdir(shard)) == names, f"files {sorted(set(os.listdir(shard)) ^ set(names))}"
+    padding = {}  # (file, group) -> mask of the flat fp32 elements that are embedding padding
+    for (name, _), runs in flat_pieces(src_shard, ep).items():
+        if name != VOCAB:
+            continue
+        first = min(r[0] for r in runs)
+        for f in names:
+            m = re.fullmatch(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt", f)
+            if not m:
+                continue
+            osd = load(os.path.join(src_shard, f))["optimizer_state_dict"]
+            for g, mapping in enumerate(osd["param_slice_mappings"]):
+                if VOCAB not in mapping:
+                    continue
+                frag = mapping[VOCAB]
+                size = osd["base_optimizer_state"]["state"][g]["exp_avg"].numel()
+                flat = int(m.group(1)) * size + frag.start
+                mask = torch.zeros(osd["single_partition_of_fp32_groups"][g].numel(), dtype=torch.bool)
+                for i in range(frag.numel):
+                    if flat - first + i >= vocab_rows * hidden:
+                        mask[frag.start + i] = True
+                padding[(f, g)] = mask
+    problems = []
+    for f in names:
+        def allowed(path, numel, f=f):
+            if path.endswith("/module/" + VOCAB):
+                mask = torch.zeros(numel, dtype=torch.bool)
+                mask[vocab_rows * hidden:] = True
+                return mask
+            m = re.search(r"/single_partition_of_fp32_groups\[(\d+)\]$", path)
+            return padding.get((f, int(m.group(1)))) if m else None
+        deep_equal(load(os.path.join(src_shard, f)), load(os.path.join(shard, f)), f, allowed, problems)
+    assert not problems, "differs from DeepSpeed's files:\n  " + "\n  ".join(problems[:12])
+
+
+def refused(reshard, atomic, work, flags, needle):
+    out = os.path.join(work, "refused")
+    r = subprocess.run([reshard, atomic, "-o", out] + flags, capture_output=True, text=True)
+    assert r.returncode == 1 and needle in r.stderr, (flags, r.returncode, r.stderr)
+    assert not os.path.exists(out), f"{flags}: ucp-reshard left an output folder behind"
+    return r.stderr.strip().splitlines()[-1]
+
+
+def main():
+    convert, reshard, case, work, mpiexec = sys.argv[1:6]
+    src = os.path.join(case, "ckpt")
+    args = open(os.path.join(case, "case.json")).read()
+    src_ep = int(re.search(r"--ep-size (\d+)", args).group(1))
+    src_zero = int(re.search(r"--zero (\d+)", args).group(1))
+    tag = open(os.path.join(src, "latest")).read().strip()
+    src_shard = os.path.join(src, tag)
+    states = load(os.path.join(src_shard, "mp_rank_00_model_states.pt"))
+    src_dp, num_experts = states["dp_world_size"], list(states["num_experts"])
+    vocab_rows = states["universal_checkpoint_info"]["original_vocab_size"]
+    saved = saved_weights(src_shard)
+    hidden = saved[VOCAB].shape[1]
+    moments = reassembled(src_shard, src_ep, saved)
+
+    shutil.rmtree(work, ignore_errors=True)
+    atomic = os.path.join(work, "atomic")
+    run([convert, src, "-o", atomic, "-q"], "ucp-convert")
+
+    def resharded(atomic_dir, out, dp, ep, zero, ranks=1):
+        cmd = [reshard, atomic_dir, "-o", out, "-q", "--dp", str(dp), "--tp", "1", "--pp", "1", "--zero-stage", str(zero),
+               "--dtype", "fp32", "--ep", str(ep)]
+        if ranks > 1:
+            cmd = [mpiexec, "--oversubscribe", "-np", str(ranks)] + cmd
+        run(cmd, f"ucp-reshard to dp={dp} ep={ep} ZeRO-{zero} on {ranks} rank(s)")
+        return out
+
+    same = resharded(atomic, os.path.join(work, "same"), src_dp, src_ep, src_zero)
+    check_same_as_deepspeed(same, src_shard, src_ep, vocab_rows, hidden)
+    print(f"dp={src_dp} ep={src_ep} ZeRO-{src_zero} (the source's): every file equals DeepSpeed's (padding rows aside)")
+
+    layouts = [(dp, ep, zero) for ep in (1, 2, 4) for dp in (1, 2, 4) for zero in (1, 2)
+               if dp % ep == 0 and all(n % ep == 0 for n in num_experts)]
+    for dp, ep, zero in layouts:
+        out = resharded(atomic, os.path.join(work, f"dp{dp}_ep{ep}_z{zero}"), dp, ep, zero)
+        check_layout(out, src_shard, dp, ep, zero, src_ep, saved, moments, vocab_rows, num_experts)
+    print(f"{len(layouts)} layouts (ep 1/2/4 x dp x ZeRO-1/2): files, weights, partitions and moments as DeepSpeed "
+          f"partitions them")
+
+    # Round trip through another layout, on 2 ranks.
+    back = os.path.join(work, "roundtrip_atomic")
+    run([mpiexec, "--oversubscribe", "-np", "2", convert, os.path.join(work, "dp1_ep1_z2"), "-o", back, "-q"],
+        "ucp-convert of the ep=1 output")
+    again = resharded(back, os.path.join(work, "roundtrip"), src_dp, src_ep, src_zero, ranks=2)
+    check_same_as_deepspeed(again, src_shard, src_ep, vocab_rows, hidden)
+    print("round trip through dp=1 ep=1 ZeRO-2: DeepSpeed's files again")
+
+    base = ["--dp", "4", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--dtype", "fp32"]
+    for change, needle in (({"--ep": "3"}, "ep=3 must divide dp=4"),
+                           ({"--dp": "2", "--ep": "4"}, "ep=4 must divide dp=2"),
+                           ({"--dp": "6", "--ep": "3"}, "ep=3 must divide the 4 experts"),
+                           ({"--zero-stage": "3"}, "ZeRO-3"),
+                           ({"--zero-stage": "0", "--dtype": "bf16"}, "ZeRO-0"),
+                           ({"--dtype": "bf16"}, "BF16 optimizer"),
+                           ({"--tp": "2", "--dp": "2"}, "tp=2 pp=1"),
+                           ({"--model": "pipe"}, "model 'pipe'")):
+        flags = list(base)
+        for k, v in change.items():
+            if k in flags:
+                flags[flags.index(k) + 1] = v
+            else:
+                flags += [k, v]
+        print("refused:", refused(reshard, atomic, work, flags, needle)[:110])
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
