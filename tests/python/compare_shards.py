@@ -16,7 +16,6 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 import ds_stubs  # noqa: E402,F401
 
-gen_root, ours_root = sys.argv[1], sys.argv[2]
 EXACT = {"param_shapes", "param_slice_mappings", "group_paddings", "partition_count", "dp_world_size",
          "mp_world_size", "zero_stage", "padded_vocab_size", "tensor_model_parallel_size",
          "pipeline_model_parallel_size", "sub_param_shard_widths"}
@@ -56,21 +55,30 @@ def compare(a, b, path, exact=False):
         problems.append(f"{path}: {b!r} in ours, {a!r} in the generator's")
 
 
-tag = open(os.path.join(gen_root, "latest")).read().strip()
-if not os.path.exists(os.path.join(ours_root, "latest")) or open(os.path.join(ours_root, "latest")).read().strip() != tag:
-    problems.append(f"{ours_root}/latest does not name {tag}")
-gen_dir, our_dir = os.path.join(gen_root, tag), os.path.join(ours_root, tag)
-names = sorted(os.listdir(gen_dir))
-extra = sorted(set(os.listdir(our_dir)) - set(names)) if os.path.isdir(our_dir) else []
-if extra:
-    problems.append(f"files the generator does not write: {extra}")
-for n in names:
-    p = os.path.join(our_dir, n)
-    if not os.path.exists(p):
-        problems.append(f"{n}: missing")
-        continue
-    compare(torch.load(os.path.join(gen_dir, n)), torch.load(p), n)
-for m in problems[:40]:
-    print("FAIL", m)
-print(f"{ours_root}: {len(names)} files compared with {gen_root}: {'OK' if not problems else str(len(problems)) + ' problems'}")
-sys.exit(1 if problems else 0)
+def compare_roots(gen_root, ours_root):
+    """The problems found between the generator's checkpoint root and ours (empty: the same)."""
+    del problems[:]
+    tag = open(os.path.join(gen_root, "latest")).read().strip()
+    if not os.path.exists(os.path.join(ours_root, "latest")) or open(os.path.join(ours_root, "latest")).read().strip() != tag:
+        problems.append(f"{ours_root}/latest does not name {tag}")
+    gen_dir, our_dir = os.path.join(gen_root, tag), os.path.join(ours_root, tag)
+    names = sorted(os.listdir(gen_dir))
+    extra = sorted(set(os.listdir(our_dir)) - set(names)) if os.path.isdir(our_dir) else []
+    if extra:
+        problems.append(f"files the generator does not write: {extra}")
+    for n in names:
+        p = os.path.join(our_dir, n)
+        if not os.path.exists(p):
+            problems.append(f"{n}: missing")
+            continue
+        compare(torch.load(os.path.join(gen_dir, n)), torch.load(p), n)
+    return list(problems), len(names)
+
+
+if __name__ == "__main__":
+    gen_root, ours_root = sys.argv[1], sys.argv[2]
+    found, compared = compare_roots(gen_root, ours_root)
+    for m in found[:40]:
+        print("FAIL", m)
+    print(f"{ours_root}: {compared} files compared with {gen_root}: {'OK' if not found else str(len(found)) + ' problems'}")
+    sys.exit(1 if found else 0)
