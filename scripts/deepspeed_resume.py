@@ -14,9 +14,12 @@ within 1e-5 of the uninterrupted run.
 
 Needs DeepSpeed v0.14.5 set up as shared/real-deepspeed/harness/README.md says (CI has none):
     ORACLE=/work/oracle scripts/deepspeed_resume.py [--case NAME] [--work DIR] [--markdown FILE]
-The Mixture-of-Experts cases (universal loads only; where DeepSpeed's converter failed, the bound is
-the fp32 noise between layouts):
-    ORACLE=/work/oracle scripts/deepspeed_resume.py --cases tests/data/real-moe --kinds universal
+The Mixture-of-Experts cases (where DeepSpeed's converter failed, the bound is the fp32 noise
+between layouts; --ep-size in a resume's arguments becomes ucp-reshard's --ep):
+    ORACLE=/work/oracle scripts/deepspeed_resume.py --cases tests/data/real-moe --kinds native,universal
+and the same cases trained without gradient clipping (a harness copy whose train.py has
+"gradient_clipping": 0.0; tests/data/real-moe/README.md says why and how):
+    ORACLE=/work/oracle scripts/deepspeed_resume.py --harness HARNESS_COPY --cases RUNS --kinds native
 """
 import argparse
 import json

@@ -23,6 +23,7 @@
 #include "plan/convert_plan.h"
 #include "pt/torch_file.h"
 #include "shuffle/agree.h"
+#include "shuffle/round.h"
 #include "source/source_index.h"
 #include "store/atom_store.h"
 #include "store/atomic_store.h"
@@ -407,23 +408,20 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       return !(r == rank && plan.file_mapper[pc.file] == rank &&
                plan.params[plan.work[r][i].param].PlacedAsIs(pc.stream_start + off));
     };
-    ScratchBytes send, recv;
-    std::vector<int64_t> scount(ranks), sdispl(ranks), rcount(ranks), rdispl(ranks), cursor(ranks);
+    shuffle::Round round(ranks);
     for (int64_t k = 0; k < plan.rounds; ++k) {
       // Pack what this rank maps for every reducer's round k.
       if (error.empty()) error = Timed(c.read, [&] { return Capture([&] {
-        int64_t total = 0;
-        for (int r = 0; r < ranks; ++r) {
-          scount[r] = 0;
+        round.Reset();
+        for (int r = 0; r < ranks; ++r)
           ForEachRoundRun(plan, r, k, [&](size_t i, const plan::Piece& pc, int64_t off, int64_t n) {
-            if (plan.file_mapper[pc.file] == rank && shuffled(r, i, pc, off)) scount[r] += 4 * n;
+            if (plan.file_mapper[pc.file] == rank && shuffled(r, i, pc, off)) round.CountSend(r, 4 * n);
           });
-          sdispl[r] = total;
-          total += scount[r];
-        }
-        send.Reserve(static_cast<size_t>(total));
+        ForEachRoundRun(plan, rank, k, [&](size_t i, const plan::Piece& pc, int64_t off, int64_t n) {
+          if (shuffled(rank, i, pc, off)) round.CountReceive(plan.file_mapper[pc.file], 4 * n);
+        });
+        round.Allocate();
         for (int r = 0; r < ranks; ++r) {
-          int64_t at = sdispl[r];
           ForEachRoundRun(plan, r, k, [&](size_t i, const plan::Piece& pc, int64_t off, int64_t n) {
             if (plan.file_mapper[pc.file] != rank) return;
             const Item& it = plan.work[r][i];
@@ -435,17 +433,9 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
               c.bytes_in_place += 4 * n;
               return;
             }
-            mapper->Read(pc, it.state, off, n, send.data() + at, name);
-            at += 4 * n;
+            mapper->Read(pc, it.state, off, n, round.Put(r, 4 * n), name);
           });
         }
-        int64_t rtotal = 0;
-        std::fill(rcount.begin(), rcount.end(), 0);
-        ForEachRoundRun(plan, rank, k, [&](size_t i, const plan::Piece& pc, int64_t off, int64_t n) {
-          if (shuffled(rank, i, pc, off)) rcount[plan.file_mapper[pc.file]] += 4 * n;
-        });
-        for (int m = 0; m < ranks; ++m) rdispl[m] = rtotal, rtotal += rcount[m];
-        recv.Reserve(static_cast<size_t>(rtotal));
       }); });
       std::array<int64_t, 2> sums = {error.empty() ? 0 : 1, c.bytes_received + c.bytes_in_place};
       Timed(c.exchange, [&] { comm.AllreduceSum(sums); });
@@ -454,17 +444,14 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         return 1;
       }
       if (rank == 0) progress.Update(sums[1]);
-      Timed(c.exchange, [&] { comm.Alltoallv(send.data(), scount, sdispl, recv.data(), rcount, rdispl); });
-      for (int r = 0; r < ranks; ++r) c.bytes_sent += scount[r], c.bytes_received += rcount[r];
+      Timed(c.exchange, [&] { round.Exchange(comm); });
+      c.bytes_sent += round.sent(), c.bytes_received += round.received();
       // Union: every shuffled run lands in its item's atomic tensor, in stream order.
       error = Capture([&] {
-        std::copy(rdispl.begin(), rdispl.end(), cursor.begin());
         Timed(c.assemble, [&] {
           ForEachRoundRun(plan, rank, k, [&](size_t i, const plan::Piece& pc, int64_t off, int64_t n) {
             if (!shuffled(rank, i, pc, off)) return;
-            int64_t& at = cursor[plan.file_mapper[pc.file]];
-            assembly(i).Apply(pc.stream_start + off, n, recv.data() + at, where(pc));
-            at += 4 * n;
+            assembly(i).Apply(pc.stream_start + off, n, round.Take(plan.file_mapper[pc.file], 4 * n), where(pc));
           });
         });
         finish_upto(std::min((k + 1) * plan.chunk_elems, plan.work_numel[rank]));

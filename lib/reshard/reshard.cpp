@@ -25,6 +25,7 @@
 #include "target/reshard_plan.h"
 #include "source/source_index.h"
 #include "shuffle/agree.h"
+#include "shuffle/round.h"
 #include "store/atom_store.h"
 
 namespace ucp::reshard {
@@ -94,42 +95,37 @@ class HeldPieces {
           transfers.push_back({static_cast<int>(i), P_.shared[i].reader, r, 0, plan::kStates * P_.shared[i].numel});
     const int ranks = comm.size();
     const int64_t cap = std::max<int64_t>(1, round_bytes / 4);
-    ScratchBytes send, recv;
+    shuffle::Round round(ranks);
     int64_t rounds = 0, sent_bytes = 0;
     for (bool left = !transfers.empty(); left; ++rounds) {
       std::vector<int64_t> sent(ranks, 0), got(ranks, 0);
-      std::vector<Part> round;
+      std::vector<Part> parts;
       for (size_t t = 0; t < transfers.size(); ++t) {
         Transfer& x = transfers[t];
         const int64_t n = std::min({x.total - x.done, cap - sent[x.src], cap - got[x.dst]});
         if (n <= 0) continue;
-        round.push_back({t, x.done, n});
+        parts.push_back({t, x.done, n});
         x.done += n, sent[x.src] += n, got[x.dst] += n;
       }
       left = std::any_of(transfers.begin(), transfers.end(), [](const Transfer& x) { return x.done < x.total; });
-      std::vector<int64_t> scount(ranks, 0), sdispl(ranks, 0), rcount(ranks, 0), rdispl(ranks, 0);
-      for (const Part& p : round) {
+      round.Reset();
+      for (const Part& p : parts) {
         const Transfer& x = transfers[p.transfer];
-        if (x.src == rank_) scount[x.dst] += 4 * p.n;
-        if (x.dst == rank_) rcount[x.src] += 4 * p.n;
+        if (x.src == rank_) round.CountSend(x.dst, 4 * p.n);
+        if (x.dst == rank_) round.CountReceive(x.src, 4 * p.n);
       }
-      for (int r = 1; r < ranks; ++r) sdispl[r] = sdispl[r - 1] + scount[r - 1], rdispl[r] = rdispl[r - 1] + rcount[r - 1];
-      send.Reserve(static_cast<size_t>(sdispl[ranks - 1] + scount[ranks - 1]));
-      recv.Reserve(static_cast<size_t>(rdispl[ranks - 1] + rcount[ranks - 1]));
-      std::vector<int64_t> put = sdispl, take = rdispl;
-      for (const Part& p : round) {  // parts to each rank in round order: the receiver reads them alike
+      round.Allocate();
+      for (const Part& p : parts) {  // parts to each rank in round order: the receiver reads them alike
         const Transfer& x = transfers[p.transfer];
         if (x.src != rank_) continue;
-        std::memcpy(send.data() + put[x.dst], Floats(held_.at(x.piece)) + p.at, static_cast<size_t>(p.n) * 4);
-        put[x.dst] += 4 * p.n;
-        sent_bytes += 4 * p.n;
+        std::memcpy(round.Put(x.dst, 4 * p.n), Floats(held_.at(x.piece)) + p.at, static_cast<size_t>(p.n) * 4);
       }
-      comm.Alltoallv(send.data(), scount, sdispl, recv.data(), rcount, rdispl);
-      for (const Part& p : round) {
+      round.Exchange(comm);
+      sent_bytes += round.sent();
+      for (const Part& p : parts) {
         const Transfer& x = transfers[p.transfer];
         if (x.dst != rank_) continue;
-        std::memcpy(Floats(held_.at(x.piece)) + p.at, recv.data() + take[x.src], static_cast<size_t>(p.n) * 4);
-        take[x.src] += 4 * p.n;
+        std::memcpy(Floats(held_.at(x.piece)) + p.at, round.Take(x.src, 4 * p.n), static_cast<size_t>(p.n) * 4);
       }
     }
     return {rounds, sent_bytes};

@@ -200,7 +200,8 @@ void FinishMoe(SourceIndex& L, const MoeShapes& moe, GroupParams& group_params, 
   }
   L.notes.push_back("Mixture of Experts, ep=" + std::to_string(L.ep) + ": the atomic checkpoint keeps each expert under its "
                     "global id; DeepSpeed's universal load looks an expert up by its local name on its expert-parallel "
-                    "rank, so it restores experts right only in a job with ep_size 1");
+                    "rank, so it restores experts right only in a job with ep_size 1; for another ep_size, load the native files "
+                    "ucp-reshard --ep writes");
   // The model-states file's num_experts (one count per MoE layer) against the expert files.
   if (auto n = model_root.Get("num_experts"); n && n->kind == Value::Kind::List) {
     std::map<int, std::set<int>> files;  // MoE layer ordinal -> global expert ids, at mp 0
