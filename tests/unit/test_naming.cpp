@@ -153,3 +153,18 @@ TEST_CASE("names read from files stay inside the folder they are joined to", "[n
                     "file path '../../outside.pt' has a component that is '..': it would name a file outside its folder");
   CHECK(store::FileRecord::FromJson({{"path", "zero/x/fp32.pt"}, {"bytes", 1}, {"xxh64", "ff"}}).xxh64 == 0xff);
 }
+
+TEST_CASE("an expert parameter's id is found and replaced; other names are no experts", "[naming]") {
+  const std::string name = "language_model.encoder.layers.3.mlp.deepspeed_moe.experts.deepspeed_experts.12.dense_h_to_4h.weight";
+  auto e = ExpertOf(name);
+  REQUIRE(e);
+  CHECK(e->id == 12);
+  CHECK(e->prefix == "language_model.encoder.layers.3.mlp.deepspeed_moe.experts.deepspeed_experts.");
+  CHECK(e->rest == ".dense_h_to_4h.weight");
+  CHECK(e->With(0) == "language_model.encoder.layers.3.mlp.deepspeed_moe.experts.deepspeed_experts.0.dense_h_to_4h.weight");
+  CHECK(e->With(12) == name);
+  for (const char* other : {"language_model.encoder.layers.3.mlp.deepspeed_moe.gate.wg.weight",
+                            "language_model.encoder.layers.3.mlp.dense_h_to_4h.weight",
+                            "x.deepspeed_experts.1a.weight", "x.deepspeed_experts..weight", "x.deepspeed_experts.3"})
+    CHECK_FALSE(ExpertOf(other));
+}
