@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(root, "scripts"))
 import ds_stubs  # noqa: E402,F401
 import make_moe_fixture  # noqa: E402
 from compare_shards import compare_roots  # noqa: E402
+from real_moe import same_bytes  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("convert")
@@ -65,10 +66,6 @@ def reshard(atomic, out, dp, ep, zero, ranks):
     shutil.rmtree(out, ignore_errors=True)
     run(mpi([a.reshard, atomic, "-o", out, "-q", "--dp", str(dp), "--tp", "1", "--pp", "1", "--zero-stage", str(zero),
              "--dtype", a.dtype, "--ep", str(ep)], ranks), f"ucp-reshard to dp={dp} ep={ep} ZeRO-{zero}")
-
-
-def same_bytes(x, y):
-    return x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8))
 
 
 shutil.rmtree(a.work, ignore_errors=True)

@@ -42,6 +42,12 @@ def run(cmd, what):
     return r
 
 
+def same_bytes(a, b):
+    """Equal dtype, shape and bytes (any dtype)."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).contiguous().view(torch.uint8),
+                                                                    b.reshape(-1).contiguous().view(torch.uint8))
+
+
 def saved_weights(shard):
     """name -> the tensor DeepSpeed saved: the module, and every expert file under global ids."""
     out = dict(load(os.path.join(shard, "mp_rank_00_model_states.pt"))["module"])
@@ -51,12 +57,16 @@ def saved_weights(shard):
     return out
 
 
-def reassembled_moments(shard, ep):
-    """name -> {exp_avg, exp_avg_sq}, from every ZeRO optimizer file."""
-    files = sorted(f for f in os.listdir(shard) if re.fullmatch(r"zero_pp_rank_\d+_mp_rank_00_optim_states\.pt", f))
-    pieces = {}  # name -> list of (flat position, state, tensor)
-    for f in files:
-        d = int(re.match(r"zero_pp_rank_(\d+)_", f).group(1))
+def flat_pieces(shard, ep):
+    """(name, ep rank or -1) -> [(flat position in the parameter's group, start, numel, file's group
+    state, fp32 partition)], from every ZeRO file of `shard` (DeepSpeed's partitioning: an expert
+    group over the dp / ep ranks d with d % ep equal, partition d // ep)."""
+    pieces = {}
+    for f in sorted(os.listdir(shard)):
+        m = re.fullmatch(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt", f)
+        if not m:
+            continue
+        d = int(m.group(1))
         osd = load(os.path.join(shard, f))["optimizer_state_dict"]
         groups = osd["base_optimizer_state"]["param_groups"]
         state = osd["base_optimizer_state"]["state"]
@@ -65,12 +75,40 @@ def reassembled_moments(shard, ep):
             part = d // ep if moe else d
             size = state[g]["exp_avg"].numel()
             for name, frag in mapping.items():
-                if moe:
-                    m = EXPERT.match(name)
-                    name = (m.group(1), int(m.group(2)), m.group(3))
-                pieces.setdefault((name, d % ep if moe else -1), []).append(
-                    (part * size + frag.start, frag.start, frag.numel, state[g]))
+                key = (name, d % ep if moe else -1)
+                pieces.setdefault(key, []).append((part * size + frag.start, frag.start, frag.numel, state[g],
+                                                   osd["single_partition_of_fp32_groups"][g]))
     return pieces
+
+
+def reassembled(shard, ep, shapes):
+    """global name -> {fp32, exp_avg, exp_avg_sq} (flat), from the ZeRO files of `shard`."""
+    per_layer = {}
+    for name in shapes:
+        m = EXPERT.match(name)
+        if m:
+            per_layer.setdefault(m.group(1), set()).add(int(m.group(2)))
+    out = {}
+    for (name, ep_rank), runs in flat_pieces(shard, ep).items():
+        if ep_rank >= 0:
+            m = EXPERT.match(name)
+            local = int(m.group(2))
+            per_rank = len(per_layer[m.group(1)]) // ep
+            assert local < per_rank, f"{name}: local id {local} on an expert-parallel rank of {per_rank} experts"
+            name = f"{m.group(1)}{ep_rank * per_rank + local}{m.group(3)}"
+        assert name not in out, f"{name}: in the ZeRO files twice"
+        first = min(r[0] for r in runs)
+        numel = shapes[name].numel()
+        got = {s: torch.full((numel,), float("nan")) for s in ("fp32", "exp_avg", "exp_avg_sq")}
+        for flat, start, n, st, fp32 in runs:
+            at = flat - first
+            got["exp_avg"][at:at + n] = st["exp_avg"][start:start + n]
+            got["exp_avg_sq"][at:at + n] = st["exp_avg_sq"][start:start + n]
+            got["fp32"][at:at + n] = fp32[start:start + n]
+        for s, t in got.items():
+            assert not bool(torch.isnan(t).any()), f"{name}: {s} not covered by the ZeRO files' fragments"
+        out[name] = got
+    return out
 
 
 def main():
@@ -102,28 +140,8 @@ def main():
           f"{len(report['params'])} parameters")
 
     saved = saved_weights(shard)
-    # The moments, reassembled from the optimizer files (independently of ucp).
-    num_experts = {}
-    for name in saved:
-        m = EXPERT.match(name)
-        if m:
-            num_experts.setdefault(m.group(1), set()).add(int(m.group(2)))
-    pieces = reassembled_moments(shard, ep)
-    moments = {}
-    for (key, ep_rank), runs in pieces.items():
-        if isinstance(key, tuple):
-            prefix, local, rest = key
-            per_rank = len(num_experts[prefix]) // ep
-            name = f"{prefix}{ep_rank * per_rank + local}{rest}"
-        else:
-            name = key
-        first = min(r[0] for r in runs)
-        numel = saved[name].numel()
-        out = {s: torch.zeros(numel, dtype=torch.float32) for s in ("exp_avg", "exp_avg_sq")}
-        for flat, start, n, st in runs:
-            for s in out:
-                out[s][flat - first:flat - first + n] = st[s][start:start + n]
-        moments[name] = out
+    # The weights and moments, reassembled from the optimizer files (independently of ucp).
+    moments = reassembled(shard, ep, saved)
 
     shutil.rmtree(work, ignore_errors=True)
     for ranks in (1, 2):
@@ -141,15 +159,13 @@ def main():
             if want.shape != fp32.shape:  # the vocabulary padding rows, dropped in the atomic tensor
                 assert want.shape[1:] == fp32.shape[1:] and want.shape[0] > fp32.shape[0], name
                 want = want[:fp32.shape[0]]
-            assert want.dtype == torch.float32 and torch.equal(want.contiguous().view(torch.int32),
-                                                               fp32.contiguous().view(torch.int32)), \
-                f"{name}: fp32 differs from DeepSpeed's saved weight"
+            assert want.dtype == torch.float32 and same_bytes(want, fp32), f"{name}: fp32 differs from DeepSpeed's saved weight"
             for s in ("exp_avg", "exp_avg_sq"):
                 got = load(os.path.join(zero, name, f"{s}.pt"))["param"].reshape(-1)
                 ref = moments[name][s]
                 if got.numel() != ref.numel():  # vocabulary rows dropped: the moments of the rows kept
                     ref = ref.reshape(saved[name].shape)[:fp32.shape[0]].reshape(-1)
-                assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), f"{name}: {s} differs"
+                assert same_bytes(got, ref), f"{name}: {s} differs"
                 assert bool(got.abs().sum() > 0), f"{name}: {s} is all zeros"
         n_exp = sum(1 for p in params if EXPERT.match(p))
         print(f"np{ranks}: {len(params)} parameters ({n_exp} expert tensors under global ids) equal DeepSpeed's "

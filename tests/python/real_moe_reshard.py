@@ -34,68 +34,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds_stubs  # noqa: E402,F401  DeepSpeed's pickled classes, without DeepSpeed
-from real_moe import EXPERT, load, run, saved_weights  # noqa: E402
+from real_moe import EXPERT, flat_pieces, load, reassembled, run, same_bytes, saved_weights  # noqa: E402
 
 VOCAB = "language_model.embedding.word_embeddings.weight"
-
-
-def flat_pieces(shard, ep):
-    """(name, ep rank or -1) -> [(flat position in the parameter's group, start, numel, file's group
-    state, fp32 partition)], from every ZeRO file of `shard` (DeepSpeed's partitioning: an expert
-    group over the dp / ep ranks d with d % ep equal, partition d // ep)."""
-    pieces = {}
-    for f in sorted(os.listdir(shard)):
-        m = re.fullmatch(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt", f)
-        if not m:
-            continue
-        d = int(m.group(1))
-        osd = load(os.path.join(shard, f))["optimizer_state_dict"]
-        groups = osd["base_optimizer_state"]["param_groups"]
-        state = osd["base_optimizer_state"]["state"]
-        for g, mapping in enumerate(osd["param_slice_mappings"]):
-            moe = bool(groups[g].get("moe", False))
-            part = d // ep if moe else d
-            size = state[g]["exp_avg"].numel()
-            for name, frag in mapping.items():
-                key = (name, d % ep if moe else -1)
-                pieces.setdefault(key, []).append((part * size + frag.start, frag.start, frag.numel, state[g],
-                                                   osd["single_partition_of_fp32_groups"][g]))
-    return pieces
-
-
-def reassembled(shard, ep, shapes):
-    """global name -> {fp32, exp_avg, exp_avg_sq} (flat), from the ZeRO files of `shard`."""
-    per_layer = {}
-    for name in shapes:
-        m = EXPERT.match(name)
-        if m:
-            per_layer.setdefault(m.group(1), set()).add(int(m.group(2)))
-    out = {}
-    for (name, ep_rank), runs in flat_pieces(shard, ep).items():
-        if ep_rank >= 0:
-            m = EXPERT.match(name)
-            local = int(m.group(2))
-            per_rank = len(per_layer[m.group(1)]) // ep
-            assert local < per_rank, f"{name}: local id {local} on an expert-parallel rank of {per_rank} experts"
-            name = f"{m.group(1)}{ep_rank * per_rank + local}{m.group(3)}"
-        assert name not in out, f"{name}: in the ZeRO files twice"
-        first = min(r[0] for r in runs)
-        numel = shapes[name].numel()
-        got = {s: torch.full((numel,), float("nan")) for s in ("fp32", "exp_avg", "exp_avg_sq")}
-        for flat, start, n, st, fp32 in runs:
-            at = flat - first
-            got["exp_avg"][at:at + n] = st["exp_avg"][start:start + n]
-            got["exp_avg_sq"][at:at + n] = st["exp_avg_sq"][start:start + n]
-            got["fp32"][at:at + n] = fp32[start:start + n]
-        for s, t in got.items():
-            assert not bool(torch.isnan(t).any()), f"{name}: {s} not covered by the ZeRO files' fragments"
-        out[name] = got
-    return out
-
-
-def same_bytes(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).contiguous().view(torch.uint8),
-                                                                    b.reshape(-1).contiguous().view(torch.uint8))
 
 
 def check_weights(name, want, got, vocab_rows, where):
