@@ -80,10 +80,11 @@ void ReadExperts(Source& S, const std::string& model_path) {
   if (!n || n->kind != Value::Kind::List) throw Error(model_path + ": a Mixture-of-Experts model-states file without num_experts");
   for (const auto& c : n->AsSequence()) S.num_experts.push_back(c->AsInt());
   std::map<std::pair<int, std::string>, std::set<int>> layers;  // (spec, expert prefix) -> global ids
-  for (Atom& a : S.atoms)
-    if (auto e = ExpertOf(a.name); e && a.name.find(".deepspeed_moe.") != std::string::npos) {
-      a.expert = e->id;
-      layers[{a.spec(), e->prefix}].insert(e->id);
+  std::vector<std::string> prefix(S.atoms.size());                 // per atom: its expert prefix, if any
+  for (size_t k = 0; k < S.atoms.size(); ++k)
+    if (auto e = ExpertOf(S.atoms[k].name); e && S.atoms[k].name.find(".deepspeed_moe.") != std::string::npos) {
+      S.atoms[k].expert = e->id, prefix[k] = e->prefix;
+      layers[{S.atoms[k].spec(), e->prefix}].insert(e->id);
     }
   if (layers.size() != S.num_experts.size())
     throw Error(model_path + ": num_experts lists " + std::to_string(S.num_experts.size()) + " MoE layers but the atomic "
@@ -100,8 +101,9 @@ void ReadExperts(Source& S, const std::string& model_path) {
   int groups = 0;
   for (const Atom& a : S.atoms) groups = std::max(groups, a.group + 1);
   std::vector<int> experts(groups, 0), others(groups, 0);
-  for (Atom& a : S.atoms) {
-    if (a.expert >= 0) a.moe_layer = ordinal.at(ExpertOf(a.name)->prefix);
+  for (size_t k = 0; k < S.atoms.size(); ++k) {
+    Atom& a = S.atoms[k];
+    if (a.expert >= 0) a.moe_layer = ordinal.at(prefix[k]);
     (a.expert >= 0 ? experts : others)[a.group]++;
   }
   for (int g = 0; g < groups; ++g) {
