@@ -347,6 +347,11 @@ nlohmann::json SourceJson(const source::SourceIndex& L, const patterns::ModelPat
     if (f.carried && f.expert < 0 && f.pp == 0 && f.tp == 0 && f.dp == 0 && (model_states.empty() || f.name < model_states))
       model_states = f.name;
   if (!model_states.empty()) src["model_states"] = model_states;
+  // How many files of each kind (the driver's words): what a target writer of the same format
+  // follows where the format's versions differ in the files they write.
+  nlohmann::json kinds = nlohmann::json::object();
+  for (const auto& f : L.files) kinds[f.kind] = kinds.value(f.kind, 0) + 1;
+  src["file_kinds"] = kinds;
   if (M.checkpoint_rules && M.checkpoint_rules->version) src["universal_checkpoint_version"] = *M.checkpoint_rules->version;
   else src["universal_checkpoint_version"] = nullptr;
   return src;

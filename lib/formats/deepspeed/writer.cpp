@@ -38,11 +38,22 @@ ValuePtr OrderedDict() {
   d->module = "collections", d->name = "OrderedDict";
   return d;
 }
-ValuePtr TorchSize(const std::vector<int64_t>& shape) {
+// A shape as the source's files pickle one: torch.Size (torch 1.x), or a plain tuple, which is how
+// torch 2.x pickles a torch.Size (DeepSpeed 0.19 files).
+ValuePtr TorchSize(const std::vector<int64_t>& shape, bool plain_tuple) {
   auto t = Value::Make(Value::Kind::Tuple);
   for (int64_t d : shape) t->items.push_back(Value::Int(d));
-  t->module = "torch", t->name = "Size";
+  if (!plain_tuple) t->module = "torch", t->name = "Size";
   return t;
+}
+// Whether the source's param_shapes hold plain tuples rather than torch.Size (see TorchSize).
+bool PlainTupleShapes(const Value& model_states) {
+  auto shapes = model_states.Get("param_shapes");
+  if (!shapes || !shapes->IsSequence()) return false;
+  for (const auto& g : shapes->AsSequence())
+    if (g && g->kind == Value::Kind::Dict)
+      for (const auto& item : g->dict.items()) return item.value->kind == Value::Kind::Tuple && item.value->name.empty();
+  return false;
 }
 ValuePtr TorchDtype(const std::string& dtype) {
   auto g = Value::Make(Value::Kind::Global);
@@ -363,7 +374,8 @@ class UnitWriter {
 
   // Mixture of Experts: one file per expert of each MoE layer, its weights under its global id in
   // the training dtype (engine._save_moe_checkpoint), and per expert-parallel rank an
-  // expp_rank file, which under ZeRO holds no optimizer state.
+  // expp_rank file, which under ZeRO holds no optimizer state. DeepSpeed 0.19.3 and later write
+  // none under ZeRO: the target has them when the source had them (the manifest's file kinds).
   void WriteExpertFiles() {
     const auto lp = LpOf(T_.dtype);
     std::map<std::pair<int, int>, ValuePtr> files;  // (MoE layer, global expert) -> its weights
@@ -375,7 +387,9 @@ class UnitWriter {
       SetItem(*f, P_.names[U_.params[k].atom], pt::OwnedTensor(lp_[k], lp_[k].get(), lp.dtype, U_.params[k].copy.shape));
     }
     for (const auto& [key, dict] : files) WriteShardFile(ExpertStatesFileName(key.first, key.second, Mp()), *dict);
-    for (int r = 0; r < Ep(); ++r) {
+    const auto kinds = S_.manifest["source"].value("file_kinds", nlohmann::json::object());
+    const bool expp = !kinds.is_object() || kinds.empty() || kinds.value("expert_optimizer_states", 0) > 0;
+    for (int r = 0; expp && r < Ep(); ++r) {
       auto root = Value::Make(Value::Kind::Dict);
       SetItem(*root, "optimizer", Value::None());
       WriteShardFile(ExpertOptimFileName(r, Mp()), *root);
@@ -531,9 +545,13 @@ class UnitWriter {
     auto root = Copied(*S_.model_states.root);
     SetItem(*root, "module", std::move(module));
     auto shapes = Value::Make(Value::Kind::List);
-    for (const auto& grp : U_.groups) {
+    const bool plain_tuples = PlainTupleShapes(*S_.model_states.root);
+    // The parameters of each optimizer group on DP rank 0 (the rank that saves this file): under
+    // Mixture of Experts (DeepSpeed 0.19.3+ records them), the experts of expert-parallel rank 0,
+    // by their local names.
+    for (size_t g = 0; g < U_.groups.size(); ++g) {
       auto m = OrderedDict();
-      for (int k : grp) SetItem(*m, P_.names[U_.params[k].atom], TorchSize(U_.params[k].copy.shape));
+      for (int k : GroupMembers(g, 0)) SetItem(*m, OptimizerName(k), TorchSize(U_.params[k].copy.shape, plain_tuples));
       shapes->items.push_back(m);
     }
     // A Mixture-of-Experts save (engine._save_moe_checkpoint) records no param_shapes or ds_config.
@@ -544,6 +562,13 @@ class UnitWriter {
       PutIfPresent(*root, key, T_.zero_stage >= 2 ? OrderedDict() : Value::None());
     SetItem(*root, "dp_world_size", Value::Int(T_.dp));
     SetItem(*root, "mp_world_size", Value::Int(T_.tp * T_.pp));
+    // DeepSpeed >= 0.19.5 records the model-parallel degrees, which its checkpoint readers trust.
+    if (auto dims = root->Get("checkpoint_parallel_dimensions"); dims && dims->kind == Value::Kind::Dict) {
+      auto d = Copied(*dims);
+      PutIfPresent(*d, "pp_degree", Value::Int(T_.pp));
+      PutIfPresent(*d, "tp_degree", Value::Int(T_.tp));
+      SetItem(*root, "checkpoint_parallel_dimensions", d);
+    }
     if (S_.moe) PutIfPresent(*root, "ds_config", DsConfig());
     else SetItem(*root, "ds_config", DsConfig());
     if (auto args = root->Get("args"); args && args->kind == Value::Kind::Object && args->state) {
