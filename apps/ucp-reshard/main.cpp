@@ -91,6 +91,10 @@ int main(int argc, char** argv) {
        "MoE layer's expert count (default: the source's)")->check(CLI::PositiveNumber);
   LayoutFlag<std::string>(app, flags, "--dtype", "dtype", "training dtype: fp16, bf16 (default) or fp32")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
+  LayoutFlag<std::string>(app, flags, "--grad-accum-dtype", "grad_accum_dtype",
+       "the dtype gradients accumulate in (DeepSpeed's data_types.grad_accum_dtype); with --dtype bf16 --zero-stage 1, "
+       "fp32 writes DeepSpeed's BF16 optimizer files, bf16 ZeRO's. Default: the source's")
+      ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   LayoutFlag<std::string>(app, flags, "--partition-method", "partition_method",
        "pipeline partitioning as DeepSpeed computes it: type:REGEX (default type:transformer, as Megatron-DeepSpeed), "
        "uniform, parameters, or explicit layer-spec boundaries such as 0,4,9");

@@ -71,6 +71,7 @@ struct SourceIndex {
   int ep = 1;        // expert parallelism: experts split over ep ranks, each replicated dp / ep times
   int64_t iteration = 0;
   std::string ds_version;  // the writer's version, as the files record it
+  std::string grad_accum_dtype;  // the configured gradient-accumulation dtype; empty: the checkpoint does not say
   std::string naming;      // "pipe" (layer files; GPTModelPipe names) or "plain"
   std::vector<ShardFile> files;
   std::vector<ParamRecord> params;  // in first-seen order: stage, group, position

@@ -339,6 +339,7 @@ nlohmann::json SourceJson(const source::SourceIndex& L, const patterns::ModelPat
                         {"naming", L.naming},
                         {"fingerprint", source::FolderFingerprint(L.dir)}};
   if (L.moe) src["moe"] = true, src["ep"] = L.ep;
+  if (!L.grad_accum_dtype.empty()) src["grad_accum_dtype"] = L.grad_accum_dtype;
   // The carried file that holds the model's non-tensor state (rank 0's; the first by name), which
   // ucp-reshard starts the target's from: not an expert's file, which a Mixture-of-Experts
   // checkpoint carries too.

@@ -25,6 +25,7 @@ nlohmann::json TargetLayout::ToJson() const {
   if (vocab_divisible_by > 0) j["make_vocab_size_divisible_by"] = vocab_divisible_by;
   if (ep > 0) j["ep"] = ep;
   if (!model.empty()) j["model"] = model;
+  if (!grad_accum_dtype.empty()) j["grad_accum_dtype"] = grad_accum_dtype;
   return j;
 }
 
@@ -81,6 +82,10 @@ TargetLayout ApplyLayout(const nlohmann::json& j, TargetLayout t, const std::str
       static const std::set<std::string> dtypes = {"fp16", "bf16", "fp32"};
       if (!v.is_string() || !dtypes.count(v.get<std::string>())) throw bad("\"fp16\", \"bf16\" or \"fp32\"");
       t.dtype = v.get<std::string>();
+    } else if (key == "grad_accum_dtype") {
+      static const std::set<std::string> dtypes = {"fp16", "bf16", "fp32"};
+      if (!v.is_string() || !dtypes.count(v.get<std::string>())) throw bad("\"fp16\", \"bf16\" or \"fp32\"");
+      t.grad_accum_dtype = v.get<std::string>();
     } else if (key == "model") {
       if (!v.is_string() || (v != "pipe" && v != "plain")) throw bad("\"pipe\" (a PipelineModule) or \"plain\" (not one)");
       t.model = v.get<std::string>();
@@ -99,7 +104,7 @@ TargetLayout ApplyLayout(const nlohmann::json& j, TargetLayout t, const std::str
       }
     } else {
       throw Error(path + ": unknown key '" + key + "' (schemas/layout.schema.json lists dp, tp, pp, zero_stage, dtype, "
-                  "partition_method, make_vocab_size_divisible_by, model, ep)");
+                  "partition_method, make_vocab_size_divisible_by, model, ep, grad_accum_dtype)");
     }
     given->push_back(key);
   }

@@ -22,8 +22,14 @@ struct TargetLayout {
   // not one (GPTModel names, weights under `module` of mp_rank_XX_model_states.pt). Empty: the
   // source's, except that pp > 1 is always a pipeline and ZeRO-3 never is.
   std::string model;
+  // The dtype gradients accumulate in (DeepSpeed's data_types.grad_accum_dtype): with bf16 it picks
+  // the optimizer, the BF16 optimizer at ZeRO-0, and at ZeRO-1 only with "fp32" (otherwise ZeRO's).
+  // Empty: the source's (ResolveModel).
+  std::string grad_accum_dtype;
 
-  bool bf16_optimizer() const { return dtype == "bf16" && zero_stage <= 1; }
+  bool bf16_optimizer() const {
+    return dtype == "bf16" && (zero_stage == 0 || (zero_stage == 1 && grad_accum_dtype == "fp32"));
+  }
   std::string Degrees() const;   // "dp=4 tp=2 pp=2 ZeRO-1", and " ep=2" with expert parallelism
   std::string Describe() const;  // "dp=4 tp=2 pp=2 ZeRO-1 bf16"
   nlohmann::json ToJson() const;  // as schemas/layout.schema.json

@@ -78,3 +78,15 @@ class SubparamShape:
 
 SubparamShape.__module__ = "deepspeed.checkpoint.universal_checkpoint"
 _module("deepspeed.checkpoint.universal_checkpoint").SubparamShape = SubparamShape
+
+
+# Files written with numpy 2 (DeepSpeed 0.19 on torch 2) name numpy's scalars and arrays under
+# numpy._core; numpy 1 (Debian bookworm) has the same objects under numpy.core.
+try:
+    import numpy
+    import numpy.core.multiarray
+    if not hasattr(numpy, "_core") or "numpy._core.multiarray" not in sys.modules:
+        sys.modules.setdefault("numpy._core", numpy.core)
+        sys.modules.setdefault("numpy._core.multiarray", numpy.core.multiarray)
+except ImportError:
+    pass

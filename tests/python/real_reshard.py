@@ -46,6 +46,32 @@ ENGINE_KEYS_SKIPPED = {"ds_config", "ds_version"}
 CLIENT_KEYS = {"args", "checkpoint_version", "iteration", "tokens", "rng_state", "universal_checkpoint_info"}
 
 
+def case_info(case, cases_dir):
+    """case.json, or {} for a folder without one."""
+    path = os.path.join(cases_dir, case, "case.json")
+    return json.load(open(path)) if os.path.exists(path) else {}
+
+
+def deepspeed_version(case, cases_dir):
+    """The DeepSpeed that wrote the case (case.json files of the first corpus predate the field: 0.14.5)."""
+    return case_info(case, cases_dir).get("deepspeed", {}).get("version", "0.14.5")
+
+
+def not_comparable(case, source, cases_dir):
+    """Why `case` is no target to compare `source`'s reshard with, or None."""
+    if not os.path.isdir(os.path.join(cases_dir, case, "ckpt", "global_step6")):
+        return "no global_step6 checkpoint"
+    if "--moe-layers" in case_info(case, cases_dir).get("train_args", "") or \
+            any("_expert_" in f for f in os.listdir(os.path.join(cases_dir, case, "ckpt", "global_step6"))):
+        return "a Mixture-of-Experts model, another model (real_moe_reshard.py reshards those)"
+    if deepspeed_version(case, cases_dir) != deepspeed_version(source, cases_dir):
+        return (f"written by DeepSpeed {deepspeed_version(case, cases_dir)}, the source by "
+                f"{deepspeed_version(source, cases_dir)}: a reshard follows its source's DeepSpeed, so the files differ")
+    if not os.path.isdir(os.path.join(cases_dir, case, "ckpt", "global_step6_universal")):
+        return "DeepSpeed's ds_to_universal.py failed on it: no universal checkpoint to compare values with"
+    return None
+
+
 def layout_of(case, cases_dir):
     tok = dict(re.findall(r"(tp|pp|dp|zero)(\d+)", case))
     files = os.listdir(os.path.join(cases_dir, case, "ckpt", "global_step6"))
@@ -157,6 +183,10 @@ def main():
     groups = lambda d: len(load(os.path.join(d, "zero", "optimizer_state.pt"))["param_groups"])  # noqa: E731
     failed = 0
     for case in sorted(os.listdir(cases_dir)):
+        why = not_comparable(case, source, cases_dir)
+        if why:
+            print(f"skip {source} -> {case}: {why}")
+            continue
         L = layout_of(case, cases_dir)
         out = os.path.join(work, source, case)
         ds_universal = os.path.join(cases_dir, case, "ckpt", "global_step6_universal")

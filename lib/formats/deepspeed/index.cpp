@@ -1,5 +1,6 @@
 #include "formats/deepspeed/index.h"
 
+#include <map>
 #include <algorithm>
 #include <cctype>
 #include <optional>
@@ -448,6 +449,16 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
       else if (enabled("fp16")) L.dtype = "fp16";
       if (auto z = cfg->Get("zero_optimization"); z && z->kind == Value::Kind::Dict)
         if (auto st = z->Get("stage"); st && st->kind == Value::Kind::Int) config_stage = static_cast<int>(st->i);
+      // data_types.grad_accum_dtype, under any of the names DeepSpeed's DtypeEnum accepts.
+      if (auto dt = cfg->Get("data_types"); dt && dt->kind == Value::Kind::Dict)
+        if (auto g = dt->Get("grad_accum_dtype"); g && g->kind == Value::Kind::Str) {
+          static const std::map<std::string, std::string> names = {
+              {"fp32", "fp32"}, {"float32", "fp32"}, {"float", "fp32"}, {"torch.float32", "fp32"},
+              {"fp16", "fp16"}, {"float16", "fp16"}, {"half", "fp16"}, {"torch.float16", "fp16"},
+              {"bf16", "bf16"}, {"bfloat16", "bf16"}, {"torch.bfloat16", "bf16"}};
+          if (auto it = names.find(g->s); it != names.end()) L.grad_accum_dtype = it->second;
+          else L.problems.push_back("ds_config data_types.grad_accum_dtype '" + g->s + "' is no dtype DeepSpeed knows");
+        }
     } else if (args) {
       if (auto b = args->Get("bf16"); b && b->kind == Value::Kind::Bool && b->b) L.dtype = "bf16";
       else if (auto h = args->Get("fp16"); h && h->kind == Value::Kind::Bool && h->b) L.dtype = "fp16";

@@ -249,6 +249,14 @@ class UnitWriter {
     section("zero_optimization", "stage", Value::Int(T_.zero_stage));
     section("bf16", "enabled", Value::Bool(T_.dtype == "bf16"));
     section("fp16", "enabled", Value::Bool(T_.dtype == "fp16"));
+    // The gradient-accumulation dtype that chose the optimizer (TargetLayout::grad_accum_dtype):
+    // said where the source said it, and added where DeepSpeed's default would choose another.
+    if (out->Get("data_types")) section("data_types", "grad_accum_dtype", Value::Str(T_.grad_accum_dtype));
+    else if (T_.bf16_optimizer() && T_.zero_stage == 1) {
+      auto dt = Value::Make(Value::Kind::Dict);
+      SetItem(*dt, "grad_accum_dtype", Value::Str("fp32"));
+      SetItem(*out, "data_types", dt);
+    }
     return out;
   }
 
