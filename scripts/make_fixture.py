@@ -309,7 +309,10 @@ def main():
     ds_config = {"train_batch_size": 8 * a.dp, "train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0,
                  "zero_optimization": {"stage": a.zero_stage}, "bf16": {"enabled": bf16},
                  "fp16": {"enabled": fp16, "loss_scale": 0, "initial_scale_power": 16},
-                 "steps_per_print": 10, "wall_clock_breakdown": False}
+                 "steps_per_print": 10, "wall_clock_breakdown": False,
+                 # Megatron-DeepSpeed's bf16 recipe: fp32 gradient accumulation, which is what makes
+                 # DeepSpeed pick its BF16 optimizer at ZeRO-1 (with bf16 accumulation, ZeRO's)
+                 "data_types": {"grad_accum_dtype": "fp32"}}
     args = argparse.Namespace(
         num_layers=model.layers, hidden_size=model.hidden, ffn_hidden_size=model.ffn,
         num_attention_heads=model.heads, num_key_value_heads=model.kv_heads, kv_channels=model.head_dim,

@@ -92,7 +92,7 @@ print(f"convert ({a.ranks} rank(s)): {len(names)} atomic tensors ({experts} expe
 
 layouts = [(dp, ep, z) for ep in (1, 2, 4) for dp in (1, 2, 4) for z in (1, 2) if dp % ep == 0]
 if a.dtype == "bf16":
-    layouts = [x for x in layouts if x[2] == 2]  # bf16 under ZeRO-1 is the BF16 optimizer
+    layouts = [x for x in layouts if x[2] == 2]  # bf16: compared at ZeRO-2 (the bf16 source is ZeRO-2)
 failures = []
 for k, (dp, ep, z) in enumerate(layouts):
     ranks = (1, 2, 4)[k % 3]

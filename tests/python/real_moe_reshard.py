@@ -228,7 +228,7 @@ def main():
                            ({"--dp": "6", "--ep": "3"}, "ep=3 must divide the 4 experts"),
                            ({"--zero-stage": "3"}, "ZeRO-3"),
                            ({"--zero-stage": "0", "--dtype": "bf16"}, "ZeRO-0"),
-                           ({"--dtype": "bf16"}, "BF16 optimizer"),
+                           ({"--dtype": "bf16", "--grad-accum-dtype": "fp32"}, "BF16 optimizer"),
                            ({"--tp": "2", "--dp": "2"}, "tp=2 pp=1"),
                            ({"--model": "pipe"}, "model 'pipe'")):
         flags = list(base)

@@ -34,12 +34,15 @@ TEST_CASE("planner: the memory of a rank per ZeRO stage", "[planner]") {
   TargetLayout t;
   t.dp = 4, t.dtype = "bf16";
   const std::vector<int64_t> n = {10, 7};  // 17 elements; ZeRO partition ceil(17/4) = 5; slices 3 + 2
-  t.zero_stage = 1;  // BF16 optimizer: fp32 gradients for every element
+  t.zero_stage = 1, t.grad_accum_dtype = "fp32";  // BF16 optimizer: fp32 gradients for every element
   auto m = EstimateMemory(t, n, 100);
   CHECK(m.weights == 34);
   CHECK(m.gradients == 68);
   CHECK(m.optimizer == 60);
   CHECK(m.total() == 34 + 68 + 60 + 100);
+  t.grad_accum_dtype = "bf16";  // ZeRO-1's optimizer: bf16 gradients for every element
+  m = EstimateMemory(t, n, 100);
+  CHECK((m.weights == 34 && m.gradients == 34 && m.optimizer == 60));
   t.zero_stage = 2;
   m = EstimateMemory(t, n, 0);
   CHECK((m.weights == 34 && m.gradients == 10 && m.optimizer == 60));

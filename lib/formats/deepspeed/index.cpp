@@ -561,6 +561,22 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
             L.errors.push_back(L.dir + "/" + f.name + ": " + e.what());
           }
   }
+  // DeepSpeed variants that record no param_shapes, said by name rather than as every parameter
+  // the optimizer files map but no param_shapes lists.
+  if (auto ps = root.Get("param_shapes"); !moe && (!ps || ps->kind == Value::Kind::None)) {
+    auto opt = root.Get("optimizer");
+    if (count(FileKind::ZeroOptimizer) == 0 && opt && opt->kind != Value::Kind::None)
+      L.errors.push_back(first->archive->path() + ": the optimizer state is inside the model-states file and no "
+                         "*_optim_states.pt exists: DeepSpeed 0.18+ training bf16 without ZeRO in a model that is "
+                         "not a pipeline (its DDP bf16 optimizer wrapper) or fp32/fp16 without ZeRO saves so; this "
+                         "variant is not supported yet (DeepSpeed's ds_to_universal.py refuses it too)");
+    else
+      L.errors.push_back(first->archive->path() + ": param_shapes is " + (ps ? "None" : "missing") +
+                         ": DeepSpeed 0.19 saves none for its BF16 optimizer at ZeRO stage 0, and ucp takes each "
+                         "optimizer group's parameter order from it; this variant is not supported yet (DeepSpeed's "
+                         "ds_to_universal.py refuses it too)");
+    return L;
+  }
   for (auto* f : model_files) {
     if (moe) break;
     if (zero3_files && f->dp != 0) continue;  // every ZeRO-3 rank repeats the same shapes
