@@ -20,6 +20,11 @@ between layouts; --ep-size in a resume's arguments becomes ucp-reshard's --ep):
 and the same cases trained without gradient clipping (a harness copy whose train.py has
 "gradient_clipping": 0.0; tests/data/real-moe/README.md says why and how):
     ORACLE=/work/oracle scripts/deepspeed_resume.py --harness HARNESS_COPY --cases RUNS --kinds native
+Cases written by another DeepSpeed (the harness's --set ds0195 / moe: v0.19.5 on torch 2.6, in a
+Debian trixie chroot whose /work is this machine's): --chroot ROOT runs the training there, with
+--deepspeed the source tree it imports; --work must then lie under /work too:
+    ORACLE=/work/oracle scripts/deepspeed_resume.py --chroot $ORACLE/trixie --deepspeed $ORACLE/ds0195 \
+        --cases $ORACLE/runs-ds0195 --work $ORACLE/resume195
 """
 import argparse
 import json
@@ -54,8 +59,10 @@ def layout_flags(args, nproc):
     tp, pp, zero = tok.get("tp", 1), tok.get("pp", 1), tok.get("zero", 1)
     dtype = "bf16" if "--dtype bf16" in args else "fp32"
     model = "pipe" if pp > 1 else "plain"
+    accum = re.search(r"--grad-accum-dtype (\w+)", args)  # else DeepSpeed's default under ZeRO: the training dtype
     return ["--dp", str(nproc // (tp * pp)), "--tp", str(tp), "--pp", str(pp), "--zero-stage", str(zero),
-            "--dtype", dtype, "--model", model, "--make-vocab-size-divisible-by", "128"] + \
+            "--dtype", dtype, "--model", model, "--make-vocab-size-divisible-by", "128",
+            "--grad-accum-dtype", accum.group(1) if accum else dtype] + \
         (["--ep", str(tok["ep-size"])] if "ep-size" in tok else [])
 
 
@@ -70,12 +77,14 @@ def main():
     ap.add_argument("--kinds", default="universal,native,in-place",
                     help="which loads to try (universal: DeepSpeed's universal load of ucp-convert's output; native: "
                          "ucp-reshard's files; in-place: ucp-reshard --in-place)")
+    ap.add_argument("--deepspeed", help="the DeepSpeed source tree to import (default $ORACLE/deepspeed)")
+    ap.add_argument("--chroot", help="train inside this root file system (its /work being this machine's)")
     a = ap.parse_args()
     oracle = os.environ.get("ORACLE")
-    if not oracle or not os.path.isdir(os.path.join(oracle, "deepspeed", "deepspeed")):
-        sys.exit("set ORACLE to the folder holding deepspeed/ (shared/real-deepspeed/harness/README.md, section 1)")
-    env = dict(os.environ, PYTHONPATH=os.path.join(oracle, "deepspeed"), DS_ACCELERATOR="cpu", DS_BUILD_OPS="0",
-               OMP_NUM_THREADS="1")
+    ds_root = a.deepspeed or os.path.join(oracle or "", "deepspeed")
+    if not os.path.isdir(os.path.join(ds_root, "deepspeed")):
+        sys.exit("set ORACLE to the folder holding deepspeed/, or give --deepspeed (shared/real-deepspeed/harness/README.md, section 1)")
+    env = dict(os.environ, PYTHONPATH=ds_root, DS_ACCELERATOR="cpu", DS_BUILD_OPS="0", OMP_NUM_THREADS="1")
     rows, failed, port = [], 0, 29700
     for case in sorted(a.case or os.listdir(a.cases)):
         if not os.path.isfile(os.path.join(a.cases, case, "case.json")):
@@ -108,6 +117,9 @@ def main():
                 cmd = ["/usr/bin/python3", "launch.py", str(r["nproc"]), "--port", str(port), "--", "train.py", "--out",
                        os.path.join(work, "tmp"), "--steps", "10", "--lr", spec["lr"], "--load", load, "--no-save",
                        "--log", log] + r["args"].split() + (["--load-universal"] if kind == "universal" else [])
+                if a.chroot:
+                    cmd = ["chroot", a.chroot, "/usr/bin/env", "-C", os.path.abspath(a.harness), f"PYTHONPATH={ds_root}",
+                           "DS_ACCELERATOR=cpu", "DS_BUILD_OPS=0", "OMP_NUM_THREADS=1"] + cmd
                 try:
                     subprocess.run(cmd, cwd=a.harness, env=env, capture_output=True, text=True, check=True, timeout=600)
                     got = losses_of(log)

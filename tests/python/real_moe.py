@@ -111,10 +111,31 @@ def reassembled(shard, ep, shapes):
     return out
 
 
+def refused_without_zero(inspect, convert, src, work, info):
+    """An MoE case trained without ZeRO (its optimizer state per position in expp_rank_* files): a
+    variant ucp does not read yet. It must be refused by name, exit 1 or 2, nothing written.
+    True when the case is one (and was so refused)."""
+    if not re.search(r"--zero 0\b", info["train_args"]):
+        return False
+    r = subprocess.run([inspect, src], capture_output=True, text=True)
+    assert r.returncode in (1, 2) and "without ZeRO optimizer files" in r.stderr and "not supported yet" in r.stderr, \
+        f"ucp-inspect of an MoE case without ZeRO: exit {r.returncode}\n{r.stderr[-1500:]}"
+    out = os.path.join(work, "refused")
+    shutil.rmtree(work, ignore_errors=True)
+    c = subprocess.run([convert, src, "-o", out, "-q"], capture_output=True, text=True)
+    assert c.returncode in (1, 2) and not os.path.exists(out), f"ucp-convert: exit {c.returncode}, output left"
+    print("refused by name (Mixture of Experts without ZeRO is not supported yet):",
+          next(m for m in r.stderr.splitlines() if "not supported yet" in m)[-200:])
+    return True
+
+
 def main():
     inspect, convert, case, work, mpiexec = sys.argv[1:6]
     src = os.path.join(case, "ckpt")
     info = json.load(open(os.path.join(case, "case.json")))
+    if refused_without_zero(inspect, convert, src, work, info):
+        print("ok (a variant ucp does not read)")
+        return
     ep = int(re.search(r"--ep-size (\d+)", info["train_args"]).group(1))
     tag = open(os.path.join(src, "latest")).read().strip()
     shard = os.path.join(src, tag)

@@ -75,8 +75,13 @@ def not_comparable(case, source, cases_dir):
 def layout_of(case, cases_dir):
     tok = dict(re.findall(r"(tp|pp|dp|zero)(\d+)", case))
     files = os.listdir(os.path.join(cases_dir, case, "ckpt", "global_step6"))
+    dtype = "bf16" if "bf16" in case else "fp32"
+    # The target job's gradient-accumulation dtype (with bf16 at ZeRO-1 it picks DeepSpeed's
+    # optimizer): its configuration's, else the training dtype, DeepSpeed's default under ZeRO.
+    config = os.path.join(cases_dir, case, "ds_config.json")
+    accum = json.load(open(config)).get("data_types", {}).get("grad_accum_dtype") if os.path.exists(config) else None
     return {"tp": int(tok.get("tp", 1)), "pp": int(tok.get("pp", 1)), "dp": int(tok["dp"]),
-            "zero": int(tok["zero"]), "dtype": "bf16" if "bf16" in case else "fp32",
+            "zero": int(tok["zero"]), "dtype": dtype, "grad_accum": accum or dtype,
             "model": "pipe" if any(f.startswith("layer_") for f in files) else "plain"}
 
 
@@ -199,7 +204,8 @@ def main():
                   f"with {groups(atomic)}; neither its flat groups nor its values are {source}'s")
             continue
         cmd = [reshard, atomic, "-o", out, "--force", "-q", "--dp", str(L["dp"]), "--tp", str(L["tp"]), "--pp",
-               str(L["pp"]), "--zero-stage", str(L["zero"]), "--dtype", L["dtype"], "--model", L["model"]]
+               str(L["pp"]), "--zero-stage", str(L["zero"]), "--dtype", L["dtype"], "--model", L["model"],
+               "--grad-accum-dtype", L["grad_accum"]]
         if launcher:
             cmd = [launcher[0], "--oversubscribe", "-np", launcher[1]] + cmd
         r = subprocess.run(cmd, capture_output=True, text=True)
