@@ -274,7 +274,8 @@ void Validate(const Source& S, const TargetLayout& T) {
     no(moe + "ZeRO-" + std::to_string(T.zero_stage) + ": ucp-reshard writes MoE layouts under ZeRO-1 and ZeRO-2 (without "
        "ZeRO the expert optimizer states go in expp_rank files, under ZeRO-3 DeepSpeed partitions differently)");
   if (T.bf16_optimizer())
-    no(moe + "bf16 under ZeRO-1 (DeepSpeed's BF16 optimizer): use --zero-stage 2, or fp16 / fp32");
+    no(moe + "bf16 under ZeRO-1 with fp32 gradient accumulation (DeepSpeed's BF16 optimizer): use --grad-accum-dtype "
+       "bf16 (ZeRO's optimizer), --zero-stage 2, or fp16 / fp32");
   if (NamingOf(T) != Naming::Plain)
     no(moe + "model 'pipe': DeepSpeed's MoE layers run in a model that is not a PipelineModule");
   if (T.ep < 1 || T.dp % T.ep != 0)

@@ -187,3 +187,28 @@ TEST_CASE("reshard plan: targets DeepSpeed refuses are refused by name", "[resha
   CHECK_THROWS_WITH(MakePlan(S, ResolveModel(S, Layout(1, 1, 99, 1, "bf16")), 1, 0), Catch::Contains("exceeds the"));
   CHECK_THROWS_WITH(LoadSource((test::WorkDir() / "no-such-atomic").string()), Catch::Contains("no-such-atomic"));
 }
+
+TEST_CASE("reshard plan: the gradient-accumulation dtype picks the bf16 ZeRO-1 optimizer as DeepSpeed does",
+          "[reshard_plan]") {
+  // The generator's bf16 ZeRO-1 source: the BF16 optimizer, its ds_config saying fp32 accumulation.
+  Source S = LoadSource(Atomic("tp2_pp2_dp2_bf16").string());
+  CHECK(S.manifest["source"].value("grad_accum_dtype", "") == "fp32");
+  TargetLayout T = ResolveModel(S, Layout(2, 1, 1, 1, "bf16"));
+  CHECK(T.grad_accum_dtype == "fp32");
+  CHECK(T.bf16_optimizer());
+  // Said by the target job: bf16 accumulation at ZeRO-1 is ZeRO's optimizer; ZeRO-0 is the BF16
+  // optimizer whatever it accumulates in.
+  TargetLayout given = Layout(2, 1, 1, 1, "bf16");
+  given.grad_accum_dtype = "bf16";
+  CHECK(!ResolveModel(S, given).bf16_optimizer());
+  given.zero_stage = 0;
+  CHECK(ResolveModel(S, given).bf16_optimizer());
+  // A source that says nothing: fp32 after the BF16 optimizer at ZeRO-1, else the training dtype.
+  S.manifest["source"].erase("grad_accum_dtype");
+  CHECK(ResolveModel(S, Layout(2, 1, 1, 1, "bf16")).grad_accum_dtype == "fp32");
+  S.manifest["source"]["optimizer"] = "zero";
+  T = ResolveModel(S, Layout(2, 1, 1, 1, "bf16"));
+  CHECK(T.grad_accum_dtype == "bf16");
+  CHECK(!T.bf16_optimizer());
+  CHECK(ResolveModel(S, Layout(2, 1, 1, 2, "fp16")).grad_accum_dtype == "fp16");
+}
