@@ -89,6 +89,9 @@ Current ReadCurrent(const std::string& root) {
   c.kind = "native", c.source_tag = c.tag, c.atomic = c.tag + "_universal";
   c.layout.dp = L.dp, c.layout.tp = L.tp, c.layout.pp = L.pp, c.layout.zero_stage = L.zero_stage;
   c.layout.dtype = L.dtype, c.layout.model = L.naming;
+  // Its optimizer: the BF16 optimizer at ZeRO-1 means fp32 accumulation (as ResolveModel reads it).
+  c.layout.grad_accum_dtype = !L.grad_accum_dtype.empty() ? L.grad_accum_dtype
+                              : L.optimizer == "bf16_optimizer" && L.zero_stage == 1 ? "fp32" : L.dtype;
   if (L.moe) c.layout.ep = L.ep;
   return c;
 }
@@ -98,7 +101,8 @@ std::string Describe(const TargetLayout& t) { return t.Degrees() + " " + t.dtype
 bool Same(const TargetLayout& current, const TargetLayout& target) {
   return current.dp == target.dp && current.tp == target.tp && current.pp == target.pp &&
          current.zero_stage == target.zero_stage && current.dtype == target.dtype &&
-         (target.model.empty() || target.model == current.model) && (target.ep == 0 || target.ep == std::max(1, current.ep));
+         (target.model.empty() || target.model == current.model) && (target.ep == 0 || target.ep == std::max(1, current.ep)) &&
+         (target.grad_accum_dtype.empty() || target.bf16_optimizer() == current.bf16_optimizer());
 }
 
 // Whether the atomic checkpoint ROOT/<name> is complete and was converted from `current`'s files.

@@ -5,8 +5,10 @@ usage: in_place.py UCP_RESHARD SOURCE_ROOT WORK
 
 SOURCE_ROOT is a generator checkpoint root (dp=2 tp=2 pp=2 ZeRO-1 bf16, with `latest`); each case runs
 on a copy of it.
-1. No-op: the layout `latest` already has (given as degrees, and as --gpus 8): exit 0, "nothing to do",
-   not a byte nor a time stamp of the root changed, under 0.5 s.
+1. No-op: the layout `latest` already has (given as degrees, as --gpus 8, and with the source's
+   --grad-accum-dtype fp32): exit 0, "nothing to do", not a byte nor a time stamp of the root
+   changed, under 0.5 s. The same degrees with --grad-accum-dtype bf16 (ZeRO's optimizer, not the
+   BF16 optimizer the files hold) are another checkpoint: resharded.
 2. Native to dp=4 tp=1 pp=1 ZeRO-2: converted into ROOT/global_step12_universal (latest_universal names
    it), resharded into ROOT/global_step12_dp4_tp1_pp1_z2_bf16, `latest` names it; its files are
    byte-identical to a plain `ucp-reshard ATOMIC -o OUT` of the same layout (which the reshard matrix
@@ -70,7 +72,8 @@ pristine = tree(os.path.join(source, tag))
 # 1. No-op.
 root = fresh("noop")
 before = (tree(root), tree(root, stat=True), os.stat(root).st_mtime_ns)
-for args in (["--dp", "2", "--tp", "2", "--pp", "2", "--zero-stage", "1"], ["--gpus", "8"]):
+same = ["--dp", "2", "--tp", "2", "--pp", "2", "--zero-stage", "1"]
+for args in (same, ["--gpus", "8"], same + ["--grad-accum-dtype", "fp32"]):
     t0 = time.monotonic()
     p = run(root, args)
     wall = time.monotonic() - t0
@@ -81,6 +84,14 @@ for args in (["--dp", "2", "--tp", "2", "--pp", "2", "--zero-stage", "1"], ["--g
     if wall > 0.5:
         problems.append(f"no-op {args}: {wall:.2f} s, over 0.5 s")
     print(f"no-op ({' '.join(args)}): {wall:.3f} s, nothing written")
+
+# The same degrees with bf16 gradient accumulation: ZeRO's optimizer instead of the BF16 optimizer
+# the source's files hold, so another checkpoint, not a no-op.
+root = fresh("accum")
+p = run(root, same + ["--grad-accum-dtype", "bf16"])
+if p.returncode != 0 or latest(root) == tag:
+    problems.append(f"--grad-accum-dtype bf16: exit {p.returncode}, latest {latest(root)}: {p.stderr}")
+print(f"same degrees, --grad-accum-dtype bf16: resharded into {latest(root)}")
 
 # 2. Native -> converted -> resharded; the reference for the kills, with its fault points logged.
 root = fresh("ref")

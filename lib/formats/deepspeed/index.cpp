@@ -1,8 +1,8 @@
 #include "formats/deepspeed/index.h"
 
-#include <map>
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <optional>
 #include <filesystem>
 #include <fstream>
@@ -160,9 +160,15 @@ using GroupParams = std::map<std::tuple<int, int, int>, std::vector<std::pair<st
 // (pp, tp)), each parameter's group, the groups' parameter lists for the coverage check, and what
 // is not supported.
 void FinishMoe(SourceIndex& L, const MoeShapes& moe, GroupParams& group_params, bool zero_files, const Value& model_root) {
-  if (!zero_files)
+  if (!zero_files) {
+    // Without ZeRO the expert-parallel degree is the number of expp_rank files (one per EP rank).
+    std::set<int> ranks;
+    for (const auto& f : L.files)
+      if (KindOf(f) == FileKind::ExpertOptimizer && f.pp == 0 && f.tp == 0) ranks.insert(f.dp);
+    if (!ranks.empty()) L.ep = static_cast<int>(ranks.size());
     L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint without ZeRO optimizer files (the optimizer state "
                        "inside expp_rank_*_mp_rank_*_optim_states.pt, ZeRO stage 0) is not supported yet");
+  }
   if (L.zero_stage == 3)
     L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint under ZeRO-3 is not supported yet");
   // (param, pp, tp) -> its smallest flat position there, and that fragment
