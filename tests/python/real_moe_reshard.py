@@ -64,7 +64,11 @@ def check_layout(target, src_shard, dp, ep, zero, src_ep, saved, moments, vocab_
     assert sorted(weights) == sorted(saved), f"{where}: weights {sorted(set(weights) ^ set(saved))[:6]}"
     for name, want in saved.items():
         check_weights(name, want, weights[name], vocab_rows, where)
-    scale = ep / src_ep
+    # DeepSpeed before 0.15.4 scales an expert's gradient, so its moments, by ep (PR 6546 made it
+    # divide by the whole DP group): a reshard to another ep rescales the moments of such a source.
+    zero_file = next(f for f in sorted(os.listdir(src_shard)) if re.fullmatch(r"(bf16_)?zero_pp_rank_0_mp_rank_00_optim_states\.pt", f))
+    version = tuple(int(x) for x in re.findall(r"\d+", load(os.path.join(src_shard, zero_file))["ds_version"])[:3])
+    scale = ep / src_ep if version < (0, 15, 4) else 1.0
     for name, got in reassembled(shard, ep, saved).items():
         check_weights(name, saved[name], got["fp32"].reshape(saved[name].shape), vocab_rows, where + " fp32")
         f = scale if EXPERT.match(name) else 1.0

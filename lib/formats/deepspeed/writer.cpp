@@ -1,10 +1,12 @@
 #include "formats/deepspeed/writer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -45,6 +47,16 @@ ValuePtr TorchSize(const std::vector<int64_t>& shape, bool plain_tuple) {
   for (int64_t d : shape) t->items.push_back(Value::Int(d));
   if (!plain_tuple) t->module = "torch", t->name = "Size";
   return t;
+}
+// Whether the DeepSpeed that wrote the source (the target is written as that DeepSpeed writes)
+// scales an expert's gradients, and so its Adam moments, by the expert-parallel degree: releases
+// before 0.15.4 ("Fix expert grad scaling problem with ZeRO optimizer", DeepSpeed PR 6546). A
+// version the files do not record counts as a newer one.
+bool EpScaledExpertGradients(const Source& S) {
+  const std::string v = S.manifest["source"].value("ds_version", "");
+  int major = 0, minor = 0, patch = 0;
+  if (std::sscanf(v.c_str(), "%d.%d.%d", &major, &minor, &patch) < 2) return false;
+  return std::make_tuple(major, minor, patch) < std::make_tuple(0, 15, 4);
 }
 // Whether the source's param_shapes hold plain tuples rather than torch.Size (see TorchSize).
 bool PlainTupleShapes(const Value& model_states) {
@@ -178,12 +190,12 @@ class UnitWriter {
   // also to the layer files' weights.
   void Fill(size_t k, int s, int64_t a, int64_t b, float* dst) {
     slices_.Read(k, s, a, b, dst);
-    if (s > 0 && S_.atoms[U_.params[k].atom].expert >= 0 && Ep() != S_.ep) {
-      // DeepSpeed averages an expert's gradient over its expert-data-parallel group (dp / ep ranks)
-      // after summing the tokens of all ep ranks of its expert-parallel group: it is ep times the
-      // mean gradient, and the Adam moments a job at ep keeps are ep and ep^2 times the mean's.
-      // Changing ep rescales them (exactly, for power-of-two ratios), so that the first steps at the
-      // new degree continue the old ones.
+    if (s > 0 && S_.atoms[U_.params[k].atom].expert >= 0 && Ep() != S_.ep && EpScaledExpertGradients(S_)) {
+      // DeepSpeed before 0.15.4 averages an expert's gradient over its expert-data-parallel group
+      // (dp / ep ranks) after summing the tokens of all ep ranks of its expert-parallel group: it is
+      // ep times the mean gradient, and the Adam moments a job at ep keeps are ep and ep^2 times the
+      // mean's. Changing ep rescales them (exactly, for power-of-two ratios), so that the first steps
+      // at the new degree continue the old ones. (0.15.4 divides by the whole DP group: no scale.)
       const double r = static_cast<double>(Ep()) / S_.ep, f = s == 1 ? r : r * r;
       for (int64_t i = 0; i < b - a; ++i) dst[i] = static_cast<float>(dst[i] * f);
     }
