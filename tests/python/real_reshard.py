@@ -186,7 +186,7 @@ def main():
     reshard, convert, atomic, source, cases_dir, work = sys.argv[1:7]
     launcher = sys.argv[7:]
     groups = lambda d: len(load(os.path.join(d, "zero", "optimizer_state.pt"))["param_groups"])  # noqa: E731
-    failed = 0
+    failed, compared = 0, set()
     for case in sorted(os.listdir(cases_dir)):
         why = not_comparable(case, source, cases_dir)
         if why:
@@ -203,6 +203,7 @@ def main():
                   f"{groups(ds_universal)} optimizer parameter groups (weight decay on every parameter), {source} "
                   f"with {groups(atomic)}; neither its flat groups nor its values are {source}'s")
             continue
+        compared.add(case)
         cmd = [reshard, atomic, "-o", out, "--force", "-q", "--dp", str(L["dp"]), "--tp", str(L["tp"]), "--pp",
                str(L["pp"]), "--zero-stage", str(L["zero"]), "--dtype", L["dtype"], "--model", L["model"],
                "--grad-accum-dtype", L["grad_accum"]]
@@ -235,6 +236,9 @@ def main():
                 (" (its own layout: values exact)" if case == source and values else "")
             print(f"ok   {source} -> {case}: {what}; largest differences: {largest}")
     print(f"{source}: {failed} target layouts differ from DeepSpeed's files")
+    if source not in compared:  # its own layout is always a target: a run that compared nothing fails
+        print(f"FAIL {source}: not even its own layout was compared")
+        failed += 1
     sys.exit(1 if failed else 0)
 
 
