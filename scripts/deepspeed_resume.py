@@ -127,8 +127,8 @@ def main():
                        os.path.join(work, "tmp"), "--steps", "10", "--lr", spec["lr"], "--load", load, "--no-save",
                        "--log", log] + r["args"].split() + (["--load-universal"] if kind == "universal" else [])
                 if a.chroot:
-                    cmd = ["chroot", a.chroot, "/usr/bin/env", "-C", os.path.abspath(a.harness), f"PYTHONPATH={ds_root}",
-                           "DS_ACCELERATOR=cpu", "DS_BUILD_OPS=0", "OMP_NUM_THREADS=1"] + cmd
+                    # (chroot keeps `env` but starts in /: env -C enters the harness there)
+                    cmd = ["chroot", a.chroot, "/usr/bin/env", "-C", os.path.abspath(a.harness)] + cmd
                 try:
                     subprocess.run(cmd, cwd=a.harness, env=env, capture_output=True, text=True, check=True, timeout=600)
                     got = losses_of(log)

@@ -89,9 +89,7 @@ Current ReadCurrent(const std::string& root) {
   c.kind = "native", c.source_tag = c.tag, c.atomic = c.tag + "_universal";
   c.layout.dp = L.dp, c.layout.tp = L.tp, c.layout.pp = L.pp, c.layout.zero_stage = L.zero_stage;
   c.layout.dtype = L.dtype, c.layout.model = L.naming;
-  // Its optimizer: the BF16 optimizer at ZeRO-1 means fp32 accumulation (as ResolveModel reads it).
-  c.layout.grad_accum_dtype = !L.grad_accum_dtype.empty() ? L.grad_accum_dtype
-                              : L.optimizer == "bf16_optimizer" && L.zero_stage == 1 ? "fp32" : L.dtype;
+  c.layout.grad_accum_dtype = GradAccumDtypeOf(L.grad_accum_dtype, L.optimizer, L.zero_stage, L.dtype);
   if (L.moe) c.layout.ep = L.ep;
   return c;
 }

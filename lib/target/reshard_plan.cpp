@@ -344,13 +344,10 @@ Naming NamingOf(const TargetLayout& T) { return T.model == "plain" ? Naming::Pla
 TargetLayout ResolveModel(const Source& S, TargetLayout T) {
   T.model = ResolvedModel(T, NamingName(S.naming));
   if (T.ep == 0 && S.moe) T.ep = S.ep;  // (without experts it stays unsaid: 1)
-  if (T.grad_accum_dtype.empty()) {
-    // The source job's configured dtype; else, for a source the BF16 optimizer saved at ZeRO-1
-    // (which takes fp32 accumulation), fp32; else the training dtype, DeepSpeed's default under ZeRO.
+  if (T.grad_accum_dtype.empty()) {  // the source job's
     const auto& src = S.manifest["source"];
-    T.grad_accum_dtype = src.value("grad_accum_dtype", "");
-    if (T.grad_accum_dtype.empty())
-      T.grad_accum_dtype = src.value("optimizer", "") == "bf16_optimizer" && src.value("zero_stage", -1) == 1 ? "fp32" : T.dtype;
+    T.grad_accum_dtype = GradAccumDtypeOf(src.value("grad_accum_dtype", ""), src.value("optimizer", ""),
+                                          src.value("zero_stage", -1), T.dtype);
   }
   return T;
 }

@@ -29,6 +29,12 @@ nlohmann::json TargetLayout::ToJson() const {
   return j;
 }
 
+std::string GradAccumDtypeOf(const std::string& configured, const std::string& optimizer, int zero_stage,
+                             const std::string& dtype) {
+  if (!configured.empty()) return configured;
+  return optimizer == "bf16_optimizer" && zero_stage == 1 ? "fp32" : dtype;
+}
+
 std::string ResolvedModel(const TargetLayout& t, const std::string& source_naming) {
   if (!t.model.empty()) return t.model;
   return t.zero_stage == 3 ? "plain" : t.pp > 1 ? "pipe" : source_naming;
@@ -61,6 +67,11 @@ TargetLayout ApplyLayout(const nlohmann::json& j, TargetLayout t, const std::str
     auto bad = [&](const std::string& want) {
       return Error(path + ": '" + key + "' must be " + want + ", not " + v.dump());
     };
+    auto dtype = [&]() -> std::string {
+      static const std::set<std::string> dtypes = {"fp16", "bf16", "fp32"};
+      if (!v.is_string() || !dtypes.count(v.get<std::string>())) throw bad("\"fp16\", \"bf16\" or \"fp32\"");
+      return v.get<std::string>();
+    };
     auto positive = [&]() -> int {
       if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (1 << 20)) throw bad("a positive integer");
       return v.get<int>();
@@ -79,13 +90,9 @@ TargetLayout ApplyLayout(const nlohmann::json& j, TargetLayout t, const std::str
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 3) throw bad("0, 1, 2 or 3");
       t.zero_stage = v.get<int>();
     } else if (key == "dtype") {
-      static const std::set<std::string> dtypes = {"fp16", "bf16", "fp32"};
-      if (!v.is_string() || !dtypes.count(v.get<std::string>())) throw bad("\"fp16\", \"bf16\" or \"fp32\"");
-      t.dtype = v.get<std::string>();
+      t.dtype = dtype();
     } else if (key == "grad_accum_dtype") {
-      static const std::set<std::string> dtypes = {"fp16", "bf16", "fp32"};
-      if (!v.is_string() || !dtypes.count(v.get<std::string>())) throw bad("\"fp16\", \"bf16\" or \"fp32\"");
-      t.grad_accum_dtype = v.get<std::string>();
+      t.grad_accum_dtype = dtype();
     } else if (key == "model") {
       if (!v.is_string() || (v != "pipe" && v != "plain")) throw bad("\"pipe\" (a PipelineModule) or \"plain\" (not one)");
       t.model = v.get<std::string>();

@@ -35,6 +35,12 @@ struct TargetLayout {
   nlohmann::json ToJson() const;  // as schemas/layout.schema.json
 };
 
+// The gradient-accumulation dtype of a job whose configuration says none (`configured` empty): fp32
+// for one the BF16 optimizer saved at ZeRO-1 (which takes fp32 accumulation), else the training
+// dtype, DeepSpeed's default under ZeRO.
+std::string GradAccumDtypeOf(const std::string& configured, const std::string& optimizer, int zero_stage,
+                             const std::string& dtype);
+
 // The target's model kind, "pipe" or "plain", when `model` is empty: ZeRO-3 is never a pipeline,
 // pp > 1 always is, and otherwise the source's kind (its naming) is kept.
 std::string ResolvedModel(const TargetLayout& t, const std::string& source_naming);

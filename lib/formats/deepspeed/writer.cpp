@@ -145,7 +145,8 @@ class UnitWriter {
   // its pages are faulted in (and zeroed by the kernel) once per run, not once per unit.
   UnitWriter(const Source& S, const TargetLayout& T, const Plan& P, const Unit& U, SliceSource& slices, std::string dir,
              ScratchBytes& arena)
-      : S_(S), T_(T), P_(P), U_(U), slices_(slices), dir_(std::move(dir)), arena_(arena) {}
+      : S_(S), T_(T), P_(P), U_(U), slices_(slices), dir_(std::move(dir)), arena_(arena),
+        ep_scaled_(EpScaledExpertGradients(S)) {}
 
   // The files of this unit: under ZeRO-3 its DP rank's model-states and optimizer files; else the
   // optimizer files of every DP rank, the layer files and the model-states file.
@@ -190,7 +191,7 @@ class UnitWriter {
   // also to the layer files' weights.
   void Fill(size_t k, int s, int64_t a, int64_t b, float* dst) {
     slices_.Read(k, s, a, b, dst);
-    if (s > 0 && S_.atoms[U_.params[k].atom].expert >= 0 && Ep() != S_.ep && EpScaledExpertGradients(S_)) {
+    if (s > 0 && S_.atoms[U_.params[k].atom].expert >= 0 && Ep() != S_.ep && ep_scaled_) {
       // DeepSpeed before 0.15.4 averages an expert's gradient over its expert-data-parallel group
       // (dp / ep ranks) after summing the tokens of all ep ranks of its expert-parallel group: it is
       // ep times the mean gradient, and the Adam moments a job at ep keeps are ep and ep^2 times the
@@ -641,6 +642,7 @@ class UnitWriter {
   std::vector<std::shared_ptr<uint8_t[]>> lp_;
   std::map<int, ValuePtr> steps_;
   UnitFiles written_;
+  const bool ep_scaled_;  // EpScaledExpertGradients(S_), read once rather than per slice
 };
 
 }  // namespace
