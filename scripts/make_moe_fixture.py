@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Writes a DeepSpeed Mixture-of-Experts checkpoint of a small GPT (deepspeed.moe.layer.MoE in place
-of the MLP of some layers) for a given expert-parallel degree, DP degree and ZeRO stage (1 or 2), with
+of the MLP of some layers) for a given expert-parallel degree, DP degree and ZeRO stage (0, 1 or 2), with
 the files, keys and value types DeepSpeed 0.14.5 writes (checked against the real MoE checkpoints in
 tests/data/real-moe), plus the ground truth.
 
@@ -8,18 +8,22 @@ The generator first draws the full model state (fp32 weights, Adam moments, a st
 under its global id, then lays it out:
   OUT/global_stepN/mp_rank_00_model_states.pt   module without the experts, num_experts, no param_shapes
   OUT/global_stepN/layer_L_expert_E_mp_rank_00_model_states.pt   expert E of MoE layer L (global names)
-  OUT/global_stepN/expp_rank_R_mp_rank_00_optim_states.pt        {'optimizer': None} (ZeRO), R < ep
-  OUT/global_stepN/[bf16_]zero_pp_rank_D_mp_rank_00_optim_states.pt   ZeRO partitions: the two non-expert
+  OUT/global_stepN/expp_rank_R_mp_rank_00_optim_states.pt        {'optimizer': None} (ZeRO), R < ep;
+      without ZeRO (fp32) {'optimizer': torch's Adam state_dict()}: per position (numbered group by
+      group) its own step tensor and moments in the parameter's shape, each group listing its
+      positions; the expert groups hold rank R's experts (MoE layer by layer, local id by local id)
+  OUT/global_stepN/[bf16_]zero_pp_rank_D_mp_rank_00_optim_states.pt   (ZeRO) partitions: the two non-expert
       groups over all dp ranks; the two expert groups ('moe': True, 'ep_size_<ep>') hold the experts of
       expert-parallel rank D % ep, named by their local id there, partitioned over its dp / ep ranks
   OUT/truth.pt      {'params': {name: {'fp32','exp_avg','exp_avg_sq'}}, 'step', 'expert_moment_scale'}
   OUT/fixture.json  the layout, for tests
 
-DeepSpeed's expert gradient is ep times the mean gradient, so a job at ep keeps expert moments ep and
-ep^2 times those of ep=1: truth.pt holds the ep=1 moments; the files hold them scaled by ep (and the
-atomic checkpoint ucp-convert writes holds the files' values, expert_moment_scale says by how much).
+Under ZeRO-1/2, DeepSpeed 0.14.5's expert gradient is ep times the mean gradient, so a job at ep keeps
+expert moments ep and ep^2 times those of ep=1 (without ZeRO it averages over the whole DP group
+since 0.14.1: no scale): truth.pt holds the ep=1 moments; the files hold them scaled (and the atomic
+checkpoint ucp-convert writes holds the files' values, expert_moment_scale says by how much).
 
-  make_moe_fixture.py OUT --dp D --ep E --zero-stage {1,2} [--dtype fp32|fp16|bf16] [--experts 4]
+  make_moe_fixture.py OUT --dp D --ep E --zero-stage {0,1,2} [--dtype fp32|fp16|bf16] [--experts 4]
 """
 import argparse
 import collections
@@ -73,7 +77,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--dp", type=int, required=True)
     ap.add_argument("--ep", type=int, required=True)
-    ap.add_argument("--zero-stage", type=int, required=True, choices=[1, 2])
+    ap.add_argument("--zero-stage", type=int, required=True, choices=[0, 1, 2])
     ap.add_argument("--dtype", default="fp32", choices=["fp16", "bf16", "fp32"])
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--experts", type=int, default=4)
@@ -81,6 +85,8 @@ def main():
     a = ap.parse_args()
     if a.dp % a.ep or a.experts % a.ep:
         ap.error("ep must divide dp and the experts")
+    if a.zero_stage == 0 and a.dtype != "fp32":
+        ap.error("without ZeRO this generator writes fp32 (the model's torch optimizer), not DeepSpeed's FP16/BF16 optimizer")
     if a.dtype == "bf16" and a.zero_stage == 1:
         ap.error("bf16 under ZeRO-1 is DeepSpeed's BF16 optimizer, which this generator does not write for MoE")
     write(a)
@@ -105,6 +111,7 @@ def write(a):
                        "exp_avg_sq": torch.rand(*shape, generator=g) * 1e-6}
     vocab_name = "language_model.embedding.word_embeddings.weight"
     pad = base.padded_vocab(1) - base.vocab
+    scale = a.ep if a.zero_stage > 0 else 1  # DeepSpeed 0.14.5 scales expert gradients by ep under ZeRO-1/2 only
 
     def stored(name, key):
         """The tensor as a job at ep keeps it: the vocabulary padded with zeros, expert moments scaled."""
@@ -112,7 +119,7 @@ def write(a):
         if name == vocab_name:
             t = torch.cat([t, torch.zeros(pad, base.hidden)])
         if ".deepspeed_experts." in name and key != "fp32":
-            t = t * (a.ep if key == "exp_avg" else a.ep * a.ep)
+            t = t * (scale if key == "exp_avg" else scale * scale)
         return t.reshape(-1)
 
     tag = f"global_step{STEP}"
@@ -141,8 +148,6 @@ def write(a):
         for e in range(a.experts):
             save({n: shaped(n) for n, _, o, x in params if o == ordinal and x == e},
                  f"layer_{ordinal}_expert_{e}_mp_rank_00_model_states.pt")
-    for r in range(a.ep):
-        save({"optimizer": None}, f"expp_rank_{r}_mp_rank_00_optim_states.pt")
     module = collections.OrderedDict((n, shaped(n)) for n, _, _, x in params if x < 0)
     save({"module": module, "lr_scheduler": {"last_batch_iteration": STEP - 1}, "data_sampler": None,
           "random_ltd": None, "sparse_tensor_module_names": set(), "skipped_steps": 0, "global_steps": STEP,
@@ -164,12 +169,33 @@ def write(a):
                   "capturable": False, "params": [g]})
         return d
 
-    for d in range(a.dp):
+    def members_of(gi, r):
+        """Group gi's parameters on expert-parallel rank r, in the model's order."""
+        moe = gi >= 2
+        return [(n, s, x) for n, s, _, x in params if group_of(n, s) == gi and (not moe or x // per_rank == r)]
+
+    for r in range(a.ep):
+        if a.zero_stage > 0:
+            save({"optimizer": None}, f"expp_rank_{r}_mp_rank_00_optim_states.pt")
+            continue
+        state, groups, pos = {}, [], 0
+        for gi in range(4):
+            group = param_group(gi)
+            group["params"] = []
+            for n, s, _ in members_of(gi, r):
+                state[pos] = {"step": torch.tensor(float(STEP)), "exp_avg": stored(n, "exp_avg").reshape(shaped(n).shape).clone(),
+                              "exp_avg_sq": stored(n, "exp_avg_sq").reshape(shaped(n).shape).clone()}
+                group["params"].append(pos)
+                pos += 1
+            groups.append(group)
+        save({"optimizer": {"state": state, "param_groups": groups}}, f"expp_rank_{r}_mp_rank_00_optim_states.pt")
+
+    for d in range(a.dp if a.zero_stage > 0 else 0):
         r = d % a.ep
         state, single, paddings, counts, mappings = {}, [], [], [], []
         for gi in range(4):
             moe = gi >= 2
-            members = [(n, s, x) for n, s, _, x in params if group_of(n, s) == gi and (not moe or x // per_rank == r)]
+            members = members_of(gi, r)
             parts = a.dp // a.ep if moe else a.dp
             part = d // a.ep if moe else d
             flat = {k: torch.cat([stored(n, k) for n, _, _ in members]) for k in ("fp32", "exp_avg", "exp_avg_sq")}
@@ -202,7 +228,7 @@ def write(a):
         save({"optimizer_state_dict": osd, "ds_config": ds_config, "ds_version": DS_VERSION},
              f"{'bf16_' if a.dtype == 'bf16' else ''}zero_pp_rank_{d}_mp_rank_00_optim_states.pt")
 
-    torch.save({"params": truth, "step": STEP, "expert_moment_scale": a.ep}, os.path.join(a.out, "truth.pt"))
+    torch.save({"params": truth, "step": STEP, "expert_moment_scale": scale}, os.path.join(a.out, "truth.pt"))
     with open(os.path.join(a.out, "fixture.json"), "w") as f:
         json.dump({"framework": "deepspeed", "naming": "plain", "moe": True, "dp": a.dp, "ep": a.ep, "tp": 1, "pp": 1,
                    "zero_stage": a.zero_stage, "dtype": a.dtype, "experts": a.experts,

@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
   LayoutFlag<int>(app, flags, "--tp", "tp", "tensor-parallel degree (required, here or in --layout)")->check(CLI::PositiveNumber);
   LayoutFlag<int>(app, flags, "--pp", "pp", "pipeline-parallel degree (required, here or in --layout)")->check(CLI::PositiveNumber);
   LayoutFlag<int>(app, flags, "--zero-stage", "zero_stage",
-       "ZeRO stage: 0 (bf16 only: the BF16 optimizer), 1, 2, or 3 (pp=1) (required, here or in --layout)")
+       "ZeRO stage: 0 (without ZeRO: bf16 with DeepSpeed's BF16 optimizer; a Mixture-of-Experts model in fp32 with its "
+       "torch optimizer, the state in expp_rank files), 1, 2, or 3 (pp=1) (required, here or in --layout)")
       ->check(CLI::Range(0, 3));
   LayoutFlag<int>(app, flags, "--ep", "ep",
        "Mixture of Experts: the expert-parallel degree of the target job (DeepSpeed's ep_size), dividing --dp and each "
@@ -95,6 +96,13 @@ int main(int argc, char** argv) {
        "the dtype gradients accumulate in (DeepSpeed's data_types.grad_accum_dtype); with --dtype bf16 --zero-stage 1, "
        "fp32 writes DeepSpeed's BF16 optimizer files, bf16 ZeRO's. Default: the source's")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
+  LayoutFlag<std::string>(app, flags, "--ds-version", "ds_version",
+       "the DeepSpeed release the resumed job runs (e.g. 0.14.5), where the checkpoint does not record it or the job "
+       "runs another: it decides what changed between releases that no file shows (Mixture of Experts: the scale of "
+       "an expert's Adam moments, expp_rank files under ZeRO). Default: the source's")
+      ->check(CLI::Validator(
+          [](std::string& v) { return ucp::reshard::IsReleaseVersion(v) ? std::string() : "not a release such as 0.14.5"; },
+          "RELEASE"));
   LayoutFlag<std::string>(app, flags, "--partition-method", "partition_method",
        "pipeline partitioning as DeepSpeed computes it: type:REGEX (default type:transformer, as Megatron-DeepSpeed), "
        "uniform, parameters, or explicit layer-spec boundaries such as 0,4,9");

@@ -16,25 +16,40 @@ Mapper::Mapper(const source::SourceIndex& L, const plan::ConvertPlan& plan, int 
     if (plan.file_mapper[fi] != rank) continue;
     const auto& f = L.files[fi];
     Open o;
-    o.path = L.dir + "/" + f.name;
-    o.where = o.path + " (pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) + ", dp=" + std::to_string(f.dp) + ")";
+    o.where = L.dir + "/" + f.name + " (pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) +
+              ", dp=" + std::to_string(f.dp) + ")";
     WithContext(o.where, [&] {
+      OpenFd(L, static_cast<int>(fi));
       for (const auto& g : f.groups) {
         std::array<Tensor, plan::kStates> t;
-        for (int s = 0; s < plan::kStates; ++s) t[s] = {g[s].offset, static_cast<uint64_t>(g[s].numel)};
+        for (int s = 0; s < plan::kStates; ++s) {
+          const int holder = g[s].file >= 0 ? g[s].file : static_cast<int>(fi);
+          if (holder >= static_cast<int>(L.files.size())) throw Error("internal: tensor in file " + std::to_string(holder));
+          OpenFd(L, holder);
+          t[s] = {g[s].offset, static_cast<uint64_t>(g[s].numel), holder};
+        }
         o.groups.push_back(t);
       }
-      o.fd = ::open(o.path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (o.fd < 0) throw Error(std::string("cannot open: ") + std::strerror(errno));
-      ::posix_fadvise(o.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     });
     files_.emplace(static_cast<int>(fi), std::move(o));
   }
 }
 
+int Mapper::OpenFd(const source::SourceIndex& L, int file) {
+  auto it = fds_.find(file);
+  if (it != fds_.end()) return it->second.fd;
+  Fd d;
+  d.path = L.dir + "/" + L.files[file].name;
+  d.fd = ::open(d.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (d.fd < 0) throw Error(d.path + ": cannot open: " + std::strerror(errno));
+  ::posix_fadvise(d.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  fds_.emplace(file, d);
+  return d.fd;
+}
+
 Mapper::~Mapper() {
-  for (auto& [k, o] : files_)
-    if (o.fd >= 0) ::close(o.fd);
+  for (auto& [k, d] : fds_)
+    if (d.fd >= 0) ::close(d.fd);
 }
 
 void Mapper::Read(const plan::Piece& piece, plan::State state, int64_t offset, int64_t numel, uint8_t* dst,
@@ -51,12 +66,14 @@ void Mapper::Read(const plan::Piece& piece, plan::State state, int64_t offset, i
   if (first + static_cast<uint64_t>(numel) > t.numel)
     throw fail("elements [" + std::to_string(first) + ", " + std::to_string(first + numel) +
                ") lie outside its flat partition of " + std::to_string(t.numel));
+  const Fd& d = fds_.at(t.file);
+  const std::string in = t.file == piece.file ? "" : " (its bytes are in " + d.path + ")";
   uint64_t pos = t.file_offset + first * 4, left = static_cast<uint64_t>(numel) * 4;
   while (left > 0) {
-    ssize_t n = ::pread(o.fd, dst, std::min<uint64_t>(left, 1u << 30), static_cast<off_t>(pos));
+    ssize_t n = ::pread(d.fd, dst, std::min<uint64_t>(left, 1u << 30), static_cast<off_t>(pos));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw fail(std::string("read failed: ") + std::strerror(errno));
-    if (n == 0) throw fail("the file ends at byte " + std::to_string(pos) + ", inside the tensor (truncated?)");
+    if (n < 0) throw fail(std::string("read failed: ") + std::strerror(errno) + in);
+    if (n == 0) throw fail("the file ends at byte " + std::to_string(pos) + ", inside the tensor (truncated?)" + in);
     dst += n, pos += static_cast<uint64_t>(n), left -= static_cast<uint64_t>(n);
   }
   bytes_read_ += static_cast<uint64_t>(numel) * 4;

@@ -33,13 +33,19 @@ class Mapper {
  private:
   struct Tensor {
     uint64_t file_offset = 0, numel = 0;
+    int file = -1;  // the file whose bytes hold it (index into SourceIndex::files)
   };
   struct Open {
-    int fd = -1;
-    std::string path, where;              // path, and "path (pp=, tp=, dp=)" for errors
+    std::string where;  // "path (pp=, tp=, dp=)", for errors
     std::vector<std::array<Tensor, plan::kStates>> groups;
   };
+  struct Fd {
+    int fd = -1;
+    std::string path;
+  };
+  int OpenFd(const source::SourceIndex& layout, int file);
   std::map<int, Open> files_;
+  std::map<int, Fd> fds_;  // every file a mapped file's tensors lie in: itself, and others it names
   uint64_t bytes_read_ = 0;
 };
 

@@ -91,6 +91,7 @@ Current ReadCurrent(const std::string& root) {
   c.layout.dtype = L.dtype, c.layout.model = L.naming;
   c.layout.grad_accum_dtype = GradAccumDtypeOf(L.grad_accum_dtype, L.optimizer, L.zero_stage, L.dtype);
   if (L.moe) c.layout.ep = L.ep;
+  c.layout.ds_version = L.ds_version;
   return c;
 }
 
@@ -100,7 +101,8 @@ bool Same(const TargetLayout& current, const TargetLayout& target) {
   return current.dp == target.dp && current.tp == target.tp && current.pp == target.pp &&
          current.zero_stage == target.zero_stage && current.dtype == target.dtype &&
          (target.model.empty() || target.model == current.model) && (target.ep == 0 || target.ep == std::max(1, current.ep)) &&
-         (target.grad_accum_dtype.empty() || target.bf16_optimizer() == current.bf16_optimizer());
+         (target.grad_accum_dtype.empty() || target.bf16_optimizer() == current.bf16_optimizer()) &&
+         (target.ds_version.empty() || target.ds_version == current.ds_version);
 }
 
 // Whether the atomic checkpoint ROOT/<name> is complete and was converted from `current`'s files.

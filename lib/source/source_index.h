@@ -18,10 +18,13 @@
 
 namespace ucp::source {
 
-// A contiguous run of little-endian float32 inside a file: bytes [offset, offset + 4 * numel).
+// A contiguous run of little-endian float32 inside a file: bytes [offset, offset + 4 * numel) of
+// the file that lists it, or of SourceIndex::files[file] when that is set (an optimizer without
+// master weights of its own, whose fp32 values are the model's weights in another file).
 struct Extent {
   uint64_t offset = 0;
   int64_t numel = 0;
+  int file = -1;
 };
 
 struct ShardFile {
@@ -33,7 +36,9 @@ struct ShardFile {
   int pp = 0, tp = 0, dp = 0;
   int layer = -1;          // a layer's file: its layer spec; an expert's file: its MoE layer's ordinal
   int expert = -1;         // an expert's file: the global expert id
-  // data files: per param group, where its fp32 master weights, exp_avg and exp_avg_sq lie
+  // data files: per slot, where its fp32 master weights, exp_avg and exp_avg_sq lie. A slot is a
+  // param group's flat partition (ZeRO), or one parameter's tensors (a torch optimizer's state by
+  // position, without ZeRO).
   std::vector<std::array<Extent, 3>> groups;
 };
 
@@ -52,7 +57,7 @@ struct ParamRecord {
 // parameter's TP-local tensor (flattened) at this file's (pp, tp).
 struct Fragment {
   int file = -1;  // index into SourceIndex::files
-  int group = 0;
+  int group = 0;  // the slot of the file that holds it (ShardFile::groups)
   int param = -1;  // index into SourceIndex::params
   int64_t src_start = 0, numel = 0, dst_start = 0;
 };
@@ -63,7 +68,7 @@ struct SourceIndex {
   std::string dir;     // the folder holding the shard files (root/<tag> when root has `latest`)
   std::string tag;
   std::string framework;  // the driver's variant: "megatron-deepspeed", "deepspeed"
-  std::string optimizer;  // the optimizer that wrote the states: "zero", "bf16_optimizer", "zero3"
+  std::string optimizer;  // the optimizer that wrote the states: "zero", "bf16_optimizer", "zero3", "torch" (no ZeRO)
   int zero_stage = 0;
   std::string dtype;  // training dtype: fp16, bf16, fp32
   int dp = 1, tp = 1, pp = 1;

@@ -192,7 +192,16 @@ UniversalKeys UniversalKeysOfStateFile(const Value& root, const std::vector<int6
 ValuePtr OptimizerStateValue(const Value& root, int zero_stage) {
   // As ds_to_universal.py: ZeRO-3 keeps the whole optimizer_state_dict of the first file (its flat
   // groups included) and adds the inner param_groups; ZeRO 0-2 drop the sharded keys and take the
-  // param_groups of base_optimizer_state. Every other value is the first file's, untouched.
+  // param_groups of base_optimizer_state. Every other value is the first file's, untouched. Without
+  // ZeRO (a torch optimizer's state_dict under 'optimizer'): its param_groups, the state aside.
+  if (!root.Get("optimizer_state_dict"))
+    if (auto torch_osd = root.Get("optimizer"); torch_osd && torch_osd->kind == Value::Kind::Dict) {
+      auto out = Value::Make(Value::Kind::Dict);
+      auto groups = torch_osd->Get("param_groups");
+      if (!groups) throw Error("optimizer state has no param_groups");
+      SetItem(*out, "param_groups", groups);
+      return out;
+    }
   const Value& osd = root.At("optimizer_state_dict");
   auto out = Value::Make(Value::Kind::Dict);
   ValuePtr param_groups;

@@ -256,7 +256,8 @@ void Validate(const Source& S, const TargetLayout& T) {
   if (T.dtype != "fp16" && T.dtype != "bf16" && T.dtype != "fp32") no("dtype must be fp16, bf16 or fp32");
   if (T.zero_stage < 0 || T.zero_stage > 3) no("ZeRO stage must be 0, 1, 2 or 3");
   if (T.zero_stage == 3 && T.pp > 1) no("ZeRO-3 with pipeline parallelism: DeepSpeed refuses it; use pp=1");
-  if (T.zero_stage == 0 && T.dtype != "bf16") no("ZeRO stage 0 is DeepSpeed's BF16 optimizer: it needs --dtype bf16");
+  if (T.zero_stage == 0 && T.dtype != "bf16" && !S.moe)
+    no("ZeRO stage 0 is DeepSpeed's BF16 optimizer: it needs --dtype bf16");
   if (T.zero_stage == 2 && T.pp > 1) no("ZeRO-2 with pipeline parallelism: DeepSpeed refuses it; use stage 1");
   if (T.model == "plain" && T.pp > 1) no("model 'plain' with pp=" + std::to_string(T.pp) + ": only a PipelineModule runs a pipeline");
   if (T.model == "pipe" && T.zero_stage == 3) no("model 'pipe' with ZeRO-3: DeepSpeed refuses a PipelineModule under ZeRO-3");
@@ -270,9 +271,12 @@ void Validate(const Source& S, const TargetLayout& T) {
   if (T.tp > 1 || T.pp > 1)
     no(moe + "tp=" + std::to_string(T.tp) + " pp=" + std::to_string(T.pp) + ": ucp-reshard writes MoE layouts with tp=1 "
        "and pp=1 (no real DeepSpeed MoE checkpoint with TP or PP has been checked yet)");
-  if (T.zero_stage == 0 || T.zero_stage == 3)
-    no(moe + "ZeRO-" + std::to_string(T.zero_stage) + ": ucp-reshard writes MoE layouts under ZeRO-1 and ZeRO-2 (without "
-       "ZeRO the expert optimizer states go in expp_rank files, under ZeRO-3 DeepSpeed partitions differently)");
+  if (T.zero_stage == 3)
+    no(moe + "ZeRO-3: ucp-reshard writes MoE layouts under ZeRO-0, 1 and 2 (ZeRO-3 partitions experts differently)");
+  if (T.zero_stage == 0 && T.dtype != "fp32")
+    no(moe + T.dtype + " without ZeRO: ucp-reshard writes MoE layouts without ZeRO in fp32 (the model's own torch "
+       "optimizer, its state per position in expp_rank files); DeepSpeed's " + (T.dtype == "bf16" ? "BF16" : "FP16") +
+       " optimizer around experts is not supported yet");
   if (T.bf16_optimizer())
     no(moe + "bf16 under ZeRO-1 with fp32 gradient accumulation (DeepSpeed's BF16 optimizer): use --grad-accum-dtype "
        "bf16 (ZeRO's optimizer), --zero-stage 2, or fp16 / fp32");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <limits>
+#include <regex>
 #include <set>
 
 #include "core/error.h"
@@ -26,7 +27,13 @@ nlohmann::json TargetLayout::ToJson() const {
   if (ep > 0) j["ep"] = ep;
   if (!model.empty()) j["model"] = model;
   if (!grad_accum_dtype.empty()) j["grad_accum_dtype"] = grad_accum_dtype;
+  if (!ds_version.empty()) j["ds_version"] = ds_version;
   return j;
+}
+
+bool IsReleaseVersion(const std::string& v) {
+  static const std::regex release(R"(\d+\.\d+(\.\d+)?)");
+  return std::regex_match(v, release);
 }
 
 std::string GradAccumDtypeOf(const std::string& configured, const std::string& optimizer, int zero_stage,
@@ -93,6 +100,9 @@ TargetLayout ApplyLayout(const nlohmann::json& j, TargetLayout t, const std::str
       t.dtype = dtype();
     } else if (key == "grad_accum_dtype") {
       t.grad_accum_dtype = dtype();
+    } else if (key == "ds_version") {
+      if (!v.is_string() || !IsReleaseVersion(v.get<std::string>())) throw bad("a DeepSpeed release such as \"0.14.5\"");
+      t.ds_version = v.get<std::string>();
     } else if (key == "model") {
       if (!v.is_string() || (v != "pipe" && v != "plain")) throw bad("\"pipe\" (a PipelineModule) or \"plain\" (not one)");
       t.model = v.get<std::string>();
@@ -111,7 +121,7 @@ TargetLayout ApplyLayout(const nlohmann::json& j, TargetLayout t, const std::str
       }
     } else {
       throw Error(path + ": unknown key '" + key + "' (schemas/layout.schema.json lists dp, tp, pp, zero_stage, dtype, "
-                  "partition_method, make_vocab_size_divisible_by, model, ep, grad_accum_dtype)");
+                  "partition_method, make_vocab_size_divisible_by, model, ep, grad_accum_dtype, ds_version)");
     }
     given->push_back(key);
   }

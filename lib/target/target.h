@@ -26,6 +26,10 @@ struct TargetLayout {
   // the optimizer, the BF16 optimizer at ZeRO-0, and at ZeRO-1 only with "fp32" (otherwise ZeRO's).
   // Empty: the source's (ResolveModel).
   std::string grad_accum_dtype;
+  // The DeepSpeed release the resumed job runs ("0.14.5"), where its files do not say so or where it
+  // differs from the source's: it decides what changed between releases and no file shows, the scale
+  // of an expert's Adam moments and the expp_rank files under ZeRO. Empty: the source's release.
+  std::string ds_version;
 
   bool bf16_optimizer() const {
     return dtype == "bf16" && (zero_stage == 0 || (zero_stage == 1 && grad_accum_dtype == "fp32"));
@@ -34,6 +38,9 @@ struct TargetLayout {
   std::string Describe() const;  // "dp=4 tp=2 pp=2 ZeRO-1 bf16"
   nlohmann::json ToJson() const;  // as schemas/layout.schema.json
 };
+
+// Whether `v` names a release as DeepSpeed numbers them ("0.14.5", "0.19").
+bool IsReleaseVersion(const std::string& v);
 
 // The gradient-accumulation dtype of a job whose configuration says none (`configured` empty): fp32
 // for one the BF16 optimizer saved at ZeRO-1 (which takes fp32 accumulation), else the training

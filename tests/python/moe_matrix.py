@@ -7,9 +7,10 @@ against the generator's ground truth:
   moments as the job at ep kept them (an expert's ep and ep^2 times the truth's), every expert under
   its global id; the manifest's ep;
 - ucp-reshard to every layout with ep in {1, 2, 4} dividing dp in {1, 2, 4} (and the experts),
-  ZeRO-1 and ZeRO-2, in the same dtype (1, 2 or 4 MPI ranks in turn): every file equal to what the
-  generator writes for that layout from the truth (compare_shards.py: tensor bytes, layout values,
-  types), the expert groups named ep_size_<ep>;
+  ZeRO-1 and ZeRO-2, and in fp32 ZeRO-0 too, in the same dtype (1, 2 or 4 MPI ranks in turn), for
+  the generator's DeepSpeed release (--ds-version: its files without ZeRO record none): every file
+  equal to what the generator writes for that layout from the truth (compare_shards.py: tensor
+  bytes, layout values, types), the expert groups named ep_size_<ep>;
 - round trip: two of those outputs converted again and resharded back to the source layout give
   the source's files again.
 """
@@ -65,7 +66,8 @@ def run(cmd, what):
 def reshard(atomic, out, dp, ep, zero, ranks):
     shutil.rmtree(out, ignore_errors=True)
     run(mpi([a.reshard, atomic, "-o", out, "-q", "--dp", str(dp), "--tp", "1", "--pp", "1", "--zero-stage", str(zero),
-             "--dtype", a.dtype, "--ep", str(ep)], ranks), f"ucp-reshard to dp={dp} ep={ep} ZeRO-{zero}")
+             "--dtype", a.dtype, "--ep", str(ep), "--ds-version", make_moe_fixture.DS_VERSION], ranks),
+        f"ucp-reshard to dp={dp} ep={ep} ZeRO-{zero}")
 
 
 shutil.rmtree(a.work, ignore_errors=True)
@@ -84,13 +86,15 @@ for name in names:
         got = torch.load(os.path.join(zero, name, f"{key}.pt"))["param"]
         want = truth["params"][name][key]
         if is_expert and key != "fp32":
-            want = want * (a.ep if key == "exp_avg" else a.ep * a.ep)
+            want = want * (truth["expert_moment_scale"] ** (1 if key == "exp_avg" else 2))
         assert same_bytes(got, want), f"{name}: atomic {key} differs from the truth"
 manifest = open(os.path.join(atomic, "ucp_manifest.json")).read()
 assert re.search(r'"ep":\s*%d' % a.ep, manifest) and re.search(r'"moe":\s*true', manifest), "manifest: moe / ep"
 print(f"convert ({a.ranks} rank(s)): {len(names)} atomic tensors ({experts} expert tensors under global ids) equal the truth")
 
-layouts = [(dp, ep, z) for ep in (1, 2, 4) for dp in (1, 2, 4) for z in (1, 2) if dp % ep == 0]
+layouts = [(dp, ep, z) for ep in (1, 2, 4) for dp in (1, 2, 4) for z in (0, 1, 2) if dp % ep == 0]
+if a.dtype != "fp32":
+    layouts = [x for x in layouts if x[2] > 0]  # without ZeRO: fp32 (the model's torch optimizer)
 if a.dtype == "bf16":
     layouts = [x for x in layouts if x[2] == 2]  # bf16: compared at ZeRO-2 (the bf16 source is ZeRO-2)
 failures = []
@@ -99,7 +103,12 @@ for k, (dp, ep, z) in enumerate(layouts):
     out = os.path.join(a.work, "ours", f"dp{dp}_ep{ep}_z{z}")
     reshard(atomic, out, dp, ep, z, ranks)
     found, compared = compare_roots(fixture(dp, ep, z), out)
-    for d in range(dp):
+    if a.zero_stage == 0:
+        # DeepSpeed 0.14.5 saves no ds_config without ZeRO (its MoE model-states file has none, and
+        # there is no ZeRO file): the ZeRO files written from such a source have None for it.
+        found = [f for f in found if not re.fullmatch(r"zero_pp_rank_\d+_mp_rank_00_optim_states\.pt/ds_config: "
+                                                      r"dict in the generator's file, NoneType in ours", f)]
+    for d in range(dp if z > 0 else 0):
         prefix = "bf16_" if a.dtype == "bf16" else ""
         groups = torch.load(os.path.join(out, "global_step12", f"{prefix}zero_pp_rank_{d}_mp_rank_00_optim_states.pt"))[
             "optimizer_state_dict"]["base_optimizer_state"]["param_groups"]
@@ -109,7 +118,9 @@ for k, (dp, ep, z) in enumerate(layouts):
     if found:
         failures.append((dp, ep, z))
 
-for dp, ep, z in [x for x in layouts if x[1] != a.ep][:2]:
+# Round trips through layouts of another ep; from a ZeRO source through ZeRO layouts only: DeepSpeed
+# 0.14.5 keeps no ds_config without ZeRO, so the way back could not restore the source's.
+for dp, ep, z in [x for x in layouts if x[1] != a.ep and (x[2] > 0 or a.zero_stage == 0)][:2]:
     back = os.path.join(a.work, f"back_dp{dp}_ep{ep}_z{z}")
     run(mpi([a.convert, os.path.join(a.work, "ours", f"dp{dp}_ep{ep}_z{z}"), "-o", back, "-q"], 2), "ucp-convert back")
     again = os.path.join(a.work, f"again_dp{dp}_ep{ep}_z{z}")

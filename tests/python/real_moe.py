@@ -1,4 +1,4 @@
-"""A real DeepSpeed Mixture-of-Experts checkpoint (expert parallelism, ZeRO-1/2) through ucp-inspect
+"""A real DeepSpeed Mixture-of-Experts checkpoint (expert parallelism, ZeRO-0/1/2) through ucp-inspect
 and ucp-convert, on 1 and 2 ranks, checked against what DeepSpeed itself wrote:
 
     real_moe.py INSPECT CONVERT CASE_DIR WORK MPIEXEC
@@ -12,7 +12,9 @@ and ucp-convert, on 1 and 2 ranks, checked against what DeepSpeed itself wrote:
   wrong global id, or a fragment placed wrongly, fails here;
 - exp_avg / exp_avg_sq: equal to the moments reassembled here from the ZeRO optimizer files
   (param_slice_mappings; expert groups partitioned over dp / ep ranks, their local expert ids made
-  global by the file's expert-parallel rank), nonzero for every parameter that trained;
+  global by the file's expert-parallel rank), or without ZeRO from the expp_rank files' torch state
+  by position (positions named by the harness's own group rule), nonzero for every parameter that
+  trained;
 (real_moe_reshard.py reshards the same cases.)
 """
 import json
@@ -111,31 +113,56 @@ def reassembled(shard, ep, shapes):
     return out
 
 
-def refused_without_zero(inspect, convert, src, work, info):
-    """An MoE case trained without ZeRO (its optimizer state per position in expp_rank_* files): a
-    variant ucp does not read yet. It must be refused by name, exit 1 or 2, nothing written.
-    True when the case is one (and was so refused)."""
-    if not re.search(r"--zero 0\b", info["train_args"]):
-        return False
-    r = subprocess.run([inspect, src], capture_output=True, text=True)
-    assert r.returncode in (1, 2) and "without ZeRO optimizer files" in r.stderr and "not supported yet" in r.stderr, \
-        f"ucp-inspect of an MoE case without ZeRO: exit {r.returncode}\n{r.stderr[-1500:]}"
-    out = os.path.join(work, "refused")
-    shutil.rmtree(work, ignore_errors=True)
-    c = subprocess.run([convert, src, "-o", out, "-q"], capture_output=True, text=True)
-    assert c.returncode in (1, 2) and not os.path.exists(out), f"ucp-convert: exit {c.returncode}, output left"
-    print("refused by name (Mixture of Experts without ZeRO is not supported yet):",
-          next(m for m in r.stderr.splitlines() if "not supported yet" in m)[-200:])
-    return True
+def decays(name, shape):
+    """The harness's weight-decay rule (train.py --param-groups 2): biases, layernorms and 1-d
+    parameters have none."""
+    return not (name.endswith(".bias") or "layernorm" in name or len(shape) == 1)
+
+
+def reassembled_without_zero(shard, ep, saved):
+    """global name -> {exp_avg, exp_avg_sq} (flat), from the expp_rank_R files of a case trained
+    without ZeRO: torch's optimizer state by position. The positions are named here from what the
+    harness builds, not from their shapes: each group lists, in the model's parameter order, the
+    parameters of its weight-decay kind (train.py's rule), the non-expert ones from the module and
+    an expert group the experts of rank R (MoE layer by layer, local expert by local expert, each
+    expert's tensors in its file's order), as split_params_into_different_moe_groups_for_optimizer
+    moves them."""
+    module = list(load(os.path.join(shard, "mp_rank_00_model_states.pt"))["module"].items())
+    files = {}
+    for f in os.listdir(shard):
+        m = re.fullmatch(r"layer_(\d+)_expert_(\d+)_mp_rank_00_model_states\.pt", f)
+        if m:
+            files[(int(m.group(1)), int(m.group(2)))] = f
+    layers = sorted({layer for layer, _ in files})
+    out = {}
+    for r in range(ep):
+        osd = load(os.path.join(shard, f"expp_rank_{r}_mp_rank_00_optim_states.pt"))["optimizer"]
+        experts = []
+        for layer in layers:
+            total = sum(1 for (l, _) in files if l == layer)
+            for j in range(total // ep):
+                experts += list(load(os.path.join(shard, files[(layer, r * (total // ep) + j)])).items())
+        for g in osd["param_groups"]:
+            decay = g["weight_decay"] > 0
+            pool = experts if g.get("moe", False) else module
+            names = [n for n, t in pool if decays(n, t.shape) == decay]
+            assert len(names) == len(g["params"]), f"expp_rank_{r}: group {g.get('name')}: {len(g['params'])} " \
+                f"positions, {len(names)} parameters of its kind"
+            for name, pos in zip(names, g["params"]):
+                st = osd["state"][pos]
+                assert st["exp_avg"].shape == saved[name].shape, f"{name}: position {pos} has another shape"
+                got = {s: st[s].reshape(-1) for s in ("exp_avg", "exp_avg_sq")}
+                if name in out:  # a non-expert parameter: every expert-parallel rank holds the same state
+                    assert all(same_bytes(out[name][s], got[s]) for s in got), f"{name}: expp_rank_{r} differs from rank 0"
+                out[name] = got
+    return out
 
 
 def main():
     inspect, convert, case, work, mpiexec = sys.argv[1:6]
     src = os.path.join(case, "ckpt")
     info = json.load(open(os.path.join(case, "case.json")))
-    if refused_without_zero(inspect, convert, src, work, info):
-        print("ok (a variant ucp does not read)")
-        return
+    without_zero = re.search(r"--zero 0\b", info["train_args"]) is not None
     ep = int(re.search(r"--ep-size (\d+)", info["train_args"]).group(1))
     tag = open(os.path.join(src, "latest")).read().strip()
     shard = os.path.join(src, tag)
@@ -162,7 +189,8 @@ def main():
 
     saved = saved_weights(shard)
     # The weights and moments, reassembled from the optimizer files (independently of ucp).
-    moments = reassembled(shard, ep, saved)
+    moments = reassembled_without_zero(shard, ep, saved) if without_zero else reassembled(shard, ep, saved)
+    assert sorted(moments) == sorted(saved), f"moments for {sorted(set(moments) ^ set(saved))[:4]} missing" 
 
     shutil.rmtree(work, ignore_errors=True)
     for ranks in (1, 2):

@@ -1,5 +1,5 @@
 """ucp-reshard of a real DeepSpeed Mixture-of-Experts checkpoint, to every expert-parallel degree,
-DP degree and ZeRO stage (1, 2) its 4 experts allow, each output checked against what DeepSpeed
+DP degree and ZeRO stage (0, 1, 2) its 4 experts allow, each output checked against what DeepSpeed
 itself wrote for the source, independently of ucp:
 
     real_moe_reshard.py CONVERT RESHARD CASE_DIR WORK MPIEXEC
@@ -7,22 +7,26 @@ itself wrote for the source, independently of ucp:
 - the same layout as the source: every file DeepSpeed wrote, and no other, with the same keys,
   values and tensor bytes; the only difference allowed is the vocabulary padding rows of the
   embedding (and its flat fp32 partition), which the atomic checkpoint drops and ucp-reshard zeroes;
-- every other layout (ep in 1, 2, 4 dividing dp in 1, 2, 4; ZeRO-1 and ZeRO-2):
+- every other layout (ep in 1, 2, 4 dividing dp in 1, 2, 4; ZeRO-0, 1 and 2):
   - the file set DeepSpeed's engine writes for it: the model-states file, one file per expert of
-    each MoE layer, one expp_rank file per expert-parallel rank ({'optimizer': None} under ZeRO),
-    one ZeRO file per DP rank;
+    each MoE layer, one expp_rank file per expert-parallel rank (under ZeRO {'optimizer': None},
+    and none from DeepSpeed 0.19.3 on), one ZeRO file per DP rank under ZeRO;
+  - without ZeRO: the expp_rank files' torch state by position, named as the harness builds its
+    groups (real_moe.reassembled_without_zero), equal to the source's moments; the model-states
+    file holds rank 0's state, no param_shapes; every position has a step tensor of its own;
   - the weights: the model-states module and every expert file (global ids) equal DeepSpeed's
     saved weights byte for byte (padding rows zero);
   - the ZeRO files, reassembled here the way DeepSpeed partitions them (expert groups over the
     dp / ep ranks of each expert-parallel rank, experts named by their local id there): fp32 equal
     to the saved weights; exp_avg and exp_avg_sq equal to the source's moments reassembled from
-    DeepSpeed's files, an expert's scaled by (ep / source ep) and its square (DeepSpeed's expert
-    gradients are ep times the mean: writer.cpp);
+    DeepSpeed's files, an expert's scaled by the ratio of the two jobs' expert gradient scales and
+    its square (ep on every path before DeepSpeed 0.14.1 and under ZeRO-1/2 before 0.15.4, else 1:
+    writer.cpp's ExpertGradientScale);
   - partition_count, the expert groups' names (ep_size_<ep>), the ZeRO stage, dp_world_size;
 - round trip: the ep=1 dp=1 ZeRO-2 output converted again and resharded to the source layout
   equals DeepSpeed's files as above, on 2 MPI ranks;
 - refusals (exit 1, a message naming the reason, no output folder): ep not dividing dp or the
-  experts, tp > 1, ZeRO-3, ZeRO-0.
+  experts, tp > 1, ZeRO-3, bf16 or fp16 without ZeRO.
 """
 import json
 import os
@@ -35,7 +39,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds_stubs  # noqa: E402,F401  DeepSpeed's pickled classes, without DeepSpeed
-from real_moe import EXPERT, flat_pieces, load, reassembled, run, same_bytes, saved_weights  # noqa: E402
+from real_moe import EXPERT, flat_pieces, load, reassembled, reassembled_without_zero, run, same_bytes, saved_weights  # noqa: E402,E501
 
 VOCAB = "language_model.embedding.word_embeddings.weight"
 
@@ -48,29 +52,52 @@ def check_weights(name, want, got, vocab_rows, where):
     assert same_bytes(want, got), f"{where}: {name}: differs from DeepSpeed's saved weight"
 
 
-def check_layout(target, src_shard, dp, ep, zero, src_ep, saved, moments, vocab_rows, num_experts):
+def source_version(src_shard):
+    """The DeepSpeed release that wrote the source: its model-states file's ds_version, else (MoE
+    before 0.19.3 records none there) its first ZeRO file's."""
+    version = load(os.path.join(src_shard, "mp_rank_00_model_states.pt")).get("ds_version")
+    if version is None:
+        zero_file = next(f for f in sorted(os.listdir(src_shard))
+                         if re.fullmatch(r"(bf16_)?zero_pp_rank_0_mp_rank_00_optim_states\.pt", f))
+        version = load(os.path.join(src_shard, zero_file))["ds_version"]
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+
+
+def check_layout(target, src_shard, src_zero, dp, ep, zero, src_ep, saved, moments, vocab_rows, num_experts):
     tag = open(os.path.join(target, "latest")).read().strip()
     shard = os.path.join(target, tag)
     where = f"dp={dp} ep={ep} ZeRO-{zero}"
-    # DeepSpeed up to 0.19.2 writes an expp_rank file per expert-parallel rank under ZeRO too (holding
-    # no state), 0.19.3 and later none: the target follows the source's DeepSpeed.
-    expp = any(f.startswith("expp_rank_") for f in os.listdir(src_shard))
-    want_files = {"mp_rank_00_model_states.pt"} | {f"zero_pp_rank_{d}_mp_rank_00_optim_states.pt" for d in range(dp)} | \
-        {f"expp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(ep) if expp} | \
+    version = source_version(src_shard)
+    # Without ZeRO the optimizer state is in one expp_rank file per expert-parallel rank. Under ZeRO,
+    # DeepSpeed up to 0.19.2 writes them too (holding no state), 0.19.3 and later none: the target
+    # follows the source's DeepSpeed.
+    if zero == 0:
+        expp = True
+    elif src_zero > 0:
+        expp = any(f.startswith("expp_rank_") for f in os.listdir(src_shard))
+    else:
+        expp = version < (0, 19, 3)
+    want_files = {"mp_rank_00_model_states.pt"} | {f"expp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(ep) if expp} | \
         {f"layer_{layer}_expert_{e}_mp_rank_00_model_states.pt" for layer, n in enumerate(num_experts) for e in range(n)}
+    if zero > 0:
+        want_files |= {f"zero_pp_rank_{d}_mp_rank_00_optim_states.pt" for d in range(dp)}
     have = set(os.listdir(shard))
     assert have == want_files, f"{where}: files {sorted(have ^ want_files)[:6]} differ from DeepSpeed's set"
     weights = saved_weights(shard)
     assert sorted(weights) == sorted(saved), f"{where}: weights {sorted(set(weights) ^ set(saved))[:6]}"
     for name, want in saved.items():
         check_weights(name, want, weights[name], vocab_rows, where)
-    # DeepSpeed before 0.15.4 scales an expert's gradient, so its moments, by ep (PR 6546 made it
-    # divide by the whole DP group): a reshard to another ep rescales the moments of such a source.
-    zero_file = next(f for f in sorted(os.listdir(src_shard)) if re.fullmatch(r"(bf16_)?zero_pp_rank_0_mp_rank_00_optim_states\.pt", f))
-    version = tuple(int(x) for x in re.findall(r"\d+", load(os.path.join(src_shard, zero_file))["ds_version"])[:3])
-    scale = ep / src_ep if version < (0, 15, 4) else 1.0
-    for name, got in reassembled(shard, ep, saved).items():
-        check_weights(name, saved[name], got["fp32"].reshape(saved[name].shape), vocab_rows, where + " fp32")
+    # DeepSpeed scaled an expert's gradient, so its moments, by ep on every path before 0.14.1 (PR
+    # 5259) and in the ZeRO-1/2 optimizer before 0.15.4 (PR 6546): a reshard rescales the moments by
+    # the target job's scale over the source job's.
+    def grad_scale(z, e):
+        return e if version < (0, 14, 1) or (z in (1, 2) and version < (0, 15, 4)) else 1
+    scale = grad_scale(zero, ep) / grad_scale(src_zero, src_ep)
+    got_moments = reassembled_without_zero(shard, ep, saved) if zero == 0 else reassembled(shard, ep, saved)
+    assert sorted(got_moments) == sorted(saved), f"{where}: moments of {sorted(set(got_moments) ^ set(saved))[:4]}"
+    for name, got in got_moments.items():
+        if zero > 0:
+            check_weights(name, saved[name], got["fp32"].reshape(saved[name].shape), vocab_rows, where + " fp32")
         f = scale if EXPERT.match(name) else 1.0
         for s, factor in (("exp_avg", f), ("exp_avg_sq", f * f)):
             ref = moments[name][s] * factor
@@ -80,9 +107,22 @@ def check_layout(target, src_shard, dp, ep, zero, src_ep, saved, moments, vocab_
                 assert bool((mine[vocab_rows * hidden:] == 0).all()), f"{where}: {name}: {s} padding rows"
                 ref, mine = ref[:vocab_rows * hidden], mine[:vocab_rows * hidden]
             assert same_bytes(ref, mine), f"{where}: {name}: {s} differs from the source's (x{factor})"
-    for r in range(ep if expp else 0):
+    states = load(os.path.join(shard, "mp_rank_00_model_states.pt"))
+    if zero == 0:
+        rank0 = load(os.path.join(shard, "expp_rank_0_mp_rank_00_optim_states.pt"))["optimizer"]
+        if "optimizer" in states:  # DeepSpeed 0.19 (0.14.5's MoE model-states file has none of these keys)
+            problems = []
+            deep_equal(rank0, states["optimizer"], "optimizer", lambda path, numel: None, problems)
+            assert not problems, f"{where}: the model-states file's optimizer differs from expp_rank 0's: {problems[:3]}"
+            assert states["param_shapes"] is None and states["shared_params"] is None, where
+            assert states["ds_config"]["zero_optimization"]["stage"] == 0, where
+        steps = [st["step"] for st in rank0["state"].values()]
+        assert len({t.data_ptr() for t in steps}) == len(steps), f"{where}: positions share a step tensor"
+    elif "optimizer" in states:
+        assert states["optimizer"] is None and states["param_shapes"] is not None, where
+    for r in range(ep if expp and zero > 0 else 0):
         assert load(os.path.join(shard, f"expp_rank_{r}_mp_rank_00_optim_states.pt")) == {"optimizer": None}, where
-    for d in range(dp):
+    for d in range(dp if zero > 0 else 0):
         root = load(os.path.join(shard, f"zero_pp_rank_{d}_mp_rank_00_optim_states.pt"))
         osd = root["optimizer_state_dict"]
         groups = osd["base_optimizer_state"]["param_groups"]
@@ -91,7 +131,6 @@ def check_layout(target, src_shard, dp, ep, zero, src_ep, saved, moments, vocab_
         assert osd["partition_count"] == [dp // ep if m else dp for m in moe], f"{where}: {osd['partition_count']}"
         assert all(g["name"] == f"ep_size_{ep}" for g, m in zip(groups, moe) if m), f"{where}: {[g['name'] for g in groups]}"
         assert int(osd["zero_stage"]) == zero and root["ds_config"]["zero_optimization"]["stage"] == zero, where
-    states = load(os.path.join(shard, "mp_rank_00_model_states.pt"))
     src_states = load(os.path.join(src_shard, "mp_rank_00_model_states.pt"))
     assert states["dp_world_size"] == dp and states["num_experts"] == src_states["num_experts"], where
     assert list(states) == list(src_states), f"{where}: model-states keys {list(states)} vs DeepSpeed's {list(src_states)}"
@@ -184,11 +223,6 @@ def main():
     convert, reshard, case, work, mpiexec = sys.argv[1:6]
     src = os.path.join(case, "ckpt")
     args = open(os.path.join(case, "case.json")).read()
-    if re.search(r"--zero 0\b", json.loads(args)["train_args"]):
-        r = subprocess.run([convert, src, "-o", os.path.join(work, "atomic"), "-q"], capture_output=True, text=True)
-        assert r.returncode in (1, 2) and "not supported yet" in r.stderr, f"ucp-convert: exit {r.returncode}\n{r.stderr}"
-        print("ok (Mixture of Experts without ZeRO: refused by name, nothing to reshard)")
-        return
     src_ep = int(re.search(r"--ep-size (\d+)", args).group(1))
     src_zero = int(re.search(r"--zero (\d+)", args).group(1))
     tag = open(os.path.join(src, "latest")).read().strip()
@@ -198,7 +232,7 @@ def main():
     vocab_rows = states["universal_checkpoint_info"]["original_vocab_size"]
     saved = saved_weights(src_shard)
     hidden = saved[VOCAB].shape[1]
-    moments = reassembled(src_shard, src_ep, saved)
+    moments = reassembled_without_zero(src_shard, src_ep, saved) if src_zero == 0 else reassembled(src_shard, src_ep, saved)
 
     shutil.rmtree(work, ignore_errors=True)
     atomic = os.path.join(work, "atomic")
@@ -216,12 +250,12 @@ def main():
     check_same_as_deepspeed(same, src_shard, src_ep, vocab_rows, hidden)
     print(f"dp={src_dp} ep={src_ep} ZeRO-{src_zero} (the source's): every file equals DeepSpeed's (padding rows aside)")
 
-    layouts = [(dp, ep, zero) for ep in (1, 2, 4) for dp in (1, 2, 4) for zero in (1, 2)
+    layouts = [(dp, ep, zero) for ep in (1, 2, 4) for dp in (1, 2, 4) for zero in (0, 1, 2)
                if dp % ep == 0 and all(n % ep == 0 for n in num_experts)]
     for dp, ep, zero in layouts:
         out = resharded(atomic, os.path.join(work, f"dp{dp}_ep{ep}_z{zero}"), dp, ep, zero)
-        check_layout(out, src_shard, dp, ep, zero, src_ep, saved, moments, vocab_rows, num_experts)
-    print(f"{len(layouts)} layouts (ep 1/2/4 x dp x ZeRO-1/2): files, weights, partitions and moments as DeepSpeed "
+        check_layout(out, src_shard, src_zero, dp, ep, zero, src_ep, saved, moments, vocab_rows, num_experts)
+    print(f"{len(layouts)} layouts (ep 1/2/4 x dp x ZeRO-0/1/2): files, weights, partitions and moments as DeepSpeed "
           f"partitions them")
 
     # Round trip through another layout, on 2 ranks.
@@ -237,7 +271,8 @@ def main():
                            ({"--dp": "2", "--ep": "4"}, "ep=4 must divide dp=2"),
                            ({"--dp": "6", "--ep": "3"}, "ep=3 must divide the 4 experts"),
                            ({"--zero-stage": "3"}, "ZeRO-3"),
-                           ({"--zero-stage": "0", "--dtype": "bf16"}, "ZeRO-0"),
+                           ({"--zero-stage": "0", "--dtype": "bf16"}, "bf16 without ZeRO"),
+                           ({"--zero-stage": "0", "--dtype": "fp16"}, "fp16 without ZeRO"),
                            ({"--dtype": "bf16", "--grad-accum-dtype": "fp32"}, "BF16 optimizer"),
                            ({"--tp": "2", "--dp": "2"}, "tp=2 pp=1"),
                            ({"--model": "pipe"}, "model 'pipe'")):

@@ -6,6 +6,7 @@
 #include <optional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 
 #include "core/atomic_file.h"
@@ -153,22 +154,161 @@ bool IsExpertGroup(const Value& osd, size_t g) {
 }
 
 std::string Coord(const ShardFile& f);
+
+// A Mixture-of-Experts checkpoint without ZeRO (DeepSpeed's fp32 training with the model's own
+// torch optimizer): expert-parallel rank R's expp_rank_R file holds {'optimizer': state_dict()},
+// Adam's state per position, the positions listed by each param group in the order of the model's
+// parameters. Non-expert groups list the module's parameters (every rank the same: they are taken
+// from rank 0), expert groups the experts of rank R, MoE layer by MoE layer, local expert by local
+// expert. Positions carry no names: each group's positions are matched to the parameters of its
+// kind in model order by shape, every parameter to the one group whose next position fits it;
+// where two would fit, which one holds it cannot be told and the checkpoint is refused. A
+// position's slot in its file: its moments there, its fp32 weights the module's or expert file's.
+void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<std::string, size_t>& index,
+                         const std::function<std::shared_ptr<pt::TorchFile>(const ShardFile&)>& parse) {
+  if (L.dtype != "fp32") {
+    L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint without ZeRO trained in " + L.dtype +
+                       " (DeepSpeed's " + (L.dtype == "bf16" ? "BF16" : "FP16") +
+                       " optimizer around the experts) is not supported yet; fp32 is");
+    return;
+  }
+  if (L.tp != 1 || L.pp != 1) {
+    L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint without ZeRO at tp=" + std::to_string(L.tp) +
+                       " pp=" + std::to_string(L.pp) + " is not supported yet (tp=1, pp=1 is)");
+    return;
+  }
+  // The tensors of every parameter, in model order: the module's (not the experts), and per
+  // expert-parallel rank its local experts', each with the file and tensor holding its weights.
+  struct Weight {
+    std::string name;
+    int file = -1;
+    pt::TensorView tensor;
+  };
+  auto weights_of = [&](int fi, const Value& dict, std::vector<Weight>& out) {
+    std::set<std::string> buffers;
+    if (auto b = dict.Get("buffer_names"); b && b->IsSequence())
+      for (const auto& n : b->AsSequence()) buffers.insert(n->AsStr());
+    const Value& d = L.files[fi].expert >= 0 ? dict : dict.At("module");
+    for (const auto& item : d.AsDict().items())
+      if (!buffers.count(item.key->AsStr())) out.push_back({item.key->AsStr(), fi, item.value->AsTensor()});
+  };
+  std::vector<Weight> module;
+  std::map<std::pair<int, int>, int> expert_file;  // (MoE layer, global expert) -> file
+  std::set<int> moe_layers;
+  std::map<int, int> expp;  // expert-parallel rank -> file
+  for (size_t fi = 0; fi < L.files.size(); ++fi) {
+    const ShardFile& f = L.files[fi];
+    if (KindOf(f) == FileKind::ModelStates && f.pp == 0 && f.tp == 0)
+      if (auto file = parse(f)) weights_of(static_cast<int>(fi), *file->root, module);
+    if (f.expert >= 0) expert_file[{f.layer, f.expert}] = static_cast<int>(fi), moe_layers.insert(f.layer);
+    if (KindOf(f) == FileKind::ExpertOptimizer) expp[f.dp] = static_cast<int>(fi);
+  }
+  L.ep = std::max<int>(1, static_cast<int>(expp.size()));
+  for (int r = 0; r < L.ep; ++r)
+    if (!expp.count(r))
+      L.problems.push_back("missing rank file " + ExpertOptimFileName(r, 0) + " (expert-parallel rank " +
+                           std::to_string(r) + " of " + std::to_string(L.ep) + ")");
+  for (const auto& [r, fi] : expp) {
+    ShardFile& f = L.files[fi];
+    const std::string where = L.dir + "/" + f.name;
+    try {
+      auto file = parse(f);
+      if (!file) continue;
+      std::vector<Weight> experts;
+      for (int layer : moe_layers) {
+        const int total = layer < static_cast<int>(moe.num_experts.size()) ? static_cast<int>(moe.num_experts[layer])
+                                                                            : 0;
+        if (total <= 0 || total % L.ep != 0)
+          throw Error("MoE layer " + std::to_string(layer) + " has " + std::to_string(total) +
+                      " experts, not a multiple of the " + std::to_string(L.ep) + " expert-parallel ranks");
+        for (int j = 0; j < total / L.ep; ++j) {
+          auto it = expert_file.find({layer, r * (total / L.ep) + j});
+          if (it == expert_file.end()) continue;  // FinishMoe names the missing expert file
+          if (auto ef = parse(L.files[it->second])) weights_of(it->second, *ef->root, experts);
+        }
+      }
+      const Value& osd = file->root->At("optimizer");
+      if (osd.kind == Value::Kind::None) throw Error("'optimizer' is None: the file holds no optimizer state");
+      const auto& state = osd.At("state").AsDict();
+      const auto& groups = osd.At("param_groups").AsSequence();
+      // Per group: its positions, and how far its matching got.
+      struct Group {
+        std::vector<int64_t> positions;
+        size_t next = 0;
+        bool experts = false;
+      };
+      std::vector<Group> gs(groups.size());
+      auto moment = [&](int64_t pos, const char* key) -> pt::TensorView {
+        auto st = state.Get(pos);
+        if (!st) throw Error("optimizer state has no entry for position " + std::to_string(pos));
+        pt::TensorView t = st->At(key).AsTensor();
+        if (t.dtype != pt::DType::F32 || !t.contiguous())
+          throw Error("position " + std::to_string(pos) + ": " + key + " is " + std::string(pt::DTypeName(t.dtype)) +
+                      (t.contiguous() ? "" : ", not contiguous") + "; float32 expected");
+        return t;
+      };
+      for (size_t g = 0; g < groups.size(); ++g) {
+        auto m = groups[g]->Get("moe");
+        gs[g].experts = m && m->kind == Value::Kind::Bool && m->b;
+        for (const auto& p : groups[g]->At("params").AsSequence()) gs[g].positions.push_back(p->AsInt());
+      }
+      const uint8_t* base = file->archive->file()->bytes().data();
+      auto match = [&](const std::vector<Weight>& params, bool experts) {
+        for (const Weight& w : params) {
+          std::vector<size_t> fits;
+          for (size_t g = 0; g < gs.size(); ++g)
+            if (gs[g].experts == experts && gs[g].next < gs[g].positions.size() &&
+                moment(gs[g].positions[gs[g].next], "exp_avg").shape == w.tensor.shape)
+              fits.push_back(g);
+          if (fits.empty())
+            throw Error("parameter '" + w.name + "' " + pt::ShapeString(w.tensor.shape) + " fits the next position of no " +
+                        (experts ? "expert" : "non-expert") + " param group (a frozen parameter, or another model)");
+          if (fits.size() > 1)
+            throw Error("parameter '" + w.name + "' " + pt::ShapeString(w.tensor.shape) + " fits the next position of groups " +
+                        std::to_string(fits[0]) + " and " + std::to_string(fits[1]) +
+                        ": which one holds it cannot be told from the file (its positions carry no names)");
+          Group& grp = gs[fits[0]];
+          const int64_t pos = grp.positions[grp.next++];
+          if (!experts && r != 0) continue;  // the non-expert state: rank 0's
+          auto it = index.find(w.name);
+          if (it == index.end()) throw Error("parameter '" + w.name + "' is in no module or expert file");
+          ParamRecord& p = L.params[it->second];
+          if (w.tensor.dtype != pt::DType::F32 || !w.tensor.contiguous())
+            throw Error("parameter '" + w.name + "': its weights in " + L.files[w.file].name + " are not contiguous float32");
+          const pt::TensorView a = moment(pos, "exp_avg"), b = moment(pos, "exp_avg_sq");
+          if (b.shape != a.shape) throw Error("position " + std::to_string(pos) + ": exp_avg_sq's shape differs from exp_avg's");
+          auto file_base = parse(L.files[w.file])->archive->file()->bytes().data();
+          const int64_t n = static_cast<int64_t>(a.numel());
+          const int slot = static_cast<int>(f.groups.size());
+          f.groups.push_back({source::Extent{static_cast<uint64_t>(w.tensor.data() - file_base), n, w.file},
+                              source::Extent{static_cast<uint64_t>(a.data() - base), n},
+                              source::Extent{static_cast<uint64_t>(b.data() - base), n}});
+          L.fragments.push_back({fi, slot, static_cast<int>(it->second), 0, n, 0});
+          p.group = static_cast<int>(&grp - gs.data());
+          if (!L.steps.count({0, 0, p.group}))
+            if (auto st = state.Get(pos)) L.steps[{0, 0, p.group}] = st->Get("step");
+        }
+      };
+      match(module, false);
+      match(experts, true);
+      for (size_t g = 0; g < gs.size(); ++g)
+        if (gs[g].next != gs[g].positions.size())
+          throw Error("param group " + std::to_string(g) + " has " + std::to_string(gs[g].positions.size()) +
+                      " positions but " + std::to_string(gs[g].next) + " parameters of the model fit them");
+      f.data = true;
+    } catch (const std::exception& e) {
+      L.errors.push_back(where + ": " + e.what());
+    }
+  }
+}
+
 using GroupParams = std::map<std::tuple<int, int, int>, std::vector<std::pair<std::string, int64_t>>>;
 
 // A Mixture-of-Experts index, after every optimizer file: each fragment made relative to its
 // parameter's first element (the smallest flat position the parameter has in the buffers of its
 // (pp, tp)), each parameter's group, the groups' parameter lists for the coverage check, and what
 // is not supported.
-void FinishMoe(SourceIndex& L, const MoeShapes& moe, GroupParams& group_params, bool zero_files, const Value& model_root) {
-  if (!zero_files) {
-    // Without ZeRO the expert-parallel degree is the number of expp_rank files (one per EP rank).
-    std::set<int> ranks;
-    for (const auto& f : L.files)
-      if (KindOf(f) == FileKind::ExpertOptimizer && f.pp == 0 && f.tp == 0) ranks.insert(f.dp);
-    if (!ranks.empty()) L.ep = static_cast<int>(ranks.size());
-    L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint without ZeRO optimizer files (the optimizer state "
-                       "inside expp_rank_*_mp_rank_*_optim_states.pt, ZeRO stage 0) is not supported yet");
-  }
+void FinishMoe(SourceIndex& L, const MoeShapes& moe, GroupParams& group_params, const Value& model_root) {
   if (L.zero_stage == 3)
     L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint under ZeRO-3 is not supported yet");
   // (param, pp, tp) -> its smallest flat position there, and that fragment
@@ -193,10 +333,10 @@ void FinishMoe(SourceIndex& L, const MoeShapes& moe, GroupParams& group_params, 
     const auto [param, pp, tp] = copy;
     const Fragment& fr = *where.second;
     ParamRecord& p = L.params[param];
-    p.group = fr.group;
+    if (p.group < 0) p.group = fr.group;  // ZeRO: the file's slot is the param group
     placed.insert(param);
     if (const auto shape = p.tp_shape.find(tp); shape != p.tp_shape.end())
-      lists[{pp, tp, fr.group}].emplace_back(where.first, p.name, pt::Numel(shape->second));
+      lists[{pp, tp, p.group}].emplace_back(where.first, p.name, pt::Numel(shape->second));
   }
   for (size_t k = 0; k < L.params.size(); ++k)
     if (!placed.count(static_cast<int>(k)))
@@ -378,6 +518,10 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     throw Error(L.dir + ": no mp_rank_*_model_states.pt or zero_pp_rank_*_model_states.pt file: not a DeepSpeed "
                         "checkpoint folder");
   bool zero3_files = count(FileKind::Zero3ModelStates) > 0;
+  // Mixture of Experts without ZeRO: the optimizer state in one expp_rank file per expert-parallel
+  // rank (IndexMoeWithoutZero), no ZeRO optimizer file.
+  const bool expp_optimizer = count(FileKind::ZeroOptimizer) == 0 && count(FileKind::ExpertOptimizer) > 0 &&
+                              count(FileKind::ExpertStates) > 0;
   L.naming = count(FileKind::LayerStates) > 0 ? "pipe" : "plain";
 
   // 2. Read every model-states file (metadata only) and the first one's training state.
@@ -519,7 +663,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
       if (!zero3_files) expect(ModelStatesFileName(mp), coords);
       for (int dp = 0; dp < L.dp; ++dp) {
         std::string c = coords + ", dp=" + std::to_string(dp);
-        expect(OptimStatesFileName(prefix, dp, mp), c);
+        if (!expp_optimizer) expect(OptimStatesFileName(prefix, dp, mp), c);
         if (zero3_files) expect(Zero3ModelStatesFileName(dp, mp), c);
       }
     }
@@ -722,6 +866,10 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
       L.errors.push_back(where + ": " + e.what());
     }
   }
+  if (moe && expp_optimizer) {
+    L.optimizer = "torch";
+    IndexMoeWithoutZero(L, moe_shapes, index, parse);
+  }
   for (const auto& f : L.files)
     if (KindOf(f) == FileKind::LayerStates) parse(f);  // integrity: every layer file must read
   if (stages_seen.size() > 1) L.problems.push_back("optimizer files disagree on the ZeRO stage");
@@ -730,7 +878,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   if (L.optimizer == "bf16_optimizer" && (config_stage == 0 || config_stage == 1)) L.zero_stage = config_stage;
   if (L.optimizer.empty()) L.optimizer = zero3_files ? "zero3" : "zero";
   L.moe = moe;
-  if (moe) FinishMoe(L, moe_shapes, group_params, count(FileKind::ZeroOptimizer) > 0, root);
+  if (moe) FinishMoe(L, moe_shapes, group_params, root);
   CheckCoverage(L, group_params, partitions);
   if (zero3_files != (L.zero_stage == 3))
     L.problems.push_back("ZeRO-3 model files present but optimizer files say stage " + std::to_string(L.zero_stage));

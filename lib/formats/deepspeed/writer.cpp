@@ -48,15 +48,30 @@ ValuePtr TorchSize(const std::vector<int64_t>& shape, bool plain_tuple) {
   if (!plain_tuple) t->module = "torch", t->name = "Size";
   return t;
 }
-// Whether the DeepSpeed that wrote the source (the target is written as that DeepSpeed writes)
-// scales an expert's gradients, and so its Adam moments, by the expert-parallel degree: releases
-// before 0.15.4 ("Fix expert grad scaling problem with ZeRO optimizer", DeepSpeed PR 6546). A
-// version the files do not record counts as a newer one.
-bool EpScaledExpertGradients(const Source& S) {
+// Whether DeepSpeed release `v` is older than major.minor.patch; an unknown release counts as a newer one.
+bool VersionBefore(const std::string& v, int major, int minor, int patch) {
+  int a = 0, b = 0, c = 0;
+  if (std::sscanf(v.c_str(), "%d.%d.%d", &a, &b, &c) < 2) return false;
+  return std::make_tuple(a, b, c) < std::make_tuple(major, minor, patch);
+}
+// The DeepSpeed release that wrote the source, and the one the target is written for (TargetLayout::
+// ds_version): each the other where only one is known.
+std::string SourceRelease(const Source& S, const TargetLayout& T) {
   const std::string v = S.manifest["source"].value("ds_version", "");
-  int major = 0, minor = 0, patch = 0;
-  if (std::sscanf(v.c_str(), "%d.%d.%d", &major, &minor, &patch) < 2) return false;
-  return std::make_tuple(major, minor, patch) < std::make_tuple(0, 15, 4);
+  return v.empty() ? T.ds_version : v;
+}
+std::string TargetRelease(const Source& S, const TargetLayout& T) {
+  return T.ds_version.empty() ? SourceRelease(S, T) : T.ds_version;
+}
+// How many times the mean gradient an expert's gradient is, and so the square root of how many
+// times the mean's Adam moments its moments are, in a job of `ep` expert-parallel ranks at ZeRO
+// stage `zero` under DeepSpeed `release`: ep where DeepSpeed averages it over the expert-data-
+// parallel group (dp / ep ranks) after the all-to-all has summed the tokens of ep ranks, which it
+// did on every path before 0.14.1 (PR 5259, "moe EP grad_scale fix") and in the ZeRO-1/2 optimizer
+// before 0.15.4 (PR 6546, "Fix expert grad scaling problem with ZeRO optimizer"); else 1.
+int ExpertGradientScale(const std::string& release, int zero, int ep) {
+  const bool scaled = VersionBefore(release, 0, 14, 1) || ((zero == 1 || zero == 2) && VersionBefore(release, 0, 15, 4));
+  return scaled ? ep : 1;
 }
 // Whether the source's param_shapes hold plain tuples rather than torch.Size (see TorchSize).
 bool PlainTupleShapes(const Value& model_states) {
@@ -146,7 +161,8 @@ class UnitWriter {
   UnitWriter(const Source& S, const TargetLayout& T, const Plan& P, const Unit& U, SliceSource& slices, std::string dir,
              ScratchBytes& arena)
       : S_(S), T_(T), P_(P), U_(U), slices_(slices), dir_(std::move(dir)), arena_(arena),
-        ep_scaled_(EpScaledExpertGradients(S)) {}
+        expert_moment_ratio_(static_cast<double>(ExpertGradientScale(TargetRelease(S, T), T.zero_stage, std::max(1, T.ep))) /
+                             ExpertGradientScale(SourceRelease(S, T), S.manifest["source"].value("zero_stage", 1), S.ep)) {}
 
   // The files of this unit: under ZeRO-3 its DP rank's model-states and optimizer files; else the
   // optimizer files of every DP rank, the layer files and the model-states file.
@@ -166,7 +182,14 @@ class UnitWriter {
       lp_.push_back(std::shared_ptr<uint8_t[]>(std::shared_ptr<void>(), at));  // not owning: the arena outlives the unit
       at += size(up);
     }
-    for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);  // fills lp_ from the fp32 weights
+    if (TorchOptimizer()) {
+      // No fp32 copy beside the model's weights: they are the master weights.
+      for (size_t k = 0; k < U_.params.size(); ++k)
+        slices_.Read(k, 0, 0, U_.params[k].local_numel, reinterpret_cast<float*>(lp_[k].get()));
+      WriteTorchOptimizerFiles();
+    } else {
+      for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);  // fills lp_ from the fp32 weights
+    }
     if (NamingOf(T_) == Naming::Plain) {
       if (S_.moe) WriteExpertFiles();
       WriteShardFile(ModelStatesFileName(Mp()), *ModelStates(PlainModule()));
@@ -191,13 +214,11 @@ class UnitWriter {
   // also to the layer files' weights.
   void Fill(size_t k, int s, int64_t a, int64_t b, float* dst) {
     slices_.Read(k, s, a, b, dst);
-    if (s > 0 && S_.atoms[U_.params[k].atom].expert >= 0 && Ep() != S_.ep && ep_scaled_) {
-      // DeepSpeed before 0.15.4 averages an expert's gradient over its expert-data-parallel group
-      // (dp / ep ranks) after summing the tokens of all ep ranks of its expert-parallel group: it is
-      // ep times the mean gradient, and the Adam moments a job at ep keeps are ep and ep^2 times the
-      // mean's. Changing ep rescales them (exactly, for power-of-two ratios), so that the first steps
-      // at the new degree continue the old ones. (0.15.4 divides by the whole DP group: no scale.)
-      const double r = static_cast<double>(Ep()) / S_.ep, f = s == 1 ? r : r * r;
+    if (s > 0 && S_.atoms[U_.params[k].atom].expert >= 0 && expert_moment_ratio_ != 1.0) {
+      // The expert's gradient scale differs between the source's job and the target's
+      // (ExpertGradientScale): its Adam moments are rescaled by the ratio and its square (exactly,
+      // for power-of-two ratios), so that the first steps of the new job continue the old ones.
+      const double r = expert_moment_ratio_, f = s == 1 ? r : r * r;
       for (int64_t i = 0; i < b - a; ++i) dst[i] = static_cast<float>(dst[i] * f);
     }
     if (s == 0 && !lp_.empty()) {  // the training-dtype weights of the layer files, from the same fp32 values
@@ -272,6 +293,10 @@ class UnitWriter {
     }
     return out;
   }
+
+  // A Mixture-of-Experts job without ZeRO (fp32, Validate): the model's own torch optimizer, its
+  // state per position in one expp_rank file per expert-parallel rank.
+  bool TorchOptimizer() const { return S_.moe && T_.zero_stage == 0; }
 
   // Mixture of Experts: the expert-parallel degree, and whether optimizer group g holds experts.
   int Ep() const { return std::max(1, T_.ep); }
@@ -352,6 +377,49 @@ class UnitWriter {
     WriteOptimizerRoot(d, osd);
   }
 
+  // Without ZeRO, expert-parallel rank r's expp_rank file holds {'optimizer': state_dict()} of the
+  // model's torch optimizer: Adam's step and moments per position, the positions numbered group by
+  // group in each group's order (GroupMembers: an expert group holds rank r's experts), each
+  // parameter's moments in its own shape. Rank 0's state goes in the model-states file too.
+  void WriteTorchOptimizerFiles() {
+    for (int r = 0; r < Ep(); ++r) {
+      auto state = Value::Make(Value::Kind::Dict);
+      std::vector<std::vector<int64_t>> positions(U_.groups.size());
+      int64_t pos = 0;
+      for (size_t g = 0; g < U_.groups.size(); ++g)
+        for (int k : GroupMembers(g, r)) {
+          const auto& shape = U_.params[k].copy.shape;
+          auto st = Value::Make(Value::Kind::Dict);
+          SetItem(*st, "step", OwnStep(GroupStep(static_cast<int>(g))));
+          for (int s : {1, 2})
+            SetItem(*st, s == 1 ? "exp_avg" : "exp_avg_sq",
+                    pt::ProducedTensor(pt::DType::F32, shape, [this, k, s](uint64_t off, uint64_t size, uint8_t* dst) {
+                      Fill(static_cast<size_t>(k), s, static_cast<int64_t>(off / 4), static_cast<int64_t>((off + size) / 4),
+                           reinterpret_cast<float*>(dst));
+                    }));
+          state->dict.Set(Value::Int(pos), st);
+          positions[g].push_back(pos++);
+        }
+      auto osd = Value::Make(Value::Kind::Dict);
+      SetItem(*osd, "state", state);
+      SetItem(*osd, "param_groups", ParamGroups(positions));
+      auto root = Value::Make(Value::Kind::Dict);
+      SetItem(*root, "optimizer", osd);
+      WriteShardFile(ExpertOptimFileName(r, Mp()), *root);
+      if (r == 0) rank0_optimizer_ = osd;
+    }
+  }
+
+  // A step of its own for each position, as torch keeps one tensor per parameter (and steps each in
+  // place): a 0-dim tensor is copied, a number is kept.
+  static ValuePtr OwnStep(const ValuePtr& step) {
+    if (!step || step->kind != Value::Kind::Tensor) return step ? step : Value::None();
+    const pt::TensorView& t = step->AsTensor();
+    std::shared_ptr<uint8_t[]> bytes(new uint8_t[std::max<uint64_t>(1, t.nbytes())]);
+    std::memcpy(bytes.get(), t.data(), t.nbytes());
+    return pt::OwnedTensor(bytes, bytes.get(), t.dtype, t.shape);
+  }
+
   // DeepSpeed's engine saves {optimizer_state_dict, ds_config, ds_version} per DP rank.
   void WriteOptimizerRoot(int d, ValuePtr osd) {
     auto root = Value::Make(Value::Kind::Dict);
@@ -374,21 +442,27 @@ class UnitWriter {
   ValuePtr TorchOptimizerState(ValuePtr state) const {
     auto base = Value::Make(Value::Kind::Dict);
     SetItem(*base, "state", std::move(state));
-    SetItem(*base, "param_groups", ParamGroups());
+    std::vector<std::vector<int64_t>> flat(U_.groups.size());
+    for (size_t g = 0; g < flat.size(); ++g) flat[g] = {static_cast<int64_t>(g)};
+    SetItem(*base, "param_groups", ParamGroups(flat));
     return base;
   }
 
-  // The source's param_groups; Mixture of Experts: each expert group named after the target's
-  // expert-parallel degree, as DeepSpeed names it ('ep_size_<ep>').
-  ValuePtr ParamGroups() const {
+  // The source's param_groups, each listing `positions[g]` (a flat group's one tensor: [g]); under
+  // Mixture of Experts each expert group named after the target's expert-parallel degree, as
+  // DeepSpeed names it ('ep_size_<ep>').
+  ValuePtr ParamGroups(const std::vector<std::vector<int64_t>>& positions) const {
     auto groups = S_.optimizer.root->Get("param_groups");
-    if (!S_.moe || !groups || groups->kind != Value::Kind::List) return groups;
+    if (!groups || groups->kind != Value::Kind::List) return groups;
     auto out = Copied(*groups);
-    for (auto& g : out->items) {
-      auto moe = g->Get("moe");
-      if (!moe || moe->kind != Value::Kind::Bool || !moe->b || !g->Get("name")) continue;
+    for (size_t k = 0; k < out->items.size(); ++k) {
+      auto& g = out->items[k];
+      if (g->kind != Value::Kind::Dict) continue;
       g = Copied(*g);
-      SetItem(*g, "name", Value::Str("ep_size_" + std::to_string(Ep())));
+      if (g->Get("params") && k < positions.size()) SetItem(*g, "params", IntList(positions[k]));
+      auto moe = g->Get("moe");
+      if (S_.moe && moe && moe->kind == Value::Kind::Bool && moe->b && g->Get("name"))
+        SetItem(*g, "name", Value::Str("ep_size_" + std::to_string(Ep())));
     }
     return out;
   }
@@ -408,13 +482,23 @@ class UnitWriter {
       SetItem(*f, P_.names[U_.params[k].atom], pt::OwnedTensor(lp_[k], lp_[k].get(), lp.dtype, U_.params[k].copy.shape));
     }
     for (const auto& [key, dict] : files) WriteShardFile(ExpertStatesFileName(key.first, key.second, Mp()), *dict);
-    const auto kinds = S_.manifest["source"].value("file_kinds", nlohmann::json::object());
-    const bool expp = !kinds.is_object() || kinds.empty() || kinds.value("expert_optimizer_states", 0) > 0;
-    for (int r = 0; expp && r < Ep(); ++r) {
+    for (int r = 0; !TorchOptimizer() && ExppUnderZero() && r < Ep(); ++r) {
       auto root = Value::Make(Value::Kind::Dict);
       SetItem(*root, "optimizer", Value::None());
       WriteShardFile(ExpertOptimFileName(r, Mp()), *root);
     }
+  }
+
+  // Whether the target's DeepSpeed writes expp_rank files ({'optimizer': None}) under ZeRO too:
+  // what a ZeRO source's files show, unless another release is asked for; else (a source without
+  // ZeRO has them either way) by release: DeepSpeed 0.19.3 stopped.
+  bool ExppUnderZero() const {
+    const auto& src = S_.manifest["source"];
+    if (T_.ds_version.empty() && src.value("zero_stage", 1) > 0) {
+      const auto kinds = src.value("file_kinds", nlohmann::json::object());
+      return !kinds.is_object() || kinds.empty() || kinds.value("expert_optimizer_states", 0) > 0;
+    }
+    return VersionBefore(TargetRelease(S_, T_), 0, 19, 3);
   }
 
   // The fp16 / ZeRO optimizers' loss scaling: the scaler the dtype needs, and the source's overflow flag.
@@ -482,6 +566,7 @@ class UnitWriter {
   }
 
   ValuePtr DsVersion() const {
+    if (!T_.ds_version.empty()) return Value::Str(T_.ds_version);
     auto v = S_.optimizer.root->Get("ds_version");
     if (!v) v = S_.model_states.root->Get("ds_version");
     return v ? v : Value::Str("0.14.5");
@@ -575,9 +660,16 @@ class UnitWriter {
       for (int k : GroupMembers(g, 0)) SetItem(*m, OptimizerName(k), TorchSize(U_.params[k].copy.shape, plain_tuples));
       shapes->items.push_back(m);
     }
-    // A Mixture-of-Experts save (engine._save_moe_checkpoint) records no param_shapes or ds_config.
-    if (S_.moe) PutIfPresent(*root, "param_shapes", shapes);
+    // A Mixture-of-Experts save (engine._save_moe_checkpoint) records no param_shapes or ds_config
+    // before DeepSpeed 0.19.3. Without ZeRO DeepSpeed records no param_shapes or shared_params, and
+    // the optimizer's state_dict instead; under ZeRO the optimizer state is in the ZeRO files.
+    if (S_.moe) PutIfPresent(*root, "param_shapes", TorchOptimizer() ? Value::None() : shapes);
     else SetItem(*root, "param_shapes", shapes);
+    PutIfPresent(*root, "optimizer", rank0_optimizer_ ? rank0_optimizer_ : Value::None());
+    if (auto shared = root->Get("shared_params"); shared && S_.moe) {
+      if (TorchOptimizer()) SetItem(*root, "shared_params", Value::None());
+      else if (shared->kind == Value::Kind::None) SetItem(*root, "shared_params", Value::Make(Value::Kind::Dict));
+    }
     // DeepSpeed records frozen parameters (none here) when ZeRO partitions gradients (stage 2, 3).
     for (const char* key : {"frozen_param_shapes", "frozen_param_fragments"})
       PutIfPresent(*root, key, T_.zero_stage >= 2 ? OrderedDict() : Value::None());
@@ -641,8 +733,9 @@ class UnitWriter {
   ScratchBytes& arena_;
   std::vector<std::shared_ptr<uint8_t[]>> lp_;
   std::map<int, ValuePtr> steps_;
+  ValuePtr rank0_optimizer_;  // without ZeRO: expp_rank 0's optimizer state, for the model-states file
   UnitFiles written_;
-  const bool ep_scaled_;  // EpScaledExpertGradients(S_), read once rather than per slice
+  const double expert_moment_ratio_;  // target's expert gradient scale / the source's (ExpertGradientScale)
 };
 
 }  // namespace
