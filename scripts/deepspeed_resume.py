@@ -77,6 +77,13 @@ def main():
     ap.add_argument("--kinds", default="universal,native,in-place",
                     help="which loads to try (universal: DeepSpeed's universal load of ucp-convert's output; native: "
                          "ucp-reshard's files; in-place: ucp-reshard --in-place)")
+    ap.add_argument("--also", action="append", default=[], metavar="ZERO:EP:NPROC",
+                    help="resume on this layout too (ZeRO stage, expert-parallel degree, ranks), the case's first "
+                         "resume's arguments otherwise: a layout DeepSpeed's own resumes did not try (its bound is "
+                         "then the fp32 noise between layouts)")
+    ap.add_argument("--resume", action="append", default=[], metavar="NPROC=ARGS",
+                    help="resume on this layout too, given whole: ranks and train.py's arguments (\"4=--pp 2 --zero 1 "
+                         "--dtype bf16 --grad-accum-dtype fp32\")")
     ap.add_argument("--deepspeed", help="the DeepSpeed source tree to import (default $ORACLE/deepspeed)")
     ap.add_argument("--chroot", help="train inside this root file system (its /work being this machine's)")
     a = ap.parse_args()
@@ -108,7 +115,16 @@ def main():
             continue
         with open(os.path.join(atomic_root, "latest"), "w") as f:  # the tag the universal load starts from
             f.write("global_step6")
-        for r in spec["resume"]:
+        resumes = list(spec["resume"])
+        for also in a.also:
+            zero, ep, nproc = (int(x) for x in also.split(":"))
+            args = re.sub(r"--zero \d+", f"--zero {zero}", resumes[0]["args"])
+            args = re.sub(r"--ep-size \d+", f"--ep-size {ep}", args)
+            resumes.append({"name": f"also_z{zero}_ep{ep}_n{nproc}", "nproc": nproc, "args": args})
+        for k, extra in enumerate(a.resume):
+            nproc, args = extra.split("=", 1)
+            resumes.append({"name": f"resume{k}_n{nproc}", "nproc": int(nproc), "args": args})
+        for r in resumes:
             for kind in a.kinds.split(","):
                 if kind == "universal":
                     load = atomic_root

@@ -135,8 +135,12 @@ std::vector<std::string> Removable(const std::string& root, const std::string& c
 }  // namespace
 
 std::string InPlaceTag(const std::string& source_tag, const TargetLayout& t) {
+  // Gradients accumulated in another dtype than the training one pick another optimizer (bf16 at
+  // ZeRO-1: the BF16 optimizer with fp32, ZeRO's with bf16), so another checkpoint: "_ga<dtype>".
+  const bool accum = !t.grad_accum_dtype.empty() && t.grad_accum_dtype != t.dtype;
   return source_tag + "_dp" + std::to_string(t.dp) + "_tp" + std::to_string(t.tp) + "_pp" + std::to_string(t.pp) + "_z" +
-         std::to_string(t.zero_stage) + (t.ep > 1 ? "_ep" + std::to_string(t.ep) : "") + "_" + t.dtype;
+         std::to_string(t.zero_stage) + (t.ep > 1 ? "_ep" + std::to_string(t.ep) : "") + "_" + t.dtype +
+         (accum ? "_ga" + t.grad_accum_dtype : "");
 }
 
 int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
@@ -200,6 +204,7 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
     const nlohmann::json m = ReadJsonFile(atomic + "/" + store::kManifestName);
     naming = ResolvedModel(target, WithContext(atomic + "/" + store::kManifestName,
                                                [&] { return m.at("source").at("naming").get<std::string>(); }));
+    target.grad_accum_dtype = ResolvedGradAccumDtype(target, m.at("source"));  // it names the tag (InPlaceTag)
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;
   r.target = target;

@@ -31,7 +31,8 @@ struct InPlaceOptions {
   bool progress = false;
 };
 
-// The folder name of a layout's tag: "<source tag>_dp4_tp2_pp1_z1_bf16".
+// The folder name of a layout's tag: "<source tag>_dp4_tp2_pp1_z1_bf16", and "_ep2" before the dtype
+// with expert parallelism, "_gafp32" after it when gradients accumulate in another dtype.
 std::string InPlaceTag(const std::string& source_tag, const TargetLayout& layout);
 
 // Exit codes: 0 done or nothing to do, 1 failed or refused.

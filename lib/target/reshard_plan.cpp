@@ -348,11 +348,7 @@ Naming NamingOf(const TargetLayout& T) { return T.model == "plain" ? Naming::Pla
 TargetLayout ResolveModel(const Source& S, TargetLayout T) {
   T.model = ResolvedModel(T, NamingName(S.naming));
   if (T.ep == 0 && S.moe) T.ep = S.ep;  // (without experts it stays unsaid: 1)
-  if (T.grad_accum_dtype.empty()) {  // the source job's
-    const auto& src = S.manifest["source"];
-    T.grad_accum_dtype = GradAccumDtypeOf(src.value("grad_accum_dtype", ""), src.value("optimizer", ""),
-                                          src.value("zero_stage", -1), T.dtype);
-  }
+  T.grad_accum_dtype = ResolvedGradAccumDtype(T, S.manifest["source"]);  // given, else the source job's
   return T;
 }
 

@@ -42,6 +42,12 @@ std::string GradAccumDtypeOf(const std::string& configured, const std::string& o
   return optimizer == "bf16_optimizer" && zero_stage == 1 ? "fp32" : dtype;
 }
 
+std::string ResolvedGradAccumDtype(const TargetLayout& t, const nlohmann::json& source) {
+  if (!t.grad_accum_dtype.empty()) return t.grad_accum_dtype;
+  return GradAccumDtypeOf(source.value("grad_accum_dtype", ""), source.value("optimizer", ""),
+                          source.value("zero_stage", -1), t.dtype);
+}
+
 std::string ResolvedModel(const TargetLayout& t, const std::string& source_naming) {
   if (!t.model.empty()) return t.model;
   return t.zero_stage == 3 ? "plain" : t.pp > 1 ? "pipe" : source_naming;

@@ -47,6 +47,9 @@ bool IsReleaseVersion(const std::string& v);
 // dtype, DeepSpeed's default under ZeRO.
 std::string GradAccumDtypeOf(const std::string& configured, const std::string& optimizer, int zero_stage,
                              const std::string& dtype);
+// The target's gradient-accumulation dtype: as given, else the source job's (GradAccumDtypeOf of
+// an atomic checkpoint manifest's `source`, in the target's training dtype).
+std::string ResolvedGradAccumDtype(const TargetLayout& t, const nlohmann::json& source);
 
 // The target's model kind, "pipe" or "plain", when `model` is empty: ZeRO-3 is never a pipeline,
 // pp > 1 always is, and otherwise the source's kind (its naming) is kept.

@@ -89,7 +89,7 @@ for args in (same, ["--gpus", "8"], same + ["--grad-accum-dtype", "fp32"]):
 # the source's files hold, so another checkpoint, not a no-op.
 root = fresh("accum")
 p = run(root, same + ["--grad-accum-dtype", "bf16"])
-if p.returncode != 0 or latest(root) == tag:
+if p.returncode != 0 or latest(root) != "global_step12_dp2_tp2_pp2_z1_bf16":
     problems.append(f"--grad-accum-dtype bf16: exit {p.returncode}, latest {latest(root)}: {p.stderr}")
 print(f"same degrees, --grad-accum-dtype bf16: resharded into {latest(root)}")
 
@@ -134,7 +134,7 @@ p = run(root, ["--dp", "2", "--tp", "1", "--pp", "2", "--zero-stage", "1", "--ke
 if p.returncode != 0 or "reusing the atomic checkpoint" not in p.stderr or os.stat(manifest).st_mtime_ns != stamp:
     problems.append(f"reuse: exit {p.returncode}: {p.stderr}")
 kept = sorted(d for d in os.listdir(root) if os.path.exists(os.path.join(root, d, "ucp_reshard.json")))
-if kept != ["global_step12_dp2_tp1_pp2_z1_bf16"] or latest(root) != kept[0] or not os.path.isdir(os.path.join(root, tag)):
+if kept != ["global_step12_dp2_tp1_pp2_z1_bf16_gafp32"] or latest(root) != kept[0] or not os.path.isdir(os.path.join(root, tag)):
     problems.append(f"--keep 1: tags written in place {kept}, latest {latest(root)}")
 p = run(root, ["--dp", "2", "--tp", "1", "--pp", "2", "--zero-stage", "1", "--dtype", "fp16"])
 if p.returncode != 0 or latest(root) != "global_step12_dp2_tp1_pp2_z1_fp16":

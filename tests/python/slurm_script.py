@@ -78,7 +78,7 @@ print("8 GPUs:", " ".join(t[t.index("pretrain_gpt.py"):]) if t else "no training
 p, calls = job(1, 4)
 t = training(calls)
 now = open(os.path.join(root, "latest")).read().strip()
-if p.returncode != 0 or now != "global_step12_dp1_tp2_pp2_z1_bf16":
+if p.returncode != 0 or now != "global_step12_dp1_tp2_pp2_z1_bf16_gafp32":
     problems.append(f"4 GPUs: exit {p.returncode}, latest {now}: {p.stderr[-400:]}")
 if arg(t, "--tensor-model-parallel-size") != "2" or arg(t, "--pipeline-model-parallel-size") != "2" or arg(t, "--load") != root:
     problems.append(f"4 GPUs: training called as {t}")

@@ -155,6 +155,75 @@ bool IsExpertGroup(const Value& osd, size_t g) {
 
 std::string Coord(const ShardFile& f);
 
+// Every parameter the optimizer files map (param_slice_mappings), with its shape from the weights at
+// its (pp, tp): a pipeline's layer files (GPTModelPipe's "<spec>.<key>", the tied embedding
+// "tied_modules.embed.<key>" in spec 1's file), else the model-states file's module.
+void ShapesFromWeights(SourceIndex& L, std::map<std::string, size_t>& index,
+                       const std::function<std::shared_ptr<pt::TorchFile>(const ShardFile&)>& parse) {
+  std::map<std::tuple<int, int, std::string>, std::vector<int64_t>> layer_weights;  // (spec, tp, key) -> shape
+  std::map<std::pair<int, int>, const ShardFile*> model_file;                       // (pp, tp) -> model states
+  for (const auto& f : L.files) {
+    if (KindOf(f) == FileKind::LayerStates)
+      if (auto file = parse(f)) try {
+          for (const auto& item : file->root->AsDict().items())
+            layer_weights[{f.layer, f.tp, item.key->AsStr()}] = item.value->AsTensor().shape;
+        } catch (const std::exception& e) {
+          L.errors.push_back(L.dir + "/" + f.name + ": " + e.what());
+        }
+    if (KindOf(f) == FileKind::ModelStates) model_file[{f.pp, f.tp}] = &f;
+  }
+  auto shape_of = [&](const std::string& name, const ShardFile& model) -> std::optional<std::vector<int64_t>> {
+    if (L.naming != "pipe") {
+      auto file = parse(model);
+      auto module = file ? file->root->Get("module") : nullptr;
+      auto t = module && module->kind == Value::Kind::Dict ? module->Get(name) : nullptr;
+      if (t && t->kind == Value::Kind::Tensor) return t->AsTensor().shape;
+      return std::nullopt;
+    }
+    static const std::string tied = "tied_modules.embed.";
+    int spec = 1;
+    std::string key;
+    if (name.rfind(tied, 0) == 0) {
+      key = name.substr(tied.size());
+    } else {
+      const size_t dot = name.find('.');
+      if (dot == std::string::npos || dot == 0 ||
+          !std::all_of(name.begin(), name.begin() + static_cast<long>(dot), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+        return std::nullopt;
+      spec = std::stoi(name.substr(0, dot));
+      key = name.substr(dot + 1);
+    }
+    auto it = layer_weights.find({spec, model.tp, key});
+    if (it == layer_weights.end()) return std::nullopt;
+    return it->second;
+  };
+  for (const auto& f : L.files) {
+    if (!f.data) continue;
+    auto mf = model_file.find({f.pp, f.tp});
+    if (mf == model_file.end()) continue;  // the file grid check names the missing model-states file
+    auto file = parse(f);
+    if (!file) continue;
+    try {
+      const auto& mappings = file->root->At("optimizer_state_dict").At("param_slice_mappings").AsSequence();
+      for (size_t g = 0; g < mappings.size(); ++g)
+        for (const auto& item : mappings[g]->AsDict().items()) {
+          const std::string& name = item.key->AsStr();
+          auto shape = shape_of(name, *mf->second);
+          if (!shape) {
+            L.problems.push_back(L.dir + "/" + f.name + ": parameter '" + name + "' has no weight in the " +
+                                 (L.naming == "pipe" ? "layer files" : "module of " + mf->second->name) +
+                                 " to take its shape from (param_shapes is None)");
+            continue;
+          }
+          pt::CheckedNumel(*shape);
+          RecordShape(L, index, name, static_cast<int>(g), *mf->second, *shape, "on another stage");
+        }
+    } catch (const std::exception& e) {
+      L.errors.push_back(L.dir + "/" + f.name + ": " + e.what());
+    }
+  }
+}
+
 // A Mixture-of-Experts checkpoint without ZeRO (DeepSpeed's fp32 training with the model's own
 // torch optimizer): expert-parallel rank R's expp_rank_R file holds {'optimizer': state_dict()},
 // Adam's state per position, the positions listed by each param group in the order of the model's
@@ -203,7 +272,22 @@ void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<st
     if (f.expert >= 0) expert_file[{f.layer, f.expert}] = static_cast<int>(fi), moe_layers.insert(f.layer);
     if (KindOf(f) == FileKind::ExpertOptimizer) expp[f.dp] = static_cast<int>(fi);
   }
-  L.ep = std::max<int>(1, static_cast<int>(expp.size()));
+  // The expert-parallel degree: all the expert tensors over those rank 0's expert groups hold (its
+  // local experts), so that a missing expp_rank file is named rather than shrinking the degree.
+  L.ep = expp.empty() ? 1 : expp.rbegin()->first + 1;
+  if (expp.count(0))
+    if (auto file = parse(L.files[expp.at(0)])) try {
+        int64_t local = 0, total = 0;
+        auto osd = file->root->Get("optimizer");
+        if (osd && osd->kind == Value::Kind::Dict)
+          for (const auto& g : osd->At("param_groups").AsSequence())
+            if (auto m = g->Get("moe"); m && m->kind == Value::Kind::Bool && m->b) local += static_cast<int64_t>(g->At("params").AsSequence().size());
+        for (const auto& [key, fi] : expert_file)
+          if (auto ef = parse(L.files[fi])) total += static_cast<int64_t>(ef->root->AsDict().size());
+        if (local > 0 && total % local == 0) L.ep = static_cast<int>(total / local);
+      } catch (const std::exception&) {
+        // (read again below, where its errors are reported)
+      }
   for (int r = 0; r < L.ep; ++r)
     if (!expp.count(r))
       L.problems.push_back("missing rank file " + ExpertOptimFileName(r, 0) + " (expert-parallel rank " +
@@ -304,13 +388,13 @@ void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<st
 
 using GroupParams = std::map<std::tuple<int, int, int>, std::vector<std::pair<std::string, int64_t>>>;
 
-// A Mixture-of-Experts index, after every optimizer file: each fragment made relative to its
+// Where nothing lists each group's parameters in flat order (no param_shapes: Mixture of Experts,
+// DeepSpeed 0.19's BF16 optimizer at ZeRO-0), the fragments say it, each placed at its flat position
+// in its group's buffer: after every optimizer file, each fragment is made relative to its
 // parameter's first element (the smallest flat position the parameter has in the buffers of its
-// (pp, tp)), each parameter's group, the groups' parameter lists for the coverage check, and what
-// is not supported.
-void FinishMoe(SourceIndex& L, const MoeShapes& moe, GroupParams& group_params, const Value& model_root) {
-  if (L.zero_stage == 3)
-    L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint under ZeRO-3 is not supported yet");
+// (pp, tp)), each parameter gets its group, and the groups' parameter lists for the coverage check
+// follow the flat order.
+void PlaceByFragments(SourceIndex& L, GroupParams& group_params) {
   // (param, pp, tp) -> its smallest flat position there, and that fragment
   std::map<std::tuple<int, int, int>, std::pair<int64_t, const Fragment*>> first;
   auto copy_of = [&](const Fragment& fr) {
@@ -323,10 +407,6 @@ void FinishMoe(SourceIndex& L, const MoeShapes& moe, GroupParams& group_params, 
   std::vector<int64_t> shift(L.fragments.size());
   for (size_t k = 0; k < L.fragments.size(); ++k) shift[k] = first.at(copy_of(L.fragments[k])).first;
   for (size_t k = 0; k < L.fragments.size(); ++k) L.fragments[k].dst_start -= shift[k];
-  for (auto& p : L.params)
-    if (auto e = ExpertOf(p.name); e && p.name.find(".deepspeed_moe.") != std::string::npos)
-      if (const int total = moe.ExpertsOf(e->prefix); total > 0)
-        p.expert = e->id, p.ep_rank = e->id / std::max(1, total / L.ep);
   std::map<std::tuple<int, int, int>, std::vector<std::tuple<int64_t, std::string, int64_t>>> lists;
   std::set<int> placed;
   for (const auto& [copy, where] : first) {
@@ -345,6 +425,18 @@ void FinishMoe(SourceIndex& L, const MoeShapes& moe, GroupParams& group_params, 
     std::sort(list.begin(), list.end());
     for (const auto& [at, name, numel] : list) group_params[key].push_back({name, numel});
   }
+}
+
+// A Mixture-of-Experts index, after every optimizer file: the fragments placed (PlaceByFragments),
+// each expert's expert-parallel rank, and what is not supported.
+void FinishMoe(SourceIndex& L, const MoeShapes& moe, GroupParams& group_params, const Value& model_root) {
+  if (L.zero_stage == 3)
+    L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint under ZeRO-3 is not supported yet");
+  PlaceByFragments(L, group_params);
+  for (auto& p : L.params)
+    if (auto e = ExpertOf(p.name); e && p.name.find(".deepspeed_moe.") != std::string::npos)
+      if (const int total = moe.ExpertsOf(e->prefix); total > 0)
+        p.expert = e->id, p.ep_rank = e->id / std::max(1, total / L.ep);
   L.notes.push_back("Mixture of Experts, ep=" + std::to_string(L.ep) + ": the atomic checkpoint keeps each expert under its "
                     "global id; DeepSpeed's universal load looks an expert up by its local name on its expert-parallel "
                     "rank, so it restores experts right only in a job with ep_size 1; for another ep_size, load the native files "
@@ -711,9 +803,22 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
             L.errors.push_back(L.dir + "/" + f.name + ": " + e.what());
           }
   }
+  // DeepSpeed 0.19 saves no param_shapes for its BF16 optimizer at ZeRO stage 0 (its engine counts
+  // only ZeRO as ZeRO optimizer state). Its optimizer files still map every parameter by name
+  // (param_slice_mappings): the shapes come from the weights (the layer files of a pipeline, else
+  // the module), each parameter's place in its group's flat buffer from its fragments.
+  bool shapes_from_weights = false;
+  if (auto ps = root.Get("param_shapes"); !moe && !zero3_files && (!ps || ps->kind == Value::Kind::None) &&
+                                          count(FileKind::ZeroOptimizer) > 0) {
+    shapes_from_weights = true;
+    ShapesFromWeights(L, index, parse);
+    L.notes.push_back("no param_shapes (DeepSpeed 0.19's BF16 optimizer at ZeRO-0 saves none): each parameter's shape "
+                      "read from the " + std::string(L.naming == "pipe" ? "layer files" : "module") +
+                      ", its place in its group from the optimizer files' param_slice_mappings");
+  }
   // DeepSpeed variants that record no param_shapes, said by name rather than as every parameter
   // the optimizer files map but no param_shapes lists.
-  if (auto ps = root.Get("param_shapes"); !moe && (!ps || ps->kind == Value::Kind::None)) {
+  if (auto ps = root.Get("param_shapes"); !moe && !shapes_from_weights && (!ps || ps->kind == Value::Kind::None)) {
     auto opt = root.Get("optimizer");
     if (count(FileKind::ZeroOptimizer) == 0 && opt && opt->kind != Value::Kind::None)
       L.errors.push_back(first->archive->path() + ": the optimizer state is inside the model-states file and no "
@@ -722,13 +827,12 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
                          "variant is not supported yet (DeepSpeed's ds_to_universal.py refuses it too)");
     else
       L.errors.push_back(first->archive->path() + ": param_shapes is " + (ps ? "None" : "missing") +
-                         ": DeepSpeed 0.19 saves none for its BF16 optimizer at ZeRO stage 0, and ucp takes each "
-                         "optimizer group's parameter order from it; this variant is not supported yet (DeepSpeed's "
-                         "ds_to_universal.py refuses it too)");
+                         " and no *_optim_states.pt maps the parameters by name: ucp cannot tell the optimizer "
+                         "groups' parameters");
     return L;
   }
   for (auto* f : model_files) {
-    if (moe) break;
+    if (moe || shapes_from_weights) break;
     if (zero3_files && f->dp != 0) continue;  // every ZeRO-3 rank repeats the same shapes
     auto file = parse(*f);
     if (!file) continue;
@@ -836,9 +940,9 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
         L.zero_padding_elements += osd.At("group_paddings").AsSequence().at(g)->AsInt();
         const auto& mappings = osd.At("param_slice_mappings").AsSequence();
         if (g >= mappings.size()) throw Error("param_slice_mappings has no group " + std::to_string(g));
-        if (moe) {
+        if (moe || shapes_from_weights) {
           // Fragments at their flat position in the group's buffer (one per expert-parallel rank for
-          // an expert group); made relative to each parameter's first element below.
+          // an expert group); made relative to each parameter's first element (PlaceByFragments).
           const bool experts = IsExpertGroup(osd, g);
           const int ep_rank = experts ? f.dp % L.ep : 0;
           const int64_t part = experts ? f.dp / L.ep : f.dp;
@@ -879,6 +983,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   if (L.optimizer.empty()) L.optimizer = zero3_files ? "zero3" : "zero";
   L.moe = moe;
   if (moe) FinishMoe(L, moe_shapes, group_params, root);
+  if (shapes_from_weights) PlaceByFragments(L, group_params);
   CheckCoverage(L, group_params, partitions);
   if (zero3_files != (L.zero_stage == 3))
     L.problems.push_back("ZeRO-3 model files present but optimizer files say stage " + std::to_string(L.zero_stage));

@@ -366,7 +366,7 @@ class UnitWriter {
     }
     auto osd = Value::Make(Value::Kind::Dict);
     if (!T_.bf16_optimizer()) PutLossScaling(*osd);
-    SetItem(*osd, "clip_grad", SourceOr("clip_grad", Float(0.0)));
+    SetItem(*osd, "clip_grad", SourceOr("clip_grad", ConfiguredClipping()));
     SetItem(*osd, "base_optimizer_state", TorchOptimizerState(state));
     SetItem(*osd, "single_partition_of_fp32_groups", single);
     if (!T_.bf16_optimizer()) SetItem(*osd, "zero_stage", ZeroStage());
@@ -506,6 +506,16 @@ class UnitWriter {
     SetItem(osd, "loss_scaler", LossScalerFor(T_.dtype, S_.optimizer.root->Get("loss_scaler")));
     SetItem(osd, "dynamic_loss_scale", Value::Bool(T_.dtype == "fp16"));
     SetItem(osd, "overflow", SourceOr("overflow", Value::Bool(false)));
+  }
+
+  // The gradient clipping the job's ds_config sets (DeepSpeed's ZeRO and BF16 optimizers keep it as
+  // clip_grad, and restore it from their files), for a source whose optimizer kept none (without
+  // ZeRO, the model's torch optimizer clips nothing itself); 0.0, DeepSpeed's default, if unset.
+  ValuePtr ConfiguredClipping() const {
+    auto cfg = DsConfig();
+    auto clip = cfg && cfg->kind == Value::Kind::Dict ? cfg->Get("gradient_clipping") : nullptr;
+    if (clip && (clip->kind == Value::Kind::Float || clip->kind == Value::Kind::Int)) return Float(clip->AsFloat());
+    return Float(0.0);
   }
 
   ValuePtr SourceOr(const char* key, ValuePtr fallback) const {
