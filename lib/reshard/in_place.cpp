@@ -135,12 +135,12 @@ std::vector<std::string> Removable(const std::string& root, const std::string& c
 }  // namespace
 
 std::string InPlaceTag(const std::string& source_tag, const TargetLayout& t) {
-  // Gradients accumulated in another dtype than the training one pick another optimizer (bf16 at
-  // ZeRO-1: the BF16 optimizer with fp32, ZeRO's with bf16), so another checkpoint: "_ga<dtype>".
-  const bool accum = !t.grad_accum_dtype.empty() && t.grad_accum_dtype != t.dtype;
+  // bf16 at ZeRO-1 is DeepSpeed's BF16 optimizer with fp32 gradient accumulation, ZeRO's otherwise:
+  // two checkpoints of the same degrees, the first named "_gafp32".
+  const bool accum = t.zero_stage == 1 && t.bf16_optimizer();
   return source_tag + "_dp" + std::to_string(t.dp) + "_tp" + std::to_string(t.tp) + "_pp" + std::to_string(t.pp) + "_z" +
          std::to_string(t.zero_stage) + (t.ep > 1 ? "_ep" + std::to_string(t.ep) : "") + "_" + t.dtype +
-         (accum ? "_ga" + t.grad_accum_dtype : "");
+         (accum ? "_gafp32" : "");
 }
 
 int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {

@@ -32,7 +32,8 @@ struct InPlaceOptions {
 };
 
 // The folder name of a layout's tag: "<source tag>_dp4_tp2_pp1_z1_bf16", and "_ep2" before the dtype
-// with expert parallelism, "_gafp32" after it when gradients accumulate in another dtype.
+// with expert parallelism, "_gafp32" after it for bf16 at ZeRO-1 with fp32 gradient accumulation
+// (DeepSpeed's BF16 optimizer rather than ZeRO's).
 std::string InPlaceTag(const std::string& source_tag, const TargetLayout& layout);
 
 // Exit codes: 0 done or nothing to do, 1 failed or refused.
