@@ -194,8 +194,10 @@ ValuePtr OptimizerStateValue(const Value& root, int zero_stage) {
   // groups included) and adds the inner param_groups; ZeRO 0-2 drop the sharded keys and take the
   // param_groups of base_optimizer_state. Every other value is the first file's, untouched. Without
   // ZeRO (a torch optimizer's state_dict under 'optimizer'): its param_groups, the state aside.
+  // (DeepSpeed's DDP bf16 wrapper nests that state_dict in its own, as optimizer_state_dict.)
   if (!root.Get("optimizer_state_dict"))
     if (auto torch_osd = root.Get("optimizer"); torch_osd && torch_osd->kind == Value::Kind::Dict) {
+      if (auto inner = torch_osd->Get("optimizer_state_dict"); inner && inner->kind == Value::Kind::Dict) torch_osd = inner;
       auto out = Value::Make(Value::Kind::Dict);
       auto groups = torch_osd->Get("param_groups");
       if (!groups) throw Error("optimizer state has no param_groups");

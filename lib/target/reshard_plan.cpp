@@ -263,6 +263,15 @@ void Validate(const Source& S, const TargetLayout& T) {
   if (T.model == "pipe" && T.zero_stage == 3) no("model 'pipe' with ZeRO-3: DeepSpeed refuses a PipelineModule under ZeRO-3");
   if (T.pp > S.layers)
     no("pp=" + std::to_string(T.pp) + " exceeds the " + std::to_string(S.layers) + " transformer layers");
+  // DeepSpeed 0.17.6 (PR 7515) runs bf16 without ZeRO in a model that is not a pipeline with its DDP
+  // bf16 wrapper, whose state goes inside the model-states files; before, with the BF16 optimizer.
+  if (!S.moe && T.zero_stage == 0 && T.dtype == "bf16" && NamingOf(T) == Naming::Plain &&
+      !ReleaseBefore(TargetRelease(S, T), 0, 17, 6))
+    no("bf16 without ZeRO in a model that is not a pipeline: DeepSpeed " +
+       (TargetRelease(S, T).empty() ? std::string("0.17.6 and later") : TargetRelease(S, T)) +
+       " runs it with its DDP bf16 wrapper (the optimizer state inside the model-states files), which ucp-reshard "
+       "does not write; use ZeRO-1 (--grad-accum-dtype fp32: the BF16 optimizer), --model pipe, or --ds-version "
+       "of an older release");
   if (!S.moe) {
     if (T.ep > 1) no("ep=" + std::to_string(T.ep) + ": the checkpoint has no Mixture-of-Experts layer");
     return;
@@ -341,6 +350,14 @@ int64_t AtomicBytes(const UnitParam& u, const Atom& a) {
   plan::ForEachJoinedRun(u.copy, u.joined_shape, u.begin, u.end,
                          [&](int64_t, int64_t joined, int64_t n) { have += std::clamp<int64_t>(full - joined, 0, n); });
   return 4 * plan::kStates * have;
+}
+
+std::string SourceRelease(const Source& S, const TargetLayout& T) {
+  const std::string v = S.manifest["source"].value("ds_version", "");
+  return v.empty() ? T.ds_version : v;
+}
+std::string TargetRelease(const Source& S, const TargetLayout& T) {
+  return T.ds_version.empty() ? SourceRelease(S, T) : T.ds_version;
 }
 
 Naming NamingOf(const TargetLayout& T) { return T.model == "plain" ? Naming::Plain : Naming::Pipe; }

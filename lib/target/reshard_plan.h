@@ -133,6 +133,11 @@ Naming NamingOf(const TargetLayout& T);
 // PipelineModule). Its expert-parallel degree, when not given: the source's.
 TargetLayout ResolveModel(const Source& S, TargetLayout T);
 
+// The DeepSpeed release that wrote the source (its manifest's ds_version), and the one the target
+// is written for (TargetLayout::ds_version): each the other where only one is known, else empty.
+std::string SourceRelease(const Source& S, const TargetLayout& T);
+std::string TargetRelease(const Source& S, const TargetLayout& T);
+
 // Mixture of Experts: the expert-parallel rank that holds expert parameter `a` in a job of `ep`
 // expert-parallel ranks (experts split in ep equal runs of global ids), and its id there.
 int EpRankOf(const Source& S, const Atom& a, int ep);

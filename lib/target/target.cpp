@@ -1,6 +1,8 @@
 #include "target/target.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <tuple>
 #include <fstream>
 #include <limits>
 #include <regex>
@@ -34,6 +36,12 @@ nlohmann::json TargetLayout::ToJson() const {
 bool IsReleaseVersion(const std::string& v) {
   static const std::regex release(R"(\d+\.\d+(\.\d+)?)");
   return std::regex_match(v, release);
+}
+
+bool ReleaseBefore(const std::string& v, int major, int minor, int patch) {
+  int a = 0, b = 0, c = 0;
+  if (std::sscanf(v.c_str(), "%d.%d.%d", &a, &b, &c) < 2) return false;
+  return std::make_tuple(a, b, c) < std::make_tuple(major, minor, patch);
 }
 
 std::string GradAccumDtypeOf(const std::string& configured, const std::string& optimizer, int zero_stage,

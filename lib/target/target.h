@@ -41,6 +41,8 @@ struct TargetLayout {
 
 // Whether `v` names a release as DeepSpeed numbers them ("0.14.5", "0.19").
 bool IsReleaseVersion(const std::string& v);
+// Whether DeepSpeed release `v` is older than major.minor.patch; an unknown release counts as a newer one.
+bool ReleaseBefore(const std::string& v, int major, int minor, int patch);
 
 // The gradient-accumulation dtype of a job whose configuration says none (`configured` empty): fp32
 // for one the BF16 optimizer saved at ZeRO-1 (which takes fp32 accumulation), else the training

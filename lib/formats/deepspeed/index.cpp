@@ -224,15 +224,142 @@ void ShapesFromWeights(SourceIndex& L, std::map<std::string, size_t>& index,
   }
 }
 
+// A parameter's weights in a file, in the model's order (TorchState).
+struct Weight {
+  std::string name;
+  int file = -1;
+  pt::TensorView tensor;
+};
+
+// One torch optimizer state_dict, Adam's state per position, the positions listed by each param
+// group in the order of the model's parameters. Positions carry no names: each group's positions are
+// matched to the model's parameters of its kind (the module's; an expert group's, the experts') in
+// model order by shape, every parameter to the one group whose next position fits it; where two
+// would fit, which one holds it cannot be told and the checkpoint is refused. A position's slot in
+// its data file holds its moments there, and its fp32 values: the masters the optimizer keeps
+// (`fp32_groups`, per group and position, in the same file), or without them the weights themselves.
+class TorchState {
+ public:
+  TorchState(SourceIndex& L, int file, const Value& state_dict, const Value* fp32_groups,
+             const std::map<std::string, size_t>& index,
+             const std::function<std::shared_ptr<pt::TorchFile>(const ShardFile&)>& parse)
+      : L_(L), fi_(file), state_(state_dict.At("state").AsDict()), fp32_groups_(fp32_groups), index_(index), parse_(parse) {
+    const auto& groups = state_dict.At("param_groups").AsSequence();
+    gs_.resize(groups.size());
+    for (size_t g = 0; g < groups.size(); ++g) {
+      auto m = groups[g]->Get("moe");
+      gs_[g].experts = m && m->kind == Value::Kind::Bool && m->b;
+      for (const auto& p : groups[g]->At("params").AsSequence()) gs_[g].positions.push_back(p->AsInt());
+    }
+  }
+
+  // Matches `params` (the module's, or with `experts` an expert-parallel rank's experts) to the
+  // positions of their groups; with `record`, each becomes a fragment of the file.
+  void Match(const std::vector<Weight>& params, bool experts, bool record) {
+    ShardFile& f = L_.files[fi_];
+    const uint8_t* base = parse_(f)->archive->file()->bytes().data();
+    for (const Weight& w : params) {
+      std::vector<size_t> fits;
+      for (size_t g = 0; g < gs_.size(); ++g)
+        if (gs_[g].experts == experts && gs_[g].next < gs_[g].positions.size() &&
+            Moment(gs_[g].positions[gs_[g].next], "exp_avg").shape == w.tensor.shape)
+          fits.push_back(g);
+      if (fits.empty())
+        throw Error("parameter '" + w.name + "' " + pt::ShapeString(w.tensor.shape) + " fits the next position of no " +
+                    (experts ? "expert" : "non-expert") + " param group (a frozen parameter, or another model)");
+      if (fits.size() > 1)
+        throw Error("parameter '" + w.name + "' " + pt::ShapeString(w.tensor.shape) + " fits the next position of groups " +
+                    std::to_string(fits[0]) + " and " + std::to_string(fits[1]) +
+                    ": which one holds it cannot be told from the file (its positions carry no names)");
+      const int g = static_cast<int>(fits[0]);
+      const size_t k = gs_[g].next++;
+      const int64_t pos = gs_[g].positions[k];
+      if (!record) continue;
+      auto it = index_.find(w.name);
+      if (it == index_.end()) throw Error("parameter '" + w.name + "' is in no module or expert file");
+      const pt::TensorView a = Moment(pos, "exp_avg"), b = Moment(pos, "exp_avg_sq");
+      if (b.shape != a.shape) throw Error("position " + std::to_string(pos) + ": exp_avg_sq's shape differs from exp_avg's");
+      const int64_t n = static_cast<int64_t>(a.numel());
+      source::Extent fp32;
+      if (fp32_groups_) {
+        const pt::TensorView t = fp32_groups_->AsSequence().at(g)->AsSequence().at(k)->AsTensor();
+        if (t.dtype != pt::DType::F32 || !t.contiguous() || t.shape != a.shape)
+          throw Error("fp32_groups[" + std::to_string(g) + "][" + std::to_string(k) + "] is " +
+                      std::string(pt::DTypeName(t.dtype)) + " " + pt::ShapeString(t.shape) + ", not the float32 " +
+                      pt::ShapeString(a.shape) + " of position " + std::to_string(pos));
+        fp32 = {static_cast<uint64_t>(t.data() - base), n};
+      } else {
+        if (w.tensor.dtype != pt::DType::F32 || !w.tensor.contiguous())
+          throw Error("parameter '" + w.name + "': its weights in " + L_.files[w.file].name + " are not contiguous float32");
+        fp32 = {static_cast<uint64_t>(w.tensor.data() - parse_(L_.files[w.file])->archive->file()->bytes().data()), n,
+                w.file};
+      }
+      const int slot = static_cast<int>(f.groups.size());
+      f.groups.push_back({fp32, source::Extent{static_cast<uint64_t>(a.data() - base), n},
+                          source::Extent{static_cast<uint64_t>(b.data() - base), n}});
+      L_.fragments.push_back({fi_, slot, static_cast<int>(it->second), 0, n, 0});
+      L_.params[it->second].group = g;
+      if (!L_.steps.count({f.pp, f.tp, g}))
+        if (auto st = state_.Get(pos)) L_.steps[{f.pp, f.tp, g}] = st->Get("step");
+    }
+  }
+
+  // Every position taken; the file then holds data.
+  void Finish() {
+    for (size_t g = 0; g < gs_.size(); ++g)
+      if (gs_[g].next != gs_[g].positions.size())
+        throw Error("param group " + std::to_string(g) + " has " + std::to_string(gs_[g].positions.size()) +
+                    " positions but " + std::to_string(gs_[g].next) + " parameters of the model fit them");
+    L_.files[fi_].data = true;
+  }
+
+  // Whether group g holds experts, and its positions.
+  size_t ExpertPositions() const {
+    size_t n = 0;
+    for (const auto& g : gs_) n += g.experts ? g.positions.size() : 0;
+    return n;
+  }
+
+ private:
+  pt::TensorView Moment(int64_t pos, const char* key) const {
+    auto st = state_.Get(pos);
+    if (!st) throw Error("optimizer state has no entry for position " + std::to_string(pos));
+    pt::TensorView t = st->At(key).AsTensor();
+    if (t.dtype != pt::DType::F32 || !t.contiguous())
+      throw Error("position " + std::to_string(pos) + ": " + key + " is " + std::string(pt::DTypeName(t.dtype)) +
+                  (t.contiguous() ? "" : ", not contiguous") + "; float32 expected");
+    return t;
+  }
+
+  struct Group {
+    std::vector<int64_t> positions;
+    size_t next = 0;  // how far its matching got
+    bool experts = false;
+  };
+  SourceIndex& L_;
+  const int fi_;
+  const pt::Dict& state_;
+  const Value* fp32_groups_;
+  const std::map<std::string, size_t>& index_;
+  const std::function<std::shared_ptr<pt::TorchFile>(const ShardFile&)>& parse_;
+  std::vector<Group> gs_;
+};
+
+// The weights of a model-states file's module (its buffers left out), or an expert file's, in order.
+void WeightsOf(const SourceIndex& L, int fi, const Value& root, std::vector<Weight>& out) {
+  std::set<std::string> buffers;
+  if (auto b = root.Get("buffer_names"); b && b->IsSequence())
+    for (const auto& n : b->AsSequence()) buffers.insert(n->AsStr());
+  const Value& d = L.files[fi].expert >= 0 ? root : root.At("module");
+  for (const auto& item : d.AsDict().items())
+    if (!buffers.count(item.key->AsStr())) out.push_back({item.key->AsStr(), fi, item.value->AsTensor()});
+}
+
 // A Mixture-of-Experts checkpoint without ZeRO (DeepSpeed's fp32 training with the model's own
-// torch optimizer): expert-parallel rank R's expp_rank_R file holds {'optimizer': state_dict()},
-// Adam's state per position, the positions listed by each param group in the order of the model's
-// parameters. Non-expert groups list the module's parameters (every rank the same: they are taken
-// from rank 0), expert groups the experts of rank R, MoE layer by MoE layer, local expert by local
-// expert. Positions carry no names: each group's positions are matched to the parameters of its
-// kind in model order by shape, every parameter to the one group whose next position fits it;
-// where two would fit, which one holds it cannot be told and the checkpoint is refused. A
-// position's slot in its file: its moments there, its fp32 weights the module's or expert file's.
+// torch optimizer): expert-parallel rank R's expp_rank_R file holds {'optimizer': state_dict()}
+// (TorchState), its non-expert groups the module's parameters (every rank the same: taken from rank
+// 0), its expert groups the experts of rank R, MoE layer by MoE layer, local expert by local expert.
+// The fp32 values are the weights, in the module and expert files.
 void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<std::string, size_t>& index,
                          const std::function<std::shared_ptr<pt::TorchFile>(const ShardFile&)>& parse) {
   if (L.dtype != "fp32") {
@@ -246,21 +373,6 @@ void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<st
                        " pp=" + std::to_string(L.pp) + " is not supported yet (tp=1, pp=1 is)");
     return;
   }
-  // The tensors of every parameter, in model order: the module's (not the experts), and per
-  // expert-parallel rank its local experts', each with the file and tensor holding its weights.
-  struct Weight {
-    std::string name;
-    int file = -1;
-    pt::TensorView tensor;
-  };
-  auto weights_of = [&](int fi, const Value& dict, std::vector<Weight>& out) {
-    std::set<std::string> buffers;
-    if (auto b = dict.Get("buffer_names"); b && b->IsSequence())
-      for (const auto& n : b->AsSequence()) buffers.insert(n->AsStr());
-    const Value& d = L.files[fi].expert >= 0 ? dict : dict.At("module");
-    for (const auto& item : d.AsDict().items())
-      if (!buffers.count(item.key->AsStr())) out.push_back({item.key->AsStr(), fi, item.value->AsTensor()});
-  };
   std::vector<Weight> module;
   std::map<std::pair<int, int>, int> expert_file;  // (MoE layer, global expert) -> file
   std::set<int> moe_layers;
@@ -268,7 +380,7 @@ void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<st
   for (size_t fi = 0; fi < L.files.size(); ++fi) {
     const ShardFile& f = L.files[fi];
     if (KindOf(f) == FileKind::ModelStates && f.pp == 0 && f.tp == 0)
-      if (auto file = parse(f)) weights_of(static_cast<int>(fi), *file->root, module);
+      if (auto file = parse(f)) WeightsOf(L, static_cast<int>(fi), *file->root, module);
     if (f.expert >= 0) expert_file[{f.layer, f.expert}] = static_cast<int>(fi), moe_layers.insert(f.layer);
     if (KindOf(f) == FileKind::ExpertOptimizer) expp[f.dp] = static_cast<int>(fi);
   }
@@ -277,13 +389,10 @@ void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<st
   L.ep = expp.empty() ? 1 : expp.rbegin()->first + 1;
   if (expp.count(0))
     if (auto file = parse(L.files[expp.at(0)])) try {
-        int64_t local = 0, total = 0;
-        auto osd = file->root->Get("optimizer");
-        if (osd && osd->kind == Value::Kind::Dict)
-          for (const auto& g : osd->At("param_groups").AsSequence())
-            if (auto m = g->Get("moe"); m && m->kind == Value::Kind::Bool && m->b) local += static_cast<int64_t>(g->At("params").AsSequence().size());
+        int64_t total = 0;
         for (const auto& [key, fi] : expert_file)
           if (auto ef = parse(L.files[fi])) total += static_cast<int64_t>(ef->root->AsDict().size());
+        const auto local = static_cast<int64_t>(TorchState(L, expp.at(0), file->root->At("optimizer"), nullptr, index, parse).ExpertPositions());
         if (local > 0 && total % local == 0) L.ep = static_cast<int>(total / local);
       } catch (const std::exception&) {
         // (read again below, where its errors are reported)
@@ -293,10 +402,9 @@ void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<st
       L.problems.push_back("missing rank file " + ExpertOptimFileName(r, 0) + " (expert-parallel rank " +
                            std::to_string(r) + " of " + std::to_string(L.ep) + ")");
   for (const auto& [r, fi] : expp) {
-    ShardFile& f = L.files[fi];
-    const std::string where = L.dir + "/" + f.name;
+    const std::string where = L.dir + "/" + L.files[fi].name;
     try {
-      auto file = parse(f);
+      auto file = parse(L.files[fi]);
       if (!file) continue;
       std::vector<Weight> experts;
       for (int layer : moe_layers) {
@@ -308,78 +416,42 @@ void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<st
         for (int j = 0; j < total / L.ep; ++j) {
           auto it = expert_file.find({layer, r * (total / L.ep) + j});
           if (it == expert_file.end()) continue;  // FinishMoe names the missing expert file
-          if (auto ef = parse(L.files[it->second])) weights_of(it->second, *ef->root, experts);
+          if (auto ef = parse(L.files[it->second])) WeightsOf(L, it->second, *ef->root, experts);
         }
       }
       const Value& osd = file->root->At("optimizer");
       if (osd.kind == Value::Kind::None) throw Error("'optimizer' is None: the file holds no optimizer state");
-      const auto& state = osd.At("state").AsDict();
-      const auto& groups = osd.At("param_groups").AsSequence();
-      // Per group: its positions, and how far its matching got.
-      struct Group {
-        std::vector<int64_t> positions;
-        size_t next = 0;
-        bool experts = false;
-      };
-      std::vector<Group> gs(groups.size());
-      auto moment = [&](int64_t pos, const char* key) -> pt::TensorView {
-        auto st = state.Get(pos);
-        if (!st) throw Error("optimizer state has no entry for position " + std::to_string(pos));
-        pt::TensorView t = st->At(key).AsTensor();
-        if (t.dtype != pt::DType::F32 || !t.contiguous())
-          throw Error("position " + std::to_string(pos) + ": " + key + " is " + std::string(pt::DTypeName(t.dtype)) +
-                      (t.contiguous() ? "" : ", not contiguous") + "; float32 expected");
-        return t;
-      };
-      for (size_t g = 0; g < groups.size(); ++g) {
-        auto m = groups[g]->Get("moe");
-        gs[g].experts = m && m->kind == Value::Kind::Bool && m->b;
-        for (const auto& p : groups[g]->At("params").AsSequence()) gs[g].positions.push_back(p->AsInt());
-      }
-      const uint8_t* base = file->archive->file()->bytes().data();
-      auto match = [&](const std::vector<Weight>& params, bool experts) {
-        for (const Weight& w : params) {
-          std::vector<size_t> fits;
-          for (size_t g = 0; g < gs.size(); ++g)
-            if (gs[g].experts == experts && gs[g].next < gs[g].positions.size() &&
-                moment(gs[g].positions[gs[g].next], "exp_avg").shape == w.tensor.shape)
-              fits.push_back(g);
-          if (fits.empty())
-            throw Error("parameter '" + w.name + "' " + pt::ShapeString(w.tensor.shape) + " fits the next position of no " +
-                        (experts ? "expert" : "non-expert") + " param group (a frozen parameter, or another model)");
-          if (fits.size() > 1)
-            throw Error("parameter '" + w.name + "' " + pt::ShapeString(w.tensor.shape) + " fits the next position of groups " +
-                        std::to_string(fits[0]) + " and " + std::to_string(fits[1]) +
-                        ": which one holds it cannot be told from the file (its positions carry no names)");
-          Group& grp = gs[fits[0]];
-          const int64_t pos = grp.positions[grp.next++];
-          if (!experts && r != 0) continue;  // the non-expert state: rank 0's
-          auto it = index.find(w.name);
-          if (it == index.end()) throw Error("parameter '" + w.name + "' is in no module or expert file");
-          ParamRecord& p = L.params[it->second];
-          if (w.tensor.dtype != pt::DType::F32 || !w.tensor.contiguous())
-            throw Error("parameter '" + w.name + "': its weights in " + L.files[w.file].name + " are not contiguous float32");
-          const pt::TensorView a = moment(pos, "exp_avg"), b = moment(pos, "exp_avg_sq");
-          if (b.shape != a.shape) throw Error("position " + std::to_string(pos) + ": exp_avg_sq's shape differs from exp_avg's");
-          auto file_base = parse(L.files[w.file])->archive->file()->bytes().data();
-          const int64_t n = static_cast<int64_t>(a.numel());
-          const int slot = static_cast<int>(f.groups.size());
-          f.groups.push_back({source::Extent{static_cast<uint64_t>(w.tensor.data() - file_base), n, w.file},
-                              source::Extent{static_cast<uint64_t>(a.data() - base), n},
-                              source::Extent{static_cast<uint64_t>(b.data() - base), n}});
-          L.fragments.push_back({fi, slot, static_cast<int>(it->second), 0, n, 0});
-          p.group = static_cast<int>(&grp - gs.data());
-          if (!L.steps.count({0, 0, p.group}))
-            if (auto st = state.Get(pos)) L.steps[{0, 0, p.group}] = st->Get("step");
-        }
-      };
-      match(module, false);
-      match(experts, true);
-      for (size_t g = 0; g < gs.size(); ++g)
-        if (gs[g].next != gs[g].positions.size())
-          throw Error("param group " + std::to_string(g) + " has " + std::to_string(gs[g].positions.size()) +
-                      " positions but " + std::to_string(gs[g].next) + " parameters of the model fit them");
-      f.data = true;
+      TorchState torch_state(L, fi, osd, nullptr, index, parse);
+      torch_state.Match(module, false, r == 0);  // the non-expert state: rank 0's
+      torch_state.Match(experts, true, true);
+      torch_state.Finish();
+    } catch (const std::exception& e) {
+      L.errors.push_back(where + ": " + e.what());
+    }
+  }
+}
+
+// DeepSpeed 0.18+ training bf16 without ZeRO in a model that is not a pipeline wraps the model's
+// torch optimizer (its DDP bf16 wrapper) and saves its state in each model-states file under
+// 'optimizer': {optimizer_state_dict: the torch state (TorchState), fp32_groups: the masters per
+// group and position, the loss scale}; no optimizer file. Every DP rank holds the same state: the
+// file of each (pp, tp) is the data file, its module the parameters and their TP-local shapes.
+void IndexDdpWrapper(SourceIndex& L, std::map<std::string, size_t>& index,
+                     const std::function<std::shared_ptr<pt::TorchFile>(const ShardFile&)>& parse) {
+  for (size_t fi = 0; fi < L.files.size(); ++fi) {
+    ShardFile& f = L.files[fi];
+    if (KindOf(f) != FileKind::ModelStates) continue;
+    const std::string where = L.dir + "/" + f.name;
+    try {
+      auto file = parse(f);
+      if (!file) continue;
+      std::vector<Weight> module;
+      WeightsOf(L, static_cast<int>(fi), *file->root, module);
+      for (const auto& w : module) RecordShape(L, index, w.name, -1, f, w.tensor.shape, "in another file");
+      const Value& opt = file->root->At("optimizer");
+      TorchState torch_state(L, static_cast<int>(fi), opt.At("optimizer_state_dict"), &opt.At("fp32_groups"), index, parse);
+      torch_state.Match(module, false, true);
+      torch_state.Finish();
     } catch (const std::exception& e) {
       L.errors.push_back(where + ": " + e.what());
     }
@@ -707,6 +779,14 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     }
   });
   if (!L.errors.empty()) return L;
+  // DeepSpeed 0.18+'s DDP bf16 wrapper (IndexDdpWrapper): no param_shapes, no optimizer file, the
+  // optimizer state inside every model-states file.
+  bool ddp_wrapper = false;
+  if (auto ps = root.Get("param_shapes"); !moe && (!ps || ps->kind == Value::Kind::None) &&
+                                          count(FileKind::ZeroOptimizer) == 0 && !zero3_files)
+    if (auto opt = root.Get("optimizer"); opt && opt->kind == Value::Kind::Dict && opt->Get("optimizer_state_dict") &&
+                                          opt->Get("fp32_groups"))
+      ddp_wrapper = true;
 
   // 3. Degrees: from metadata (Megatron args, else DeepSpeed's world sizes and the layer files).
   std::set<int> layer_tps;
@@ -755,7 +835,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
       if (!zero3_files) expect(ModelStatesFileName(mp), coords);
       for (int dp = 0; dp < L.dp; ++dp) {
         std::string c = coords + ", dp=" + std::to_string(dp);
-        if (!expp_optimizer) expect(OptimStatesFileName(prefix, dp, mp), c);
+        if (!expp_optimizer && !ddp_wrapper) expect(OptimStatesFileName(prefix, dp, mp), c);
         if (zero3_files) expect(Zero3ModelStatesFileName(dp, mp), c);
       }
     }
@@ -816,15 +896,23 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
                       "read from the " + std::string(L.naming == "pipe" ? "layer files" : "module") +
                       ", its place in its group from the optimizer files' param_slice_mappings");
   }
+  // DeepSpeed 0.18+'s DDP bf16 wrapper: the optimizer state inside every model-states file.
+  if (ddp_wrapper) {
+    L.optimizer = "torch";
+    IndexDdpWrapper(L, index, parse);
+    L.notes.push_back("no ZeRO: the optimizer state inside the model-states files (DeepSpeed 0.18+'s DDP bf16 "
+                      "wrapper), each position named by shape against the module's order");
+  }
   // DeepSpeed variants that record no param_shapes, said by name rather than as every parameter
   // the optimizer files map but no param_shapes lists.
-  if (auto ps = root.Get("param_shapes"); !moe && !shapes_from_weights && (!ps || ps->kind == Value::Kind::None)) {
+  if (auto ps = root.Get("param_shapes"); !moe && !shapes_from_weights && !ddp_wrapper &&
+                                          (!ps || ps->kind == Value::Kind::None)) {
     auto opt = root.Get("optimizer");
     if (count(FileKind::ZeroOptimizer) == 0 && opt && opt->kind != Value::Kind::None)
       L.errors.push_back(first->archive->path() + ": the optimizer state is inside the model-states file and no "
-                         "*_optim_states.pt exists: DeepSpeed 0.18+ training bf16 without ZeRO in a model that is "
-                         "not a pipeline (its DDP bf16 optimizer wrapper) or fp32/fp16 without ZeRO saves so; this "
-                         "variant is not supported yet (DeepSpeed's ds_to_universal.py refuses it too)");
+                         "*_optim_states.pt exists, in a form ucp does not know (DeepSpeed 0.18+'s DDP bf16 wrapper "
+                         "keeps optimizer_state_dict and fp32_groups there; fp32/fp16 without ZeRO saves the bare "
+                         "torch or FP16 optimizer state): this variant is not supported yet");
     else
       L.errors.push_back(first->archive->path() + ": param_shapes is " + (ps ? "None" : "missing") +
                          " and no *_optim_states.pt maps the parameters by name: ucp cannot tell the optimizer "
@@ -832,7 +920,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     return L;
   }
   for (auto* f : model_files) {
-    if (moe || shapes_from_weights) break;
+    if (moe || shapes_from_weights || ddp_wrapper) break;
     if (zero3_files && f->dp != 0) continue;  // every ZeRO-3 rank repeats the same shapes
     auto file = parse(*f);
     if (!file) continue;
@@ -862,7 +950,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   std::map<std::tuple<int, int, int>, int64_t> partitions;  // (pp, tp, group) -> flat partition size
   for (size_t fi = 0; fi < L.files.size(); ++fi) {
     ShardFile& f = L.files[fi];
-    if (!f.data) continue;
+    if (!f.data || KindOf(f) != FileKind::ZeroOptimizer) continue;  // (a torch optimizer's state: TorchState)
     auto file = parse(f);
     if (!file) continue;
     std::string where = L.dir + "/" + f.name + " " + Coord(f);
@@ -983,7 +1071,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   if (L.optimizer.empty()) L.optimizer = zero3_files ? "zero3" : "zero";
   L.moe = moe;
   if (moe) FinishMoe(L, moe_shapes, group_params, root);
-  if (shapes_from_weights) PlaceByFragments(L, group_params);
+  if (shapes_from_weights || ddp_wrapper) PlaceByFragments(L, group_params);
   CheckCoverage(L, group_params, partitions);
   if (zero3_files != (L.zero_stage == 3))
     L.problems.push_back("ZeRO-3 model files present but optimizer files say stage " + std::to_string(L.zero_stage));

@@ -48,21 +48,6 @@ ValuePtr TorchSize(const std::vector<int64_t>& shape, bool plain_tuple) {
   if (!plain_tuple) t->module = "torch", t->name = "Size";
   return t;
 }
-// Whether DeepSpeed release `v` is older than major.minor.patch; an unknown release counts as a newer one.
-bool VersionBefore(const std::string& v, int major, int minor, int patch) {
-  int a = 0, b = 0, c = 0;
-  if (std::sscanf(v.c_str(), "%d.%d.%d", &a, &b, &c) < 2) return false;
-  return std::make_tuple(a, b, c) < std::make_tuple(major, minor, patch);
-}
-// The DeepSpeed release that wrote the source, and the one the target is written for (TargetLayout::
-// ds_version): each the other where only one is known.
-std::string SourceRelease(const Source& S, const TargetLayout& T) {
-  const std::string v = S.manifest["source"].value("ds_version", "");
-  return v.empty() ? T.ds_version : v;
-}
-std::string TargetRelease(const Source& S, const TargetLayout& T) {
-  return T.ds_version.empty() ? SourceRelease(S, T) : T.ds_version;
-}
 // How many times the mean gradient an expert's gradient is, and so the square root of how many
 // times the mean's Adam moments its moments are, in a job of `ep` expert-parallel ranks at ZeRO
 // stage `zero` under DeepSpeed `release`: ep where DeepSpeed averages it over the expert-data-
@@ -70,7 +55,7 @@ std::string TargetRelease(const Source& S, const TargetLayout& T) {
 // did on every path before 0.14.1 (PR 5259, "moe EP grad_scale fix") and in the ZeRO-1/2 optimizer
 // before 0.15.4 (PR 6546, "Fix expert grad scaling problem with ZeRO optimizer"); else 1.
 int ExpertGradientScale(const std::string& release, int zero, int ep) {
-  const bool scaled = VersionBefore(release, 0, 14, 1) || ((zero == 1 || zero == 2) && VersionBefore(release, 0, 15, 4));
+  const bool scaled = ReleaseBefore(release, 0, 14, 1) || ((zero == 1 || zero == 2) && ReleaseBefore(release, 0, 15, 4));
   return scaled ? ep : 1;
 }
 // Whether the source's param_shapes hold plain tuples rather than torch.Size (see TorchSize).
@@ -498,7 +483,7 @@ class UnitWriter {
       const auto kinds = src.value("file_kinds", nlohmann::json::object());
       return !kinds.is_object() || kinds.empty() || kinds.value("expert_optimizer_states", 0) > 0;
     }
-    return VersionBefore(TargetRelease(S_, T_), 0, 19, 3);
+    return ReleaseBefore(TargetRelease(S_, T_), 0, 19, 3);
   }
 
   // The fp16 / ZeRO optimizers' loss scaling: the scaler the dtype needs, and the source's overflow flag.
