@@ -184,6 +184,9 @@ store::FileRecord WriteOptimizerStateFile(const source::SourceIndex& L, const st
   // A Mixture-of-Experts model-states file has no ds_config; ucp-reshard writes the optimizer
   // files' from this copy (DeepSpeed's universal load reads only the keys it knows).
   if (auto config = root.root->Get("ds_config"); L.moe && config) pt::SetItem(*osv, "ds_config", config);
+  // A torch optimizer's state (no ZeRO) records no ds_version, which DeepSpeed's ZeRO optimizers
+  // require of the state a universal load restores: the checkpoint's own.
+  if (L.optimizer == "torch" && !L.ds_version.empty()) pt::SetItem(*osv, "ds_version", pt::Value::Str(L.ds_version));
   auto d = pt::WriteTorchFile(out + "/zero/optimizer_state.pt", *osv, durability);
   return {"zero/optimizer_state.pt", d.size, d.xxh64};
 }

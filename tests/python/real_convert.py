@@ -152,6 +152,10 @@ def check_against_files(atomic, src):
                 assert torch.equal(got, ref[s][:got.numel()]), f"{name}: {s} differs from the optimizer state (tp={tp})"
             checked += 1
     assert checked >= (len(names) if source["tp"] == 1 else 1), f"only {checked} of {len(names)} parameters checked"
+    # DeepSpeed's ZeRO optimizers refuse to restore a state without the release that wrote it.
+    if source.get("ds_version"):
+        osd = load(os.path.join(atomic, "zero", "optimizer_state.pt"))
+        assert osd.get("ds_version") == source["ds_version"], f"optimizer_state.pt: ds_version {osd.get('ds_version')!r}"
     print(f"{checked} (parameter, TP rank) pairs of {len(names)} atomic parameters equal DeepSpeed's saved weights "
           f"(in the training dtype) and the moments its optimizer state holds")
 
