@@ -661,9 +661,14 @@ class UnitWriter {
     if (S_.moe) PutIfPresent(*root, "param_shapes", TorchOptimizer() ? Value::None() : shapes);
     else SetItem(*root, "param_shapes", shapes);
     PutIfPresent(*root, "optimizer", rank0_optimizer_ ? rank0_optimizer_ : Value::None());
-    if (auto shared = root->Get("shared_params"); shared && S_.moe) {
+    // shared_params likewise: None without ZeRO; under ZeRO the source's, or, from a source saved
+    // without ZeRO (None), {}: the parameters the model ties are one parameter (a tied module, an
+    // output layer reusing the embedding), which is what DeepSpeed's own ZeRO saves of these models.
+    // zero_to_fp32.py reads its items().
+    if (auto shared = root->Get("shared_params")) {
       if (TorchOptimizer()) SetItem(*root, "shared_params", Value::None());
-      else if (shared->kind == Value::Kind::None) SetItem(*root, "shared_params", Value::Make(Value::Kind::Dict));
+      else if (shared->kind == Value::Kind::None && T_.zero_stage > 0)
+        SetItem(*root, "shared_params", Value::Make(Value::Kind::Dict));
     }
     // DeepSpeed records frozen parameters (none here) when ZeRO partitions gradients (stage 2, 3).
     for (const char* key : {"frozen_param_shapes", "frozen_param_fragments"})
