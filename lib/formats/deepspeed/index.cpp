@@ -313,7 +313,7 @@ class TorchState {
     L_.files[fi_].data = true;
   }
 
-  // Whether group g holds experts, and its positions.
+  // How many positions the expert groups list (this rank's local experts' tensors).
   size_t ExpertPositions() const {
     size_t n = 0;
     for (const auto& g : gs_) n += g.experts ? g.positions.size() : 0;
