@@ -14,6 +14,7 @@
 #include "core/buffer_pool.h"
 #include "core/error.h"
 #include "core/format.h"
+#include "core/commit.h"
 #include "core/output_lock.h"
 #include "core/progress.h"
 #include "core/task_pool.h"
@@ -122,44 +123,39 @@ bool HoldsOnlyLeftovers(const std::string& dir) {
   return !ec;
 }
 
-// Rank 0's checks and clean-up of the output folder before anything is written; its lock taken
-// first (held until the run ends).
+// Rank 0's checks and claim of the output folder (core/commit.h, step 1) before anything is
+// written: its lock taken first (held until the run ends), then resumed or required empty.
 void PrepareOutput(const ConvertOptions& o, const source::SourceIndex& L, const std::string& fingerprint,
-                   Resume* resume, std::unique_ptr<OutputLock>* lock, std::string* lock_note) {
+                   Resume* resume, std::unique_ptr<OutputFolder>* folder, std::string* lock_note) {
   std::error_code ec;
   RefuseOutputWithin(o.output, L.dir, "the source checkpoint folder");
   if (fs::weakly_canonical(L.root, ec) == fs::weakly_canonical(o.output, ec))  // a folder inside the root is DeepSpeed's place for it
     throw Error(o.output + ": the output folder is the source checkpoint folder");
   *resume = Resume::No;
-  if (fs::exists(o.output) && !fs::is_directory(o.output)) throw Error(o.output + ": exists and is not a folder");
-  *lock = std::make_unique<OutputLock>(o.output, "ucp-convert", lock_note);
+  *folder = std::make_unique<OutputFolder>(o.output, "ucp-convert", store::AtomicFolderMarkers(), lock_note);
   const bool journal = fs::exists(o.output + "/" + store::kJournalDir + "/run.json");
   if (o.resume && !o.force && !journal && !store::IsAtomicCheckpoint(o.output) && HoldsOnlyLeftovers(o.output)) {
     RemoveTemporaries(o.output);  // killed before it had written anything to keep: start afresh
-  } else if (!OutputLock::HoldsOnlyLock(o.output)) {
-    if (o.resume && !o.force) {
-      if (store::IsAtomicCheckpoint(o.output) && !journal) {
-        // A journal folder without its run.json: the run was killed while removing its journal,
-        // after its manifest; only the end of its commit is left to do.
-        if (fs::exists(o.output + "/" + store::kJournalDir)) {
-          *resume = Resume::OnlyCommitLeft;
-          return;
-        }
-        throw Error(o.output + ": already holds a complete atomic checkpoint (ucp_manifest.json); nothing to resume");
-      }
-      store::Journal::Load(o.output, fingerprint);  // throws unless the same conversion
-      if (store::IsAtomicCheckpoint(o.output)) {
+  } else if (o.resume && !o.force && !(*folder)->Empty()) {
+    if (store::IsAtomicCheckpoint(o.output) && !journal) {
+      // A journal folder without its run.json: the run was killed while removing its journal,
+      // after its manifest; only the end of its commit is left to do.
+      if (fs::exists(o.output + "/" + store::kJournalDir)) {
         *resume = Resume::OnlyCommitLeft;
         return;
       }
-      *resume = Resume::Yes;
-      RemoveTemporaries(o.output);  // files the killed run was writing: never renamed, never complete
-    } else if (o.force) {
-      store::RemoveAtomicCheckpoint(o.output);  // the manifest first
-    } else {
-      throw Error(o.output + ": exists and is not empty; use --resume to finish an interrupted conversion or "
-                  "--force to overwrite it");
+      throw Error(o.output + ": already holds a complete atomic checkpoint (ucp_manifest.json); nothing to resume");
     }
+    store::Journal::Load(o.output, fingerprint);  // throws unless the same conversion
+    if (store::IsAtomicCheckpoint(o.output)) {
+      *resume = Resume::OnlyCommitLeft;
+      return;
+    }
+    *resume = Resume::Yes;
+    RemoveTemporaries(o.output);  // files the killed run was writing: never renamed, never complete
+  } else {
+    (*folder)->RequireEmpty(o.force, store::AtomicFolderContents(),
+                            "use --resume to finish an interrupted conversion or --force to overwrite it");
   }
   CreateSpreadFolder(o.output + "/zero");  // a folder per parameter
   if (*resume == Resume::No) store::Journal::Start(o.output, fingerprint);
@@ -253,9 +249,9 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   // 2. The output folder (rank 0), then the resume decision (every rank, from the journal).
   const std::string fingerprint = store::Fingerprint(L, M);
   Resume resume = Resume::No;
-  std::unique_ptr<OutputLock> lock;
+  std::unique_ptr<OutputFolder> folder;
   std::string lock_note;
-  error = rank == 0 ? Capture([&] { PrepareOutput(o, L, fingerprint, &resume, &lock, &lock_note); }) : "";
+  error = rank == 0 ? Capture([&] { PrepareOutput(o, L, fingerprint, &resume, &folder, &lock_note); }) : "";
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   if (talk && !lock_note.empty()) err << "ucp-convert: note: " << lock_note << "\n";
   int64_t flag = static_cast<int64_t>(resume);
@@ -510,7 +506,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       }
       auto manifest = store::AssembleManifest(std::string(store::StoreName(kind)), store::SourceJson(L, M),
                                               store::FamilyJson(M), params, files);
-      WriteFileAtomically(o.output + "/" + store::kManifestName, manifest.dump(1) + "\n");
+      folder->Mark({manifest.dump(1) + "\n"});  // the commit point (step 4)
       FinishCommit(o.output, kind);
     });
   }

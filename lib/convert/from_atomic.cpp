@@ -13,6 +13,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/format.h"
+#include "core/commit.h"
 #include "core/output_lock.h"
 #include "core/xxhash64.h"
 #include "plan/convert_plan.h"
@@ -84,15 +85,11 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
         << reader->params().size() << " parameters -> " << o.output << " (" << o.format << "); " << comm.name() << "\n";
 
   // 2. Rank 0: the output folder, by the rules of a conversion from a source; locked first.
-  std::unique_ptr<OutputLock> lock;
+  std::unique_ptr<OutputFolder> folder;
   std::string lock_note;
   error = rank == 0 ? Capture([&] {
-    if (fs::exists(o.output) && !fs::is_directory(o.output)) throw Error(o.output + ": exists and is not a folder");
-    lock = std::make_unique<OutputLock>(o.output, "ucp-convert", &lock_note);
-    if (!OutputLock::HoldsOnlyLock(o.output)) {
-      if (!o.force) throw Error(o.output + ": exists and is not empty; use --force to overwrite it");
-      store::RemoveAtomicCheckpoint(o.output);
-    }
+    folder = std::make_unique<OutputFolder>(o.output, "ucp-convert", store::AtomicFolderMarkers(), &lock_note);
+    folder->RequireEmpty(o.force, store::AtomicFolderContents());
     CreateSpreadFolder(o.output + "/zero");  // a folder per parameter
   })
                     : "";
@@ -173,7 +170,7 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
     }
     const auto& m = reader->manifest();
     auto manifest = store::AssembleManifest(std::string(store::StoreName(kind)), m.at("source"), m.at("family"), params, files);
-    WriteFileAtomically(o.output + "/" + store::kManifestName, manifest.dump(1) + "\n");
+    folder->Mark({manifest.dump(1) + "\n"});  // the commit point (core/commit.h, step 4)
     if (kind == store::StoreKind::Pt) store::WriteLatestUniversal(o.output);
   })
                     : "";

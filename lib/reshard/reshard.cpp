@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "core/names.h"
-#include "core/output_lock.h"
+#include "core/commit.h"
 #include "core/progress.h"
 #include "formats/registry.h"
 #include "patterns/rules.h"
@@ -37,6 +37,8 @@ using shuffle::Capture;
 namespace {
 
 constexpr const char* kTool = "ucp-reshard";
+// Megatron's record of the iteration `latest` names, written before it.
+constexpr const char* kIterationFile = "latest_checkpointed_iteration.txt";
 
 // --- reading --------------------------------------------------------------------------------
 
@@ -314,25 +316,20 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
     return 0;
   }
 
-  // The output folder, locked first: refused when it holds something, unless --force (then
-  // `latest` goes first, then what it named, and what killed runs left).
+  // The output folder, claimed (core/commit.h, step 1): its markers are Megatron's iteration file
+  // and `latest`, the commit point; it is refused when it holds something, unless --force (then
+  // `latest` goes first, then what it named, and what killed runs left). In place, `latest` keeps
+  // naming the checkpoint it named until the new one is complete.
   const std::string out_tag = o.output_tag.empty() ? tag : o.output_tag;
   const std::string dir = o.output + "/" + out_tag;
-  std::unique_ptr<OutputLock> lock;
+  std::unique_ptr<OutputFolder> folder;
   std::string lock_note;
   error = rank == 0 ? Capture([&] {
-    if (fs::exists(o.output) && !fs::is_directory(o.output)) throw Error(o.output + ": exists and is not a folder");
-    lock = std::make_unique<OutputLock>(o.output, kTool, &lock_note);
-    if (o.in_place) {
+    folder = std::make_unique<OutputFolder>(o.output, kTool, std::vector<std::string>{kIterationFile, "latest"}, &lock_note);
+    if (o.in_place)
       fs::remove_all(dir);  // what a killed run left: `latest` never named it
-    } else if (!OutputLock::HoldsOnlyLock(o.output)) {
-      if (!o.force)
-        throw Error(o.output + ": exists and is not empty; use --force to overwrite it");
-      fs::remove(o.output + "/latest");
-      fs::remove(o.output + "/latest_checkpointed_iteration.txt");
-      fs::remove_all(dir);
-      RemoveTemporaries(o.output);
-    }
+    else
+      folder->RequireEmpty(o.force, {out_tag});
     fs::create_directories(dir);
   }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
@@ -379,8 +376,8 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   const double units = lap();
   seconds["read"] = unit_reads, seconds["write"] = units - unit_reads;
   // The shard files were written without an fsync each: one sync of the file system makes them
-  // durable together, on every rank, before rank 0 writes `latest`.
-  if (error.empty()) error = Capture([&] { SyncFileSystemOf(dir); });
+  // durable together, on every rank, before rank 0 writes `latest` (core/commit.h, step 3).
+  if (error.empty()) error = Capture([&] { Seal(dir); });
   seconds["sync"] = lap();
   if (AnyFailed(comm, error, err, kTool)) return 1;
   rusage ru{};
@@ -394,13 +391,13 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
                {"peak_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024}};
   auto stats = comm.GatherToRoot(mine.dump());
   error = rank == 0 ? Capture([&] {
-    // `latest` last: a run killed before this line leaves no checkpoint DeepSpeed would load (in
-    // place: `latest` still names the checkpoint it named).
+    // Step 4, `latest` last: a run killed before it leaves no checkpoint DeepSpeed would load (in
+    // place: `latest` still names the checkpoint it named). In place, the iteration file is kept
+    // only where the training run keeps one.
     if (o.in_place) WriteFileAtomically(dir + "/" + source::kReshardMarker, o.marker.dump(1) + "\n");
-    const std::string iteration_file = o.output + "/latest_checkpointed_iteration.txt";
-    if (!o.in_place || fs::exists(iteration_file))
-      WriteFileAtomically(iteration_file, std::to_string(S.manifest["source"]["iteration"].get<int64_t>()));
-    WriteFileAtomically(o.output + "/latest", out_tag);
+    std::optional<std::string> iteration = std::to_string(S.manifest["source"]["iteration"].get<int64_t>());
+    if (o.in_place && !fs::exists(o.output + "/" + kIterationFile)) iteration.reset();
+    folder->Mark({iteration, out_tag});
   }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
   if (rank == 0) {

@@ -169,14 +169,8 @@ const AtomSpec& AtomWriter::spec(const std::string& name) const {
 
 // ---------------------------------------------------------------------------------------------
 
-void RemoveAtomicCheckpoint(const std::string& dir) {
-  namespace fs = std::filesystem;
-  fs::remove(dir + "/" + kManifestName);  // uncommit first: the folder no longer looks complete
-  Journal::Remove(dir);
-  fs::remove_all(dir + "/zero");
-  fs::remove(dir + "/" + kAtomsH5);
-  RemoveTemporaries(dir);  // of killed runs, the lock's private names too
-}
+std::vector<std::string> AtomicFolderMarkers() { return {kManifestName}; }
+std::vector<std::string> AtomicFolderContents() { return {kJournalDir, "zero", kAtomsH5}; }
 
 std::vector<int64_t> ChunkShape(const std::vector<int64_t>& shape, int split_dim,
                                 const std::vector<int64_t>& sub_param_sizes) {

@@ -176,9 +176,10 @@ std::unique_ptr<AtomReader> OpenH5Reader(const std::string& dir, nlohmann::json 
 std::unique_ptr<AtomWriter> CreatePtWriter(const std::string& dir, std::vector<AtomSpec> specs, shuffle::Comm& comm);
 std::unique_ptr<AtomWriter> CreateH5Writer(const std::string& dir, std::vector<AtomSpec> specs, shuffle::Comm& comm);
 
-// --force: uncommits an atomic checkpoint in `dir` (the manifest goes first) and removes its
-// tensors of either store, the resume journal and the temporaries of killed runs.
-void RemoveAtomicCheckpoint(const std::string& dir);
+// An atomic checkpoint folder in the commit protocol (core/commit.h): its one marker, the manifest,
+// and what --force clears under it: the tensors of either store and the resume journal.
+std::vector<std::string> AtomicFolderMarkers();
+std::vector<std::string> AtomicFolderContents();
 
 // The XXH64 (hex) atoms.h5 records for a dataset (its attribute "xxh64"); hdf5 readers only.
 std::string RecordedDatasetDigest(AtomReader& reader, const std::string& param, plan::State state);

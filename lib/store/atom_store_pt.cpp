@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/commit.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "core/names.h"
@@ -143,7 +144,7 @@ class PtWriter final : public AtomWriter {
   StoreCommit Commit() override {
     // The state files were renamed into place without an fsync each: one sync of the file system,
     // on every rank, makes them durable together before the manifest can name them.
-    SyncFileSystemOf(dir_);
+    Seal(dir_);  // core/commit.h, step 3
     StoreCommit c;
     c.storage = nlohmann::json::object();
     for (const auto& s : specs_) {
