@@ -135,8 +135,18 @@ def main():
                         what="ucp-reshard --in-place")
                 else:
                     load = os.path.join(work, "native_" + r["name"])
-                    run([os.path.join(a.bin, "ucp-reshard"), os.path.join(atomic_root, "global_step6_universal"), "-o",
-                         load, "-q"] + layout_flags(r["args"], r["nproc"]), what="ucp-reshard")
+                    try:
+                        run([os.path.join(a.bin, "ucp-reshard"), os.path.join(atomic_root, "global_step6_universal"),
+                             "-o", load, "-q"] + layout_flags(r["args"], r["nproc"]), what="ucp-reshard")
+                    except RuntimeError as e:
+                        # A target layout ucp-reshard refuses by name: no resume, a row saying so.
+                        why = str(e).strip().splitlines()[-1]
+                        if "error: target " not in why:
+                            raise
+                        rows.append((case, r["name"], r["nproc"], kind, None, r.get("max_abs_loss_diff_vs_original"),
+                                     None, True))
+                        print(f"{case:24} {r['name']:38} {kind:9} refused by ucp-reshard: {why[-200:]}", flush=True)
+                        continue
                 log = os.path.join(work, f"{kind}_{r['name']}.jsonl")
                 port += 1
                 cmd = ["/usr/bin/python3", "launch.py", str(r["nproc"]), "--port", str(port), "--", "train.py", "--out",
@@ -155,8 +165,10 @@ def main():
                 ds = r.get("max_abs_loss_diff_vs_original")
                 expected_wrong = "EXPECTED_MISMATCH" in r["name"]
                 # DeepSpeed's own resume is the bound; where it has none (its converter failed), the
-                # fp32 noise between layouts measured on the dense cases (<= 9.54e-07), doubled.
-                bound = 1e-5 if expected_wrong else (2 * ds if ds is not None else 2e-6)
+                # noise between layouts DeepSpeed's own resumes of the dense cases measured, doubled:
+                # fp32 <= 9.54e-07; bf16 <= 3.76e-04 (zero2_dp2_bf16 -> dp4, DeepSpeed 0.19.5).
+                noise = 2 * 3.77e-4 if "--dtype bf16" in r["args"] else 2e-6
+                bound = 1e-5 if expected_wrong else (2 * ds if ds is not None else noise)
                 ok = diff <= bound
                 failed += not ok
                 rows.append((case, r["name"], r["nproc"], kind, diff, ds, bound, ok))
@@ -165,6 +177,10 @@ def main():
     table = ["| case | resumed on | ranks | load | max loss diff (ucp) | DeepSpeed's own | bound | |",
              "|---|---|---|---|---|---|---|---|"]
     for case, name, n, kind, diff, ds, bound, ok in rows:
+        if diff is None:  # the target layout refused by name
+            table.append(f"| {case} | {name} | {n} | {kind} | refused by ucp-reshard | "
+                         f"{'none' if ds is None else f'{ds:.3g}'} | | |")
+            continue
         table.append(f"| {case} | {name} | {n} | {kind} | {diff:.3g} | {'none' if ds is None else f'{ds:.3g}'} | {bound:.3g} | "
                      f"{'ok' if ok else 'FAIL'} |")
     print("\n".join(table))

@@ -282,13 +282,15 @@ void Validate(const Source& S, const TargetLayout& T) {
        "and pp=1 (no real DeepSpeed MoE checkpoint with TP or PP has been checked yet)");
   if (T.zero_stage == 3)
     no(moe + "ZeRO-3: ucp-reshard writes MoE layouts under ZeRO-0, 1 and 2 (ZeRO-3 partitions experts differently)");
-  if (T.zero_stage == 0 && T.dtype != "fp32")
-    no(moe + T.dtype + " without ZeRO: ucp-reshard writes MoE layouts without ZeRO in fp32 (the model's own torch "
-       "optimizer, its state per position in expp_rank files); DeepSpeed's " + (T.dtype == "bf16" ? "BF16" : "FP16") +
-       " optimizer around experts is not supported yet");
-  if (T.bf16_optimizer())
-    no(moe + "bf16 under ZeRO-1 with fp32 gradient accumulation (DeepSpeed's BF16 optimizer): use --grad-accum-dtype "
-       "bf16 (ZeRO's optimizer), --zero-stage 2, or fp16 / fp32");
+  // Without ZeRO: the model's own torch optimizer, its state per position in expp_rank files; in
+  // bf16 inside DeepSpeed's DDP bf16 wrapper (0.17.6 and later; before, the BF16 optimizer).
+  if (T.zero_stage == 0 && T.dtype == "fp16")
+    no(moe + "fp16 without ZeRO: DeepSpeed's FP16 optimizer around the experts is not written yet; use ZeRO-1 or "
+       "ZeRO-2, or bf16 / fp32");
+  if (T.zero_stage == 0 && T.dtype == "bf16" && ReleaseBefore(TargetRelease(S, T), 0, 17, 6))
+    no(moe + "bf16 without ZeRO for DeepSpeed " + TargetRelease(S, T) + ": before 0.17.6 DeepSpeed runs it with its "
+       "BF16 optimizer, which ucp-reshard does not write for MoE; use ZeRO-1 or ZeRO-2, fp32, or --ds-version of a "
+       "later release");
   if (NamingOf(T) != Naming::Plain)
     no(moe + "model 'pipe': DeepSpeed's MoE layers run in a model that is not a PipelineModule");
   if (T.ep < 1 || T.dp % T.ep != 0)

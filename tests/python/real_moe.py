@@ -5,6 +5,9 @@ and ucp-convert, on 1 and 2 ranks, checked against what DeepSpeed itself wrote:
 
 - ucp-inspect reads it cleanly and reports the expert-parallel degree the case was trained with
   (case.json's --ep-size) and every expert file;
+- bf16: every atomic fp32 tensor equals the fp32 master reassembled from the optimizer files (the
+  ZeRO partitions, or without ZeRO the fp32_groups of DeepSpeed's bf16 wrapper), and the weight
+  DeepSpeed saved is its bf16 copy;
 - fp32: every atomic tensor equals, byte for byte, the weight DeepSpeed saved for that parameter
   (fp32 training: the master weights are the model's): the non-expert parameters from
   mp_rank_00_model_states.pt's module (vocabulary padding rows dropped), each expert parameter from
@@ -65,7 +68,7 @@ def flat_pieces(shard, ep):
     group over the dp / ep ranks d with d % ep equal, partition d // ep)."""
     pieces = {}
     for f in sorted(os.listdir(shard)):
-        m = re.fullmatch(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt", f)
+        m = re.fullmatch(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt", f)
         if not m:
             continue
         d = int(m.group(1))
@@ -120,8 +123,8 @@ def decays(name, shape):
 
 
 def reassembled_without_zero(shard, ep, saved):
-    """global name -> {exp_avg, exp_avg_sq} (flat), from the expp_rank_R files of a case trained
-    without ZeRO: torch's optimizer state by position. The positions are named here from what the
+    """global name -> {exp_avg, exp_avg_sq} (flat; in bf16 also the fp32 masters), from the
+    expp_rank_R files of a case trained without ZeRO: torch's optimizer state by position. The positions are named here from what the
     harness builds, not from their shapes: each group lists, in the model's parameter order, the
     parameters of its weight-decay kind (train.py's rule), the non-expert ones from the module and
     an expert group the experts of rank R (MoE layer by layer, local expert by local expert, each
@@ -136,22 +139,27 @@ def reassembled_without_zero(shard, ep, saved):
     layers = sorted({layer for layer, _ in files})
     out = {}
     for r in range(ep):
-        osd = load(os.path.join(shard, f"expp_rank_{r}_mp_rank_00_optim_states.pt"))["optimizer"]
+        opt = load(os.path.join(shard, f"expp_rank_{r}_mp_rank_00_optim_states.pt"))["optimizer"]
+        # bf16: DeepSpeed's DDP bf16 wrapper around torch's state, the fp32 masters beside it
+        wrapped = "optimizer_state_dict" in opt and "fp32_groups" in opt
+        osd = opt["optimizer_state_dict"] if wrapped else opt
         experts = []
         for layer in layers:
             total = sum(1 for (l, _) in files if l == layer)
             for j in range(total // ep):
                 experts += list(load(os.path.join(shard, files[(layer, r * (total // ep) + j)])).items())
-        for g in osd["param_groups"]:
+        for gi, g in enumerate(osd["param_groups"]):
             decay = g["weight_decay"] > 0
             pool = experts if g.get("moe", False) else module
             names = [n for n, t in pool if decays(n, t.shape) == decay]
             assert len(names) == len(g["params"]), f"expp_rank_{r}: group {g.get('name')}: {len(g['params'])} " \
                 f"positions, {len(names)} parameters of its kind"
-            for name, pos in zip(names, g["params"]):
+            for k, (name, pos) in enumerate(zip(names, g["params"])):
                 st = osd["state"][pos]
                 assert st["exp_avg"].shape == saved[name].shape, f"{name}: position {pos} has another shape"
                 got = {s: st[s].reshape(-1) for s in ("exp_avg", "exp_avg_sq")}
+                if wrapped:
+                    got["fp32"] = opt["fp32_groups"][gi][k].reshape(-1)
                 if name in out:  # a non-expert parameter: every expert-parallel rank holds the same state
                     assert all(same_bytes(out[name][s], got[s]) for s in got), f"{name}: expp_rank_{r} differs from rank 0"
                 out[name] = got
@@ -163,6 +171,7 @@ def main():
     src = os.path.join(case, "ckpt")
     info = json.load(open(os.path.join(case, "case.json")))
     without_zero = re.search(r"--zero 0\b", info["train_args"]) is not None
+    bf16 = re.search(r"--dtype bf16\b", info["train_args"]) is not None
     ep = int(re.search(r"--ep-size (\d+)", info["train_args"]).group(1))
     tag = open(os.path.join(src, "latest")).read().strip()
     shard = os.path.join(src, tag)
@@ -209,7 +218,12 @@ def main():
             if want.shape != fp32.shape:  # the vocabulary padding rows, dropped in the atomic tensor
                 assert want.shape[1:] == fp32.shape[1:] and want.shape[0] > fp32.shape[0], name
                 want = want[:fp32.shape[0]]
-            assert want.dtype == torch.float32 and same_bytes(want, fp32), f"{name}: fp32 differs from DeepSpeed's saved weight"
+            if bf16:  # the masters from the optimizer files; the saved weight is their bf16 copy
+                master = moments[name]["fp32"].reshape(saved[name].shape)[:fp32.shape[0]]
+                assert same_bytes(master, fp32), f"{name}: fp32 differs from DeepSpeed's fp32 master"
+                assert same_bytes(want, fp32.to(torch.bfloat16)), f"{name}: the saved bf16 weight is not the master's bf16 copy"
+            else:
+                assert want.dtype == torch.float32 and same_bytes(want, fp32), f"{name}: fp32 differs from DeepSpeed's saved weight"
             for s in ("exp_avg", "exp_avg_sq"):
                 got = load(os.path.join(zero, name, f"{s}.pt"))["param"].reshape(-1)
                 ref = moments[name][s]
@@ -227,8 +241,9 @@ def main():
             assert (name in zeros) == starved, f"{name}: " + \
                 ("moments all zeros" if name in zeros else "nonzero moments in an expert whose other tensors had none")
         n_exp = sum(1 for p in params if EXPERT.match(p))
+        weights = "fp32 masters (its saved bf16 weights their copies)" if bf16 else "saved weights"
         print(f"np{ranks}: {len(params)} parameters ({n_exp} expert tensors under global ids) equal DeepSpeed's "
-              f"saved weights; moments equal the reassembled ZeRO partitions"
+              f"{weights}; moments equal the reassembled optimizer state"
               + (f"; {len(idle)} expert(s) never routed a token, moments zero" if idle else ""))
     print("ok")
 

@@ -25,8 +25,12 @@ itself wrote for the source, independently of ucp:
   - partition_count, the expert groups' names (ep_size_<ep>), the ZeRO stage, dp_world_size;
 - round trip: the ep=1 dp=1 ZeRO-2 output converted again and resharded to the source layout
   equals DeepSpeed's files as above, on 2 MPI ranks;
+- a bf16 source: its own layout as above (ZeRO's optimizer, the BF16 optimizer, or without ZeRO
+  DeepSpeed 0.18+'s DDP bf16 wrapper, fp32 masters beside torch's state), and every layout in bf16
+  as well as fp32: the weights the masters' bf16 copies, the masters (ZeRO partitions, fp32_groups)
+  the source's;
 - refusals (exit 1, a message naming the reason, no output folder): ep not dividing dp or the
-  experts, tp > 1, ZeRO-3, bf16 or fp16 without ZeRO.
+  experts, tp > 1, ZeRO-3, fp16 without ZeRO, bf16 without ZeRO for a DeepSpeed before 0.17.6.
 """
 import json
 import os
@@ -42,6 +46,7 @@ import ds_stubs  # noqa: E402,F401  DeepSpeed's pickled classes, without DeepSpe
 from real_moe import EXPERT, flat_pieces, load, reassembled, reassembled_without_zero, run, same_bytes, saved_weights  # noqa: E402,E501
 
 VOCAB = "language_model.embedding.word_embeddings.weight"
+ZERO_PREFIX = {"fp32": "", "bf16": "bf16_"}  # DeepSpeed's ZeRO file names by the job's dtype
 
 
 def check_weights(name, want, got, vocab_rows, where):
@@ -63,10 +68,13 @@ def source_version(src_shard):
     return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
 
 
-def check_layout(target, src_shard, src_zero, dp, ep, zero, src_ep, saved, moments, vocab_rows, num_experts):
+def check_layout(target, src_shard, src_zero, dp, ep, zero, dtype, src_ep, masters, moments, vocab_rows, num_experts):
+    """The output at dp / ep / ZeRO `zero` in `dtype`; `masters` the source's fp32 values (in fp32
+    training DeepSpeed's saved weights, in bf16 its fp32 masters)."""
     tag = open(os.path.join(target, "latest")).read().strip()
     shard = os.path.join(target, tag)
-    where = f"dp={dp} ep={ep} ZeRO-{zero}"
+    where = f"dp={dp} ep={ep} ZeRO-{zero} {dtype}"
+    saved = {n: t.to(torch.bfloat16) if dtype == "bf16" else t for n, t in masters.items()}
     version = source_version(src_shard)
     # Without ZeRO the optimizer state is in one expp_rank file per expert-parallel rank. Under ZeRO,
     # DeepSpeed up to 0.19.2 writes them too (holding no state), 0.19.3 and later none: the target
@@ -80,7 +88,7 @@ def check_layout(target, src_shard, src_zero, dp, ep, zero, src_ep, saved, momen
     want_files = {"mp_rank_00_model_states.pt"} | {f"expp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(ep) if expp} | \
         {f"layer_{layer}_expert_{e}_mp_rank_00_model_states.pt" for layer, n in enumerate(num_experts) for e in range(n)}
     if zero > 0:
-        want_files |= {f"zero_pp_rank_{d}_mp_rank_00_optim_states.pt" for d in range(dp)}
+        want_files |= {f"{ZERO_PREFIX[dtype]}zero_pp_rank_{d}_mp_rank_00_optim_states.pt" for d in range(dp)}
     have = set(os.listdir(shard))
     assert have == want_files, f"{where}: files {sorted(have ^ want_files)[:6]} differ from DeepSpeed's set"
     weights = saved_weights(shard)
@@ -96,8 +104,10 @@ def check_layout(target, src_shard, src_zero, dp, ep, zero, src_ep, saved, momen
     got_moments = reassembled_without_zero(shard, ep, saved) if zero == 0 else reassembled(shard, ep, saved)
     assert sorted(got_moments) == sorted(saved), f"{where}: moments of {sorted(set(got_moments) ^ set(saved))[:4]}"
     for name, got in got_moments.items():
-        if zero > 0:
-            check_weights(name, saved[name], got["fp32"].reshape(saved[name].shape), vocab_rows, where + " fp32")
+        if "fp32" in got:  # the masters: ZeRO's partitions, or without ZeRO in bf16 the wrapper's fp32_groups
+            check_weights(name, masters[name], got["fp32"].reshape(masters[name].shape), vocab_rows, where + " fp32")
+        else:
+            assert zero == 0 and dtype == "fp32", f"{where}: {name}: no fp32 masters"
         f = scale if EXPERT.match(name) else 1.0
         for s, factor in (("exp_avg", f), ("exp_avg_sq", f * f)):
             ref = moments[name][s] * factor
@@ -116,6 +126,10 @@ def check_layout(target, src_shard, src_zero, dp, ep, zero, src_ep, saved, momen
             assert not problems, f"{where}: the model-states file's optimizer differs from expp_rank 0's: {problems[:3]}"
             assert states["param_shapes"] is None and states["shared_params"] is None, where
             assert states["ds_config"]["zero_optimization"]["stage"] == 0, where
+        if dtype == "bf16":  # DeepSpeed's DDP bf16 wrapper around torch's state
+            assert list(rank0) == ["dynamic_loss_scale", "cur_scale", "cur_iter", "optimizer_state_dict", "fp32_groups"], \
+                f"{where}: {list(rank0)}"
+            rank0 = rank0["optimizer_state_dict"]
         steps = [st["step"] for st in rank0["state"].values()]
         assert len({t.data_ptr() for t in steps}) == len(steps), f"{where}: positions share a step tensor"
     elif "optimizer" in states:
@@ -123,7 +137,7 @@ def check_layout(target, src_shard, src_zero, dp, ep, zero, src_ep, saved, momen
     for r in range(ep if expp and zero > 0 else 0):
         assert load(os.path.join(shard, f"expp_rank_{r}_mp_rank_00_optim_states.pt")) == {"optimizer": None}, where
     for d in range(dp if zero > 0 else 0):
-        root = load(os.path.join(shard, f"zero_pp_rank_{d}_mp_rank_00_optim_states.pt"))
+        root = load(os.path.join(shard, f"{ZERO_PREFIX[dtype]}zero_pp_rank_{d}_mp_rank_00_optim_states.pt"))
         osd = root["optimizer_state_dict"]
         groups = osd["base_optimizer_state"]["param_groups"]
         moe = [bool(g.get("moe", False)) for g in groups]
@@ -171,8 +185,8 @@ def deep_equal(a, b, path, allowed, problems):
 
 def check_same_as_deepspeed(target, src_shard, ep, vocab_rows, hidden):
     """Every file of DeepSpeed's shard, and no other, equal in `target`; the vocabulary padding alone
-    may differ: the embedding's rows >= vocab_rows in the module, and the elements of its flat fp32
-    partitions past vocab_rows * hidden."""
+    may differ: the embedding's rows >= vocab_rows in the module (and in its fp32 master without
+    ZeRO), and the elements of its flat fp32 partitions past vocab_rows * hidden."""
     tag = open(os.path.join(target, "latest")).read().strip()
     shard = os.path.join(target, tag)
     names = sorted(os.listdir(src_shard))
@@ -183,7 +197,7 @@ def check_same_as_deepspeed(target, src_shard, ep, vocab_rows, hidden):
             continue
         first = min(r[0] for r in runs)
         for f in names:
-            m = re.fullmatch(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt", f)
+            m = re.fullmatch(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt", f)
             if not m:
                 continue
             osd = load(os.path.join(src_shard, f))["optimizer_state_dict"]
@@ -201,7 +215,10 @@ def check_same_as_deepspeed(target, src_shard, ep, vocab_rows, hidden):
     problems = []
     for f in names:
         def allowed(path, numel, f=f):
-            if path.endswith("/module/" + VOCAB):
+            # the module's embedding; without ZeRO in bf16 also its fp32 master, position 0 of the first
+            # (decay) group by the harness's group rule (real_moe.reassembled_without_zero)
+            if path.endswith("/module/" + VOCAB) or (path.endswith("/optimizer/fp32_groups[0][0]") and
+                                                     numel % hidden == 0 and numel // hidden > vocab_rows):
                 mask = torch.zeros(numel, dtype=torch.bool)
                 mask[vocab_rows * hidden:] = True
                 return mask
@@ -233,47 +250,58 @@ def main():
     saved = saved_weights(src_shard)
     hidden = saved[VOCAB].shape[1]
     moments = reassembled_without_zero(src_shard, src_ep, saved) if src_zero == 0 else reassembled(src_shard, src_ep, saved)
+    # bf16 training: the fp32 values are the optimizer's masters (the saved weights their bf16 copies)
+    dtype = "bf16" if re.search(r"--dtype bf16\b", args) else "fp32"
+    bf16_optimizer = dtype == "bf16" and src_zero == 1 and re.search(r"--grad-accum-dtype fp32\b", args) is not None
+    masters = {n: moments[n]["fp32"].reshape(t.shape) for n, t in saved.items()} if dtype == "bf16" else saved
 
     shutil.rmtree(work, ignore_errors=True)
     atomic = os.path.join(work, "atomic")
     run([convert, src, "-o", atomic, "-q"], "ucp-convert")
 
-    def resharded(atomic_dir, out, dp, ep, zero, ranks=1):
+    def resharded(atomic_dir, out, dp, ep, zero, ranks=1, dtype="fp32", grad_accum="fp32"):
         cmd = [reshard, atomic_dir, "-o", out, "-q", "--dp", str(dp), "--tp", "1", "--pp", "1", "--zero-stage", str(zero),
-               "--dtype", "fp32", "--ep", str(ep)]
+               "--dtype", dtype, "--grad-accum-dtype", grad_accum, "--ep", str(ep)]
         if ranks > 1:
             cmd = [mpiexec, "--oversubscribe", "-np", str(ranks)] + cmd
         run(cmd, f"ucp-reshard to dp={dp} ep={ep} ZeRO-{zero} on {ranks} rank(s)")
         return out
 
-    same = resharded(atomic, os.path.join(work, "same"), src_dp, src_ep, src_zero)
+    same_flags = {"dtype": dtype, "grad_accum": "fp32" if bf16_optimizer or dtype == "fp32" else "bf16"}
+    same = resharded(atomic, os.path.join(work, "same"), src_dp, src_ep, src_zero, **same_flags)
     check_same_as_deepspeed(same, src_shard, src_ep, vocab_rows, hidden)
-    print(f"dp={src_dp} ep={src_ep} ZeRO-{src_zero} (the source's): every file equals DeepSpeed's (padding rows aside)")
+    print(f"dp={src_dp} ep={src_ep} ZeRO-{src_zero} {dtype} (the source's): every file equals DeepSpeed's "
+          "(padding rows aside)")
 
-    layouts = [(dp, ep, zero) for ep in (1, 2, 4) for dp in (1, 2, 4) for zero in (0, 1, 2)
-               if dp % ep == 0 and all(n % ep == 0 for n in num_experts)]
-    for dp, ep, zero in layouts:
-        out = resharded(atomic, os.path.join(work, f"dp{dp}_ep{ep}_z{zero}"), dp, ep, zero)
-        check_layout(out, src_shard, src_zero, dp, ep, zero, src_ep, saved, moments, vocab_rows, num_experts)
-    print(f"{len(layouts)} layouts (ep 1/2/4 x dp x ZeRO-0/1/2): files, weights, partitions and moments as DeepSpeed "
-          f"partitions them")
+    # fp32 targets everywhere; a bf16 source also to bf16 (ZeRO-1/2: ZeRO's optimizer; without ZeRO,
+    # from DeepSpeed 0.17.6 on, its DDP bf16 wrapper)
+    wrapper = source_version(src_shard) >= (0, 17, 6)
+    layouts = [(dp, ep, zero, t) for ep in (1, 2, 4) for dp in (1, 2, 4) for zero in (0, 1, 2)
+               for t in sorted({"fp32", dtype}) if dp % ep == 0 and all(n % ep == 0 for n in num_experts)
+               and (t == "fp32" or zero > 0 or wrapper)]
+    for dp, ep, zero, t in layouts:
+        out = resharded(atomic, os.path.join(work, f"dp{dp}_ep{ep}_z{zero}_{t}"), dp, ep, zero, dtype=t,
+                        grad_accum="bf16" if t == "bf16" else "fp32")
+        check_layout(out, src_shard, src_zero, dp, ep, zero, t, src_ep, masters, moments, vocab_rows, num_experts)
+    print(f"{len(layouts)} layouts (ep 1/2/4 x dp x ZeRO-0/1/2, {' and '.join(sorted({'fp32', dtype}))}): files, "
+          f"weights, partitions and moments as DeepSpeed partitions them")
 
     # Round trip through another layout, on 2 ranks.
     back = os.path.join(work, "roundtrip_atomic")
-    run([mpiexec, "--oversubscribe", "-np", "2", convert, os.path.join(work, "dp1_ep1_z2"), "-o", back, "-q"],
+    run([mpiexec, "--oversubscribe", "-np", "2", convert, os.path.join(work, f"dp1_ep1_z2_{dtype}"), "-o", back, "-q"],
         "ucp-convert of the ep=1 output")
-    again = resharded(back, os.path.join(work, "roundtrip"), src_dp, src_ep, src_zero, ranks=2)
+    again = resharded(back, os.path.join(work, "roundtrip"), src_dp, src_ep, src_zero, ranks=2, **same_flags)
     check_same_as_deepspeed(again, src_shard, src_ep, vocab_rows, hidden)
-    print("round trip through dp=1 ep=1 ZeRO-2: DeepSpeed's files again")
+    print(f"round trip through dp=1 ep=1 ZeRO-2 {dtype}: DeepSpeed's values again")
 
     base = ["--dp", "4", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--dtype", "fp32"]
     for change, needle in (({"--ep": "3"}, "ep=3 must divide dp=4"),
                            ({"--dp": "2", "--ep": "4"}, "ep=4 must divide dp=2"),
                            ({"--dp": "6", "--ep": "3"}, "ep=3 must divide the 4 experts"),
                            ({"--zero-stage": "3"}, "ZeRO-3"),
-                           ({"--zero-stage": "0", "--dtype": "bf16"}, "bf16 without ZeRO"),
+                           ({"--zero-stage": "0", "--dtype": "bf16", "--ds-version": "0.17.5"},
+                            "bf16 without ZeRO for DeepSpeed 0.17.5"),
                            ({"--zero-stage": "0", "--dtype": "fp16"}, "fp16 without ZeRO"),
-                           ({"--dtype": "bf16", "--grad-accum-dtype": "fp32"}, "BF16 optimizer"),
                            ({"--tp": "2", "--dp": "2"}, "tp=2 pp=1"),
                            ({"--model": "pipe"}, "model 'pipe'")):
         flags = list(base)

@@ -355,19 +355,28 @@ void WeightsOf(const SourceIndex& L, int fi, const Value& root, std::vector<Weig
     if (!buffers.count(item.key->AsStr())) out.push_back({item.key->AsStr(), fi, item.value->AsTensor()});
 }
 
-// A Mixture-of-Experts checkpoint without ZeRO (DeepSpeed's fp32 training with the model's own
-// torch optimizer): expert-parallel rank R's expp_rank_R file holds {'optimizer': state_dict()}
-// (TorchState), its non-expert groups the module's parameters (every rank the same: taken from rank
-// 0), its expert groups the experts of rank R, MoE layer by MoE layer, local expert by local expert.
-// The fp32 values are the weights, in the module and expert files.
+// The torch state of a model-states or expp_rank file's 'optimizer': the state_dict itself (the
+// model's own torch optimizer: fp32 training), or DeepSpeed 0.18+'s DDP bf16 wrapper around it,
+// {optimizer_state_dict, fp32_groups: the masters per group and position, the loss scale}.
+struct TorchOptimizer {
+  const Value* state_dict = nullptr;
+  const Value* fp32_groups = nullptr;  // null: the fp32 values are the weights themselves
+};
+TorchOptimizer TorchOptimizerOf(const Value& optimizer) {
+  if (optimizer.kind == Value::Kind::None) throw Error("'optimizer' is None: the file holds no optimizer state");
+  if (auto osd = optimizer.Get("optimizer_state_dict"))
+    if (auto fp32 = optimizer.Get("fp32_groups")) return {osd.get(), fp32.get()};
+  return {&optimizer, nullptr};
+}
+
+// A Mixture-of-Experts checkpoint without ZeRO (the model's own torch optimizer, or in bf16 the DDP
+// wrapper around it: TorchOptimizerOf): expert-parallel rank R's expp_rank_R file holds its state
+// under 'optimizer' (TorchState), its non-expert groups the module's parameters (every rank the
+// same: taken from rank 0), its expert groups the experts of rank R, MoE layer by MoE layer, local
+// expert by local expert. The fp32 values are the wrapper's masters, or in fp32 the weights, in the
+// module and expert files.
 void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<std::string, size_t>& index,
                          const std::function<std::shared_ptr<pt::TorchFile>(const ShardFile&)>& parse) {
-  if (L.dtype != "fp32") {
-    L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint without ZeRO trained in " + L.dtype +
-                       " (DeepSpeed's " + (L.dtype == "bf16" ? "BF16" : "FP16") +
-                       " optimizer around the experts) is not supported yet; fp32 is");
-    return;
-  }
   if (L.tp != 1 || L.pp != 1) {
     L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint without ZeRO at tp=" + std::to_string(L.tp) +
                        " pp=" + std::to_string(L.pp) + " is not supported yet (tp=1, pp=1 is)");
@@ -392,7 +401,8 @@ void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<st
         int64_t total = 0;
         for (const auto& [key, fi] : expert_file)
           if (auto ef = parse(L.files[fi])) total += static_cast<int64_t>(ef->root->AsDict().size());
-        const auto local = static_cast<int64_t>(TorchState(L, expp.at(0), file->root->At("optimizer"), nullptr, index, parse).ExpertPositions());
+        const TorchOptimizer opt = TorchOptimizerOf(file->root->At("optimizer"));
+        const auto local = static_cast<int64_t>(TorchState(L, expp.at(0), *opt.state_dict, opt.fp32_groups, index, parse).ExpertPositions());
         if (local > 0 && total % local == 0) L.ep = static_cast<int>(total / local);
       } catch (const std::exception&) {
         // (read again below, where its errors are reported)
@@ -419,9 +429,11 @@ void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<st
           if (auto ef = parse(L.files[it->second])) WeightsOf(L, it->second, *ef->root, experts);
         }
       }
-      const Value& osd = file->root->At("optimizer");
-      if (osd.kind == Value::Kind::None) throw Error("'optimizer' is None: the file holds no optimizer state");
-      TorchState torch_state(L, fi, osd, nullptr, index, parse);
+      const TorchOptimizer opt = TorchOptimizerOf(file->root->At("optimizer"));
+      if (!opt.fp32_groups && L.dtype != "fp32")
+        throw Error("trained in " + L.dtype + ", its optimizer state has no fp32_groups (the masters of DeepSpeed's "
+                    "bf16 wrapper): this " + (L.dtype == "bf16" ? "BF16" : "FP16") + " optimizer is not supported yet");
+      TorchState torch_state(L, fi, *opt.state_dict, opt.fp32_groups, index, parse);
       torch_state.Match(module, false, r == 0);  // the non-expert state: rank 0's
       torch_state.Match(experts, true, true);
       torch_state.Finish();
@@ -448,8 +460,9 @@ void IndexDdpWrapper(SourceIndex& L, std::map<std::string, size_t>& index,
       std::vector<Weight> module;
       WeightsOf(L, static_cast<int>(fi), *file->root, module);
       for (const auto& w : module) RecordShape(L, index, w.name, -1, f, w.tensor.shape, "in another file");
-      const Value& opt = file->root->At("optimizer");
-      TorchState torch_state(L, static_cast<int>(fi), opt.At("optimizer_state_dict"), &opt.At("fp32_groups"), index, parse);
+      const TorchOptimizer opt = TorchOptimizerOf(file->root->At("optimizer"));
+      if (!opt.fp32_groups) throw Error("'optimizer' holds no optimizer_state_dict and fp32_groups");
+      TorchState torch_state(L, static_cast<int>(fi), *opt.state_dict, opt.fp32_groups, index, parse);
       torch_state.Match(module, false, true);
       torch_state.Finish();
     } catch (const std::exception& e) {

@@ -168,9 +168,16 @@ class UnitWriter {
       at += size(up);
     }
     if (TorchOptimizer()) {
-      // No fp32 copy beside the model's weights: they are the master weights.
-      for (size_t k = 0; k < U_.params.size(); ++k)
-        slices_.Read(k, 0, 0, U_.params[k].local_numel, reinterpret_cast<float*>(lp_[k].get()));
+      if (T_.dtype == "fp32") {  // no fp32 copy beside the model's weights: they are the master weights
+        for (size_t k = 0; k < U_.params.size(); ++k)
+          slices_.Read(k, 0, 0, U_.params[k].local_numel, reinterpret_cast<float*>(lp_[k].get()));
+      } else {  // bf16: the weights are the masters' copies (Fill), the masters go in fp32_groups
+        std::vector<float> fp32;
+        for (size_t k = 0; k < U_.params.size(); ++k) {
+          fp32.resize(static_cast<size_t>(std::max<int64_t>(1, U_.params[k].local_numel)));
+          Fill(k, 0, 0, U_.params[k].local_numel, fp32.data());
+        }
+      }
       WriteTorchOptimizerFiles();
     } else {
       for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);  // fills lp_ from the fp32 weights
@@ -279,8 +286,9 @@ class UnitWriter {
     return out;
   }
 
-  // A Mixture-of-Experts job without ZeRO (fp32, Validate): the model's own torch optimizer, its
-  // state per position in one expp_rank file per expert-parallel rank.
+  // A Mixture-of-Experts job without ZeRO (fp32 or bf16, Validate): the model's own torch optimizer
+  // (in bf16 inside DeepSpeed's DDP bf16 wrapper), its state per position in one expp_rank file per
+  // expert-parallel rank.
   bool TorchOptimizer() const { return S_.moe && T_.zero_stage == 0; }
 
   // Mixture of Experts: the expert-parallel degree, and whether optimizer group g holds experts.
@@ -365,15 +373,24 @@ class UnitWriter {
   // Without ZeRO, expert-parallel rank r's expp_rank file holds {'optimizer': state_dict()} of the
   // model's torch optimizer: Adam's step and moments per position, the positions numbered group by
   // group in each group's order (GroupMembers: an expert group holds rank r's experts), each
-  // parameter's moments in its own shape. Rank 0's state goes in the model-states file too.
+  // parameter's moments in its own shape. In bf16, DeepSpeed 0.18+'s DDP bf16 wrapper (its unfused
+  // FP16 optimizer class) holds that state_dict, with the fp32 masters per group and position and
+  // its static loss scale. Rank 0's state goes in the model-states file too.
   void WriteTorchOptimizerFiles() {
     for (int r = 0; r < Ep(); ++r) {
       auto state = Value::Make(Value::Kind::Dict);
       std::vector<std::vector<int64_t>> positions(U_.groups.size());
+      auto masters = Value::Make(Value::Kind::List);  // fp32_groups
       int64_t pos = 0;
-      for (size_t g = 0; g < U_.groups.size(); ++g)
+      for (size_t g = 0; g < U_.groups.size(); ++g) {
+        auto group_masters = Value::Make(Value::Kind::List);
         for (int k : GroupMembers(g, r)) {
           const auto& shape = U_.params[k].copy.shape;
+          group_masters->items.push_back(
+              pt::ProducedTensor(pt::DType::F32, shape, [this, k](uint64_t off, uint64_t size, uint8_t* dst) {
+                Fill(static_cast<size_t>(k), 0, static_cast<int64_t>(off / 4), static_cast<int64_t>((off + size) / 4),
+                     reinterpret_cast<float*>(dst));
+              }));
           auto st = Value::Make(Value::Kind::Dict);
           SetItem(*st, "step", OwnStep(GroupStep(static_cast<int>(g))));
           for (int s : {1, 2})
@@ -385,9 +402,20 @@ class UnitWriter {
           state->dict.Set(Value::Int(pos), st);
           positions[g].push_back(pos++);
         }
+        masters->items.push_back(group_masters);
+      }
       auto osd = Value::Make(Value::Kind::Dict);
       SetItem(*osd, "state", state);
       SetItem(*osd, "param_groups", ParamGroups(positions));
+      if (T_.dtype == "bf16") {
+        auto wrapper = Value::Make(Value::Kind::Dict);
+        SetItem(*wrapper, "dynamic_loss_scale", Value::Bool(false));
+        SetItem(*wrapper, "cur_scale", Float(1.0));
+        SetItem(*wrapper, "cur_iter", Value::Int(S_.manifest["source"]["iteration"].get<int64_t>()));
+        SetItem(*wrapper, "optimizer_state_dict", osd);
+        SetItem(*wrapper, "fp32_groups", masters);
+        osd = wrapper;
+      }
       auto root = Value::Make(Value::Kind::Dict);
       SetItem(*root, "optimizer", osd);
       WriteShardFile(ExpertOptimFileName(r, Mp()), *root);
