@@ -263,15 +263,6 @@ void Validate(const Source& S, const TargetLayout& T) {
   if (T.model == "pipe" && T.zero_stage == 3) no("model 'pipe' with ZeRO-3: DeepSpeed refuses a PipelineModule under ZeRO-3");
   if (T.pp > S.layers)
     no("pp=" + std::to_string(T.pp) + " exceeds the " + std::to_string(S.layers) + " transformer layers");
-  // DeepSpeed 0.17.6 (PR 7515) runs bf16 without ZeRO in a model that is not a pipeline with its DDP
-  // bf16 wrapper, whose state goes inside the model-states files; before, with the BF16 optimizer.
-  if (!S.moe && T.zero_stage == 0 && T.dtype == "bf16" && NamingOf(T) == Naming::Plain &&
-      !ReleaseBefore(TargetRelease(S, T), 0, 17, 6))
-    no("bf16 without ZeRO in a model that is not a pipeline: DeepSpeed " +
-       (TargetRelease(S, T).empty() ? std::string("0.17.6 and later") : TargetRelease(S, T)) +
-       " runs it with its DDP bf16 wrapper (the optimizer state inside the model-states files), which ucp-reshard "
-       "does not write; use ZeRO-1 (--grad-accum-dtype fp32: the BF16 optimizer), --model pipe, or --ds-version "
-       "of an older release");
   if (!S.moe) {
     if (T.ep > 1) no("ep=" + std::to_string(T.ep) + ": the checkpoint has no Mixture-of-Experts layer");
     return;
@@ -287,7 +278,7 @@ void Validate(const Source& S, const TargetLayout& T) {
   if (T.zero_stage == 0 && T.dtype == "fp16")
     no(moe + "fp16 without ZeRO: DeepSpeed's FP16 optimizer around the experts is not written yet; use ZeRO-1 or "
        "ZeRO-2, or bf16 / fp32");
-  if (T.zero_stage == 0 && T.dtype == "bf16" && ReleaseBefore(TargetRelease(S, T), 0, 17, 6))
+  if (T.zero_stage == 0 && T.dtype == "bf16" && !DdpBf16Wrapper(S, T))
     no(moe + "bf16 without ZeRO for DeepSpeed " + TargetRelease(S, T) + ": before 0.17.6 DeepSpeed runs it with its "
        "BF16 optimizer, which ucp-reshard does not write for MoE; use ZeRO-1 or ZeRO-2, fp32, or --ds-version of a "
        "later release");
@@ -363,6 +354,11 @@ std::string TargetRelease(const Source& S, const TargetLayout& T) {
 }
 
 Naming NamingOf(const TargetLayout& T) { return T.model == "plain" ? Naming::Plain : Naming::Pipe; }
+
+bool DdpBf16Wrapper(const Source& S, const TargetLayout& T) {
+  return T.zero_stage == 0 && T.dtype == "bf16" && NamingOf(T) == Naming::Plain &&
+         !ReleaseBefore(TargetRelease(S, T), 0, 17, 6);
+}
 
 TargetLayout ResolveModel(const Source& S, TargetLayout T) {
   T.model = ResolvedModel(T, NamingName(S.naming));

@@ -138,6 +138,12 @@ TargetLayout ResolveModel(const Source& S, TargetLayout T);
 std::string SourceRelease(const Source& S, const TargetLayout& T);
 std::string TargetRelease(const Source& S, const TargetLayout& T);
 
+// Whether the target job runs bf16 without ZeRO, in a model that is not a pipeline, with DeepSpeed's
+// DDP bf16 wrapper (0.17.6 and later, PR 7515; before, the BF16 optimizer): the model's torch
+// optimizer inside it, its state with the fp32 masters in the model-states files (under Mixture of
+// Experts, in the expp_rank files too), no optimizer file.
+bool DdpBf16Wrapper(const Source& S, const TargetLayout& T);
+
 // Mixture of Experts: the expert-parallel rank that holds expert parameter `a` in a job of `ep`
 // expert-parallel ranks (experts split in ep equal runs of global ids), and its id there.
 int EpRankOf(const Source& S, const Atom& a, int ep);

@@ -1,10 +1,11 @@
 """A real DeepSpeed checkpoint through ucp-inspect and ucp-convert (1 and 2 ranks, both stores),
 every output compared with DeepSpeed's own universal checkpoint (real_universal.py).
 
-    real_convert.py UCP_INSPECT UCP_CONVERT CASE_DIR WORK MPIEXEC
+    real_convert.py UCP_INSPECT UCP_CONVERT CASE_DIR WORK MPIEXEC UCP_RESHARD
 
 Leaves WORK/pt-np2/universal, the atomic checkpoint later steps (real_reshard.py) start from.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ def run(cmd, what):
     return r
 
 
-def without_universal(inspect, convert, src, work, mpiexec):
+def without_universal(inspect, convert, src, work, mpiexec, reshard, train_args, nproc):
     """A case DeepSpeed's ds_to_universal.py could not convert (its variant has no universal output
     to compare with): ucp either refuses it by name, saying the variant is not supported (exit 1 or
     2, nothing written), or converts it the same on 1 and 2 ranks, to what DeepSpeed's files hold
@@ -59,7 +60,58 @@ def without_universal(inspect, convert, src, work, mpiexec):
         assert a == b, f"{f}: 1 and 2 ranks wrote different bytes"
     print(f"no universal checkpoint from DeepSpeed; ucp-convert on 1 and 2 ranks wrote the same {len(files(outs[0]))} files")
     check_against_files(outs[0], src)
+    same_layout_as_deepspeed(reshard, outs[0], src, work, train_args, nproc)
     print("ok")
+
+
+def same_layout_as_deepspeed(reshard, atomic, src, work, train_args, nproc):
+    """A source whose optimizer state DeepSpeed keeps in its model-states files (DeepSpeed 0.17.6+'s
+    DDP bf16 wrapper: bf16 without ZeRO in a model that is not a pipeline) resharded by ucp-reshard to
+    its own layout: every file DeepSpeed wrote, and no other, equal (keys, order, values, tensor
+    bytes), but for the vocabulary padding rows (zeros here) of the embedding and of its fp32 master,
+    and the RNG states of model-parallel ranks other than 0 (the atomic checkpoint keeps rank 0's)."""
+    import re
+    import torch
+    sys.path.insert(0, HERE)
+    import ds_stubs  # noqa: F401
+    from real_moe_reshard import deep_equal, load
+    tag = open(os.path.join(src, "latest")).read().strip()
+    shard = os.path.join(src, tag)
+    root = load(os.path.join(shard, "mp_rank_00_model_states.pt"))
+    opt = root.get("optimizer")
+    if not (isinstance(opt, dict) and "fp32_groups" in opt and "optimizer_state_dict" in opt):
+        return  # (its optimizer state is in optimizer files: check_against_files read them)
+    flags = {k: int(v) for k, v in re.findall(r"--(tp|pp|zero) (\d+)", train_args)}
+    tp, pp = flags.get("tp", 1), flags.get("pp", 1)
+    out = os.path.join(work, "same-layout")
+    run([reshard, atomic, "-o", out, "-q", "--dp", str(nproc // (tp * pp)), "--tp", str(tp), "--pp", str(pp),
+         "--zero-stage", str(flags.get("zero", 1)), "--dtype", "bf16"], "ucp-reshard to the source's layout")
+    mine = os.path.join(out, open(os.path.join(out, "latest")).read().strip())
+    assert sorted(os.listdir(mine)) == sorted(os.listdir(shard)), f"files {sorted(set(os.listdir(mine)) ^ set(os.listdir(shard)))}"
+    info = root["universal_checkpoint_info"]
+    vocab, hidden = info["original_vocab_size"], None
+    problems = []
+    for f in sorted(os.listdir(shard)):
+        theirs, ours = load(os.path.join(shard, f)), load(os.path.join(mine, f))
+        emb = theirs["module"]["language_model.embedding.word_embeddings.weight"]
+        rows_before = int(re.search(r"mp_rank_(\d+)", f).group(1)) * emb.shape[0]  # this TP rank's first row
+        hidden = emb.shape[1]
+
+        def allowed(path, numel, f=f):
+            # the padding rows: the embedding, and its fp32 master (position 0 of the first group,
+            # the harness's group rule), past the real vocabulary
+            if path.endswith("/module/language_model.embedding.word_embeddings.weight") or \
+                    path.endswith("/optimizer/fp32_groups[0][0]"):
+                mask = torch.zeros(numel, dtype=torch.bool)
+                mask[max(0, (vocab - rows_before)) * hidden:] = True
+                return mask
+            return None
+        if not f.startswith("mp_rank_00_"):
+            theirs.pop("rng_state", None), ours.pop("rng_state", None)
+        deep_equal(theirs, ours, f, allowed, problems)
+    assert not problems, "ucp-reshard's files differ from DeepSpeed's:\n  " + "\n  ".join(problems[:12])
+    print(f"resharded to its own layout (tp={tp} pp={pp} bf16 without ZeRO, DeepSpeed's DDP bf16 wrapper): "
+          f"{len(os.listdir(shard))} files equal DeepSpeed's (vocabulary padding rows aside)")
 
 
 def check_against_files(atomic, src):
@@ -161,11 +213,12 @@ def check_against_files(atomic, src):
 
 
 def main():
-    inspect, convert, case, work, mpiexec = sys.argv[1:6]
+    inspect, convert, case, work, mpiexec, reshard = sys.argv[1:7]
     src = os.path.join(case, "ckpt")
     ds_universal = os.path.join(src, "global_step6_universal")
     if not os.path.isdir(ds_universal):
-        return without_universal(inspect, convert, src, work, mpiexec)
+        spec = json.load(open(os.path.join(case, "case.json")))
+        return without_universal(inspect, convert, src, work, mpiexec, reshard, spec["train_args"], spec["nproc"])
     r = run([inspect, src], "ucp-inspect (default strictness)")
     print(r.stdout.splitlines()[0] if r.stdout else "", "| inspect: exit 0")
     shutil.rmtree(work, ignore_errors=True)

@@ -177,6 +177,9 @@ def deep_equal(a, b, path, allowed, problems):
             problems.append(f"{path}: {len(a)} vs {len(b)} items")
         for k, (x, y) in enumerate(zip(a, b)):
             deep_equal(x, y, f"{path}[{k}]", allowed, problems)
+    elif hasattr(a, "tobytes") and hasattr(a, "dtype"):  # numpy (the RNG states)
+        if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
+            problems.append(f"{path}: numpy {a.dtype}{a.shape} differs")
     elif hasattr(a, "__dict__") and not isinstance(a, type):
         deep_equal(vars(a), vars(b), path + "." + type(a).__name__, allowed, problems)
     elif a != b:

@@ -168,7 +168,7 @@ class UnitWriter {
       at += size(up);
     }
     if (TorchOptimizer()) {
-      if (T_.dtype == "fp32") {  // no fp32 copy beside the model's weights: they are the master weights
+      if (!DdpBf16Wrapper(S_, T_)) {  // no fp32 copy beside the model's weights: they are the master weights
         for (size_t k = 0; k < U_.params.size(); ++k)
           slices_.Read(k, 0, 0, U_.params[k].local_numel, reinterpret_cast<float*>(lp_[k].get()));
       } else {  // bf16: the weights are the masters' copies (Fill), the masters go in fp32_groups
@@ -286,10 +286,10 @@ class UnitWriter {
     return out;
   }
 
-  // A Mixture-of-Experts job without ZeRO (fp32 or bf16, Validate): the model's own torch optimizer
-  // (in bf16 inside DeepSpeed's DDP bf16 wrapper), its state per position in one expp_rank file per
-  // expert-parallel rank.
-  bool TorchOptimizer() const { return S_.moe && T_.zero_stage == 0; }
+  // A job without ZeRO that runs the model's own torch optimizer: Mixture of Experts in fp32, its
+  // state per position in one expp_rank file per expert-parallel rank; bf16 inside DeepSpeed's DDP
+  // bf16 wrapper (DdpBf16Wrapper), in the model-states files (and expp_rank files).
+  bool TorchOptimizer() const { return T_.zero_stage == 0 && (S_.moe || DdpBf16Wrapper(S_, T_)); }
 
   // Mixture of Experts: the expert-parallel degree, and whether optimizer group g holds experts.
   int Ep() const { return std::max(1, T_.ep); }
@@ -373,9 +373,9 @@ class UnitWriter {
   // Without ZeRO, expert-parallel rank r's expp_rank file holds {'optimizer': state_dict()} of the
   // model's torch optimizer: Adam's step and moments per position, the positions numbered group by
   // group in each group's order (GroupMembers: an expert group holds rank r's experts), each
-  // parameter's moments in its own shape. In bf16, DeepSpeed 0.18+'s DDP bf16 wrapper (its unfused
-  // FP16 optimizer class) holds that state_dict, with the fp32 masters per group and position and
-  // its static loss scale. Rank 0's state goes in the model-states file too.
+  // parameter's moments in its own shape. In bf16, DeepSpeed's DDP bf16 wrapper (its unfused FP16
+  // optimizer class) holds that state_dict, with the fp32 masters per group and position and its
+  // static loss scale. Rank 0's state goes in the model-states file too (without experts, only there).
   void WriteTorchOptimizerFiles() {
     for (int r = 0; r < Ep(); ++r) {
       auto state = Value::Make(Value::Kind::Dict);
@@ -407,7 +407,7 @@ class UnitWriter {
       auto osd = Value::Make(Value::Kind::Dict);
       SetItem(*osd, "state", state);
       SetItem(*osd, "param_groups", ParamGroups(positions));
-      if (T_.dtype == "bf16") {
+      if (DdpBf16Wrapper(S_, T_)) {
         auto wrapper = Value::Make(Value::Kind::Dict);
         SetItem(*wrapper, "dynamic_loss_scale", Value::Bool(false));
         SetItem(*wrapper, "cur_scale", Float(1.0));
@@ -418,7 +418,7 @@ class UnitWriter {
       }
       auto root = Value::Make(Value::Kind::Dict);
       SetItem(*root, "optimizer", osd);
-      WriteShardFile(ExpertOptimFileName(r, Mp()), *root);
+      if (S_.moe) WriteShardFile(ExpertOptimFileName(r, Mp()), *root);
       if (r == 0) rank0_optimizer_ = osd;
     }
   }
@@ -686,7 +686,8 @@ class UnitWriter {
     // A Mixture-of-Experts save (engine._save_moe_checkpoint) records no param_shapes or ds_config
     // before DeepSpeed 0.19.3. Without ZeRO DeepSpeed records no param_shapes or shared_params, and
     // the optimizer's state_dict instead; under ZeRO the optimizer state is in the ZeRO files.
-    if (S_.moe) PutIfPresent(*root, "param_shapes", TorchOptimizer() ? Value::None() : shapes);
+    if (TorchOptimizer()) shapes = Value::None();
+    if (S_.moe) PutIfPresent(*root, "param_shapes", shapes);
     else SetItem(*root, "param_shapes", shapes);
     PutIfPresent(*root, "optimizer", rank0_optimizer_ ? rank0_optimizer_ : Value::None());
     // shared_params likewise: None without ZeRO; under ZeRO the source's, or, from a source saved
