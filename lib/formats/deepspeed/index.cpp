@@ -356,7 +356,7 @@ void WeightsOf(const SourceIndex& L, int fi, const Value& root, std::vector<Weig
 }
 
 // The torch state of a model-states or expp_rank file's 'optimizer': the state_dict itself (the
-// model's own torch optimizer: fp32 training), or DeepSpeed 0.18+'s DDP bf16 wrapper around it,
+// model's own torch optimizer: fp32 training), or DeepSpeed 0.17.6+'s DDP bf16 wrapper around it,
 // {optimizer_state_dict, fp32_groups: the masters per group and position, the loss scale}.
 struct TorchOptimizer {
   const Value* state_dict = nullptr;

@@ -377,6 +377,7 @@ class UnitWriter {
   // optimizer class) holds that state_dict, with the fp32 masters per group and position and its
   // static loss scale. Rank 0's state goes in the model-states file too (without experts, only there).
   void WriteTorchOptimizerFiles() {
+    const bool wrapper = DdpBf16Wrapper(S_, T_);
     for (int r = 0; r < Ep(); ++r) {
       auto state = Value::Make(Value::Kind::Dict);
       std::vector<std::vector<int64_t>> positions(U_.groups.size());
@@ -386,11 +387,12 @@ class UnitWriter {
         auto group_masters = Value::Make(Value::Kind::List);
         for (int k : GroupMembers(g, r)) {
           const auto& shape = U_.params[k].copy.shape;
-          group_masters->items.push_back(
-              pt::ProducedTensor(pt::DType::F32, shape, [this, k](uint64_t off, uint64_t size, uint8_t* dst) {
-                Fill(static_cast<size_t>(k), 0, static_cast<int64_t>(off / 4), static_cast<int64_t>((off + size) / 4),
-                     reinterpret_cast<float*>(dst));
-              }));
+          if (wrapper)
+            group_masters->items.push_back(
+                pt::ProducedTensor(pt::DType::F32, shape, [this, k](uint64_t off, uint64_t size, uint8_t* dst) {
+                  Fill(static_cast<size_t>(k), 0, static_cast<int64_t>(off / 4), static_cast<int64_t>((off + size) / 4),
+                       reinterpret_cast<float*>(dst));
+                }));
           auto st = Value::Make(Value::Kind::Dict);
           SetItem(*st, "step", OwnStep(GroupStep(static_cast<int>(g))));
           for (int s : {1, 2})
@@ -407,14 +409,14 @@ class UnitWriter {
       auto osd = Value::Make(Value::Kind::Dict);
       SetItem(*osd, "state", state);
       SetItem(*osd, "param_groups", ParamGroups(positions));
-      if (DdpBf16Wrapper(S_, T_)) {
-        auto wrapper = Value::Make(Value::Kind::Dict);
-        SetItem(*wrapper, "dynamic_loss_scale", Value::Bool(false));
-        SetItem(*wrapper, "cur_scale", Float(1.0));
-        SetItem(*wrapper, "cur_iter", Value::Int(S_.manifest["source"]["iteration"].get<int64_t>()));
-        SetItem(*wrapper, "optimizer_state_dict", osd);
-        SetItem(*wrapper, "fp32_groups", masters);
-        osd = wrapper;
+      if (wrapper) {
+        auto outer = Value::Make(Value::Kind::Dict);
+        SetItem(*outer, "dynamic_loss_scale", Value::Bool(false));
+        SetItem(*outer, "cur_scale", Float(1.0));
+        SetItem(*outer, "cur_iter", Value::Int(S_.manifest["source"]["iteration"].get<int64_t>()));
+        SetItem(*outer, "optimizer_state_dict", osd);
+        SetItem(*outer, "fp32_groups", masters);
+        osd = outer;
       }
       auto root = Value::Make(Value::Kind::Dict);
       SetItem(*root, "optimizer", osd);
