@@ -459,6 +459,18 @@ LayoutChoice ChooseFor(const Source& S, const PlannerRequest& request) {
   });
 }
 
+// The optimizer files a unit writes: its DP rank's under ZeRO-3; without ZeRO, where the model's torch
+// optimizer runs, one expp_rank file per expert-parallel rank (Mixture of Experts) or none (the DDP
+// bf16 wrapper's state is in the model-states file); else one per DP rank.
+namespace {
+int OptimizerFilesOf(const Source& S, const TargetLayout& T, const Unit& u) {
+  if (u.dp >= 0) return 1;
+  if (T.zero_stage == 0 && S.moe) return std::max(1, T.ep);
+  if (DdpBf16Wrapper(S, T)) return 0;
+  return T.dp;
+}
+}  // namespace
+
 json PlanJson(const Source& S, const TargetLayout& T, const Plan& P, int ranks) {
   json units = json::array();
   int64_t planned = 0;
@@ -468,7 +480,7 @@ json PlanJson(const Source& S, const TargetLayout& T, const Plan& P, int ranks) 
     json params = json::array();
     for (const auto& up : u.params) params.push_back({{"name", S.atoms[up.atom].name}, {"shape", up.copy.shape}});
     units.push_back({{"pp", u.pp}, {"tp", u.tp}, {"dp", u.dp}, {"rank", P.owner[k]}, {"bytes_read", u.bytes},
-                     {"optimizer_files", u.dp < 0 ? T.dp : 1}, {"params", params}});
+                     {"optimizer_files", OptimizerFilesOf(S, T, u)}, {"params", params}});
   }
   json shared = json::array();
   for (const auto& sp : P.shared) {

@@ -87,6 +87,11 @@ def same_layout_as_deepspeed(reshard, atomic, src, work, train_args, nproc):
     run([reshard, atomic, "-o", out, "-q", "--dp", str(nproc // (tp * pp)), "--tp", str(tp), "--pp", str(pp),
          "--zero-stage", str(flags.get("zero", 1)), "--dtype", "bf16"], "ucp-reshard to the source's layout")
     mine = os.path.join(out, open(os.path.join(out, "latest")).read().strip())
+    plan = json.loads(run([reshard, atomic, "--plan-only", "--json", "--dp", str(nproc // (tp * pp)), "--tp", str(tp),
+                           "--pp", str(pp), "--zero-stage", str(flags.get("zero", 1)), "--dtype", "bf16"],
+                          "ucp-reshard --plan-only").stdout)
+    assert all(u["optimizer_files"] == 0 for u in plan["units"]), \
+        f"--plan-only counts optimizer files {[u['optimizer_files'] for u in plan['units']]} for the DDP wrapper (none)"
     assert sorted(os.listdir(mine)) == sorted(os.listdir(shard)), f"files {sorted(set(os.listdir(mine)) ^ set(os.listdir(shard)))}"
     info = root["universal_checkpoint_info"]
     vocab, hidden = info["original_vocab_size"], None

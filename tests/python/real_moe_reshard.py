@@ -286,6 +286,15 @@ def main():
         out = resharded(atomic, os.path.join(work, f"dp{dp}_ep{ep}_z{zero}_{t}"), dp, ep, zero, dtype=t,
                         grad_accum="bf16" if t == "bf16" else "fp32")
         check_layout(out, src_shard, src_zero, dp, ep, zero, t, src_ep, masters, moments, vocab_rows, num_experts)
+        # --plan-only counts the optimizer files the run writes: ZeRO's per DP rank, else expp_rank's
+        plan = json.loads(run([reshard, atomic, "--plan-only", "--json", "--dp", str(dp), "--tp", "1", "--pp", "1",
+                               "--zero-stage", str(zero), "--dtype", t, "--grad-accum-dtype",
+                               "bf16" if t == "bf16" else "fp32", "--ep", str(ep)], "ucp-reshard --plan-only").stdout)
+        shard = os.path.join(out, open(os.path.join(out, "latest")).read().strip())
+        written = [f for f in os.listdir(shard) if f.endswith("_optim_states.pt") and ("zero_pp_rank_" in f) == (zero > 0)]
+        assert sum(u["optimizer_files"] for u in plan["units"]) == len(written), \
+            f"dp={dp} ep={ep} ZeRO-{zero}: the plan says {[u['optimizer_files'] for u in plan['units']]} optimizer files, " \
+            f"the run wrote {len(written)}"
     print(f"{len(layouts)} layouts (ep 1/2/4 x dp x ZeRO-0/1/2, {' and '.join(sorted({'fp32', dtype}))}): files, "
           f"weights, partitions and moments as DeepSpeed partitions them")
 
