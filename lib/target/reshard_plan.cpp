@@ -270,7 +270,7 @@ void Validate(const Source& S, const TargetLayout& T) {
   const std::string moe = "Mixture of Experts with ";
   if (T.tp > 1 || T.pp > 1)
     no(moe + "tp=" + std::to_string(T.tp) + " pp=" + std::to_string(T.pp) + ": ucp-reshard writes MoE layouts with tp=1 "
-       "and pp=1 (no real DeepSpeed MoE checkpoint with TP or PP has been checked yet)");
+       "and pp=1 (with TP, DeepSpeed's expert-parallel groups span the TP ranks: not written yet)");
   if (T.zero_stage == 3)
     no(moe + "ZeRO-3: ucp-reshard writes MoE layouts under ZeRO-0, 1 and 2 (ZeRO-3 partitions experts differently)");
   // Without ZeRO: the model's own torch optimizer, its state per position in expp_rank files; in

@@ -39,9 +39,9 @@ def without_universal(inspect, convert, src, work, mpiexec, reshard, train_args,
         if c.returncode not in (1, 2) or os.path.exists(out):
             print(f"FAIL ucp-convert of a variant ucp-inspect refuses: exit {c.returncode}, output left: {os.path.exists(out)}")
             sys.exit(1)
-        print("refused by name, as DeepSpeed's ds_to_universal.py refuses it:",
+        print("refused by name (a variant ucp does not read):",
               next(m for m in msg if "not supported yet" in m)[-300:])
-        print("ok (no universal checkpoint from DeepSpeed; a variant ucp does not read)")
+        print("ok (no universal checkpoint from DeepSpeed here; a variant ucp does not read)")
         return
     shutil.rmtree(work, ignore_errors=True)
     outs = []
