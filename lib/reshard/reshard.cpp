@@ -40,16 +40,6 @@ constexpr const char* kTool = "ucp-reshard";
 // Megatron's record of the iteration `latest` names, written before it.
 constexpr const char* kIterationFile = "latest_checkpointed_iteration.txt";
 
-// The target as the header line says it: without ZeRO in bf16, DeepSpeed's DDP bf16 wrapper where
-// the target's release runs it rather than the BF16 optimizer.
-std::string Described(const Source& S, const TargetLayout& T) {
-  std::string d = T.Describe();
-  const std::string bf16_optimizer = " (BF16 optimizer)";
-  if (const auto at = d.find(bf16_optimizer); at != std::string::npos && DdpBf16Wrapper(S, T))
-    d.replace(at, bf16_optimizer.size(), " (DeepSpeed's DDP bf16 wrapper)");
-  return d;
-}
-
 // --- reading --------------------------------------------------------------------------------
 
 // Local elements [a, b) of a TP piece, state s, into dst: a hyperslab read of the atomic tensor per
@@ -292,7 +282,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   if (talk && o.planner.gpus > 0) err << kTool << ": layout for " << o.planner.gpus << " GPUs: " << choice.reason << "\n";
   if (talk)
     err << kTool << ": " << o.atomic_dir << " (" << S.atoms.size() << " parameters, from dp=" << S.manifest["source"]["dp"]
-        << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"] << ") to " << Described(S, T)
+        << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"] << ") to " << T.Describe(DdpBf16Wrapper(S, T))
         << "; " << P.units.size() << (T.zero_stage == 3 ? " (model-parallel, DP) ranks' files" : " model-parallel ranks")
         << " on " << comm.name() << "\n";
   if (talk && P.padded_vocab > 0 && T.vocab_divisible_by <= 0 && S.divisible_by <= 0 && T.tp != S.tp)

@@ -360,6 +360,10 @@ bool DdpBf16Wrapper(const Source& S, const TargetLayout& T) {
          !ReleaseBefore(TargetRelease(S, T), 0, 17, 6);
 }
 
+bool TorchOptimizerTarget(const Source& S, const TargetLayout& T) {
+  return T.zero_stage == 0 && (S.moe || DdpBf16Wrapper(S, T));
+}
+
 TargetLayout ResolveModel(const Source& S, TargetLayout T) {
   T.model = ResolvedModel(T, NamingName(S.naming));
   if (T.ep == 0 && S.moe) T.ep = S.ep;  // (without experts it stays unsaid: 1)
@@ -465,8 +469,7 @@ LayoutChoice ChooseFor(const Source& S, const PlannerRequest& request) {
 namespace {
 int OptimizerFilesOf(const Source& S, const TargetLayout& T, const Unit& u) {
   if (u.dp >= 0) return 1;
-  if (T.zero_stage == 0 && S.moe) return std::max(1, T.ep);
-  if (DdpBf16Wrapper(S, T)) return 0;
+  if (TorchOptimizerTarget(S, T)) return S.moe ? std::max(1, T.ep) : 0;
   return T.dp;
 }
 }  // namespace

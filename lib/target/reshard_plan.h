@@ -143,6 +143,9 @@ std::string TargetRelease(const Source& S, const TargetLayout& T);
 // optimizer inside it, its state with the fp32 masters in the model-states files (under Mixture of
 // Experts, in the expp_rank files too), no optimizer file.
 bool DdpBf16Wrapper(const Source& S, const TargetLayout& T);
+// Whether the target job runs the model's own torch optimizer without ZeRO, its state per position:
+// Mixture of Experts (in expp_rank files), or the DDP bf16 wrapper around it.
+bool TorchOptimizerTarget(const Source& S, const TargetLayout& T);
 
 // Mixture of Experts: the expert-parallel rank that holds expert parameter `a` in a job of `ep`
 // expert-parallel ranks (experts split in ep equal runs of global ids), and its id there.

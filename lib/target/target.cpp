@@ -17,8 +17,9 @@ std::string TargetLayout::Degrees() const {
          std::to_string(zero_stage) + (ep > 1 ? " ep=" + std::to_string(ep) : "");
 }
 
-std::string TargetLayout::Describe() const {
-  return Degrees() + " " + dtype + (bf16_optimizer() ? " (BF16 optimizer)" : "") +
+std::string TargetLayout::Describe(bool ddp_bf16_wrapper) const {
+  const char* optimizer = !bf16_optimizer() ? "" : ddp_bf16_wrapper ? " (DeepSpeed's DDP bf16 wrapper)" : " (BF16 optimizer)";
+  return Degrees() + " " + dtype + optimizer +
          (model.empty() ? "" : model == "plain" ? ", not a pipeline module" : ", pipeline module");
 }
 

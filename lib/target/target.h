@@ -35,7 +35,9 @@ struct TargetLayout {
     return dtype == "bf16" && (zero_stage == 0 || (zero_stage == 1 && grad_accum_dtype == "fp32"));
   }
   std::string Degrees() const;   // "dp=4 tp=2 pp=2 ZeRO-1", and " ep=2" with expert parallelism
-  std::string Describe() const;  // "dp=4 tp=2 pp=2 ZeRO-1 bf16"
+  // "dp=4 tp=2 pp=2 ZeRO-1 bf16"; bf16 without ZeRO names DeepSpeed's DDP bf16 wrapper where the
+  // target's release runs it (`ddp_bf16_wrapper`, reshard_plan.h's DdpBf16Wrapper), else the BF16 optimizer.
+  std::string Describe(bool ddp_bf16_wrapper = false) const;
   nlohmann::json ToJson() const;  // as schemas/layout.schema.json
 };
 

@@ -438,7 +438,7 @@ void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<st
   }
 }
 
-// DeepSpeed 0.18+ training bf16 without ZeRO in a model that is not a pipeline wraps the model's
+// DeepSpeed 0.17.6+ training bf16 without ZeRO in a model that is not a pipeline wraps the model's
 // torch optimizer (its DDP bf16 wrapper) and saves its state in each model-states file under
 // 'optimizer': {optimizer_state_dict: the torch state (TorchState), fp32_groups: the masters per
 // group and position, the loss scale}; no optimizer file. Every DP rank holds the same state: the
@@ -787,14 +787,13 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     }
   });
   if (!L.errors.empty()) return L;
-  // DeepSpeed 0.18+'s DDP bf16 wrapper (IndexDdpWrapper): no param_shapes, no optimizer file, the
+  // DeepSpeed 0.17.6+'s DDP bf16 wrapper (IndexDdpWrapper): no param_shapes, no optimizer file, the
   // optimizer state inside every model-states file.
   bool ddp_wrapper = false;
   if (auto ps = root.Get("param_shapes"); !moe && (!ps || ps->kind == Value::Kind::None) &&
                                           count(FileKind::ZeroOptimizer) == 0 && !zero3_files)
-    if (auto opt = root.Get("optimizer"); opt && opt->kind == Value::Kind::Dict && opt->Get("optimizer_state_dict") &&
-                                          opt->Get("fp32_groups"))
-      ddp_wrapper = true;
+    if (auto opt = root.Get("optimizer"); opt && opt->kind == Value::Kind::Dict)
+      ddp_wrapper = TorchOptimizerOf(*opt).fp32_groups != nullptr;
 
   // 3. Degrees: from metadata (Megatron args, else DeepSpeed's world sizes and the layer files).
   std::set<int> layer_tps;
@@ -918,11 +917,11 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
                       "read from the " + std::string(L.naming == "pipe" ? "layer files" : "module") +
                       ", its place in its group from the optimizer files' param_slice_mappings");
   }
-  // DeepSpeed 0.18+'s DDP bf16 wrapper: the optimizer state inside every model-states file.
+  // DeepSpeed 0.17.6+'s DDP bf16 wrapper: the optimizer state inside every model-states file.
   if (ddp_wrapper) {
     L.optimizer = "torch";
     IndexDdpWrapper(L, index, parse);
-    L.notes.push_back("no ZeRO: the optimizer state inside the model-states files (DeepSpeed 0.18+'s DDP bf16 "
+    L.notes.push_back("no ZeRO: the optimizer state inside the model-states files (DeepSpeed 0.17.6+'s DDP bf16 "
                       "wrapper), each position named by shape against the module's order");
   }
   // DeepSpeed variants that record no param_shapes, said by name rather than as every parameter
@@ -932,7 +931,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     auto opt = root.Get("optimizer");
     if (count(FileKind::ZeroOptimizer) == 0 && opt && opt->kind != Value::Kind::None)
       L.errors.push_back(first->archive->path() + ": the optimizer state is inside the model-states file and no "
-                         "*_optim_states.pt exists, in a form ucp does not know (DeepSpeed 0.18+'s DDP bf16 wrapper "
+                         "*_optim_states.pt exists, in a form ucp does not know (DeepSpeed 0.17.6+'s DDP bf16 wrapper "
                          "keeps optimizer_state_dict and fp32_groups there; fp32/fp16 without ZeRO saves the bare "
                          "torch or FP16 optimizer state): this variant is not supported yet");
     else

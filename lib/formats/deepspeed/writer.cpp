@@ -171,11 +171,11 @@ class UnitWriter {
       if (!DdpBf16Wrapper(S_, T_)) {  // no fp32 copy beside the model's weights: they are the master weights
         for (size_t k = 0; k < U_.params.size(); ++k)
           slices_.Read(k, 0, 0, U_.params[k].local_numel, reinterpret_cast<float*>(lp_[k].get()));
-      } else {  // bf16: the weights are the masters' copies (Fill), the masters go in fp32_groups
-        std::vector<float> fp32;
+      } else {  // bf16: the masters, read once, go in fp32_groups; Fill makes the weights their copies
         for (size_t k = 0; k < U_.params.size(); ++k) {
-          fp32.resize(static_cast<size_t>(std::max<int64_t>(1, U_.params[k].local_numel)));
-          Fill(k, 0, 0, U_.params[k].local_numel, fp32.data());
+          const int64_t n = U_.params[k].local_numel;
+          masters_.emplace_back(new uint8_t[static_cast<size_t>(std::max<int64_t>(1, n)) * 4]);
+          Fill(k, 0, 0, n, reinterpret_cast<float*>(masters_.back().get()));
         }
       }
       WriteTorchOptimizerFiles();
@@ -289,7 +289,7 @@ class UnitWriter {
   // A job without ZeRO that runs the model's own torch optimizer: Mixture of Experts in fp32, its
   // state per position in one expp_rank file per expert-parallel rank; bf16 inside DeepSpeed's DDP
   // bf16 wrapper (DdpBf16Wrapper), in the model-states files (and expp_rank files).
-  bool TorchOptimizer() const { return T_.zero_stage == 0 && (S_.moe || DdpBf16Wrapper(S_, T_)); }
+  bool TorchOptimizer() const { return TorchOptimizerTarget(S_, T_); }
 
   // Mixture of Experts: the expert-parallel degree, and whether optimizer group g holds experts.
   int Ep() const { return std::max(1, T_.ep); }
@@ -387,12 +387,7 @@ class UnitWriter {
         auto group_masters = Value::Make(Value::Kind::List);
         for (int k : GroupMembers(g, r)) {
           const auto& shape = U_.params[k].copy.shape;
-          if (wrapper)
-            group_masters->items.push_back(
-                pt::ProducedTensor(pt::DType::F32, shape, [this, k](uint64_t off, uint64_t size, uint8_t* dst) {
-                  Fill(static_cast<size_t>(k), 0, static_cast<int64_t>(off / 4), static_cast<int64_t>((off + size) / 4),
-                       reinterpret_cast<float*>(dst));
-                }));
+          if (wrapper) group_masters->items.push_back(pt::OwnedTensor(masters_[k], masters_[k].get(), pt::DType::F32, shape));
           auto st = Value::Make(Value::Kind::Dict);
           SetItem(*st, "step", OwnStep(GroupStep(static_cast<int>(g))));
           for (int s : {1, 2})
@@ -764,7 +759,8 @@ class UnitWriter {
   ScratchBytes& arena_;
   std::vector<std::shared_ptr<uint8_t[]>> lp_;
   std::map<int, ValuePtr> steps_;
-  ValuePtr rank0_optimizer_;  // without ZeRO: expp_rank 0's optimizer state, for the model-states file
+  ValuePtr rank0_optimizer_;
+  std::vector<std::shared_ptr<uint8_t[]>> masters_;  // the DDP bf16 wrapper's fp32 masters, per unit parameter  // without ZeRO: expp_rank 0's optimizer state, for the model-states file
   UnitFiles written_;
   const double expert_moment_ratio_;  // target's expert gradient scale / the source's (ExpertGradientScale)
 };
