@@ -114,7 +114,8 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
       if (rec.expert >= 0) {
         e["expert"] = {{"id", rec.expert}, {"ep_rank", rec.ep_rank}};
         e["reason"] = "expert " + std::to_string(rec.expert) + ", whole on expert-parallel rank " +
-                      std::to_string(rec.ep_rank) + " of " + std::to_string(L.ep) + "; under TP>1: " + Reason(p);
+                      std::to_string(rec.ep_rank) + " of " + std::to_string(L.ep) + ", at every TP degree (DeepSpeed "
+                      "splits no expert over TP without expert tensor parallelism); with it: " + Reason(p);
       }
       params.push_back(e);
     }

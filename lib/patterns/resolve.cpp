@@ -151,7 +151,7 @@ ModelPatterns ResolvePatterns(const source::SourceIndex& L, const ResolveOptions
     } else if (!r.vocab) {
       M.problems.push_back("parameter '" + p.name + "' matches no rule: its TP split is unknown (taken as Shard-V)");
     }
-    int tp = L.tp;
+    const int tp = p.expert >= 0 ? 1 : L.tp;  // an expert is not split over TP (ParamRecord)
     if (tp > 1) r.here = r.model_pattern;
     else r.here = (r.pp_replicated && p.stages.size() > 1) ? Pattern::Replicate : Pattern::Unique;
 

@@ -132,7 +132,7 @@ ParamPlan PlanParam(const source::SourceIndex& L, const patterns::ModelPatterns&
   std::vector<Copy> place, rest;
   for (size_t si = 0; si < stages.size(); ++si) {
     int64_t offset = 0;  // along the split dim
-    for (int t = 0; t < L.tp; ++t) {
+    for (int t = 0; t < (rec.expert >= 0 ? 1 : L.tp); ++t) {  // an expert: one whole copy (ParamRecord)
       Copy c;
       c.pp = stages[si], c.tp = t;
       c.shape = rec.tp_shape.at(t);
@@ -222,7 +222,7 @@ ConvertPlan MakeConvertPlan(const source::SourceIndex& L, const patterns::ModelP
     ParamPlan& P = plan.params[it->second];
     const source::ShardFile& f = L.files[fr.file];
     for (const auto& c : P.copies)
-      if (c.pp == f.pp && c.tp == f.tp) P.pieces.push_back({fr.file, fr.group, fr.src_start, fr.numel, c.stream_start + fr.dst_start});
+      if (c.pp == f.pp && c.tp == L.CopyTp(fr)) P.pieces.push_back({fr.file, fr.group, fr.src_start, fr.numel, c.stream_start + fr.dst_start});
   }
   for (auto& P : plan.params) {
     std::sort(P.pieces.begin(), P.pieces.end(), [](const Piece& a, const Piece& b) { return a.stream_start < b.stream_start; });

@@ -49,6 +49,8 @@ struct ParamRecord {
   std::set<int> stages;                          // PP stages that hold it
   // Mixture of Experts: an expert's parameter, under its global expert id, held whole by one
   // expert-parallel rank (the Expert pattern: EP is the expert axis); -1 for every other parameter.
+  // An expert is not split over TP: its tp_shape has tp 0 only, and its fragments, in files at any
+  // TP rank (an expert-parallel group spans TP ranks), are pieces of that one tensor.
   int expert = -1, ep_rank = -1;
 };
 
@@ -93,6 +95,8 @@ struct SourceIndex {
   std::vector<std::string> notes;     // what was found that the user may want to know
 
   const ParamRecord* Find(const std::string& name) const;
+  // The TP rank of the copy a fragment is a piece of: its file's, or 0 for an expert (ParamRecord).
+  int CopyTp(const Fragment& fr) const { return params[fr.param].expert >= 0 ? 0 : files[fr.file].tp; }
   int64_t Fact(const std::string& key) const;  // -1 when unknown
 };
 

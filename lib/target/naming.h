@@ -46,6 +46,29 @@ struct ExpertName {
 };
 std::optional<ExpertName> ExpertOf(const std::string& name);
 
+// DeepSpeed's expert-parallel groups without expert tensor parallelism, in a job that is not a
+// pipeline (utils/groups.py, _create_expert_and_data_parallel): global rank r = dp_rank * tp +
+// tp_rank; an expert-parallel group is a run of ep consecutive global ranks (r's expert-parallel
+// rank is r % ep, across TP ranks), an expert-data-parallel group the ranks with the same remainder
+// (r holds partition r / ep of world / ep of its experts' ZeRO state). Expert-parallel rank R's
+// expert files (and, without ZeRO, its expp_rank file) are saved by its expert-data-parallel rank 0,
+// global rank R, at TP rank R % tp. At tp = 1 this is DP rank d: ep rank d % ep, partition d / ep.
+struct ExpertGroups {
+  int dp = 1, tp = 1, ep = 1;
+  int World() const { return dp * tp; }
+  int Rank(int dp_rank, int tp_rank) const { return dp_rank * tp + tp_rank; }
+  int EpRank(int dp_rank, int tp_rank) const { return Rank(dp_rank, tp_rank) % ep; }
+  int Partition(int dp_rank, int tp_rank) const { return Rank(dp_rank, tp_rank) / ep; }
+  int Partitions() const { return World() / ep; }
+  int SaverTp(int ep_rank) const { return ep_rank % tp; }
+  // Whether some DP rank at `tp_rank` belongs to expert-parallel rank `ep_rank` (holds its experts).
+  bool AtTp(int tp_rank, int ep_rank) const {
+    for (int d = 0; d < dp; ++d)
+      if (EpRank(d, tp_rank) == ep_rank) return true;
+    return false;
+  }
+};
+
 // universal_checkpoint_info with every rule rewritten from one naming to the other. `names` pairs
 // each parameter's name in `from` with its name in `to`; a rule whose plain rewrite would not match
 // exactly the parameters it matched before becomes the list of those parameters' escaped names.

@@ -217,7 +217,8 @@ UnitParam PieceOf(const Source& S, const TargetLayout& T, int index, int t) {
   plan::Copy& c = u.copy;
   c.pp = 0, c.tp = t;
   c.shape = u.joined_shape;
-  const bool split = T.tp > 1 && patterns::IsSplit(a.model_pattern);
+  // (an expert is whole at every TP rank: DeepSpeed's experts without expert tensor parallelism)
+  const bool split = T.tp > 1 && a.expert < 0 && patterns::IsSplit(a.model_pattern);
   if (split) {
     if (!a.split_dim_known)
       throw Error("parameter '" + a.name + "': no rule says which dimension TP splits (row- or column-parallel); "
@@ -268,9 +269,8 @@ void Validate(const Source& S, const TargetLayout& T) {
     return;
   }
   const std::string moe = "Mixture of Experts with ";
-  if (T.tp > 1 || T.pp > 1)
-    no(moe + "tp=" + std::to_string(T.tp) + " pp=" + std::to_string(T.pp) + ": ucp-reshard writes MoE layouts with tp=1 "
-       "and pp=1 (with TP, DeepSpeed's expert-parallel groups span the TP ranks: not written yet)");
+  if (T.pp > 1)
+    no(moe + "pp=" + std::to_string(T.pp) + ": DeepSpeed's MoE layers run in a model that is not a pipeline");
   if (T.zero_stage == 3)
     no(moe + "ZeRO-3: ucp-reshard writes MoE layouts under ZeRO-0, 1 and 2 (ZeRO-3 partitions experts differently)");
   // Without ZeRO: the model's own torch optimizer, its state per position in expp_rank files; in
@@ -284,8 +284,13 @@ void Validate(const Source& S, const TargetLayout& T) {
        "later release");
   if (NamingOf(T) != Naming::Plain)
     no(moe + "model 'pipe': DeepSpeed's MoE layers run in a model that is not a PipelineModule");
-  if (T.ep < 1 || T.dp % T.ep != 0)
-    no("ep=" + std::to_string(T.ep) + " must divide dp=" + std::to_string(T.dp) + " (each expert is replicated dp / ep times)");
+  if (T.ep < 1 || (T.dp * T.tp) % T.ep != 0)
+    no("ep=" + std::to_string(T.ep) + " must divide dp x tp=" + std::to_string(T.dp * T.tp) +
+       " (DeepSpeed's expert-parallel groups are runs of ep consecutive global ranks)");
+  if (T.tp > T.ep)
+    no(moe + "tp=" + std::to_string(T.tp) + " > ep=" + std::to_string(T.ep) + ": DeepSpeed saves TP rank t's model-states "
+       "file from global rank t only if that rank also saves experts (its expert-data-parallel rank is 0, so t < ep); "
+       "its own checkpoint of this layout lacks files. Use ep >= tp");
   for (size_t l = 0; l < S.num_experts.size(); ++l)
     if (S.num_experts[l] % T.ep != 0)
       no("ep=" + std::to_string(T.ep) + " must divide the " + std::to_string(S.num_experts[l]) + " experts of MoE layer " +
@@ -402,6 +407,8 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
       for (size_t k = 0; k < S.atoms.size(); ++k) {
         const Atom& a = S.atoms[k];
         if (stage_of(a.spec()) != s && !(a.tied() && stage_of(head) == s)) continue;
+        // An expert is held by the TP ranks of its expert-parallel group's global ranks.
+        if (a.expert >= 0 && !ExpertGroups{T.dp, T.tp, T.ep}.AtTp(t, EpRankOf(S, a, T.ep))) continue;
         u.groups[a.group].push_back(static_cast<int>(u.params.size()));
         u.params.push_back(PieceOf(S, T, static_cast<int>(k), t));
         u.params.back().end = u.params.back().local_numel;
@@ -469,7 +476,13 @@ LayoutChoice ChooseFor(const Source& S, const PlannerRequest& request) {
 namespace {
 int OptimizerFilesOf(const Source& S, const TargetLayout& T, const Unit& u) {
   if (u.dp >= 0) return 1;
-  if (TorchOptimizerTarget(S, T)) return S.moe ? std::max(1, T.ep) : 0;
+  if (TorchOptimizerTarget(S, T) && !S.moe) return 0;
+  if (TorchOptimizerTarget(S, T)) {  // the expp_rank files this TP rank saves (ExpertGroups)
+    const ExpertGroups eg{T.dp, T.tp, std::max(1, T.ep)};
+    int n = 0;
+    for (int r = 0; r < eg.ep; ++r) n += eg.SaverTp(r) == u.tp;
+    return n;
+  }
   return T.dp;
 }
 }  // namespace

@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds_stubs  # noqa: E402,F401  DeepSpeed's pickled classes, without DeepSpeed
+import tp_join  # noqa: E402
 
 EXPERT = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..*)$")
 
@@ -53,66 +54,95 @@ def same_bytes(a, b):
                                                                     b.reshape(-1).contiguous().view(torch.uint8))
 
 
-def saved_weights(shard):
-    """name -> the tensor DeepSpeed saved: the module, and every expert file under global ids."""
-    out = dict(load(os.path.join(shard, "mp_rank_00_model_states.pt"))["module"])
+def tp_of(info):
+    m = re.search(r"--tp (\d+)", info["train_args"])
+    return int(m.group(1)) if m else 1
+
+
+def saved_weights(shard, tp):
+    """name -> the tensor DeepSpeed saved: the module (its TP pieces joined by the checkpoint's own
+    rules), and every expert file, at whichever TP rank saved it, under global ids."""
+    modules = [load(os.path.join(shard, f"mp_rank_{t:02d}_model_states.pt")) for t in range(tp)]
+    info = modules[0].get("universal_checkpoint_info") or {}
+    # (the vocabulary padding rows kept, as at tp=1: the caller drops them)
+    info = {k: v for k, v in info.items() if k != "vocabulary_parameter_patterns"}
+    # DeepSpeed's MoE gate is whole on every TP rank (its [experts, hidden] at each; join checks the
+    # copies are equal), which the harness's rules do not list
+    info["tp_replicated_parameter_patterns"] = list(info.get("tp_replicated_parameter_patterns", [])) + \
+        [r".*\.deepspeed_moe\.gate\.wg\.weight$"]
+    out = {name: tp_join.join(info, name, [m["module"][name] for m in modules]) if tp > 1 else t0
+           for name, t0 in modules[0]["module"].items()}
     for f in sorted(os.listdir(shard)):
-        if re.fullmatch(r"layer_\d+_expert_\d+_mp_rank_00_model_states\.pt", f):
-            out.update(load(os.path.join(shard, f)))
-    return out
+        if re.fullmatch(r"layer_\d+_expert_\d+_mp_rank_\d+_model_states\.pt", f):
+            for name, t in load(os.path.join(shard, f)).items():
+                assert name not in out, f"{name}: saved twice"
+                out[name] = t
+    return out, info, [{n: t.shape for n, t in m["module"].items()} for m in modules]
 
 
-def flat_pieces(shard, ep):
-    """(name, ep rank or -1) -> [(flat position in the parameter's group, start, numel, file's group
-    state, fp32 partition)], from every ZeRO file of `shard` (DeepSpeed's partitioning: an expert
-    group over the dp / ep ranks d with d % ep equal, partition d // ep)."""
+def flat_pieces(shard, ep, tp):
+    """(name, ep rank or -1, tp rank or -1) -> [(flat position in the parameter's group, start, numel,
+    file's group state, fp32 partition)], from every ZeRO file of `shard`. DeepSpeed's partitioning
+    (its expert groups are runs of ep consecutive global ranks r = dp_rank * tp + tp_rank): an expert
+    group of rank r belongs to expert-parallel rank r % ep, partitioned over the ranks with the same
+    remainder (partition r // ep); every other group over the DP ranks of its TP rank."""
     pieces = {}
     for f in sorted(os.listdir(shard)):
-        m = re.fullmatch(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt", f)
+        m = re.fullmatch(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt", f)
         if not m:
             continue
-        d = int(m.group(1))
+        d, t = int(m.group(1)), int(m.group(2))
+        r = d * tp + t
         osd = load(os.path.join(shard, f))["optimizer_state_dict"]
         groups = osd["base_optimizer_state"]["param_groups"]
         state = osd["base_optimizer_state"]["state"]
         for g, mapping in enumerate(osd["param_slice_mappings"]):
             moe = bool(groups[g].get("moe", False))
-            part = d // ep if moe else d
+            part = r // ep if moe else d
             size = state[g]["exp_avg"].numel()
             for name, frag in mapping.items():
-                key = (name, d % ep if moe else -1)
+                key = (name, r % ep, -1) if moe else (name, -1, t)
                 pieces.setdefault(key, []).append((part * size + frag.start, frag.start, frag.numel, state[g],
                                                    osd["single_partition_of_fp32_groups"][g]))
     return pieces
 
 
-def reassembled(shard, ep, shapes):
-    """global name -> {fp32, exp_avg, exp_avg_sq} (flat), from the ZeRO files of `shard`."""
+def reassembled(shard, ep, tp, shapes, info, local_shapes):
+    """global name -> {fp32, exp_avg, exp_avg_sq} (flat), from the ZeRO files of `shard`; a
+    non-expert parameter's TP pieces joined by the checkpoint's own rules."""
     per_layer = {}
     for name in shapes:
         m = EXPERT.match(name)
         if m:
             per_layer.setdefault(m.group(1), set()).add(int(m.group(2)))
-    out = {}
-    for (name, ep_rank), runs in flat_pieces(shard, ep).items():
+    out, by_tp = {}, {}
+    for (name, ep_rank, t), runs in flat_pieces(shard, ep, tp).items():
         if ep_rank >= 0:
             m = EXPERT.match(name)
             local = int(m.group(2))
             per_rank = len(per_layer[m.group(1)]) // ep
             assert local < per_rank, f"{name}: local id {local} on an expert-parallel rank of {per_rank} experts"
             name = f"{m.group(1)}{ep_rank * per_rank + local}{m.group(3)}"
-        assert name not in out, f"{name}: in the ZeRO files twice"
         first = min(r[0] for r in runs)
-        numel = shapes[name].numel()
+        numel = shapes[name].numel() if ep_rank >= 0 else local_shapes[t][name].numel()
         got = {s: torch.full((numel,), float("nan")) for s in ("fp32", "exp_avg", "exp_avg_sq")}
         for flat, start, n, st, fp32 in runs:
             at = flat - first
             got["exp_avg"][at:at + n] = st["exp_avg"][start:start + n]
             got["exp_avg_sq"][at:at + n] = st["exp_avg_sq"][start:start + n]
             got["fp32"][at:at + n] = fp32[start:start + n]
-        for s, t in got.items():
-            assert not bool(torch.isnan(t).any()), f"{name}: {s} not covered by the ZeRO files' fragments"
-        out[name] = got
+        for s, x in got.items():
+            assert not bool(torch.isnan(x).any()), f"{name}: {s} not covered by the ZeRO files' fragments"
+        if ep_rank >= 0:
+            assert name not in out, f"{name}: in the ZeRO files twice"
+            out[name] = got
+        else:
+            assert t not in by_tp.setdefault(name, {}), f"{name}: at tp={t} in the ZeRO files twice"
+            by_tp[name][t] = got
+    for name, pieces in by_tp.items():
+        assert sorted(pieces) == list(range(tp)), f"{name}: ZeRO state at TP ranks {sorted(pieces)}"
+        full = {s: [pieces[t][s].reshape(local_shapes[t][name]) for t in range(tp)] for s in pieces[0]}
+        out[name] = {s: (tp_join.join(info, name, x) if tp > 1 else x[0]).reshape(-1) for s, x in full.items()}
     return out
 
 
@@ -122,24 +152,27 @@ def decays(name, shape):
     return not (name.endswith(".bias") or "layernorm" in name or len(shape) == 1)
 
 
-def reassembled_without_zero(shard, ep, saved):
+def reassembled_without_zero(shard, ep, tp=1, info=None):
     """global name -> {exp_avg, exp_avg_sq} (flat; in bf16 also the fp32 masters), from the
-    expp_rank_R files of a case trained without ZeRO: torch's optimizer state by position. The positions are named here from what the
-    harness builds, not from their shapes: each group lists, in the model's parameter order, the
-    parameters of its weight-decay kind (train.py's rule), the non-expert ones from the module and
-    an expert group the experts of rank R (MoE layer by layer, local expert by local expert, each
-    expert's tensors in its file's order), as split_params_into_different_moe_groups_for_optimizer
-    moves them."""
-    module = list(load(os.path.join(shard, "mp_rank_00_model_states.pt"))["module"].items())
+    expp_rank_R files of a case trained without ZeRO: torch's optimizer state by position. The
+    positions are named here from what the harness builds, not from their shapes: each group lists,
+    in the model's parameter order, the parameters of its weight-decay kind (train.py's rule), the
+    non-expert ones from the module of the file's TP rank and an expert group the experts of rank R
+    (MoE layer by layer, local expert by local expert, each expert's tensors in its file's order), as
+    split_params_into_different_moe_groups_for_optimizer moves them. Rank R saves its file at TP
+    rank R % tp (its global rank R: expert-parallel groups are runs of ep consecutive global ranks);
+    a non-expert parameter's TP pieces are joined by the checkpoint's own rules (`info`)."""
+    modules = [list(load(os.path.join(shard, f"mp_rank_{t:02d}_model_states.pt"))["module"].items()) for t in range(tp)]
     files = {}
     for f in os.listdir(shard):
-        m = re.fullmatch(r"layer_(\d+)_expert_(\d+)_mp_rank_00_model_states\.pt", f)
+        m = re.fullmatch(r"layer_(\d+)_expert_(\d+)_mp_rank_\d+_model_states\.pt", f)
         if m:
             files[(int(m.group(1)), int(m.group(2)))] = f
     layers = sorted({layer for layer, _ in files})
-    out = {}
+    out, by_tp = {}, {}
     for r in range(ep):
-        opt = load(os.path.join(shard, f"expp_rank_{r}_mp_rank_00_optim_states.pt"))["optimizer"]
+        t = r % tp
+        opt = load(os.path.join(shard, f"expp_rank_{r}_mp_rank_{t:02d}_optim_states.pt"))["optimizer"]
         # bf16: DeepSpeed's DDP bf16 wrapper around torch's state, the fp32 masters beside it
         wrapped = "optimizer_state_dict" in opt and "fp32_groups" in opt
         osd = opt["optimizer_state_dict"] if wrapped else opt
@@ -150,19 +183,30 @@ def reassembled_without_zero(shard, ep, saved):
                 experts += list(load(os.path.join(shard, files[(layer, r * (total // ep) + j)])).items())
         for gi, g in enumerate(osd["param_groups"]):
             decay = g["weight_decay"] > 0
-            pool = experts if g.get("moe", False) else module
-            names = [n for n, t in pool if decays(n, t.shape) == decay]
+            moe = g.get("moe", False)
+            pool = experts if moe else modules[t]
+            names = [n for n, x in pool if decays(n, x.shape) == decay]
             assert len(names) == len(g["params"]), f"expp_rank_{r}: group {g.get('name')}: {len(g['params'])} " \
                 f"positions, {len(names)} parameters of its kind"
             for k, (name, pos) in enumerate(zip(names, g["params"])):
                 st = osd["state"][pos]
-                assert st["exp_avg"].shape == saved[name].shape, f"{name}: position {pos} has another shape"
-                got = {s: st[s].reshape(-1) for s in ("exp_avg", "exp_avg_sq")}
+                assert st["exp_avg"].shape == dict(pool)[name].shape, f"{name}: position {pos} has another shape"
+                got = {s: st[s] for s in ("exp_avg", "exp_avg_sq")}
                 if wrapped:
-                    got["fp32"] = opt["fp32_groups"][gi][k].reshape(-1)
-                if name in out:  # a non-expert parameter: every expert-parallel rank holds the same state
-                    assert all(same_bytes(out[name][s], got[s]) for s in got), f"{name}: expp_rank_{r} differs from rank 0"
-                out[name] = got
+                    got["fp32"] = opt["fp32_groups"][gi][k]
+                if moe:
+                    assert name not in out, f"{name}: in two expp_rank files"
+                    out[name] = {s: x.reshape(-1) for s, x in got.items()}
+                elif name in by_tp.setdefault(t, {}):  # every expert-parallel rank at TP rank t holds the same state
+                    assert all(same_bytes(by_tp[t][name][s], got[s]) for s in got), \
+                        f"{name}: expp_rank_{r} differs from the first rank at tp={t}"
+                else:
+                    by_tp[t][name] = got
+    assert sorted(by_tp) == list(range(tp)), f"non-expert state at TP ranks {sorted(by_tp)}"
+    for name in by_tp[0]:
+        pieces = [by_tp[t][name] for t in range(tp)]
+        out[name] = {s: (tp_join.join(info, name, [x[s] for x in pieces]) if tp > 1 else pieces[0][s]).reshape(-1)
+                     for s in pieces[0]}
     return out
 
 
@@ -196,9 +240,12 @@ def main():
     print(f"inspect: dp={report['degrees']['dp']} ep={ep} ZeRO-{report['zero_stage']}, {len(experts)} expert files, "
           f"{len(report['params'])} parameters")
 
-    saved = saved_weights(shard)
+    tp = tp_of(info)
+    assert report["degrees"].get("tp", 1) == tp, f"ucp-inspect says tp={report['degrees'].get('tp')}, the case trained with {tp}"
+    saved, uci, local_shapes = saved_weights(shard, tp)
     # The weights and moments, reassembled from the optimizer files (independently of ucp).
-    moments = reassembled_without_zero(shard, ep, saved) if without_zero else reassembled(shard, ep, saved)
+    moments = reassembled_without_zero(shard, ep, tp, uci) if without_zero else \
+        reassembled(shard, ep, tp, saved, uci, local_shapes)
     assert sorted(moments) == sorted(saved), f"moments for {sorted(set(moments) ^ set(saved))[:4]} missing" 
 
     shutil.rmtree(work, ignore_errors=True)

@@ -7,7 +7,9 @@ itself wrote for the source, independently of ucp:
 - the same layout as the source: every file DeepSpeed wrote, and no other, with the same keys,
   values and tensor bytes; the only difference allowed is the vocabulary padding rows of the
   embedding (and its flat fp32 partition), which the atomic checkpoint drops and ucp-reshard zeroes;
-- every other layout (ep in 1, 2, 4 dividing dp in 1, 2, 4; ZeRO-0, 1 and 2):
+- every other layout (ep in 1, 2, 4 dividing dp in 1, 2, 4 at tp=1; at tp=2, ep >= 2 dividing
+  dp x 2, dp in 1, 2; ZeRO-0, 1 and 2), DeepSpeed's expert-parallel groups being runs of ep
+  consecutive global ranks (dp_rank * tp + tp_rank):
   - the file set DeepSpeed's engine writes for it: the model-states file, one file per expert of
     each MoE layer, one expp_rank file per expert-parallel rank (under ZeRO {'optimizer': None},
     and none from DeepSpeed 0.19.3 on), one ZeRO file per DP rank under ZeRO;
@@ -29,8 +31,8 @@ itself wrote for the source, independently of ucp:
   DeepSpeed 0.18+'s DDP bf16 wrapper, fp32 masters beside torch's state), and every layout in bf16
   as well as fp32: the weights the masters' bf16 copies, the masters (ZeRO partitions, fp32_groups)
   the source's;
-- refusals (exit 1, a message naming the reason, no output folder): ep not dividing dp or the
-  experts, tp > 1, ZeRO-3, fp16 without ZeRO, bf16 without ZeRO for a DeepSpeed before 0.17.6.
+- refusals (exit 1, a message naming the reason, no output folder): ep not dividing dp x tp or the
+  experts, tp > ep, pp > 1, ZeRO-3, fp16 without ZeRO, bf16 without ZeRO for a DeepSpeed before 0.17.6.
 """
 import json
 import os
@@ -43,16 +45,17 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds_stubs  # noqa: E402,F401  DeepSpeed's pickled classes, without DeepSpeed
-from real_moe import EXPERT, flat_pieces, load, reassembled, reassembled_without_zero, run, same_bytes, saved_weights  # noqa: E402,E501
+from real_moe import EXPERT, flat_pieces, load, reassembled, reassembled_without_zero, run, same_bytes, saved_weights, tp_of  # noqa: E402,E501
 
 VOCAB = "language_model.embedding.word_embeddings.weight"
 ZERO_PREFIX = {"fp32": "", "bf16": "bf16_"}  # DeepSpeed's ZeRO file names by the job's dtype
 
 
 def check_weights(name, want, got, vocab_rows, where):
-    """`got` (a resharded weight) equals DeepSpeed's `want`; the vocabulary padding rows are zero."""
+    """`got` (a resharded weight) equals DeepSpeed's `want`; the vocabulary padding rows are zero (as
+    many as the target's TP degree pads to)."""
     if name == VOCAB:
-        assert got.shape == want.shape and bool((got[vocab_rows:] == 0).all()), f"{where}: {name}: padding rows"
+        assert got.shape[1:] == want.shape[1:] and bool((got[vocab_rows:] == 0).all()), f"{where}: {name}: padding rows"
         want, got = want[:vocab_rows], got[:vocab_rows]
     assert same_bytes(want, got), f"{where}: {name}: differs from DeepSpeed's saved weight"
 
@@ -68,12 +71,22 @@ def source_version(src_shard):
     return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
 
 
-def check_layout(target, src_shard, src_zero, dp, ep, zero, dtype, src_ep, masters, moments, vocab_rows, num_experts):
-    """The output at dp / ep / ZeRO `zero` in `dtype`; `masters` the source's fp32 values (in fp32
-    training DeepSpeed's saved weights, in bf16 its fp32 masters)."""
+def moments_of(shard, ep, zero, tp):
+    """The reassembled state of `shard` (real_moe), with the weights it was reassembled against."""
+    weights, info, local_shapes = saved_weights(shard, tp)
+    moments = reassembled_without_zero(shard, ep, tp, info) if zero == 0 else \
+        reassembled(shard, ep, tp, weights, info, local_shapes)
+    return weights, moments
+
+
+def check_layout(target, src_shard, src_zero, dp, ep, zero, dtype, src_ep, masters, moments, vocab_rows, num_experts,
+                 tp=1):
+    """The output at dp / tp / ep / ZeRO `zero` in `dtype`; `masters` the source's fp32 values (in
+    fp32 training DeepSpeed's saved weights, in bf16 its fp32 masters). Expert-parallel rank r's
+    expert and expp_rank files lie at TP rank r % tp (global rank r saves them)."""
     tag = open(os.path.join(target, "latest")).read().strip()
     shard = os.path.join(target, tag)
-    where = f"dp={dp} ep={ep} ZeRO-{zero} {dtype}"
+    where = f"dp={dp} tp={tp} ep={ep} ZeRO-{zero} {dtype}"
     saved = {n: t.to(torch.bfloat16) if dtype == "bf16" else t for n, t in masters.items()}
     version = source_version(src_shard)
     # Without ZeRO the optimizer state is in one expp_rank file per expert-parallel rank. Under ZeRO,
@@ -85,13 +98,16 @@ def check_layout(target, src_shard, src_zero, dp, ep, zero, dtype, src_ep, maste
         expp = any(f.startswith("expp_rank_") for f in os.listdir(src_shard))
     else:
         expp = version < (0, 19, 3)
-    want_files = {"mp_rank_00_model_states.pt"} | {f"expp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(ep) if expp} | \
-        {f"layer_{layer}_expert_{e}_mp_rank_00_model_states.pt" for layer, n in enumerate(num_experts) for e in range(n)}
+    want_files = {f"mp_rank_{t:02d}_model_states.pt" for t in range(tp)} | \
+        {f"expp_rank_{r}_mp_rank_{r % tp:02d}_optim_states.pt" for r in range(ep) if expp} | \
+        {f"layer_{layer}_expert_{e}_mp_rank_{e // (n // ep) % tp:02d}_model_states.pt"
+         for layer, n in enumerate(num_experts) for e in range(n)}
     if zero > 0:
-        want_files |= {f"{ZERO_PREFIX[dtype]}zero_pp_rank_{d}_mp_rank_00_optim_states.pt" for d in range(dp)}
+        want_files |= {f"{ZERO_PREFIX[dtype]}zero_pp_rank_{d}_mp_rank_{t:02d}_optim_states.pt" for d in range(dp)
+                       for t in range(tp)}
     have = set(os.listdir(shard))
     assert have == want_files, f"{where}: files {sorted(have ^ want_files)[:6]} differ from DeepSpeed's set"
-    weights = saved_weights(shard)
+    weights, got_moments = moments_of(shard, ep, zero, tp)
     assert sorted(weights) == sorted(saved), f"{where}: weights {sorted(set(weights) ^ set(saved))[:6]}"
     for name, want in saved.items():
         check_weights(name, want, weights[name], vocab_rows, where)
@@ -101,11 +117,10 @@ def check_layout(target, src_shard, src_zero, dp, ep, zero, dtype, src_ep, maste
     def grad_scale(z, e):
         return e if version < (0, 14, 1) or (z in (1, 2) and version < (0, 15, 4)) else 1
     scale = grad_scale(zero, ep) / grad_scale(src_zero, src_ep)
-    got_moments = reassembled_without_zero(shard, ep, saved) if zero == 0 else reassembled(shard, ep, saved)
     assert sorted(got_moments) == sorted(saved), f"{where}: moments of {sorted(set(got_moments) ^ set(saved))[:4]}"
     for name, got in got_moments.items():
         if "fp32" in got:  # the masters: ZeRO's partitions, or without ZeRO in bf16 the wrapper's fp32_groups
-            check_weights(name, masters[name], got["fp32"].reshape(masters[name].shape), vocab_rows, where + " fp32")
+            check_weights(name, masters[name], got["fp32"].reshape(-1, *masters[name].shape[1:]), vocab_rows, where + " fp32")
         else:
             assert zero == 0 and dtype == "fp32", f"{where}: {name}: no fp32 masters"
         f = scale if EXPERT.match(name) else 1.0
@@ -120,12 +135,16 @@ def check_layout(target, src_shard, src_zero, dp, ep, zero, dtype, src_ep, maste
     states = load(os.path.join(shard, "mp_rank_00_model_states.pt"))
     if zero == 0:
         rank0 = load(os.path.join(shard, "expp_rank_0_mp_rank_00_optim_states.pt"))["optimizer"]
-        if "optimizer" in states:  # DeepSpeed 0.19 (0.14.5's MoE model-states file has none of these keys)
+        for t in range(tp):  # TP rank t's model-states file is global rank t's: expert-parallel rank t (tp <= ep)
+            st = load(os.path.join(shard, f"mp_rank_{t:02d}_model_states.pt"))
+            if "optimizer" not in st:  # DeepSpeed 0.14.5's MoE model-states file has none of these keys
+                continue
             problems = []
-            deep_equal(rank0, states["optimizer"], "optimizer", lambda path, numel: None, problems)
-            assert not problems, f"{where}: the model-states file's optimizer differs from expp_rank 0's: {problems[:3]}"
-            assert states["param_shapes"] is None and states["shared_params"] is None, where
-            assert states["ds_config"]["zero_optimization"]["stage"] == 0, where
+            deep_equal(load(os.path.join(shard, f"expp_rank_{t}_mp_rank_{t:02d}_optim_states.pt"))["optimizer"],
+                       st["optimizer"], "optimizer", lambda path, numel: None, problems)
+            assert not problems, f"{where}: mp_rank_{t:02d}'s optimizer differs from expp_rank {t}'s: {problems[:3]}"
+            assert st["param_shapes"] is None and st["shared_params"] is None, where
+            assert st["ds_config"]["zero_optimization"]["stage"] == 0, where
         if dtype == "bf16":  # DeepSpeed's DDP bf16 wrapper around torch's state
             assert list(rank0) == ["dynamic_loss_scale", "cur_scale", "cur_iter", "optimizer_state_dict", "fp32_groups"], \
                 f"{where}: {list(rank0)}"
@@ -135,14 +154,14 @@ def check_layout(target, src_shard, src_zero, dp, ep, zero, dtype, src_ep, maste
     elif "optimizer" in states:
         assert states["optimizer"] is None and states["param_shapes"] is not None, where
     for r in range(ep if expp and zero > 0 else 0):
-        assert load(os.path.join(shard, f"expp_rank_{r}_mp_rank_00_optim_states.pt")) == {"optimizer": None}, where
-    for d in range(dp if zero > 0 else 0):
-        root = load(os.path.join(shard, f"{ZERO_PREFIX[dtype]}zero_pp_rank_{d}_mp_rank_00_optim_states.pt"))
+        assert load(os.path.join(shard, f"expp_rank_{r}_mp_rank_{r % tp:02d}_optim_states.pt")) == {"optimizer": None}, where
+    for d, t in [(d, t) for d in range(dp if zero > 0 else 0) for t in range(tp)]:
+        root = load(os.path.join(shard, f"{ZERO_PREFIX[dtype]}zero_pp_rank_{d}_mp_rank_{t:02d}_optim_states.pt"))
         osd = root["optimizer_state_dict"]
         groups = osd["base_optimizer_state"]["param_groups"]
         moe = [bool(g.get("moe", False)) for g in groups]
         assert any(moe), where
-        assert osd["partition_count"] == [dp // ep if m else dp for m in moe], f"{where}: {osd['partition_count']}"
+        assert osd["partition_count"] == [dp * tp // ep if m else dp for m in moe], f"{where}: {osd['partition_count']}"
         assert all(g["name"] == f"ep_size_{ep}" for g, m in zip(groups, moe) if m), f"{where}: {[g['name'] for g in groups]}"
         assert int(osd["zero_stage"]) == zero and root["ds_config"]["zero_optimization"]["stage"] == zero, where
     src_states = load(os.path.join(src_shard, "mp_rank_00_model_states.pt"))
@@ -186,21 +205,23 @@ def deep_equal(a, b, path, allowed, problems):
         problems.append(f"{path}: {a!r} vs {b!r}")
 
 
-def check_same_as_deepspeed(target, src_shard, ep, vocab_rows, hidden):
+def check_same_as_deepspeed(target, src_shard, ep, vocab_rows, hidden, tp=1):
     """Every file of DeepSpeed's shard, and no other, equal in `target`; the vocabulary padding alone
     may differ: the embedding's rows >= vocab_rows in the module (and in its fp32 master without
-    ZeRO), and the elements of its flat fp32 partitions past vocab_rows * hidden."""
+    ZeRO), and the elements of its flat fp32 partitions past vocab_rows * hidden (TP rank t's
+    embedding holds rows from t * its rows on)."""
     tag = open(os.path.join(target, "latest")).read().strip()
     shard = os.path.join(target, tag)
     names = sorted(os.listdir(src_shard))
     assert sorted(os.listdir(shard)) == names, f"files {sorted(set(os.listdir(shard)) ^ set(names))}"
+    local_rows = load(os.path.join(src_shard, "mp_rank_00_model_states.pt"))["module"][VOCAB].shape[0]
     padding = {}  # (file, group) -> mask of the flat fp32 elements that are embedding padding
-    for (name, _), runs in flat_pieces(src_shard, ep).items():
+    for (name, _, t), runs in flat_pieces(src_shard, ep, tp).items():
         if name != VOCAB:
             continue
         first = min(r[0] for r in runs)
         for f in names:
-            m = re.fullmatch(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt", f)
+            m = re.fullmatch(rf"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_{t:02d}_optim_states\.pt", f)
             if not m:
                 continue
             osd = load(os.path.join(src_shard, f))["optimizer_state_dict"]
@@ -212,7 +233,7 @@ def check_same_as_deepspeed(target, src_shard, ep, vocab_rows, hidden):
                 flat = int(m.group(1)) * size + frag.start
                 mask = torch.zeros(osd["single_partition_of_fp32_groups"][g].numel(), dtype=torch.bool)
                 for i in range(frag.numel):
-                    if flat - first + i >= vocab_rows * hidden:
+                    if t * local_rows * hidden + flat - first + i >= vocab_rows * hidden:
                         mask[frag.start + i] = True
                 padding[(f, g)] = mask
     problems = []
@@ -220,14 +241,19 @@ def check_same_as_deepspeed(target, src_shard, ep, vocab_rows, hidden):
         def allowed(path, numel, f=f):
             # the module's embedding; without ZeRO in bf16 also its fp32 master, position 0 of the first
             # (decay) group by the harness's group rule (real_moe.reassembled_without_zero)
+            t = int(re.search(r"mp_rank_(\d+)", f).group(1))
+            kept = max(0, vocab_rows - t * local_rows) * hidden  # this TP rank's rows below vocab_rows
             if path.endswith("/module/" + VOCAB) or (path.endswith("/optimizer/fp32_groups[0][0]") and
-                                                     numel % hidden == 0 and numel // hidden > vocab_rows):
+                                                     numel == local_rows * hidden and kept < numel):
                 mask = torch.zeros(numel, dtype=torch.bool)
-                mask[vocab_rows * hidden:] = True
+                mask[kept:] = True
                 return mask
             m = re.search(r"/single_partition_of_fp32_groups\[(\d+)\]$", path)
             return padding.get((f, int(m.group(1)))) if m else None
         deep_equal(load(os.path.join(src_shard, f)), load(os.path.join(shard, f)), f, allowed, problems)
+    # TP ranks other than 0 keep their own RNG states in DeepSpeed's files; the atomic checkpoint
+    # carries rank 0's model-states file, whose RNG states every target rank gets (as for dense targets)
+    problems = [p for p in problems if not re.match(r"mp_rank_(0[1-9]|[1-9]\d)_model_states\.pt/rng_state", p)]
     assert not problems, "differs from DeepSpeed's files:\n  " + "\n  ".join(problems[:12])
 
 
@@ -249,10 +275,10 @@ def main():
     src_shard = os.path.join(src, tag)
     states = load(os.path.join(src_shard, "mp_rank_00_model_states.pt"))
     src_dp, num_experts = states["dp_world_size"], list(states["num_experts"])
+    src_tp = tp_of(json.loads(args))
     vocab_rows = states["universal_checkpoint_info"]["original_vocab_size"]
-    saved = saved_weights(src_shard)
+    saved, moments = moments_of(src_shard, src_ep, src_zero, src_tp)
     hidden = saved[VOCAB].shape[1]
-    moments = reassembled_without_zero(src_shard, src_ep, saved) if src_zero == 0 else reassembled(src_shard, src_ep, saved)
     # bf16 training: the fp32 values are the optimizer's masters (the saved weights their bf16 copies)
     dtype = "bf16" if re.search(r"--dtype bf16\b", args) else "fp32"
     bf16_optimizer = dtype == "bf16" and src_zero == 1 and re.search(r"--grad-accum-dtype fp32\b", args) is not None
@@ -262,59 +288,62 @@ def main():
     atomic = os.path.join(work, "atomic")
     run([convert, src, "-o", atomic, "-q"], "ucp-convert")
 
-    def resharded(atomic_dir, out, dp, ep, zero, ranks=1, dtype="fp32", grad_accum="fp32"):
-        cmd = [reshard, atomic_dir, "-o", out, "-q", "--dp", str(dp), "--tp", "1", "--pp", "1", "--zero-stage", str(zero),
+    def resharded(atomic_dir, out, dp, ep, zero, ranks=1, dtype="fp32", grad_accum="fp32", tp=1):
+        cmd = [reshard, atomic_dir, "-o", out, "-q", "--dp", str(dp), "--tp", str(tp), "--pp", "1", "--zero-stage", str(zero),
                "--dtype", dtype, "--grad-accum-dtype", grad_accum, "--ep", str(ep)]
         if ranks > 1:
             cmd = [mpiexec, "--oversubscribe", "-np", str(ranks)] + cmd
-        run(cmd, f"ucp-reshard to dp={dp} ep={ep} ZeRO-{zero} on {ranks} rank(s)")
+        run(cmd, f"ucp-reshard to dp={dp} tp={tp} ep={ep} ZeRO-{zero} on {ranks} rank(s)")
         return out
 
     same_flags = {"dtype": dtype, "grad_accum": "fp32" if bf16_optimizer or dtype == "fp32" else "bf16"}
-    same = resharded(atomic, os.path.join(work, "same"), src_dp, src_ep, src_zero, **same_flags)
-    check_same_as_deepspeed(same, src_shard, src_ep, vocab_rows, hidden)
-    print(f"dp={src_dp} ep={src_ep} ZeRO-{src_zero} {dtype} (the source's): every file equals DeepSpeed's "
+    same = resharded(atomic, os.path.join(work, "same"), src_dp, src_ep, src_zero, tp=src_tp, **same_flags)
+    check_same_as_deepspeed(same, src_shard, src_ep, vocab_rows, hidden, src_tp)
+    print(f"dp={src_dp} tp={src_tp} ep={src_ep} ZeRO-{src_zero} {dtype} (the source's): every file equals DeepSpeed's "
           "(padding rows aside)")
 
     # fp32 targets everywhere; a bf16 source also to bf16 (ZeRO-1/2: ZeRO's optimizer; without ZeRO,
     # from DeepSpeed 0.17.6 on, its DDP bf16 wrapper)
     wrapper = source_version(src_shard) >= (0, 17, 6)
-    layouts = [(dp, ep, zero, t) for ep in (1, 2, 4) for dp in (1, 2, 4) for zero in (0, 1, 2)
-               for t in sorted({"fp32", dtype}) if dp % ep == 0 and all(n % ep == 0 for n in num_experts)
-               and (t == "fp32" or zero > 0 or wrapper)]
-    for dp, ep, zero, t in layouts:
-        out = resharded(atomic, os.path.join(work, f"dp{dp}_ep{ep}_z{zero}_{t}"), dp, ep, zero, dtype=t,
-                        grad_accum="bf16" if t == "bf16" else "fp32")
-        check_layout(out, src_shard, src_zero, dp, ep, zero, t, src_ep, masters, moments, vocab_rows, num_experts)
+    # tp=1 at every ep dividing dp; tp=2 (DeepSpeed's expert-parallel groups across the TP ranks) at
+    # ep >= tp dividing dp x tp, dp up to 2
+    layouts = [(dp, tp, ep, zero, t) for tp in (1, 2) for ep in (1, 2, 4) for dp in (1, 2, 4) for zero in (0, 1, 2)
+               for t in sorted({"fp32", dtype}) if (dp * tp) % ep == 0 and all(n % ep == 0 for n in num_experts)
+               and (t == "fp32" or zero > 0 or wrapper) and tp <= ep and (tp == 1 or dp <= 2)]
+    for dp, tp, ep, zero, t in layouts:
+        out = resharded(atomic, os.path.join(work, f"dp{dp}_tp{tp}_ep{ep}_z{zero}_{t}"), dp, ep, zero, dtype=t,
+                        grad_accum="bf16" if t == "bf16" else "fp32", tp=tp)
+        check_layout(out, src_shard, src_zero, dp, ep, zero, t, src_ep, masters, moments, vocab_rows, num_experts, tp)
         # --plan-only counts the optimizer files the run writes: ZeRO's per DP rank, else expp_rank's
-        plan = json.loads(run([reshard, atomic, "--plan-only", "--json", "--dp", str(dp), "--tp", "1", "--pp", "1",
+        plan = json.loads(run([reshard, atomic, "--plan-only", "--json", "--dp", str(dp), "--tp", str(tp), "--pp", "1",
                                "--zero-stage", str(zero), "--dtype", t, "--grad-accum-dtype",
                                "bf16" if t == "bf16" else "fp32", "--ep", str(ep)], "ucp-reshard --plan-only").stdout)
         shard = os.path.join(out, open(os.path.join(out, "latest")).read().strip())
         written = [f for f in os.listdir(shard) if f.endswith("_optim_states.pt") and ("zero_pp_rank_" in f) == (zero > 0)]
         assert sum(u["optimizer_files"] for u in plan["units"]) == len(written), \
-            f"dp={dp} ep={ep} ZeRO-{zero}: the plan says {[u['optimizer_files'] for u in plan['units']]} optimizer files, " \
+            f"dp={dp} tp={tp} ep={ep} ZeRO-{zero}: the plan says {[u['optimizer_files'] for u in plan['units']]} optimizer files, " \
             f"the run wrote {len(written)}"
-    print(f"{len(layouts)} layouts (ep 1/2/4 x dp x ZeRO-0/1/2, {' and '.join(sorted({'fp32', dtype}))}): files, "
+    print(f"{len(layouts)} layouts (tp 1/2 x ep 1/2/4 x dp x ZeRO-0/1/2, {' and '.join(sorted({'fp32', dtype}))}): files, "
           f"weights, partitions and moments as DeepSpeed partitions them")
 
     # Round trip through another layout, on 2 ranks.
     back = os.path.join(work, "roundtrip_atomic")
-    run([mpiexec, "--oversubscribe", "-np", "2", convert, os.path.join(work, f"dp1_ep1_z2_{dtype}"), "-o", back, "-q"],
+    run([mpiexec, "--oversubscribe", "-np", "2", convert, os.path.join(work, f"dp1_tp1_ep1_z2_{dtype}"), "-o", back, "-q"],
         "ucp-convert of the ep=1 output")
-    again = resharded(back, os.path.join(work, "roundtrip"), src_dp, src_ep, src_zero, ranks=2, **same_flags)
-    check_same_as_deepspeed(again, src_shard, src_ep, vocab_rows, hidden)
+    again = resharded(back, os.path.join(work, "roundtrip"), src_dp, src_ep, src_zero, ranks=2, tp=src_tp, **same_flags)
+    check_same_as_deepspeed(again, src_shard, src_ep, vocab_rows, hidden, src_tp)
     print(f"round trip through dp=1 ep=1 ZeRO-2 {dtype}: DeepSpeed's values again")
 
     base = ["--dp", "4", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--dtype", "fp32"]
-    for change, needle in (({"--ep": "3"}, "ep=3 must divide dp=4"),
-                           ({"--dp": "2", "--ep": "4"}, "ep=4 must divide dp=2"),
+    for change, needle in (({"--ep": "3"}, "ep=3 must divide dp x tp=4"),
+                           ({"--dp": "2", "--ep": "4"}, "ep=4 must divide dp x tp=2"),
                            ({"--dp": "6", "--ep": "3"}, "ep=3 must divide the 4 experts"),
                            ({"--zero-stage": "3"}, "ZeRO-3"),
                            ({"--zero-stage": "0", "--dtype": "bf16", "--ds-version": "0.17.5"},
                             "bf16 without ZeRO for DeepSpeed 0.17.5"),
                            ({"--zero-stage": "0", "--dtype": "fp16"}, "fp16 without ZeRO"),
-                           ({"--tp": "2", "--dp": "2"}, "tp=2 pp=1"),
+                           ({"--tp": "4", "--dp": "1", "--ep": "2"}, "tp=4 > ep=2"),
+                           ({"--pp": "2"}, "pp=2"),
                            ({"--model": "pipe"}, "model 'pipe'")):
         flags = list(base)
         for k, v in change.items():

@@ -18,6 +18,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 import ds_stubs  # noqa: E402,F401
 from gpt_names import pipe_name  # noqa: E402
+import tp_join  # noqa: E402
 
 root, fixture = sys.argv[1], sys.argv[2]
 truth = torch.load(os.path.join(fixture, "truth.pt"))["params"]
@@ -32,36 +33,9 @@ layers = m0["args"].num_layers
 
 
 
-def matches(key, name):
-    return any(re.match(p, name) for p in info.get(key, []))
-
-
 def join(name, pieces):
     """Full tensor from its TP pieces, by the checkpoint's own rules (ds_to_universal's order)."""
-    if matches("tp_replicated_parameter_patterns", name):
-        for p in pieces[1:]:
-            assert torch.equal(p, pieces[0]), f"{name}: replicated copies differ"
-        full = pieces[0]
-    elif matches("parameter_with_2_sub_params_cat_dim_0", name):
-        halves = [p.chunk(2, 0) for p in pieces]
-        full = torch.cat([torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])])
-    elif any(any(re.match(p, name) for p in sp["patterns"]) for sp in info.get("parameter_with_sub_params", [])):
-        sp = next(sp for sp in info["parameter_with_sub_params"] if any(re.match(p, name) for p in sp["patterns"]))
-        sizes = sp["shape"][sp["partition_dim"]]
-        widths = [[s // tp] * tp for s in sizes]
-        for pat, w in info.get("sub_param_shard_widths", {}).items():
-            if re.match(pat, name):
-                widths = w
-        subs = [[] for _ in sizes]
-        for t, p in enumerate(pieces):
-            for i, part in enumerate(p.split([w[t] for w in widths], sp["partition_dim"])):
-                subs[i].append(part)
-        full = torch.cat([torch.cat(s, sp["partition_dim"]) for s in subs], sp["partition_dim"])
-    else:
-        full = torch.cat(pieces, 1 if matches("parameter_with_row_parallelism_patterns", name) else 0)
-    if matches("vocabulary_parameter_patterns", name):
-        full = full[:info["original_vocab_size"]]
-    return full
+    return tp_join.join(info, name, pieces)
 
 
 states = {}  # name -> state -> tp -> tensor (first stage holding it)

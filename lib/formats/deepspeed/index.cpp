@@ -370,21 +370,21 @@ TorchOptimizer TorchOptimizerOf(const Value& optimizer) {
 }
 
 // A Mixture-of-Experts checkpoint without ZeRO (the model's own torch optimizer, or in bf16 the DDP
-// wrapper around it: TorchOptimizerOf): expert-parallel rank R's expp_rank_R file holds its state
-// under 'optimizer' (TorchState), its non-expert groups the module's parameters (every rank the
-// same: taken from rank 0), its expert groups the experts of rank R, MoE layer by MoE layer, local
-// expert by local expert. The fp32 values are the wrapper's masters, or in fp32 the weights, in the
+// wrapper around it: TorchOptimizerOf): expert-parallel rank R's expp_rank_R file (at TP rank
+// R % tp, ExpertGroups) holds its state under 'optimizer' (TorchState), its non-expert groups its
+// TP rank's module parameters (every rank at a TP rank the same: taken from the first), its expert
+// groups the experts of rank R, MoE layer by MoE layer, local expert by local expert. The fp32 values are the wrapper's masters, or in fp32 the weights, in the
 // module and expert files.
 void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<std::string, size_t>& index,
                          const std::function<std::shared_ptr<pt::TorchFile>(const ShardFile&)>& parse) {
-  std::vector<Weight> module;
+  std::map<int, std::vector<Weight>> module;  // TP rank -> its module's weights
   std::map<std::pair<int, int>, int> expert_file;  // (MoE layer, global expert) -> file
   std::set<int> moe_layers;
   std::map<int, int> expp;  // expert-parallel rank -> file
   for (size_t fi = 0; fi < L.files.size(); ++fi) {
     const ShardFile& f = L.files[fi];
-    if (KindOf(f) == FileKind::ModelStates && f.pp == 0 && f.tp == 0)
-      if (auto file = parse(f)) WeightsOf(L, static_cast<int>(fi), *file->root, module);
+    if (KindOf(f) == FileKind::ModelStates && f.pp == 0)
+      if (auto file = parse(f)) WeightsOf(L, static_cast<int>(fi), *file->root, module[f.tp]);
     if (f.expert >= 0) expert_file[{f.layer, f.expert}] = static_cast<int>(fi), moe_layers.insert(f.layer);
     if (KindOf(f) == FileKind::ExpertOptimizer) expp[f.dp] = static_cast<int>(fi);
   }
@@ -404,7 +404,7 @@ void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<st
       }
   for (int r = 0; r < L.ep; ++r)
     if (!expp.count(r))
-      L.problems.push_back("missing rank file " + ExpertOptimFileName(r, 0) + " (expert-parallel rank " +
+      L.problems.push_back("missing rank file " + ExpertOptimFileName(r, r % L.tp) + " (expert-parallel rank " +
                            std::to_string(r) + " of " + std::to_string(L.ep) + ")");
   for (const auto& [r, fi] : expp) {
     const std::string where = L.dir + "/" + L.files[fi].name;
@@ -429,7 +429,10 @@ void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<st
         throw Error("trained in " + L.dtype + ", its optimizer state has no fp32_groups (the masters of DeepSpeed's "
                     "bf16 wrapper): this " + (L.dtype == "bf16" ? "BF16" : "FP16") + " optimizer is not supported yet");
       TorchState torch_state(L, fi, *opt.state_dict, opt.fp32_groups, index, parse);
-      torch_state.Match(module, false, r == 0);  // the non-expert state: rank 0's
+      // The non-expert state of the file's TP rank: that of expert-parallel rank t, the first rank
+      // at TP rank t (ExpertGroups: rank R saves at TP rank R % tp).
+      const int t = L.files[fi].tp;
+      torch_state.Match(module[t], false, r == t);
       torch_state.Match(experts, true, true);
       torch_state.Finish();
     } catch (const std::exception& e) {
@@ -477,9 +480,7 @@ using GroupParams = std::map<std::tuple<int, int, int>, std::vector<std::pair<st
 void PlaceByFragments(SourceIndex& L, GroupParams& group_params) {
   // (param, pp, tp) -> its smallest flat position there, and that fragment
   std::map<std::tuple<int, int, int>, std::pair<int64_t, const Fragment*>> first;
-  auto copy_of = [&](const Fragment& fr) {
-    return std::make_tuple(fr.param, L.files[fr.file].pp, L.files[fr.file].tp);
-  };
+  auto copy_of = [&](const Fragment& fr) { return std::make_tuple(fr.param, L.files[fr.file].pp, L.CopyTp(fr)); };
   for (const auto& fr : L.fragments) {
     auto [it, fresh] = first.emplace(copy_of(fr), std::make_pair(fr.dst_start, &fr));
     if (!fresh && fr.dst_start < it->second.first) it->second = {fr.dst_start, &fr};
@@ -512,27 +513,41 @@ void PlaceByFragments(SourceIndex& L, GroupParams& group_params) {
 void FinishMoe(SourceIndex& L, const MoeShapes& moe, GroupParams& group_params, const Value& model_root) {
   if (L.zero_stage == 3)
     L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint under ZeRO-3 is not supported yet");
-  PlaceByFragments(L, group_params);
   for (auto& p : L.params)
     if (auto e = ExpertOf(p.name); e && p.name.find(".deepspeed_moe.") != std::string::npos)
       if (const int total = moe.ExpertsOf(e->prefix); total > 0)
         p.expert = e->id, p.ep_rank = e->id / std::max(1, total / L.ep);
+  PlaceByFragments(L, group_params);  // (after the experts are known: their copies span TP ranks)
   L.notes.push_back("Mixture of Experts, ep=" + std::to_string(L.ep) + ": the atomic checkpoint keeps each expert under its "
                     "global id; DeepSpeed's universal load looks an expert up by its local name on its expert-parallel "
                     "rank, so it restores experts right only in a job with ep_size 1; for another ep_size, load the native files "
                     "ucp-reshard --ep writes");
-  // The model-states file's num_experts (one count per MoE layer) against the expert files.
+  // The model-states file's num_experts (one count per MoE layer) against the expert files, each at
+  // the TP rank of the rank that saves it (ExpertGroups).
   if (auto n = model_root.Get("num_experts"); n && n->kind == Value::Kind::List) {
-    std::map<int, std::set<int>> files;  // MoE layer ordinal -> global expert ids, at mp 0
-    for (const auto& f : L.files)
-      if (f.expert >= 0 && f.pp == 0 && f.tp == 0) files[f.layer].insert(f.expert);
+    const reshard::ExpertGroups eg{L.dp, L.tp, L.ep};
     const auto& counts = n->AsSequence();
+    auto saver_tp = [&](int layer, int e) {
+      const int64_t want = layer < static_cast<int>(counts.size()) ? counts[layer]->AsInt() : 0;
+      return want > 0 && want % L.ep == 0 ? eg.SaverTp(static_cast<int>(e / (want / L.ep))) : 0;
+    };
+    std::map<int, std::set<int>> files;  // MoE layer ordinal -> global expert ids
+    for (const auto& f : L.files) {
+      if (f.expert < 0) continue;
+      files[f.layer].insert(f.expert);
+      if (const int want = saver_tp(f.layer, f.expert); f.tp != want)
+        L.problems.push_back(f.name + ": expert " + std::to_string(f.expert) + " at tp=" + std::to_string(f.tp) +
+                             ", where DeepSpeed's rank that saves it is at tp=" + std::to_string(want) +
+                             " (expert-parallel groups of consecutive global ranks)");
+    }
     for (size_t layer = 0; layer < counts.size(); ++layer) {
       const int64_t want = counts[layer]->AsInt();
       const auto& have = files[static_cast<int>(layer)];
       for (int64_t e = 0; e < want; ++e)
         if (!have.count(static_cast<int>(e)))
-          L.problems.push_back("missing rank file " + ExpertStatesFileName(static_cast<int>(layer), static_cast<int>(e), 0) +
+          L.problems.push_back("missing rank file " +
+                               ExpertStatesFileName(static_cast<int>(layer), static_cast<int>(e),
+                                                    saver_tp(static_cast<int>(layer), static_cast<int>(e))) +
                                " (MoE layer " + std::to_string(layer) + " has " + std::to_string(want) + " experts)");
     }
   }
@@ -566,7 +581,7 @@ void CheckCoverage(SourceIndex& L, GroupParams& group_params,
   std::map<std::string, int> index;
   for (size_t k = 0; k < L.params.size(); ++k) index[L.params[k].name] = static_cast<int>(k);
   std::map<std::tuple<int, int, int>, std::vector<const Fragment*>> by_param;  // (param, pp, tp)
-  for (const auto& fr : L.fragments) by_param[{fr.param, L.files[fr.file].pp, L.files[fr.file].tp}].push_back(&fr);
+  for (const auto& fr : L.fragments) by_param[{fr.param, L.files[fr.file].pp, L.CopyTp(fr)}].push_back(&fr);
   for (const auto& [group_key, params] : group_params) {
     const auto key = group_key;  // named copies: lambdas below capture them (clang 14: no bindings)
     const int pp = std::get<0>(key), tp = std::get<1>(key);
@@ -828,17 +843,12 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     }
   }
 
-  // Mixture of Experts with tensor or pipeline parallelism. DeepSpeed (without expert tensor
-  // parallelism) forms its expert-parallel groups of consecutive global ranks (expert-parallel rank =
-  // global rank % ep, across TP ranks) and its expert-data-parallel groups of the ranks with the same
-  // remainder: at tp > 1 an expert's ZeRO partitions lie in the files of several TP ranks and its
-  // expert file at the TP rank of the rank that saved it (real files of DeepSpeed 0.19.5 at tp=2
-  // ep=2: experts 0-1 in mp_rank_00 files, 2-3 in mp_rank_01). Not read yet: refused by name.
-  if (moe && (L.tp > 1 || L.pp > 1)) {
-    L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint at tp=" + std::to_string(L.tp) + " pp=" +
-                       std::to_string(L.pp) + " is not supported yet (tp=1, pp=1 is): DeepSpeed's expert-parallel "
-                       "groups span the tensor-parallel ranks, so an expert's file and partitions lie at TP ranks "
-                       "of their own");
+  // Mixture of Experts in a pipeline: DeepSpeed's MoE layers run in a model that is not a
+  // PipelineModule (with TP, see ExpertGroups: an expert's file and partitions lie at TP ranks of
+  // their own, read below).
+  if (moe && L.pp > 1) {
+    L.errors.push_back(L.dir + ": a Mixture-of-Experts checkpoint at pp=" + std::to_string(L.pp) +
+                       " is not supported (DeepSpeed's MoE layers run in a model that is not a pipeline)");
     return L;
   }
 
@@ -861,7 +871,9 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
       }
     }
   for (const auto& f : L.files) {
-    bool outside = KindOf(f) == FileKind::LayerStates ? f.tp >= L.tp : (f.tp >= L.tp || f.pp >= L.pp || f.dp >= L.dp);
+    // (an expp_rank file's "dp" is its expert-parallel rank: below dp x tp, ExpertGroups)
+    const int dps = KindOf(f) == FileKind::ExpertOptimizer ? L.dp * L.tp : L.dp;
+    bool outside = KindOf(f) == FileKind::LayerStates ? f.tp >= L.tp : (f.tp >= L.tp || f.pp >= L.pp || f.dp >= dps);
     if (outside) L.problems.push_back(f.name + ": rank " + Coord(f) + " lies outside the layout's degrees");
   }
   if (L.naming == "pipe") {
@@ -895,9 +907,13 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     for (auto& f : L.files)
       if (KindOf(f) == FileKind::ExpertStates)
         if (auto file = parse(f)) try {
+            // An expert is not split over TP: one whole tensor, its shape recorded at tp 0 whichever
+            // TP rank saved it (ExpertGroups; FinishMoe checks that rank).
+            ShardFile whole = f;
+            whole.tp = 0;
             for (const auto& item : file->root->AsDict().items()) {
               const std::string& name = item.key->AsStr();
-              moe_shapes.Add(name, f, item.value->AsTensor().shape, L, index);
+              moe_shapes.Add(name, whole, item.value->AsTensor().shape, L, index);
               if (auto e = ExpertOf(name)) moe_shapes.experts[e->prefix].insert(e->id), moe_shapes.layer_of[e->prefix] = f.layer;
             }
           } catch (const std::exception& e) {
@@ -990,16 +1006,18 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
         for (const auto& c : pc.AsSequence()) counts.push_back(c->AsInt());
       for (size_t g = 0; g < counts.size(); ++g) {
         int64_t expected = L.dp;
-        if (moe && IsExpertGroup(osd, g)) {
-          // Expert groups are partitioned over the expert-data-parallel group, dp / ep ranks.
-          if (L.ep == 1 && counts[g] > 0 && counts[g] < L.dp && L.dp % counts[g] == 0)
-            L.ep = static_cast<int>(L.dp / counts[g]);
-          expected = L.dp / L.ep;
+        const bool experts = moe && IsExpertGroup(osd, g);
+        if (experts) {
+          // Expert groups are partitioned over the expert-data-parallel group, world / ep ranks.
+          const int64_t world = static_cast<int64_t>(L.dp) * L.tp;
+          if (L.ep == 1 && counts[g] > 0 && counts[g] < world && world % counts[g] == 0)
+            L.ep = static_cast<int>(world / counts[g]);
+          expected = world / L.ep;
         }
         if (counts[g] != expected)
           L.problems.push_back(where + ": partition_count " + std::to_string(counts[g]) + " of group " +
                                std::to_string(g) + " != " + std::to_string(expected) +
-                               (expected == L.dp ? " (dp_world_size)" : " (dp / ep)"));
+                               (experts ? " (dp x tp / ep)" : " (dp_world_size)"));
       }
       auto flat = FlatGroupsOf(*file->root, stage);
       const uint8_t* base = file->archive->file()->bytes().data();
@@ -1053,8 +1071,9 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
           // Fragments at their flat position in the group's buffer (one per expert-parallel rank for
           // an expert group); made relative to each parameter's first element (PlaceByFragments).
           const bool experts = IsExpertGroup(osd, g);
-          const int ep_rank = experts ? f.dp % L.ep : 0;
-          const int64_t part = experts ? f.dp / L.ep : f.dp;
+          const reshard::ExpertGroups eg{L.dp, L.tp, L.ep};
+          const int ep_rank = experts ? eg.EpRank(f.dp, f.tp) : 0;
+          const int64_t part = experts ? eg.Partition(f.dp, f.tp) : f.dp;
           for (const auto& item : mappings[g]->AsDict().items()) {
             const std::string name = experts ? moe_shapes.Global(item.key->AsStr(), ep_rank, L.ep) : item.key->AsStr();
             const int64_t start = item.value->At("start").AsInt(), numel = item.value->At("numel").AsInt();

@@ -291,18 +291,23 @@ class UnitWriter {
   // bf16 wrapper (DdpBf16Wrapper), in the model-states files (and expp_rank files).
   bool TorchOptimizer() const { return TorchOptimizerTarget(S_, T_); }
 
-  // Mixture of Experts: the expert-parallel degree, and whether optimizer group g holds experts.
+  // Mixture of Experts: the expert-parallel degree, the target's expert-parallel groups, and whether
+  // optimizer group g holds experts.
   int Ep() const { return std::max(1, T_.ep); }
+  ExpertGroups Groups() const { return {T_.dp, T_.tp, Ep()}; }
+  // Whether this unit's TP rank saves the expert files (and, without ZeRO, the expp_rank file) of
+  // expert-parallel rank r: the TP rank of global rank r (ExpertGroups).
+  bool SavesEpRank(int r) const { return Groups().SaverTp(r) == U_.tp; }
   bool ExpertGroup(size_t g) const { return S_.moe && g < S_.expert_group.size() && S_.expert_group[g]; }
 
-  // The parameters of group g in DP rank d's optimizer file, in the group's flat order. An expert
-  // group holds the experts of d's expert-parallel rank (d % ep) only, layer by layer, expert by
+  // The parameters of group g on a rank of expert-parallel rank `ep_rank`, in the group's flat order.
+  // An expert group holds the experts of that expert-parallel rank only, layer by layer, expert by
   // expert (the order of the model's parameters on that rank).
-  std::vector<int> GroupMembers(size_t g, int d) const {
+  std::vector<int> GroupMembers(size_t g, int ep_rank) const {
     if (!ExpertGroup(g)) return U_.groups[g];
     std::vector<int> members;
     for (int k : U_.groups[g])
-      if (EpRankOf(S_, S_.atoms[U_.params[k].atom], Ep()) == d % Ep()) members.push_back(k);
+      if (EpRankOf(S_, S_.atoms[U_.params[k].atom], Ep()) == ep_rank) members.push_back(k);
     std::stable_sort(members.begin(), members.end(), [&](int x, int y) {
       const Atom &a = S_.atoms[U_.params[x].atom], &b = S_.atoms[U_.params[y].atom];
       return std::make_pair(a.spec(), a.expert) < std::make_pair(b.spec(), b.expert);
@@ -325,12 +330,13 @@ class UnitWriter {
     auto mappings = Value::Make(Value::Kind::List);
     std::vector<int64_t> partition_count;
     for (int g = 0; g < groups; ++g) {
-      // An expert group is partitioned over its expert-data-parallel group (dp / ep ranks: d's
-      // partition is d / ep), every other group over all DP ranks.
+      // An expert group is partitioned over its expert-data-parallel group (ExpertGroups: dp x tp / ep
+      // ranks), every other group over the DP ranks.
       const bool experts = ExpertGroup(g);
-      const int parts = experts ? T_.dp / Ep() : T_.dp, part = experts ? d / Ep() : d;
+      const ExpertGroups eg = Groups();
+      const int parts = experts ? eg.Partitions() : T_.dp, part = experts ? eg.Partition(d, U_.tp) : d;
       partition_count.push_back(parts);
-      const std::vector<int> members = GroupMembers(g, d);
+      const std::vector<int> members = GroupMembers(g, eg.EpRank(d, U_.tp));
       const int64_t alignment = 2 * parts;  // DeepSpeed: nccl_start_alignment_factor (2) x the group's DP degree
       int64_t total = 0;
       for (int k : members) total += U_.params[k].local_numel;
@@ -375,10 +381,13 @@ class UnitWriter {
   // group in each group's order (GroupMembers: an expert group holds rank r's experts), each
   // parameter's moments in its own shape. In bf16, DeepSpeed's DDP bf16 wrapper (its unfused FP16
   // optimizer class) holds that state_dict, with the fp32 masters per group and position and its
-  // static loss scale. Rank 0's state goes in the model-states file too (without experts, only there).
+  // static loss scale. The state of the unit's DP rank 0 (under Mixture of Experts, expert-parallel
+  // rank tp) goes in the model-states file too (without experts, only there). Each expp_rank file is
+  // written at the TP rank of the rank that saves it (ExpertGroups).
   void WriteTorchOptimizerFiles() {
     const bool wrapper = DdpBf16Wrapper(S_, T_);
     for (int r = 0; r < Ep(); ++r) {
+      if (S_.moe && !SavesEpRank(r)) continue;
       auto state = Value::Make(Value::Kind::Dict);
       std::vector<std::vector<int64_t>> positions(U_.groups.size());
       auto masters = Value::Make(Value::Kind::List);  // fp32_groups
@@ -416,7 +425,7 @@ class UnitWriter {
       auto root = Value::Make(Value::Kind::Dict);
       SetItem(*root, "optimizer", osd);
       if (S_.moe) WriteShardFile(ExpertOptimFileName(r, Mp()), *root);
-      if (r == 0) rank0_optimizer_ = osd;
+      if (!rank0_optimizer_) rank0_optimizer_ = osd;
     }
   }
 
@@ -486,13 +495,14 @@ class UnitWriter {
     std::map<std::pair<int, int>, ValuePtr> files;  // (MoE layer, global expert) -> its weights
     for (size_t k = 0; k < U_.params.size(); ++k) {
       const Atom& a = S_.atoms[U_.params[k].atom];
-      if (a.expert < 0) continue;
+      if (a.expert < 0 || !SavesEpRank(EpRankOf(S_, a, Ep()))) continue;
       auto& f = files[{a.moe_layer, a.expert}];
       if (!f) f = Value::Make(Value::Kind::Dict);
       SetItem(*f, P_.names[U_.params[k].atom], pt::OwnedTensor(lp_[k], lp_[k].get(), lp.dtype, U_.params[k].copy.shape));
     }
     for (const auto& [key, dict] : files) WriteShardFile(ExpertStatesFileName(key.first, key.second, Mp()), *dict);
     for (int r = 0; !TorchOptimizer() && ExppUnderZero() && r < Ep(); ++r) {
+      if (!SavesEpRank(r)) continue;
       auto root = Value::Make(Value::Kind::Dict);
       SetItem(*root, "optimizer", Value::None());
       WriteShardFile(ExpertOptimFileName(r, Mp()), *root);
@@ -673,11 +683,11 @@ class UnitWriter {
     auto shapes = Value::Make(Value::Kind::List);
     const bool plain_tuples = PlainTupleShapes(*S_.model_states.root);
     // The parameters of each optimizer group on DP rank 0 (the rank that saves this file): under
-    // Mixture of Experts (DeepSpeed 0.19.3+ records them), the experts of expert-parallel rank 0,
+    // Mixture of Experts (DeepSpeed 0.19.3+ records them), the experts of its expert-parallel rank,
     // by their local names.
     for (size_t g = 0; g < U_.groups.size(); ++g) {
       auto m = OrderedDict();
-      for (int k : GroupMembers(g, 0)) SetItem(*m, OptimizerName(k), TorchSize(U_.params[k].copy.shape, plain_tuples));
+      for (int k : GroupMembers(g, Groups().EpRank(0, U_.tp))) SetItem(*m, OptimizerName(k), TorchSize(U_.params[k].copy.shape, plain_tuples));
       shapes->items.push_back(m);
     }
     // A Mixture-of-Experts save (engine._save_moe_checkpoint) records no param_shapes or ds_config
