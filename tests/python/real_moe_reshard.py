@@ -334,6 +334,22 @@ def main():
     check_same_as_deepspeed(again, src_shard, src_ep, vocab_rows, hidden, src_tp)
     print(f"round trip through dp=1 ep=1 ZeRO-2 {dtype}: DeepSpeed's values again")
 
+    # ucp-convert reads what it wrote at tp=2 without ZeRO (expp_rank files at TP rank r % tp, each
+    # holding its TP rank's non-expert state): the same atomic tensors, byte for byte (where DeepSpeed
+    # scales no expert moments, 0.15.4 and later: else they differ by the two jobs' scales).
+    for dp, tp, ep, zero, t in layouts:
+        if tp == 2 and zero == 0 and t == "fp32" and source_version(src_shard) >= (0, 15, 4):
+            again_atomic = os.path.join(work, f"roundtrip_dp{dp}_tp2_ep{ep}_z0")
+            run([convert, os.path.join(work, f"dp{dp}_tp2_ep{ep}_z0_fp32"), "-o", again_atomic, "-q"],
+                f"ucp-convert of the dp={dp} tp=2 ep={ep} ZeRO-0 output")
+            params = sorted(p for p in os.listdir(os.path.join(atomic, "zero")) if os.path.isdir(os.path.join(atomic, "zero", p)))
+            for name in params:
+                for st in ("fp32", "exp_avg", "exp_avg_sq"):
+                    a = load(os.path.join(atomic, "zero", name, f"{st}.pt"))["param"]
+                    b = load(os.path.join(again_atomic, "zero", name, f"{st}.pt"))["param"]
+                    assert same_bytes(a, b), f"tp=2 ep={ep} ZeRO-0 round trip: {name} {st} differs"
+            print(f"round trip through dp={dp} tp=2 ep={ep} ZeRO-0 fp32: the same atomic tensors")
+
     base = ["--dp", "4", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--dtype", "fp32"]
     for change, needle in (({"--ep": "3"}, "ep=3 must divide dp x tp=4"),
                            ({"--dp": "2", "--ep": "4"}, "ep=4 must divide dp x tp=2"),
