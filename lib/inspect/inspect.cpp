@@ -102,7 +102,7 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
                 {"dtype", L.dtype},
                 {"group", rec.group},
                 {"stages", rec.stages},
-                {"pattern", rec.expert >= 0 ? std::string("Expert") : std::string(patterns::PatternName(p.here))},
+                {"pattern", rec.WholeOverTp() ? std::string("Expert") : std::string(patterns::PatternName(p.here))},
                 {"model_pattern", patterns::PatternName(p.model_pattern)},
                 {"reason", Reason(p)},
                 {"vocab", p.vocab},
@@ -116,6 +116,13 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
         e["reason"] = "expert " + std::to_string(rec.expert) + ", whole on expert-parallel rank " +
                       std::to_string(rec.ep_rank) + " of " + std::to_string(L.ep) + ", at every TP degree (DeepSpeed "
                       "splits no expert over TP without expert tensor parallelism); with it: " + Reason(p);
+      }
+      if (rec.fused_experts > 0) {
+        const int64_t local = rec.fused_experts / std::max(1, L.ep);
+        e["fused_experts"] = rec.fused_experts;
+        e["reason"] = "the " + std::to_string(rec.fused_experts) + " experts of an MoE layer fused along dim 0 (DeepSpeed's "
+                      "AutoEP): expert-parallel rank R of " + std::to_string(L.ep) + " holds experts [R*" +
+                      std::to_string(local) + ", (R+1)*" + std::to_string(local) + ")";
       }
       params.push_back(e);
     }

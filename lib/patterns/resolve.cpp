@@ -121,6 +121,7 @@ ModelPatterns ResolvePatterns(const source::SourceIndex& L, const ResolveOptions
     std::string text;
   };
   std::map<std::string, Disagreement> disagreements;  // per pair of rules, in a stable order
+  std::vector<std::string> unsplit_unknown;  // at tp=1: no rule, so no TP split known (a note)
   for (const auto& p : L.params) {
     ParamPattern r;
     r.name = p.name;
@@ -148,10 +149,13 @@ ModelPatterns ResolvePatterns(const source::SourceIndex& L, const ResolveOptions
     }
     if (r.match) {
       r.model_pattern = r.match->pattern;
-    } else if (!r.vocab) {
+    } else if (!r.vocab && L.tp > 1) {
       M.problems.push_back("parameter '" + p.name + "' matches no rule: its TP split is unknown (taken as Shard-V)");
+    } else if (!r.vocab && !p.WholeOverTp()) {
+      unsplit_unknown.push_back(p.name);
     }
-    const int tp = p.expert >= 0 ? 1 : L.tp;  // an expert is not split over TP (ParamRecord)
+    r.fused_experts = p.fused_experts;
+    const int tp = p.WholeOverTp() ? 1 : L.tp;  // an expert is not split over TP (ParamRecord)
     if (tp > 1) r.here = r.model_pattern;
     else r.here = (r.pp_replicated && p.stages.size() > 1) ? Pattern::Replicate : Pattern::Unique;
 
@@ -212,6 +216,10 @@ ModelPatterns ResolvePatterns(const source::SourceIndex& L, const ResolveOptions
     }
     M.params.push_back(std::move(r));
   }
+  if (!unsplit_unknown.empty())
+    M.notes.push_back(std::to_string(unsplit_unknown.size()) + " parameter(s) match no rule, e.g. '" + unsplit_unknown[0] +
+                      "': at tp=1 nothing is split, so they convert exactly, but their TP split is unknown: ucp-reshard "
+                      "refuses them at TP > 1 (give model rules with --patterns)");
   for (const auto& [pair, d] : disagreements)
     M.notes.push_back(d.text + (d.count > 1 ? " and " + std::to_string(d.count - 1) + " more" : ""));
   return M;

@@ -27,6 +27,7 @@ struct ParamPattern {
   std::vector<int64_t> sub_param_sizes;  // Shard-NC: sizes along the split dim, resolved
   std::vector<int64_t> full_shape;       // joined over TP, vocabulary padding stripped
   int64_t vocab_padding_rows = 0;        // rows of padding in the joined tensor
+  int64_t fused_experts = 0;             // AutoEP's fused experts: their number (ParamRecord)
 
   // The dimension TP splits under the model pattern (the deciding rule's cat_dim: 1 for
   // row-parallel, the partition_dim of sub-parameters); -1 for Replicate and Partial.

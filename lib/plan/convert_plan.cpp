@@ -132,7 +132,7 @@ ParamPlan PlanParam(const source::SourceIndex& L, const patterns::ModelPatterns&
   std::vector<Copy> place, rest;
   for (size_t si = 0; si < stages.size(); ++si) {
     int64_t offset = 0;  // along the split dim
-    for (int t = 0; t < (rec.expert >= 0 ? 1 : L.tp); ++t) {  // an expert: one whole copy (ParamRecord)
+    for (int t = 0; t < (rec.WholeOverTp() ? 1 : L.tp); ++t) {  // an expert: one whole copy (ParamRecord)
       Copy c;
       c.pp = stages[si], c.tp = t;
       c.shape = rec.tp_shape.at(t);

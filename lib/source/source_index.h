@@ -52,6 +52,12 @@ struct ParamRecord {
   // An expert is not split over TP: its tp_shape has tp 0 only, and its fragments, in files at any
   // TP rank (an expert-parallel group spans TP ranks), are pieces of that one tensor.
   int expert = -1, ep_rank = -1;
+  // DeepSpeed 0.19's AutoEP: one fused tensor of every expert of an MoE layer, [experts, ...], each
+  // expert-parallel rank holding a run of experts along dim 0 (its [local experts, ...]): the number
+  // of experts; 0 for every other parameter. Whole like an expert: tp_shape at tp 0, the full shape;
+  // a fragment's elements are those of the full tensor (the EP rank's run offset included).
+  int64_t fused_experts = 0;
+  bool WholeOverTp() const { return expert >= 0 || fused_experts > 0; }
 };
 
 // A run of one parameter's elements inside one data file's flat partition of a param group:
@@ -96,7 +102,7 @@ struct SourceIndex {
 
   const ParamRecord* Find(const std::string& name) const;
   // The TP rank of the copy a fragment is a piece of: its file's, or 0 for an expert (ParamRecord).
-  int CopyTp(const Fragment& fr) const { return params[fr.param].expert >= 0 ? 0 : files[fr.file].tp; }
+  int CopyTp(const Fragment& fr) const { return params[fr.param].WholeOverTp() ? 0 : files[fr.file].tp; }
   int64_t Fact(const std::string& key) const;  // -1 when unknown
 };
 

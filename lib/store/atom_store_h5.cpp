@@ -74,6 +74,7 @@ void SetUniversalAttributes(const h5::Object& o, const UniversalKeys& k) {
   }
   o.SetAttribute(u + "vocab_tensor", int64_t{k.vocab_tensor ? 1 : 0});
   if (k.bare_numel) o.SetAttribute(u + "zero3_numel", *k.bare_numel);
+  if (k.ep_num_experts) o.SetAttribute(u + "ep_num_experts", *k.ep_num_experts);
 }
 
 UniversalKeys UniversalAttributes(const h5::Object& o) {
@@ -90,6 +91,7 @@ UniversalKeys UniversalAttributes(const h5::Object& o) {
   }
   k.vocab_tensor = o.IntAttribute(u + "vocab_tensor") != 0;
   if (o.HasAttribute(u + "zero3_numel")) k.bare_numel = o.IntAttribute(u + "zero3_numel");
+  if (o.HasAttribute(u + "ep_num_experts")) k.ep_num_experts = o.IntAttribute(u + "ep_num_experts");
   return k;
 }
 

@@ -78,6 +78,7 @@ UniversalKeys UniversalKeysOf(const patterns::ParamPattern& pat) {
     k.cat_dim = p == Pattern::ShardH || pat.model_pattern == Pattern::ShardH ? 1 : 0;
   }
   k.vocab_tensor = pat.vocab;
+  if (pat.fused_experts > 0) k.cat_dim = 0, k.ep_num_experts = pat.fused_experts;
   return k;
 }
 
@@ -108,6 +109,13 @@ ValuePtr BareTensor(const pt::TensorView& t, int64_t numel) {
 ValuePtr StateFileValue(const UniversalKeys& k, const std::vector<int64_t>& full_shape, ValuePtr tensor) {
   if (k.bare_numel) return BareTensor(tensor->AsTensor(), *k.bare_numel);
   auto d = Value::Make(Value::Kind::Dict);
+  if (k.ep_num_experts) {
+    SetItem(*d, "param", std::move(tensor));
+    SetItem(*d, "cat_dim", Value::Int(k.cat_dim.value_or(0)));
+    SetItem(*d, "is_expert_param", Value::Bool(true));
+    SetItem(*d, "ep_num_experts", Value::Int(*k.ep_num_experts));
+    return d;
+  }
   if (k.sub_param_shape) {
     // deepspeed.checkpoint.universal_checkpoint.SubparamShape(patterns, shape, partition_dim)
     const auto& sp = *k.sub_param_shape;
@@ -167,6 +175,8 @@ UniversalKeys UniversalKeysOfStateFile(const Value& root, const std::vector<int6
     if (key == "cat_dim") k.cat_dim = v.AsInt();
     else if (key == "param_n_sub_params") k.param_n_sub_params = v.AsInt();
     else if (key == "vocab_tensor") k.vocab_tensor = v.AsBool();
+    else if (key == "ep_num_experts") k.ep_num_experts = v.AsInt();
+    else if (key == "is_expert_param" && v.AsBool()) continue;  // (with ep_num_experts: the pickle check below)
     else if (key == "param") param = item.value;
     else if (key == "sub_param_shape") {
       UniversalKeys::SubParamShape sp;
@@ -390,6 +400,7 @@ nlohmann::json ParamMetaJson(const source::SourceIndex& L, const patterns::Param
   p["vocab_padding_rows_in_source"] = pat.vocab_padding_rows;
   p["pp_replicated"] = pat.pp_replicated;
   p["group"] = L.params[P.index].group;
+  if (pat.fused_experts > 0) p["fused_experts"] = pat.fused_experts;
   if (pat.match)
     p["rule"] = {{"key", pat.match->key}, {"regex", pat.match->rule}, {"source", pat.match->source}};
   else

@@ -60,6 +60,9 @@ struct UniversalKeys {
   // the parameter as the source held it (the vocabulary padding rows, zeros here, at its end), which
   // is what DeepSpeed's ZeRO-3 universal loader reads (torch.load(...).view(-1)).
   std::optional<int64_t> bare_numel;
+  // AutoEP's fused experts (DeepSpeed's autoep_universal): 'param' first, then cat_dim 0,
+  // is_expert_param True and ep_num_experts, this many.
+  std::optional<int64_t> ep_num_experts;
   bool operator==(const UniversalKeys&) const = default;
 };
 // The keys of a parameter: ds_to_universal.py's dict for ZeRO 0-2 sources (`zero_stage` < 3), its

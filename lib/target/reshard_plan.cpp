@@ -158,7 +158,13 @@ Source LoadSource(const std::string& dir) {
   // The layer count: from the parameter names (a plain DeepSpeed engine saves no Megatron args),
   // checked against args.num_layers where the checkpoint has it.
   std::vector<std::string> names;
-  for (const auto& p : S.reader->params()) names.push_back(p.name);
+  for (const auto& p : S.reader->params()) {
+    names.push_back(p.name);
+    if (p.meta.value("fused_experts", int64_t{0}) > 0)
+      throw Error(dir + ": parameter '" + p.name + "' holds DeepSpeed AutoEP's fused experts: ucp-reshard does not write "
+                  "AutoEP layouts yet; DeepSpeed's universal load reads this atomic checkpoint as it is (\"checkpoint\": "
+                  "{\"load_universal\": true}), at another expert-parallel degree too");
+  }
   S.layers = LayerCountOf(names, S.naming);
   if (const Value* layers = Arg(S, "num_layers"); layers && layers->AsInt() != S.layers)
     throw Error(dir + "/" + model_file + ": args.num_layers is " + std::to_string(layers->AsInt()) + " but the parameter "

@@ -15,6 +15,13 @@ reason, never silently:
   checkpoint's universal_checkpoint_info names no row-parallel weights, and its loader then splits the
   weight on the wrong dimension at TP=2 (the EXPECTED_MISMATCH resume in zero1_dp4_fp32/case.json);
   ucp takes the dimension from the model family's rules and records 1.
+- partition_count in zero/optimizer_state.pt: DeepSpeed's merged ZeRO state sets every group's to
+  the DP degree (zero_checkpoint._update_partition_count), an expert group's too; ucp keeps the
+  first file's (an expert group's dp / ep). DeepSpeed's universal loader reads neither.
+- AutoEP's expert_parameter_patterns in a model-states file's universal_checkpoint_info: DeepSpeed's
+  converter rewrites the engine's r'.*\.experts\.w[123]$' to r'\.experts\.w[123]$' in its copy;
+  ucp carries the file as it is. Nothing in DeepSpeed reads the key. Likewise its ds_autoep_layers
+  there, which DeepSpeed's copy cuts to a few fields per layer (each equal to the engine's).
 """
 import os
 import sys
@@ -91,6 +98,12 @@ def main():
                     allowed.append(f"{rel}: ZeRO-3 vocabulary padding rows are zeros; {(len(ours) - n) // 4} "
                                    f"elements DeepSpeed copied from the source's padding")
                 continue
+            if rel == "optimizer_state.pt" and isinstance(ds, dict) and ds.get("partition_count") != \
+                    ucp.get("partition_count") and ds.get("partition_count") == [manifest["source"]["dp"]] * \
+                    len(ucp.get("partition_count") or []):
+                allowed.append(f"{rel}: partition_count {ucp['partition_count']} (the file's), DeepSpeed rewrites "
+                               f"every group's to dp")
+                ucp = dict(ucp, partition_count=ds["partition_count"])
             a, b = canonical(ucp), canonical(ds)
             if isinstance(ds, dict) and tp == 1 and param.endswith(ROW_PARALLEL) and \
                     ds.get("cat_dim") == 0 and ucp.get("cat_dim") == 1:
@@ -103,7 +116,20 @@ def main():
         for f in sorted(os.listdir(ds_dir)):
             if f.endswith("_model_states.pt"):
                 compared += 1
-                d = first_difference(canonical(load(os.path.join(ucp_dir, f))), canonical(load(os.path.join(ds_dir, f))))
+                ucp, ds = load(os.path.join(ucp_dir, f)), load(os.path.join(ds_dir, f))
+                ours, theirs = (x.get("universal_checkpoint_info") or {} for x in (ucp, ds))
+                if ours.get("expert_parameter_patterns") == [r".*\.experts\.w[123]$"] and \
+                        theirs.get("expert_parameter_patterns") == [r"\.experts\.w[123]$"]:
+                    allowed.append(f"{f}: expert_parameter_patterns as the engine saved them; DeepSpeed's copy "
+                                   "rewrites them")
+                    ours["expert_parameter_patterns"] = theirs["expert_parameter_patterns"]
+                mine, cut = ours.get("ds_autoep_layers"), theirs.get("ds_autoep_layers")
+                if isinstance(mine, list) and isinstance(cut, list) and len(mine) == len(cut) and mine != cut and \
+                        all(set(c) < set(m) and all(m[k] == v for k, v in c.items()) for m, c in zip(mine, cut)):
+                    allowed.append(f"{f}: ds_autoep_layers as the engine saved them; DeepSpeed's copy keeps "
+                                   f"{len(cut[0])} of their fields")
+                    ours["ds_autoep_layers"] = [{k: m[k] for k in c} for m, c in zip(mine, cut)]
+                d = first_difference(canonical(ucp), canonical(ds))
                 if d:
                     failures.append(f"{f}: {d}")
     kinds = sorted({a.split(": ", 1)[1].split(";")[0] for a in allowed})

@@ -168,3 +168,33 @@ TEST_CASE("an expert parameter's id is found and replaced; other names are no ex
                             "x.deepspeed_experts.1a.weight", "x.deepspeed_experts..weight", "x.deepspeed_experts.3"})
     CHECK_FALSE(ExpertOf(other));
 }
+
+TEST_CASE("DeepSpeed's expert-parallel groups: runs of ep consecutive global ranks, across TP ranks", "[naming]") {
+  // The real tp=2 ep=2 dp=2 checkpoint (tests/data/real-moe-tp): global rank = dp_rank * 2 + tp_rank;
+  // experts of ep rank 0 at TP rank 0, of ep rank 1 at TP rank 1; each expert group partitioned over
+  // the two ranks of the same remainder.
+  const ExpertGroups a{2, 2, 2};
+  CHECK(a.World() == 4);
+  CHECK(a.Partitions() == 2);
+  CHECK(a.EpRank(0, 1) == 1);
+  CHECK(a.EpRank(1, 0) == 0);
+  CHECK(a.Partition(1, 1) == 1);  // global rank 3: ep rank 1, its second partition
+  CHECK(a.SaverTp(0) == 0);
+  CHECK(a.SaverTp(1) == 1);
+  CHECK(a.AtTp(0, 0));
+  CHECK_FALSE(a.AtTp(0, 1));
+  // ep=4 over tp=2 dp=2: one rank per expert group; ep ranks 0 and 2 at TP rank 0, 1 and 3 at TP rank 1.
+  const ExpertGroups b{2, 2, 4};
+  CHECK(b.Partitions() == 1);
+  CHECK(b.EpRank(1, 0) == 2);
+  CHECK(b.Partition(1, 1) == 0);
+  CHECK(b.SaverTp(2) == 0);
+  CHECK(b.SaverTp(3) == 1);
+  CHECK(b.AtTp(0, 2));
+  CHECK_FALSE(b.AtTp(0, 3));
+  // tp=1: DP rank d is ep rank d % ep, partition d / ep.
+  const ExpertGroups c{4, 1, 2};
+  CHECK(c.EpRank(3, 0) == 1);
+  CHECK(c.Partition(3, 0) == 1);
+  CHECK(c.Partitions() == 2);
+}

@@ -508,6 +508,71 @@ void PlaceByFragments(SourceIndex& L, GroupParams& group_params) {
   }
 }
 
+// DeepSpeed 0.19's AutoEP (module_inject/auto_ep*): each MoE layer keeps its local experts in fused
+// tensors, <expert_key_prefix>.w1 / .w2 / .w3 of shape [local experts, ...], in the expert param
+// groups, and the model-states file lists the layers in ds_autoep_layers. Its expert files (each
+// global expert's slice of the fused tensors) are carried, not read: the ZeRO files hold the values.
+struct AutoEpLayer {
+  std::string prefix;  // expert_key_prefix: the fused tensors are <prefix>.<name>
+  int64_t experts = 0, local = 0, ep = 1;
+};
+
+std::vector<AutoEpLayer> AutoEpLayersOf(const Value& root) {
+  std::vector<AutoEpLayer> out;
+  auto layers = root.Get("ds_autoep_layers");
+  if (!layers || layers->kind == Value::Kind::None) return out;
+  for (const auto& l : layers->AsSequence()) {
+    AutoEpLayer a;
+    a.prefix = l->At("expert_key_prefix").AsStr();
+    a.experts = l->At("num_experts").AsInt(), a.local = l->At("num_local_experts").AsInt(), a.ep = l->At("ep_size").AsInt();
+    const std::string format = l->At("checkpoint_format").AsStr();
+    if (format != "per_expert_files")
+      throw Error("ds_autoep_layers: checkpoint_format '" + format + "' (AutoEP under ZeRO-3) is not supported yet");
+    if (a.local < 1 || a.ep < 1 || a.local * a.ep != a.experts)
+      throw Error("ds_autoep_layers: '" + a.prefix + "': " + std::to_string(a.experts) + " experts are not " +
+                  std::to_string(a.local) + " local experts on each of " + std::to_string(a.ep) + " expert-parallel ranks");
+    out.push_back(std::move(a));
+  }
+  if (root.Get("folding"))
+    throw Error("AutoEP folded with AutoTP (the 'folding' metadata of tp > 1) is not supported yet");
+  return out;
+}
+
+// An AutoEP index, after every optimizer file: each parameter of an expert group is a fused tensor of
+// its layer's experts, its shape and its numel in the group lists made those of all the experts.
+void FinishAutoEp(SourceIndex& L, const std::vector<AutoEpLayer>& layers, const std::set<int>& expert_groups,
+                  GroupParams& group_params) {
+  for (auto& p : L.params) {
+    if (!expert_groups.count(p.group)) continue;
+    const AutoEpLayer* layer = nullptr;
+    for (const auto& l : layers)
+      if (p.name.size() > l.prefix.size() + 1 && p.name.compare(0, l.prefix.size() + 1, l.prefix + ".") == 0 &&
+          p.name.find('.', l.prefix.size() + 1) == std::string::npos)
+        layer = &l;
+    auto shape = p.tp_shape.find(0);
+    if (!layer || shape == p.tp_shape.end() || shape->second.empty()) {
+      L.problems.push_back("parameter '" + p.name + "' is in an expert group but is no fused expert tensor of a layer "
+                           "ds_autoep_layers lists");
+      continue;
+    }
+    if (layer->ep != L.ep || shape->second[0] != layer->local) {
+      L.problems.push_back("parameter '" + p.name + "' of shape " + pt::ShapeString(shape->second) + ": ds_autoep_layers says " +
+                           std::to_string(layer->local) + " local experts at ep " + std::to_string(layer->ep) +
+                           ", the optimizer files ep " + std::to_string(L.ep));
+      continue;
+    }
+    p.fused_experts = layer->experts;
+    shape->second[0] = layer->experts;
+    for (auto& [key, list] : group_params)
+      if (std::get<2>(key) == p.group)
+        for (auto& [name, numel] : list)
+          if (name == p.name) numel *= L.ep;
+  }
+  L.notes.push_back("DeepSpeed AutoEP, ep=" + std::to_string(L.ep) + ": each fused expert tensor whole in the atomic "
+                    "checkpoint, [experts, ...] (the expert-parallel ranks' runs of experts joined on dim 0), as "
+                    "DeepSpeed's universal conversion writes it");
+}
+
 // A Mixture-of-Experts index, after every optimizer file: the fragments placed (PlaceByFragments),
 // each expert's expert-parallel rank, and what is not supported.
 void FinishMoe(SourceIndex& L, const MoeShapes& moe, GroupParams& group_params, const Value& model_root) {
@@ -757,7 +822,19 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   int config_stage = -1;  // ds_config.zero_optimization.stage of the model-states file
   // A Mixture-of-Experts save (engine._save_moe_checkpoint) writes no ds_config, ds_version or
   // param_shapes into the model-states file; its ZeRO optimizer files have the first two.
-  const bool moe = count(FileKind::ExpertStates) > 0 || root.Get("num_experts");
+  std::vector<AutoEpLayer> autoep;
+  try {
+    autoep = AutoEpLayersOf(root);
+  } catch (const std::exception& e) {
+    L.errors.push_back(first->archive->path() + ": " + e.what());
+    return L;
+  }
+  if (!autoep.empty() && count(FileKind::ZeroOptimizer) == 0) {
+    L.errors.push_back(first->archive->path() + ": DeepSpeed AutoEP without ZeRO (expp_rank files) is not supported yet");
+    return L;
+  }
+  // (AutoEP's experts are fused tensors in its ZeRO files, read as any parameter is: FinishAutoEp)
+  const bool moe = autoep.empty() && (count(FileKind::ExpertStates) > 0 || root.Get("num_experts"));
   pt::ValuePtr config = root.Get("ds_config"), version = root.Get("ds_version");
   if (moe && !config)
     for (const auto& f : L.files)
@@ -983,7 +1060,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     for (const auto& [name, numel] : group_params[{pp, tp, g}]) out[name] = {at, numel}, at += numel;
     return out;
   };
-  std::set<int> stages_seen;
+  std::set<int> stages_seen, expert_groups;
   std::map<std::tuple<int, int, int>, int64_t> partitions;  // (pp, tp, group) -> flat partition size
   for (size_t fi = 0; fi < L.files.size(); ++fi) {
     ShardFile& f = L.files[fi];
@@ -1006,7 +1083,8 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
         for (const auto& c : pc.AsSequence()) counts.push_back(c->AsInt());
       for (size_t g = 0; g < counts.size(); ++g) {
         int64_t expected = L.dp;
-        const bool experts = moe && IsExpertGroup(osd, g);
+        const bool experts = (moe || !autoep.empty()) && IsExpertGroup(osd, g);
+        if (experts) expert_groups.insert(static_cast<int>(g));
         if (experts) {
           // Expert groups are partitioned over the expert-data-parallel group, world / ep ranks.
           const int64_t world = static_cast<int64_t>(L.dp) * L.tp;
@@ -1082,6 +1160,11 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
           continue;
         }
         auto offsets = offsets_of(f.pp, f.tp, gi);
+        // AutoEP: an expert group holds the fused tensors of its expert-parallel rank's experts, the
+        // run [ep_rank * local, ...) of each full tensor, partitioned over its expert-data-parallel group.
+        const bool fused = !autoep.empty() && IsExpertGroup(osd, g);
+        const reshard::ExpertGroups eg{L.dp, L.tp, L.ep};
+        const int64_t part = fused ? eg.Partition(f.dp, f.tp) : f.dp, ep_rank = fused ? eg.EpRank(f.dp, f.tp) : 0;
         for (const auto& item : mappings[g]->AsDict().items()) {
           const std::string& name = item.key->AsStr();
           int64_t start = item.value->At("start").AsInt(), numel = item.value->At("numel").AsInt();
@@ -1091,7 +1174,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
                                  " but this rank's param_shapes do not list it there");
             continue;
           }
-          add(name, start, numel, f.dp * partition + start - off->second.first);
+          add(name, start, numel, part * partition + start - off->second.first + ep_rank * off->second.second);
         }
       }
     } catch (const std::exception& e) {
@@ -1112,6 +1195,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   L.moe = moe;
   if (moe) FinishMoe(L, moe_shapes, group_params, root);
   if (shapes_from_weights || ddp_wrapper) PlaceByFragments(L, group_params);
+  if (!autoep.empty()) FinishAutoEp(L, autoep, expert_groups, group_params);
   CheckCoverage(L, group_params, partitions);
   if (zero3_files != (L.zero_stage == 3))
     L.problems.push_back("ZeRO-3 model files present but optimizer files say stage " + std::to_string(L.zero_stage));
