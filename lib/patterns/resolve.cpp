@@ -149,7 +149,7 @@ ModelPatterns ResolvePatterns(const source::SourceIndex& L, const ResolveOptions
     }
     if (r.match) {
       r.model_pattern = r.match->pattern;
-    } else if (!r.vocab && L.tp > 1) {
+    } else if (!r.vocab && L.tp > 1 && !p.WholeOverTp()) {
       M.problems.push_back("parameter '" + p.name + "' matches no rule: its TP split is unknown (taken as Shard-V)");
     } else if (!r.vocab && !p.WholeOverTp()) {
       unsplit_unknown.push_back(p.name);

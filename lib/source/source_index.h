@@ -101,7 +101,8 @@ struct SourceIndex {
   std::vector<std::string> notes;     // what was found that the user may want to know
 
   const ParamRecord* Find(const std::string& name) const;
-  // The TP rank of the copy a fragment is a piece of: its file's, or 0 for an expert (ParamRecord).
+  // The TP rank of the copy a fragment is a piece of: its file's, or 0 for a parameter whole over TP
+  // (an expert, fused experts: ParamRecord::WholeOverTp).
   int CopyTp(const Fragment& fr) const { return params[fr.param].WholeOverTp() ? 0 : files[fr.file].tp; }
   int64_t Fact(const std::string& key) const;  // -1 when unknown
 };
