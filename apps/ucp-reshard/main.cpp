@@ -88,8 +88,8 @@ int main(int argc, char** argv) {
        "torch optimizer, the state in expp_rank files), 1, 2, or 3 (pp=1) (required, here or in --layout)")
       ->check(CLI::Range(0, 3));
   LayoutFlag<int>(app, flags, "--ep", "ep",
-       "Mixture of Experts: the expert-parallel degree of the target job (DeepSpeed's ep_size), dividing --dp and each "
-       "MoE layer's expert count (default: the source's)")->check(CLI::PositiveNumber);
+       "Mixture of Experts: the expert-parallel degree of the target job (DeepSpeed's ep_size), dividing --dp x --tp "
+       "and each MoE layer's expert count, at least --tp (default: the source's)")->check(CLI::PositiveNumber);
   LayoutFlag<std::string>(app, flags, "--dtype", "dtype", "training dtype: fp16, bf16 (default) or fp32")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   LayoutFlag<std::string>(app, flags, "--grad-accum-dtype", "grad_accum_dtype",
