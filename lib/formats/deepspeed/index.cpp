@@ -404,7 +404,8 @@ void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<st
       }
   for (int r = 0; r < L.ep; ++r)
     if (!expp.count(r))
-      L.problems.push_back("missing rank file " + ExpertOptimFileName(r, r % L.tp) + " (expert-parallel rank " +
+      L.problems.push_back("missing rank file " + ExpertOptimFileName(r, reshard::ExpertGroups{L.dp, L.tp, L.ep}.SaverTp(r)) +
+                           " (expert-parallel rank " +
                            std::to_string(r) + " of " + std::to_string(L.ep) + ")");
   for (const auto& [r, fi] : expp) {
     const std::string where = L.dir + "/" + L.files[fi].name;
@@ -429,8 +430,8 @@ void IndexMoeWithoutZero(SourceIndex& L, const MoeShapes& moe, const std::map<st
         throw Error("trained in " + L.dtype + ", its optimizer state has no fp32_groups (the masters of DeepSpeed's "
                     "bf16 wrapper): this " + (L.dtype == "bf16" ? "BF16" : "FP16") + " optimizer is not supported yet");
       TorchState torch_state(L, fi, *opt.state_dict, opt.fp32_groups, index, parse);
-      // The non-expert state of the file's TP rank: that of expert-parallel rank t, the first rank
-      // at TP rank t (ExpertGroups: rank R saves at TP rank R % tp).
+      // The non-expert state of the file's TP rank: that of the first expert-parallel rank saved there
+      // (ExpertGroups::SaverTp: rank t, as tp <= ep).
       const int t = L.files[fi].tp;
       torch_state.Match(module[t], false, r == t);
       torch_state.Match(experts, true, true);
@@ -1145,13 +1146,16 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
         L.zero_padding_elements += osd.At("group_paddings").AsSequence().at(g)->AsInt();
         const auto& mappings = osd.At("param_slice_mappings").AsSequence();
         if (g >= mappings.size()) throw Error("param_slice_mappings has no group " + std::to_string(g));
+        // An expert group (Mixture of Experts, AutoEP) holds the experts of this rank's expert-parallel
+        // rank, partitioned over its expert-data-parallel group (ExpertGroups); every other group over
+        // the DP ranks.
+        const bool experts = expert_groups.count(gi) > 0;
+        const reshard::ExpertGroups eg{L.dp, L.tp, L.ep};
+        const int ep_rank = experts ? eg.EpRank(f.dp, f.tp) : 0;
+        const int64_t part = experts ? eg.Partition(f.dp, f.tp) : f.dp;
         if (moe || shapes_from_weights) {
           // Fragments at their flat position in the group's buffer (one per expert-parallel rank for
           // an expert group); made relative to each parameter's first element (PlaceByFragments).
-          const bool experts = IsExpertGroup(osd, g);
-          const reshard::ExpertGroups eg{L.dp, L.tp, L.ep};
-          const int ep_rank = experts ? eg.EpRank(f.dp, f.tp) : 0;
-          const int64_t part = experts ? eg.Partition(f.dp, f.tp) : f.dp;
           for (const auto& item : mappings[g]->AsDict().items()) {
             const std::string name = experts ? moe_shapes.Global(item.key->AsStr(), ep_rank, L.ep) : item.key->AsStr();
             const int64_t start = item.value->At("start").AsInt(), numel = item.value->At("numel").AsInt();
@@ -1160,11 +1164,8 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
           continue;
         }
         auto offsets = offsets_of(f.pp, f.tp, gi);
-        // AutoEP: an expert group holds the fused tensors of its expert-parallel rank's experts, the
-        // run [ep_rank * local, ...) of each full tensor, partitioned over its expert-data-parallel group.
-        const bool fused = !autoep.empty() && IsExpertGroup(osd, g);
-        const reshard::ExpertGroups eg{L.dp, L.tp, L.ep};
-        const int64_t part = fused ? eg.Partition(f.dp, f.tp) : f.dp, ep_rank = fused ? eg.EpRank(f.dp, f.tp) : 0;
+        // (AutoEP: an expert group holds the fused tensors of its expert-parallel rank's experts, the
+        // run [ep_rank * local, ...) of each full tensor)
         for (const auto& item : mappings[g]->AsDict().items()) {
           const std::string& name = item.key->AsStr();
           int64_t start = item.value->At("start").AsInt(), numel = item.value->At("numel").AsInt();
@@ -1174,7 +1175,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
                                  " but this rank's param_shapes do not list it there");
             continue;
           }
-          add(name, start, numel, part * partition + start - off->second.first + ep_rank * off->second.second);
+          add(name, start, numel, part * partition + start - off->second.first + int64_t{ep_rank} * off->second.second);
         }
       }
     } catch (const std::exception& e) {
