@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "common/command_line.h"
+
 #include "convert/convert.h"
 #include "patterns/rules.h"
 #include "h5/h5.h"
@@ -64,7 +66,7 @@ int main(int argc, char** argv) {
   app.add_option("--patterns-dir", o.patterns_dir, "folder of model-family rule files")->capture_default_str();
   app.add_flag("--no-strict", no_strict, "convert despite layout or pattern problems (they are printed)");
   app.add_flag("-q,--quiet", o.quiet, "print errors only");
-  CLI11_PARSE(app, argc, argv);
+  if (auto status = ucp::apps::ParseCommandLine(app, argc, argv, "ucp-convert")) return *status;
   o.strict = !no_strict;
   o.progress = ::isatty(STDERR_FILENO);
   if (o.source.empty() == o.from_atomic.empty()) {

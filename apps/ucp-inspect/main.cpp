@@ -2,6 +2,8 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "common/command_line.h"
+
 #include "formats/registry.h"
 #include "inspect/inspect.h"
 #include "patterns/rules.h"
@@ -39,7 +41,7 @@ int main(int argc, char** argv) {
   app.add_flag("--verify", options.verify, "also read every tensor's bytes and check its CRC32");
   app.add_flag("--list-patterns", list_patterns, "list the pattern vocabulary and the rule files available");
   app.add_flag("--list-formats", list_formats, "list the checkpoint formats ucp reads and writes (its drivers)");
-  CLI11_PARSE(app, argc, argv);
+  if (auto status = ucp::apps::ParseCommandLine(app, argc, argv, "ucp-inspect")) return *status;
   options.strict = !no_strict;
   if (list_formats) {
     if (options.json)

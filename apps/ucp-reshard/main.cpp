@@ -2,6 +2,8 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <iostream>
+
+#include "common/command_line.h"
 #include <unistd.h>
 
 #include "core/error.h"
@@ -80,16 +82,16 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   // Flags given on the command line, applied over the layout file as one more layout object.
   nlohmann::json flags = nlohmann::json::object();
-  LayoutFlag<int>(app, flags, "--dp", "dp", "data-parallel degree (required, here or in --layout)")->check(CLI::PositiveNumber);
-  LayoutFlag<int>(app, flags, "--tp", "tp", "tensor-parallel degree (required, here or in --layout)")->check(CLI::PositiveNumber);
-  LayoutFlag<int>(app, flags, "--pp", "pp", "pipeline-parallel degree (required, here or in --layout)")->check(CLI::PositiveNumber);
+  LayoutFlag<int>(app, flags, "--dp", "dp", "data-parallel degree (required, here or in --layout)")->check(ucp::apps::AtLeast(1));
+  LayoutFlag<int>(app, flags, "--tp", "tp", "tensor-parallel degree (required, here or in --layout)")->check(ucp::apps::AtLeast(1));
+  LayoutFlag<int>(app, flags, "--pp", "pp", "pipeline-parallel degree (required, here or in --layout)")->check(ucp::apps::AtLeast(1));
   LayoutFlag<int>(app, flags, "--zero-stage", "zero_stage",
        "ZeRO stage: 0 (without ZeRO: bf16 with DeepSpeed's BF16 optimizer; a Mixture-of-Experts model in fp32 with its "
        "torch optimizer, the state in expp_rank files), 1, 2, or 3 (pp=1) (required, here or in --layout)")
       ->check(CLI::Range(0, 3));
   LayoutFlag<int>(app, flags, "--ep", "ep",
        "Mixture of Experts: the expert-parallel degree of the target job (DeepSpeed's ep_size), dividing --dp x --tp "
-       "and each MoE layer's expert count, at least --tp (default: the source's)")->check(CLI::PositiveNumber);
+       "and each MoE layer's expert count, at least --tp (default: the source's)")->check(ucp::apps::AtLeast(1));
   LayoutFlag<std::string>(app, flags, "--dtype", "dtype", "training dtype: fp16, bf16 (default) or fp32")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   LayoutFlag<std::string>(app, flags, "--grad-accum-dtype", "grad_accum_dtype",
@@ -112,7 +114,7 @@ int main(int argc, char** argv) {
        "pipe, ZeRO-3 always plain")
       ->check(CLI::IsMember({"pipe", "plain"}));
   LayoutFlag<int64_t>(app, flags, "--make-vocab-size-divisible-by", "make_vocab_size_divisible_by",
-       "vocabulary padding multiple per TP rank (default: the source's)")->check(CLI::PositiveNumber);
+       "vocabulary padding multiple per TP rank (default: the source's)")->check(ucp::apps::AtLeast(1));
   app.add_option("--share-buffer", o.share_bytes,
                  "memory per rank for pieces several target ranks need (TP-replicated parameters, the tied "
                  "embedding), read once and sent over MPI (e.g. 64M, 1G; default 256M; 0: each reads its own)")
@@ -143,26 +145,31 @@ int main(int argc, char** argv) {
   app.add_flag("--force", o.force, "overwrite a non-empty output folder (its `latest` is removed first)");
   app.add_option("--report", o.report_path, "write a JSON report: seconds, bytes read per rank, peak RSS");
   app.add_flag("-q,--quiet", o.quiet, "print errors only");
-  CLI11_PARSE(app, argc, argv);
-  try {
-    std::vector<std::string> given;
+  if (auto status = ucp::apps::ParseCommandLine(app, argc, argv, "ucp-reshard")) return *status;
+  std::vector<std::string> given;
+  try {  // a --layout file that is not a layout: refused as input (exit 1)
     if (!layout_file.empty()) t = ucp::reshard::ReadLayoutFile(layout_file, t, &given);
-    t = ucp::reshard::ApplyLayout(flags, t, "the command line", &given);
-    ip.given = given;
-    if (g.gpus > 0) {
-      g.base = t;
-      for (const char* key : {"dp", "tp", "pp", "zero_stage"})
-        if (std::find(given.begin(), given.end(), key) != given.end()) g.fixed.push_back(key);
-    } else if (auto missing = ucp::reshard::MissingLayoutKeys(given); !missing.empty()) {
-      std::string key = missing.front(), flag_name = key;
-      std::replace(flag_name.begin(), flag_name.end(), '_', '-');
-      std::cerr << "ucp-reshard: error: no " << key << ": give --" << flag_name << " or \"" << key
-                << "\" in a --layout file, or --gpus N to choose the layout\n";
-      return 2;
-    }
   } catch (const ucp::Error& e) {
     std::cerr << "ucp-reshard: error: " << e.what() << "\n";
     return 1;
+  }
+  try {  // flags that name a layout wrongly: a command-line error
+    t = ucp::reshard::ApplyLayout(flags, t, "the command line", &given);
+  } catch (const ucp::Error& e) {
+    std::cerr << "ucp-reshard: error: " << e.what() << "\n";
+    return ucp::apps::kCommandLineError;
+  }
+  ip.given = given;
+  if (g.gpus > 0) {
+    g.base = t;
+    for (const char* key : {"dp", "tp", "pp", "zero_stage"})
+      if (std::find(given.begin(), given.end(), key) != given.end()) g.fixed.push_back(key);
+  } else if (auto missing = ucp::reshard::MissingLayoutKeys(given); !missing.empty()) {
+    std::string key = missing.front(), flag_name = key;
+    std::replace(flag_name.begin(), flag_name.end(), '_', '-');
+    std::cerr << "ucp-reshard: error: no " << key << ": give --" << flag_name << " or \"" << key
+              << "\" in a --layout file, or --gpus N to choose the layout\n";
+    return ucp::apps::kCommandLineError;
   }
   o.progress = ::isatty(STDERR_FILENO);
   if (in_place) {

@@ -110,7 +110,26 @@ auto Timed(double& total, Fn&& fn) {
 
 // What a --resume finds: nothing to resume (start afresh), files of an interrupted run to verify
 // and keep, or a run killed after its manifest, whose commit only needs finishing.
-enum class Resume { No, Yes, OnlyCommitLeft };
+// Complete: a finished conversion of the same source, every file as its manifest says: nothing to do.
+enum class Resume { No, Yes, OnlyCommitLeft, Complete };
+
+// That `dir`, a committed atomic checkpoint, is this conversion finished: its manifest's source
+// fingerprint is the source folder's as it is now, and every file it lists has its size and XXH64.
+// Throws saying which is not so (a job script that always passes --resume must not take another
+// source's, or a damaged, checkpoint for done).
+void RequireFinishedConversionOf(const std::string& dir, const source::SourceIndex& L) {
+  const nlohmann::json m = store::ReadManifest(dir);
+  const std::string where = dir + "/" + store::kManifestName;
+  if (m.at("source").value("fingerprint", "") != source::FolderFingerprint(L.dir))
+    throw Error(where + ": a complete atomic checkpoint of another source (or of " + L.dir +
+                " before its files changed): nothing to resume; --force converts again");
+  for (const auto& f : m.at("files")) {
+    std::string why;
+    const auto rec = store::FileRecord::FromJson(f);
+    if (!store::Verify(dir, rec, &why))
+      throw Error(dir + "/" + rec.path + ": " + why + ": the complete atomic checkpoint is damaged; --force converts again");
+  }
+}
 
 // Whether `dir` holds nothing a run completed: folders, temporaries, the lock (a run killed before
 // its journal existed).
@@ -144,7 +163,9 @@ void PrepareOutput(const ConvertOptions& o, const source::SourceIndex& L, const 
         *resume = Resume::OnlyCommitLeft;
         return;
       }
-      throw Error(o.output + ": already holds a complete atomic checkpoint (ucp_manifest.json); nothing to resume");
+      RequireFinishedConversionOf(o.output, L);
+      *resume = Resume::Complete;
+      return;
     }
     store::Journal::Load(o.output, fingerprint);  // throws unless the same conversion
     if (store::IsAtomicCheckpoint(o.output)) {
@@ -260,6 +281,10 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     error = rank == 0 ? Capture([&] { FinishCommit(o.output, kind); }) : "";
     if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
     if (talk) err << "ucp-convert: resumed a run killed after its manifest: " << o.output << " is complete\n";
+    return 0;
+  }
+  if (static_cast<Resume>(flag) == Resume::Complete) {
+    if (talk) err << "ucp-convert: " << o.output << " is already complete (its manifest verifies, from the same source): nothing to resume\n";
     return 0;
   }
   const bool resuming = static_cast<Resume>(flag) == Resume::Yes;
@@ -506,8 +531,10 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       }
       auto manifest = store::AssembleManifest(std::string(store::StoreName(kind)), store::SourceJson(L, M),
                                               store::FamilyJson(M), params, files);
+      auto latest = kind == store::StoreKind::Pt ? store::StageLatestUniversal(o.output) : nullptr;
       folder->Mark({manifest.dump(1) + "\n"});  // the commit point (step 4)
-      FinishCommit(o.output, kind);
+      if (latest) latest->Commit();
+      store::Journal::Remove(o.output);
     });
   }
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;

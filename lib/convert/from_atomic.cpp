@@ -170,8 +170,9 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
     }
     const auto& m = reader->manifest();
     auto manifest = store::AssembleManifest(std::string(store::StoreName(kind)), m.at("source"), m.at("family"), params, files);
+    auto latest = kind == store::StoreKind::Pt ? store::StageLatestUniversal(o.output) : nullptr;
     folder->Mark({manifest.dump(1) + "\n"});  // the commit point (core/commit.h, step 4)
-    if (kind == store::StoreKind::Pt) store::WriteLatestUniversal(o.output);
+    if (latest) latest->Commit();
   })
                     : "";
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;

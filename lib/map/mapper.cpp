@@ -4,14 +4,16 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "pt/zip_archive.h"
 
 namespace ucp::map {
 
-Mapper::Mapper(const source::SourceIndex& L, const plan::ConvertPlan& plan, int rank) {
+Mapper::Mapper(const source::SourceIndex& L, const plan::ConvertPlan& plan, int rank) : layout_(L) {
   for (size_t fi = 0; fi < L.files.size(); ++fi) {
     if (plan.file_mapper[fi] != rank) continue;
     const auto& f = L.files[fi];
@@ -43,6 +45,7 @@ int Mapper::OpenFd(const source::SourceIndex& L, int file) {
   d.fd = ::open(d.path.c_str(), O_RDONLY | O_CLOEXEC);
   if (d.fd < 0) throw Error(d.path + ": cannot open: " + std::strerror(errno));
   ::posix_fadvise(d.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  d.checked.assign(L.files[file].checksummed.size(), false);
   fds_.emplace(file, d);
   return d.fd;
 }
@@ -69,6 +72,7 @@ void Mapper::Read(const plan::Piece& piece, plan::State state, int64_t offset, i
   const Fd& d = fds_.at(t.file);
   const std::string in = t.file == piece.file ? "" : " (its bytes are in " + d.path + ")";
   uint64_t pos = t.file_offset + first * 4, left = static_cast<uint64_t>(numel) * 4;
+  CheckRecords(t.file, pos, left, o.where + ": parameter '" + param + "' " + std::string(plan::StateName(state)));
   while (left > 0) {
     ssize_t n = ::pread(d.fd, dst, std::min<uint64_t>(left, 1u << 30), static_cast<off_t>(pos));
     if (n < 0 && errno == EINTR) continue;
@@ -77,6 +81,40 @@ void Mapper::Read(const plan::Piece& piece, plan::State state, int64_t offset, i
     dst += n, pos += static_cast<uint64_t>(n), left -= static_cast<uint64_t>(n);
   }
   bytes_read_ += static_cast<uint64_t>(numel) * 4;
+}
+
+void Mapper::CheckRecords(int file, uint64_t pos, uint64_t len, const std::string& context) {
+  Fd& d = fds_.at(file);
+  const auto& ranges = layout_.files[file].checksummed;
+  if (ranges.empty()) throw Error(context + ": " + d.path + " lists no checksummed record: its bytes cannot be checked");
+  uint64_t covered = pos;
+  for (size_t i = 0; i < ranges.size() && covered < pos + len; ++i) {
+    const auto& r = ranges[i];
+    if (r.offset + r.size <= covered || r.offset > covered) continue;
+    covered = r.offset + r.size;
+    if (d.checked[i]) continue;
+    std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(r.size, uint64_t{8} << 20)));
+    uint32_t crc = 0;
+    for (uint64_t at = 0; at < r.size;) {
+      ssize_t n = ::pread(d.fd, buf.data(), static_cast<size_t>(std::min<uint64_t>(buf.size(), r.size - at)),
+                          static_cast<off_t>(r.offset + at));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw Error(d.path + ": record '" + r.name + "': read failed: " + std::strerror(errno));
+      if (n == 0) throw Error(d.path + ": record '" + r.name + "': the file ends inside it (truncated?)");
+      crc = pt::Crc32(crc, {buf.data(), static_cast<size_t>(n)});
+      at += static_cast<uint64_t>(n);
+    }
+    if (crc != r.crc32) {
+      char hex[64];
+      std::snprintf(hex, sizeof hex, "stored %08x, computed %08x", r.crc32, crc);
+      throw Error(d.path + ": record '" + r.name + "': CRC-32 mismatch (" + hex +
+                  "): the file is damaged; nothing of it was converted (" + context + " lies in it)");
+    }
+    d.checked[i] = true;
+  }
+  if (covered < pos + len)
+    throw Error(context + ": bytes [" + std::to_string(pos) + ", " + std::to_string(pos + len) + ") of " + d.path +
+                " lie outside every zip record");
 }
 
 }  // namespace ucp::map

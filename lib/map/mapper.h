@@ -42,8 +42,14 @@ class Mapper {
   struct Fd {
     int fd = -1;
     std::string path;
+    std::vector<bool> checked;  // per ShardFile::checksummed record
   };
   int OpenFd(const source::SourceIndex& layout, int file);
+  // Checks the zip CRC-32 of every record [pos, pos + len) of `file` lies in, the first time one is
+  // touched (read whole, by pread, before any of its bytes is used): a flipped byte is refused
+  // naming the file and the record, never converted.
+  void CheckRecords(int file, uint64_t pos, uint64_t len, const std::string& context);
+  const source::SourceIndex& layout_;
   std::map<int, Open> files_;
   std::map<int, Fd> fds_;  // every file a mapped file's tensors lie in: itself, and others it names
   uint64_t bytes_read_ = 0;

@@ -235,6 +235,13 @@ class UnitSlices final : public SliceSource {
 
 
 
+// ", fp32 -> bf16 as --dtype asks" where the target trains in another precision than the source
+// did: never a default (ResolvedDtype), always said.
+std::string PrecisionChange(const Source& S, const TargetLayout& T) {
+  const std::string from = S.manifest["source"].value("dtype", "");
+  return from.empty() || from == T.dtype ? "" : " (" + from + " -> " + T.dtype + ", as --dtype asks)";
+}
+
 }  // namespace
 
 LayoutChoice ChooseLayoutFor(const std::string& atomic_dir, const PlannerRequest& request) {
@@ -282,7 +289,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   if (talk && o.planner.gpus > 0) err << kTool << ": layout for " << o.planner.gpus << " GPUs: " << choice.reason << "\n";
   if (talk)
     err << kTool << ": " << o.atomic_dir << " (" << S.atoms.size() << " parameters, from dp=" << S.manifest["source"]["dp"]
-        << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"] << ") to " << T.Describe(DdpBf16Wrapper(S, T))
+        << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"] << ") to " << T.Describe(DdpBf16Wrapper(S, T)) << PrecisionChange(S, T)
         << "; " << P.units.size() << (T.zero_stage == 3 ? " (model-parallel, DP) ranks' files" : " model-parallel ranks")
         << " on " << comm.name() << "\n";
   if (talk && P.padded_vocab > 0 && T.vocab_divisible_by <= 0 && S.divisible_by <= 0 && T.tp != S.tp)

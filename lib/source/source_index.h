@@ -27,6 +27,15 @@ struct Extent {
   int file = -1;
 };
 
+// A byte range of a file that its container checksums: a zip record's payload and the CRC-32 the
+// central directory keeps for it. Every tensor byte a mapper reads lies in one and is checked
+// against it before it is used.
+struct ChecksummedRange {
+  std::string name;  // the record's name inside the file
+  uint64_t offset = 0, size = 0;
+  uint32_t crc32 = 0;
+};
+
 struct ShardFile {
   std::string name;
   std::string kind;        // the driver's word for it ("optimizer_states", "model_states", ...)
@@ -40,6 +49,7 @@ struct ShardFile {
   // param group's flat partition (ZeRO), or one parameter's tensors (a torch optimizer's state by
   // position, without ZeRO).
   std::vector<std::array<Extent, 3>> groups;
+  std::vector<ChecksummedRange> checksummed;  // by offset: where its tensor bytes lie and their checksums
 };
 
 struct ParamRecord {

@@ -95,7 +95,28 @@ AtomReader::AtomReader(StoreKind store, std::string dir, nlohmann::json manifest
       if (!index_.emplace(a.name, params_.size()).second) throw Error("parameter '" + a.name + "' is listed twice");
       params_.push_back(std::move(a));
     }
+    for (const auto& f : manifest_.at("files")) {
+      FileRecord r = FileRecord::FromJson(f);
+      records_[r.path] = r;
+    }
   });
+}
+
+pt::TorchFile AtomReader::ReadCheckedFile(const std::string& rel, const std::string& what) const {
+  const std::string path = dir_ + "/" + rel, about = what.empty() ? "" : what + ": ";
+  auto it = records_.find(rel);
+  if (it == records_.end()) throw Error(path + ": " + about + "the manifest's file list does not name it");
+  pt::TorchFile file = pt::ReadTorchFile(path);
+  const MappedFile& mapped = *file.archive->file();
+  const uint64_t digest = XxHash64::Of(mapped.bytes().data(), mapped.size());
+  mapped.ReleaseResidentPages();  // hashed: the pages need not count as this rank's
+  if (mapped.size() != it->second.bytes || digest != it->second.xxh64)
+    throw Error(path + ": " + about + "the file is damaged: " +
+                (mapped.size() != it->second.bytes
+                     ? std::to_string(mapped.size()) + " bytes, the manifest says " + std::to_string(it->second.bytes)
+                     : "XXH64 " + HexDigest(digest) + ", the manifest says " + HexDigest(it->second.xxh64)) +
+                " (ucp-inspect --verify checks every file)");
+  return file;
 }
 
 const AtomParam& AtomReader::param(const std::string& name) const {
@@ -125,22 +146,29 @@ void AtomReader::ReadAll(const std::string& name, plan::State state, float* dst)
 }
 
 uint64_t AtomReader::TensorDigest(const std::string& name, plan::State state) {
-  const AtomParam& p = param(name);
+  return DigestBySlabs(param(name).shape, [&](std::span<const int64_t> start, std::span<const int64_t> count, float* dst) {
+    ReadSlab(name, state, start, count, dst);
+  });
+}
+
+uint64_t DigestBySlabs(const std::vector<int64_t>& shape,
+                       const std::function<void(std::span<const int64_t>, std::span<const int64_t>, float*)>& read) {
   XxHash64 h;
-  if (p.shape.empty()) {
+  if (shape.empty()) {
     float v = 0;
-    ReadSlab(name, state, {}, {}, &v);
+    read({}, {}, &v);
     h.Update(&v, sizeof v);
     return h.Digest();
   }
-  const int64_t row = p.shape[0] > 0 ? p.numel / p.shape[0] : 0;
+  const int64_t numel = pt::Numel(shape);
+  const int64_t row = shape[0] > 0 ? numel / shape[0] : 0;
   const int64_t rows = std::max<int64_t>(1, (int64_t{4} << 20) / std::max<int64_t>(1, row));
-  std::vector<float> buf(static_cast<size_t>(std::min(rows, p.shape[0]) * row));
-  std::vector<int64_t> start(p.shape.size(), 0), count = p.shape;
-  for (int64_t r = 0; r < p.shape[0]; r += rows) {
+  std::vector<float> buf(static_cast<size_t>(std::min(rows, shape[0]) * row));
+  std::vector<int64_t> start(shape.size(), 0), count = shape;
+  for (int64_t r = 0; r < shape[0]; r += rows) {
     start[0] = r;
-    count[0] = std::min(rows, p.shape[0] - r);
-    ReadSlab(name, state, start, count, buf.data());
+    count[0] = std::min(rows, shape[0] - r);
+    read(start, count, buf.data());
     h.Update(buf.data(), static_cast<size_t>(count[0] * row) * sizeof(float));
   }
   return h.Digest();

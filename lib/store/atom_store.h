@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -24,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "plan/convert_plan.h"
+#include "pt/torch_file.h"
 #include "pt/value.h"
 #include "shuffle/comm.h"
 #include "store/atomic_store.h"
@@ -85,6 +87,11 @@ class AtomReader {
   virtual UniversalKeys ReadUniversalKeys(const std::string& param) = 0;
   // XXH64 of the raw little-endian bytes of one state tensor, streamed in slabs of about 16 MiB.
   uint64_t TensorDigest(const std::string& param, plan::State state);
+  // A torch.save file of the folder (a model-states file, zero/optimizer_state.pt, a .pt atom), read
+  // and checked against the manifest's size and XXH64 of it (core of the whole file, before any of
+  // its bytes is used): a damaged file is refused naming it and `what` (a parameter and state),
+  // never passed on. A file the manifest does not list is refused too.
+  pt::TorchFile ReadCheckedFile(const std::string& rel, const std::string& what = "") const;
   // Drops the open handles of a parameter (a reader that moves on frees them).
   virtual void Forget(const std::string& param) = 0;
   // The blocks a state tensor is read in, whole (HDF5: its chunk shape); empty when any slab is
@@ -113,6 +120,7 @@ class AtomReader {
   nlohmann::json manifest_;
   std::vector<AtomParam> params_;
   std::map<std::string, size_t> index_;
+  std::map<std::string, FileRecord> records_;  // the manifest's file list, by relative path
 };
 
 // What a writer is told of every parameter before any data: every rank gets the same list (all
@@ -183,6 +191,12 @@ std::vector<std::string> AtomicFolderContents();
 
 // The XXH64 (hex) atoms.h5 records for a dataset (its attribute "xxh64"); hdf5 readers only.
 std::string RecordedDatasetDigest(AtomReader& reader, const std::string& param, plan::State state);
+
+// XXH64 of the raw little-endian bytes of a float32 tensor of `shape`, streamed through `read` in
+// slabs of whole rows of about 4 MiB (a reader's TensorDigest, and the HDF5 reader's check of a
+// dataset against the manifest when it first opens it).
+uint64_t DigestBySlabs(const std::vector<int64_t>& shape,
+                       const std::function<void(std::span<const int64_t>, std::span<const int64_t>, float*)>& read);
 
 // Row-major copy of the slab [start, start + count) of a tensor of `shape` at src into dst.
 // ContiguousSlabStart: the element offset of the slab's first element when the slab is one run of

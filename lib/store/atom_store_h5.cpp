@@ -218,9 +218,32 @@ class H5Reader final : public AtomReader {
       throw Error(where + ": shape " + pt::ShapeString(ds->dataset.Shape()) + ", the manifest says " +
                   pt::ShapeString(p.shape));
     ds->chunk = ds->dataset.ChunkShape();
+    // The dataset against the manifest's XXH64 of it, read whole the first time it is opened, before
+    // any of its bytes is used: a damaged atom is refused naming the parameter and state, never resharded.
+    const std::string recorded = RecordedInManifest(p.name, state);
+    const uint64_t digest = DigestBySlabs(p.shape, [&](std::span<const int64_t> a, std::span<const int64_t> n, float* to) {
+      ds->dataset.ReadSlab(a, n, to);
+    });
+    if (HexDigest(digest) != recorded)
+      throw Error(where + ": parameter '" + p.name + "' " + std::string(plan::StateName(state)) +
+                  ": the dataset is damaged: XXH64 " + HexDigest(digest) + ", the manifest says " + recorded +
+                  " (ucp-inspect --verify checks every dataset)");
     d = std::move(ds);
     return d;
   }
+
+  // The XXH64 (hex) the manifest records for a parameter's dataset.
+  std::string RecordedInManifest(const std::string& name, plan::State state) {
+    if (recorded_.empty())
+      for (const auto& p : manifest().at("params"))
+        WithContext(dir() + "/" + kManifestName + ": parameter '" + p.at("name").get<std::string>() + "'", [&] {
+          for (int s = 0; s < plan::kStates; ++s)
+            recorded_[{p.at("name").get<std::string>(), s}] =
+                p.at("hdf5").at("xxh64").at(std::string(plan::StateName(static_cast<plan::State>(s)))).get<std::string>();
+        });
+    return recorded_.at({name, static_cast<int>(state)});
+  }
+  std::map<std::pair<std::string, int>, std::string> recorded_;  // filled on first use, under mu_
 
   std::recursive_mutex mu_;
   h5::File file_;

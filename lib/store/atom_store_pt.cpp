@@ -55,7 +55,8 @@ class PtReader final : public AtomReader {
   pt::ValuePtr ReadStep(const std::string& name) override {
     const AtomParam& p = param(name);
     if (!p.has_step) return nullptr;
-    return pt::ReadTorchFile(dir() + "/" + files_.at(name)[plan::kStates]).root;
+    const std::string& rel = files_.at(name)[plan::kStates];
+    return ReadCheckedFile(rel, "parameter '" + name + "' step").root;
   }
 
   UniversalKeys ReadUniversalKeys(const std::string& name) override {
@@ -92,7 +93,8 @@ class PtReader final : public AtomReader {
     }
     const std::string rel = files_.at(p.name)[static_cast<int>(state)];
     const std::string path = dir() + "/" + rel;
-    auto file = std::make_shared<pt::TorchFile>(pt::ReadTorchFile(path));
+    auto file = std::make_shared<pt::TorchFile>(
+        ReadCheckedFile(rel, "parameter '" + p.name + "' " + std::string(plan::StateName(state))));
     WithContext(path, [&] {
       const bool bare = file->root->kind == pt::Value::Kind::Tensor;  // DeepSpeed's ZeRO-3 form
       auto v = bare ? file->root : file->root->Get("param");

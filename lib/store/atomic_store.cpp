@@ -232,13 +232,18 @@ ValuePtr OptimizerStateValue(const Value& root, int zero_stage) {
   return out;
 }
 
-void WriteLatestUniversal(const std::string& dir) {
+std::unique_ptr<AtomicFile> StageLatestUniversal(const std::string& dir) {
   fs::path path = fs::absolute(dir).lexically_normal();
   if (path.filename().empty()) path = path.parent_path();
   const std::string latest = (path.parent_path() / "latest_universal").string();
   RemoveDeadTemporariesOf(latest);  // of runs killed while writing it
-  WriteFileAtomically(latest, path.filename().string());
+  auto file = WithContext(latest, [&] { return std::make_unique<AtomicFile>(latest); });
+  const std::string name = path.filename().string();
+  file->Write(name.data(), name.size());
+  return file;
 }
+
+void WriteLatestUniversal(const std::string& dir) { StageLatestUniversal(dir)->Commit(); }
 
 FileRecord CopyFileAtomically(const std::string& from, const std::string& to_dir, const std::string& rel,
                               Durability durability) {

@@ -83,7 +83,10 @@ UniversalKeys UniversalKeysOfStateFile(const pt::Value& root, const std::vector<
 pt::ValuePtr OptimizerStateValue(const pt::Value& optimizer_file_root, int zero_stage);
 
 // DeepSpeed's load_universal finds the atomic checkpoint `dir` through <parent>/latest_universal,
-// which names it; written atomically, after the manifest.
+// which names it; written atomically, after the manifest. Staged: opened and written under a
+// temporary name before the manifest (a parent folder that takes no file fails the run before its
+// commit point, leaving no manifest), renamed by its Commit() after it.
+std::unique_ptr<AtomicFile> StageLatestUniversal(const std::string& dir);
 void WriteLatestUniversal(const std::string& dir);
 
 // A byte-for-byte copy of a file, written atomically.

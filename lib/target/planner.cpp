@@ -54,7 +54,9 @@ MemoryEstimate EstimateMemory(const TargetLayout& t, const std::vector<int64_t>&
   return m;
 }
 
-LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& r, const LoadOf& load) {
+LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request, const LoadOf& load) {
+  PlannerRequest r = request;
+  if (r.base.dtype.empty()) r.base.dtype = model.source.dtype;  // every candidate in the job's precision unless --dtype says
   if (r.gpus < 1) throw Error("--gpus must be at least 1");
   if (r.gpus_per_node < 1) throw Error("--gpus-per-node must be at least 1");
   LayoutChoice choice;

@@ -124,6 +124,20 @@ int LocalExpertId(const Source& S, const Atom& a, int ep) {
   return a.expert % static_cast<int>(S.num_experts.at(a.moe_layer) / ep);
 }
 
+namespace {
+// A model whose output layer is a parameter of its own (Llama-style: Megatron-DeepSpeed's
+// language_model.output_layer, its pipeline's <spec>.lm_head and untied <1>.word_embeddings) has
+// names GPTModel / GPTModelPipe do not place: refused by name, before a layer count goes wrong.
+void RefuseUntiedOutputLayer(const std::string& dir, const std::vector<std::string>& names) {
+  static const std::regex untied(R"(^(language_model\.output_layer\.|\d+\.lm_head\.|1\.word_embeddings\.).*)");
+  for (const auto& n : names)
+    if (std::regex_match(n, untied))
+      throw Error(dir + ": parameter '" + n + "': an output layer apart from the word embedding (a Llama-style model): "
+                  "ucp-reshard writes GPT-style models whose output layer is tied to the word embedding, not yet this "
+                  "one (ucp-convert and ucp-inspect read it; DeepSpeed's universal load reads the atomic checkpoint)");
+}
+}  // namespace
+
 Source LoadSource(const std::string& dir) {
   Source S;
   S.reader = store::AtomReader::Open(dir);
@@ -152,8 +166,8 @@ Source LoadSource(const std::string& dir) {
     }
   }
   if (model_file.empty()) throw Error(dir + ": the manifest lists no mp_rank_*_model_states.pt");
-  S.model_states = pt::ReadTorchFile(dir + "/" + model_file);
-  S.optimizer = pt::ReadTorchFile(dir + "/zero/optimizer_state.pt");
+  S.model_states = S.reader->ReadCheckedFile(model_file);
+  S.optimizer = S.reader->ReadCheckedFile("zero/optimizer_state.pt");
   S.tp = S.manifest["source"].value("tp", 1);
   // The layer count: from the parameter names (a plain DeepSpeed engine saves no Megatron args),
   // checked against args.num_layers where the checkpoint has it.
@@ -165,6 +179,7 @@ Source LoadSource(const std::string& dir) {
                   "AutoEP layouts yet; DeepSpeed's universal load reads this atomic checkpoint as it is (\"checkpoint\": "
                   "{\"load_universal\": true}), at another expert-parallel degree too");
   }
+  RefuseUntiedOutputLayer(dir, names);
   S.layers = LayerCountOf(names, S.naming);
   if (const Value* layers = Arg(S, "num_layers"); layers && layers->AsInt() != S.layers)
     throw Error(dir + "/" + model_file + ": args.num_layers is " + std::to_string(layers->AsInt()) + " but the parameter "
@@ -378,6 +393,7 @@ bool TorchOptimizerTarget(const Source& S, const TargetLayout& T) {
 TargetLayout ResolveModel(const Source& S, TargetLayout T) {
   T.model = ResolvedModel(T, NamingName(S.naming));
   if (T.ep == 0 && S.moe) T.ep = S.ep;  // (without experts it stays unsaid: 1)
+  T.dtype = ResolvedDtype(T, S.manifest["source"]);                      // given, else the source job's
   T.grad_accum_dtype = ResolvedGradAccumDtype(T, S.manifest["source"]);  // given, else the source job's
   return T;
 }
@@ -462,7 +478,7 @@ LayoutChoice ChooseFor(const Source& S, const PlannerRequest& request) {
   if (m.kv_heads == 0) m.kv_heads = m.heads;
   const json& src = S.manifest["source"];
   m.source.dp = src.value("dp", 1), m.source.tp = src.value("tp", 1), m.source.pp = src.value("pp", 1);
-  m.source.zero_stage = src.value("zero_stage", 1), m.source.dtype = src.value("dtype", "bf16");
+  m.source.zero_stage = src.value("zero_stage", 1), m.source.dtype = ResolvedDtype({}, src);
   return ChooseLayout(m, request, [&](const TargetLayout& layout) {
     const TargetLayout T = ResolveModel(S, layout);
     const Plan P = MakePlan(S, T, 1, 0);

@@ -51,6 +51,14 @@ std::string GradAccumDtypeOf(const std::string& configured, const std::string& o
   return optimizer == "bf16_optimizer" && zero_stage == 1 ? "fp32" : dtype;
 }
 
+std::string ResolvedDtype(const TargetLayout& t, const nlohmann::json& source) {
+  if (!t.dtype.empty()) return t.dtype;
+  const std::string d = source.is_object() ? source.value("dtype", "") : "";
+  if (d != "fp32" && d != "bf16" && d != "fp16")
+    throw Error("the checkpoint does not record the dtype its job trained in: give --dtype fp32, bf16 or fp16");
+  return d;
+}
+
 std::string ResolvedGradAccumDtype(const TargetLayout& t, const nlohmann::json& source) {
   if (!t.grad_accum_dtype.empty()) return t.grad_accum_dtype;
   return GradAccumDtypeOf(source.value("grad_accum_dtype", ""), source.value("optimizer", ""),

@@ -15,7 +15,8 @@ struct TargetLayout {
   int dp = 1, tp = 1, pp = 1;
   int zero_stage = 1;                               // 0 (with bf16: the BF16 optimizer), 1, 2, 3
   int ep = 0;  // Mixture of Experts: the expert-parallel degree (dividing dp); 0: the source's (1 without experts)
-  std::string dtype = "bf16";                       // fp16, bf16, fp32
+  // fp16, bf16, fp32; empty: the source job's (ResolvedDtype): a precision change is asked for, never a default.
+  std::string dtype;
   std::string partition_method = "type:transformer";  // uniform | parameters | type:REGEX | a,b,c boundaries
   int64_t vocab_divisible_by = 0;                   // 0: the source's make_vocab_size_divisible_by
   // "pipe": a DeepSpeed PipelineModule (GPTModelPipe names, layer_* files); "plain": a model that is
@@ -51,6 +52,9 @@ bool ReleaseBefore(const std::string& v, int major, int minor, int patch);
 // dtype, DeepSpeed's default under ZeRO.
 std::string GradAccumDtypeOf(const std::string& configured, const std::string& optimizer, int zero_stage,
                              const std::string& dtype);
+// The target's training dtype: as given, else the source job's (an atomic checkpoint manifest's
+// `source.dtype`); throws ucp::Error asking for --dtype when the manifest does not say it.
+std::string ResolvedDtype(const TargetLayout& t, const nlohmann::json& source);
 // The target's gradient-accumulation dtype: as given, else the source job's (GradAccumDtypeOf of
 // an atomic checkpoint manifest's `source`, in the target's training dtype).
 std::string ResolvedGradAccumDtype(const TargetLayout& t, const nlohmann::json& source);

@@ -3,7 +3,8 @@ compare what ucp-reshard writes with the files DeepSpeed itself wrote for that l
 
     real_reshard.py UCP_RESHARD UCP_CONVERT ATOMIC_DIR SOURCE_CASE CASES_DIR WORK [mpiexec RANKS]
 
-All fp32 cases trained the same model (same seed, same batches), so the target case's files are an
+All fp32 cases of one model (case.json's --arch: the GPT-style and the Llama-style ones; same seed, same
+batches) trained the same job, so a target case's files (of the same model only) are an
 independent ground truth up to the training noise between layouts.
 - Structure, from the native files: the same file names; per file the same keys in the same order,
   value types, tensor shapes and dtypes, param_slice_mappings, group_paddings, partition counts.
@@ -57,6 +58,19 @@ def deepspeed_version(case, cases_dir):
     return case_info(case, cases_dir).get("deepspeed", {}).get("version", "0.14.5")
 
 
+def model_of(case, cases_dir):
+    """The model a case trained: the harness's --arch (gpt unless it says llama, ...). Another model is
+    another job, never another layout of this one."""
+    args = case_info(case, cases_dir).get("train_args", "").split()
+    return args[args.index("--arch") + 1] if "--arch" in args else "gpt"
+
+
+def sp_of(case, cases_dir):
+    """The Ulysses sequence-parallel degree the case trained with (the harness's --sp), 1 without."""
+    args = case_info(case, cases_dir).get("train_args", "").split()
+    return int(args[args.index("--sp") + 1]) if "--sp" in args else 1
+
+
 def not_comparable(case, source, cases_dir):
     """Why `case` is no target to compare `source`'s reshard with, or None."""
     if not os.path.isdir(os.path.join(cases_dir, case, "ckpt", "global_step6")):
@@ -64,6 +78,9 @@ def not_comparable(case, source, cases_dir):
     if "--moe-layers" in case_info(case, cases_dir).get("train_args", "") or \
             any("_expert_" in f for f in os.listdir(os.path.join(cases_dir, case, "ckpt", "global_step6"))):
         return "a Mixture-of-Experts model, another model (real_moe_reshard.py reshards those)"
+    if model_of(case, cases_dir) != model_of(source, cases_dir):
+        return (f"another model ({model_of(case, cases_dir)}, the source a {model_of(source, cases_dir)}): "
+                "its files are another job's, not another layout of this one")
     if deepspeed_version(case, cases_dir) != deepspeed_version(source, cases_dir):
         return (f"written by DeepSpeed {deepspeed_version(case, cases_dir)}, the source by "
                 f"{deepspeed_version(source, cases_dir)}: a reshard follows its source's DeepSpeed, so the files differ")
@@ -80,7 +97,9 @@ def layout_of(case, cases_dir):
     # optimizer): its configuration's, else the training dtype, DeepSpeed's default under ZeRO.
     config = os.path.join(cases_dir, case, "ds_config.json")
     accum = json.load(open(config)).get("data_types", {}).get("grad_accum_dtype") if os.path.exists(config) else None
-    return {"tp": int(tok.get("tp", 1)), "pp": int(tok.get("pp", 1)), "dp": int(tok["dp"]),
+    # Under Ulysses SP DeepSpeed partitions ZeRO state over DP x SP ranks, numbered as DP ranks: to
+    # ucp-reshard (which has no --sp yet) an SP=2 x DP=2 job is dp=4.
+    return {"tp": int(tok.get("tp", 1)), "pp": int(tok.get("pp", 1)), "dp": int(tok["dp"]) * sp_of(case, cases_dir),
             "zero": int(tok["zero"]), "dtype": dtype, "grad_accum": accum or dtype,
             "model": "pipe" if any(f.startswith("layer_") for f in files) else "plain"}
 
@@ -182,11 +201,33 @@ def compare_case(ucp_dir, ds_dir, values):
     return c
 
 
+# Models whose output layer is not the word embedding: ucp-reshard does not write them yet and must
+# say so by name, before anything is written (not a layer count gone wrong, not a partial folder).
+UNTIED_OUTPUT_MODELS = {"llama"}
+
+
+def refuses_untied_output(reshard, atomic, source, cases_dir, work, launcher):
+    L = layout_of(source, cases_dir)
+    out = os.path.join(work, source, "refused")
+    cmd = [reshard, atomic, "-o", out, "--force", "-q", "--dp", str(L["dp"]), "--tp", str(L["tp"]), "--pp",
+           str(L["pp"]), "--zero-stage", str(L["zero"])]
+    r = subprocess.run(([launcher[0], "--oversubscribe", "-np", launcher[1]] if launcher else []) + cmd,
+                       capture_output=True, text=True)
+    why = [w for w in ("Llama-style", "output layer apart from the word embedding") if w not in r.stderr]
+    if r.returncode != 1 or why or os.path.exists(os.path.join(out, "latest")):
+        print(f"FAIL {source}: ucp-reshard of its own layout: exit {r.returncode}, missing {why}: {r.stderr.strip()[-600:]}")
+        return 1
+    print(f"ok   {source}: an untied output layer, refused by name: {r.stderr.strip().splitlines()[0][:300]}")
+    return 0
+
+
 def main():
     reshard, convert, atomic, source, cases_dir, work = sys.argv[1:7]
     launcher = sys.argv[7:]
     groups = lambda d: len(load(os.path.join(d, "zero", "optimizer_state.pt"))["param_groups"])  # noqa: E731
     failed, compared = 0, set()
+    if model_of(source, cases_dir) in UNTIED_OUTPUT_MODELS:
+        sys.exit(refuses_untied_output(reshard, atomic, source, cases_dir, work, launcher))
     for case in sorted(os.listdir(cases_dir)):
         why = not_comparable(case, source, cases_dir)
         if why:

@@ -337,12 +337,56 @@ TEST_CASE("store: a tensor of another shape or dtype than the manifest's is refu
   // Replace a state file with one holding a tensor of another shape.
   std::vector<float> other(10, 1.0f);
   auto t = pt::OwnedTensor(std::shared_ptr<const void>(), other.data(), pt::DType::F32, {2, 5});
-  pt::WriteTorchFile((dir / store::StateRelPath(cases[3].name, plan::State::Fp32)).string(),
-                     *store::StateFileValue(cases[3].keys, {2, 5}, t));
+  const std::string rel = store::StateRelPath(cases[3].name, plan::State::Fp32);
+  pt::WriteTorchFile((dir / rel).string(), *store::StateFileValue(cases[3].keys, {2, 5}, t));
+  // ... and a manifest whose record of it says so: its checksum passes, its shape may not.
+  auto m = store::ReadManifest(dir.string());
+  for (auto& f : m["files"])
+    if (f["path"] == rel) {
+      uint64_t size = 0;
+      f["xxh64"] = HexDigest(XxHash64File((dir / rel).string(), &size));
+      f["bytes"] = size;
+    }
+  WriteFileAtomically((dir / store::kManifestName).string(), m.dump(1));
   auto reader = store::AtomReader::Open(dir.string());
   std::vector<float> buf(64);
   CHECK_THROWS_WITH(reader->ReadAll(cases[3].name, plan::State::Fp32, buf.data()),
                     Catch::Contains("fp32.pt") && Catch::Contains("shape [2, 5], the manifest says [10, 3]"));
+}
+
+// Issue 29, finding 1: a flipped byte inside an atom passed through ucp-reshard. Every reader checks
+// what it reads against the manifest (the .pt store: each file's XXH64; HDF5: each dataset's) before
+// any byte is used, and refuses naming the file, the parameter and the state.
+TEST_CASE("store: a flipped byte in an atom is refused naming the file, parameter and state", "[store]") {
+  auto cases = Cases();
+  fs::path dir = StoreDir(StoreKind::Pt, "flipped_byte");
+  WriteStore(StoreKind::Pt, dir, cases);
+  const std::string rel = store::StateRelPath(cases[1].name, plan::State::ExpAvgSq);
+  uint64_t at = 0;
+  {
+    auto file = pt::ReadTorchFile((dir / rel).string());
+    const auto& tensor = file.root->At("param").AsTensor();
+    at = static_cast<uint64_t>(tensor.data() - file.archive->file()->bytes().data()) + tensor.nbytes() / 2;
+  }
+  {
+    std::fstream f(dir / rel, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at));
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(static_cast<std::streamoff>(at));
+    f.write(&c, 1);
+  }
+  auto reader = store::AtomReader::Open(dir.string());
+  std::vector<float> buf(static_cast<size_t>(pt::Numel(cases[1].shape)));
+  // A slab that does not even touch the flipped element is refused too: the file is checked whole.
+  std::vector<int64_t> start(cases[1].shape.size(), 0), count = cases[1].shape;
+  count[0] = 1;
+  CHECK_THROWS_WITH(reader->ReadSlab(cases[1].name, plan::State::ExpAvgSq, start, count, buf.data()),
+                    Catch::Contains(rel) && Catch::Contains("'" + cases[1].name + "' exp_avg_sq") &&
+                        Catch::Contains("damaged") && Catch::Contains("XXH64"));
+  // The other states of the parameter read as they were written.
+  CHECK_NOTHROW(reader->ReadAll(cases[1].name, plan::State::Fp32, buf.data()));
 }
 
 TEST_CASE("store: storage bytes: a TP slice of an HDF5 tensor reads whole chunks and nothing more", "[store]") {
