@@ -1,0 +1,205 @@
+"""Issue 29's findings, each a check on a real DeepSpeed checkpoint (../shared/real-deepspeed), each
+named after the finding it guards, each failing on the build that had the finding:
+
+  trust.py FINDING UCP_BIN_DIR CASES_DIR WORK
+
+FINDING is one of:
+  corrupt_atom      a flipped byte in an atom (both stores): ucp-reshard refuses naming file,
+                    parameter and state; no `latest`.
+  corrupt_source    a flipped byte in a real optimizer file's tensor record: ucp-convert refuses
+                    naming the file and the record's CRC-32; no manifest. ucp-inspect --verify
+                    refuses it, and on the clean copy says what it verified (text, JSON).
+  precision         an fp32 job resharded without --dtype stays fp32 (file names, dtypes, the
+                    planner's candidates); --dtype bf16 is said ("fp32 -> bf16").
+  commit_order      an output whose parent takes no file: ucp-convert fails before its manifest.
+  resume_finished   --resume on a finished conversion exits 0 and says so; on a damaged one it refuses.
+  command_line      every command-line error exits 2 with words (--dp 0: "at least 1").
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ds_stubs  # noqa: E402,F401
+from refusal import refusal_problems  # noqa: E402
+
+finding, bindir, cases, work = sys.argv[1:5]
+CONVERT, RESHARD, INSPECT = (os.path.join(bindir, t) for t in ("ucp-convert", "ucp-reshard", "ucp-inspect"))
+problems = []
+
+
+def run(cmd):
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def expect(label, p, must, code=1):
+    bad = refusal_problems(p, must, code)
+    print(f"{label}: {'ok' if not bad else 'FAIL ' + '; '.join(bad)}\n    {(p.stdout + p.stderr).strip()[:400]}")
+    problems.extend(f"{label}: {b}" for b in bad)
+
+
+def check(label, ok, detail=""):
+    print(f"{label}: {'ok' if ok else 'FAIL'} {detail}")
+    if not ok:
+        problems.append(label)
+
+
+def copy_case(case, where):
+    dst = os.path.join(work, where)
+    shutil.copytree(os.path.join(cases, case, "ckpt"), dst, ignore=shutil.ignore_patterns("*_universal", "latest_universal"))
+    return dst
+
+
+def convert(src, out, *flags):
+    p = run([CONVERT, src, "-o", out, "-q", "--force"] + list(flags))
+    if p.returncode != 0:
+        sys.exit(f"ucp-convert {src}: exit {p.returncode}: {p.stderr[-800:]}")
+    return out
+
+
+def flip(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+def record_offset(path, name_part):
+    """The middle byte of the first zip record's payload whose name holds `name_part`."""
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if name_part in i.filename and i.file_size > 64)
+    with open(path, "rb") as f:
+        f.seek(info.header_offset + 26)
+        n, m = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+    return info.header_offset + 30 + n + m + info.file_size // 2, info.filename
+
+
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+FP32 = "zero1_dp4_fp32"
+
+if finding == "corrupt_atom":
+    for store in ("pt", "hdf5"):
+        atomic = convert(os.path.join(cases, FP32, "ckpt"), os.path.join(work, store, "universal"), "--format", store)
+        victim = "language_model.encoder.layers.1.mlp.dense_4h_to_h.weight"
+        if store == "pt":
+            path = os.path.join(atomic, "zero", victim, "fp32.pt")
+            offset, _ = record_offset(path, "/data/")
+            flip(path, offset)
+            must = [path, victim, "fp32", "damaged"]
+        else:
+            import h5py
+            with h5py.File(os.path.join(atomic, "atoms.h5"), "r+") as h:
+                d = h[victim]["exp_avg"]
+                d[0, 0] = d[0, 0] + 1.0  # the manifest's (and the attribute's) XXH64 stay as they were
+            must = ["atoms.h5", victim, "exp_avg", "damaged"]
+        out = os.path.join(work, store, "resharded")
+        p = run([RESHARD, atomic, "-o", out, "-q", "--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
+        expect(f"corrupt_atom {store}: ucp-reshard refuses", p, must)
+        check(f"corrupt_atom {store}: no latest", not os.path.exists(os.path.join(out, "latest")))
+
+elif finding == "corrupt_source":
+    case = "tp2_dp2_bf16_zero0"
+    src = copy_case(case, "source")
+    path = os.path.join(src, "global_step6", "bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt")
+    offset, record = record_offset(path, "/data/")
+    flip(path, offset)
+    out = os.path.join(work, "universal")
+    p = run([CONVERT, src, "-o", out, "-q"])
+    expect("corrupt_source: ucp-convert refuses", p, [path, record, "CRC-32 mismatch"])
+    check("corrupt_source: no manifest", not os.path.exists(os.path.join(out, "ucp_manifest.json")))
+    # The clean source converts (the check does not refuse good files); inspect --verify says it checked.
+    clean = copy_case(case, "clean")
+    p = run([CONVERT, clean, "-o", os.path.join(work, "clean_universal"), "-q"])
+    check("corrupt_source: the clean copy converts", p.returncode == 0, p.stderr[-300:])
+    p = run([INSPECT, src, "--verify"])
+    expect("corrupt_source: ucp-inspect --verify refuses (2: unreadable input)", p, ["CRC32 mismatch"], code=2)
+    # Finding 12: --verify on a clean source says what it checked, in text and JSON.
+    p = run([INSPECT, clean, "--verify"])
+    check("inspect --verify on a clean source says so", p.returncode == 0 and "verified: " in p.stdout, p.stdout[-300:])
+    plain = run([INSPECT, clean])
+    check("inspect without --verify says nothing of it", "verified" not in plain.stdout)
+    p = run([INSPECT, clean, "--verify", "--json"])
+    v = json.loads(p.stdout).get("verified", {}) if p.returncode == 0 else {}
+    check("inspect --verify --json: records and bytes", v.get("zip_records", 0) > 0 and v.get("bytes", 0) > 0, str(v))
+
+elif finding == "precision":
+    atomic = convert(os.path.join(cases, FP32, "ckpt"), os.path.join(work, "universal"))
+    out = os.path.join(work, "fp32_target")
+    p = run([RESHARD, atomic, "-o", out, "--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
+    check("precision: reshard without --dtype", p.returncode == 0, p.stderr[-300:])
+    files = sorted(os.listdir(os.path.join(out, "global_step6")))
+    check("precision: fp32 job keeps fp32 optimizer file names", files and not any(f.startswith("bf16_") for f in files), str(files))
+    ms = torch.load(os.path.join(out, "global_step6", "mp_rank_00_model_states.pt"), map_location="cpu")
+    dtypes = {t.dtype for t in ms["module"].values() if torch.is_tensor(t)} if isinstance(ms.get("module"), dict) else set()
+    check("precision: the module's weights stay fp32", dtypes == {torch.float32}, str(dtypes))
+    check("precision: ds_config keeps bf16 off", not ms["ds_config"].get("bf16", {}).get("enabled", False))
+    check("precision: no precision change said", "->" not in p.stderr.split("parameters, from")[-1].split(";")[0], p.stderr[:300])
+    p = run([RESHARD, atomic, "--gpus", "2", "--plan-only", "--json"])
+    plan = json.loads(p.stdout) if p.returncode == 0 else {}
+    dts = {c["layout"]["dtype"] for c in plan.get("candidates", [])}
+    check("precision: --gpus plans in the job's fp32", dts == {"fp32"}, str(dts))
+    out = os.path.join(work, "bf16_target")
+    p = run([RESHARD, atomic, "-o", out, "--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--dtype", "bf16"])
+    check("precision: --dtype bf16 is said", p.returncode == 0 and "fp32 -> bf16" in p.stderr, p.stderr[-300:])
+
+elif finding == "commit_order":
+    # The atomic folder is writable, its parent (where latest_universal goes) is not. As root,
+    # permissions do not bind: the conversion runs as nobody (setpriv), the folder nobody's.
+    parent = os.path.join(work, "locked_parent")
+    out = os.path.join(parent, "universal")
+    os.makedirs(out)
+    src = copy_case(FP32, "source")
+    prefix = []
+    if os.geteuid() == 0:
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        for dp, dns, fns in os.walk(work):
+            for n in dns + fns:
+                os.chmod(os.path.join(dp, n), 0o755) if n in dns else None
+        os.chown(out, 65534, 65534)
+        os.chmod(work, 0o755)
+    os.chmod(parent, 0o555)
+    try:
+        p = run(prefix + [CONVERT, src, "-o", out, "-q"])
+    finally:
+        os.chmod(parent, 0o755)
+    expect("commit_order: ucp-convert fails", p, ["latest_universal"])
+    check("commit_order: no manifest left", not os.path.exists(os.path.join(out, "ucp_manifest.json")))
+
+elif finding == "resume_finished":
+    src = os.path.join(cases, FP32, "ckpt")
+    out = convert(src, os.path.join(work, "universal"))
+    for _ in range(2):
+        p = run([CONVERT, src, "-o", out, "--resume"])
+        check("resume_finished: --resume on a finished folder exits 0", p.returncode == 0 and "already complete" in p.stderr,
+              p.stderr[-300:])
+    victim = next(os.path.join(dp, f) for dp, _, fs in os.walk(os.path.join(out, "zero")) for f in fs if f == "exp_avg.pt")
+    flip(victim, os.path.getsize(victim) // 2)
+    p = run([CONVERT, src, "-o", out, "--resume"])
+    expect("resume_finished: a damaged finished folder is refused", p, [victim, "damaged", "--force"])
+
+elif finding == "command_line":
+    atomic = os.path.join(work, "none")
+    for tool, args, must in [
+            (RESHARD, [atomic, "-o", "x", "--dp", "0", "--tp", "1", "--pp", "1", "--zero-stage", "1"], ["--dp", "at least 1"]),
+            (RESHARD, [atomic, "-o", "x", "--dp", "two"], ["--dp", "not a whole number"]),
+            (RESHARD, [atomic, "--zero-stage", "7"], ["--zero-stage"]),
+            (RESHARD, [atomic, "--no-such-flag"], ["--no-such-flag"]),
+            (CONVERT, [atomic, "--no-such-flag"], ["--no-such-flag"]),
+            (CONVERT, [], ["source checkpoint folder"]),
+            (INSPECT, [atomic, "--no-such-flag"], ["--no-such-flag"]),
+            (RESHARD, [], ["atomic"])]:
+        p = run([tool] + args)
+        expect(f"command_line: {os.path.basename(tool)} {' '.join(args[1:]) or '(nothing)'}", p, must, code=2)
+        check("command_line: message is short", len(p.stderr) < 400, f"{len(p.stderr)} characters")
+else:
+    sys.exit(f"unknown finding {finding}")
+
+print(f"{finding}: {len(problems)} problems")
+sys.exit(1 if problems else 0)
