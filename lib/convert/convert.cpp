@@ -175,6 +175,13 @@ void PrepareOutput(const ConvertOptions& o, const source::SourceIndex& L, const 
     *resume = Resume::Yes;
     RemoveTemporaries(o.output);  // files the killed run was writing: never renamed, never complete
   } else {
+    // --force replaces only what ucp wrote: a universal checkpoint without ucp's manifest or
+    // journal (DeepSpeed's ds_to_universal.py output) is never cleared.
+    if (o.force && !(*folder)->Empty() && !journal && !store::IsAtomicCheckpoint(o.output) &&
+        fs::exists(o.output + "/zero"))
+      throw Error(o.output + ": holds a universal checkpoint ucp did not write (zero/ without " +
+                  std::string(store::kManifestName) + ", as DeepSpeed's ds_to_universal.py writes it): --force "
+                  "replaces only what ucp wrote; choose another -o");
     (*folder)->RequireEmpty(o.force, store::AtomicFolderContents(),
                             "use --resume to finish an interrupted conversion or --force to overwrite it");
   }

@@ -87,6 +87,11 @@ Current ReadCurrent(const std::string& root) {
   const source::SourceIndex L = formats::IndexSource(c.dir);
   if (!L.errors.empty()) throw Error(L.errors.front());
   c.kind = "native", c.source_tag = c.tag, c.atomic = c.tag + "_universal";
+  // ROOT/<tag>_universal that ucp did not write (DeepSpeed's ds_to_universal.py output: no manifest,
+  // no journal) is the user's: never converted into, never replaced; ucp's goes beside it.
+  const std::string theirs = root + "/" + c.atomic;
+  if (fs::exists(theirs) && !fs::exists(theirs + "/" + store::kManifestName) && !fs::exists(theirs + "/" + store::kJournalDir))
+    c.atomic = c.tag + "_ucp_universal";
   c.layout.dp = L.dp, c.layout.tp = L.tp, c.layout.pp = L.pp, c.layout.zero_stage = L.zero_stage;
   c.layout.dtype = L.dtype, c.layout.model = L.naming;
   c.layout.grad_accum_dtype = GradAccumDtypeOf(L.grad_accum_dtype, L.optimizer, L.zero_stage, L.dtype);

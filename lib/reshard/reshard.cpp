@@ -37,6 +37,8 @@ using shuffle::Capture;
 namespace {
 
 constexpr const char* kTool = "ucp-reshard";
+// The claim of a folder ucp-reshard writes with -o, what lets --force replace it later.
+constexpr const char* kClaimFile = ".ucp-reshard.json";
 // Megatron's record of the iteration `latest` names, written before it.
 constexpr const char* kIterationFile = "latest_checkpointed_iteration.txt";
 
@@ -333,10 +335,18 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   std::string lock_note;
   error = rank == 0 ? Capture([&] {
     folder = std::make_unique<OutputFolder>(o.output, kTool, std::vector<std::string>{kIterationFile, "latest"}, &lock_note);
-    if (o.in_place)
+    if (o.in_place) {
       fs::remove_all(dir);  // what a killed run left: `latest` never named it
-    else
+    } else {
+      // --force replaces only a folder ucp-reshard wrote (its claim file says so): never a training
+      // run's own checkpoint root, whose `latest` and tags look alike.
+      if (o.force && !folder->Empty() && !fs::exists(o.output + "/" + kClaimFile))
+        throw Error(o.output + ": not written by ucp-reshard (no " + kClaimFile + "): --force replaces only folders "
+                    "ucp-reshard wrote; remove it yourself or choose another -o");
       folder->RequireEmpty(o.force, {out_tag});
+      WriteFileAtomically(o.output + "/" + kClaimFile,
+                          json({{"tool", kTool}, {"ucp_version", UCP_VERSION}, {"tag", out_tag}}).dump() + "\n");
+    }
     fs::create_directories(dir);
   }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;

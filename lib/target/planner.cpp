@@ -25,13 +25,17 @@ int ZeroCommunication(int stage) { return stage <= 1 ? 0 : stage - 1; }
 std::string TpRefusal(const ModelFacts& m, const PlannerRequest& r, int tp) {
   if (tp > r.gpus_per_node || r.gpus_per_node % tp)
     return "tp=" + std::to_string(tp) + " does not divide the " + std::to_string(r.gpus_per_node) + " GPUs of a node";
+  return ModelTpRefusal(m, tp);
+}
+
+}  // namespace
+
+std::string ModelTpRefusal(const ModelFacts& m, int tp) {
   const std::pair<const char*, int64_t> facts[] = {{"attention heads", m.heads}, {"key-value heads", m.kv_heads}, {"FFN width", m.ffn}};
   for (const auto& [what, n] : facts)
     if (n > 0 && n % tp) return "tp=" + std::to_string(tp) + " does not divide the " + std::to_string(n) + " " + what;
   return "";
 }
-
-}  // namespace
 
 nlohmann::json MemoryEstimate::ToJson() const {
   return {{"weights", weights}, {"gradients", gradients}, {"optimizer", optimizer}, {"activations", activations}, {"total", total()}};

@@ -82,6 +82,12 @@ struct LayoutChoice {
   void Print(std::ostream& out, const PlannerRequest& request, size_t shown = 12) const;
 };
 
+// Why the model cannot run at this TP degree (a degree that does not divide its attention heads,
+// key-value heads or FFN width; a fact the model does not record is no reason), or "". The one rule
+// for a TP degree whichever way the layout was named: the planner's candidates, explicit flags,
+// --layout files and --in-place alike (Validate).
+std::string ModelTpRefusal(const ModelFacts& m, int tp);
+
 LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request, const LoadOf& load);
 
 }  // namespace ucp::reshard

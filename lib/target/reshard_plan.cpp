@@ -285,6 +285,7 @@ void Validate(const Source& S, const TargetLayout& T) {
   if (T.model == "pipe" && T.zero_stage == 3) no("model 'pipe' with ZeRO-3: DeepSpeed refuses a PipelineModule under ZeRO-3");
   if (T.pp > S.layers)
     no("pp=" + std::to_string(T.pp) + " exceeds the " + std::to_string(S.layers) + " transformer layers");
+  if (const std::string why = ModelTpRefusal(ModelFactsOf(S), T.tp); !why.empty()) no(why);
   if (!S.moe) {
     if (T.ep > 1) no("ep=" + std::to_string(T.ep) + ": the checkpoint has no Mixture-of-Experts layer");
     return;
@@ -467,7 +468,7 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
   return P;
 }
 
-LayoutChoice ChooseFor(const Source& S, const PlannerRequest& request) {
+ModelFacts ModelFactsOf(const Source& S) {
   ModelFacts m;
   m.layers = S.layers;
   auto arg = [&](const char* key) -> int64_t {
@@ -479,7 +480,11 @@ LayoutChoice ChooseFor(const Source& S, const PlannerRequest& request) {
   const json& src = S.manifest["source"];
   m.source.dp = src.value("dp", 1), m.source.tp = src.value("tp", 1), m.source.pp = src.value("pp", 1);
   m.source.zero_stage = src.value("zero_stage", 1), m.source.dtype = ResolvedDtype({}, src);
-  return ChooseLayout(m, request, [&](const TargetLayout& layout) {
+  return m;
+}
+
+LayoutChoice ChooseFor(const Source& S, const PlannerRequest& request) {
+  return ChooseLayout(ModelFactsOf(S), request, [&](const TargetLayout& layout) {
     const TargetLayout T = ResolveModel(S, layout);
     const Plan P = MakePlan(S, T, 1, 0);
     std::vector<std::vector<int64_t>> loads;

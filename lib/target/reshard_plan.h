@@ -157,6 +157,9 @@ int LocalExpertId(const Source& S, const Atom& a, int ep);
 // the source cannot fill.
 Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_budget);
 
+// The model's shape facts as its args record them (heads, key-value heads, FFN width, layers) and
+// the source's layout: what the planner and Validate judge a layout by.
+ModelFacts ModelFactsOf(const Source& S);
 // The planner's view of the source: its shape facts and, per candidate layout, what each
 // model-parallel rank would hold (MakePlan's units; ZeRO-3's per-DP units counted once, whole).
 LayoutChoice ChooseFor(const Source& S, const PlannerRequest& request);

@@ -14,7 +14,13 @@ FINDING is one of:
   commit_order      an output whose parent takes no file: ucp-convert fails before its manifest.
   resume_finished   --resume on a finished conversion exits 0 and says so; on a damaged one it refuses.
   command_line      every command-line error exits 2 with words (--dp 0: "at least 1").
+  never_replace     --in-place on a root holding DeepSpeed's own <tag>_universal leaves it as it
+                    was; --force refuses a folder ucp did not write (DeepSpeed's universal folder,
+                    a training run's checkpoint root).
+  layout_validation explicit flags refuse what the planner refuses (tp=4 over 2 key-value heads),
+                    in the same words.
 """
+import hashlib
 import json
 import os
 import shutil
@@ -198,6 +204,43 @@ elif finding == "command_line":
         p = run([tool] + args)
         expect(f"command_line: {os.path.basename(tool)} {' '.join(args[1:]) or '(nothing)'}", p, must, code=2)
         check("command_line: message is short", len(p.stderr) < 400, f"{len(p.stderr)} characters")
+elif finding == "never_replace":
+    root = os.path.join(work, "root")
+    shutil.copytree(os.path.join(cases, FP32, "ckpt"), root)
+
+    def digest(d):
+        h = hashlib.sha256()
+        for dp, dns, fns in sorted(os.walk(d)):
+            dns.sort()
+            for f in sorted(fns):
+                h.update(f.encode() + open(os.path.join(dp, f), "rb").read())
+        return h.hexdigest()
+    theirs = os.path.join(root, "global_step6_universal")
+    before = digest(theirs)
+    p = run([RESHARD, root, "--in-place", "--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
+    check("never_replace: --in-place runs", p.returncode == 0, p.stderr[-400:])
+    check("never_replace: DeepSpeed's global_step6_universal is as it was", digest(theirs) == before)
+    check("never_replace: ucp's atomic checkpoint beside it", os.path.exists(
+        os.path.join(root, "global_step6_ucp_universal", "ucp_manifest.json")), p.stderr[-300:])
+    check("never_replace: latest names the new tag", open(os.path.join(root, "latest")).read().strip() != "global_step6")
+    p = run([CONVERT, os.path.join(cases, FP32, "ckpt"), "-o", theirs, "--force", "-q"])
+    expect("never_replace: ucp-convert --force into DeepSpeed's universal folder", p, ["did not write", theirs])
+    check("never_replace: ... which stays as it was", digest(theirs) == before)
+    atomic = os.path.join(root, "global_step6_ucp_universal")
+    ds_root = os.path.join(work, "ds_root")
+    shutil.copytree(os.path.join(cases, FP32, "ckpt"), ds_root, ignore=shutil.ignore_patterns("*_universal"))
+    p = run([RESHARD, atomic, "-o", ds_root, "--force", "-q", "--dp", "4", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
+    expect("never_replace: ucp-reshard --force into a training run's root", p, ["not written by ucp-reshard", ds_root])
+    check("never_replace: ... whose checkpoint stays", os.path.exists(os.path.join(ds_root, "global_step6", "mp_rank_00_model_states.pt")))
+
+elif finding == "layout_validation":
+    atomic = convert(os.path.join(cases, "tp2_pp2_dp2_zero1_fp32", "ckpt"), os.path.join(work, "universal"))
+    out = os.path.join(work, "tp4")
+    p = run([RESHARD, atomic, "-o", out, "-q", "--dp", "1", "--tp", "4", "--pp", "1", "--zero-stage", "1"])
+    expect("layout_validation: --tp 4 over 2 key-value heads", p, ["tp=4 does not divide the 2 key-value heads"])
+    check("layout_validation: nothing written", not os.path.exists(os.path.join(out, "latest")))
+    p = run([RESHARD, atomic, "--gpus", "4", "--tp", "4", "--plan-only"])
+    expect("layout_validation: the planner, same words", p, ["tp=4 does not divide the 2 key-value heads"])
 else:
     sys.exit(f"unknown finding {finding}")
 
