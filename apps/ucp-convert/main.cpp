@@ -81,6 +81,11 @@ int main(int argc, char** argv) {
     std::cerr << "ucp-convert: error: an output folder is required (-o OUT), or --plan-only\n";
     return 2;
   }
+  if (o.json && !o.plan_only) {
+    std::cerr << "ucp-convert: error: --json goes with --plan-only (a run prints its summary as text; --report FILE "
+                 "writes it as JSON)\n";
+    return 2;
+  }
   if (plan_ranks > 0 && !o.plan_only) {
     std::cerr << "ucp-convert: error: --ranks only applies with --plan-only\n";
     return 2;

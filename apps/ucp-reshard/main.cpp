@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
   LayoutFlag<int>(app, flags, "--ep", "ep",
        "Mixture of Experts: the expert-parallel degree of the target job (DeepSpeed's ep_size), dividing --dp x --tp "
        "and each MoE layer's expert count, at least --tp (default: the source's)")->check(ucp::apps::AtLeast(1));
-  LayoutFlag<std::string>(app, flags, "--dtype", "dtype", "training dtype: fp16, bf16 (default) or fp32")
+  LayoutFlag<std::string>(app, flags, "--dtype", "dtype", "training dtype: fp16, bf16 or fp32 (default: the source job's; another is said as \"fp32 -> bf16\")")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   LayoutFlag<std::string>(app, flags, "--grad-accum-dtype", "grad_accum_dtype",
        "the dtype gradients accumulate in (DeepSpeed's data_types.grad_accum_dtype); with --dtype bf16 --zero-stage 1, "
@@ -169,6 +169,11 @@ int main(int argc, char** argv) {
     std::replace(flag_name.begin(), flag_name.end(), '_', '-');
     std::cerr << "ucp-reshard: error: no " << key << ": give --" << flag_name << " or \"" << key
               << "\" in a --layout file, or --gpus N to choose the layout\n";
+    return ucp::apps::kCommandLineError;
+  }
+  if (o.json && !o.plan_only) {
+    std::cerr << "ucp-reshard: error: --json goes with --plan-only (a run prints its summary as text; --report FILE "
+                 "writes it as JSON)\n";
     return ucp::apps::kCommandLineError;
   }
   o.progress = ::isatty(STDERR_FILENO);

@@ -253,7 +253,8 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         << " (" << L.optimizer << ") " << L.dtype << " dp=" << L.dp << " tp=" << L.tp << " pp=" << L.pp
         << (L.moe ? " ep=" + std::to_string(L.ep) + " (Mixture of Experts)" : "") << ", DeepSpeed " << (L.ds_version.empty() ? "?" : L.ds_version) << ", universal_checkpoint_version "
         << (M.checkpoint_rules && M.checkpoint_rules->version ? VersionString(*M.checkpoint_rules->version) : "none")
-        << "; " << plan.params.size() << " parameters; " << comm.name() << "\n";
+        << "; " << plan.params.size() << " parameters; "
+        << (o.plan_ranks > 0 ? "planned for " + std::to_string(o.plan_ranks) + " MPI ranks (--ranks)" : comm.name()) << "\n";
     for (const auto* list : {&L.notes, &M.notes})
       for (const auto& n : *list) err << "ucp-convert: note: " << n << "\n";
     if (!o.strict)

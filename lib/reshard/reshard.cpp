@@ -292,7 +292,8 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   if (talk)
     err << kTool << ": " << o.atomic_dir << " (" << S.atoms.size() << " parameters, from dp=" << S.manifest["source"]["dp"]
         << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"] << ") to " << T.Describe(DdpBf16Wrapper(S, T)) << PrecisionChange(S, T)
-        << "; " << P.units.size() << (T.zero_stage == 3 ? " (model-parallel, DP) ranks' files" : " model-parallel ranks")
+        << "; " << P.units.size()
+        << (T.zero_stage == 3 ? " (model-parallel, DP) ranks' files" : P.units.size() == 1 ? " model-parallel rank" : " model-parallel ranks")
         << " on " << comm.name() << "\n";
   if (talk && P.padded_vocab > 0 && T.vocab_divisible_by <= 0 && S.divisible_by <= 0 && T.tp != S.tp)
     err << kTool << ": note: the checkpoint has no args.make_vocab_size_divisible_by; " << DerivedDivisibleBy(S)

@@ -200,7 +200,10 @@ elif finding == "command_line":
             (CONVERT, [atomic, "--no-such-flag"], ["--no-such-flag"]),
             (CONVERT, [], ["source checkpoint folder"]),
             (INSPECT, [atomic, "--no-such-flag"], ["--no-such-flag"]),
-            (RESHARD, [], ["atomic"])]:
+            (RESHARD, [], ["atomic"]),
+            (RESHARD, [atomic, "-o", "x", "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--json"],
+             ["--json goes with --plan-only"]),
+            (CONVERT, [atomic, "-o", "x", "--json"], ["--json goes with --plan-only"])]:
         p = run([tool] + args)
         expect(f"command_line: {os.path.basename(tool)} {' '.join(args[1:]) or '(nothing)'}", p, must, code=2)
         check("command_line: message is short", len(p.stderr) < 400, f"{len(p.stderr)} characters")
