@@ -198,9 +198,12 @@ int RunInspect(const std::string& dir, const InspectOptions& options, std::ostre
           << p["pattern"].get<std::string>() << std::setw(11) << p["model_pattern"].get<std::string>() << std::setw(11)
           << HumanBytes(p["bytes_atomic"].get<double>()) << rule << "\n";
     }
-    out << "\n" << r["totals"]["params"] << " parameters, " << r["totals"]["numel"] << " elements, atomic size "
-        << HumanBytes(r["totals"]["bytes_atomic"].get<double>()) << "; padding: " << r["padding"]["zero_elements"]
-        << " ZeRO elements, " << r["padding"]["vocab_rows"] << " vocabulary rows\n";
+    if (!r["errors"].empty())  // the sizes below would count only what read: say nothing false
+      out << "\n" << r["totals"]["params"] << " parameters; sizes unknown: the checkpoint did not read whole (errors below)\n";
+    else
+      out << "\n" << r["totals"]["params"] << " parameters, " << r["totals"]["numel"] << " elements, atomic size "
+          << HumanBytes(r["totals"]["bytes_atomic"].get<double>()) << "; padding: " << r["padding"]["zero_elements"]
+          << " ZeRO elements, " << r["padding"]["vocab_rows"] << " vocabulary rows\n";
     for (const auto& n : r["notes"]) out << "note: " << n.get<std::string>() << "\n";
     if (r.contains("verified"))
       out << "verified: " << r["verified"]["zip_records"] << " zip records ("

@@ -17,6 +17,9 @@ FINDING is one of:
   never_replace     --in-place on a root holding DeepSpeed's own <tag>_universal leaves it as it
                     was; --force refuses a folder ucp did not write (DeepSpeed's universal folder,
                     a training run's checkpoint root).
+  one_fault         one missing optimizer file, or one damaged record under --verify, is one error
+                    line naming the file (the parameters that lost elements counted in it), not
+                    one line per parameter; no "0 elements" header.
   layout_validation explicit flags refuse what the planner refuses (tp=4 over 2 key-value heads),
                     in the same words.
 """
@@ -235,6 +238,25 @@ elif finding == "never_replace":
     p = run([RESHARD, atomic, "-o", ds_root, "--force", "-q", "--dp", "4", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
     expect("never_replace: ucp-reshard --force into a training run's root", p, ["not written by ucp-reshard", ds_root])
     check("never_replace: ... whose checkpoint stays", os.path.exists(os.path.join(ds_root, "global_step6", "mp_rank_00_model_states.pt")))
+
+elif finding == "one_fault":
+    case = "tp2_pp2_dp2_zero1_fp32"
+    lost = "zero_pp_rank_1_mp_rank_01_optim_states.pt"
+    missing = copy_case(case, "missing")
+    os.remove(os.path.join(missing, "global_step6", lost))
+    damaged = copy_case(case, "damaged")
+    path = os.path.join(damaged, "global_step6", lost)
+    flip(path, record_offset(path, "/data/")[0])
+    for label, cmd, code in [("inspect, a missing file", [INSPECT, missing], 1),
+                             ("convert, a missing file", [CONVERT, missing, "-o", os.path.join(work, "out1"), "-q"], 1),
+                             ("inspect --verify, a damaged record", [INSPECT, damaged, "--verify"], 2)]:
+        p = run(cmd)
+        lines = [ln for ln in p.stderr.splitlines() if lost in ln]
+        faults = [ln for ln in p.stderr.splitlines() if "missing fragment" in ln]
+        check(f"one_fault: {label}: exit {code}", p.returncode == code, f"exit {p.returncode}")
+        check(f"one_fault: {label}: one line names the file", len(lines) == 1, "\n" + p.stderr[-600:])
+        check(f"one_fault: {label}: no follow-on missing-fragment lines", not faults, f"{len(faults)} of them")
+        check(f"one_fault: {label}: no '0 elements' header", " 0 elements" not in p.stdout)
 
 elif finding == "layout_validation":
     atomic = convert(os.path.join(cases, "tp2_pp2_dp2_zero1_fp32", "ckpt"), os.path.join(work, "universal"))

@@ -646,6 +646,18 @@ void CheckCoverage(SourceIndex& L, GroupParams& group_params,
   }
   std::map<std::string, int> index;
   for (size_t k = 0; k < L.params.size(); ++k) index[L.params[k].name] = static_cast<int>(k);
+  // One fault, one error: a gap whose holder is a file already reported missing or unreadable follows
+  // from that report; it is folded into it (the parameters counted) instead of repeated per parameter.
+  std::map<std::pair<int, size_t>, std::vector<std::string>> folded;  // (0 errors / 1 problems, index) -> parameters
+  auto missing_gap = [&](const std::string& holder_text, const std::string& name, const std::string& message) {
+    const std::string file = holder_text.rfind("(", 0) == 0 ? "" : holder_text.substr(0, holder_text.find(' '));
+    for (size_t i = 0; i < L.errors.size() && !file.empty(); ++i)
+      if (L.errors[i].find("/" + file + ":") != std::string::npos) return folded[{0, i}].push_back(name);
+    for (size_t i = 0; i < L.problems.size(); ++i)
+      if (L.problems[i].rfind("missing rank file ", 0) == 0 && L.problems[i].find(holder_text) != std::string::npos)
+        return folded[{1, i}].push_back(name);
+    L.problems.push_back(message);
+  };
   std::map<std::tuple<int, int, int>, std::vector<const Fragment*>> by_param;  // (param, pp, tp)
   for (const auto& fr : L.fragments) by_param[{fr.param, L.files[fr.file].pp, L.CopyTp(fr)}].push_back(&fr);
   for (const auto& [group_key, params] : group_params) {
@@ -681,8 +693,8 @@ void CheckCoverage(SourceIndex& L, GroupParams& group_params,
           continue;
         }
         if (fr->dst_start > at)
-          L.problems.push_back(what + ": elements [" + std::to_string(at) + ", " + std::to_string(fr->dst_start) +
-                               ") are in no optimizer file (missing fragment; expected in " + holder(at) + ")");
+          missing_gap(holder(at), name, what + ": elements [" + std::to_string(at) + ", " + std::to_string(fr->dst_start) +
+                                            ") are in no optimizer file (missing fragment; expected in " + holder(at) + ")");
         else if (fr->dst_start < at && prev)
           L.problems.push_back(what + ": elements [" + std::to_string(fr->dst_start) + ", " +
                                std::to_string(std::min(at, fr->dst_start + fr->numel)) + ") are in both " +
@@ -691,10 +703,17 @@ void CheckCoverage(SourceIndex& L, GroupParams& group_params,
         prev = fr;
       }
       if (at < numel)
-        L.problems.push_back(what + ": elements [" + std::to_string(at) + ", " + std::to_string(numel) + ") of " +
-                             std::to_string(numel) + " are in no optimizer file (missing fragment; expected in " +
-                             holder(at) + ")");
+        missing_gap(holder(at), name, what + ": elements [" + std::to_string(at) + ", " + std::to_string(numel) + ") of " +
+                                          std::to_string(numel) + " are in no optimizer file (missing fragment; expected in " +
+                                          holder(at) + ")");
     }
+  }
+  for (auto& [where, names] : folded) {
+    std::string& m = where.first == 0 ? L.errors[where.second] : L.problems[where.second];
+    std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
+    m += "; so " + std::to_string(names.size()) + " parameter" + (names.size() == 1 ? " lacks" : "s lack") +
+         " the elements only it held ('" + names.front() + "'" + (names.size() > 1 ? " and " + std::to_string(names.size() - 1) + " more" : "") + ")";
   }
 }
 
