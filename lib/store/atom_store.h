@@ -92,6 +92,8 @@ class AtomReader {
   // its bytes is used): a damaged file is refused naming it and `what` (a parameter and state),
   // never passed on. A file the manifest does not list is refused too.
   pt::TorchFile ReadCheckedFile(const std::string& rel, const std::string& what = "") const;
+  // Whether the manifest lists this file (relative to the folder).
+  bool Lists(const std::string& rel) const { return records_.count(rel) > 0; }
   // Drops the open handles of a parameter (a reader that moves on frees them).
   virtual void Forget(const std::string& param) = 0;
   // The blocks a state tensor is read in, whole (HDF5: its chunk shape); empty when any slab is

@@ -174,7 +174,24 @@ def compare_values(atomic, ds_universal, tolerance):
     return c
 
 
-def compare_case(ucp_dir, ds_dir, values):
+def same_value(a, b):
+    """Exact equality of nested containers of numpy arrays, tensors and plain values (RNG states)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    if torch.is_tensor(a):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if hasattr(a, "tobytes") and hasattr(a, "dtype"):
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    return a == b
+
+
+def compare_case(ucp_dir, ds_dir, values, own_layout=False):
+    """On the source's own layout each rank's rng_state must be its own source rank's, exactly
+    (issue 29, finding 5); on another layout the client state is the source run's, not compared."""
     c = Compare(values)
     ours, theirs = sorted(os.listdir(ucp_dir)), sorted(os.listdir(ds_dir))
     if ours != theirs:
@@ -183,6 +200,8 @@ def compare_case(ucp_dir, ds_dir, values):
     for f in theirs:
         a, b = load(os.path.join(ucp_dir, f)), load(os.path.join(ds_dir, f))
         if isinstance(b, dict) and "param_shapes" in b:  # a model-states file: engine keys compared
+            if own_layout and not same_value(a.get("rng_state"), b.get("rng_state")):
+                c.problems.append(f"{f}.rng_state: not the source rank's own")
             for k in CLIENT_KEYS:
                 a.pop(k, None), b.pop(k, None)
             for key, path in (("stage", ("zero_optimization", "stage")), ("bf16", ("bf16", "enabled"))):
@@ -256,7 +275,8 @@ def main():
             failed += 1
             continue
         values = case == source or (L["dtype"] == "fp32" and "bf16" not in source)
-        c = compare_case(os.path.join(out, "global_step6"), os.path.join(cases_dir, case, "ckpt", "global_step6"), False)
+        c = compare_case(os.path.join(out, "global_step6"), os.path.join(cases_dir, case, "ckpt", "global_step6"), False,
+                         own_layout=case == source)
         largest = "structure only (bf16)"
         if values and not c.problems:
             back = out + "_atomic"

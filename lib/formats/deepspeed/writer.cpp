@@ -709,6 +709,7 @@ class UnitWriter {
     // DeepSpeed records frozen parameters (none here) when ZeRO partitions gradients (stage 2, 3).
     for (const char* key : {"frozen_param_shapes", "frozen_param_fragments"})
       PutIfPresent(*root, key, T_.zero_stage >= 2 ? OrderedDict() : Value::None());
+    PutOwnRngState(*root);
     SetItem(*root, "dp_world_size", Value::Int(T_.dp));
     SetItem(*root, "mp_world_size", Value::Int(T_.tp * T_.pp));
     // DeepSpeed >= 0.19.5 records the model-parallel degrees, which its checkpoint readers trust.
@@ -760,10 +761,27 @@ class UnitWriter {
     return root;
   }
 
+  // Megatron's rng_state is a rank's own (its model-parallel RNG tracker is seeded per TP rank), the
+  // rest of the carried client state is the job's. Where the target's model-parallel layout is the
+  // source's (same TP and PP degrees), each rank gets its own source rank's rng_state from the
+  // atomic checkpoint's carried model-states file of that rank; otherwise rank 0's, with the rest
+  // (no source rank is the same rank then: DeepSpeed's universal load restores no RNG state at all).
+  void PutOwnRngState(Value& root) const {
+    if (!root.Get("rng_state") || T_.tp != S_.tp || T_.pp != S_.manifest["source"].value("pp", 1) || T_.zero_stage == 3 ||
+        S_.manifest["source"].value("zero_stage", 0) == 3)
+      return;
+    const std::string rel = ModelStatesFileName(U_.pp * T_.tp + U_.tp);
+    if (!S_.reader->Lists(rel)) return;
+    own_model_states_ = S_.reader->ReadCheckedFile(rel, "the rng_state of (pp=" + std::to_string(U_.pp) + ", tp=" +
+                                                            std::to_string(U_.tp) + ")");
+    if (auto rng = own_model_states_.root->Get("rng_state")) SetItem(root, "rng_state", rng);
+  }
+
   const Source& S_;
   const TargetLayout& T_;
   const Plan& P_;
   const Unit& U_;
+  mutable pt::TorchFile own_model_states_;  // the source rank's model-states file its rng_state comes from
   SliceSource& slices_;
   std::string dir_;
   ScratchBytes& arena_;
