@@ -58,7 +58,8 @@ int main(int argc, char** argv) {
       "  ucp-reshard ckpt/atomic --dp 2 --tp 2 --pp 1 --zero-stage 2 --dtype fp16 --plan-only --json\n"
       "  ucp-reshard ckpt/atomic -o new_ckpt --layout target.json --dp 8\n"
       "  ucp-reshard ckpt/atomic --gpus 96 --gpus-per-node 4 --gpu-memory 40G --plan-only\n"
-      "  mpirun -np 8 ucp-reshard /ckpt/run1 --in-place --gpus 96 --keep 2    in a job script, before training\n\n"
+      "  mpirun -np 8 ucp-reshard /ckpt/run1 --in-place --gpus 96 --keep 2    in a job script, before training\n"
+      "  ucp-reshard /ckpt/run1 --in-place --gpus 96 --plan-only [--json]     what that step would do; writes nothing\n\n"
       "--gpus N chooses the layout: every dp x tp x pp = N with TP dividing the heads, the key-value heads and the\n"
       "FFN width and staying within a node, PP at most the layers, each ZeRO stage DeepSpeed runs there; memory per\n"
       "GPU = weights + gradients + optimizer states (per ZeRO stage) + an activation allowance; among those that\n"
@@ -141,7 +142,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
   app.add_flag("--plan-only", o.plan_only,
                "print which rank writes what and the bytes it reads (with --gpus: the layouts considered); no data read");
-  app.add_flag("--json", o.json, "with --plan-only: as JSON");
+  app.add_flag("--json", o.json, "with --plan-only: as JSON (with --in-place: schemas/in-place-plan.schema.json)");
   app.add_flag("--force", o.force, "overwrite a non-empty output folder (its `latest` is removed first)");
   app.add_option("--report", o.report_path, "write a JSON report: seconds, bytes read per rank, peak RSS");
   app.add_flag("-q,--quiet", o.quiet, "print errors only");
@@ -178,10 +179,11 @@ int main(int argc, char** argv) {
   }
   o.progress = ::isatty(STDERR_FILENO);
   if (in_place) {
-    if (!o.output.empty() || o.plan_only || o.force) {
-      std::cerr << "ucp-reshard: error: --in-place writes beside the checkpoint it reads: no -o, --plan-only or --force\n";
+    if (!o.output.empty() || o.force) {
+      std::cerr << "ucp-reshard: error: --in-place writes beside the checkpoint it reads: no -o or --force\n";
       return 2;
     }
+    ip.plan_only = o.plan_only, ip.json = o.json;
     ip.root = o.atomic_dir;
     ip.reshard = o;
     ip.patterns_dir = ucp::patterns::DefaultPatternsDir();

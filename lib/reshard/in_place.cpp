@@ -137,6 +137,93 @@ std::vector<std::string> Removable(const std::string& root, const std::string& c
   return out;
 }
 
+// The bytes of the regular files under `dir`: what a conversion or a reshard of that checkpoint
+// writes, about (the same parameters' fp32 weights, moments and weights; padding aside).
+int64_t FolderBytes(const std::string& dir) {
+  int64_t n = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+    if (it->is_regular_file(ec)) n += static_cast<int64_t>(it->file_size(ec));
+  return n;
+}
+
+// --in-place --plan-only: what the step would do, from the metadata alone; nothing written.
+int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& current, TargetLayout target,
+              bool nothing_to_do, std::ostream& out, std::ostream& err) {
+  nlohmann::json j = {{"root", root}, {"latest", current.tag}, {"kind", current.kind}};
+  j["current_layout"] = current.layout_known ? current.layout.ToJson() : nlohmann::json(nullptr);
+  const std::string atomic = root + "/" + current.atomic;
+  std::string action = "nothing";
+  nlohmann::json writes = nlohmann::json::array();
+  int64_t bytes = 0;
+  std::string why;
+  try {
+    if (!nothing_to_do) {
+      const bool reuse = Reusable(root, current);
+      action = reuse ? "reuse_and_reshard" : "convert_and_reshard";
+      if (!reuse) {
+        writes.push_back(atomic);
+        bytes += FolderBytes(current.dir);
+      }
+      if (o.reshard.planner.gpus > 0 && reuse) {
+        LayoutChoice choice = ChooseLayoutFor(atomic, o.reshard.planner);
+        if (choice.chosen < 0) throw Error(choice.reason);
+        target = choice.candidates[choice.chosen].layout;
+      }
+      const bool known = o.reshard.planner.gpus == 0 || reuse;  // the planner reads the atomic checkpoint
+      if (known && target.dtype.empty() && reuse)  // an atomic checkpoint `latest` names: its job's precision
+        target.dtype = ResolvedDtype(target, store::ReadManifest(atomic).at("source"));
+      if (known) {
+        if (target.grad_accum_dtype.empty() && current.layout_known) target.grad_accum_dtype = current.layout.grad_accum_dtype;
+        const std::string tag = InPlaceTag(current.source_tag, target);
+        j["target_layout"] = target.ToJson();
+        j["target_tag"] = tag;
+        writes.push_back(root + "/" + tag);
+      } else {
+        j["target_layout"] = nullptr;
+        j["target_tag"] = nullptr;
+        why = "the layout for " + std::to_string(o.reshard.planner.gpus) + " GPUs is chosen after the conversion (the "
+              "planner reads the atomic checkpoint)";
+      }
+      bytes += FolderBytes(current.dir);
+    }
+  } catch (const std::exception& e) {
+    err << kTool << ": error: " << e.what() << "\n";
+    return 1;
+  }
+  std::error_code ec;
+  const auto space = fs::space(root, ec);
+  const int64_t available = ec ? -1 : static_cast<int64_t>(space.available);
+  j["action"] = action;
+  j["atomic"] = current.atomic;
+  j["writes"] = writes;
+  j["bytes_to_write"] = bytes;  // about: the tag folder's size per checkpoint written
+  j["bytes_available"] = available;
+  j["fits"] = available < 0 || bytes <= available;
+  if (!why.empty()) j["note"] = why;
+  if (o.json) {
+    out << j.dump(1) << "\n";
+    return 0;
+  }
+  const std::string was = current.tag + " (" + (current.layout_known ? Describe(current.layout) + ", " : "") + current.kind + ")";
+  out << "ucp-reshard --in-place --plan-only: " << root << "/latest names " << was << "\n";
+  if (action == "nothing") {
+    out << "  would do nothing: it is already the target layout\n";
+  } else {
+    out << "  would " << (action == "reuse_and_reshard" ? "reuse the atomic checkpoint " : "convert it into ") << atomic << ",\n";
+    if (j["target_tag"].is_string())
+      out << "  reshard into " << root << "/" << j["target_tag"].get<std::string>() << " (" << Describe(target)
+          << "), and point latest at it\n";
+    else
+      out << "  then reshard and point latest at the new tag: " << why << "\n";
+    out << "  space: about " << HumanBytes(static_cast<double>(bytes)) << " to write, "
+        << (available < 0 ? std::string("free space unknown") : HumanBytes(static_cast<double>(available)) + " free")
+        << (j["fits"].get<bool>() ? "" : ": DOES NOT FIT") << "\n";
+  }
+  out << "  nothing written (--plan-only)\n";
+  return j["fits"].get<bool>() ? 0 : 1;
+}
+
 }  // namespace
 
 std::string InPlaceTag(const std::string& source_tag, const TargetLayout& t) {
@@ -166,6 +253,11 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;
   const std::string was = current.tag + " (" + (current.layout_known ? Describe(current.layout) + ", " : "") + current.kind + ")";
+  if (o.plan_only) {
+    int code = 0;
+    if (comm.rank() == 0) code = PrintPlan(o, root, current, target, nothing_to_do, out, err);
+    return code;
+  }
   if (nothing_to_do) {
     if (talk) err << kTool << ": " << root << "/latest names " << was << ": already the target layout; nothing to do\n";
     return 0;
@@ -209,6 +301,7 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
     const nlohmann::json m = ReadJsonFile(atomic + "/" + store::kManifestName);
     naming = ResolvedModel(target, WithContext(atomic + "/" + store::kManifestName,
                                                [&] { return m.at("source").at("naming").get<std::string>(); }));
+    target.dtype = ResolvedDtype(target, m.at("source"));  // the job's precision unless --dtype says (it names the tag)
     target.grad_accum_dtype = ResolvedGradAccumDtype(target, m.at("source"));  // it names the tag (InPlaceTag)
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;

@@ -29,6 +29,8 @@ struct InPlaceOptions {
   int keep = 0;                // tags written in place kept, the newest; 0: all
   std::string patterns_dir;    // for the conversion, when one is needed
   bool progress = false;
+  bool plan_only = false;      // say what the step would do (nothing / reuse / convert, then reshard), write nothing
+  bool json = false;           // with plan_only: as JSON (schemas/in-place-plan.schema.json)
 };
 
 // The folder name of a layout's tag: "<source tag>_dp4_tp2_pp1_z1_bf16", and "_ep2" before the dtype

@@ -20,6 +20,9 @@ FINDING is one of:
   one_fault         one missing optimizer file, or one damaged record under --verify, is one error
                     line naming the file (the parameters that lost elements counted in it), not
                     one line per parameter; no "0 elements" header.
+  in_place_plan     --in-place --plan-only [--json] says what the step would do (convert, reshard
+                    into which tag, the space) and writes nothing; the JSON validates against its
+                    schema; the real step then writes the tag it named.
   layout_validation explicit flags refuse what the planner refuses (tp=4 over 2 key-value heads),
                     in the same words.
 """
@@ -257,6 +260,32 @@ elif finding == "one_fault":
         check(f"one_fault: {label}: one line names the file", len(lines) == 1, "\n" + p.stderr[-600:])
         check(f"one_fault: {label}: no follow-on missing-fragment lines", not faults, f"{len(faults)} of them")
         check(f"one_fault: {label}: no '0 elements' header", " 0 elements" not in p.stdout)
+
+elif finding == "in_place_plan":
+    import jsonschema
+    root = os.path.join(work, "root")
+    shutil.copytree(os.path.join(cases, FP32, "ckpt"), root)
+    listing = lambda: sorted(os.path.join(dp, f) for dp, _, fs in os.walk(root) for f in fs)  # noqa: E731
+    before = listing()
+    layout = ["--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1"]
+    p = run([RESHARD, root, "--in-place", "--plan-only"] + layout)
+    check("in_place_plan: text plan", p.returncode == 0 and "would convert it into" in p.stdout and
+          "global_step6_dp2_tp1_pp1_z1_fp32" in p.stdout and "nothing written" in p.stdout, p.stdout + p.stderr[-300:])
+    p = run([RESHARD, root, "--in-place", "--plan-only", "--json"] + layout)
+    plan = json.loads(p.stdout) if p.returncode == 0 else {}
+    schema = json.load(open(os.path.join(os.path.dirname(__file__), "..", "..", "schemas", "in-place-plan.schema.json")))
+    try:
+        jsonschema.validate(plan, schema)
+        check("in_place_plan: JSON validates", True)
+    except jsonschema.ValidationError as e:
+        check("in_place_plan: JSON validates", False, str(e)[:300])
+    check("in_place_plan: action", plan.get("action") == "convert_and_reshard", str(plan.get("action")))
+    check("in_place_plan: nothing written", listing() == before)
+    p = run([RESHARD, root, "--in-place", "-q"] + layout)
+    check("in_place_plan: the step writes the tag it named", p.returncode == 0 and
+          open(os.path.join(root, "latest")).read().strip() == plan.get("target_tag"), p.stderr[-300:])
+    p = run([RESHARD, root, "--in-place", "--plan-only", "--json"] + layout)
+    check("in_place_plan: then nothing to do", p.returncode == 0 and json.loads(p.stdout).get("action") == "nothing")
 
 elif finding == "layout_validation":
     atomic = convert(os.path.join(cases, "tp2_pp2_dp2_zero1_fp32", "ckpt"), os.path.join(work, "universal"))
