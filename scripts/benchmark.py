@@ -19,6 +19,10 @@ Page cache warm (the source is read once before the rounds). Peak RSS per rank a
 written come from each tool's --report.
 
   scripts/benchmark.py [--checkpoint DIR] [--repeat 5] [--work DIR] [--build DIR] [--deepspeed DIR]
+                       [--baseline-build DIR]
+
+--baseline-build DIR times every ucp command of another build too, in the same rounds, and prints
+the ratio of this build to it: the cost of a change (e.g. the checksums checked while reading).
 
 Without --checkpoint it generates (once) the generator's 2 GB checkpoint (ZeRO-2, TP=2, PP=2, DP=2,
 bf16); with it, any DeepSpeed checkpoint folder (its root, with `latest`), e.g. the 565 MB real case
@@ -40,6 +44,7 @@ ap.add_argument("--work", default=os.path.join(root, "build", "bench"), help="fo
 ap.add_argument("--build", default=os.path.join(root, "build"))
 ap.add_argument("--repeat", type=int, default=5)
 ap.add_argument("--deepspeed", help="DeepSpeed source tree: also time its ds_to_universal.py")
+ap.add_argument("--baseline-build", help="another build folder: its ucp commands timed in the same rounds, for a ratio")
 ap.add_argument("--targets", default="tp2pp2,z3dp2", help="reshard targets: tp2pp2 (DP=1 ZeRO-1), z3dp2 (ZeRO-3 DP=2)")
 ap.add_argument("--mpiexec-args", default="", help="extra mpiexec options for the 2-rank runs, e.g. '--mca pml ucx' (on one node the tools "
                 "choose Open MPI's ob1 themselves unless told otherwise)")
@@ -121,18 +126,24 @@ commands = {
     "cp -r && sync": lambda: subprocess.run(f"cp -r '{tag}' '{out_dir}' && sync", shell=True, check=True),
     "read-write+sync": lambda: read_write_sync(tag, out_dir),
 }
-for ranks in (1, 2):
-    rep = os.path.join(a.work, f"convert-np{ranks}.json")
-    commands[f"ucp-convert {ranks} rank{'s' if ranks > 1 else ''}"] = \
-        lambda ranks=ranks, rep=rep: (run([convert, src, "-o", out_dir + "/u", "-q", "--report", rep], ranks),
-                                      reports.__setitem__(f"convert{ranks}", rep))
-for name, flags in targets.items():
+builds = {"": a.build}
+if a.baseline_build:
+    builds[" (baseline)"] = a.baseline_build
+for suffix, build in builds.items():
+    conv, resh = os.path.join(build, "apps", "ucp-convert"), os.path.join(build, "apps", "ucp-reshard")
     for ranks in (1, 2):
-        rep = os.path.join(a.work, f"reshard-{name}-np{ranks}.json")
-        commands[f"ucp-reshard {name} {ranks} rank{'s' if ranks > 1 else ''}"] = \
-            lambda flags=flags, rep=rep, name=name, ranks=ranks: (
-                run([reshard, atomic, "-o", out_dir, "-q", "--dtype", dtype, "--report", rep] + flags, ranks),
-                reports.__setitem__(f"reshard-{name}{ranks}", rep))
+        rep = os.path.join(a.work, f"convert-np{ranks}{suffix.strip()}.json")
+        commands[f"ucp-convert {ranks} rank{'s' if ranks > 1 else ''}{suffix}"] = \
+            lambda ranks=ranks, rep=rep, conv=conv, suffix=suffix: (
+                run([conv, src, "-o", out_dir + "/u", "-q", "--report", rep], ranks),
+                reports.__setitem__(f"convert{ranks}{suffix}", rep))
+    for name, flags in targets.items():
+        for ranks in (1, 2):
+            rep = os.path.join(a.work, f"reshard-{name}-np{ranks}{suffix.strip()}.json")
+            commands[f"ucp-reshard {name} {ranks} rank{'s' if ranks > 1 else ''}{suffix}"] = \
+                lambda flags=flags, rep=rep, name=name, ranks=ranks, resh=resh, suffix=suffix: (
+                    run([resh, atomic, "-o", out_dir, "-q", "--dtype", dtype, "--report", rep] + flags, ranks),
+                    reports.__setitem__(f"reshard-{name}{ranks}{suffix}", rep))
     commands[f"cp -r && sync of {name}'s output"] = lambda name=name: subprocess.run(
         f"cp -r '{reshard_out[name]}' '{out_dir}' && sync", shell=True, check=True)
     commands[f"read-write+sync of {name}'s output"] = lambda name=name: read_write_sync(reshard_out[name], out_dir)
@@ -171,6 +182,14 @@ for name in targets:
         k = f"ucp-reshard {name} {ranks}"
         print(f"{k} vs the {tree_bytes(reshard_out[name]) / 2**20:.0f} MiB it writes: {med[k] / cp:.2f}x cp -r && sync, "
               f"{med[k] / rw:.2f}x read-write+sync")
+if a.baseline_build:
+    print(f"\nthis build ({a.build}) against the baseline ({a.baseline_build}), medians, same rounds:")
+    for k in names:
+        if k.endswith(" (baseline)"):
+            mine, base = times[k[:-len(" (baseline)")]], times[k]
+            pairs = sorted(x / y for x, y in zip(mine, base))
+            print(f"  {k[:-len(' (baseline)')]:30s} {med[k[:-len(' (baseline)')]] / med[k]:.3f}x "
+                  f"(paired ratios {pairs[0]:.2f}-{pairs[-1]:.2f})")
 if "ds_to_universal.py" in med:
     for ranks in ("1 rank", "2 ranks"):
         print(f"ds_to_universal.py / ucp-convert {ranks}: {med['ds_to_universal.py'] / med['ucp-convert ' + ranks]:.1f}x")

@@ -10,6 +10,7 @@
 #include "core/format.h"
 #include "formats/registry.h"
 #include "patterns/resolve.h"
+#include "store/universal_folder.h"
 #include "store/atomic_store.h"
 #include "source/source_index.h"
 
@@ -147,7 +148,7 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
 }
 
 int RunInspect(const std::string& dir, const InspectOptions& options, std::ostream& out, std::ostream& err) {
-  if (store::IsAtomicCheckpoint(dir)) return RunInspectAtomic(dir, options, out, err);
+  if (store::IsAtomicCheckpoint(dir) || store::IsDeepSpeedUniversal(dir)) return RunInspectAtomic(dir, options, out, err);
   if (std::filesystem::exists(dir + "/" + store::kJournalDir)) {
     err << "ucp-inspect: error: " << dir << ": an unfinished ucp-convert run (a journal but no ucp_manifest.json); "
         << "finish it with ucp-convert --resume\n";

@@ -16,6 +16,7 @@
 #include "shuffle/agree.h"
 #include "store/atom_store.h"
 #include "store/atomic_store.h"
+#include "store/universal_folder.h"
 
 namespace ucp::inspect {
 namespace fs = std::filesystem;
@@ -26,7 +27,7 @@ using nlohmann::json;
 json ReportOf(const std::string& dir, const json& m, const InspectOptions& options);
 
 json AtomicReport(const std::string& dir, const InspectOptions& options) {
-  const json m = store::ReadManifest(dir);
+  const json m = store::ReadAtomicManifest(dir);  // a DeepSpeed universal folder: described as ucp-convert would
   return WithContext(dir + "/" + store::kManifestName, [&] { return ReportOf(dir, m, options); });
 }
 
@@ -42,6 +43,7 @@ json ReportOf(const std::string& dir, const json& m, const InspectOptions& optio
   r["store"] = std::string(store::StoreName(kind));
   r["source"] = m.value("source", json());
   r["family"] = m.value("family", json());
+  r["deepspeed_universal"] = m.value("deepspeed_universal", false);
   std::regex filter(options.params_regex.empty() ? ".*" : options.params_regex);
   json params = json::array();
   std::map<std::string, uint64_t> sizes;
@@ -146,9 +148,15 @@ int RunInspectAtomic(const std::string& dir, const InspectOptions& options, std:
   std::ostringstream text;  // printed whole, or not at all
   try {
     const auto& s = r["source"];
-    text << "atomic checkpoint  " << dir << "  (format " << r["format_version"] << ", ucp " << r["ucp_version"].get<std::string>()
-        << ", " << r["created"].get<std::string>() << ")\n"
-        << "converted from     " << s.at("path").get<std::string>() << "  (tag " << s.at("tag").get<std::string>() << ")\n"
+    if (r["deepspeed_universal"].get<bool>())
+      text << "atomic checkpoint  " << dir << "  (DeepSpeed's own universal checkpoint, ds_to_universal.py: no ucp "
+           << "manifest; described from its files, read-only, each file checked by its zip CRC-32s)\n"
+           << "made from tag      " << s.at("tag").get<std::string>() << "\n";
+    else
+      text << "atomic checkpoint  " << dir << "  (format " << r["format_version"] << ", ucp " << r["ucp_version"].get<std::string>()
+           << ", " << r["created"].get<std::string>() << ")\n"
+           << "converted from     " << s.at("path").get<std::string>() << "  (tag " << s.at("tag").get<std::string>() << ")\n";
+    text
         << "source layout      dp=" << s.at("dp") << " tp=" << s.at("tp") << " pp=" << s.at("pp")
         << (s.value("moe", false) ? " ep=" + std::to_string(s.value("ep", 1)) + " (Mixture of Experts)" : "") << "  ZeRO-" << s.at("zero_stage") << " ("
         << s.at("optimizer").get<std::string>() << "), " << s.at("dtype").get<std::string>() << ", iteration " << s.at("iteration")
@@ -171,7 +179,8 @@ int RunInspectAtomic(const std::string& dir, const InspectOptions& options, std:
     }
     if (!r["verify"].is_null())
       text << "\nverify             " << r["verify"]["files_checked"] << " files, " << r["verify"]["bytes_checked"]
-          << " bytes checked against the manifest's XXH64"
+          << (r["deepspeed_universal"].get<bool>() ? " bytes checked: every zip record's CRC-32"
+                                                   : " bytes checked against the manifest's XXH64")
           << (r["verify"].contains("datasets_checked")
                   ? "; " + r["verify"]["datasets_checked"].dump() + " datasets of atoms.h5 against their recorded XXH64"
                   : std::string())

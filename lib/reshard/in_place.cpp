@@ -14,6 +14,8 @@
 #include "shuffle/agree.h"
 #include "source/source_index.h"
 #include "store/atomic_store.h"
+#include "store/universal_folder.h"
+#include "core/xxhash64.h"
 
 namespace ucp::reshard {
 namespace {
@@ -52,7 +54,23 @@ struct Current {
   TargetLayout layout;         // dp, tp, pp, zero_stage, dtype, model (naming)
   std::string source_tag;      // the tag new folders are named after
   std::string atomic;          // the atomic checkpoint that may serve (folder name in the root)
+  bool deepspeed_universal = false;  // `atomic` is DeepSpeed's own universal folder of this tag: reused, read-only
 };
+
+// Whether the DeepSpeed universal folder `universal` was made from the checkpoint folder `tag_dir`:
+// each model-states file DeepSpeed copied into it is the tag's, byte for byte.
+bool ModelStatesOf(const std::string& universal, const std::string& tag_dir) {
+  int compared = 0;
+  for (const auto& e : fs::directory_iterator(universal)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || !name.ends_with("model_states.pt")) continue;
+    uint64_t a = 0, b = 0;
+    if (!fs::exists(tag_dir + "/" + name) || XxHash64File(e.path().string(), &a) != XxHash64File(tag_dir + "/" + name, &b) || a != b)
+      return false;
+    ++compared;
+  }
+  return compared > 0;
+}
 
 Current ReadCurrent(const std::string& root) {
   Current c;
@@ -87,11 +105,16 @@ Current ReadCurrent(const std::string& root) {
   const source::SourceIndex L = formats::IndexSource(c.dir);
   if (!L.errors.empty()) throw Error(L.errors.front());
   c.kind = "native", c.source_tag = c.tag, c.atomic = c.tag + "_universal";
-  // ROOT/<tag>_universal that ucp did not write (DeepSpeed's ds_to_universal.py output: no manifest,
-  // no journal) is the user's: never converted into, never replaced; ucp's goes beside it.
+  // ROOT/<tag>_universal that ucp did not write is the user's: never converted into, never replaced.
+  // DeepSpeed's own (ds_to_universal.py) made from this tag is read as it is (its model-states files
+  // are the tag's, byte for byte, as DeepSpeed copies them); anything else leaves it and converts beside it.
   const std::string theirs = root + "/" + c.atomic;
-  if (fs::exists(theirs) && !fs::exists(theirs + "/" + store::kManifestName) && !fs::exists(theirs + "/" + store::kJournalDir))
-    c.atomic = c.tag + "_ucp_universal";
+  if (fs::exists(theirs) && !fs::exists(theirs + "/" + store::kManifestName) && !fs::exists(theirs + "/" + store::kJournalDir)) {
+    if (store::IsDeepSpeedUniversal(theirs) && ModelStatesOf(theirs, c.dir))
+      c.deepspeed_universal = true;
+    else
+      c.atomic = c.tag + "_ucp_universal";
+  }
   c.layout.dp = L.dp, c.layout.tp = L.tp, c.layout.pp = L.pp, c.layout.zero_stage = L.zero_stage;
   c.layout.dtype = L.dtype, c.layout.model = L.naming;
   c.layout.grad_accum_dtype = GradAccumDtypeOf(L.grad_accum_dtype, L.optimizer, L.zero_stage, L.dtype);
@@ -114,6 +137,7 @@ bool Same(const TargetLayout& current, const TargetLayout& target) {
 bool Reusable(const std::string& root, const Current& current) {
   const std::string dir = root + "/" + current.atomic;
   const std::string manifest = dir + "/" + store::kManifestName;
+  if (current.deepspeed_universal) return true;  // DeepSpeed's own, made from this tag (ReadCurrent)
   if (!fs::exists(manifest) || fs::exists(dir + "/" + store::kJournalDir)) return false;
   if (current.kind != "native") return true;  // the atomic checkpoint a resharded tag was written from
   const nlohmann::json m = ReadJsonLeniently(manifest);
@@ -172,7 +196,7 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
       }
       const bool known = o.reshard.planner.gpus == 0 || reuse;  // the planner reads the atomic checkpoint
       if (known && target.dtype.empty() && reuse)  // an atomic checkpoint `latest` names: its job's precision
-        target.dtype = ResolvedDtype(target, store::ReadManifest(atomic).at("source"));
+        target.dtype = ResolvedDtype(target, store::ReadAtomicManifest(atomic).at("source"));
       if (known) {
         if (target.grad_accum_dtype.empty() && current.layout_known) target.grad_accum_dtype = current.layout.grad_accum_dtype;
         const std::string tag = InPlaceTag(current.source_tag, target);
@@ -269,7 +293,9 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
   if (AnyFailed(comm, error, err, kTool)) return 1;
   const std::string atomic = root + "/" + current.atomic;
   if (reuse) {
-    if (talk) err << kTool << ": " << was << ": reusing the atomic checkpoint " << atomic << "\n";
+    if (talk)
+      err << kTool << ": " << was << ": reusing " << (current.deepspeed_universal ? "DeepSpeed's own universal checkpoint " : "the atomic checkpoint ")
+          << atomic << (current.deepspeed_universal ? " (read-only)" : "") << "\n";
   } else {
     if (talk) err << kTool << ": " << was << ": converting it into " << atomic << "\n";
     convert::ConvertOptions c;
@@ -298,7 +324,7 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
   }
   std::string naming;
   error = Capture([&] {
-    const nlohmann::json m = ReadJsonFile(atomic + "/" + store::kManifestName);
+    const nlohmann::json m = store::ReadAtomicManifest(atomic);  // ucp's, or DeepSpeed's universal folder described
     naming = ResolvedModel(target, WithContext(atomic + "/" + store::kManifestName,
                                                [&] { return m.at("source").at("naming").get<std::string>(); }));
     target.dtype = ResolvedDtype(target, m.at("source"));  // the job's precision unless --dtype says (it names the tag)

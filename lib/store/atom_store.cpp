@@ -9,6 +9,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/xxhash64.h"
+#include "store/universal_folder.h"
 
 namespace ucp::store {
 
@@ -65,7 +66,7 @@ StoreKind StoreOf(const nlohmann::json& manifest) {
 // Reader
 
 std::unique_ptr<AtomReader> AtomReader::Open(const std::string& dir) {
-  nlohmann::json m = ReadManifest(dir);
+  nlohmann::json m = ReadAtomicManifest(dir);  // ucp's manifest, or a DeepSpeed universal folder's description
   StoreKind kind = WithContext(dir + "/" + kManifestName, [&] { return StoreOf(m); });
   return EntryOf(kind).open(dir, std::move(m));
 }
@@ -86,7 +87,8 @@ AtomReader::AtomReader(StoreKind store, std::string dir, nlohmann::json manifest
       a.vocab = p.at("vocab").get<bool>();
       a.sub_param_sizes = p.at("sub_param_sizes").get<std::vector<int64_t>>();
       a.group = p.value("group", 0);
-      if (store_ == StoreKind::Pt) a.has_step = p.at("files").contains("step");
+      // (a DeepSpeed ZeRO-3 universal folder keeps its groups' steps in zero/optimizer_state.pt only)
+      if (store_ == StoreKind::Pt) a.has_step = p.at("files").contains("step") || p.value("step_in_optimizer_state", false);
       else a.has_step = p.at("hdf5").at("step").get<bool>();
       a.meta = p;
       a.meta.erase("files");
@@ -106,6 +108,14 @@ pt::TorchFile AtomReader::ReadCheckedFile(const std::string& rel, const std::str
   const std::string path = dir_ + "/" + rel, about = what.empty() ? "" : what + ": ";
   auto it = records_.find(rel);
   if (it == records_.end()) throw Error(path + ": " + about + "the manifest's file list does not name it");
+  if (it->second.zip_crc32) {  // a DeepSpeed universal folder's file: every zip record's CRC-32
+    pt::TorchFile file = pt::ReadTorchFile(path, {.verify_pickle_crc = true, .verify_storage_crc = true});
+    file.archive->file()->ReleaseResidentPages();
+    if (file.archive->file()->size() != it->second.bytes)
+      throw Error(path + ": " + about + "the file is damaged: " + std::to_string(file.archive->file()->size()) +
+                  " bytes, it held " + std::to_string(it->second.bytes) + " when the folder was read");
+    return file;
+  }
   pt::TorchFile file = pt::ReadTorchFile(path);
   const MappedFile& mapped = *file.archive->file();
   const uint64_t digest = XxHash64::Of(mapped.bytes().data(), mapped.size());

@@ -56,6 +56,16 @@ class PtReader final : public AtomReader {
     const AtomParam& p = param(name);
     if (!p.has_step) return nullptr;
     const std::string& rel = files_.at(name)[plan::kStates];
+    if (rel.empty()) {  // DeepSpeed's ZeRO-3 universal form: the group's step in zero/optimizer_state.pt
+      const auto state = ReadCheckedFile("zero/optimizer_state.pt", "parameter '" + name + "' step").root;
+      return WithContext(dir() + "/zero/optimizer_state.pt: optimizer_state_dict.state[" + std::to_string(p.group) + "]",
+                         [&] {
+                           auto group = state->At("optimizer_state_dict").At("state").AsDict().Get(int64_t{p.group});
+                           auto step = group ? group->Get("step") : nullptr;
+                           if (!step) throw Error("no step");
+                           return step;
+                         });
+    }
     return ReadCheckedFile(rel, "parameter '" + name + "' step").root;
   }
 

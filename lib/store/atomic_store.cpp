@@ -28,14 +28,18 @@ using pt::Value;
 using pt::SetItem;
 using pt::ValuePtr;
 
-nlohmann::json FileRecord::ToJson() const { return {{"path", path}, {"bytes", bytes}, {"xxh64", HexDigest(xxh64)}}; }
+nlohmann::json FileRecord::ToJson() const {
+  if (zip_crc32) return {{"path", path}, {"bytes", bytes}, {"checksum", "zip-crc32"}};
+  return {{"path", path}, {"bytes", bytes}, {"xxh64", HexDigest(xxh64)}};
+}
 
 FileRecord FileRecord::FromJson(const nlohmann::json& j) {
   FileRecord r;
   r.path = j.at("path").get<std::string>();
   RequirePlainRelativePath(r.path, "file path");
   r.bytes = j.at("bytes").get<uint64_t>();
-  r.xxh64 = std::stoull(j.at("xxh64").get<std::string>(), nullptr, 16);
+  r.zip_crc32 = !j.contains("xxh64") && j.value("checksum", "") == "zip-crc32";
+  if (!r.zip_crc32) r.xxh64 = std::stoull(j.at("xxh64").get<std::string>(), nullptr, 16);
   return r;
 }
 
@@ -324,6 +328,15 @@ bool Verify(const std::string& dir, const FileRecord& r, std::string* why) {
   if (size != r.bytes) {
     if (why) *why = "holds " + std::to_string(size) + " bytes, the manifest says " + std::to_string(r.bytes);
     return false;
+  }
+  if (r.zip_crc32) {
+    try {
+      pt::ReadTorchFile(path, {.verify_pickle_crc = true, .verify_storage_crc = true});
+      return true;
+    } catch (const std::exception& e) {
+      if (why) *why = e.what();
+      return false;
+    }
   }
   uint64_t digest = XxHash64File(path);
   if (digest != r.xxh64) {

@@ -29,6 +29,9 @@ inline constexpr int kFormatVersion = 1;
 struct FileRecord {
   std::string path;  // relative to the atomic folder
   uint64_t bytes = 0, xxh64 = 0;
+  // A file of a DeepSpeed universal folder (no ucp manifest, universal_folder.h): checked by the
+  // CRC-32 of every record of its zip instead of an XXH64 it never had.
+  bool zip_crc32 = false;
   nlohmann::json ToJson() const;
   static FileRecord FromJson(const nlohmann::json& j);
 };
@@ -112,7 +115,7 @@ class Journal {
   std::mutex mu_;
 };
 
-// Whether `record` is on disk with its size and checksum.
+// Whether `record` is on disk with its size and checksum (its XXH64, or every zip record's CRC-32).
 bool Verify(const std::string& dir, const FileRecord& record, std::string* why = nullptr);
 
 // What identifies a conversion: the source files (names, sizes, mtimes), the resolved patterns and

@@ -229,13 +229,28 @@ elif finding == "never_replace":
     p = run([RESHARD, root, "--in-place", "--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
     check("never_replace: --in-place runs", p.returncode == 0, p.stderr[-400:])
     check("never_replace: DeepSpeed's global_step6_universal is as it was", digest(theirs) == before)
-    check("never_replace: ucp's atomic checkpoint beside it", os.path.exists(
-        os.path.join(root, "global_step6_ucp_universal", "ucp_manifest.json")), p.stderr[-300:])
+    check("never_replace: DeepSpeed's universal folder of this tag is reused, read-only",
+          "reusing DeepSpeed's own universal checkpoint" in p.stderr and
+          not os.path.exists(os.path.join(root, "global_step6_ucp_universal")), p.stderr[-300:])
     check("never_replace: latest names the new tag", open(os.path.join(root, "latest")).read().strip() != "global_step6")
+    # A <tag>_universal that is not DeepSpeed's of this tag (another tag's model-states files): left as
+    # it is, ucp converts beside it.
+    other = os.path.join(work, "other_root")
+    shutil.copytree(os.path.join(cases, FP32, "ckpt"), other)
+    shutil.copy(os.path.join(cases, "zero2_dp3_fp32", "ckpt", "global_step6", "mp_rank_00_model_states.pt"),
+                os.path.join(other, "global_step6_universal", "mp_rank_00_model_states.pt"))
+    theirs2 = os.path.join(other, "global_step6_universal")
+    before2 = digest(theirs2)
+    p = run([RESHARD, other, "--in-place", "--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
+    check("never_replace: another job's <tag>_universal: left as it was", p.returncode == 0 and digest(theirs2) == before2,
+          p.stderr[-300:])
+    check("never_replace: ... ucp's atomic checkpoint beside it", os.path.exists(
+        os.path.join(other, "global_step6_ucp_universal", "ucp_manifest.json")), p.stderr[-300:])
+    theirs, before = theirs2, before2
     p = run([CONVERT, os.path.join(cases, FP32, "ckpt"), "-o", theirs, "--force", "-q"])
     expect("never_replace: ucp-convert --force into DeepSpeed's universal folder", p, ["did not write", theirs])
     check("never_replace: ... which stays as it was", digest(theirs) == before)
-    atomic = os.path.join(root, "global_step6_ucp_universal")
+    atomic = os.path.join(root, "global_step6_universal")  # DeepSpeed's own, read as an atomic checkpoint
     ds_root = os.path.join(work, "ds_root")
     shutil.copytree(os.path.join(cases, FP32, "ckpt"), ds_root, ignore=shutil.ignore_patterns("*_universal"))
     p = run([RESHARD, atomic, "-o", ds_root, "--force", "-q", "--dp", "4", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
