@@ -28,6 +28,7 @@
 #include "source/source_index.h"
 #include "store/atom_store.h"
 #include "store/atomic_store.h"
+#include "store/universal_folder.h"
 #include "union/assembly.h"
 
 namespace ucp::convert {
@@ -177,8 +178,7 @@ void PrepareOutput(const ConvertOptions& o, const source::SourceIndex& L, const 
   } else {
     // --force replaces only what ucp wrote: a universal checkpoint without ucp's manifest or
     // journal (DeepSpeed's ds_to_universal.py output) is never cleared.
-    if (o.force && !(*folder)->Empty() && !journal && !store::IsAtomicCheckpoint(o.output) &&
-        fs::exists(o.output + "/zero"))
+    if (o.force && !(*folder)->Empty() && !journal && store::IsDeepSpeedUniversal(o.output))
       throw Error(o.output + ": holds a universal checkpoint ucp did not write (zero/ without " +
                   std::string(store::kManifestName) + ", as DeepSpeed's ds_to_universal.py writes it): --force "
                   "replaces only what ucp wrote; choose another -o");

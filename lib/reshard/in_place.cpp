@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "core/names.h"
+#include "core/output_lock.h"
 #include "formats/registry.h"
 #include "shuffle/agree.h"
 #include "source/source_index.h"
@@ -109,7 +110,10 @@ Current ReadCurrent(const std::string& root) {
   // DeepSpeed's own (ds_to_universal.py) made from this tag is read as it is (its model-states files
   // are the tag's, byte for byte, as DeepSpeed copies them); anything else leaves it and converts beside it.
   const std::string theirs = root + "/" + c.atomic;
-  if (fs::exists(theirs) && !fs::exists(theirs + "/" + store::kManifestName) && !fs::exists(theirs + "/" + store::kJournalDir)) {
+  // ucp's: its manifest, its journal, or its lock (a conversion killed before its journal), or empty.
+  const bool ucps = fs::exists(theirs + "/" + store::kManifestName) || fs::exists(theirs + "/" + store::kJournalDir) ||
+                    fs::exists(theirs + "/" + OutputLock::kFileName) || (fs::is_directory(theirs) && fs::is_empty(theirs));
+  if (fs::exists(theirs) && !ucps) {
     if (store::IsDeepSpeedUniversal(theirs) && ModelStatesOf(theirs, c.dir))
       c.deepspeed_universal = true;
     else

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "core/names.h"
+#include "core/output_lock.h"
 #include "core/commit.h"
 #include "core/progress.h"
 #include "formats/registry.h"
@@ -41,6 +42,15 @@ constexpr const char* kTool = "ucp-reshard";
 constexpr const char* kClaimFile = ".ucp-reshard.json";
 // Megatron's record of the iteration `latest` names, written before it.
 constexpr const char* kIterationFile = "latest_checkpointed_iteration.txt";
+
+// Whether `dir` holds only what a killed run of ours leaves before its claim: temporaries and the lock.
+bool HoldsOnlyLeftovers(const std::string& dir) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (!IsTemporaryName(name) && name != OutputLock::kFileName) return false;
+  }
+  return true;
+}
 
 // --- reading --------------------------------------------------------------------------------
 
@@ -341,7 +351,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
     } else {
       // --force replaces only a folder ucp-reshard wrote (its claim file says so): never a training
       // run's own checkpoint root, whose `latest` and tags look alike.
-      if (o.force && !folder->Empty() && !fs::exists(o.output + "/" + kClaimFile))
+      if (o.force && !folder->Empty() && !fs::exists(o.output + "/" + kClaimFile) && !HoldsOnlyLeftovers(o.output))
         throw Error(o.output + ": not written by ucp-reshard (no " + kClaimFile + "): --force replaces only folders "
                     "ucp-reshard wrote; remove it yourself or choose another -o");
       folder->RequireEmpty(o.force, {out_tag});
