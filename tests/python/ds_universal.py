@@ -13,14 +13,15 @@ real case (issue 29, finding 10):
 - nothing in the folder is written (it is DeepSpeed's).
 """
 import filecmp
-import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import zipfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from damage import flip_in_record, tree_digest as digest  # noqa: E402
 
 bindir, case_dir, ucp_atomic, work = sys.argv[1:5]
 INSPECT, RESHARD = os.path.join(bindir, "ucp-inspect"), os.path.join(bindir, "ucp-reshard")
@@ -32,15 +33,6 @@ def check(label, ok, detail=""):
     print(f"{label}: {'ok' if ok else 'FAIL'} {detail if not ok else ''}")
     if not ok:
         problems.append(label)
-
-
-def digest(d):
-    h = hashlib.sha256()
-    for dp, dns, fns in sorted(os.walk(d)):
-        dns.sort()
-        for f in sorted(fns):
-            h.update(f.encode() + open(os.path.join(dp, f), "rb").read())
-    return h.hexdigest()
 
 
 shutil.rmtree(work, ignore_errors=True)
@@ -96,16 +88,7 @@ damaged = os.path.join(work, "damaged_universal")
 shutil.copytree(theirs, damaged)
 victim = next(os.path.join(damaged, "zero", n, "exp_avg.pt") for n in sorted(os.listdir(os.path.join(damaged, "zero")))
               if os.path.isdir(os.path.join(damaged, "zero", n)))
-with zipfile.ZipFile(victim) as z:
-    info = next(i for i in z.infolist() if "/data/" in i.filename)
-with open(victim, "r+b") as f:
-    f.seek(info.header_offset + 26)
-    n, m = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
-    at = info.header_offset + 30 + n + m + info.file_size // 2
-    f.seek(at)
-    c = f.read(1)
-    f.seek(at)
-    f.write(bytes([c[0] ^ 0x10]))
+flip_in_record(victim)
 out = os.path.join(work, "from_damaged")
 r = subprocess.run([RESHARD, damaged, "-o", out, "-q", "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1"],
                    capture_output=True, text=True)

@@ -26,18 +26,17 @@ FINDING is one of:
   layout_validation explicit flags refuse what the planner refuses (tp=4 over 2 key-value heads),
                     in the same words.
 """
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import zipfile
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds_stubs  # noqa: E402,F401
+from damage import flip, flip_in_record, tree_digest as digest  # noqa: E402
 from refusal import refusal_problems  # noqa: E402
 
 finding, bindir, cases, work = sys.argv[1:5]
@@ -74,24 +73,6 @@ def convert(src, out, *flags):
     return out
 
 
-def flip(path, offset):
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x10]))
-
-
-def record_offset(path, name_part):
-    """The middle byte of the first zip record's payload whose name holds `name_part`."""
-    with zipfile.ZipFile(path) as z:
-        info = next(i for i in z.infolist() if name_part in i.filename and i.file_size > 64)
-    with open(path, "rb") as f:
-        f.seek(info.header_offset + 26)
-        n, m = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
-    return info.header_offset + 30 + n + m + info.file_size // 2, info.filename
-
-
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 FP32 = "zero1_dp4_fp32"
@@ -102,8 +83,7 @@ if finding == "corrupt_atom":
         victim = "language_model.encoder.layers.1.mlp.dense_4h_to_h.weight"
         if store == "pt":
             path = os.path.join(atomic, "zero", victim, "fp32.pt")
-            offset, _ = record_offset(path, "/data/")
-            flip(path, offset)
+            flip_in_record(path)
             must = [path, victim, "fp32", "damaged"]
         else:
             import h5py
@@ -120,8 +100,7 @@ elif finding == "corrupt_source":
     case = "tp2_dp2_bf16_zero0"
     src = copy_case(case, "source")
     path = os.path.join(src, "global_step6", "bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt")
-    offset, record = record_offset(path, "/data/")
-    flip(path, offset)
+    record = flip_in_record(path)
     out = os.path.join(work, "universal")
     p = run([CONVERT, src, "-o", out, "-q"])
     expect("corrupt_source: ucp-convert refuses", p, [path, record, "CRC-32 mismatch"])
@@ -217,13 +196,6 @@ elif finding == "never_replace":
     root = os.path.join(work, "root")
     shutil.copytree(os.path.join(cases, FP32, "ckpt"), root)
 
-    def digest(d):
-        h = hashlib.sha256()
-        for dp, dns, fns in sorted(os.walk(d)):
-            dns.sort()
-            for f in sorted(fns):
-                h.update(f.encode() + open(os.path.join(dp, f), "rb").read())
-        return h.hexdigest()
     theirs = os.path.join(root, "global_step6_universal")
     before = digest(theirs)
     p = run([RESHARD, root, "--in-place", "--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
@@ -264,7 +236,7 @@ elif finding == "one_fault":
     os.remove(os.path.join(missing, "global_step6", lost))
     damaged = copy_case(case, "damaged")
     path = os.path.join(damaged, "global_step6", lost)
-    flip(path, record_offset(path, "/data/")[0])
+    flip_in_record(path)
     for label, cmd, code in [("inspect, a missing file", [INSPECT, missing], 1),
                              ("convert, a missing file", [CONVERT, missing, "-o", os.path.join(work, "out1"), "-q"], 1),
                              ("inspect --verify, a damaged record", [INSPECT, damaged, "--verify"], 2)]:
@@ -278,11 +250,18 @@ elif finding == "one_fault":
 
 elif finding == "in_place_plan":
     import jsonschema
+    layout = ["--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1"]
+    # With DeepSpeed's own universal folder of the tag beside it: reused.
+    ds = os.path.join(work, "with_ds_universal")
+    shutil.copytree(os.path.join(cases, FP32, "ckpt"), ds)
+    p = run([RESHARD, ds, "--in-place", "--plan-only"] + layout)
+    check("in_place_plan: DeepSpeed's universal folder would be reused", p.returncode == 0 and
+          "would reuse the atomic checkpoint" in p.stdout and "global_step6_universal" in p.stdout, p.stdout + p.stderr[-300:])
+    # Without it: converted.
     root = os.path.join(work, "root")
-    shutil.copytree(os.path.join(cases, FP32, "ckpt"), root)
+    shutil.copytree(os.path.join(cases, FP32, "ckpt"), root, ignore=shutil.ignore_patterns("*_universal"))
     listing = lambda: sorted(os.path.join(dp, f) for dp, _, fs in os.walk(root) for f in fs)  # noqa: E731
     before = listing()
-    layout = ["--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1"]
     p = run([RESHARD, root, "--in-place", "--plan-only"] + layout)
     check("in_place_plan: text plan", p.returncode == 0 and "would convert it into" in p.stdout and
           "global_step6_dp2_tp1_pp1_z1_fp32" in p.stdout and "nothing written" in p.stdout, p.stdout + p.stderr[-300:])

@@ -1,0 +1,42 @@
+"""What the trust tests do to files and folders: flip one byte inside a zip record's payload (a
+tensor's bytes in a torch.save file), and a digest of a whole folder to show it was left as it was."""
+import hashlib
+import os
+import zipfile
+
+
+def record_offset(path, name_part):
+    """The middle byte of the first zip record's payload (over 64 bytes) whose name holds `name_part`,
+    and that record's name."""
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if name_part in i.filename and i.file_size > 64)
+    with open(path, "rb") as f:
+        f.seek(info.header_offset + 26)
+        n, m = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+    return info.header_offset + 30 + n + m + info.file_size // 2, info.filename
+
+
+def flip(path, offset):
+    """Flips one bit of the byte at `offset`."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+def flip_in_record(path, name_part="/data/"):
+    """Flips a byte in the middle of a tensor record of a torch.save file; returns the record's name."""
+    offset, record = record_offset(path, name_part)
+    flip(path, offset)
+    return record
+
+
+def tree_digest(d):
+    """SHA-256 over the names and bytes of every file under `d`, in order."""
+    h = hashlib.sha256()
+    for dp, dns, fns in sorted(os.walk(d)):
+        dns.sort()
+        for f in sorted(fns):
+            h.update(f.encode() + open(os.path.join(dp, f), "rb").read())
+    return h.hexdigest()
