@@ -88,7 +88,7 @@ class AtomReader {
   // XXH64 of the raw little-endian bytes of one state tensor, streamed in slabs of about 16 MiB.
   uint64_t TensorDigest(const std::string& param, plan::State state);
   // A torch.save file of the folder (a model-states file, zero/optimizer_state.pt, a .pt atom), read
-  // and checked against the manifest's size and XXH64 of it (core of the whole file, before any of
+  // and checked against the manifest's size and XXH64 of it (the whole file, before any of
   // its bytes is used): a damaged file is refused naming it and `what` (a parameter and state),
   // never passed on. A file the manifest does not list is refused too.
   pt::TorchFile ReadCheckedFile(const std::string& rel, const std::string& what = "") const;

@@ -22,6 +22,9 @@ reason, never silently:
   converter rewrites the engine's r'.*\.experts\.w[123]$' to r'\.experts\.w[123]$' in its copy;
   ucp carries the file as it is. Nothing in DeepSpeed reads the key. Likewise its ds_autoep_layers
   there, which DeepSpeed's copy cuts to a few fields per layer (each equal to the engine's).
+- ZeRO-3: ucp writes zero/<param>/step.pt (the group's step, as for every other source) where
+  DeepSpeed's ZeRO-3 output has none and keeps the step in zero/optimizer_state.pt alone; its loader
+  reads no step.pt. Any other file ucp writes that DeepSpeed's output lacks is a failure.
 """
 import os
 import sys
@@ -132,6 +135,16 @@ def main():
                 d = first_difference(canonical(ucp), canonical(ds))
                 if d:
                     failures.append(f"{f}: {d}")
+    # Files ucp writes that DeepSpeed does not: each one a deliberate difference, or a failure.
+    for root, _, files in sorted(os.walk(ucp_zero)):
+        for f in sorted(files):
+            rel = os.path.relpath(os.path.join(root, f), ucp_zero)
+            if os.path.exists(os.path.join(ds_zero, rel)):
+                continue
+            if f == "step.pt" and manifest["source"]["zero_stage"] == 3:
+                allowed.append(f"{rel}: step.pt of a ZeRO-3 source; DeepSpeed keeps the step in optimizer_state.pt only")
+            else:
+                failures.append(f"{rel}: ucp writes it, DeepSpeed's universal output has no such file")
     kinds = sorted({a.split(": ", 1)[1].split(";")[0] for a in allowed})
     print(f"compared {compared} files with DeepSpeed's; {len(allowed)} deliberate differences ({', '.join(kinds) or 'none'})")
     for line in failures[:20]:
