@@ -101,6 +101,8 @@ Current ReadCurrent(const std::string& root) {
     });
     RequirePlainName(c.source_tag, path + ": source_tag");
     RequirePlainName(c.atomic, path + ": atomic");
+    // written from DeepSpeed's own universal folder, which it reused as it is: reused again
+    c.deepspeed_universal = store::IsDeepSpeedUniversal(root + "/" + c.atomic);
     return c;
   }
   const source::SourceIndex L = formats::IndexSource(c.dir);

@@ -205,6 +205,11 @@ elif finding == "never_replace":
           "reusing DeepSpeed's own universal checkpoint" in p.stderr and
           not os.path.exists(os.path.join(root, "global_step6_ucp_universal")), p.stderr[-300:])
     check("never_replace: latest names the new tag", open(os.path.join(root, "latest")).read().strip() != "global_step6")
+    # From that tag on to another layout: DeepSpeed's folder reused again, still as it was.
+    p = run([RESHARD, root, "--in-place", "--dp", "4", "--tp", "1", "--pp", "1", "--zero-stage", "2"])
+    check("never_replace: a second --in-place from the resharded tag reuses it again",
+          p.returncode == 0 and "reusing DeepSpeed's own universal checkpoint" in p.stderr and digest(theirs) == before,
+          p.stderr[-300:])
     # A <tag>_universal that is not DeepSpeed's of this tag (another tag's model-states files): left as
     # it is, ucp converts beside it.
     other = os.path.join(work, "other_root")
