@@ -20,6 +20,8 @@ FINDING is one of:
   one_fault         one missing optimizer file, or one damaged record under --verify, is one error
                     line naming the file (the parameters that lost elements counted in it), not
                     one line per parameter; no "0 elements" header.
+  small_things      finding 12's wording: "1 model-parallel rank", --plan-only --ranks N says the
+                    ranks it planned for (not "single process").
   in_place_plan     --in-place --plan-only [--json] says what the step would do (convert, reshard
                     into which tag, the space) and writes nothing; the JSON validates against its
                     schema; the real step then writes the tag it named.
@@ -252,6 +254,15 @@ elif finding == "one_fault":
         check(f"one_fault: {label}: one line names the file", len(lines) == 1, "\n" + p.stderr[-600:])
         check(f"one_fault: {label}: no follow-on missing-fragment lines", not faults, f"{len(faults)} of them")
         check(f"one_fault: {label}: no '0 elements' header", " 0 elements" not in p.stdout)
+
+elif finding == "small_things":
+    atomic = convert(os.path.join(cases, FP32, "ckpt"), os.path.join(work, "universal"))
+    p = run([RESHARD, atomic, "-o", os.path.join(work, "one"), "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
+    check("small_things: '1 model-parallel rank'", p.returncode == 0 and "1 model-parallel rank " in p.stderr and
+          "1 model-parallel ranks" not in p.stderr, p.stderr[:300])
+    p = run([CONVERT, os.path.join(cases, FP32, "ckpt"), "--plan-only", "--ranks", "3"])
+    check("small_things: --plan-only --ranks 3 says 3 ranks", p.returncode == 0 and "planned for 3 MPI ranks" in p.stderr and
+          "single process" not in p.stderr, p.stderr[:300])
 
 elif finding == "in_place_plan":
     import jsonschema
