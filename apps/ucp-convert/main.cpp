@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
   app.add_flag("--plan-only", o.plan_only, "print the plan (per-rank bytes in and out, imbalance) without reading tensor data");
   app.add_option("--ranks", plan_ranks, "with --plan-only: plan for this many ranks instead of the running ones");
   app.add_flag("--json", o.json, "with --plan-only: print the plan as JSON");
-  app.add_option("--threads", o.threads, "writer threads per rank (default: the cores the rank may use)");
+  app.add_option("--threads", o.threads, "writer threads per rank (default: the cores the rank may use)")
+      ->check(ucp::apps::AtLeast(1));
   app.add_option("--buffer", o.buffer_bytes, "shuffle bytes in flight per rank (e.g. 64M, 1G; default 128M)")
       ->transform(CLI::AsSizeValue(false))
       ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));

@@ -126,20 +126,23 @@ int main(int argc, char** argv) {
       ->transform(CLI::AsSizeValue(false))
       ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
   auto& g = o.planner;
-  app.add_option("--gpus", g.gpus,
+  CLI::Option* gpus_flag = app.add_option("--gpus", g.gpus,
                  "choose the layout for this many GPUs instead of giving --dp/--tp/--pp/--zero-stage (those given "
                  "are kept): the valid layouts, their memory per GPU, and the preferred one that fits; with "
                  "--plan-only, the ranked candidates and the reason")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--gpus-per-node", g.gpus_per_node, "with --gpus: GPUs per node; TP stays within a node (default 8)")
-      ->check(CLI::Range(1, 1 << 10));
+      ->check(CLI::Range(1, 1 << 10))
+      ->needs(gpus_flag);
   app.add_option("--gpu-memory", g.gpu_memory, "with --gpus: memory of one GPU (e.g. 80G, the default; 40G, 24G)")
       ->transform(CLI::AsSizeValue(false))
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 50));
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 50))
+      ->needs(gpus_flag);
   app.add_option("--activation-memory", g.activation_memory,
                  "with --gpus: memory per GPU set aside for activations and buffers (default a quarter of --gpu-memory)")
       ->transform(CLI::AsSizeValue(false))
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50))
+      ->needs(gpus_flag);
   app.add_flag("--plan-only", o.plan_only,
                "print which rank writes what and the bytes it reads (with --gpus: the layouts considered); no data read");
   app.add_flag("--json", o.json, "with --plan-only: as JSON (with --in-place: schemas/in-place-plan.schema.json)");

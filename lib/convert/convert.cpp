@@ -182,6 +182,10 @@ void PrepareOutput(const ConvertOptions& o, const source::SourceIndex& L, const 
       throw Error(o.output + ": holds a universal checkpoint ucp did not write (zero/ without " +
                   std::string(store::kManifestName) + ", as DeepSpeed's ds_to_universal.py writes it): --force "
                   "replaces only what ucp wrote; choose another -o");
+    if (o.force && !(*folder)->Empty() && !fs::exists(o.output + "/" + store::kJournalDir) &&
+        !store::IsAtomicCheckpoint(o.output) && !HoldsOnlyLeftovers(o.output))
+      throw Error(o.output + ": not written by ucp (no " + std::string(store::kManifestName) + " or journal, and files "
+                  "of its own): --force replaces only what ucp wrote; remove it yourself or choose another -o");
     (*folder)->RequireEmpty(o.force, store::AtomicFolderContents(),
                             "use --resume to finish an interrupted conversion or --force to overwrite it");
   }
@@ -296,6 +300,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     return 0;
   }
   const bool resuming = static_cast<Resume>(flag) == Resume::Yes;
+  std::string previous_latest;  // what <parent>/latest_universal named before this run's commit
   std::map<std::string, store::FileRecord> journaled;  // from the interrupted run
   std::vector<char> done(plan.params.size() * plan::kStates, 0);
   if (resuming) {
@@ -540,12 +545,21 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       auto manifest = store::AssembleManifest(std::string(store::StoreName(kind)), store::SourceJson(L, M),
                                               store::FamilyJson(M), params, files);
       auto latest = kind == store::StoreKind::Pt ? store::StageLatestUniversal(o.output) : nullptr;
+      if (latest) previous_latest = ReadWholeFile(latest->path()).value_or("");
       folder->Mark({manifest.dump(1) + "\n"});  // the commit point (step 4)
       if (latest) latest->Commit();
       store::Journal::Remove(o.output);
     });
   }
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+  // DeepSpeed's load_universal follows latest_universal: moving it is said (it may have named
+  // DeepSpeed's own universal folder).
+  if (talk && kind == store::StoreKind::Pt) {
+    const std::string named = fs::path(o.output).lexically_normal().filename().string();
+    if (!previous_latest.empty() && previous_latest != named && !named.empty())
+      err << "ucp-convert: note: " << fs::path(o.output).lexically_normal().parent_path().string()
+          << "/latest_universal named " << previous_latest << "; it now names " << named << "\n";
+  }
   phase_done("commit");
   phases["total"] = Seconds(t0);
 

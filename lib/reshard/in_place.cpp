@@ -11,12 +11,13 @@
 #include "core/format.h"
 #include "core/names.h"
 #include "core/output_lock.h"
+#include "core/xxhash64.h"
 #include "formats/registry.h"
 #include "shuffle/agree.h"
 #include "source/source_index.h"
 #include "store/atomic_store.h"
 #include "store/universal_folder.h"
-#include "core/xxhash64.h"
+#include "target/reshard_plan.h"
 
 namespace ucp::reshard {
 namespace {
@@ -177,6 +178,22 @@ int64_t FolderBytes(const std::string& dir) {
   return n;
 }
 
+// What the reshard after a conversion would refuse, refused before the conversion is done for
+// nothing: a model ucp-reshard does not write, a TP degree (`tp`; 0: not known yet) the model's
+// heads or FFN width do not divide. Throws ucp::Error in the reshard's words.
+void RefuseBeforeConversion(const Current& current, int tp) {
+  const source::SourceIndex L = formats::IndexSource(current.dir);
+  std::vector<std::string> names;
+  for (const auto& p : L.params) names.push_back(p.name);
+  RefuseUntiedOutputLayer(current.dir, names);
+  ModelFacts facts;
+  facts.heads = std::max<int64_t>(0, L.Fact("num_attention_heads"));
+  facts.kv_heads = std::max<int64_t>(0, L.Fact("num_key_value_heads"));
+  facts.ffn = std::max<int64_t>(0, L.Fact("ffn_hidden_size"));
+  if (tp > 0)
+    if (const std::string why = ModelTpRefusal(facts, tp); !why.empty()) throw Error("target " + why);
+}
+
 // --in-place --plan-only: what the step would do, from the metadata alone; nothing written.
 int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& current, TargetLayout target,
               bool nothing_to_do, std::ostream& out, std::ostream& err) {
@@ -203,6 +220,14 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
       const bool known = o.reshard.planner.gpus == 0 || reuse;  // the planner reads the atomic checkpoint
       if (known && target.dtype.empty() && reuse)  // an atomic checkpoint `latest` names: its job's precision
         target.dtype = ResolvedDtype(target, store::ReadAtomicManifest(atomic).at("source"));
+      // What the real step would refuse, refused here in its words: from the atomic checkpoint it would
+      // reuse, the whole plan (MakePlan validates); before a conversion, the model's names and heads.
+      if (reuse && known) {
+        const Source S = LoadSource(atomic);
+        MakePlan(S, ResolveModel(S, target), 1, 0);
+      } else if (!reuse) {
+        RefuseBeforeConversion(current, known ? target.tp : 0);
+      }
       if (known) {
         if (target.grad_accum_dtype.empty() && current.layout_known) target.grad_accum_dtype = current.layout.grad_accum_dtype;
         const std::string tag = InPlaceTag(current.source_tag, target);
@@ -218,7 +243,7 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
       bytes += FolderBytes(current.dir);
     }
   } catch (const std::exception& e) {
-    err << kTool << ": error: " << e.what() << "\n";
+    err << kTool << ": error: " << e.what() << " (--plan-only: the step would refuse this; nothing written)\n";
     return 1;
   }
   std::error_code ec;
@@ -303,6 +328,8 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
       err << kTool << ": " << was << ": reusing " << (current.deepspeed_universal ? "DeepSpeed's own universal checkpoint " : "the atomic checkpoint ")
           << atomic << (current.deepspeed_universal ? " (read-only)" : "") << "\n";
   } else {
+    error = Capture([&] { RefuseBeforeConversion(current, o.reshard.planner.gpus > 0 ? 0 : target.tp); });
+    if (AnyFailed(comm, error, err, kTool)) return 1;
     if (talk) err << kTool << ": " << was << ": converting it into " << atomic << "\n";
     convert::ConvertOptions c;
     c.source = current.dir, c.output = atomic, c.force = true;

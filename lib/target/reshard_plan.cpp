@@ -124,19 +124,21 @@ int LocalExpertId(const Source& S, const Atom& a, int ep) {
   return a.expert % static_cast<int>(S.num_experts.at(a.moe_layer) / ep);
 }
 
-namespace {
-// A model whose output layer is a parameter of its own (Llama-style: Megatron-DeepSpeed's
-// language_model.output_layer, its pipeline's <spec>.lm_head and untied <1>.word_embeddings) has
-// names GPTModel / GPTModelPipe do not place: refused by name, before a layer count goes wrong.
 void RefuseUntiedOutputLayer(const std::string& dir, const std::vector<std::string>& names) {
-  static const std::regex untied(R"(^(language_model\.output_layer\.|\d+\.lm_head\.|1\.word_embeddings\.).*)");
-  for (const auto& n : names)
-    if (std::regex_match(n, untied))
-      throw Error(dir + ": parameter '" + n + "': an output layer apart from the word embedding (a Llama-style model): "
-                  "ucp-reshard writes GPT-style models whose output layer is tied to the word embedding, not yet this "
-                  "one (ucp-convert and ucp-inspect read it; DeepSpeed's universal load reads the atomic checkpoint)");
+  // The output layer itself first (language_model.output_layer, a pipeline's <spec>.lm_head), then the
+  // sign of one in a pipeline: an embedding outside tied_modules (<1>.word_embeddings).
+  static const std::regex output(R"(^(language_model\.output_layer\.|\d+\.lm_head\.).*)"),
+      untied_embedding(R"(^1\.word_embeddings\..*)");
+  for (const std::regex* re : {&output, &untied_embedding})
+    for (const auto& n : names)
+      if (std::regex_match(n, *re))
+        throw Error(dir + ": parameter '" + n + "': " +
+                    (re == &output ? "an output layer apart from the word embedding"
+                                   : "a word embedding not tied to the output layer") +
+                    " (a Llama-style model): ucp-reshard writes GPT-style models whose output layer is tied to the word "
+                    "embedding, not yet this one (ucp-convert and ucp-inspect read it; DeepSpeed's universal load reads "
+                    "the atomic checkpoint)");
 }
-}  // namespace
 
 Source LoadSource(const std::string& dir) {
   Source S;

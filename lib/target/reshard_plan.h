@@ -157,6 +157,12 @@ int LocalExpertId(const Source& S, const Atom& a, int ep);
 // the source cannot fill.
 Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_budget);
 
+// A model whose output layer is a parameter of its own (Llama-style: Megatron-DeepSpeed's
+// language_model.output_layer, its pipeline's <spec>.lm_head and untied <1>.word_embeddings) has
+// names GPTModel / GPTModelPipe do not place: refused by name (throws ucp::Error naming `dir` and the
+// parameter), before a layer count goes wrong. LoadSource applies it; --in-place --plan-only too.
+void RefuseUntiedOutputLayer(const std::string& dir, const std::vector<std::string>& names);
+
 // The model's shape facts as its args record them (heads, key-value heads, FFN width, layers) and
 // the source's layout: what the planner and Validate judge a layout by.
 ModelFacts ModelFactsOf(const Source& S);

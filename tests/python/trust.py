@@ -190,7 +190,10 @@ elif finding == "command_line":
             (RESHARD, [], ["atomic"]),
             (RESHARD, [atomic, "-o", "x", "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--json"],
              ["--json goes with --plan-only"]),
-            (CONVERT, [atomic, "-o", "x", "--json"], ["--json goes with --plan-only"])]:
+            (CONVERT, [atomic, "-o", "x", "--json"], ["--json goes with --plan-only"]),
+            (RESHARD, [atomic, "-o", "x", "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--gpus-per-node", "4"],
+             ["--gpus-per-node", "--gpus"]),
+            (CONVERT, [atomic, "-o", "x", "--threads", "0"], ["--threads", "at least 1"])]:
         p = run([tool] + args)
         expect(f"command_line: {os.path.basename(tool)} {' '.join(args[1:]) or '(nothing)'}", p, must, code=2)
         check("command_line: message is short", len(p.stderr) < 400, f"{len(p.stderr)} characters")
@@ -228,6 +231,12 @@ elif finding == "never_replace":
     theirs, before = theirs2, before2
     p = run([CONVERT, os.path.join(cases, FP32, "ckpt"), "-o", theirs, "--force", "-q"])
     expect("never_replace: ucp-convert --force into DeepSpeed's universal folder", p, ["did not write", theirs])
+    stray = os.path.join(work, "stray")
+    os.makedirs(stray)
+    open(os.path.join(stray, "notes.txt"), "w").write("mine")
+    p = run([CONVERT, os.path.join(cases, FP32, "ckpt"), "-o", stray, "--force", "-q"])
+    expect("never_replace: ucp-convert --force into a folder of someone's files", p, ["not written by ucp", stray])
+    check("never_replace: ... which stay", open(os.path.join(stray, "notes.txt")).read() == "mine")
     check("never_replace: ... which stays as it was", digest(theirs) == before)
     atomic = os.path.join(root, "global_step6_universal")  # DeepSpeed's own, read as an atomic checkpoint
     ds_root = os.path.join(work, "ds_root")
