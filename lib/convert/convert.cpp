@@ -132,17 +132,6 @@ void RequireFinishedConversionOf(const std::string& dir, const source::SourceInd
   }
 }
 
-// Whether `dir` holds nothing a run completed: folders, temporaries, the lock (a run killed before
-// its journal existed).
-bool HoldsOnlyLeftovers(const std::string& dir) {
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (!it->is_directory() && !IsTemporaryName(name) && name.rfind(OutputLock::kFileName, 0) != 0) return false;
-  }
-  return !ec;
-}
-
 // Rank 0's checks and claim of the output folder (core/commit.h, step 1) before anything is
 // written: its lock taken first (held until the run ends), then resumed or required empty.
 void PrepareOutput(const ConvertOptions& o, const source::SourceIndex& L, const std::string& fingerprint,

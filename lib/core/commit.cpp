@@ -43,4 +43,13 @@ void OutputFolder::Mark(const std::vector<std::optional<std::string>>& texts) {
 
 void Seal(const std::string& dir) { SyncFileSystemOf(dir); }
 
+bool HoldsOnlyLeftovers(const std::string& dir) {
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!it->is_directory() && !IsTemporaryName(name) && name.rfind(OutputLock::kFileName, 0) != 0) return false;
+  }
+  return !ec;
+}
+
 }  // namespace ucp

@@ -47,6 +47,10 @@ class OutputFolder {
   OutputLock lock_;
 };
 
+// Whether `dir` holds nothing a run completed: folders, temporaries and the lock, what a tool's run
+// killed before its first marker or claim leaves. Such a folder is the tool's to take over.
+bool HoldsOnlyLeftovers(const std::string& dir);
+
 // Step 3: one sync of the file system holding `dir` (every file written there so far, renames
 // included, durable when it returns). Throws ucp::Error naming the folder.
 void Seal(const std::string& dir);

@@ -16,7 +16,6 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "core/names.h"
-#include "core/output_lock.h"
 #include "core/commit.h"
 #include "core/progress.h"
 #include "formats/registry.h"
@@ -42,15 +41,6 @@ constexpr const char* kTool = "ucp-reshard";
 constexpr const char* kClaimFile = ".ucp-reshard.json";
 // Megatron's record of the iteration `latest` names, written before it.
 constexpr const char* kIterationFile = "latest_checkpointed_iteration.txt";
-
-// Whether `dir` holds only what a killed run of ours leaves before its claim: temporaries and the lock.
-bool HoldsOnlyLeftovers(const std::string& dir) {
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (!IsTemporaryName(name) && name != OutputLock::kFileName) return false;
-  }
-  return true;
-}
 
 // --- reading --------------------------------------------------------------------------------
 

@@ -361,7 +361,6 @@ def main():
                             "bf16 without ZeRO for DeepSpeed 0.17.5"),
                            ({"--zero-stage": "0", "--dtype": "fp16"}, "fp16 without ZeRO"),
                            ({"--tp": "2", "--dp": "2", "--ep": "1"}, "tp=2 > ep=1"),
-                           ({"--tp": "4", "--dp": "1", "--ep": "2"}, "tp=4 does not divide the 2 key-value heads"),
                            ({"--pp": "2"}, "pp=2"),
                            ({"--model": "pipe"}, "model 'pipe'")):
         flags = list(base)
