@@ -57,7 +57,7 @@ class PtReader final : public AtomReader {
     if (!p.has_step) return nullptr;
     const std::string& rel = files_.at(name)[plan::kStates];
     if (rel.empty()) {  // DeepSpeed's ZeRO-3 universal form: the group's step in zero/optimizer_state.pt
-      const auto state = ReadCheckedFile("zero/optimizer_state.pt", "parameter '" + name + "' step").root;
+      const pt::ValuePtr state = OptimizerState();
       return WithContext(dir() + "/zero/optimizer_state.pt: optimizer_state_dict.state[" + std::to_string(p.group) + "]",
                          [&] {
                            auto group = state->At("optimizer_state_dict").At("state").AsDict().Get(int64_t{p.group});
@@ -120,6 +120,13 @@ class PtReader final : public AtomReader {
     return open_.emplace(key, std::move(file)).first->second;
   }
 
+  // zero/optimizer_state.pt, read and checked once for every parameter whose step it holds.
+  pt::ValuePtr OptimizerState() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!optimizer_state_) optimizer_state_ = ReadCheckedFile("zero/optimizer_state.pt", "the groups' steps").root;
+    return optimizer_state_;
+  }
+
   // The parameter's elements: 'param' of the dict, or the bare ZeRO-3 tensor (its prefix).
   static const pt::TensorView& ParamOf(const pt::Value& root) {
     return root.kind == pt::Value::Kind::Tensor ? root.AsTensor() : root.At("param").AsTensor();
@@ -128,6 +135,7 @@ class PtReader final : public AtomReader {
   std::map<std::string, std::array<std::string, plan::kStates + 1>> files_;  // states, then step
   std::mutex mu_;
   std::map<std::pair<std::string, int>, std::shared_ptr<const pt::TorchFile>> open_;
+  pt::ValuePtr optimizer_state_;  // DeepSpeed's ZeRO-3 universal form: every group's step (OptimizerState)
 };
 
 class PtWriter final : public AtomWriter {
