@@ -18,6 +18,7 @@ LAYERS = [
     "target",            # the target layout, model naming, the reshard plan (UcpInfo)
     "formats/driver.h",  # the source and target driver interfaces
     "formats/deepspeed",  # one folder per format: its source and target drivers
+    "formats/hf",        # Hugging Face: safetensors models (a target)
     "formats",           # the registry of drivers
     "convert", "inspect", "reshard",  # the pipelines the tools run
 ]

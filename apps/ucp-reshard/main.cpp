@@ -1,6 +1,7 @@
 // ucp-reshard: flags only; the work is ucp::reshard::RunReshard.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <fstream>
 #include <iostream>
 
 #include "common/command_line.h"
@@ -77,7 +78,24 @@ int main(int argc, char** argv) {
                "reshard into ROOT/<tag>_dp.._tp.._pp.._z.._<dtype> and point `latest` at it; the old tag stays");
   app.add_option("--keep", ip.keep, "with --in-place: keep at most this many tags written in place, the newest (default: all)")
       ->check(CLI::Range(1, 1 << 20));
-  app.add_option("-o,--output", o.output, "checkpoint folder to write (gets `latest` and global_stepN/)");
+  app.add_option("-o,--output", o.output, "checkpoint folder to write (gets `latest` and global_stepN/; with --format hf, "
+                 "the model's files)");
+  app.add_option("--format", o.format,
+                 "what to write: deepspeed (the default: a training layout's native files) or hf (a Hugging Face "
+                 "transformers model: config.json and safetensors, for from_pretrained; no layout flags)")
+      ->check(CLI::IsMember({"deepspeed", "hf"}));
+  std::string model_config;
+  CLI::Option* model_config_flag = app.add_option("--model-config", model_config,
+                 "with --format hf: a JSON object of model facts the checkpoint does not hold, by Megatron's argument "
+                 "names (hidden_size, num_layers, num_attention_heads, num_key_value_heads, ffn_hidden_size, "
+                 "max_position_embeddings, normalization, swiglu, position_embedding_type, layernorm_epsilon, "
+                 "rope_theta); a value the checkpoint's args also give must agree")
+      ->check(CLI::ExistingFile);
+  CLI::Option* max_shard_flag = app.add_option("--max-shard-size", o.model.max_file_bytes,
+                 "with --format hf: tensor bytes per safetensors file (e.g. 5GB, the default, 500MB; 1000-based as "
+                 "Hugging Face counts); a larger tensor gets a file of its own")
+      ->transform(CLI::AsSizeValue(true))
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 50));
   std::string layout_file;
   app.add_option("--layout", layout_file, "target layout as JSON (schemas/layout.schema.json); flags override it")
       ->check(CLI::ExistingFile);
@@ -164,6 +182,50 @@ int main(int argc, char** argv) {
     return ucp::apps::kCommandLineError;
   }
   ip.given = given;
+  if (o.format == "hf") {
+    // A model has no layout: only the precision is the user's to choose.
+    for (const auto& key : given)
+      if (key != "dtype") {
+        std::string flag_name = key;
+        std::replace(flag_name.begin(), flag_name.end(), '_', '-');
+        std::cerr << "ucp-reshard: error: --format hf writes a model of whole tensors: no --" << flag_name
+                  << " (only --dtype, --max-shard-size, --model-config)\n";
+        return ucp::apps::kCommandLineError;
+      }
+    if (in_place || g.gpus > 0) {
+      std::cerr << "ucp-reshard: error: --format hf writes a model into -o OUT: no " << (in_place ? "--in-place" : "--gpus") << "\n";
+      return ucp::apps::kCommandLineError;
+    }
+    o.model.dtype = t.dtype;
+    if (!model_config.empty()) {
+      try {
+        std::ifstream in(model_config);
+        o.model.model_config = nlohmann::json::parse(in);
+        if (!o.model.model_config.is_object()) throw ucp::Error("not a JSON object");
+        o.model.model_config_path = model_config;
+      } catch (const std::exception& e) {
+        std::cerr << "ucp-reshard: error: " << model_config << ": not a JSON object of model facts: " << e.what() << "\n";
+        return 1;
+      }
+    }
+    if (!o.plan_only && o.output.empty()) {
+      std::cerr << "ucp-reshard: error: an output folder is required (-o OUT), or --plan-only\n";
+      return ucp::apps::kCommandLineError;
+    }
+    if (o.json && !o.plan_only) {
+      std::cerr << "ucp-reshard: error: --json goes with --plan-only\n";
+      return ucp::apps::kCommandLineError;
+    }
+    o.progress = ::isatty(STDERR_FILENO);
+    ucp::h5::InitializeBeforeMpi();
+    auto comm = ucp::shuffle::MakeWorldComm(&argc, &argv);
+    return ucp::reshard::RunReshard(o, *comm, std::cout, std::cerr);
+  }
+  for (CLI::Option* only_hf : {model_config_flag, max_shard_flag})
+    if (only_hf->count() > 0) {
+      std::cerr << "ucp-reshard: error: " << only_hf->get_name() << " goes with --format hf\n";
+      return ucp::apps::kCommandLineError;
+    }
   if (g.gpus > 0) {
     g.base = t;
     for (const char* key : {"dp", "tp", "pp", "zero_stage"})

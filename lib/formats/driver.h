@@ -1,13 +1,15 @@
 // The two interfaces a format implements (ADIOS2's engines, TensorStore's drivers): a source driver
 // turns a checkpoint folder into the neutral SourceIndex that plan, map, union and store work on; a
-// target driver writes the shard files of a layout, unit by unit of the reshard plan. A format's
-// folder (formats/<name>/) defines its rows in its driver.cpp; formats/registry.h lists them.
+// target driver writes either the shard files of a training layout, unit by unit of the reshard plan,
+// or a model of whole tensors, file by file of the export plan it makes (target/export_plan.h). A
+// format's folder (formats/<name>/) defines its rows in its driver.cpp; formats/registry.h lists them.
 #pragma once
 
 #include <string>
 
 #include "core/buffer_pool.h"
 #include "source/source_index.h"
+#include "target/export_plan.h"
 #include "target/reshard_plan.h"
 
 namespace ucp::formats {
@@ -27,16 +29,24 @@ struct TargetDriver {
   const char* name;
   const char* description;
   const char* files;  // the file names it writes
-  // The files of one unit of the reshard plan (target/reshard_plan.h) into `dir`, values from
-  // `slices`; no fsync of its own (the caller syncs once, then commits with `latest`).
+  // A training layout (DeepSpeed): the files of one unit of the reshard plan (target/reshard_plan.h)
+  // into `dir`, values from `slices`; no fsync of its own (the caller syncs once, then commits with
+  // `latest`). Null for a model target.
   reshard::UnitFiles (*write_unit)(const reshard::Source& S, const reshard::TargetLayout& T, const reshard::Plan& P,
                                    const reshard::Unit& U, reshard::SliceSource& slices, const std::string& dir,
                                    ScratchBytes& arena);
+  // A model target (Hugging Face): the export plan of the atomic checkpoint (its tensors named and cut,
+  // its files, side files and marker), throwing ucp::Error naming the parameter or the missing fact for
+  // a model it does not describe; and file `f` of it written to `path` (a temporary name the caller
+  // renames), values from `rows`. Both null for a training-layout target.
+  reshard::ExportPlan (*plan_export)(const reshard::Source& S, const reshard::ExportOptions& options);
+  void (*write_file)(const reshard::ExportPlan& P, size_t f, reshard::RowSource& rows, const std::string& path);
 };
 
 // The rows, each defined in its format's folder (formats/<name>/driver.cpp); the registry's tables
 // list them.
 const SourceDriver& DeepSpeedSource();
 const TargetDriver& DeepSpeedTarget();
+const TargetDriver& HuggingFaceTarget();
 
 }  // namespace ucp::formats

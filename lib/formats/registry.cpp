@@ -15,7 +15,7 @@ std::span<const SourceDriver* const> Sources() {
   return table;
 }
 std::span<const TargetDriver* const> Targets() {
-  static const TargetDriver* const table[] = {&DeepSpeedTarget()};
+  static const TargetDriver* const table[] = {&DeepSpeedTarget(), &HuggingFaceTarget()};
   return table;
 }
 

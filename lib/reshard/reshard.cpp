@@ -19,6 +19,8 @@
 #include "core/commit.h"
 #include "core/progress.h"
 #include "formats/registry.h"
+#include "reshard/claim.h"
+#include "reshard/export.h"
 #include "patterns/rules.h"
 #include "plan/convert_plan.h"
 #include "target/naming.h"
@@ -37,8 +39,6 @@ using shuffle::Capture;
 namespace {
 
 constexpr const char* kTool = "ucp-reshard";
-// The claim of a folder ucp-reshard writes with -o, what lets --force replace it later.
-constexpr const char* kClaimFile = ".ucp-reshard.json";
 // Megatron's record of the iteration `latest` names, written before it.
 constexpr const char* kIterationFile = "latest_checkpointed_iteration.txt";
 
@@ -260,8 +260,10 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   LayoutChoice choice;
   std::string tag;  // the source's, the target's folder name
   const formats::TargetDriver* target_driver = nullptr;
-  std::string error = Capture([&] {
-    target_driver = &formats::FindTarget(o.format);
+  std::string error = Capture([&] { target_driver = &formats::FindTarget(o.format); });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (target_driver->plan_export) return RunExport(o, *target_driver, comm, out, err);
+  error = Capture([&] {
     if (!o.plan_only && !o.in_place) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
     S = LoadSource(o.atomic_dir);
     WithContext(o.atomic_dir + "/" + store::kManifestName, [&] {
@@ -335,18 +337,11 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   std::unique_ptr<OutputFolder> folder;
   std::string lock_note;
   error = rank == 0 ? Capture([&] {
-    folder = std::make_unique<OutputFolder>(o.output, kTool, std::vector<std::string>{kIterationFile, "latest"}, &lock_note);
     if (o.in_place) {
+      folder = std::make_unique<OutputFolder>(o.output, kTool, std::vector<std::string>{kIterationFile, "latest"}, &lock_note);
       fs::remove_all(dir);  // what a killed run left: `latest` never named it
     } else {
-      // --force replaces only a folder ucp-reshard wrote (its claim file says so): never a training
-      // run's own checkpoint root, whose `latest` and tags look alike.
-      if (o.force && !folder->Empty() && !fs::exists(o.output + "/" + kClaimFile) && !HoldsOnlyLeftovers(o.output))
-        throw Error(o.output + ": not written by ucp-reshard (no " + kClaimFile + "): --force replaces only folders "
-                    "ucp-reshard wrote; remove it yourself or choose another -o");
-      folder->RequireEmpty(o.force, {out_tag});
-      WriteFileAtomically(o.output + "/" + kClaimFile,
-                          json({{"tool", kTool}, {"ucp_version", UCP_VERSION}, {"tag", out_tag}}).dump() + "\n");
+      folder = ClaimOutput(o.output, o.force, {kIterationFile, "latest"}, {out_tag}, "DeepSpeed checkpoint " + out_tag, &lock_note);
     }
     fs::create_directories(dir);
   }) : "";

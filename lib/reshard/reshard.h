@@ -8,6 +8,7 @@
 #include <ostream>
 #include <string>
 
+#include "target/export_plan.h"
 #include "target/planner.h"
 #include "target/target.h"
 #include "shuffle/comm.h"
@@ -18,6 +19,7 @@ struct ReshardOptions {
   std::string atomic_dir, output;
   TargetLayout target;
   std::string format = "deepspeed";  // the target driver (formats/registry.h) that writes the files
+  ExportOptions model;                // a model target's (--format hf): dtype, file size, --model-config
   bool plan_only = false, json = false, quiet = false, force = false;
   bool progress = false;  // a live progress line on rank 0 (the app sets it when stderr is a terminal)
   // Pieces several units need (TP-replicated parameters, the tied embedding) are read once and

@@ -24,12 +24,6 @@ Pattern PatternFromName(const std::string& s) {
   throw Error("unknown pattern '" + s + "' in the manifest");
 }
 
-const Value* Arg(const Source& S, const char* key) {
-  auto args = S.model_states.root->Get("args");
-  auto v = args ? args->Get(key) : nullptr;
-  return v ? v.get() : nullptr;
-}
-
 // GPTModelPipe's specs: 0 a cast, 1 the embedding, 2..L+1 the transformer layers, L+2 the final
 // norm, L+3 the tied head, then a cast back (not with fp32).
 std::vector<std::string> SpecNames(int layers, const std::string& dtype) {
@@ -140,15 +134,16 @@ void RefuseUntiedOutputLayer(const std::string& dir, const std::vector<std::stri
                     "the atomic checkpoint)");
 }
 
-Source LoadSource(const std::string& dir) {
+const Value* ArgOf(const Source& S, const char* key) {
+  auto args = S.model_states.root ? S.model_states.root->Get("args") : nullptr;
+  auto v = args ? args->Get(key) : nullptr;
+  return v ? v.get() : nullptr;
+}
+
+Source LoadAtomic(const std::string& dir) {
   Source S;
   S.reader = store::AtomReader::Open(dir);
   S.manifest = S.reader->manifest();
-  const std::string naming = S.manifest["source"].value("naming", "");
-  if (naming != NamingName(Naming::Pipe) && naming != NamingName(Naming::Plain))
-    throw Error(dir + ": the manifest's source naming is '" + naming + "'; ucp-reshard knows GPTModelPipe ('pipe') "
-                "and GPTModel ('plain') names");
-  S.naming = naming == "pipe" ? Naming::Pipe : Naming::Plain;
   // The carried model-states file of rank 0, as the manifest names it; in manifests of earlier
   // builds (no Mixture of Experts, whose expert files are carried too), the first top-level
   // *model_states.pt by name (mp_rank_00_model_states.pt, or under ZeRO-3
@@ -168,25 +163,11 @@ Source LoadSource(const std::string& dir) {
     }
   }
   if (model_file.empty()) throw Error(dir + ": the manifest lists no mp_rank_*_model_states.pt");
+  S.model_file = model_file;
   S.model_states = S.reader->ReadCheckedFile(model_file);
   S.optimizer = S.reader->ReadCheckedFile("zero/optimizer_state.pt");
   S.tp = S.manifest["source"].value("tp", 1);
-  // The layer count: from the parameter names (a plain DeepSpeed engine saves no Megatron args),
-  // checked against args.num_layers where the checkpoint has it.
-  std::vector<std::string> names;
-  for (const auto& p : S.reader->params()) {
-    names.push_back(p.name);
-    if (p.meta.value("fused_experts", int64_t{0}) > 0)
-      throw Error(dir + ": parameter '" + p.name + "' holds DeepSpeed AutoEP's fused experts: ucp-reshard does not write "
-                  "AutoEP layouts yet; DeepSpeed's universal load reads this atomic checkpoint as it is (\"checkpoint\": "
-                  "{\"load_universal\": true}), at another expert-parallel degree too");
-  }
-  RefuseUntiedOutputLayer(dir, names);
-  S.layers = LayerCountOf(names, S.naming);
-  if (const Value* layers = Arg(S, "num_layers"); layers && layers->AsInt() != S.layers)
-    throw Error(dir + "/" + model_file + ": args.num_layers is " + std::to_string(layers->AsInt()) + " but the parameter "
-                "names hold " + std::to_string(S.layers) + " transformer layers");
-  if (const Value* d = Arg(S, "make_vocab_size_divisible_by")) S.divisible_by = d->AsInt();
+  if (const Value* d = ArgOf(S, "make_vocab_size_divisible_by")) S.divisible_by = d->AsInt();
   auto info = S.model_states.root->Get("universal_checkpoint_info");
   if (info && info->Get("original_vocab_size")) S.vocab = info->At("original_vocab_size").AsInt();
   if (info && info->Get("padded_vocab_size")) S.padded_vocab = info->At("padded_vocab_size").AsInt();
@@ -194,11 +175,36 @@ Source LoadSource(const std::string& dir) {
     Atom a;
     static_cast<store::AtomParam&>(a) = p;
     a.model_pattern = PatternFromName(p.pattern);
-    a.place = PlaceOf(a.name, S.naming, S.layers);
     if (a.vocab && S.vocab == 0) S.vocab = a.shape[0];
     S.atoms.push_back(std::move(a));
   }
-  if (S.manifest["source"].value("moe", false)) ReadExperts(S, dir + "/" + model_file);
+  return S;
+}
+
+Source LoadSource(const std::string& dir) {
+  Source S = LoadAtomic(dir);
+  const std::string naming = S.manifest["source"].value("naming", "");
+  if (naming != NamingName(Naming::Pipe) && naming != NamingName(Naming::Plain))
+    throw Error(dir + ": the manifest's source naming is '" + naming + "'; ucp-reshard knows GPTModelPipe ('pipe') "
+                "and GPTModel ('plain') names");
+  S.naming = naming == "pipe" ? Naming::Pipe : Naming::Plain;
+  // The layer count: from the parameter names (a plain DeepSpeed engine saves no Megatron args),
+  // checked against args.num_layers where the checkpoint has it.
+  std::vector<std::string> names;
+  for (const Atom& a : S.atoms) {
+    names.push_back(a.name);
+    if (a.meta.value("fused_experts", int64_t{0}) > 0)
+      throw Error(dir + ": parameter '" + a.name + "' holds DeepSpeed AutoEP's fused experts: ucp-reshard does not write "
+                  "AutoEP layouts yet; DeepSpeed's universal load reads this atomic checkpoint as it is (\"checkpoint\": "
+                  "{\"load_universal\": true}), at another expert-parallel degree too");
+  }
+  RefuseUntiedOutputLayer(dir, names);
+  S.layers = LayerCountOf(names, S.naming);
+  if (const Value* layers = ArgOf(S, "num_layers"); layers && layers->AsInt() != S.layers)
+    throw Error(dir + "/" + S.model_file + ": args.num_layers is " + std::to_string(layers->AsInt()) + " but the parameter "
+                "names hold " + std::to_string(S.layers) + " transformer layers");
+  for (Atom& a : S.atoms) a.place = PlaceOf(a.name, S.naming, S.layers);
+  if (S.manifest["source"].value("moe", false)) ReadExperts(S, dir + "/" + S.model_file);
   return S;
 }
 
@@ -474,7 +480,7 @@ ModelFacts ModelFactsOf(const Source& S) {
   ModelFacts m;
   m.layers = S.layers;
   auto arg = [&](const char* key) -> int64_t {
-    const Value* v = Arg(S, key);
+    const Value* v = ArgOf(S, key);
     return v && v->is(Value::Kind::Int) ? v->AsInt() : 0;
   };
   m.heads = arg("num_attention_heads"), m.kv_heads = arg("num_key_value_heads"), m.ffn = arg("ffn_hidden_size");

@@ -61,6 +61,7 @@ struct Source {
   nlohmann::json manifest;
   std::vector<Atom> atoms;
   pt::TorchFile model_states;   // carried-over model-states file of rank 0
+  std::string model_file;       // its name in the atomic checkpoint
   pt::TorchFile optimizer;      // zero/optimizer_state.pt
   Naming naming = Naming::Pipe;
   int layers = 0;
@@ -108,9 +109,18 @@ struct UnitFiles {
   int64_t bytes = 0, files = 0;
 };
 
-// Reads the atomic checkpoint's manifest, model-states and optimizer-state side files. Throws
-// ucp::Error naming the folder or file.
+// Reads the atomic checkpoint's manifest, model-states and optimizer-state side files, each checked;
+// the atoms as the manifest describes them, unplaced. What every target reads. Throws ucp::Error
+// naming the folder or file.
+Source LoadAtomic(const std::string& dir);
+// LoadAtomic, and the atoms placed in a GPT's layers for a DeepSpeed target: the naming, the layer
+// count (checked against args.num_layers), Mixture-of-Experts facts; a model whose names GPTModel /
+// GPTModelPipe do not place is refused (RefuseUntiedOutputLayer), as are AutoEP's fused experts.
 Source LoadSource(const std::string& dir);
+
+// Megatron's args.<key> from the carried model-states file; nullptr where the checkpoint has no args
+// (a plain DeepSpeed engine) or no such key.
+const pt::Value* ArgOf(const Source& S, const char* key);
 
 // Megatron's make_vocab_size_divisible_by, when the checkpoint does not say it (no args): Megatron's
 // default 128 if the source's padded vocabulary fits it, else the smallest power of two that does;

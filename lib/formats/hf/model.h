@@ -1,0 +1,36 @@
+// Which transformers class a checkpoint's model is, and its config.json. The facts come from the
+// checkpoint's own Megatron args (carried in the atomic checkpoint's model-states file), with
+// --model-config filling what the checkpoint does not say (a plain DeepSpeed engine saves no args);
+// a value given both ways must agree. A model no class describes exactly is refused by name, never
+// guessed: transformers would load it and compute something else.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "target/export_plan.h"
+#include "target/reshard_plan.h"
+
+namespace ucp::formats::hf {
+
+// A decoder-only model as LlamaForCausalLM describes it: RMSNorm, rotary embeddings (rotate-half),
+// SwiGLU, grouped-query attention; biases on the attention's or the MLP's linear layers or on neither.
+struct LlamaFacts {
+  int64_t hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0, max_positions = 0;
+  double norm_eps = 1e-5, rope_theta = 10000.0;
+  bool tied = false, attention_bias = false, mlp_bias = false;
+};
+
+// The facts of the source's model; throws ucp::Error naming the fact (and --model-config) where
+// neither the checkpoint nor the file says it, and naming the feature where the model is not one
+// LlamaForCausalLM computes (LayerNorm, learned positions, a GeLU MLP, partial rotary, ...). A fact
+// taken from Megatron's defaults (no args.layernorm_epsilon, args.rope_theta) is said in `notes`.
+LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& options, std::vector<std::string>& notes);
+
+// config.json for `facts`, the weights in `dtype` (fp32, bf16, fp16).
+std::string LlamaConfigJson(const LlamaFacts& facts, const std::string& dtype);
+
+}  // namespace ucp::formats::hf

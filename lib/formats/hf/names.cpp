@@ -1,0 +1,182 @@
+#include "formats/hf/names.h"
+
+#include <map>
+#include <regex>
+
+#include "core/error.h"
+
+namespace ucp::formats::hf {
+using reshard::ExportTensor;
+
+namespace {
+
+// A parameter's place in the model: the embedding, a layer's key, the final norm or the output layer.
+struct Slot {
+  enum Kind { Embedding, Layer, Norm, Output } kind;
+  int64_t layer = -1;
+  std::string key;  // inside the layer: "self_attention.dense.weight"
+};
+
+std::optional<Slot> SlotOf(const std::string& name, int64_t layers) {
+  static const std::regex plain_layer(R"(^language_model\.encoder\.layers\.(\d+)\.(.+)$)"),
+      pipe(R"(^(\d+)\.(.+)$)");
+  std::smatch m;
+  if (name == "language_model.embedding.word_embeddings.weight" || name == "tied_modules.embed.word_embeddings.weight")
+    return Slot{Slot::Embedding, -1, ""};
+  if (name == "language_model.encoder.final_layernorm.weight") return Slot{Slot::Norm, -1, ""};
+  if (name == "language_model.output_layer.weight") return Slot{Slot::Output, -1, ""};
+  if (std::regex_match(name, m, plain_layer)) {
+    const int64_t i = std::stoll(m[1]);
+    if (i < layers) return Slot{Slot::Layer, i, m[2]};
+    return std::nullopt;
+  }
+  if (std::regex_match(name, m, pipe) && m[1].length() < 9) {  // GPTModelPipe: 1 the embedding, 2..L+1 the layers
+    const int64_t spec = std::stoll(m[1]);
+    if (spec == 1 && m[2] == "word_embeddings.weight") return Slot{Slot::Embedding, -1, ""};
+    if (spec >= 2 && spec < layers + 2) return Slot{Slot::Layer, spec - 2, m[2]};
+    if (spec == layers + 2 && m[2] == "weight") return Slot{Slot::Norm, -1, ""};
+    if (spec == layers + 3 && m[2] == "lm_head.weight") return Slot{Slot::Output, -1, ""};
+  }
+  return std::nullopt;
+}
+
+// A layer's Megatron key -> its Hugging Face tensors: the name after model.layers.<i>. and the rows
+// of the fused tensor each takes, as sizes of consecutive row runs (one run: the whole tensor).
+struct Cut {
+  std::vector<std::string> names;
+  std::vector<int64_t> rows;  // empty: the whole tensor
+};
+
+std::optional<Cut> CutOf(const std::string& key, const LlamaFacts& m) {
+  const int64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
+  static const std::map<std::string, std::string> whole = {
+      {"input_layernorm.weight", "input_layernorm.weight"},
+      {"post_attention_layernorm.weight", "post_attention_layernorm.weight"},
+      {"self_attention.dense.weight", "self_attn.o_proj.weight"},
+      {"self_attention.dense.bias", "self_attn.o_proj.bias"},
+      {"mlp.dense_4h_to_h.weight", "mlp.down_proj.weight"},
+      {"mlp.dense_4h_to_h.bias", "mlp.down_proj.bias"},
+  };
+  if (auto it = whole.find(key); it != whole.end()) return Cut{{it->second}, {}};
+  for (const char* kind : {"weight", "bias"}) {
+    const std::string k = kind;
+    if (key == "self_attention.query_key_value." + k)
+      return Cut{{"self_attn.q_proj." + k, "self_attn.k_proj." + k, "self_attn.v_proj." + k}, {q, kv, kv}};
+    if (key == "mlp.dense_h_to_4h." + k) return Cut{{"mlp.gate_proj." + k, "mlp.up_proj." + k}, {m.ffn, m.ffn}};
+  }
+  return std::nullopt;
+}
+
+std::string Shape(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Each layer's tensors in the order LlamaForCausalLM holds them.
+const std::vector<std::string>& LayerOrder() {
+  static const std::vector<std::string> order = {
+      "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight",
+      "self_attn.k_proj.bias", "self_attn.v_proj.weight", "self_attn.v_proj.bias", "self_attn.o_proj.weight",
+      "self_attn.o_proj.bias", "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.gate_proj.bias",
+      "mlp.up_proj.weight", "mlp.up_proj.bias", "mlp.down_proj.weight", "mlp.down_proj.bias"};
+  return order;
+}
+
+}  // namespace
+
+std::vector<ExportTensor> LlamaTensors(const reshard::Source& S, const LlamaFacts& m) {
+  const std::string dir = S.reader->dir();
+  std::map<std::string, ExportTensor> made;
+  auto refuse = [&](const std::string& name, const std::string& why) {
+    return Error(dir + ": parameter '" + name + "': " + why);
+  };
+  auto add = [&](const std::string& source, ExportTensor t) {
+    if (made.count(t.name)) throw refuse(source, "a second parameter for " + t.name + " (also '" + made[t.name].source + "')");
+    t.source = source;
+    made.emplace(t.name, std::move(t));
+  };
+  for (size_t i = 0; i < S.atoms.size(); ++i) {
+    const reshard::Atom& a = S.atoms[i];
+    const auto slot = SlotOf(a.name, m.layers);
+    if (!slot) throw refuse(a.name, "has no place in LlamaForCausalLM of " + std::to_string(m.layers) + " layers");
+    const int atom = static_cast<int>(i);
+    const std::vector<int64_t>& shape = a.shape;
+    auto expect = [&](std::vector<int64_t> want) {
+      if (shape != want) throw refuse(a.name, "shape " + Shape(shape) + ", the model's sizes give " + Shape(want));
+    };
+    switch (slot->kind) {
+      case Slot::Embedding:
+      case Slot::Output: {
+        if (shape.size() != 2 || shape[1] != m.hidden || shape[0] < m.vocab)
+          throw refuse(a.name, "shape " + Shape(shape) + ", expected at least " + std::to_string(m.vocab) + " rows of " +
+                                   std::to_string(m.hidden));
+        const std::string name = slot->kind == Slot::Embedding ? "model.embed_tokens.weight" : "lm_head.weight";
+        add(a.name, {name, atom, "", 0, m.vocab, {m.vocab, m.hidden}});  // padding rows past the vocabulary dropped
+        break;
+      }
+      case Slot::Norm:
+        expect({m.hidden});
+        add(a.name, {"model.norm.weight", atom, "", 0, m.hidden, {m.hidden}});
+        break;
+      case Slot::Layer: {
+        const auto cut = CutOf(slot->key, m);
+        if (!cut) throw refuse(a.name, "'" + slot->key + "' is no part of a LlamaForCausalLM layer");
+        const std::string prefix = "model.layers." + std::to_string(slot->layer) + ".";
+        const bool bias = shape.size() == 1;
+        const int64_t cols = bias ? 1 : shape.at(1);
+        if (cut->rows.empty()) {
+          std::vector<int64_t> want = {m.hidden};
+          if (slot->key == "self_attention.dense.weight") want = {m.hidden, m.heads * m.head_dim};
+          if (slot->key == "mlp.dense_4h_to_h.weight") want = {m.hidden, m.ffn};
+          expect(want);
+          add(a.name, {prefix + cut->names[0], atom, "", 0, shape[0], shape});
+          break;
+        }
+        // A fused tensor: its rows as the checkpoint joined them (its sub-parameter sizes).
+        int64_t rows = 0;
+        for (int64_t r : cut->rows) rows += r;
+        expect(bias ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, m.hidden});
+        if (a.sub_param_sizes != cut->rows)
+          throw refuse(a.name, a.sub_param_sizes.empty()
+                                   ? "the checkpoint does not say how its rows are fused (no sub-parameter shape in its "
+                                     "universal_checkpoint_info): Megatron models interleave them in more than one way, "
+                                     "and ucp does not guess"
+                                   : "sub-parameter sizes " + Shape(a.sub_param_sizes) + ", the model's sizes give " +
+                                         Shape(cut->rows));
+        int64_t at = 0;
+        for (size_t k = 0; k < cut->names.size(); ++k) {
+          std::vector<int64_t> s = bias ? std::vector<int64_t>{cut->rows[k]} : std::vector<int64_t>{cut->rows[k], cols};
+          add(a.name, {prefix + cut->names[k], atom, "", at, at + cut->rows[k], s});
+          at += cut->rows[k];
+        }
+        break;
+      }
+    }
+  }
+  // LlamaForCausalLM's order; a tensor it needs that no parameter filled is refused.
+  std::vector<ExportTensor> out;
+  auto take = [&](const std::string& name, bool needed) {
+    auto it = made.find(name);
+    if (it == made.end()) {
+      if (needed) throw Error(dir + ": no parameter fills LlamaForCausalLM's " + name);
+      return;
+    }
+    out.push_back(std::move(it->second));
+    made.erase(it);
+  };
+  take("model.embed_tokens.weight", true);
+  for (int64_t i = 0; i < m.layers; ++i)
+    for (const std::string& key : LayerOrder()) {
+      const bool is_bias = key.ends_with(".bias");
+      const bool needed = !is_bias || (key.starts_with("self_attn") ? m.attention_bias : m.mlp_bias);
+      take("model.layers." + std::to_string(i) + "." + key, needed);
+    }
+  take("model.norm.weight", true);
+  take("lm_head.weight", !m.tied);
+  if (!made.empty())
+    throw refuse(made.begin()->second.source, "gives " + made.begin()->first + ", which this model has no place for");
+  return out;
+}
+
+}  // namespace ucp::formats::hf

@@ -1,0 +1,24 @@
+// Megatron-DeepSpeed's parameters as LlamaForCausalLM's tensors. Both of Megatron's namings are read
+// (GPTModel's language_model.*, GPTModelPipe's <spec>.*, the pipeline's embedding tied or untied), and
+// the fused tensors are cut by rows as the checkpoint's own universal_checkpoint_info says they were
+// joined (its sub-parameter sizes, never guessed):
+//   query_key_value  [q; k; v] (parameter_with_sub_params, sizes heads x head_dim, kv_heads x head_dim
+//                    twice)                      -> self_attn.q_proj, k_proj, v_proj
+//   dense_h_to_4h    [gate; up] (parameter_with_2_sub_params_cat_dim_0)   -> mlp.gate_proj, up_proj
+// The word embedding and the output layer lose their vocabulary padding rows.
+#pragma once
+
+#include <vector>
+
+#include "formats/hf/model.h"
+#include "target/export_plan.h"
+#include "target/reshard_plan.h"
+
+namespace ucp::formats::hf {
+
+// Every tensor of the model in LlamaForCausalLM's order (embedding, each layer, norm, head). Throws
+// ucp::Error naming the parameter that has no place in it or whose shape or sub-parameters do not
+// fit, or the tensor no parameter fills.
+std::vector<reshard::ExportTensor> LlamaTensors(const reshard::Source& S, const LlamaFacts& m);
+
+}  // namespace ucp::formats::hf

@@ -1,0 +1,87 @@
+#include "formats/hf/safetensors.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "pt/low_precision.h"
+
+namespace ucp::formats::hf {
+
+static_assert(std::endian::native == std::endian::little, "safetensors holds little-endian bytes");
+
+namespace {
+
+const char* DtypeName(const std::string& dtype) {
+  return dtype == "bf16" ? "BF16" : dtype == "fp16" ? "F16" : "F32";
+}
+
+// Rows of a tensor read at once: about 16 MiB of fp32 values.
+constexpr int64_t kChunkFloats = int64_t{4} << 20;
+
+}  // namespace
+
+std::string SafetensorsHeader(const reshard::ExportPlan& P, const reshard::ExportFile& f) {
+  const int e = reshard::ElementBytes(P.dtype);
+  nlohmann::ordered_json h;
+  h["__metadata__"] = {{"format", "pt"}};
+  int64_t at = 0;
+  for (int i : f.tensors) {
+    const reshard::ExportTensor& t = P.tensors[i];
+    const int64_t bytes = t.numel() * e;
+    h[t.name] = {{"dtype", DtypeName(P.dtype)}, {"shape", t.shape}, {"data_offsets", {at, at + bytes}}};
+    at += bytes;
+  }
+  std::string json = h.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  const uint64_t n = json.size();
+  std::memcpy(out.data(), &n, 8);
+  return out + json;
+}
+
+void WriteSafetensors(const reshard::ExportPlan& P, size_t f, reshard::RowSource& rows, const std::string& path) {
+  const reshard::ExportFile& file = P.files.at(f);
+  AtomicFile out(path, Durability::Batch, Digest::None);
+  const std::string header = SafetensorsHeader(P, file);
+  out.Write(header.data(), header.size());
+  const int e = reshard::ElementBytes(P.dtype);
+  std::vector<float> values;
+  std::vector<uint16_t> half;
+  for (int i : file.tensors) {
+    const reshard::ExportTensor& t = P.tensors[i];
+    const int64_t rows_total = t.row_end - t.row_begin;
+    if (rows_total <= 0) continue;
+    const int64_t per_row = t.numel() / rows_total;
+    const int64_t step = std::max<int64_t>(1, kChunkFloats / std::max<int64_t>(1, per_row));
+    for (int64_t r = t.row_begin; r < t.row_end; r += step) {
+      const int64_t n = std::min(step, t.row_end - r);
+      values.resize(static_cast<size_t>(n * per_row));
+      rows.Read(t.atom, r, r + n, values.data());
+      if (e == 4) {
+        out.Write(values.data(), values.size() * 4);
+        continue;
+      }
+      half.resize(values.size());
+      for (size_t k = 0; k < values.size(); ++k)
+        half[k] = P.dtype == "bf16" ? pt::Fp32ToBf16(values[k]) : pt::Fp32ToFp16(values[k]);
+      out.Write(half.data(), half.size() * 2);
+    }
+  }
+  out.Commit();
+}
+
+std::string SafetensorsIndex(const reshard::ExportPlan& P) {
+  nlohmann::json map = nlohmann::json::object();
+  for (const reshard::ExportFile& f : P.files)
+    for (int i : f.tensors) map[P.tensors[i].name] = f.name;
+  nlohmann::json index = {{"metadata", {{"total_size", P.tensor_bytes()}}}, {"weight_map", map}};
+  return index.dump(2) + "\n";
+}
+
+}  // namespace ucp::formats::hf

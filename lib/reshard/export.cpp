@@ -1,0 +1,170 @@
+#include "reshard/export.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/format.h"
+#include "core/output_lock.h"
+#include "core/progress.h"
+#include "reshard/claim.h"
+#include "shuffle/agree.h"
+#include "target/reshard_plan.h"
+
+namespace ucp::reshard {
+using nlohmann::json;
+using shuffle::AnyFailed;
+using shuffle::Capture;
+
+namespace {
+
+constexpr const char* kTool = "ucp-reshard";
+
+// Rows of an atomic tensor's fp32 weights, read from the store (each atom checked on first use).
+class StoreRows final : public RowSource {
+ public:
+  explicit StoreRows(const Source& S) : S_(S) {}
+  void Read(int atom, int64_t a, int64_t b, float* dst) override {
+    const Atom& at = S_.atoms.at(atom);
+    std::vector<int64_t> start(at.shape.size(), 0), count = at.shape;
+    if (!count.empty()) start[0] = a, count[0] = b - a;
+    S_.reader->ReadSlab(at.name, plan::State::Fp32, start, count, dst);
+  }
+
+ private:
+  const Source& S_;
+};
+
+// " (fp32 -> bf16, as --dtype asks)" where the export's dtype is not the source job's.
+std::string PrecisionChange(const Source& S, const ExportPlan& P) {
+  const std::string from = S.manifest["source"].value("dtype", "");
+  return from.empty() || from == P.dtype ? "" : " (" + from + " -> " + P.dtype + ", as --dtype asks)";
+}
+
+}  // namespace
+
+std::vector<int> AssignFiles(const ExportPlan& P, int ranks) {
+  std::vector<int> order(P.files.size()), owner(P.files.size(), 0);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return P.files[a].bytes > P.files[b].bytes; });
+  std::vector<int64_t> load(static_cast<size_t>(ranks), 0);
+  for (int f : order) {
+    const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[f] = r, load[r] += P.files[f].bytes;
+  }
+  return owner;
+}
+
+int RunExport(const ReshardOptions& o, const formats::TargetDriver& driver, shuffle::Comm& comm, std::ostream& out,
+              std::ostream& err) {
+  const int rank = comm.rank(), ranks = comm.size();
+  const bool talk = rank == 0 && !o.quiet;
+  const auto t0 = std::chrono::steady_clock::now();
+  Source S;
+  ExportPlan P;
+  std::vector<int> owner;
+  std::string error = Capture([&] {
+    if (!o.plan_only) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
+    S = LoadAtomic(o.atomic_dir);
+    P = driver.plan_export(S, o.model);
+    owner = AssignFiles(P, ranks);
+  });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (talk) {
+    err << kTool << ": " << o.atomic_dir << " (" << S.atoms.size() << " parameters) to " << driver.name << " " << P.model
+        << ", " << P.tensors.size() << " tensors in " << P.dtype << PrecisionChange(S, P) << ", "
+        << HumanBytes(double(P.tensor_bytes())) << " in " << P.files.size() << (P.files.size() == 1 ? " file" : " files")
+        << " on " << comm.name() << "\n";
+    for (const std::string& n : P.notes) err << kTool << ": note: " << n << "\n";
+  }
+  if (o.plan_only) {
+    if (rank == 0) {
+      if (o.json) {
+        out << ExportPlanJson(P, owner).dump(1) << "\n";
+      } else {
+        for (size_t f = 0; f < P.files.size(); ++f)
+          out << "  " << P.files[f].name << ": " << P.files[f].tensors.size() << " tensors, "
+              << HumanBytes(double(P.files[f].bytes)) << ", rank " << owner[f] << "\n";
+        for (const auto& [name, text] : P.side_files) out << "  " << name << "\n";
+        out << "  " << P.marker << " (written last)\n";
+      }
+    }
+    return 0;
+  }
+
+  // Step 1: the folder claimed; its one marker is the driver's (the index), the commit point.
+  std::unique_ptr<OutputFolder> folder;
+  std::string lock_note;
+  std::vector<std::string> contents;
+  for (const ExportFile& f : P.files) contents.push_back(f.name);
+  for (const auto& [name, text] : P.side_files) contents.push_back(name);
+  error = rank == 0 ? Capture([&] { folder = ClaimOutput(o.output, o.force, {P.marker}, contents, P.model, &lock_note); }) : "";
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (talk && !lock_note.empty()) err << kTool << ": note: " << lock_note << "\n";
+
+  // Step 2: this rank's files; step 3: one sync.
+  int64_t mine = 0, done = 0, written = 0;
+  for (size_t f = 0; f < P.files.size(); ++f) mine += owner[f] == rank ? P.files[f].bytes : 0;
+  ProgressLine progress(kTool, talk && o.progress, mine);
+  error = Capture([&] {
+    StoreRows rows(S);
+    for (size_t f = 0; f < P.files.size(); ++f) {
+      if (owner[f] != rank) continue;
+      WithContext(o.output + "/" + P.files[f].name, [&] { driver.write_file(P, f, rows, o.output + "/" + P.files[f].name); });
+      written += P.files[f].bytes;
+      progress.Update(done += P.files[f].bytes);
+    }
+    progress.Update(done, true);
+    Seal(o.output);
+  });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  json stats = {{"rank", rank}, {"bytes_written", written}, {"bytes_read", static_cast<int64_t>(S.reader->storage_bytes_read())},
+                {"peak_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024}};
+  auto per_rank = comm.GatherToRoot(stats.dump());
+
+  // Step 4: the side files, then the marker (each written and synced atomically).
+  error = rank == 0 ? Capture([&] {
+    for (const auto& [name, text] : P.side_files) WriteFileAtomically(o.output + "/" + name, text);
+    folder->Mark({P.marker_text});
+  }) : "";
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (rank == 0) {
+    int64_t total_written = 0, total_read = 0, peak = 0;
+    json per = json::array();
+    for (const auto& s : per_rank) {
+      json j = json::parse(s);
+      total_written += j["bytes_written"].get<int64_t>(), total_read += j["bytes_read"].get<int64_t>();
+      peak = std::max(peak, j["peak_rss_bytes"].get<int64_t>());
+      per.push_back(j);
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!o.report_path.empty()) {
+      json report = {{"atomic", o.atomic_dir}, {"format", driver.name}, {"model", P.model}, {"dtype", P.dtype},
+                     {"output", o.output}, {"ranks", ranks}, {"seconds", secs}, {"bytes_read", total_read},
+                     {"bytes_written", total_written}, {"files", P.files.size()}, {"per_rank", per}};
+      error = Capture([&] { WriteFileAtomically(o.report_path, report.dump(1) + "\n"); });
+      if (!error.empty()) {
+        err << kTool << ": error: " << error << std::endl;
+        return 1;
+      }
+    }
+    if (talk) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "%s: wrote %s: %s in %zu files (read %s) in %.2fs, peak RSS %s per rank\n", kTool,
+                    o.output.c_str(), HumanBytes(double(total_written)).c_str(), P.files.size(),
+                    HumanBytes(double(total_read)).c_str(), secs, HumanBytes(double(peak)).c_str());
+      err << buf;
+    }
+  }
+  return 0;
+}
+
+}  // namespace ucp::reshard

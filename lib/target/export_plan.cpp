@@ -1,0 +1,57 @@
+#include "target/export_plan.h"
+
+#include "core/error.h"
+
+namespace ucp::reshard {
+
+int64_t ExportTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t ExportPlan::tensor_bytes() const {
+  const int e = ElementBytes(dtype);
+  int64_t total = 0;
+  for (const ExportTensor& t : tensors) total += t.numel() * e;
+  return total;
+}
+
+int ElementBytes(const std::string& dtype) {
+  if (dtype == "fp32") return 4;
+  if (dtype == "bf16" || dtype == "fp16") return 2;
+  throw Error("unknown dtype '" + dtype + "' (fp32, bf16 or fp16)");
+}
+
+std::vector<ExportFile> CutIntoFiles(const ExportPlan& P, int64_t max_bytes,
+                                     const std::function<std::string(int, int)>& name) {
+  const int e = ElementBytes(P.dtype);
+  std::vector<ExportFile> files;
+  int64_t held = 0;
+  for (size_t i = 0; i < P.tensors.size(); ++i) {
+    const int64_t bytes = P.tensors[i].numel() * e;
+    if (files.empty() || (held > 0 && held + bytes > max_bytes)) files.emplace_back(), held = 0;
+    files.back().tensors.push_back(static_cast<int>(i));
+    held += bytes;
+  }
+  for (size_t i = 0; i < files.size(); ++i) files[i].name = name(static_cast<int>(i), static_cast<int>(files.size()));
+  return files;
+}
+
+nlohmann::json ExportPlanJson(const ExportPlan& P, const std::vector<int>& owner) {
+  nlohmann::json files = nlohmann::json::array();
+  for (size_t f = 0; f < P.files.size(); ++f) {
+    nlohmann::json tensors = nlohmann::json::array();
+    for (int i : P.files[f].tensors) {
+      const ExportTensor& t = P.tensors[i];
+      tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"source", t.source}, {"rows", {t.row_begin, t.row_end}}});
+    }
+    files.push_back({{"name", P.files[f].name}, {"bytes", P.files[f].bytes}, {"rank", owner.at(f)}, {"tensors", tensors}});
+  }
+  nlohmann::json side = nlohmann::json::array();
+  for (const auto& [name, text] : P.side_files) side.push_back(name);
+  return {{"model", P.model}, {"dtype", P.dtype}, {"tensor_bytes", P.tensor_bytes()}, {"files", files},
+          {"side_files", side}, {"marker", P.marker}, {"notes", P.notes}};
+}
+
+}  // namespace ucp::reshard

@@ -1,0 +1,75 @@
+// The plan of a target made of whole tensors (a model for inference, such as Hugging Face's
+// safetensors): files, each a list of tensors, each tensor a run of rows of one atomic tensor's fp32
+// weights in the target's dtype. The target driver names and cuts the tensors and says what each
+// file looks like (formats/driver.h); reshard/export.h spreads the files over the ranks, reads the
+// rows and commits the folder. No optimizer state travels: a model is its weights.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ucp::reshard {
+
+// One tensor of the target: rows [row_begin, row_end) of atomic tensor `atom` (an index into
+// Source::atoms; a 1-D tensor's rows are its elements), of shape `shape` in the target.
+struct ExportTensor {
+  std::string name;
+  int atom = -1;
+  std::string source;  // the atomic tensor's name
+  int64_t row_begin = 0, row_end = 0;
+  std::vector<int64_t> shape;
+  int64_t numel() const;
+};
+
+// One file of the target: its tensors in the order their bytes lie in it.
+struct ExportFile {
+  std::string name;             // relative to the output folder
+  std::vector<int> tensors;     // indices into ExportPlan::tensors
+  int64_t bytes = 0;            // the file's size
+};
+
+struct ExportPlan {
+  std::string dtype;                // fp32, bf16 or fp16: every tensor's
+  std::vector<ExportTensor> tensors;
+  std::vector<ExportFile> files;
+  // Small files rank 0 writes after every rank's files are durable, in order (a model's config),
+  // then the marker: the commit point, the file a reader opens first (an index of the files).
+  std::vector<std::pair<std::string, std::string>> side_files;
+  std::string marker, marker_text;
+  std::string model;                // what the target is, for messages ("LlamaForCausalLM")
+  std::vector<std::string> notes;   // facts derived rather than read, printed by rank 0
+  int64_t tensor_bytes() const;
+};
+
+// What a user asks of a whole-tensor target.
+struct ExportOptions {
+  std::string dtype;                  // empty: the source job's
+  int64_t max_file_bytes = 5'000'000'000;  // a file holds at most this many tensor bytes (one tensor larger alone)
+  nlohmann::json model_config;        // facts the checkpoint does not hold (--model-config), an object
+  std::string model_config_path;      // where they came from, for messages
+};
+
+// Where a whole-tensor writer takes its values: rows [a, b) of atomic tensor `atom`'s fp32 weights.
+class RowSource {
+ public:
+  virtual ~RowSource() = default;
+  virtual void Read(int atom, int64_t a, int64_t b, float* dst) = 0;
+};
+
+// The bytes of `dtype` per element (4 or 2); throws ucp::Error for another name.
+int ElementBytes(const std::string& dtype);
+
+// Files filled in order, a new one begun when the next tensor would pass `max_bytes` (a tensor larger
+// than that alone); `name(i, n)` names file i of n. Each file's size is left to the driver.
+std::vector<ExportFile> CutIntoFiles(const ExportPlan& P, int64_t max_bytes,
+                                     const std::function<std::string(int, int)>& name);
+
+// The files as --plan-only --json prints them, with the rank that writes each.
+nlohmann::json ExportPlanJson(const ExportPlan& P, const std::vector<int>& owner);
+
+}  // namespace ucp::reshard
