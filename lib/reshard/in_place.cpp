@@ -179,13 +179,10 @@ int64_t FolderBytes(const std::string& dir) {
 }
 
 // What the reshard after a conversion would refuse, refused before the conversion is done for
-// nothing: a model ucp-reshard does not write, a TP degree (`tp`; 0: not known yet) the model's
-// heads or FFN width do not divide. Throws ucp::Error in the reshard's words.
+// nothing: a TP degree (`tp`; 0: not known yet) the model's heads or FFN width do not divide.
+// Throws ucp::Error in the reshard's words.
 void RefuseBeforeConversion(const Current& current, int tp) {
   const source::SourceIndex L = formats::IndexSource(current.dir);
-  std::vector<std::string> names;
-  for (const auto& p : L.params) names.push_back(p.name);
-  RefuseUntiedOutputLayer(current.dir, names);
   ModelFacts facts;
   facts.heads = std::max<int64_t>(0, L.Fact("num_attention_heads"));
   facts.kv_heads = std::max<int64_t>(0, L.Fact("num_key_value_heads"));

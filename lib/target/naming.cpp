@@ -16,6 +16,9 @@ constexpr const char* kPipeEmbedding = "tied_modules.embed.";
 constexpr const char* kPlainEmbedding = "language_model.embedding.";
 constexpr const char* kPlainLayers = "language_model.encoder.layers.";
 constexpr const char* kPlainNorm = "language_model.encoder.final_layernorm.";
+constexpr const char* kPlainOutput = "language_model.output_layer.";
+constexpr const char* kHead = "lm_head.";          // the output layer's keys inside its spec
+constexpr const char* kWordEmbeddings = "word_embeddings.";
 
 bool StartsWith(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
@@ -39,7 +42,7 @@ std::string Escaped(const std::string& name) {
 
 // The same rule over the other naming, for the forms Megatron-DeepSpeed writes (a layer wildcard
 // "\d+.", the embedding prefix, the final norm as "\d+.weight"); anything else is kept as it is.
-std::string RewriteRule(const std::string& rule, Naming to, int layers) {
+std::string RewriteRule(const std::string& rule, Naming to, int layers, bool untied) {
   const std::string any = "\\d+.", any_escaped = "\\d+\\.";
   std::string rest;
   if (to == Naming::Plain) {
@@ -47,6 +50,9 @@ std::string RewriteRule(const std::string& rule, Naming to, int layers) {
     for (const std::string& wild : {any, any_escaped})
       if (StartsWith(rule, wild)) {
         rest = rule.substr(wild.size());
+        // An untied model's embedding and output layer, as Megatron-DeepSpeed writes their rules.
+        if (StartsWith(rest, kWordEmbeddings)) return kPlainEmbedding + rest;
+        if (StartsWith(rest, kHead)) return kPlainOutput + rest.substr(std::string(kHead).size());
         // "\d+.weight": only the final norm has a parameter directly under its spec index.
         return (rest.find('.') == std::string::npos ? kPlainNorm : kPlainLayers + any) + rest;
       }
@@ -56,7 +62,9 @@ std::string RewriteRule(const std::string& rule, Naming to, int layers) {
     }
     return rule;
   }
-  if (StartsWith(rule, kPlainEmbedding)) return kPipeEmbedding + rule.substr(std::string(kPlainEmbedding).size());
+  if (StartsWith(rule, kPlainEmbedding))
+    return (untied ? any : std::string(kPipeEmbedding)) + rule.substr(std::string(kPlainEmbedding).size());
+  if (StartsWith(rule, kPlainOutput)) return any + kHead + rule.substr(std::string(kPlainOutput).size());
   if (StartsWith(rule, kPlainNorm)) return any + rule.substr(std::string(kPlainNorm).size());
   if (StartsWith(rule, kPlainLayers)) {
     std::string tail = rule.substr(std::string(kPlainLayers).size());
@@ -77,13 +85,13 @@ patterns::Regex Compile(const std::string& text) {
 
 class Renamer {
  public:
-  Renamer(const std::vector<std::pair<std::string, std::string>>& names, Naming to, int layers)
-      : names_(names), to_(to), layers_(layers) {}
+  Renamer(const std::vector<std::pair<std::string, std::string>>& names, Naming to, int layers, bool untied)
+      : names_(names), to_(to), layers_(layers), untied_(untied) {}
 
   // The rules that replace `rule`: its rewrite, or the escaped names it matched.
   std::vector<std::string> Rename(const std::string& rule) const {
     const patterns::Regex before = Compile(rule);
-    const std::string rewritten = RewriteRule(rule, to_, layers_);
+    const std::string rewritten = RewriteRule(rule, to_, layers_, untied_);
     const patterns::Regex after = Compile(rewritten);
     bool same = true;
     std::vector<std::string> matched;
@@ -109,6 +117,7 @@ class Renamer {
   const std::vector<std::pair<std::string, std::string>>& names_;
   Naming to_;
   int layers_;
+  bool untied_;
 };
 
 bool IsRuleList(const std::string& key) {
@@ -127,10 +136,16 @@ LayerPlace PlaceOf(const std::string& name, Naming n, int layers) {
       p.spec = 1, p.local = name.substr(std::string(kPipeEmbedding).size());
     } else if (int spec = LeadingNumber(name, &rest); spec >= 2 && spec <= layers + 2) {
       p.spec = spec, p.local = rest;
+    } else if (spec == 1 && StartsWith(rest, kWordEmbeddings)) {
+      p.spec = 1, p.local = rest, p.untied = true;
+    } else if (spec == layers + 3 && StartsWith(rest, kHead)) {
+      p.spec = spec, p.local = rest, p.untied = true;
     }
   } else {
     if (StartsWith(name, kPlainEmbedding)) {
       p.spec = 1, p.local = name.substr(std::string(kPlainEmbedding).size());
+    } else if (StartsWith(name, kPlainOutput)) {
+      p.spec = layers + 3, p.local = kHead + name.substr(std::string(kPlainOutput).size()), p.untied = true;
     } else if (StartsWith(name, kPlainNorm)) {
       p.spec = layers + 2, p.local = name.substr(std::string(kPlainNorm).size());
     } else if (StartsWith(name, kPlainLayers)) {
@@ -145,17 +160,18 @@ LayerPlace PlaceOf(const std::string& name, Naming n, int layers) {
 }
 
 std::string NameAt(const LayerPlace& p, Naming n, int layers) {
-  if (n == Naming::Pipe) return (p.embedding() ? std::string(kPipeEmbedding) : std::to_string(p.spec) + ".") + p.local;
+  if (n == Naming::Pipe) return (p.embedding() && !p.untied ? std::string(kPipeEmbedding) : std::to_string(p.spec) + ".") + p.local;
   if (p.embedding()) return kPlainEmbedding + p.local;
+  if (p.spec == layers + 3) return kPlainOutput + p.local.substr(std::string(kHead).size());
   if (p.spec == layers + 2) return kPlainNorm + p.local;
   return kPlainLayers + std::to_string(p.spec - 2) + "." + p.local;
 }
 
 ValuePtr RenameRules(const Value& info, const std::vector<std::pair<std::string, std::string>>& names, Naming from,
-                     Naming to, int layers) {
+                     Naming to, int layers, bool untied) {
   auto out = std::make_shared<Value>(info);
   if (from == to || info.kind != Value::Kind::Dict) return out;
-  const Renamer renamer(names, to, layers);
+  const Renamer renamer(names, to, layers, untied);
   out->dict = pt::Dict();
   for (const auto& item : info.dict.items()) {
     const std::string key = item.key->kind == Value::Kind::Str ? item.key->s : "";
@@ -192,11 +208,17 @@ std::optional<ExpertName> ExpertOf(const std::string& name) {
   return ExpertName{name.substr(0, b), std::stoi(name.substr(b, e - b)), name.substr(e)};
 }
 
+bool UntiedName(const std::string& name) {
+  static const std::regex untied(R"(^(language_model\.output_layer\.|\d+\.lm_head\.|1\.word_embeddings\.).*)");
+  return std::regex_match(name, untied);
+}
+
 int LayerCountOf(const std::vector<std::string>& names, Naming n) {
   const std::regex plain(R"(language_model\.encoder\.layers\.(\d+)\..+)"), pipe(R"((\d+)\..+)");
   int highest = -1;
   for (const auto& name : names) {
     std::smatch m;
+    if (n == Naming::Pipe && UntiedName(name)) continue;  // the untied head's spec is past the final norm
     if (std::regex_match(name, m, n == Naming::Plain ? plain : pipe)) highest = std::max(highest, std::stoi(m[1].str()));
   }
   if (n == Naming::Plain) return highest + 1;

@@ -6,6 +6,10 @@
 //   <L+2>.<x>  (final norm, L layers)         language_model.encoder.final_layernorm.<x>
 // A parameter is placed by its layer spec (GPTModelPipe's index: 1 the embedding, 2..L+1 the
 // layers, L+2 the final norm) and its key inside that layer; both namings derive from that place.
+// A model whose output layer is its own (Llama-style, untie_embeddings_and_output_weights) has it at
+// spec L+3, and its embedding is a plain layer of the pipeline, not a tied module:
+//   <1>.word_embeddings.<x>                   language_model.embedding.word_embeddings.<x>
+//   <L+3>.lm_head.<x>                         language_model.output_layer.<x>
 // The universal_checkpoint_info rules of a checkpoint are regexes over one naming; a reshard to the
 // other naming rewrites them, and checks every rewritten rule picks the same parameters.
 #pragma once
@@ -23,9 +27,14 @@ const char* NamingName(Naming n);  // "pipe" / "plain", as the manifest records 
 
 struct LayerPlace {
   int spec = -1;      // GPTModelPipe layer spec index
-  std::string local;  // key inside the layer ("self_attention.dense.weight")
+  std::string local;  // key inside the layer ("self_attention.dense.weight"; the output layer's "lm_head.weight")
+  bool untied = false;  // in a model whose output layer is its own, not the tied word embedding
   bool embedding() const { return spec == 1; }
 };
+
+// Whether a parameter name is an output layer of its own (language_model.output_layer.*, <spec>.lm_head.*)
+// or a pipeline's untied embedding (1.word_embeddings.*): the model is Llama-style.
+bool UntiedName(const std::string& name);
 
 // Transformer layers of a GPT from its parameter names: GPTModel's language_model.encoder.layers.<i>.*
 // (i from 0), or GPTModelPipe's <spec>.* (specs 2..L+1 the layers, L+2 the final norm).
@@ -73,6 +82,6 @@ struct ExpertGroups {
 // each parameter's name in `from` with its name in `to`; a rule whose plain rewrite would not match
 // exactly the parameters it matched before becomes the list of those parameters' escaped names.
 pt::ValuePtr RenameRules(const pt::Value& info, const std::vector<std::pair<std::string, std::string>>& names,
-                         Naming from, Naming to, int layers);
+                         Naming from, Naming to, int layers, bool untied = false);
 
 }  // namespace ucp::reshard

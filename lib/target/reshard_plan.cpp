@@ -25,18 +25,18 @@ Pattern PatternFromName(const std::string& s) {
 }
 
 // GPTModelPipe's specs: 0 a cast, 1 the embedding, 2..L+1 the transformer layers, L+2 the final
-// norm, L+3 the tied head, then a cast back (not with fp32).
-std::vector<std::string> SpecNames(int layers, const std::string& dtype) {
+// norm, L+3 the tied head (an untied model's LMHeadPipe), then a cast back (not with fp32).
+std::vector<std::string> SpecNames(int layers, const std::string& dtype, bool untied) {
   std::vector<std::string> names = {"_to_float16", "EmbeddingPipe"};
   for (int i = 0; i < layers; ++i) names.push_back("ParallelTransformerLayerPipe");
   names.push_back("MixedFusedRMSNorm LayerNorm");
-  names.push_back("EmbeddingPipe");
+  names.push_back(untied ? "LMHeadPipe" : "EmbeddingPipe");
   if (dtype != "fp32") names.push_back("float16_to_fp32");
   return names;
 }
 
 std::vector<int> StageBounds(const Source& S, const TargetLayout& T, const std::vector<int64_t>& spec_numel) {
-  auto names = SpecNames(S.layers, T.dtype);
+  auto names = SpecNames(S.layers, T.dtype, S.untied);
   const int n = static_cast<int>(names.size());
   std::string method = T.partition_method;
   std::vector<int> parts;
@@ -118,22 +118,6 @@ int LocalExpertId(const Source& S, const Atom& a, int ep) {
   return a.expert % static_cast<int>(S.num_experts.at(a.moe_layer) / ep);
 }
 
-void RefuseUntiedOutputLayer(const std::string& dir, const std::vector<std::string>& names) {
-  // The output layer itself first (language_model.output_layer, a pipeline's <spec>.lm_head), then the
-  // sign of one in a pipeline: an embedding outside tied_modules (<1>.word_embeddings).
-  static const std::regex output(R"(^(language_model\.output_layer\.|\d+\.lm_head\.).*)"),
-      untied_embedding(R"(^1\.word_embeddings\..*)");
-  for (const std::regex* re : {&output, &untied_embedding})
-    for (const auto& n : names)
-      if (std::regex_match(n, *re))
-        throw Error(dir + ": parameter '" + n + "': " +
-                    (re == &output ? "an output layer apart from the word embedding"
-                                   : "a word embedding not tied to the output layer") +
-                    " (a Llama-style model): ucp-reshard writes GPT-style models whose output layer is tied to the word "
-                    "embedding, not yet this one (ucp-convert and ucp-inspect read it; DeepSpeed's universal load reads "
-                    "the atomic checkpoint)");
-}
-
 const Value* ArgOf(const Source& S, const char* key) {
   auto args = S.model_states.root ? S.model_states.root->Get("args") : nullptr;
   auto v = args ? args->Get(key) : nullptr;
@@ -198,12 +182,15 @@ Source LoadSource(const std::string& dir) {
                   "AutoEP layouts yet; DeepSpeed's universal load reads this atomic checkpoint as it is (\"checkpoint\": "
                   "{\"load_universal\": true}), at another expert-parallel degree too");
   }
-  RefuseUntiedOutputLayer(dir, names);
+  S.untied = std::any_of(names.begin(), names.end(), UntiedName);
   S.layers = LayerCountOf(names, S.naming);
   if (const Value* layers = ArgOf(S, "num_layers"); layers && layers->AsInt() != S.layers)
     throw Error(dir + "/" + S.model_file + ": args.num_layers is " + std::to_string(layers->AsInt()) + " but the parameter "
                 "names hold " + std::to_string(S.layers) + " transformer layers");
-  for (Atom& a : S.atoms) a.place = PlaceOf(a.name, S.naming, S.layers);
+  for (Atom& a : S.atoms) {
+    a.place = PlaceOf(a.name, S.naming, S.layers);
+    a.place.untied = S.untied;
+  }
   if (S.manifest["source"].value("moe", false)) ReadExperts(S, dir + "/" + S.model_file);
   return S;
 }
@@ -411,7 +398,7 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
   Validate(S, T);
   Plan P;
   const int head = S.layers + 3;
-  std::vector<int64_t> spec_numel(SpecNames(S.layers, T.dtype).size(), 0);
+  std::vector<int64_t> spec_numel(SpecNames(S.layers, T.dtype, S.untied).size(), 0);
   for (size_t k = 0; k < S.atoms.size(); ++k) {
     int64_t n = PieceOf(S, T, static_cast<int>(k), 0).local_numel;
     spec_numel.at(S.atoms[k].spec()) += n;

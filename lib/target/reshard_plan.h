@@ -32,7 +32,7 @@ struct Atom : store::AtomParam {
   // layer's ordinal among the MoE layers, as DeepSpeed numbers its expert files); -1 otherwise.
   int expert = -1, moe_layer = -1;
   int spec() const { return place.spec; }
-  bool tied() const { return place.embedding(); }
+  bool tied() const { return place.embedding() && !place.untied; }
 };
 
 // The piece of one atomic tensor a unit holds: its TP rank's rows, all of them or one DP rank's slice.
@@ -65,6 +65,7 @@ struct Source {
   pt::TorchFile optimizer;      // zero/optimizer_state.pt
   Naming naming = Naming::Pipe;
   int layers = 0;
+  bool untied = false;              // the output layer is its own (Llama-style), not the tied word embedding
   int tp = 1;                       // the source's TP degree
   bool moe = false;                 // Mixture of Experts (the manifest's source.moe)
   int ep = 1;                       // the source's expert-parallel degree
@@ -114,8 +115,8 @@ struct UnitFiles {
 // naming the folder or file.
 Source LoadAtomic(const std::string& dir);
 // LoadAtomic, and the atoms placed in a GPT's layers for a DeepSpeed target: the naming, the layer
-// count (checked against args.num_layers), Mixture-of-Experts facts; a model whose names GPTModel /
-// GPTModelPipe do not place is refused (RefuseUntiedOutputLayer), as are AutoEP's fused experts.
+// count (checked against args.num_layers), whether the output layer is its own (Llama-style: placed
+// at spec L+3, its embedding untied), Mixture-of-Experts facts; AutoEP's fused experts are refused.
 Source LoadSource(const std::string& dir);
 
 // Megatron's args.<key> from the carried model-states file; nullptr where the checkpoint has no args
@@ -166,12 +167,6 @@ int LocalExpertId(const Source& S, const Atom& a, int ep);
 // at most `share_budget` bytes of them. Throws ucp::Error for a target DeepSpeed would refuse or
 // the source cannot fill.
 Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_budget);
-
-// A model whose output layer is a parameter of its own (Llama-style: Megatron-DeepSpeed's
-// language_model.output_layer, its pipeline's <spec>.lm_head and untied <1>.word_embeddings) has
-// names GPTModel / GPTModelPipe do not place: refused by name (throws ucp::Error naming `dir` and the
-// parameter), before a layer count goes wrong. LoadSource applies it; --in-place --plan-only too.
-void RefuseUntiedOutputLayer(const std::string& dir, const std::vector<std::string>& names);
 
 // The model's shape facts as its args record them (heads, key-value heads, FFN width, layers) and
 // the source's layout: what the planner and Validate judge a layout by.

@@ -61,6 +61,7 @@ check("inspect: the source layout", all(report.get("source", {}).get(k) == src[k
 
 layouts = [[src["dp"], src["tp"], src["pp"], src["zero_stage"] if src["zero_stage"] > 0 or src["dtype"] == "bf16" else 1],
            [2, 2, 1, 1], [1, 1, 2, 1], [2, 1, 1, 3]]
+layouts = [x for i, x in enumerate(layouts) if x not in layouts[:i]]  # the source's own may be one of the others
 for dp, tp, pp, z in layouts:
     flags = ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--zero-stage", str(z)]
     label = f"reshard dp={dp} tp={tp} pp={pp} ZeRO-{z}"
@@ -92,9 +93,8 @@ flip_in_record(victim)
 out = os.path.join(work, "from_damaged")
 r = subprocess.run([RESHARD, damaged, "-o", out, "-q", "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1"],
                    capture_output=True, text=True)
-refused_model = layouts and any("Llama-style" in x for x in (r.stderr,))
-check("damaged tensor file: refused naming it", r.returncode == 1 and (victim in r.stderr or refused_model) and
-      ("CRC32 mismatch" in r.stderr or refused_model), r.stderr[-400:])
+check("damaged tensor file: refused naming it", r.returncode == 1 and victim in r.stderr and "CRC32 mismatch" in r.stderr,
+      r.stderr[-400:])
 check("damaged tensor file: nothing written", not os.path.exists(os.path.join(out, "latest")))
 check("DeepSpeed's folder is as it was", digest(theirs) == before)
 print(f"{case}: {len(problems)} problems")

@@ -60,6 +60,40 @@ TEST_CASE("every parameter has one place, named both ways", "[naming]") {
     CHECK_THROWS_WITH(PlaceOf(bad, Naming::Plain, 3), Catch::Contains(bad) && Catch::Contains("GPTModel"));
 }
 
+TEST_CASE("an output layer of its own (Llama-style): placed after the final norm, the embedding untied", "[naming]") {
+  // As Megatron-DeepSpeed names them (the real llama_* cases): 3 layers, final norm spec 5, head spec 6.
+  const std::vector<std::pair<std::string, std::string>> untied = {
+      {"1.word_embeddings.weight", "language_model.embedding.word_embeddings.weight"},
+      {"6.lm_head.weight", "language_model.output_layer.weight"},
+      {"2.input_layernorm.weight", "language_model.encoder.layers.0.input_layernorm.weight"}};
+  std::vector<std::string> pipes;
+  for (const auto& [pipe, plain] : untied) {
+    pipes.push_back(pipe);
+    LayerPlace a = PlaceOf(pipe, Naming::Pipe, 3), b = PlaceOf(plain, Naming::Plain, 3);
+    a.untied = b.untied = true;  // the model's, as LoadSource sets it for every parameter
+    CHECK(a.spec == b.spec);
+    CHECK(a.local == b.local);
+    CHECK(NameAt(a, Naming::Plain, 3) == plain);
+    CHECK(NameAt(b, Naming::Pipe, 3) == pipe);
+    CHECK(UntiedName(pipe) == (a.spec == 1 || a.spec == 6));
+  }
+  CHECK(PlaceOf("6.lm_head.weight", Naming::Pipe, 3).spec == 6);
+  pipes.push_back("5.weight");  // the final norm: the head's spec 6 is not counted as a layer
+  CHECK(LayerCountOf(pipes, Naming::Pipe) == 3);
+  CHECK_THROWS(PlaceOf("7.lm_head.weight", Naming::Pipe, 3));  // not right after the final norm
+  // Megatron-DeepSpeed's own rules for the two, rewritten both ways.
+  auto info = Value::Make(Value::Kind::Dict);
+  pt::SetItem(*info, "vocabulary_parameter_patterns", StrList({R"(\d+.word_embeddings.weight)", R"(\d+.lm_head.weight)"}));
+  auto plain = RenameRules(*info, untied, Naming::Pipe, Naming::Plain, 3, true);
+  CHECK(Strs(plain->At("vocabulary_parameter_patterns")) ==
+        std::vector<std::string>{"language_model.embedding.word_embeddings.weight", "language_model.output_layer.weight"});
+  std::vector<std::pair<std::string, std::string>> back;
+  for (const auto& [pipe, plain_name] : untied) back.emplace_back(plain_name, pipe);
+  auto pipe = RenameRules(*plain, back, Naming::Plain, Naming::Pipe, 3, true);
+  CHECK(Strs(pipe->At("vocabulary_parameter_patterns")) ==
+        std::vector<std::string>{R"(\d+.word_embeddings.weight)", R"(\d+.lm_head.weight)"});
+}
+
 TEST_CASE("universal_checkpoint_info rules are rewritten and pick the same parameters", "[naming]") {
   auto info = Value::Make(Value::Kind::Dict);
   pt::SetItem(*info, "universal_checkpoint_version", Value::Float(0.4));

@@ -756,7 +756,7 @@ class UnitWriter {
       }
       std::vector<std::pair<std::string, std::string>> names;
       for (size_t k = 0; k < S_.atoms.size(); ++k) names.emplace_back(S_.atoms[k].name, P_.names[k]);
-      SetItem(*root, "universal_checkpoint_info", RenameRules(*i, names, S_.naming, NamingOf(T_), S_.layers));
+      SetItem(*root, "universal_checkpoint_info", RenameRules(*i, names, S_.naming, NamingOf(T_), S_.layers, S_.untied));
     }
     return root;
   }
