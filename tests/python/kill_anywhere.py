@@ -3,7 +3,7 @@
 while it is not, and the rerun must end byte-identical to an uninterrupted run.
 
 usage: kill_anywhere.py MODE TOOL SOURCE WORK RANKS MPIEXEC [TOOL ARGS...]
-  MODE  convert-pt | convert-hdf5 | reshard
+  MODE  convert-pt | convert-hdf5 | reshard (any target format: --format hf among the TOOL ARGS)
 
 1. A reference run into WORK/ref logs every fault point each rank passes (UCP_TEST_FAULT_LOG; the
    points are listed in lib/core/fault_point.h).
@@ -33,7 +33,8 @@ problems = []
 ENV = kill_support.clean_env()
 # The files that mark an output complete, in the order the tools write them: each stands for every
 # file of the output but the markers written after it.
-ORDER = ["latest_checkpointed_iteration.txt", "ucp_manifest.json", "latest_universal", "latest"]
+ORDER = ["latest_checkpointed_iteration.txt", "ucp_manifest.json", "latest_universal", "latest",
+         "model.safetensors.index.json"]  # the last: a Hugging Face export's (ucp-reshard --format hf)
 MARKERS = set(ORDER)
 
 
