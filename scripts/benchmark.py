@@ -13,6 +13,8 @@ medians and ratios against references measured in the same rounds:
   ucp-convert SRC -o OUT             1 rank and 2 MPI ranks
   ucp-reshard OUT -o NEW             to two layouts, 1 rank and 2 MPI ranks, each against a
                                      cp -r && sync and a read-write+sync of the bytes it writes
+  ucp-reshard OUT --format hf        with --targets ...,hf: the Hugging Face export (safetensors in the
+                                     source's dtype, files of at most 100 MB), the same way
   ds_to_universal.py                 DeepSpeed's converter, when --deepspeed DIR (a DeepSpeed source
                                      tree, see shared/real-deepspeed/harness/README.md) is given
 Page cache warm (the source is read once before the rounds). Peak RSS per rank and bytes read and
@@ -45,7 +47,8 @@ ap.add_argument("--build", default=os.path.join(root, "build"))
 ap.add_argument("--repeat", type=int, default=5)
 ap.add_argument("--deepspeed", help="DeepSpeed source tree: also time its ds_to_universal.py")
 ap.add_argument("--baseline-build", help="another build folder: its ucp commands timed in the same rounds, for a ratio")
-ap.add_argument("--targets", default="tp2pp2,z3dp2", help="reshard targets: tp2pp2 (DP=1 ZeRO-1), z3dp2 (ZeRO-3 DP=2)")
+ap.add_argument("--targets", default="tp2pp2,z3dp2", help="reshard targets: tp2pp2 (DP=1 ZeRO-1), z3dp2 (ZeRO-3 DP=2), "
+                "hf (ucp-reshard --format hf: a Llama-shaped checkpoint's Hugging Face export)")
 ap.add_argument("--mpiexec-args", default="", help="extra mpiexec options for the 2-rank runs, e.g. '--mca pml ucx' (on one node the tools "
                 "choose Open MPI's ob1 themselves unless told otherwise)")
 a = ap.parse_args()
@@ -97,8 +100,13 @@ def run(cmd, ranks=1):
 out_dir = os.path.join(a.work, "out")
 atomic = os.path.join(a.work, "atomic", "universal")
 src_bytes = tree_bytes(tag)
+# The generated checkpoint's args do not name its rotary position embeddings: the export is told.
+model_config = os.path.join(a.work, "rope.json")
+with open(model_config, "w") as f:
+    json.dump({"position_embedding_type": "rope"}, f)
 targets = {"tp2pp2": ["--dp", "1", "--tp", "2", "--pp", "2", "--zero-stage", "1"],
-           "z3dp2": ["--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "3"]}
+           "z3dp2": ["--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "3"],
+           "hf": ["--format", "hf", "--max-shard-size", "100MB"] + ([] if a.checkpoint else ["--model-config", model_config])}
 targets = {k: targets[k] for k in a.targets.split(",")}
 # The atomic checkpoint the reshards read, and what each reshard writes (for its own reference).
 shutil.rmtree(os.path.dirname(atomic), ignore_errors=True)

@@ -53,11 +53,16 @@ int main(int argc, char** argv) {
       "The layout comes from flags, or from --layout FILE (schemas/layout.schema.json), e.g.\n"
       "  {\"dp\": 4, \"tp\": 2, \"pp\": 2, \"zero_stage\": 1, \"dtype\": \"bf16\", \"partition_method\": [0, 4, 7]}\n"
       "with flags overriding the file's values.\n\n"
+      "--format hf writes a Hugging Face transformers model instead (config.json, safetensors files, the index last):\n"
+      "LlamaForCausalLM, fused QKV and SwiGLU tensors split as the checkpoint records them, vocabulary padding\n"
+      "removed, in the source job's dtype unless --dtype; no layout flags. A model no transformers class\n"
+      "describes exactly is refused by name; facts the checkpoint lacks come from --model-config FILE.\n\n"
       "Exit status: 0 done; 1 refused or failed (the reason names the parameter or file); 2 bad command line.\n\n"
       "Examples:\n"
       "  mpirun -np 4 ucp-reshard ckpt/atomic -o new_ckpt --dp 4 --tp 2 --pp 2 --zero-stage 1 --dtype bf16\n"
       "  ucp-reshard ckpt/atomic --dp 2 --tp 2 --pp 1 --zero-stage 2 --dtype fp16 --plan-only --json\n"
       "  ucp-reshard ckpt/atomic -o new_ckpt --layout target.json --dp 8\n"
+      "  mpirun -np 2 ucp-reshard ckpt/atomic -o hf_model --format hf [--dtype bf16] [--max-shard-size 5GB]\n"
       "  ucp-reshard ckpt/atomic --gpus 96 --gpus-per-node 4 --gpu-memory 40G --plan-only\n"
       "  mpirun -np 8 ucp-reshard /ckpt/run1 --in-place --gpus 96 --keep 2    in a job script, before training\n"
       "  ucp-reshard /ckpt/run1 --in-place --gpus 96 --plan-only [--json]     what that step would do; writes nothing\n\n"
@@ -68,7 +73,9 @@ int main(int argc, char** argv) {
   ucp::reshard::ReshardOptions o;
   auto& t = o.target;
   app.add_option("atomic", o.atomic_dir,
-                 "atomic checkpoint folder (with ucp_manifest.json); with --in-place, the training run's checkpoint root")
+                 "atomic checkpoint folder (with ucp_manifest.json) or DeepSpeed's universal folder; with --in-place or "
+                 "--format hf, also the training run's checkpoint root (with `latest`: its atomic checkpoint is found "
+                 "or made beside the tag, as --in-place does)")
       ->required();
   bool in_place = false;
   ucp::reshard::InPlaceOptions ip;
@@ -219,6 +226,11 @@ int main(int argc, char** argv) {
     o.progress = ::isatty(STDERR_FILENO);
     ucp::h5::InitializeBeforeMpi();
     auto comm = ucp::shuffle::MakeWorldComm(&argc, &argv);
+    if (ucp::reshard::IsCheckpointRoot(o.atomic_dir)) {  // a training run's root: its atomic checkpoint found or made first
+      ip.root = o.atomic_dir, ip.reshard = o, ip.plan_only = o.plan_only, ip.json = o.json;
+      ip.patterns_dir = ucp::patterns::DefaultPatternsDir(), ip.progress = o.progress;
+      return ucp::reshard::RunFromRoot(ip, *comm, std::cout, std::cerr);
+    }
     return ucp::reshard::RunReshard(o, *comm, std::cout, std::cerr);
   }
   for (CLI::Option* only_hf : {model_config_flag, max_shard_flag})

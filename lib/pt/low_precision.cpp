@@ -38,4 +38,12 @@ uint16_t Fp32ToFp16(float f) {
   return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
 }
 
+void Fp32ToBf16(const float* in, uint16_t* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = Fp32ToBf16(in[i]);
+}
+
+void Fp32ToFp16(const float* in, uint16_t* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = Fp32ToFp16(in[i]);
+}
+
 }  // namespace ucp::pt

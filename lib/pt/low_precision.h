@@ -2,11 +2,16 @@
 // (c10::BFloat16 and c10::Half): what the layer files of a resharded checkpoint hold.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace ucp::pt {
 
 uint16_t Fp32ToBf16(float value);  // NaN becomes 0x7FC0
 uint16_t Fp32ToFp16(float value);  // IEEE half: subnormals, overflow to infinity, quiet NaN 0x7E00
+
+// The same over n values: one call per run, the loop where the compiler can vectorize it.
+void Fp32ToBf16(const float* in, uint16_t* out, size_t n);
+void Fp32ToFp16(const float* in, uint16_t* out, size_t n);
 
 }  // namespace ucp::pt

@@ -158,8 +158,8 @@ int RunExport(const ReshardOptions& o, const formats::TargetDriver& driver, shuf
     }
     if (talk) {
       char buf[256];
-      std::snprintf(buf, sizeof buf, "%s: wrote %s: %s in %zu files (read %s) in %.2fs, peak RSS %s per rank\n", kTool,
-                    o.output.c_str(), HumanBytes(double(total_written)).c_str(), P.files.size(),
+      std::snprintf(buf, sizeof buf, "%s: wrote %s: %s in %zu file%s (read %s) in %.2fs, peak RSS %s per rank\n", kTool,
+                    o.output.c_str(), HumanBytes(double(total_written)).c_str(), P.files.size(), P.files.size() == 1 ? "" : "s",
                     HumanBytes(double(total_read)).c_str(), secs, HumanBytes(double(peak)).c_str());
       err << buf;
     }

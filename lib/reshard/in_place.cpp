@@ -276,7 +276,67 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
   return j["fits"].get<bool>() ? 0 : 1;
 }
 
+// The atomic checkpoint of the tag `latest` names: ROOT/<current.atomic>, reused when it holds what
+// the tag holds now (or is DeepSpeed's own universal folder made from it), else converted into it
+// (refused first when the step after it would refuse: `refuse_tp`, 0 for none). Collective; empty
+// when it failed (the lowest failing rank said why).
+std::string AtomicOfTag(const InPlaceOptions& o, const std::string& root, const Current& current, int refuse_tp,
+                        shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
+  const bool talk = comm.rank() == 0 && !o.reshard.quiet;
+  const std::string was = current.tag + " (" + (current.layout_known ? Describe(current.layout) + ", " : "") + current.kind + ")";
+  bool reuse = false;
+  std::string error = Capture([&] { reuse = Reusable(root, current); });
+  if (AnyFailed(comm, error, err, kTool)) return "";
+  const std::string atomic = root + "/" + current.atomic;
+  if (reuse) {
+    if (talk)
+      err << kTool << ": " << was << ": reusing " << (current.deepspeed_universal ? "DeepSpeed's own universal checkpoint " : "the atomic checkpoint ")
+          << atomic << (current.deepspeed_universal ? " (read-only)" : "") << "\n";
+    return atomic;
+  }
+  error = Capture([&] { RefuseBeforeConversion(current, refuse_tp); });
+  if (AnyFailed(comm, error, err, kTool)) return "";
+  if (talk) err << kTool << ": " << was << ": converting it into " << atomic << "\n";
+  convert::ConvertOptions c;
+  c.source = current.dir, c.output = atomic, c.force = true;
+  c.patterns_dir = o.patterns_dir, c.quiet = o.reshard.quiet, c.progress = o.progress;
+  if (convert::RunConvert(c, comm, out, err) != 0) return "";
+  return atomic;
+}
+
 }  // namespace
+
+bool IsCheckpointRoot(const std::string& dir) {
+  return fs::exists(dir + "/latest") && !fs::exists(dir + "/" + store::kManifestName) && !store::IsDeepSpeedUniversal(dir);
+}
+
+int RunFromRoot(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
+  const std::string root = fs::path(o.root).lexically_normal().string();
+  Current current;
+  bool reusable = false;
+  std::string error = Capture([&] {
+    current = ReadCurrent(root);
+    reusable = Reusable(root, current);
+  });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  ReshardOptions r = o.reshard;
+  if (o.plan_only && !reusable) {  // nothing to plan from before the conversion: what would happen
+    if (comm.rank() == 0) {
+      const nlohmann::json j = {{"root", root}, {"latest", current.tag}, {"kind", current.kind},
+                                {"atomic", root + "/" + current.atomic}, {"convert", true}};
+      if (o.json)
+        out << j.dump(1) << "\n";
+      else
+        out << root << "/latest names " << current.tag << " (" << current.kind << "): it would be converted into " << root
+            << "/" << current.atomic << " first, then written from it (run without --plan-only, or ucp-convert it first, "
+            << "for the plan of the files)\n";
+    }
+    return 0;
+  }
+  r.atomic_dir = AtomicOfTag(o, root, current, 0, comm, out, err);
+  if (r.atomic_dir.empty()) return 1;
+  return RunReshard(r, comm, out, err);
+}
 
 std::string InPlaceTag(const std::string& source_tag, const TargetLayout& t) {
   // bf16 at ZeRO-1 is DeepSpeed's BF16 optimizer with fp32 gradient accumulation, ZeRO's otherwise:
@@ -315,24 +375,8 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
     return 0;
   }
 
-  // The atomic checkpoint: reused when it holds what the tag holds now, else converted.
-  bool reuse = false;
-  error = Capture([&] { reuse = Reusable(root, current); });
-  if (AnyFailed(comm, error, err, kTool)) return 1;
-  const std::string atomic = root + "/" + current.atomic;
-  if (reuse) {
-    if (talk)
-      err << kTool << ": " << was << ": reusing " << (current.deepspeed_universal ? "DeepSpeed's own universal checkpoint " : "the atomic checkpoint ")
-          << atomic << (current.deepspeed_universal ? " (read-only)" : "") << "\n";
-  } else {
-    error = Capture([&] { RefuseBeforeConversion(current, o.reshard.planner.gpus > 0 ? 0 : target.tp); });
-    if (AnyFailed(comm, error, err, kTool)) return 1;
-    if (talk) err << kTool << ": " << was << ": converting it into " << atomic << "\n";
-    convert::ConvertOptions c;
-    c.source = current.dir, c.output = atomic, c.force = true;
-    c.patterns_dir = o.patterns_dir, c.quiet = o.reshard.quiet, c.progress = o.progress;
-    if (convert::RunConvert(c, comm, out, err) != 0) return 1;
-  }
+  const std::string atomic = AtomicOfTag(o, root, current, o.reshard.planner.gpus > 0 ? 0 : target.tp, comm, out, err);
+  if (atomic.empty()) return 1;
 
   ReshardOptions r = o.reshard;
   r.atomic_dir = atomic, r.output = root, r.in_place = true;

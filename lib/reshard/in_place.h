@@ -38,6 +38,17 @@ struct InPlaceOptions {
 // (DeepSpeed's BF16 optimizer rather than ZeRO's).
 std::string InPlaceTag(const std::string& source_tag, const TargetLayout& layout);
 
+// Whether `dir` is a training run's checkpoint root (a `latest`), not an atomic checkpoint or
+// DeepSpeed's universal folder.
+bool IsCheckpointRoot(const std::string& dir);
+
+// ucp-reshard ROOT -o OUT for a target written from an atomic checkpoint elsewhere (--format hf): the
+// atomic checkpoint of the tag ROOT/latest names, found or made as the in-place step finds or makes
+// it (steps 2 above: reused, or converted into ROOT/<tag>_universal, or <tag>_ucp_universal beside a
+// universal folder that is not ucp's), then o.reshard run from it into its own -o. With plan_only
+// and nothing to reuse: what would be converted, nothing written.
+int RunFromRoot(const InPlaceOptions& options, shuffle::Comm& comm, std::ostream& out, std::ostream& err);
+
 // Exit codes: 0 done or nothing to do, 1 failed or refused.
 int RunInPlace(const InPlaceOptions& options, shuffle::Comm& comm, std::ostream& out, std::ostream& err);
 

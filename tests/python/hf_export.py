@@ -266,6 +266,20 @@ r = run([UNIVERSAL, "-o", theirs, "--format", "hf", "-q"])
 ok, differ = same_files(one, theirs, export_files(one)) if r.returncode == 0 else (False, r.stderr[-400:])
 check("DeepSpeed's own universal folder: the same bytes", ok, str(differ))
 
+# A training run's root (`latest`), as users have it: its atomic checkpoint found (DeepSpeed's own
+# universal folder of the tag, reused read-only) or made beside the tag, then exported: the same bytes.
+for label, keep_universal in (("with DeepSpeed's universal folder", True), ("native only", False)):
+    root = os.path.join(WORK, "root_" + ("ds" if keep_universal else "native"))
+    shutil.copytree(os.path.join(CASE_DIR, "ckpt"), root)
+    if not keep_universal:
+        shutil.rmtree(os.path.join(root, "global_step6_universal"))
+        os.remove(os.path.join(root, "latest_universal"))
+    exp = root + "_hf"
+    r = run([root, "-o", exp, "--format", "hf"])
+    said = "reusing DeepSpeed's own universal checkpoint" if keep_universal else "converting it into"
+    ok, differ = same_files(one, exp, export_files(one)) if r.returncode == 0 else (False, r.stderr[-400:])
+    check(f"a checkpoint root ({label}): '{said}', the same bytes", ok and said in r.stderr, f"{differ} {r.stderr[-300:]}")
+
 # 5. The plan, and misuse.
 r = run([ATOMIC, "--format", "hf", "--plan-only", "--json", "--max-shard-size", "100KB"])
 plan = json.loads(r.stdout) if r.returncode == 0 else {}

@@ -105,9 +105,14 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
   if (!f.Flag("swiglu", false)) differs.push_back("a GeLU MLP, swiglu false (LlamaForCausalLM: SwiGLU)");
   static const std::regex positions(R"(.*position_embeddings\.weight)");
   const std::string pos = f.Str("position_embedding_type");
-  const bool rope = pos == "rope" || (pos.empty() && f.Flag("use_rotary_position_embeddings", false));
-  if (HasParam(S, positions) || !rope)
-    differs.push_back("learned absolute position embeddings (LlamaForCausalLM: rotary)");
+  const bool learned = HasParam(S, positions);
+  if (learned || (!pos.empty() && pos != "rope")) {
+    differs.push_back(learned ? "learned absolute position embeddings (LlamaForCausalLM: rotary)"
+                              : "position_embedding_type '" + pos + "' (LlamaForCausalLM: rope)");
+  } else if (pos.empty() && !f.Flag("use_rotary_position_embeddings", false)) {
+    throw f.Missing("position_embedding_type", "position embeddings (no position_embeddings parameter, and neither "
+                    "position_embedding_type nor use_rotary_position_embeddings says rope)");
+  }
   if (auto p = f.Get("rotary_percent"); p && p->is_number() && p->get<double>() != 1.0)
     differs.push_back("rotary_percent " + p->dump() + " (LlamaForCausalLM rotates every dimension)");
   for (const auto& a : S.atoms)
@@ -116,6 +121,12 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
       break;
     }
   if (!differs.empty()) {
+    // GPT-2's shape (LayerNorm, learned positions, GeLU, one key-value head per query head) is said as such.
+    auto kv = f.Get("num_key_value_heads"), q = f.Get("num_attention_heads");
+    if (norm == "layernorm" && learned && !f.Flag("swiglu", false) && (!kv || !q || *kv == *q))
+      throw Error(dir + ": a GPT-2-shaped model (LayerNorm, learned positions, GeLU): ucp-reshard --format hf does not "
+                  "write GPT2LMHeadModel yet (its fused QKV layout and transposed Conv1D weights have no real checkpoint "
+                  "to be checked against here); it writes LlamaForCausalLM");
     std::string all;
     for (const auto& d : differs) all += (all.empty() ? "" : "; ") + d;
     throw Error(dir + ": not a model transformers has a class for: " + all + ". ucp-reshard --format hf writes "

@@ -51,6 +51,7 @@ void WriteSafetensors(const reshard::ExportPlan& P, size_t f, reshard::RowSource
   const std::string header = SafetensorsHeader(P, file);
   out.Write(header.data(), header.size());
   const int e = reshard::ElementBytes(P.dtype);
+  const bool bf16 = P.dtype == "bf16";
   std::vector<float> values;
   std::vector<uint16_t> half;
   for (int i : file.tensors) {
@@ -68,8 +69,10 @@ void WriteSafetensors(const reshard::ExportPlan& P, size_t f, reshard::RowSource
         continue;
       }
       half.resize(values.size());
-      for (size_t k = 0; k < values.size(); ++k)
-        half[k] = P.dtype == "bf16" ? pt::Fp32ToBf16(values[k]) : pt::Fp32ToFp16(values[k]);
+      if (bf16)
+        pt::Fp32ToBf16(values.data(), half.data(), values.size());
+      else
+        pt::Fp32ToFp16(values.data(), half.data(), values.size());
       out.Write(half.data(), half.size() * 2);
     }
   }
