@@ -47,7 +47,15 @@ int main(int argc, char** argv) {
   int plan_ranks = 0;
   app.add_option("source", o.source, "checkpoint folder (with `latest`, or the global_stepN folder)");
   app.add_option("--format", o.format, "store of the atomic tensors: pt (DeepSpeed's universal files) or hdf5 (one atoms.h5)")
-      ->check(CLI::IsMember({"pt", "hdf5"}))
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "pt" || v == "hdf5") return "";
+            if (v == "hf" || v == "huggingface")
+              return "ucp-convert --format picks the atomic checkpoint's store (pt or hdf5); a Hugging Face model is "
+                     "written from it by ucp-reshard ATOMIC -o OUT --format hf";
+            return v + " not in {pt,hdf5}";
+          },
+          "{pt,hdf5}"))
       ->capture_default_str();
   app.add_option("--from-atomic", o.from_atomic, "convert this atomic checkpoint (either store) to --format, instead of a source");
   app.add_option("-o,--output", o.output, "atomic checkpoint folder to write");

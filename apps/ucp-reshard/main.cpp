@@ -83,14 +83,14 @@ int main(int argc, char** argv) {
                "lazy reconfiguration of a checkpoint root (with `latest`, native or atomic): nothing to do if `latest` has "
                "the target layout; else convert it (or reuse ROOT/<tag>_universal when it holds the same files), "
                "reshard into ROOT/<tag>_dp.._tp.._pp.._z.._<dtype> and point `latest` at it; the old tag stays");
-  app.add_option("--keep", ip.keep, "with --in-place: keep at most this many tags written in place, the newest (default: all)")
+  CLI::Option* keep_flag = app.add_option("--keep", ip.keep, "with --in-place: keep at most this many tags written in place, the newest (default: all)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("-o,--output", o.output, "checkpoint folder to write (gets `latest` and global_stepN/; with --format hf, "
                  "the model's files)");
   app.add_option("--format", o.format,
                  "what to write: deepspeed (the default: a training layout's native files) or hf (a Hugging Face "
                  "transformers model: config.json and safetensors, for from_pretrained; no layout flags)")
-      ->check(CLI::IsMember({"deepspeed", "hf"}));
+      ->transform(CLI::IsMember({"deepspeed", "hf"}, CLI::ignore_case));
   std::string model_config;
   CLI::Option* model_config_flag = app.add_option("--model-config", model_config,
                  "with --format hf: a JSON object of model facts the checkpoint does not hold, by Megatron's argument "
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
       ->transform(CLI::AsSizeValue(true))
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 50));
   std::string layout_file;
-  app.add_option("--layout", layout_file, "target layout as JSON (schemas/layout.schema.json); flags override it")
+  CLI::Option* layout_flag = app.add_option("--layout", layout_file, "target layout as JSON (schemas/layout.schema.json); flags override it")
       ->check(CLI::ExistingFile);
   // Flags given on the command line, applied over the layout file as one more layout object.
   nlohmann::json flags = nlohmann::json::object();
@@ -141,12 +141,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"pipe", "plain"}));
   LayoutFlag<int64_t>(app, flags, "--make-vocab-size-divisible-by", "make_vocab_size_divisible_by",
        "vocabulary padding multiple per TP rank (default: the source's)")->check(ucp::apps::AtLeast(1));
-  app.add_option("--share-buffer", o.share_bytes,
+  CLI::Option* share_flag = app.add_option("--share-buffer", o.share_bytes,
                  "memory per rank for pieces several target ranks need (TP-replicated parameters, the tied "
                  "embedding), read once and sent over MPI (e.g. 64M, 1G; default 256M; 0: each reads its own)")
       ->transform(CLI::AsSizeValue(false))
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 44));
-  app.add_option("--buffer", o.exchange_round_bytes,
+  CLI::Option* buffer_flag = app.add_option("--buffer", o.exchange_round_bytes,
                  "bytes each rank sends (and receives) per round of that exchange (e.g. 64K, 16M; default 8M)")
       ->transform(CLI::AsSizeValue(false))
       ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
@@ -171,7 +171,8 @@ int main(int argc, char** argv) {
   app.add_flag("--plan-only", o.plan_only,
                "print which rank writes what and the bytes it reads (with --gpus: the layouts considered); no data read");
   app.add_flag("--json", o.json, "with --plan-only: as JSON (with --in-place: schemas/in-place-plan.schema.json)");
-  app.add_flag("--force", o.force, "overwrite a non-empty output folder (its `latest` is removed first)");
+  app.add_flag("--force", o.force, "replace a non-empty output folder ucp-reshard wrote, whole (its commit point, `latest` or "
+               "the index, removed first)");
   app.add_option("--report", o.report_path, "write a JSON report: seconds, bytes read per rank, peak RSS");
   app.add_flag("-q,--quiet", o.quiet, "print errors only");
   if (auto status = ucp::apps::ParseCommandLine(app, argc, argv, "ucp-reshard")) return *status;
@@ -191,6 +192,12 @@ int main(int argc, char** argv) {
   ip.given = given;
   if (o.format == "hf") {
     // A model has no layout: only the precision is the user's to choose.
+    for (CLI::Option* layout_only : {layout_flag, keep_flag, share_flag, buffer_flag})
+      if (layout_only->count() > 0) {
+        std::cerr << "ucp-reshard: error: --format hf writes a model of whole tensors: no " << layout_only->get_name()
+                  << " (only --dtype, --max-shard-size, --model-config)\n";
+        return ucp::apps::kCommandLineError;
+      }
     for (const auto& key : given)
       if (key != "dtype") {
         std::string flag_name = key;

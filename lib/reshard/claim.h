@@ -13,9 +13,11 @@
 namespace ucp::reshard {
 
 // `markers`: the folder's markers, the commit point last; `contents`: what a run of this target
-// writes there besides (removed by --force after the markers). Throws ucp::Error naming the folder.
-std::unique_ptr<OutputFolder> ClaimOutput(const std::string& output, bool force, const std::vector<std::string>& markers,
-                                          const std::vector<std::string>& contents, const std::string& what,
-                                          std::string* lock_note);
+// writes there besides. --force removes the markers, then every commit point of any target, then
+// `contents`, then everything else but the lock: the folder is replaced whole; refused when the
+// folder holds `input`, what the run reads. Throws ucp::Error naming the folder.
+std::unique_ptr<OutputFolder> ClaimOutput(const std::string& output, const std::string& input, bool force,
+                                          const std::vector<std::string>& markers, const std::vector<std::string>& contents,
+                                          const std::string& what, std::string* lock_note);
 
 }  // namespace ucp::reshard

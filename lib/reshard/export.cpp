@@ -1,8 +1,7 @@
 #include "reshard/export.h"
 
-#include <sys/resource.h>
-
 #include <algorithm>
+#include <filesystem>
 #include <chrono>
 #include <numeric>
 
@@ -14,7 +13,10 @@
 #include "core/output_lock.h"
 #include "core/progress.h"
 #include "reshard/claim.h"
+#include "reshard/rank_totals.h"
 #include "shuffle/agree.h"
+#include "store/atomic_store.h"
+#include "store/universal_folder.h"
 #include "target/reshard_plan.h"
 
 namespace ucp::reshard {
@@ -47,6 +49,17 @@ std::string PrecisionChange(const Source& S, const ExportPlan& P) {
   return from.empty() || from == P.dtype ? "" : " (" + from + " -> " + P.dtype + ", as --dtype asks)";
 }
 
+// A native checkpoint folder (global_stepN) given where its root or an atomic checkpoint goes: said.
+void RefuseCheckpointFolder(const std::string& dir) {
+  std::error_code ec;
+  if (std::filesystem::exists(dir + "/" + store::kManifestName, ec) || store::IsDeepSpeedUniversal(dir)) return;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.path().filename().string().ends_with("model_states.pt"))
+      throw Error(dir + ": a checkpoint folder, not its root: give the folder holding `latest` (" +
+                  std::filesystem::path(dir).lexically_normal().parent_path().string() + "), whose atomic checkpoint is "
+                  "then found or made beside the tag, or ucp-convert it first");
+}
+
 }  // namespace
 
 std::vector<int> AssignFiles(const ExportPlan& P, int ranks) {
@@ -71,6 +84,7 @@ int RunExport(const ReshardOptions& o, const formats::TargetDriver& driver, shuf
   std::vector<int> owner;
   std::string error = Capture([&] {
     if (!o.plan_only) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
+    RefuseCheckpointFolder(o.atomic_dir);
     S = LoadAtomic(o.atomic_dir);
     P = driver.plan_export(S, o.model);
     owner = AssignFiles(P, ranks);
@@ -104,7 +118,7 @@ int RunExport(const ReshardOptions& o, const formats::TargetDriver& driver, shuf
   std::vector<std::string> contents;
   for (const ExportFile& f : P.files) contents.push_back(f.name);
   for (const auto& [name, text] : P.side_files) contents.push_back(name);
-  error = rank == 0 ? Capture([&] { folder = ClaimOutput(o.output, o.force, {P.marker}, contents, P.model, &lock_note); }) : "";
+  error = rank == 0 ? Capture([&] { folder = ClaimOutput(o.output, o.atomic_dir, o.force, {P.marker}, contents, P.model, &lock_note); }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
   if (talk && !lock_note.empty()) err << kTool << ": note: " << lock_note << "\n";
 
@@ -124,10 +138,8 @@ int RunExport(const ReshardOptions& o, const formats::TargetDriver& driver, shuf
     Seal(o.output);
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
   json stats = {{"rank", rank}, {"bytes_written", written}, {"bytes_read", static_cast<int64_t>(S.reader->storage_bytes_read())},
-                {"peak_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024}};
+                {"peak_rss_bytes", PeakRssBytes()}};
   auto per_rank = comm.GatherToRoot(stats.dump());
 
   // Step 4: the side files, then the marker (each written and synced atomically).
@@ -137,19 +149,12 @@ int RunExport(const ReshardOptions& o, const formats::TargetDriver& driver, shuf
   }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
   if (rank == 0) {
-    int64_t total_written = 0, total_read = 0, peak = 0;
-    json per = json::array();
-    for (const auto& s : per_rank) {
-      json j = json::parse(s);
-      total_written += j["bytes_written"].get<int64_t>(), total_read += j["bytes_read"].get<int64_t>();
-      peak = std::max(peak, j["peak_rss_bytes"].get<int64_t>());
-      per.push_back(j);
-    }
+    const RankTotals t = SumRanks(per_rank);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!o.report_path.empty()) {
       json report = {{"atomic", o.atomic_dir}, {"format", driver.name}, {"model", P.model}, {"dtype", P.dtype},
-                     {"output", o.output}, {"ranks", ranks}, {"seconds", secs}, {"bytes_read", total_read},
-                     {"bytes_written", total_written}, {"files", P.files.size()}, {"per_rank", per}};
+                     {"output", o.output}, {"ranks", ranks}, {"seconds", secs}, {"bytes_read", t.bytes_read},
+                     {"bytes_written", t.bytes_written}, {"files", P.files.size()}, {"per_rank", t.per_rank}};
       error = Capture([&] { WriteFileAtomically(o.report_path, report.dump(1) + "\n"); });
       if (!error.empty()) {
         err << kTool << ": error: " << error << std::endl;
@@ -159,8 +164,8 @@ int RunExport(const ReshardOptions& o, const formats::TargetDriver& driver, shuf
     if (talk) {
       char buf[256];
       std::snprintf(buf, sizeof buf, "%s: wrote %s: %s in %zu file%s (read %s) in %.2fs, peak RSS %s per rank\n", kTool,
-                    o.output.c_str(), HumanBytes(double(total_written)).c_str(), P.files.size(), P.files.size() == 1 ? "" : "s",
-                    HumanBytes(double(total_read)).c_str(), secs, HumanBytes(double(peak)).c_str());
+                    o.output.c_str(), HumanBytes(double(t.bytes_written)).c_str(), P.files.size(), P.files.size() == 1 ? "" : "s",
+                    HumanBytes(double(t.bytes_read)).c_str(), secs, HumanBytes(double(t.peak_rss)).c_str());
       err << buf;
     }
   }

@@ -316,6 +316,7 @@ int RunFromRoot(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out,
   bool reusable = false;
   std::string error = Capture([&] {
     current = ReadCurrent(root);
+    if (!o.plan_only) RefuseOutputWithin(o.reshard.output, current.dir, "the checkpoint folder");
     reusable = Reusable(root, current);
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;

@@ -1,7 +1,5 @@
 #include "reshard/reshard.h"
 
-#include <sys/resource.h>
-
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +19,7 @@
 #include "formats/registry.h"
 #include "reshard/claim.h"
 #include "reshard/export.h"
+#include "reshard/rank_totals.h"
 #include "patterns/rules.h"
 #include "plan/convert_plan.h"
 #include "target/naming.h"
@@ -341,7 +340,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
       folder = std::make_unique<OutputFolder>(o.output, kTool, std::vector<std::string>{kIterationFile, "latest"}, &lock_note);
       fs::remove_all(dir);  // what a killed run left: `latest` never named it
     } else {
-      folder = ClaimOutput(o.output, o.force, {kIterationFile, "latest"}, {out_tag}, "DeepSpeed checkpoint " + out_tag, &lock_note);
+      folder = ClaimOutput(o.output, o.atomic_dir, o.force, {kIterationFile, "latest"}, {out_tag}, "DeepSpeed checkpoint " + out_tag, &lock_note);
     }
     fs::create_directories(dir);
   }) : "";
@@ -393,15 +392,13 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   if (error.empty()) error = Capture([&] { Seal(dir); });
   seconds["sync"] = lap();
   if (AnyFailed(comm, error, err, kTool)) return 1;
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
   // Bytes read as the store counts them: the slabs asked for, and what storage delivered for them
   // (HDF5 reads whole chunks).
   json mine = {{"rank", rank}, {"bytes_read", static_cast<int64_t>(S.reader->storage_bytes_read())},
                {"slab_bytes", static_cast<int64_t>(S.reader->bytes_read())}, {"planned_bytes", planned},
                {"bytes_written", bytes_written}, {"files_written", files_written},
                {"exchange_rounds", exchanged.first}, {"exchange_bytes_sent", exchanged.second}, {"seconds", seconds},
-               {"peak_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024}};
+               {"peak_rss_bytes", PeakRssBytes()}};
   auto stats = comm.GatherToRoot(mine.dump());
   error = rank == 0 ? Capture([&] {
     // Step 4, `latest` last: a run killed before it leaves no checkpoint DeepSpeed would load (in
@@ -414,20 +411,14 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
   if (rank == 0) {
-    int64_t total = 0, peak = 0, written = 0;
-    json per = json::array();
-    for (const auto& s : stats) {
-      auto j = json::parse(s);
-      total += j["bytes_read"].get<int64_t>(), written += j["bytes_written"].get<int64_t>();
-      peak = std::max(peak, j["peak_rss_bytes"].get<int64_t>());
-      per.push_back(j);
-    }
+    const RankTotals t = SumRanks(stats);
+    const int64_t total = t.bytes_read, peak = t.peak_rss;
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double ratio = P.needed_bytes ? static_cast<double>(total) / static_cast<double>(P.needed_bytes) : 1.0;
     if (!o.report_path.empty()) {
       json report = {{"atomic", o.atomic_dir}, {"store", store::StoreName(S.reader->store())}, {"output", o.output},
                      {"ranks", ranks}, {"seconds", secs}, {"bytes_read", total}, {"atomic_bytes", P.needed_bytes},
-                     {"read_ratio", ratio}, {"bytes_written", written}, {"per_rank", per}};
+                     {"read_ratio", ratio}, {"bytes_written", t.bytes_written}, {"per_rank", t.per_rank}};
       error = Capture([&] { WriteFileAtomically(o.report_path, report.dump(1) + "\n"); });
       if (!error.empty()) {
         err << kTool << ": error: " << error << std::endl;

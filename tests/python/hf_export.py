@@ -174,16 +174,9 @@ shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
 
 if not llama_shaped():
-    r = run([ATOMIC, "-o", os.path.join(WORK, "probe"), "--format", "hf", "-q"])
-    if "--model-config" in r.stderr:  # a plain DeepSpeed engine saves no Megatron args
-        refused("no args", [], ["--model-config", "normalization"])
-        facts = os.path.join(WORK, "facts.json")
-        json.dump({k: CFG[k] for k in ("hidden_size", "num_layers", "num_attention_heads", "normalization", "swiglu",
-                                      "ffn_hidden_size", "max_position_embeddings") if k in CFG} |
-                  {"normalization": CFG.get("normalization", "layernorm")}, open(facts, "w"))
-        refused("facts given", ["--model-config", facts], ["normalization 'layernorm'", "LlamaForCausalLM", "learned"])
-    else:
-        refused("a GPT-style model", [], ["normalization 'layernorm'", "LlamaForCausalLM", "learned absolute position"])
+    # What the weights show (norm biases, a position table) refuses it before any fact is asked for.
+    refused("a GPT-style model", [], ["normalization 'layernorm'", "LlamaForCausalLM", "learned absolute position",
+                                      "fp32.pt"])
     print(f"{CASE}: {len(problems)} problems")
     sys.exit(1 if problems else 0)
 
@@ -291,8 +284,38 @@ for label, args in (("a layout flag", ["--dp", "2"]), ("--gpus", ["--gpus", "4"]
     check(f"--format hf with {label}: exit 2", r.returncode == 2 and not os.path.exists(os.path.join(WORK, "misuse")), r.stderr[-300:])
 r = run([ATOMIC, "-o", os.path.join(WORK, "misuse"), "--max-shard-size", "1GB", "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
 check("--max-shard-size without --format hf: exit 2", r.returncode == 2, r.stderr[-300:])
+for label, args in (("--layout", ["--layout", os.path.join(WORK, "conflict.json")]), ("--keep", ["--keep", "2"]),
+                    ("--share-buffer", ["--share-buffer", "1M"])):
+    json.dump({}, open(os.path.join(WORK, "conflict.json"), "w"))
+    r = run([ATOMIC, "-o", os.path.join(WORK, "misuse"), "--format", "hf"] + args)
+    check(f"--format hf with {label}: exit 2 naming it", r.returncode == 2 and label in r.stderr, r.stderr[-300:])
+r = run([os.path.join(CASE_DIR, "ckpt", "global_step6"), "-o", os.path.join(WORK, "misuse"), "--format", "hf"])
+check("a checkpoint folder given for its root: refused, naming the root", r.returncode == 1 and "not its root" in r.stderr and
+      "ckpt" in r.stderr, r.stderr[-300:])
+root = os.path.join(WORK, "root_ds")
+r = run([root, "-o", os.path.join(root, "global_step6", "hf"), "--format", "hf"])
+check("-o inside the root's checkpoint folder: refused", r.returncode == 1 and "inside the checkpoint folder" in r.stderr and
+      not os.path.exists(os.path.join(root, "global_step6", "hf")), r.stderr[-300:])
+
+# --force replaces a folder ucp-reshard wrote, whole; never one holding what the run reads.
+r = run([ATOMIC, "-o", cut, "--format", "hf", "--force", "-q"])
+check("--force over an export cut otherwise: only the new files stay", r.returncode == 0 and
+      export_files(cut) == export_files(one), f"{export_files(cut)} {r.stderr[-300:]}")
+r = run([ATOMIC, "-o", cut, "--force", "-q", "--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
+check("--force: a DeepSpeed checkpoint over an export leaves no safetensors", r.returncode == 0 and not export_files(cut) and
+      os.path.exists(os.path.join(cut, "latest")), f"{os.listdir(cut)} {r.stderr[-300:]}")
+inner = os.path.join(cut, "inner_atomic")
+shutil.copytree(ATOMIC, inner)
+r = run([inner, "-o", cut, "--format", "hf", "--force"])
+check("--force over the folder holding the input: refused, nothing removed", r.returncode == 1 and "holds the checkpoint this run reads"
+      in r.stderr and os.path.exists(os.path.join(inner, "ucp_manifest.json")), r.stderr[-300:])
+
 conflict = os.path.join(WORK, "conflict.json")
 json.dump({"hidden_size": CFG["hidden_size"] + 1}, open(conflict, "w"))
 refused("--model-config against the checkpoint's args", ["--model-config", conflict], ["hidden_size", conflict, "args"])
+json.dump({"rope_thetaa": 500000.0}, open(conflict, "w"))
+refused("--model-config with a misspelt key", ["--model-config", conflict], ["rope_thetaa", "did you mean 'rope_theta'"])
+json.dump({"num_attention_heads": "4"}, open(conflict, "w"))
+refused("--model-config with a value of the wrong type", ["--model-config", conflict], ["num_attention_heads", "not an integer"])
 print(f"{CASE}: {len(problems)} problems")
 sys.exit(1 if problems else 0)

@@ -1,11 +1,12 @@
 #include "formats/hf/model.h"
 
-#include <cmath>
+#include <algorithm>
 #include <optional>
 #include <regex>
 
 #include "core/error.h"
 #include "pt/value.h"
+#include "target/naming.h"
 
 namespace ucp::formats::hf {
 using nlohmann::json;
@@ -13,11 +14,92 @@ using pt::Value;
 
 namespace {
 
+// The facts a model's export needs, by Megatron's argument names, and the JSON type each takes: the
+// keys --model-config may give (any other is refused: a misspelt key would otherwise be a default).
+enum class Type { Int, Number, Bool, String };
+struct Key {
+  const char* name;
+  Type type;
+  const char* meaning;
+};
+const std::vector<Key>& Keys() {
+  static const std::vector<Key> keys = {
+      {"hidden_size", Type::Int, "hidden size"},
+      {"num_layers", Type::Int, "transformer layers"},
+      {"num_attention_heads", Type::Int, "query heads"},
+      {"num_key_value_heads", Type::Int, "key-value heads (grouped-query attention)"},
+      {"group_query_attention", Type::Bool, "grouped-query attention (with num_query_groups)"},
+      {"num_query_groups", Type::Int, "key-value heads (with group_query_attention)"},
+      {"kv_channels", Type::Int, "head dimension"},
+      {"ffn_hidden_size", Type::Int, "FFN width"},
+      {"max_position_embeddings", Type::Int, "longest sequence the model was trained for"},
+      {"seq_length", Type::Int, "training sequence length (when max_position_embeddings is not said)"},
+      {"normalization", Type::String, "rmsnorm or layernorm"},
+      {"swiglu", Type::Bool, "SwiGLU MLP (true) or GeLU (false)"},
+      {"position_embedding_type", Type::String, "rope or learned_absolute"},
+      {"use_rotary_position_embeddings", Type::Bool, "rotary position embeddings"},
+      {"rotary_percent", Type::Number, "share of each head rotated"},
+      {"layernorm_epsilon", Type::Number, "the norms' epsilon"},
+      {"rope_theta", Type::Number, "rotary base"},
+      {"untie_embeddings_and_output_weights", Type::Bool, "an output layer apart from the word embedding"},
+  };
+  return keys;
+}
+
+bool OfType(const json& v, Type t) {
+  switch (t) {
+    case Type::Int: return v.is_number_integer();
+    case Type::Number: return v.is_number();
+    case Type::Bool: return v.is_boolean();
+    case Type::String: return v.is_string();
+  }
+  return false;
+}
+const char* TypeName(Type t) {
+  return t == Type::Int ? "an integer" : t == Type::Number ? "a number" : t == Type::Bool ? "true or false" : "a string";
+}
+
+// The known key closest to a misspelt one (edit distance at most 3), or "".
+std::string Closest(const std::string& key) {
+  std::string best;
+  size_t best_d = 4;
+  for (const Key& k : Keys()) {
+    const std::string n = k.name;
+    std::vector<size_t> row(n.size() + 1);
+    for (size_t j = 0; j <= n.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= key.size(); ++i) {
+      size_t diag = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= n.size(); ++j) {
+        const size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (key[i - 1] == n[j - 1] ? 0 : 1)});
+        diag = up;
+      }
+    }
+    if (row[n.size()] < best_d) best_d = row[n.size()], best = n;
+  }
+  return best;
+}
+
 // One model fact by its Megatron name: the checkpoint's args.<key>, or --model-config's; both given
 // must agree. nullopt where neither says it.
 class Facts {
  public:
-  Facts(const reshard::Source& S, const reshard::ExportOptions& o) : S_(S), o_(o) {}
+  Facts(const reshard::Source& S, const reshard::ExportOptions& o) : S_(S), o_(o) {
+    if (!o.model_config.is_object()) return;
+    for (const auto& [key, value] : o.model_config.items()) {
+      auto k = std::find_if(Keys().begin(), Keys().end(), [&](const Key& x) { return key == x.name; });
+      if (k == Keys().end()) {
+        const std::string near = Closest(key);
+        std::string known;
+        for (const Key& x : Keys()) known += (known.empty() ? "" : ", ") + std::string(x.name);
+        throw Error(o.model_config_path + ": unknown model fact '" + key + "'" + (near.empty() ? "" : " (did you mean '" + near + "'?)") +
+                    "; the facts, by Megatron's argument names: " + known);
+      }
+      if (!value.is_null() && !OfType(value, k->type))
+        throw Error(o.model_config_path + ": " + key + " is " + value.dump() + ", not " + TypeName(k->type) + " (" + k->meaning + ")");
+    }
+  }
 
   std::optional<json> Get(const char* key) const {
     std::optional<json> from_args;
@@ -38,12 +120,18 @@ class Facts {
                   from_args->dump() + " (" + S_.reader->dir() + "/" + S_.model_file + ")");
     return from_args ? from_args : from_file;
   }
-
-  int64_t Int(const char* key, const char* what) const {
+  std::optional<int64_t> Int(const char* key) const {
     auto v = Get(key);
-    if (!v) throw Missing(key, what);
-    if (!v->is_number_integer()) throw Error(Where(key) + ": " + key + " is " + v->dump() + ", not an integer");
-    return v->get<int64_t>();
+    if (v && !v->is_number_integer()) throw Error(Where(key) + ": " + key + " is " + v->dump() + ", not an integer");
+    return v ? std::optional<int64_t>(v->get<int64_t>()) : std::nullopt;
+  }
+  std::optional<bool> Flag(const char* key) const {
+    auto v = Get(key);
+    return v && v->is_boolean() ? std::optional<bool>(v->get<bool>()) : std::nullopt;
+  }
+  std::string Str(const char* key) const {
+    auto v = Get(key);
+    return v && v->is_string() ? v->get<std::string>() : "";
   }
   double Number(const char* key, double otherwise, std::vector<std::string>& notes, const char* why) const {
     auto v = Get(key);
@@ -53,20 +141,6 @@ class Facts {
     }
     if (!v->is_number()) throw Error(Where(key) + ": " + key + " is " + v->dump() + ", not a number");
     return v->get<double>();
-  }
-  bool Flag(const char* key, bool otherwise) const {
-    auto v = Get(key);
-    return v && v->is_boolean() ? v->get<bool>() : otherwise;
-  }
-  std::string Str(const char* key) const {
-    auto v = Get(key);
-    return v && v->is_string() ? v->get<std::string>() : "";
-  }
-
-  Error Missing(const char* key, const char* what) const {
-    return Error(S_.reader->dir() + ": the checkpoint does not say the model's " + what + " (Megatron's args." + key +
-                 "; a plain DeepSpeed engine saves no args): give it in --model-config FILE, a JSON object such as "
-                 "{\"" + key + "\": ...} with Megatron's argument names");
   }
 
  private:
@@ -81,10 +155,10 @@ class Facts {
   const reshard::ExportOptions& o_;
 };
 
-bool HasParam(const reshard::Source& S, const std::regex& re) {
+const reshard::Atom* FirstParam(const reshard::Source& S, const std::regex& re) {
   for (const auto& a : S.atoms)
-    if (std::regex_match(a.name, re)) return true;
-  return false;
+    if (std::regex_match(a.name, re)) return &a;
+  return nullptr;
 }
 
 }  // namespace
@@ -95,56 +169,104 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
   if (S.manifest["source"].value("moe", false))
     throw Error(dir + ": a Mixture-of-Experts model (DeepSpeed MoE experts): ucp-reshard --format hf writes dense "
                 "LlamaForCausalLM models; the Mixtral layout is not written yet");
-  // What LlamaForCausalLM computes, each checked against what the checkpoint says; every difference
-  // is listed, for a model that is not one.
-  std::vector<std::string> differs;
-  const std::string norm = f.Str("normalization");
-  if (norm.empty()) throw f.Missing("normalization", "normalization (layernorm or rmsnorm)");
-  if (norm != "rmsnorm") differs.push_back("normalization '" + norm + "' (LlamaForCausalLM: RMSNorm)");
-  if (!f.Get("swiglu")) throw f.Missing("swiglu", "MLP activation (swiglu true or false)");
-  if (!f.Flag("swiglu", false)) differs.push_back("a GeLU MLP, swiglu false (LlamaForCausalLM: SwiGLU)");
-  static const std::regex positions(R"(.*position_embeddings\.weight)");
-  const std::string pos = f.Str("position_embedding_type");
-  const bool learned = HasParam(S, positions);
-  if (learned || (!pos.empty() && pos != "rope")) {
-    differs.push_back(learned ? "learned absolute position embeddings (LlamaForCausalLM: rotary)"
-                              : "position_embedding_type '" + pos + "' (LlamaForCausalLM: rope)");
-  } else if (pos.empty() && !f.Flag("use_rotary_position_embeddings", false)) {
-    throw f.Missing("position_embedding_type", "position embeddings (no position_embeddings parameter, and neither "
-                    "position_embedding_type nor use_rotary_position_embeddings says rope)");
+  static const std::regex positions(R"(.*position_embeddings\.weight)"), norm_bias(R"(.*(layernorm|^\d+)\.bias)"),
+      embedding(R"(.*word_embeddings\.weight)"), up(R"(.*mlp\.dense_h_to_4h\.weight)"), down(R"(.*mlp\.dense_4h_to_h\.weight)"),
+      qkv(R"(.*self_attention\.query_key_value\.weight)");
+  const reshard::Atom* bias_on_norm = FirstParam(S, norm_bias);
+  const bool learned = FirstParam(S, positions) != nullptr;
+  const reshard::Atom *up_w = FirstParam(S, up), *down_w = FirstParam(S, down), *qkv_w = FirstParam(S, qkv),
+                      *embed = FirstParam(S, embedding);
+  std::vector<std::string> missing;  // every fact neither said nor shown by the weights, asked for at once
+  auto need = [&](const char* key) { missing.push_back(key); };
+
+  // What LlamaForCausalLM computes, each checked against what the checkpoint says or its weights
+  // show; every difference is listed, for a model that is not one.
+  std::string norm = f.Str("normalization");
+  if (norm.empty() && bias_on_norm) norm = "layernorm";  // RMSNorm has no bias
+  if (norm.empty()) need("normalization");
+  std::optional<bool> swiglu = f.Flag("swiglu");
+  if (!swiglu && up_w && down_w && up_w->shape.size() == 2 && down_w->shape.size() == 2) {
+    swiglu = up_w->shape[0] == 2 * down_w->shape[1];  // [gate; up] rows: twice the FFN width dense_4h_to_h reads
+    notes.push_back(std::string("swiglu is not in the checkpoint's args: ") + (*swiglu ? "true" : "false") + ", as " +
+                    up_w->name + " has " + (*swiglu ? "twice" : "as many as") + " the rows of the FFN width");
   }
+  if (!swiglu) need("swiglu");
+  const std::string pos = f.Str("position_embedding_type");
+  const bool rope = pos == "rope" || (pos.empty() && f.Flag("use_rotary_position_embeddings").value_or(false));
+  if (!learned && !rope && pos.empty()) need("position_embedding_type");
+
+  std::vector<std::string> differs;
+  if (!norm.empty() && norm != "rmsnorm") differs.push_back("normalization '" + norm + "' (LlamaForCausalLM: RMSNorm)");
+  if (swiglu && !*swiglu) differs.push_back("a GeLU MLP, swiglu false (LlamaForCausalLM: SwiGLU)");
+  if (learned) differs.push_back("learned absolute position embeddings (LlamaForCausalLM: rotary)");
+  else if (!pos.empty() && pos != "rope") differs.push_back("position_embedding_type '" + pos + "' (LlamaForCausalLM: rope)");
   if (auto p = f.Get("rotary_percent"); p && p->is_number() && p->get<double>() != 1.0)
     differs.push_back("rotary_percent " + p->dump() + " (LlamaForCausalLM rotates every dimension)");
-  for (const auto& a : S.atoms)
-    if (a.name.find("layernorm.bias") != std::string::npos) {
-      differs.push_back("a bias on its norms, '" + a.name + "' (RMSNorm has none)");
-      break;
-    }
+  if (bias_on_norm) differs.push_back("a bias on its norms, '" + bias_on_norm->name + "' (RMSNorm has none)");
   if (!differs.empty()) {
+    const std::string next = " Its fp32 weights are in the atomic checkpoint, one file per parameter (" + dir + "/zero/<name>/fp32.pt).";
     // GPT-2's shape (LayerNorm, learned positions, GeLU, one key-value head per query head) is said as such.
     auto kv = f.Get("num_key_value_heads"), q = f.Get("num_attention_heads");
-    if (norm == "layernorm" && learned && !f.Flag("swiglu", false) && (!kv || !q || *kv == *q))
+    if (norm == "layernorm" && learned && swiglu && !*swiglu && (!kv || !q || *kv == *q))
       throw Error(dir + ": a GPT-2-shaped model (LayerNorm, learned positions, GeLU): ucp-reshard --format hf does not "
                   "write GPT2LMHeadModel yet (its fused QKV layout and transposed Conv1D weights have no real checkpoint "
-                  "to be checked against here); it writes LlamaForCausalLM");
+                  "to be checked against here); it writes LlamaForCausalLM." + next);
     std::string all;
     for (const auto& d : differs) all += (all.empty() ? "" : "; ") + d;
     throw Error(dir + ": not a model transformers has a class for: " + all + ". ucp-reshard --format hf writes "
-                "LlamaForCausalLM (RMSNorm, rotary, SwiGLU); it does not guess another architecture");
+                "LlamaForCausalLM (RMSNorm, rotary, SwiGLU); it does not guess another architecture, and no other "
+                "class is written yet." + next);
   }
 
+  // The sizes: said, or read off the weights (and said so in a note).
   LlamaFacts m;
-  m.hidden = f.Int("hidden_size", "hidden size");
-  m.layers = f.Int("num_layers", "layer count");
-  m.heads = f.Int("num_attention_heads", "attention head count");
-  m.kv_heads = m.heads;
-  if (auto kv = f.Get("num_key_value_heads"); kv && kv->is_number_integer()) m.kv_heads = kv->get<int64_t>();
-  else if (f.Flag("group_query_attention", false)) m.kv_heads = f.Int("num_query_groups", "key-value head count");
-  m.head_dim = m.heads > 0 ? m.hidden / m.heads : 0;
-  if (auto kv = f.Get("kv_channels"); kv && kv->is_number_integer()) m.head_dim = kv->get<int64_t>();
-  m.ffn = f.Int("ffn_hidden_size", "FFN width");
-  if (auto mp = f.Get("max_position_embeddings"); mp && mp->is_number_integer()) m.max_positions = mp->get<int64_t>();
-  else m.max_positions = f.Int("seq_length", "maximum sequence length (max_position_embeddings)");
+  auto derived = [&](const char* key, int64_t value, const std::string& how) {
+    notes.push_back(std::string(key) + " is not in the checkpoint's args: " + std::to_string(value) + ", from " + how);
+    return value;
+  };
+  if (auto v = f.Int("hidden_size")) m.hidden = *v;
+  else if (embed && embed->shape.size() == 2) m.hidden = derived("hidden_size", embed->shape[1], embed->name + "'s columns");
+  else need("hidden_size");
+  if (auto v = f.Int("num_layers")) {
+    m.layers = *v;
+  } else {
+    std::vector<std::string> names;
+    for (const auto& a : S.atoms) names.push_back(a.name);
+    const auto naming = S.manifest["source"].value("naming", "") == "plain" ? reshard::Naming::Plain : reshard::Naming::Pipe;
+    m.layers = derived("num_layers", reshard::LayerCountOf(names, naming), "the parameter names");
+  }
+  if (auto v = f.Int("num_attention_heads")) m.heads = *v;
+  else need("num_attention_heads");
+  if (auto v = f.Int("kv_channels")) m.head_dim = *v;
+  else if (m.heads > 0) m.head_dim = m.hidden / m.heads;
+  if (auto v = f.Int("num_key_value_heads")) m.kv_heads = *v;
+  else if (f.Flag("group_query_attention").value_or(false)) m.kv_heads = f.Int("num_query_groups").value_or(0);
+  else if (qkv_w && qkv_w->sub_param_sizes.size() == 3 && m.head_dim > 0)
+    m.kv_heads = derived("num_key_value_heads", qkv_w->sub_param_sizes[1] / m.head_dim, qkv_w->name + "'s sub-parameter sizes");
+  else m.kv_heads = m.heads;
+  if (auto v = f.Int("ffn_hidden_size")) m.ffn = *v;
+  else if (down_w && down_w->shape.size() == 2) m.ffn = derived("ffn_hidden_size", down_w->shape[1], down_w->name + "'s columns");
+  else need("ffn_hidden_size");
+  if (auto v = f.Int("max_position_embeddings")) m.max_positions = *v;
+  else if (auto s = f.Int("seq_length")) m.max_positions = *s;
+  else need("max_position_embeddings");
+  // Megatron-DeepSpeed's defaults stand where its args leave a value out (releases without the key);
+  // a checkpoint without args at all could be any model: asked for.
+  const bool has_args = S.model_states.root && S.model_states.root->Get("args");
+  for (const char* key : {"layernorm_epsilon", "rope_theta"})
+    if (!has_args && !f.Get(key)) need(key);
+  if (!missing.empty()) {
+    std::string list, example;
+    for (const std::string& k : missing) {
+      const Key& key = *std::find_if(Keys().begin(), Keys().end(), [&](const Key& x) { return k == x.name; });
+      list += (list.empty() ? "" : ", ") + k + " (" + key.meaning + ")";
+      const std::string value = k == "normalization" ? "\"rmsnorm\"" : k == "position_embedding_type" ? "\"rope\"" :
+                                k == "swiglu" ? "true" : k == "layernorm_epsilon" ? "1e-5" : k == "rope_theta" ? "10000.0" : "...";
+      example += (example.empty() ? "" : ", ") + ("\"" + k + "\": " + value);
+    }
+    throw Error(dir + ": the checkpoint does not say " + list + " (Megatron's args hold them; a plain DeepSpeed engine "
+                "saves none): give them in --model-config FILE, a JSON object such as {" + example + "}");
+  }
   if (m.hidden <= 0 || m.layers <= 0 || m.heads <= 0 || m.kv_heads <= 0 || m.head_dim <= 0 || m.ffn <= 0 ||
       m.max_positions <= 0 || m.heads % m.kv_heads != 0)
     throw Error(dir + ": the model's sizes do not describe a model: hidden " + std::to_string(m.hidden) + ", " +
@@ -158,16 +280,17 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
   static const std::regex output(R"(^(language_model\.output_layer|\d+\.lm_head)\.weight$)"),
       qkv_bias(R"(.*query_key_value\.bias$)"), dense_bias(R"(.*self_attention\.dense\.bias$)"),
       up_bias(R"(.*dense_h_to_4h\.bias$)"), down_bias(R"(.*dense_4h_to_h\.bias$)");
-  m.tied = !HasParam(S, output);
-  if (auto untie = f.Get("untie_embeddings_and_output_weights"); untie && untie->is_boolean() && untie->get<bool>() == m.tied)
-    throw Error(dir + ": untie_embeddings_and_output_weights is " + untie->dump() + " but the checkpoint " +
+  auto has = [&](const std::regex& re) { return FirstParam(S, re) != nullptr; };
+  m.tied = !has(output);
+  if (auto untie = f.Flag("untie_embeddings_and_output_weights"); untie && *untie == m.tied)
+    throw Error(dir + ": untie_embeddings_and_output_weights is " + (*untie ? "true" : "false") + " but the checkpoint " +
                 (m.tied ? "has no output layer of its own" : "has an output layer apart from the word embedding"));
-  m.attention_bias = HasParam(S, qkv_bias);
-  m.mlp_bias = HasParam(S, up_bias);
-  if (m.attention_bias != HasParam(S, dense_bias) || m.mlp_bias != HasParam(S, down_bias))
+  m.attention_bias = has(qkv_bias);
+  m.mlp_bias = has(up_bias);
+  if (m.attention_bias != has(dense_bias) || m.mlp_bias != has(down_bias))
     throw Error(dir + ": biases on some of a block's linear layers only (query_key_value " + (m.attention_bias ? "has" : "has not") +
-                ", dense " + (HasParam(S, dense_bias) ? "has" : "has not") + "; dense_h_to_4h " + (m.mlp_bias ? "has" : "has not") +
-                ", dense_4h_to_h " + (HasParam(S, down_bias) ? "has" : "has not") + "): LlamaForCausalLM's attention_bias and "
+                ", dense " + (has(dense_bias) ? "has" : "has not") + "; dense_h_to_4h " + (m.mlp_bias ? "has" : "has not") +
+                ", dense_4h_to_h " + (has(down_bias) ? "has" : "has not") + "): LlamaForCausalLM's attention_bias and "
                 "mlp_bias each cover both");
   return m;
 }

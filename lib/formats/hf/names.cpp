@@ -103,7 +103,11 @@ std::vector<ExportTensor> LlamaTensors(const reshard::Source& S, const LlamaFact
     const int atom = static_cast<int>(i);
     const std::vector<int64_t>& shape = a.shape;
     auto expect = [&](std::vector<int64_t> want) {
-      if (shape != want) throw refuse(a.name, "shape " + Shape(shape) + ", the model's sizes give " + Shape(want));
+      if (shape != want)
+        throw refuse(a.name, "shape " + Shape(shape) + ", but the model's sizes (hidden " + std::to_string(m.hidden) + ", " +
+                                 std::to_string(m.heads) + " heads and " + std::to_string(m.kv_heads) + " key-value heads of " +
+                                 std::to_string(m.head_dim) + ", FFN " + std::to_string(m.ffn) + ") give " + Shape(want) +
+                                 ": check num_attention_heads, num_key_value_heads, kv_channels, ffn_hidden_size");
     };
     switch (slot->kind) {
       case Slot::Embedding:

@@ -1,0 +1,24 @@
+// What each rank of a ucp-reshard run reports (bytes read and written, peak RSS), gathered on rank 0
+// and summed there, for the summary line and --report, whatever the target.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ucp::reshard {
+
+// This process's peak resident set, in bytes.
+int64_t PeakRssBytes();
+
+struct RankTotals {
+  int64_t bytes_read = 0, bytes_written = 0, peak_rss = 0;  // sums; the largest peak
+  nlohmann::json per_rank = nlohmann::json::array();        // each rank's object, in rank order
+};
+
+// The gathered per-rank JSON objects (each with bytes_read, bytes_written, peak_rss_bytes) summed.
+RankTotals SumRanks(const std::vector<std::string>& gathered);
+
+}  // namespace ucp::reshard
