@@ -370,6 +370,8 @@ def main():
             else:
                 flags += [k, v]
         print("refused:", refused(reshard, atomic, work, flags, needle)[:110])
+    # No Hugging Face class is written for DeepSpeed's MoE experts (issue 30): refused by name.
+    print("refused:", refused(reshard, atomic, work, ["--format", "hf"], "Mixture-of-Experts")[:110])
     print("ok")
 
 
