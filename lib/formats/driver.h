@@ -41,6 +41,9 @@ struct TargetDriver {
   // renames), values from `rows`. Both null for a training-layout target.
   reshard::ExportPlan (*plan_export)(const reshard::Source& S, const reshard::ExportOptions& options);
   void (*write_file)(const reshard::ExportPlan& P, size_t f, reshard::RowSource& rows, const std::string& path);
+  // A model target's refusals that need no atomic checkpoint, from a source checkpoint's index (names,
+  // shapes, args): a model it would refuse is refused before a conversion is made for it. May be null.
+  void (*check_source)(const source::SourceIndex& L, const reshard::ExportOptions& options);
 };
 
 // The rows, each defined in its format's folder (formats/<name>/driver.cpp); the registry's tables

@@ -181,8 +181,10 @@ int64_t FolderBytes(const std::string& dir) {
 // What the reshard after a conversion would refuse, refused before the conversion is done for
 // nothing: a TP degree (`tp`; 0: not known yet) the model's heads or FFN width do not divide.
 // Throws ucp::Error in the reshard's words.
-void RefuseBeforeConversion(const Current& current, int tp) {
+void RefuseBeforeConversion(const Current& current, int tp, const InPlaceOptions& o) {
   const source::SourceIndex L = formats::IndexSource(current.dir);
+  // A target that judges the model itself (a model export) says now what it would refuse after.
+  if (const formats::TargetDriver& d = formats::FindTarget(o.reshard.format); d.check_source) d.check_source(L, o.reshard.model);
   ModelFacts facts;
   facts.heads = std::max<int64_t>(0, L.Fact("num_attention_heads"));
   facts.kv_heads = std::max<int64_t>(0, L.Fact("num_key_value_heads"));
@@ -223,7 +225,7 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
         const Source S = LoadSource(atomic);
         MakePlan(S, ResolveModel(S, target), 1, 0);
       } else if (!reuse) {
-        RefuseBeforeConversion(current, known ? target.tp : 0);
+        RefuseBeforeConversion(current, known ? target.tp : 0, o);
       }
       if (known) {
         if (target.grad_accum_dtype.empty() && current.layout_known) target.grad_accum_dtype = current.layout.grad_accum_dtype;
@@ -294,7 +296,7 @@ std::string AtomicOfTag(const InPlaceOptions& o, const std::string& root, const 
           << atomic << (current.deepspeed_universal ? " (read-only)" : "") << "\n";
     return atomic;
   }
-  error = Capture([&] { RefuseBeforeConversion(current, refuse_tp); });
+  error = Capture([&] { RefuseBeforeConversion(current, refuse_tp, o); });
   if (AnyFailed(comm, error, err, kTool)) return "";
   if (talk) err << kTool << ": " << was << ": converting it into " << atomic << "\n";
   convert::ConvertOptions c;
@@ -321,7 +323,9 @@ int RunFromRoot(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out,
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;
   ReshardOptions r = o.reshard;
-  if (o.plan_only && !reusable) {  // nothing to plan from before the conversion: what would happen
+  if (o.plan_only && !reusable) {  // nothing to plan from before the conversion: what would happen, or its refusal
+    error = Capture([&] { RefuseBeforeConversion(current, 0, o); });
+    if (AnyFailed(comm, error, err, kTool)) return 1;
     if (comm.rank() == 0) {
       const nlohmann::json j = {{"root", root}, {"latest", current.tag}, {"kind", current.kind},
                                 {"atomic", root + "/" + current.atomic}, {"convert", true}};

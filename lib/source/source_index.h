@@ -104,6 +104,7 @@ struct SourceIndex {
   // keeps (patterns/rules.h reads it), or nullptr.
   pt::ValuePtr universal_checkpoint_info;
   std::map<std::string, int64_t> model_facts;  // integer model hyper-parameters (hidden_size, ...)
+  pt::ValuePtr args;                           // Megatron's args (an argparse.Namespace), or nullptr
   std::shared_ptr<const void> keep_alive;      // what the values above point into
   int64_t zero_padding_elements = 0;           // alignment padding over all data files
   std::vector<std::string> errors;    // unreadable or malformed files: always fatal

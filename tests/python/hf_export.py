@@ -177,6 +177,14 @@ if not llama_shaped():
     # What the weights show (norm biases, a position table) refuses it before any fact is asked for.
     refused("a GPT-style model", [], ["normalization 'layernorm'", "LlamaForCausalLM", "learned absolute position",
                                       "fp32.pt"])
+    # From a training run's root with nothing to reuse: refused before a conversion is made for nothing.
+    root = os.path.join(WORK, "root")
+    shutil.copytree(os.path.join(CASE_DIR, "ckpt"), root, ignore=shutil.ignore_patterns("*_universal", "latest_universal"))
+    for args in ([], ["--plan-only"]):
+        r = run([root, "-o", os.path.join(WORK, "from_root"), "--format", "hf"] + args)
+        check(f"from its root{' (--plan-only)' if args else ''}: refused before converting", r.returncode == 1 and
+              "LlamaForCausalLM" in r.stderr and sorted(os.listdir(root)) == ["global_step6", "latest"] and
+              not os.path.exists(os.path.join(WORK, "from_root")), f"{os.listdir(root)} {r.stderr[-300:]}")
     print(f"{CASE}: {len(problems)} problems")
     sys.exit(1 if problems else 0)
 

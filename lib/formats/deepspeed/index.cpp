@@ -830,6 +830,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     }
   };
   const pt::ValuePtr args = root.Get("args");  // Megatron's argparse.Namespace
+  L.args = args;
   if (args)
     for (const char* key : {"num_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "kv_channels",
                             "ffn_hidden_size", "padded_vocab_size", "make_vocab_size_divisible_by"})

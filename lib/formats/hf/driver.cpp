@@ -34,6 +34,21 @@ reshard::ExportPlan PlanHuggingFace(const reshard::Source& S, const reshard::Exp
   return P;
 }
 
+void CheckHuggingFaceSource(const source::SourceIndex& L, const reshard::ExportOptions& o) {
+  hf::ModelView v;
+  v.dir = L.root;
+  v.args_file = L.root + "/" + L.tag + " (model-states file)";
+  v.arg = [&L](const char* key) -> const pt::Value* {
+    auto a = L.args ? L.args->Get(key) : nullptr;
+    return a ? a.get() : nullptr;
+  };
+  v.moe = L.moe;
+  for (const auto& p : L.params)
+    if (!p.tp_shape.empty()) v.params.emplace_back(p.name, p.tp_shape.begin()->second);
+  std::vector<std::string> notes;
+  hf::RefuseUnlessLlama(v, o, notes);
+}
+
 }  // namespace
 
 const TargetDriver& HuggingFaceTarget() {
@@ -43,7 +58,7 @@ const TargetDriver& HuggingFaceTarget() {
      "tensors split as the checkpoint's sub-parameter shapes say, vocabulary padding removed; fp32 weights in the "
      "source's dtype unless --dtype; loaded by from_pretrained",
      "config.json, model-NNNNN-of-NNNNN.safetensors, model.safetensors.index.json (written last)",
-     nullptr, PlanHuggingFace, hf::WriteSafetensors};
+     nullptr, PlanHuggingFace, hf::WriteSafetensors, CheckHuggingFaceSource};
   return driver;
 }
 

@@ -85,7 +85,7 @@ std::string Closest(const std::string& key) {
 // must agree. nullopt where neither says it.
 class Facts {
  public:
-  Facts(const reshard::Source& S, const reshard::ExportOptions& o) : S_(S), o_(o) {
+  Facts(const ModelView& v, const reshard::ExportOptions& o) : v_(v), o_(o) {
     if (!o.model_config.is_object()) return;
     for (const auto& [key, value] : o.model_config.items()) {
       auto k = std::find_if(Keys().begin(), Keys().end(), [&](const Key& x) { return key == x.name; });
@@ -103,7 +103,7 @@ class Facts {
 
   std::optional<json> Get(const char* key) const {
     std::optional<json> from_args;
-    if (const Value* v = reshard::ArgOf(S_, key)) {
+    if (const Value* v = v_.arg ? v_.arg(key) : nullptr) {
       switch (v->kind) {
         case Value::Kind::Bool: from_args = v->b; break;
         case Value::Kind::Int: from_args = v->i; break;
@@ -117,7 +117,7 @@ class Facts {
       from_file = o_.model_config[key];
     if (from_args && from_file && !Same(*from_args, *from_file))
       throw Error(o_.model_config_path + ": " + key + " is " + from_file->dump() + " but the checkpoint's args say " +
-                  from_args->dump() + " (" + S_.reader->dir() + "/" + S_.model_file + ")");
+                  from_args->dump() + " (" + v_.args_file + ")");
     return from_args ? from_args : from_file;
   }
   std::optional<int64_t> Int(const char* key) const {
@@ -149,9 +149,9 @@ class Facts {
     return a == b;
   }
   std::string Where(const char* key) const {
-    return reshard::ArgOf(S_, key) ? S_.reader->dir() + "/" + S_.model_file + ": args" : o_.model_config_path;
+    return v_.arg && v_.arg(key) ? v_.args_file + ": args" : o_.model_config_path;
   }
-  const reshard::Source& S_;
+  const ModelView& v_;
   const reshard::ExportOptions& o_;
 };
 
@@ -160,41 +160,48 @@ const reshard::Atom* FirstParam(const reshard::Source& S, const std::regex& re) 
     if (std::regex_match(a.name, re)) return &a;
   return nullptr;
 }
+const std::pair<std::string, std::vector<int64_t>>* FirstParam(const ModelView& v, const std::regex& re) {
+  for (const auto& p : v.params)
+    if (std::regex_match(p.first, re)) return &p;
+  return nullptr;
+}
+
+ModelView ViewOf(const reshard::Source& S) {
+  ModelView v;
+  v.dir = S.reader->dir();
+  v.args_file = S.reader->dir() + "/" + S.model_file;
+  v.arg = [&S](const char* key) { return reshard::ArgOf(S, key); };
+  v.moe = S.manifest["source"].value("moe", false);
+  for (const auto& a : S.atoms) v.params.emplace_back(a.name, a.shape);
+  return v;
+}
 
 }  // namespace
 
-LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& o, std::vector<std::string>& notes) {
-  const Facts f(S, o);
-  const std::string dir = S.reader->dir();
-  if (S.manifest["source"].value("moe", false))
+void RefuseUnlessLlama(const ModelView& v, const reshard::ExportOptions& o, std::vector<std::string>& notes) {
+  const Facts f(v, o);
+  const std::string& dir = v.dir;
+  if (v.moe)
     throw Error(dir + ": a Mixture-of-Experts model (DeepSpeed MoE experts): ucp-reshard --format hf writes dense "
                 "LlamaForCausalLM models; the Mixtral layout is not written yet");
   static const std::regex positions(R"(.*position_embeddings\.weight)"), norm_bias(R"(.*(layernorm|^\d+)\.bias)"),
-      embedding(R"(.*word_embeddings\.weight)"), up(R"(.*mlp\.dense_h_to_4h\.weight)"), down(R"(.*mlp\.dense_4h_to_h\.weight)"),
-      qkv(R"(.*self_attention\.query_key_value\.weight)");
-  const reshard::Atom* bias_on_norm = FirstParam(S, norm_bias);
-  const bool learned = FirstParam(S, positions) != nullptr;
-  const reshard::Atom *up_w = FirstParam(S, up), *down_w = FirstParam(S, down), *qkv_w = FirstParam(S, qkv),
-                      *embed = FirstParam(S, embedding);
-  std::vector<std::string> missing;  // every fact neither said nor shown by the weights, asked for at once
-  auto need = [&](const char* key) { missing.push_back(key); };
+      up(R"(.*mlp\.dense_h_to_4h\.weight)"), down(R"(.*mlp\.dense_4h_to_h\.weight)");
+  const auto* bias_on_norm = FirstParam(v, norm_bias);
+  const bool learned = FirstParam(v, positions) != nullptr;
+  const auto *up_w = FirstParam(v, up), *down_w = FirstParam(v, down);
 
   // What LlamaForCausalLM computes, each checked against what the checkpoint says or its weights
-  // show; every difference is listed, for a model that is not one.
+  // show; every difference is listed, for a model that is not one. (A fact neither says is asked
+  // for by LlamaFactsOf, with the sizes.)
   std::string norm = f.Str("normalization");
   if (norm.empty() && bias_on_norm) norm = "layernorm";  // RMSNorm has no bias
-  if (norm.empty()) need("normalization");
   std::optional<bool> swiglu = f.Flag("swiglu");
-  if (!swiglu && up_w && down_w && up_w->shape.size() == 2 && down_w->shape.size() == 2) {
-    swiglu = up_w->shape[0] == 2 * down_w->shape[1];  // [gate; up] rows: twice the FFN width dense_4h_to_h reads
+  if (!swiglu && up_w && down_w && up_w->second.size() == 2 && down_w->second.size() == 2) {
+    swiglu = up_w->second[0] == 2 * down_w->second[1];  // [gate; up] rows: twice the FFN width dense_4h_to_h reads
     notes.push_back(std::string("swiglu is not in the checkpoint's args: ") + (*swiglu ? "true" : "false") + ", as " +
-                    up_w->name + " has " + (*swiglu ? "twice" : "as many as") + " the rows of the FFN width");
+                    up_w->first + " has " + (*swiglu ? "twice" : "as many as") + " the rows of the FFN width");
   }
-  if (!swiglu) need("swiglu");
   const std::string pos = f.Str("position_embedding_type");
-  const bool rope = pos == "rope" || (pos.empty() && f.Flag("use_rotary_position_embeddings").value_or(false));
-  if (!learned && !rope && pos.empty()) need("position_embedding_type");
-
   std::vector<std::string> differs;
   if (!norm.empty() && norm != "rmsnorm") differs.push_back("normalization '" + norm + "' (LlamaForCausalLM: RMSNorm)");
   if (swiglu && !*swiglu) differs.push_back("a GeLU MLP, swiglu false (LlamaForCausalLM: SwiGLU)");
@@ -202,21 +209,37 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
   else if (!pos.empty() && pos != "rope") differs.push_back("position_embedding_type '" + pos + "' (LlamaForCausalLM: rope)");
   if (auto p = f.Get("rotary_percent"); p && p->is_number() && p->get<double>() != 1.0)
     differs.push_back("rotary_percent " + p->dump() + " (LlamaForCausalLM rotates every dimension)");
-  if (bias_on_norm) differs.push_back("a bias on its norms, '" + bias_on_norm->name + "' (RMSNorm has none)");
-  if (!differs.empty()) {
-    const std::string next = " Its fp32 weights are in the atomic checkpoint, one file per parameter (" + dir + "/zero/<name>/fp32.pt).";
-    // GPT-2's shape (LayerNorm, learned positions, GeLU, one key-value head per query head) is said as such.
-    auto kv = f.Get("num_key_value_heads"), q = f.Get("num_attention_heads");
-    if (norm == "layernorm" && learned && swiglu && !*swiglu && (!kv || !q || *kv == *q))
-      throw Error(dir + ": a GPT-2-shaped model (LayerNorm, learned positions, GeLU): ucp-reshard --format hf does not "
-                  "write GPT2LMHeadModel yet (its fused QKV layout and transposed Conv1D weights have no real checkpoint "
-                  "to be checked against here); it writes LlamaForCausalLM." + next);
-    std::string all;
-    for (const auto& d : differs) all += (all.empty() ? "" : "; ") + d;
-    throw Error(dir + ": not a model transformers has a class for: " + all + ". ucp-reshard --format hf writes "
-                "LlamaForCausalLM (RMSNorm, rotary, SwiGLU); it does not guess another architecture, and no other "
-                "class is written yet." + next);
-  }
+  if (bias_on_norm) differs.push_back("a bias on its norms, '" + bias_on_norm->first + "' (RMSNorm has none)");
+  if (differs.empty()) return;
+  const std::string next = " ucp-convert's atomic checkpoint holds its fp32 weights, one file per parameter (zero/<name>/fp32.pt).";
+  // GPT-2's shape (LayerNorm, learned positions, GeLU, one key-value head per query head) is said as such.
+  auto kv = f.Get("num_key_value_heads"), q = f.Get("num_attention_heads");
+  if (norm == "layernorm" && learned && swiglu && !*swiglu && (!kv || !q || *kv == *q))
+    throw Error(dir + ": a GPT-2-shaped model (LayerNorm, learned positions, GeLU): ucp-reshard --format hf does not "
+                "write GPT2LMHeadModel yet (its fused QKV layout and transposed Conv1D weights have no real checkpoint "
+                "to be checked against here); it writes LlamaForCausalLM." + next);
+  std::string all;
+  for (const auto& d : differs) all += (all.empty() ? "" : "; ") + d;
+  throw Error(dir + ": not a model transformers has a class for: " + all + ". ucp-reshard --format hf writes "
+              "LlamaForCausalLM (RMSNorm, rotary, SwiGLU); it does not guess another architecture, and no other "
+              "class is written yet." + next);
+}
+
+LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& o, std::vector<std::string>& notes) {
+  const ModelView view = ViewOf(S);
+  RefuseUnlessLlama(view, o, notes);
+  const Facts f(view, o);
+  const std::string dir = S.reader->dir();
+  static const std::regex embedding(R"(.*word_embeddings\.weight)"), up(R"(.*mlp\.dense_h_to_4h\.weight)"),
+      down(R"(.*mlp\.dense_4h_to_h\.weight)"), qkv(R"(.*self_attention\.query_key_value\.weight)");
+  const reshard::Atom *up_w = FirstParam(S, up), *down_w = FirstParam(S, down), *qkv_w = FirstParam(S, qkv),
+                      *embed = FirstParam(S, embedding);
+  std::vector<std::string> missing;  // every fact neither said nor shown by the weights, asked for at once
+  auto need = [&](const char* key) { missing.push_back(key); };
+  if (f.Str("normalization").empty()) need("normalization");
+  if (!f.Flag("swiglu") && !(up_w && down_w)) need("swiglu");
+  const bool rope = f.Str("position_embedding_type") == "rope" || f.Flag("use_rotary_position_embeddings").value_or(false);
+  if (!rope) need("position_embedding_type");
 
   // The sizes: said, or read off the weights (and said so in a note).
   LlamaFacts m;

@@ -6,12 +6,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "target/export_plan.h"
+#include "pt/value.h"
 #include "target/reshard_plan.h"
 
 namespace ucp::formats::hf {
@@ -23,6 +26,23 @@ struct LlamaFacts {
   double norm_eps = 1e-5, rope_theta = 10000.0;
   bool tied = false, attention_bias = false, mlp_bias = false;
 };
+
+// What the class is judged by, from either side of a conversion: parameter names with a shape each
+// (an atomic checkpoint's, or a source checkpoint's TP-local ones: only row ratios are read), the
+// Megatron args, Mixture of Experts or not.
+struct ModelView {
+  std::string dir;        // for messages
+  std::string args_file;  // where `arg` reads from, for messages
+  std::function<const pt::Value*(const char*)> arg;  // Megatron's args.<key>, or nullptr
+  bool moe = false;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> params;
+};
+
+// Refuses, naming every difference, a model LlamaForCausalLM does not compute (by what the weights
+// show or the args and --model-config say), and a --model-config with an unknown key or a value of
+// the wrong type. What it read off the weights is said in `notes`. Cheap: names, shapes and args
+// only, so that a model the export would refuse is refused before a conversion.
+void RefuseUnlessLlama(const ModelView& view, const reshard::ExportOptions& options, std::vector<std::string>& notes);
 
 // The facts of the source's model; throws ucp::Error naming the fact (and --model-config) where
 // neither the checkpoint nor the file says it, and naming the feature where the model is not one
