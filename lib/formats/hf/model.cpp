@@ -87,7 +87,9 @@ class Facts {
  public:
   Facts(const ModelView& v, const reshard::ExportOptions& o) : v_(v), o_(o) {
     if (!o.model_config.is_object()) return;
-    for (const auto& [key, value] : o.model_config.items()) {
+    for (const auto& item : o.model_config.items()) {
+      const std::string key = item.key();
+      const json& value = item.value();
       auto k = std::find_if(Keys().begin(), Keys().end(), [&](const Key& x) { return key == x.name; });
       if (k == Keys().end()) {
         const std::string near = Closest(key);
