@@ -37,7 +37,7 @@ reshard::ExportPlan PlanHuggingFace(const reshard::Source& S, const reshard::Exp
 void CheckHuggingFaceSource(const source::SourceIndex& L, const reshard::ExportOptions& o) {
   hf::ModelView v;
   v.dir = L.root;
-  v.args_file = L.root + "/" + L.tag + " (model-states file)";
+  v.args_file = L.dir + " (its model-states file)";
   v.arg = [&L](const char* key) -> const pt::Value* {
     auto a = L.args ? L.args->Get(key) : nullptr;
     return a ? a.get() : nullptr;
