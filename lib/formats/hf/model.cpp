@@ -100,6 +100,7 @@ class Facts {
       }
       if (!value.is_null() && !OfType(value, k->type))
         throw Error(o.model_config_path + ": " + key + " is " + value.dump() + ", not " + TypeName(k->type) + " (" + k->meaning + ")");
+      Get(k->name);  // a value the checkpoint's args also give must agree: refused now, not after a conversion
     }
   }
 
