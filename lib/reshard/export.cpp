@@ -151,16 +151,9 @@ int RunExport(const ReshardOptions& o, const formats::TargetDriver& driver, shuf
   if (rank == 0) {
     const RankTotals t = SumRanks(per_rank);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!o.report_path.empty()) {
-      json report = {{"atomic", o.atomic_dir}, {"format", driver.name}, {"model", P.model}, {"dtype", P.dtype},
-                     {"output", o.output}, {"ranks", ranks}, {"seconds", secs}, {"bytes_read", t.bytes_read},
-                     {"bytes_written", t.bytes_written}, {"files", P.files.size()}, {"per_rank", t.per_rank}};
-      error = Capture([&] { WriteFileAtomically(o.report_path, report.dump(1) + "\n"); });
-      if (!error.empty()) {
-        err << kTool << ": error: " << error << std::endl;
-        return 1;
-      }
-    }
+    if (!WriteReport(o.report_path, {{"atomic", o.atomic_dir}, {"format", driver.name}, {"model", P.model}, {"dtype", P.dtype},
+                                         {"output", o.output}, {"ranks", ranks}, {"seconds", secs}, {"bytes_read", t.bytes_read},
+                                         {"bytes_written", t.bytes_written}, {"files", P.files.size()}, {"per_rank", t.per_rank}}, err, kTool)) return 1;
     if (talk) {
       char buf[256];
       std::snprintf(buf, sizeof buf, "%s: wrote %s: %s in %zu file%s (read %s) in %.2fs, peak RSS %s per rank\n", kTool,

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 
+#include "core/atomic_file.h"
+#include "shuffle/agree.h"
+
 namespace ucp::reshard {
 
 int64_t PeakRssBytes() {
@@ -21,6 +24,14 @@ RankTotals SumRanks(const std::vector<std::string>& gathered) {
     t.per_rank.push_back(std::move(j));
   }
   return t;
+}
+
+bool WriteReport(const std::string& path, const nlohmann::json& report, std::ostream& err, const char* tool) {
+  if (path.empty()) return true;
+  const std::string error = shuffle::Capture([&] { WriteFileAtomically(path, report.dump(1) + "\n"); });
+  if (error.empty()) return true;
+  err << tool << ": error: " << error << std::endl;
+  return false;
 }
 
 }  // namespace ucp::reshard

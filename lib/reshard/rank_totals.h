@@ -1,8 +1,9 @@
 // What each rank of a ucp-reshard run reports (bytes read and written, peak RSS), gathered on rank 0
-// and summed there, for the summary line and --report, whatever the target.
+// and summed there, for the summary line and --report, whatever the target; and the --report file.
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -20,5 +21,9 @@ struct RankTotals {
 
 // The gathered per-rank JSON objects (each with bytes_read, bytes_written, peak_rss_bytes) summed.
 RankTotals SumRanks(const std::vector<std::string>& gathered);
+
+// --report: `report` written atomically to `path` (nothing when empty). False after printing the
+// error as `tool` does.
+bool WriteReport(const std::string& path, const nlohmann::json& report, std::ostream& err, const char* tool);
 
 }  // namespace ucp::reshard

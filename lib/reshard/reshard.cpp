@@ -415,16 +415,9 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
     const int64_t total = t.bytes_read, peak = t.peak_rss;
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double ratio = P.needed_bytes ? static_cast<double>(total) / static_cast<double>(P.needed_bytes) : 1.0;
-    if (!o.report_path.empty()) {
-      json report = {{"atomic", o.atomic_dir}, {"store", store::StoreName(S.reader->store())}, {"output", o.output},
-                     {"ranks", ranks}, {"seconds", secs}, {"bytes_read", total}, {"atomic_bytes", P.needed_bytes},
-                     {"read_ratio", ratio}, {"bytes_written", t.bytes_written}, {"per_rank", t.per_rank}};
-      error = Capture([&] { WriteFileAtomically(o.report_path, report.dump(1) + "\n"); });
-      if (!error.empty()) {
-        err << kTool << ": error: " << error << std::endl;
-        return 1;
-      }
-    }
+    if (!WriteReport(o.report_path, {{"atomic", o.atomic_dir}, {"store", store::StoreName(S.reader->store())}, {"output", o.output},
+                                         {"ranks", ranks}, {"seconds", secs}, {"bytes_read", total}, {"atomic_bytes", P.needed_bytes},
+                                         {"read_ratio", ratio}, {"bytes_written", t.bytes_written}, {"per_rank", t.per_rank}}, err, kTool)) return 1;
     if (talk) {
       char buf[256];
       std::snprintf(buf, sizeof buf, "%s: wrote %s: read %s (%.3fx the atomic tensors) in %.2fs, peak RSS %s per rank\n",
