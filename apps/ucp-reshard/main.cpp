@@ -63,13 +63,17 @@ int main(int argc, char** argv) {
       "  ucp-reshard ckpt/atomic --dp 2 --tp 2 --pp 1 --zero-stage 2 --dtype fp16 --plan-only --json\n"
       "  ucp-reshard ckpt/atomic -o new_ckpt --layout target.json --dp 8\n"
       "  mpirun -np 2 ucp-reshard ckpt/atomic -o hf_model --format hf [--dtype bf16] [--max-shard-size 5GB]\n"
-      "  ucp-reshard ckpt/atomic --gpus 96 --gpus-per-node 4 --gpu-memory 40G --plan-only\n"
+      "  ucp-reshard ckpt/atomic --gpus 96 --gpus-per-node 4 --gpu-memory 40G --plan-only\n"      "  ucp-reshard ckpt/atomic -o new_ckpt --dp 1 --sp 4 --tp 1 --pp 1 --zero-stage 1   Ulysses SP=4\n"
+      "  ucp-reshard ckpt/atomic --gpus 64 --seq-length 131072 --recompute full --plan-only   SP where the sequence needs it\n"
       "  mpirun -np 8 ucp-reshard /ckpt/run1 --in-place --gpus 96 --keep 2    in a job script, before training\n"
       "  ucp-reshard /ckpt/run1 --in-place --gpus 96 --plan-only [--json]     what that step would do; writes nothing\n\n"
-      "--gpus N chooses the layout: every dp x tp x pp = N with TP dividing the heads, the key-value heads and the\n"
-      "FFN width and staying within a node, PP at most the layers, each ZeRO stage DeepSpeed runs there; memory per\n"
-      "GPU = weights + gradients + optimizer states (per ZeRO stage) + an activation allowance; among those that\n"
-      "fit: the source's TP and PP first, then the fewest stages, the least ZeRO communication, the smallest TP."};
+      "--gpus N chooses the layout: every dp x sp x tp x pp = N with TP dividing the heads, the key-value heads and\n"
+      "the FFN width and staying within a node, SP (Ulysses, pp=1) dividing the query heads per TP rank and the\n"
+      "sequence, PP at most the layers, each ZeRO stage DeepSpeed runs there; memory per GPU = weights + gradients\n"
+      "+ optimizer states (per ZeRO stage) + activations (estimated from sequence length, micro-batch, hidden size,\n"
+      "heads and layers over TP x SP, Korthikanti et al. 2023, where known; else an allowance); among those that\n"
+      "fit: the source's TP and PP first, then the fewest stages, the smallest SP, the least ZeRO communication,\n"
+      "the smallest TP."};
   ucp::reshard::ReshardOptions o;
   auto& t = o.target;
   app.add_option("atomic", o.atomic_dir,
@@ -111,6 +115,10 @@ int main(int argc, char** argv) {
   LayoutFlag<int>(app, flags, "--dp", "dp", "data-parallel degree (required, here or in --layout)")->check(ucp::apps::AtLeast(1));
   LayoutFlag<int>(app, flags, "--tp", "tp", "tensor-parallel degree (required, here or in --layout)")->check(ucp::apps::AtLeast(1));
   LayoutFlag<int>(app, flags, "--pp", "pp", "pipeline-parallel degree (required, here or in --layout)")->check(ucp::apps::AtLeast(1));
+  LayoutFlag<int>(app, flags, "--sp", "sp",
+       "DeepSpeed Ulysses sequence-parallel degree: each of the --dp replicas runs on sp ranks (GPUs = dp x sp x tp x "
+       "pp), ZeRO partitions span dp x sp ranks; it divides the query heads per TP rank and the sequence length, "
+       "pp=1 (default: the source's, from its Megatron args, else 1)")->check(ucp::apps::AtLeast(1));
   LayoutFlag<int>(app, flags, "--zero-stage", "zero_stage",
        "ZeRO stage: 0 (without ZeRO: bf16 with DeepSpeed's BF16 optimizer; a Mixture-of-Experts model in fp32 with its "
        "torch optimizer, the state in expp_rank files), 1, 2, or 3 (pp=1) (required, here or in --layout)")
@@ -167,6 +175,21 @@ int main(int argc, char** argv) {
                  "with --gpus: memory per GPU set aside for activations and buffers (default a quarter of --gpu-memory)")
       ->transform(CLI::AsSizeValue(false))
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 50))
+      ->needs(gpus_flag);
+  app.add_option("--seq-length", g.seq_length,
+                 "with --gpus: the sequence length the job will train with, for the activation estimate (default: the "
+                 "checkpoint's args)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->needs(gpus_flag);
+  app.add_option("--micro-batch-size", g.micro_batch,
+                 "with --gpus: samples per micro-batch of one model replica, for the activation estimate (default: the "
+                 "checkpoint's args)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->needs(gpus_flag);
+  app.add_option("--recompute", g.recompute,
+                 "with --gpus: full (every layer's activations recomputed in the backward pass: only layer inputs kept) "
+                 "or none (default: the checkpoint's args, else none)")
+      ->check(CLI::IsMember({"full", "none"}))
       ->needs(gpus_flag);
   app.add_flag("--plan-only", o.plan_only,
                "print which rank writes what and the bytes it reads (with --gpus: the layouts considered); no data read");
@@ -247,7 +270,7 @@ int main(int argc, char** argv) {
     }
   if (g.gpus > 0) {
     g.base = t;
-    for (const char* key : {"dp", "tp", "pp", "zero_stage"})
+    for (const char* key : {"dp", "sp", "tp", "pp", "zero_stage"})
       if (std::find(given.begin(), given.end(), key) != given.end()) g.fixed.push_back(key);
   } else if (auto missing = ucp::reshard::MissingLayoutKeys(given); !missing.empty()) {
     std::string key = missing.front(), flag_name = key;

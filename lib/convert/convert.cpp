@@ -243,7 +243,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   phase_done("index_and_plan");
   if (talk) {
     err << "ucp-convert: " << L.framework << " " << (L.zero_stage == 3 ? "ZeRO-3" : "ZeRO-" + std::to_string(L.zero_stage))
-        << " (" << L.optimizer << ") " << L.dtype << " dp=" << L.dp << " tp=" << L.tp << " pp=" << L.pp
+        << " (" << L.optimizer << ") " << L.dtype << " " << source::DataParallelDegrees(L) << " tp=" << L.tp << " pp=" << L.pp
         << (L.moe ? " ep=" + std::to_string(L.ep) + " (Mixture of Experts)" : "") << ", DeepSpeed " << (L.ds_version.empty() ? "?" : L.ds_version) << ", universal_checkpoint_version "
         << (M.checkpoint_rules && M.checkpoint_rules->version ? VersionString(*M.checkpoint_rules->version) : "none")
         << "; " << plan.params.size() << " parameters; "

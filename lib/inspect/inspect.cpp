@@ -43,7 +43,8 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
   r["optimizer"] = L.optimizer;
   r["zero_stage"] = L.zero_stage;
   r["dtype"] = L.dtype;
-  r["degrees"] = {{"dp", L.dp}, {"tp", L.tp}, {"pp", L.pp}, {"ep", L.ep}};
+  // dp without SP; ZeRO partitions span dp x sp ranks (source_index.h).
+  r["degrees"] = {{"dp", L.DataParallel()}, {"sp", L.sp}, {"sp_recorded", L.sp_recorded}, {"tp", L.tp}, {"pp", L.pp}, {"ep", L.ep}};
   r["iteration"] = L.iteration;
   r["naming"] = L.naming;
   if (options.verify && L.errors.empty()) {  // what --verify read: every zip record of every file, CRC-32 checked
@@ -170,9 +171,12 @@ int RunInspect(const std::string& dir, const InspectOptions& options, std::ostre
         << "format       " << r["format"].get<std::string>() << "  (ucp-inspect --list-formats)\n"
         << "framework    " << r["framework"].get<std::string>() << "  (DeepSpeed " << r["ds_version"].get<std::string>()
         << ", " << r["naming"].get<std::string>() << " naming)\n"
-        << "layout       dp=" << d["dp"] << " tp=" << d["tp"] << " pp=" << d["pp"]
-        << (d["ep"] != 1 ? " ep=" + d["ep"].dump() : "") << "  ZeRO-" << r["zero_stage"]
-        << " (" << r["optimizer"].get<std::string>() << "), " << r["dtype"].get<std::string>() << "\n"
+        << "layout       dp=" << d["dp"] << (d["sp_recorded"] == true ? " sp=" + d["sp"].dump() : "") << " tp=" << d["tp"]
+        << " pp=" << d["pp"] << (d["ep"] != 1 ? " ep=" + d["ep"].dump() : "") << "  ZeRO-" << r["zero_stage"]
+        << " (" << r["optimizer"].get<std::string>() << "), " << r["dtype"].get<std::string>()
+        << (d["sp"] != 1 ? "; ZeRO over DP x SP = " + std::to_string(d["dp"].get<int>() * d["sp"].get<int>()) + " ranks"
+            : d["sp_recorded"] == false && d["dp"] != 1 ? "; SP not recorded: dp counts DP x SP ranks" : "")
+        << "\n"
         << "iteration    " << r["iteration"] << "\n";
     const auto& uc = r["universal_checkpoint_info"];
     out << "uc info      " << (uc["present"].get<bool>() ? uc.value("variant", "present") : "absent") << "\n";

@@ -157,7 +157,7 @@ int RunInspectAtomic(const std::string& dir, const InspectOptions& options, std:
            << ", " << r["created"].get<std::string>() << ")\n"
            << "converted from     " << s.at("path").get<std::string>() << "  (tag " << s.at("tag").get<std::string>() << ")\n";
     text
-        << "source layout      dp=" << s.at("dp") << " tp=" << s.at("tp") << " pp=" << s.at("pp")
+        << "source layout      dp=" << s.at("dp") << (s.value("sp", 1) > 1 ? " sp=" + std::to_string(s.value("sp", 1)) : "") << " tp=" << s.at("tp") << " pp=" << s.at("pp")
         << (s.value("moe", false) ? " ep=" + std::to_string(s.value("ep", 1)) + " (Mixture of Experts)" : "") << "  ZeRO-" << s.at("zero_stage") << " ("
         << s.at("optimizer").get<std::string>() << "), " << s.at("dtype").get<std::string>() << ", iteration " << s.at("iteration")
         << ", DeepSpeed " << s.at("ds_version").get<std::string>() << "\n"

@@ -122,7 +122,7 @@ Current ReadCurrent(const std::string& root) {
     else
       c.atomic = c.tag + "_ucp_universal";
   }
-  c.layout.dp = L.dp, c.layout.tp = L.tp, c.layout.pp = L.pp, c.layout.zero_stage = L.zero_stage;
+  c.layout.dp = L.DataParallel(), c.layout.sp = L.sp, c.layout.tp = L.tp, c.layout.pp = L.pp, c.layout.zero_stage = L.zero_stage;
   c.layout.dtype = L.dtype, c.layout.model = L.naming;
   c.layout.grad_accum_dtype = GradAccumDtypeOf(L.grad_accum_dtype, L.optimizer, L.zero_stage, L.dtype);
   if (L.moe) c.layout.ep = L.ep;
@@ -133,7 +133,8 @@ Current ReadCurrent(const std::string& root) {
 std::string Describe(const TargetLayout& t) { return t.Degrees() + " " + t.dtype; }
 
 bool Same(const TargetLayout& current, const TargetLayout& target) {
-  return current.dp == target.dp && current.tp == target.tp && current.pp == target.pp &&
+  return current.dp == target.dp && (target.sp == 0 || target.Sp() == current.Sp()) && current.tp == target.tp &&
+         current.pp == target.pp &&
          current.zero_stage == target.zero_stage && current.dtype == target.dtype &&
          (target.model.empty() || target.model == current.model) && (target.ep == 0 || target.ep == std::max(1, current.ep)) &&
          (target.grad_accum_dtype.empty() || target.bf16_optimizer() == current.bf16_optimizer()) &&
@@ -229,6 +230,7 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
       }
       if (known) {
         if (target.grad_accum_dtype.empty() && current.layout_known) target.grad_accum_dtype = current.layout.grad_accum_dtype;
+        if (target.sp == 0 && current.layout_known) target.sp = current.layout.Sp();  // the job's Ulysses degree
         const std::string tag = InPlaceTag(current.source_tag, target);
         j["target_layout"] = target.ToJson();
         j["target_tag"] = tag;
@@ -347,7 +349,7 @@ std::string InPlaceTag(const std::string& source_tag, const TargetLayout& t) {
   // bf16 at ZeRO-1 is DeepSpeed's BF16 optimizer with fp32 gradient accumulation, ZeRO's otherwise:
   // two checkpoints of the same degrees, the first named "_gafp32".
   const bool accum = t.zero_stage == 1 && t.bf16_optimizer();
-  return source_tag + "_dp" + std::to_string(t.dp) + "_tp" + std::to_string(t.tp) + "_pp" + std::to_string(t.pp) + "_z" +
+  return source_tag + "_dp" + std::to_string(t.dp) + (t.Sp() > 1 ? "_sp" + std::to_string(t.Sp()) : "") + "_tp" + std::to_string(t.tp) + "_pp" + std::to_string(t.pp) + "_z" +
          std::to_string(t.zero_stage) + (t.ep > 1 ? "_ep" + std::to_string(t.ep) : "") + "_" + t.dtype +
          (accum ? "_gafp32" : "");
 }
@@ -364,7 +366,7 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
     if (std::find(o.given.begin(), o.given.end(), "dtype") == o.given.end())
       target.dtype = current.layout.dtype;  // the training dtype stays unless --dtype says
     if (o.reshard.planner.gpus > 0)  // the planner is asked only when the GPU count changed
-      nothing_to_do = current.layout.dp * current.layout.tp * current.layout.pp == o.reshard.planner.gpus;
+      nothing_to_do = current.layout.SeqDp() * current.layout.tp * current.layout.pp == o.reshard.planner.gpus;
     else
       nothing_to_do = Same(current.layout, target);
   });
@@ -404,6 +406,7 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
   std::string naming;
   error = Capture([&] {
     const nlohmann::json m = store::ReadAtomicManifest(atomic);  // ucp's, or DeepSpeed's universal folder described
+    if (target.sp == 0) target.sp = m.at("source").value("sp", 1);  // the job's Ulysses degree unless --sp says (it names the tag)
     naming = ResolvedModel(target, WithContext(atomic + "/" + store::kManifestName,
                                                [&] { return m.at("source").at("naming").get<std::string>(); }));
     target.dtype = ResolvedDtype(target, m.at("source"));  // the job's precision unless --dtype says (it names the tag)

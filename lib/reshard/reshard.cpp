@@ -292,7 +292,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   if (talk && o.planner.gpus > 0) err << kTool << ": layout for " << o.planner.gpus << " GPUs: " << choice.reason << "\n";
   if (talk)
     err << kTool << ": " << o.atomic_dir << " (" << S.atoms.size() << " parameters, from dp=" << S.manifest["source"]["dp"]
-        << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"] << ") to " << T.Describe(DdpBf16Wrapper(S, T)) << PrecisionChange(S, T)
+        << (S.manifest["source"].value("sp", 1) > 1 ? " sp=" + S.manifest["source"]["sp"].dump() : "") << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"] << ") to " << T.Describe(DdpBf16Wrapper(S, T)) << PrecisionChange(S, T)
         << "; " << P.units.size()
         << (T.zero_stage == 3 ? " (model-parallel, DP) ranks' files" : P.units.size() == 1 ? " model-parallel rank" : " model-parallel ranks")
         << " on " << comm.name() << "\n";

@@ -23,6 +23,39 @@ int64_t SourceIndex::Fact(const std::string& key) const {
   return it == model_facts.end() ? -1 : it->second;
 }
 
+void TakeMegatronArgs(const pt::Value* args, SourceIndex& L) {
+  auto integer = [&](const char* key) -> int64_t {
+    auto v = args ? args->Get(key) : nullptr;
+    return v && v->kind == pt::Value::Kind::Int ? v->i : -1;
+  };
+  for (const char* key : {"num_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "kv_channels",
+                          "ffn_hidden_size", "padded_vocab_size", "make_vocab_size_divisible_by", "seq_length",
+                          "micro_batch_size"})
+    if (int64_t v = integer(key); v >= 0) L.model_facts[key] = v;
+  const int64_t sp = integer("ds_sequence_parallel_size");
+  if (sp < 1) {
+    if (L.dp > 1)
+      L.notes.push_back("DP x SP = " + std::to_string(L.dp) + "; SP not recorded in the files (DeepSpeed stores no "
+                        "Ulysses degree, Megatron's args do when the job ran it): dp=" + std::to_string(L.dp) +
+                        " counts DP x SP ranks");
+    return;
+  }
+  if (sp > L.dp || L.dp % sp != 0) {
+    L.problems.push_back("args ds_sequence_parallel_size " + std::to_string(sp) + " does not divide the " +
+                         std::to_string(L.dp) + " ranks ZeRO partitions over (dp_world_size): SP read as 1");
+    return;
+  }
+  L.sp = static_cast<int>(sp), L.sp_recorded = true;
+  if (int64_t seq_dp = integer("sequence_data_parallel_size"); seq_dp > 0 && seq_dp != L.dp)
+    L.problems.push_back("args sequence_data_parallel_size " + std::to_string(seq_dp) + " != dp_world_size " +
+                         std::to_string(L.dp));
+}
+
+std::string DataParallelDegrees(const SourceIndex& L) {
+  if (L.sp_recorded) return "dp=" + std::to_string(L.DataParallel()) + " sp=" + std::to_string(L.sp);
+  return "dp=" + std::to_string(L.dp);
+}
+
 std::string ReadLatestTag(const std::string& root) {
   const std::string latest = root + "/latest";
   const std::optional<std::string> text = ReadWholeFile(latest);

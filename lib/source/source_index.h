@@ -89,7 +89,12 @@ struct SourceIndex {
   std::string optimizer;  // the optimizer that wrote the states: "zero", "bf16_optimizer", "zero3", "torch" (no ZeRO)
   int zero_stage = 0;
   std::string dtype;  // training dtype: fp16, bf16, fp32
+  // dp counts the ranks ZeRO partitions over and the files are numbered by: DP x SP under DeepSpeed
+  // Ulysses sequence parallelism (DeepSpeed's dp_world_size, the sequence-data-parallel group).
   int dp = 1, tp = 1, pp = 1;
+  int sp = 1;                // Ulysses sequence-parallel degree, dividing dp; 1 where the files do not say
+  bool sp_recorded = false;  // whether the files say it (Megatron args' ds_sequence_parallel_size)
+  int DataParallel() const { return dp / sp; }  // DP alone, without SP
   bool moe = false;  // Mixture of Experts: expert parameters, each under its global expert id
   int ep = 1;        // expert parallelism: experts split over ep ranks, each replicated dp / ep times
   int64_t iteration = 0;
@@ -117,6 +122,14 @@ struct SourceIndex {
   int CopyTp(const Fragment& fr) const { return params[fr.param].WholeOverTp() ? 0 : files[fr.file].tp; }
   int64_t Fact(const std::string& key) const;  // -1 when unknown
 };
+
+// The Megatron args' model facts (num_layers, hidden_size, seq_length, ...) and Ulysses degree
+// (ds_sequence_parallel_size, which must divide the dp already read) into `L`; a degree that does
+// not divide is a problem. Without it (no args, or args of a job without SP) SP stays 1,
+// unrecorded, and where dp > 1 a note says that dp counts DP x SP ranks.
+void TakeMegatronArgs(const pt::Value* args, SourceIndex& L);
+// How inspect and convert say the data-parallel degrees: "dp=2 sp=2" where SP is recorded, else "dp=4".
+std::string DataParallelDegrees(const SourceIndex& L);
 
 struct IndexOptions {
   bool verify_storage_crc = false;  // read every tensor byte and check the container's checksums

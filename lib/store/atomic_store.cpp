@@ -370,7 +370,8 @@ nlohmann::json SourceJson(const source::SourceIndex& L, const patterns::ModelPat
                         {"optimizer", L.optimizer},
                         {"zero_stage", L.zero_stage},
                         {"dtype", L.dtype},
-                        {"dp", L.dp},
+                        {"dp", L.DataParallel()},  // DP alone; the ZeRO partitions span dp x sp
+                        {"sp", L.sp},
                         {"tp", L.tp},
                         {"pp", L.pp},
                         {"iteration", L.iteration},

@@ -147,10 +147,7 @@ nlohmann::json DescribeDeepSpeedUniversal(const std::string& dir) {
     if (L.dp < 1 || mp < 1 || mp % L.tp) throw Error("mp_world_size " + std::to_string(mp) + " is no multiple of tp=" + std::to_string(L.tp));
     L.pp = static_cast<int>(mp / L.tp);
     L.iteration = IntAt(root, {"iteration"}, IntAt(root, {"global_steps"}, 0));
-    if (args)
-      for (const char* key : {"num_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "kv_channels",
-                              "ffn_hidden_size", "padded_vocab_size", "make_vocab_size_divisible_by"})
-        if (int64_t v = IntAt(*args, {key}, -1); v >= 0) L.model_facts[key] = v;
+    source::TakeMegatronArgs(args, L);  // model facts, and SP within dp
     if (auto info = root.Get("universal_checkpoint_info"); info && info->kind != Value::Kind::None)
       L.universal_checkpoint_info = info;
   });

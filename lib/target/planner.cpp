@@ -1,6 +1,7 @@
 #include "target/planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <tuple>
 
@@ -37,6 +38,40 @@ std::string ModelTpRefusal(const ModelFacts& m, int tp) {
   return "";
 }
 
+std::string ModelSpRefusal(const ModelFacts& m, int tp, int sp) {
+  if (sp <= 1) return "";
+  if (m.heads > 0 && (m.heads % tp || (m.heads / tp) % sp))
+    return "sp=" + std::to_string(sp) + " does not divide the " + std::to_string(m.heads) + " query heads" +
+           (tp > 1 ? " per TP rank (" + std::to_string(m.heads / tp) + " at tp=" + std::to_string(tp) + ")" : "") +
+           ": Ulysses gives each SP rank whole heads";
+  if (m.seq_length > 0 && m.seq_length % sp)
+    return "sp=" + std::to_string(sp) + " does not divide the sequence length " + std::to_string(m.seq_length) +
+           ": Ulysses gives each SP rank s/sp tokens";
+  return "";
+}
+
+nlohmann::json ActivationModel::ToJson() const {
+  return {{"seq_length", seq_length}, {"micro_batch_size", micro_batch}, {"hidden_size", hidden}, {"num_attention_heads", heads},
+          {"num_layers", layers}, {"recompute", full_recompute ? "full" : "none"},
+          {"formula", full_recompute ? "L * 2*s*b*h / (tp*sp)" : "L * s*b*h * (34 + 5*a*s/h) / (tp*sp)"}};
+}
+
+ActivationModel ActivationModelOf(const ModelFacts& m, const PlannerRequest& r) {
+  ActivationModel a;
+  a.seq_length = r.seq_length > 0 ? r.seq_length : m.seq_length;
+  a.micro_batch = r.micro_batch > 0 ? r.micro_batch : m.micro_batch;
+  a.hidden = m.hidden, a.heads = m.heads, a.layers = m.layers;
+  a.full_recompute = r.recompute.empty() ? m.full_recompute : r.recompute == "full";
+  return a;
+}
+
+int64_t ActivationBytes(const ActivationModel& a, int tp, int sp, int dtype_bytes) {
+  // In long double: s*s*a*b for a 128k-token sequence is near 2^60 before the division.
+  const long double s = a.seq_length, b = a.micro_batch, h = a.hidden, heads = a.heads, L = a.layers;
+  const long double per_layer = a.full_recompute ? 2 * s * b * h : s * b * h * (34 + 5 * heads * s / h);
+  return static_cast<int64_t>(std::llroundl(L * per_layer / (static_cast<long double>(tp) * sp) * dtype_bytes / 2));
+}
+
 nlohmann::json MemoryEstimate::ToJson() const {
   return {{"weights", weights}, {"gradients", gradients}, {"optimizer", optimizer}, {"activations", activations}, {"total", total()}};
 }
@@ -44,8 +79,8 @@ nlohmann::json MemoryEstimate::ToJson() const {
 MemoryEstimate EstimateMemory(const TargetLayout& t, const std::vector<int64_t>& numels, int64_t activations) {
   const int64_t b = DtypeBytes(t.dtype);
   int64_t all = 0, sliced = 0;  // sum n; sum ceil(n / dp)
-  for (int64_t n : numels) all += n, sliced += CeilDiv(n, t.dp);
-  const int64_t partition = CeilDiv(all, t.dp);
+  for (int64_t n : numels) all += n, sliced += CeilDiv(n, t.SeqDp());  // ZeRO partitions over DP x SP
+  const int64_t partition = CeilDiv(all, t.SeqDp());
   MemoryEstimate m;
   m.activations = activations;
   if (t.zero_stage == 3) {
@@ -64,43 +99,56 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
   if (r.gpus < 1) throw Error("--gpus must be at least 1");
   if (r.gpus_per_node < 1) throw Error("--gpus-per-node must be at least 1");
   LayoutChoice choice;
+  choice.activation = ActivationModelOf(model, r);
+  ModelFacts facts = model;
+  facts.seq_length = choice.activation.seq_length;
+  const bool estimated = choice.activation.known() && r.activation_memory < 0;
   std::vector<Candidate> valid, refused;
   for (int tp = 1; tp <= r.gpus; ++tp) {
     if (r.gpus % tp || (Fixed(r, "tp") && tp != r.base.tp)) continue;
     const std::string tp_no = TpRefusal(model, r, tp);
-    for (int pp = 1; pp <= r.gpus / tp; ++pp) {
-      if ((r.gpus / tp) % pp || (Fixed(r, "pp") && pp != r.base.pp)) continue;
-      const int dp = r.gpus / tp / pp;
-      if (Fixed(r, "dp") && dp != r.base.dp) continue;
-      for (int z = 0; z <= 3; ++z) {
-        if (Fixed(r, "zero_stage") && z != r.base.zero_stage) continue;
-        if ((z == 0 && r.base.dtype != "bf16") || (z >= 2 && pp > 1)) continue;  // DeepSpeed runs none of these
-        Candidate c;
-        c.layout = r.base;
-        c.layout.dp = dp, c.layout.tp = tp, c.layout.pp = pp, c.layout.zero_stage = z;
-        if (!tp_no.empty()) {
-          c.refused = tp_no;
-        } else if (pp > model.layers) {
-          c.refused = "pp=" + std::to_string(pp) + " exceeds the " + std::to_string(model.layers) + " layers";
-        } else {
-          try {
-            for (const auto& unit : load(c.layout)) {
-              MemoryEstimate m = EstimateMemory(c.layout, unit, r.activations());
-              if (m.total() > c.memory.total()) c.memory = m;
+    for (int sp = 1; sp <= r.gpus / tp; ++sp) {
+      if ((r.gpus / tp) % sp || (Fixed(r, "sp") && sp != r.base.Sp())) continue;
+      const std::string sp_no = ModelSpRefusal(facts, tp, sp);
+      for (int pp = 1; pp <= r.gpus / tp / sp; ++pp) {
+        if ((r.gpus / tp / sp) % pp || (Fixed(r, "pp") && pp != r.base.pp)) continue;
+        if (sp > 1 && pp > 1) continue;  // Ulysses runs without a pipeline (Megatron-DeepSpeed)
+        const int dp = r.gpus / tp / sp / pp;
+        if (Fixed(r, "dp") && dp != r.base.dp) continue;
+        for (int z = 0; z <= 3; ++z) {
+          if (Fixed(r, "zero_stage") && z != r.base.zero_stage) continue;
+          if ((z == 0 && r.base.dtype != "bf16") || (z >= 2 && pp > 1)) continue;  // DeepSpeed runs none of these
+          Candidate c;
+          c.layout = r.base;
+          c.layout.dp = dp, c.layout.sp = sp, c.layout.tp = tp, c.layout.pp = pp, c.layout.zero_stage = z;
+          if (!tp_no.empty()) {
+            c.refused = tp_no;
+          } else if (!sp_no.empty()) {
+            c.refused = sp_no;
+          } else if (pp > model.layers) {
+            c.refused = "pp=" + std::to_string(pp) + " exceeds the " + std::to_string(model.layers) + " layers";
+          } else {
+            const int64_t activations =
+                estimated ? ActivationBytes(choice.activation, tp, sp, DtypeBytes(c.layout.dtype)) : r.activations();
+            try {
+              for (const auto& unit : load(c.layout)) {
+                MemoryEstimate m = EstimateMemory(c.layout, unit, activations);
+                if (m.total() > c.memory.total()) c.memory = m;
+              }
+              c.fits = c.memory.total() <= r.gpu_memory;
+            } catch (const Error& e) {
+              c.refused = e.what();
             }
-            c.fits = c.memory.total() <= r.gpu_memory;
-          } catch (const Error& e) {
-            c.refused = e.what();
           }
+          (c.refused.empty() ? valid : refused).push_back(std::move(c));
         }
-        (c.refused.empty() ? valid : refused).push_back(std::move(c));
       }
     }
   }
   const TargetLayout& s = model.source;
   auto key = [&](const Candidate& c) {
     const TargetLayout& t = c.layout;
-    return std::make_tuple(!c.fits, !(t.tp == s.tp && t.pp == s.pp), t.pp, ZeroCommunication(t.zero_stage),
+    return std::make_tuple(!c.fits, !(t.tp == s.tp && t.pp == s.pp), t.pp, t.Sp(), ZeroCommunication(t.zero_stage),
                            t.zero_stage != s.zero_stage, t.tp, c.memory.total());
   };
   std::stable_sort(valid.begin(), valid.end(), [&](const Candidate& a, const Candidate& b) { return key(a) < key(b); });
@@ -121,7 +169,8 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
     choice.reason = "no layout fits " + std::to_string(r.gpus) + " GPU" + (r.gpus > 1 ? "s" : "") + " of " + budget + ": the smallest, " +
                     least->layout.Degrees() + ", needs " + HumanBytes(double(m.total())) + " per GPU (weights " +
                     HumanBytes(double(m.weights)) + ", gradients " + HumanBytes(double(m.gradients)) + ", optimizer " +
-                    HumanBytes(double(m.optimizer)) + ", activation allowance " + HumanBytes(double(m.activations)) + ")";
+                    HumanBytes(double(m.optimizer)) + (estimated ? ", activations " : ", activation allowance ") +
+                    HumanBytes(double(m.activations)) + ")";
     return choice;
   }
   choice.chosen = 0;
@@ -139,6 +188,8 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
                                            : " does not fit (" + HumanBytes(double(same->memory.total())) + " per GPU at best)") +
           "; then the fewest pipeline stages (pp=" + std::to_string(t.pp) + ")";
   }
+  if (t.Sp() > 1)
+    why += ", the smallest SP that fits (sp=" + std::to_string(t.Sp()) + ": the sequence's activations do not fit with less)";
   why += ", the least ZeRO communication (ZeRO-" + std::to_string(t.zero_stage) +
          (t.zero_stage == s.zero_stage ? ", as the source" : "") + "), the smallest TP (tp=" + std::to_string(t.tp) +
          "): " + HumanBytes(double(c.memory.total())) + " of " + budget + " per GPU";
@@ -158,6 +209,7 @@ nlohmann::json LayoutChoice::ToJson(const PlannerRequest& r) const {
           {"gpus_per_node", r.gpus_per_node},
           {"gpu_memory", r.gpu_memory},
           {"activation_memory", r.activations()},
+          {"activation_model", activation.known() && r.activation_memory < 0 ? activation.ToJson() : nlohmann::json(nullptr)},
           {"chosen", chosen >= 0 ? candidates[chosen].layout.ToJson() : nlohmann::json(nullptr)},
           {"reason", reason},
           {"candidates", list},
@@ -165,11 +217,18 @@ nlohmann::json LayoutChoice::ToJson(const PlannerRequest& r) const {
 }
 
 void LayoutChoice::Print(std::ostream& out, const PlannerRequest& r, size_t shown) const {
+  const bool estimated = activation.known() && r.activation_memory < 0;
+  const ActivationModel& a = activation;
   out << "layouts for " << r.gpus << " GPU" << (r.gpus > 1 ? "s" : "") << " (" << r.gpus_per_node << " per node, "
-      << HumanBytes(double(r.gpu_memory)) << " each; activation allowance " << HumanBytes(double(r.activations()))
+      << HumanBytes(double(r.gpu_memory)) << " each; activations "
+      << (estimated ? "estimated for s=" + std::to_string(a.seq_length) + " b=" + std::to_string(a.micro_batch) + " h=" +
+                          std::to_string(a.hidden) + " a=" + std::to_string(a.heads) + " L=" + std::to_string(a.layers) +
+                          (a.full_recompute ? ", full recomputation: L*2sbh/(tp*sp)" : ", no recomputation: L*sbh(34+5as/h)/(tp*sp)")
+                    : "allowance " + HumanBytes(double(r.activations())))
       << "), memory per GPU of the most loaded rank, by preference:\n";
-  char line[256];
-  std::snprintf(line, sizeof line, "  %-24s %10s %10s %10s %10s  %s\n", "layout", "weights", "gradients", "optimizer", "total", "");
+  char line[320];
+  std::snprintf(line, sizeof line, "  %-30s %10s %10s %10s %11s %10s  %s\n", "layout", "weights", "gradients", "optimizer",
+                "activations", "total", "");
   out << line;
   size_t n = 0, valid = 0, refused = 0;
   for (const auto& c : candidates) {
@@ -179,10 +238,11 @@ void LayoutChoice::Print(std::ostream& out, const PlannerRequest& r, size_t show
     }
     ++valid;
     if (n++ >= shown) continue;
-    std::snprintf(line, sizeof line, "%s %-24s %10s %10s %10s %10s  %s\n", &c == &candidates[std::max(chosen, 0)] && chosen >= 0 ? "*" : " ",
+    std::snprintf(line, sizeof line, "%s %-30s %10s %10s %10s %11s %10s  %s\n", &c == &candidates[std::max(chosen, 0)] && chosen >= 0 ? "*" : " ",
                   c.layout.Degrees().c_str(), HumanBytes(double(c.memory.weights)).c_str(),
                   HumanBytes(double(c.memory.gradients)).c_str(), HumanBytes(double(c.memory.optimizer)).c_str(),
-                  HumanBytes(double(c.memory.total())).c_str(), c.fits ? "fits" : "too big");
+                  HumanBytes(double(c.memory.activations)).c_str(), HumanBytes(double(c.memory.total())).c_str(),
+                  c.fits ? "fits" : "too big");
     out << line;
   }
   if (valid > shown) out << "  ... " << valid - shown << " more (--json lists all)\n";

@@ -280,7 +280,15 @@ void Validate(const Source& S, const TargetLayout& T) {
   if (T.model == "pipe" && T.zero_stage == 3) no("model 'pipe' with ZeRO-3: DeepSpeed refuses a PipelineModule under ZeRO-3");
   if (T.pp > S.layers)
     no("pp=" + std::to_string(T.pp) + " exceeds the " + std::to_string(S.layers) + " transformer layers");
-  if (const std::string why = ModelTpRefusal(ModelFactsOf(S), T.tp); !why.empty()) no(why);
+  const ModelFacts facts = ModelFactsOf(S);
+  if (const std::string why = ModelTpRefusal(facts, T.tp); !why.empty()) no(why);
+  if (T.Sp() > 1) {  // DeepSpeed Ulysses, as Megatron-DeepSpeed runs it
+    const std::string ulysses = "sp=" + std::to_string(T.Sp()) + " with ";
+    if (T.pp > 1) no(ulysses + "pp=" + std::to_string(T.pp) + ": Megatron-DeepSpeed runs Ulysses SP without a pipeline; use pp=1");
+    if (NamingOf(T) != Naming::Plain) no(ulysses + "model 'pipe': Ulysses SP runs in a model that is not a PipelineModule");
+    if (S.moe) no(ulysses + "Mixture of Experts: no real checkpoint of that combination has been read; not written");
+    if (const std::string why = ModelSpRefusal(facts, T.tp, T.Sp()); !why.empty()) no(why);
+  }
   if (!S.moe) {
     if (T.ep > 1) no("ep=" + std::to_string(T.ep) + ": the checkpoint has no Mixture-of-Experts layer");
     return;
@@ -387,6 +395,7 @@ bool TorchOptimizerTarget(const Source& S, const TargetLayout& T) {
 }
 
 TargetLayout ResolveModel(const Source& S, TargetLayout T) {
+  if (T.sp == 0) T.sp = S.manifest["source"].value("sp", 1);  // the source's Ulysses degree
   T.model = ResolvedModel(T, NamingName(S.naming));
   if (T.ep == 0 && S.moe) T.ep = S.ep;  // (without experts it stays unsaid: 1)
   T.dtype = ResolvedDtype(T, S.manifest["source"]);                      // given, else the source job's
@@ -432,12 +441,12 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
         u.params.back().end = u.params.back().local_numel;
       }
       any |= !u.params.empty();
-      for (int d = 0; d < (T.zero_stage == 3 ? T.dp : 1); ++d) {
+      for (int d = 0; d < (T.zero_stage == 3 ? T.SeqDp() : 1); ++d) {
         Unit part = u;
         if (T.zero_stage == 3) {
           part.dp = d;
           for (auto& up : part.params) {
-            const int64_t piece = Zero3Piece(up.local_numel, T.dp);
+            const int64_t piece = Zero3Piece(up.local_numel, T.SeqDp());
             up.begin = std::min(up.local_numel, d * piece), up.end = std::min(up.local_numel, up.begin + piece);
           }
         }
@@ -471,9 +480,15 @@ ModelFacts ModelFactsOf(const Source& S) {
     return v && v->is(Value::Kind::Int) ? v->AsInt() : 0;
   };
   m.heads = arg("num_attention_heads"), m.kv_heads = arg("num_key_value_heads"), m.ffn = arg("ffn_hidden_size");
+  m.hidden = arg("hidden_size"), m.seq_length = arg("seq_length"), m.micro_batch = arg("micro_batch_size");
+  // Megatron: --recompute-granularity full (recompute_granularity), earlier --checkpoint-activations.
+  const Value* granularity = ArgOf(S, "recompute_granularity");
+  const Value* checkpointing = ArgOf(S, "checkpoint_activations");
+  m.full_recompute = (granularity && granularity->is(Value::Kind::Str) && granularity->s == "full") ||
+                     (checkpointing && checkpointing->is(Value::Kind::Bool) && checkpointing->b);
   if (m.kv_heads == 0) m.kv_heads = m.heads;
   const json& src = S.manifest["source"];
-  m.source.dp = src.value("dp", 1), m.source.tp = src.value("tp", 1), m.source.pp = src.value("pp", 1);
+  m.source.dp = src.value("dp", 1), m.source.sp = src.value("sp", 1), m.source.tp = src.value("tp", 1), m.source.pp = src.value("pp", 1);
   m.source.zero_stage = src.value("zero_stage", 1), m.source.dtype = ResolvedDtype({}, src);
   return m;
 }
@@ -505,7 +520,7 @@ int OptimizerFilesOf(const Source& S, const TargetLayout& T, const Unit& u) {
     for (int r = 0; r < eg.ep; ++r) n += eg.SaverTp(r) == u.tp;
     return n;
   }
-  return T.dp;
+  return T.SeqDp();
 }
 }  // namespace
 

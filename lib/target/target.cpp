@@ -13,7 +13,7 @@
 namespace ucp::reshard {
 
 std::string TargetLayout::Degrees() const {
-  return "dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " ZeRO-" +
+  return "dp=" + std::to_string(dp) + (Sp() > 1 ? " sp=" + std::to_string(sp) : "") + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " ZeRO-" +
          std::to_string(zero_stage) + (ep > 1 ? " ep=" + std::to_string(ep) : "");
 }
 
@@ -27,6 +27,7 @@ nlohmann::json TargetLayout::ToJson() const {
   nlohmann::json j = {{"layout_version", 1}, {"dp", dp}, {"tp", tp}, {"pp", pp}, {"zero_stage", zero_stage},
                       {"dtype", dtype}, {"partition_method", partition_method}};
   if (vocab_divisible_by > 0) j["make_vocab_size_divisible_by"] = vocab_divisible_by;
+  if (sp > 0) j["sp"] = sp;
   if (ep > 0) j["ep"] = ep;
   if (!model.empty()) j["model"] = model;
   if (!grad_accum_dtype.empty()) j["grad_accum_dtype"] = grad_accum_dtype;
@@ -67,7 +68,7 @@ std::string ResolvedGradAccumDtype(const TargetLayout& t, const nlohmann::json& 
 
 std::string ResolvedModel(const TargetLayout& t, const std::string& source_naming) {
   if (!t.model.empty()) return t.model;
-  return t.zero_stage == 3 ? "plain" : t.pp > 1 ? "pipe" : source_naming;
+  return t.zero_stage == 3 || t.Sp() > 1 ? "plain" : t.pp > 1 ? "pipe" : source_naming;
 }
 
 TargetLayout ReadLayoutFile(const std::string& path, TargetLayout base, std::vector<std::string>* given) {
@@ -114,6 +115,7 @@ TargetLayout ApplyLayout(const nlohmann::json& j, TargetLayout t, const std::str
     if (key == "dp") t.dp = positive();
     else if (key == "tp") t.tp = positive();
     else if (key == "pp") t.pp = positive();
+    else if (key == "sp") t.sp = positive();
     else if (key == "ep") t.ep = positive();
     else if (key == "make_vocab_size_divisible_by") t.vocab_divisible_by = positive();
     else if (key == "zero_stage") {
@@ -144,7 +146,7 @@ TargetLayout ApplyLayout(const nlohmann::json& j, TargetLayout t, const std::str
       }
     } else {
       throw Error(path + ": unknown key '" + key + "' (schemas/layout.schema.json lists dp, tp, pp, zero_stage, dtype, "
-                  "partition_method, make_vocab_size_divisible_by, model, ep, grad_accum_dtype, ds_version)");
+                  "partition_method, make_vocab_size_divisible_by, model, sp, ep, grad_accum_dtype, ds_version)");
     }
     given->push_back(key);
   }

@@ -14,6 +14,9 @@ namespace ucp::reshard {
 struct TargetLayout {
   int dp = 1, tp = 1, pp = 1;
   int zero_stage = 1;                               // 0 (with bf16: the BF16 optimizer), 1, 2, 3
+  // DeepSpeed Ulysses sequence parallelism: each of dp replicas runs on sp ranks, each holding s/sp
+  // tokens; ZeRO partitions over the dp x sp ranks (SeqDp). 0: the source's (1 where it has none).
+  int sp = 0;
   int ep = 0;  // Mixture of Experts: the expert-parallel degree (dividing dp); 0: the source's (1 without experts)
   // fp16, bf16, fp32; empty: the source job's (ResolvedDtype): a precision change is asked for, never a default.
   std::string dtype;
@@ -32,10 +35,13 @@ struct TargetLayout {
   // of an expert's Adam moments and the expp_rank files under ZeRO. Empty: the source's release.
   std::string ds_version;
 
+  int Sp() const { return sp > 0 ? sp : 1; }
+  // The sequence-data-parallel degree, DP x SP: the ranks ZeRO partitions over, numbering the files.
+  int SeqDp() const { return dp * Sp(); }
   bool bf16_optimizer() const {
     return dtype == "bf16" && (zero_stage == 0 || (zero_stage == 1 && grad_accum_dtype == "fp32"));
   }
-  std::string Degrees() const;   // "dp=4 tp=2 pp=2 ZeRO-1", and " ep=2" with expert parallelism
+  std::string Degrees() const;   // "dp=4 tp=2 pp=2 ZeRO-1", " sp=2" after dp with SP, " ep=2" with experts
   // "dp=4 tp=2 pp=2 ZeRO-1 bf16"; bf16 without ZeRO names DeepSpeed's DDP bf16 wrapper where the
   // target's release runs it (`ddp_bf16_wrapper`, reshard_plan.h's DdpBf16Wrapper), else the BF16 optimizer.
   std::string Describe(bool ddp_bf16_wrapper = false) const;
@@ -59,8 +65,9 @@ std::string ResolvedDtype(const TargetLayout& t, const nlohmann::json& source);
 // an atomic checkpoint manifest's `source`, in the target's training dtype).
 std::string ResolvedGradAccumDtype(const TargetLayout& t, const nlohmann::json& source);
 
-// The target's model kind, "pipe" or "plain", when `model` is empty: ZeRO-3 is never a pipeline,
-// pp > 1 always is, and otherwise the source's kind (its naming) is kept.
+// The target's model kind, "pipe" or "plain", when `model` is empty: ZeRO-3 and Ulysses SP (which
+// Megatron-DeepSpeed runs without a pipeline) never are a pipeline, pp > 1 always is, and otherwise
+// the source's kind (its naming) is kept.
 std::string ResolvedModel(const TargetLayout& t, const std::string& source_naming);
 
 // A layout object (schemas/layout.schema.json) over `base`: the keys it has replace base's, and

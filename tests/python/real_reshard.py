@@ -20,7 +20,8 @@ number of optimizer parameter groups (zero3_dp4_fp32: one, so weight decay on ev
 another job, not another layout: that pair is skipped, saying so; such a case is still checked
 against its own layout.
 
-Not compared, and why: the client state Megatron adds to the model-states files (args, rng states,
+Not compared, and why: the client state Megatron adds to the model-states files (args but their
+parallel degrees, which must be the target's, rng states,
 iteration, universal_checkpoint_info, ...) is the source run's, carried over (a plain DeepSpeed
 engine saves none of it); ds_config is the job's own (batch sizes differ per layout), of which the
 ZeRO stage and dtype are compared; ds_version is the source's.
@@ -44,6 +45,8 @@ from atomic_files import atomic_tensor  # noqa: E402
 TOLERANCE = {"weight": 1e-4, "exp_avg": 2e-7, "exp_avg_sq": 1e-8}
 EXACT = {k: 0.0 for k in TOLERANCE}
 ENGINE_KEYS_SKIPPED = {"ds_config", "ds_version"}
+DEGREE_ARGS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size", "world_size",
+               "ds_sequence_parallel_size", "sequence_data_parallel_size")
 CLIENT_KEYS = {"args", "checkpoint_version", "iteration", "tokens", "rng_state", "universal_checkpoint_info"}
 
 
@@ -97,9 +100,9 @@ def layout_of(case, cases_dir):
     # optimizer): its configuration's, else the training dtype, DeepSpeed's default under ZeRO.
     config = os.path.join(cases_dir, case, "ds_config.json")
     accum = json.load(open(config)).get("data_types", {}).get("grad_accum_dtype") if os.path.exists(config) else None
-    # Under Ulysses SP DeepSpeed partitions ZeRO state over DP x SP ranks, numbered as DP ranks: to
-    # ucp-reshard (which has no --sp yet) an SP=2 x DP=2 job is dp=4.
-    return {"tp": int(tok.get("tp", 1)), "pp": int(tok.get("pp", 1)), "dp": int(tok["dp"]) * sp_of(case, cases_dir),
+    # Under Ulysses SP DeepSpeed partitions ZeRO state over DP x SP ranks, numbered as DP ranks:
+    # ucp-reshard's --dp 2 --sp 2 must write what DeepSpeed's SP=2 x DP=2 job wrote.
+    return {"tp": int(tok.get("tp", 1)), "pp": int(tok.get("pp", 1)), "dp": int(tok["dp"]), "sp": sp_of(case, cases_dir),
             "zero": int(tok["zero"]), "dtype": dtype, "grad_accum": accum or dtype,
             "model": "pipe" if any(f.startswith("layer_") for f in files) else "plain"}
 
@@ -202,6 +205,12 @@ def compare_case(ucp_dir, ds_dir, values, own_layout=False):
         if isinstance(b, dict) and "param_shapes" in b:  # a model-states file: engine keys compared
             if own_layout and not same_value(a.get("rng_state"), b.get("rng_state")):
                 c.problems.append(f"{f}.rng_state: not the source rank's own")
+            # Megatron's args are the source job's, except the degrees, which must be the target's.
+            x, y = a.get("args"), b.get("args")
+            if x is not None and y is not None:
+                for key in DEGREE_ARGS:
+                    if key in vars(y) and key in vars(x) and getattr(x, key) != getattr(y, key):
+                        c.problems.append(f"{f}.args.{key}: {getattr(x, key)} vs DeepSpeed's {getattr(y, key)}")
             for k in CLIENT_KEYS:
                 a.pop(k, None), b.pop(k, None)
             for key, path in (("stage", ("zero_optimization", "stage")), ("bf16", ("bf16", "enabled"))):
@@ -242,7 +251,7 @@ def main():
                   f"with {groups(atomic)}; neither its flat groups nor its values are {source}'s")
             continue
         compared.add(case)
-        cmd = [reshard, atomic, "-o", out, "--force", "-q", "--dp", str(L["dp"]), "--tp", str(L["tp"]), "--pp",
+        cmd = [reshard, atomic, "-o", out, "--force", "-q", "--dp", str(L["dp"]), "--sp", str(L["sp"]), "--tp", str(L["tp"]), "--pp",
                str(L["pp"]), "--zero-stage", str(L["zero"]), "--dtype", L["dtype"], "--model", L["model"],
                "--grad-accum-dtype", L["grad_accum"]]
         if launcher:

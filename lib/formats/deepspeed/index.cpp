@@ -831,10 +831,6 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   };
   const pt::ValuePtr args = root.Get("args");  // Megatron's argparse.Namespace
   L.args = args;
-  if (args)
-    for (const char* key : {"num_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "kv_channels",
-                            "ffn_hidden_size", "padded_vocab_size", "make_vocab_size_divisible_by"})
-      if (auto v = args->Get(key); v && v->kind == Value::Kind::Int) L.model_facts[key] = v->i;
   L.universal_checkpoint_info = root.Get("universal_checkpoint_info");
   if (L.universal_checkpoint_info && L.universal_checkpoint_info->kind == Value::Kind::None)
     L.universal_checkpoint_info = nullptr;
@@ -928,6 +924,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
                        std::to_string(L.pp) + " dp=" + std::to_string(L.dp));
     return L;
   }
+  source::TakeMegatronArgs(args.get(), L);  // model facts, and SP within dp
   if (!zero3_files && mp_world != L.tp * L.pp)
     L.problems.push_back("mismatched degrees: mp_world_size " + std::to_string(mp_world) + " != tp " +
                          std::to_string(L.tp) + " x pp " + std::to_string(L.pp));

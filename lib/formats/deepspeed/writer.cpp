@@ -180,7 +180,7 @@ class UnitWriter {
       }
       WriteTorchOptimizerFiles();
     } else {
-      for (int d = 0; d < T_.dp; ++d) WriteOptimizerFile(d);  // fills lp_ from the fp32 weights
+      for (int d = 0; d < T_.SeqDp(); ++d) WriteOptimizerFile(d);  // fills lp_ from the fp32 weights
     }
     if (NamingOf(T_) == Naming::Plain) {
       if (S_.moe) WriteExpertFiles();
@@ -334,7 +334,7 @@ class UnitWriter {
       // ranks), every other group over the DP ranks.
       const bool experts = ExpertGroup(g);
       const ExpertGroups eg = Groups();
-      const int parts = experts ? eg.Partitions() : T_.dp, part = experts ? eg.Partition(d, U_.tp) : d;
+      const int parts = experts ? eg.Partitions() : T_.SeqDp(), part = experts ? eg.Partition(d, U_.tp) : d;
       partition_count.push_back(parts);
       const std::vector<int> members = GroupMembers(g, eg.EpRank(d, U_.tp));
       const int64_t alignment = 2 * parts;  // DeepSpeed: nccl_start_alignment_factor (2) x the group's DP degree
@@ -559,7 +559,7 @@ class UnitWriter {
       for (int k : U_.groups[g]) {
         const UnitParam& up = U_.params[k];
         if (up.begin < up.end) segs.push_back({k, up.begin, total, up.end - up.begin});
-        total += Zero3Piece(up.local_numel, T_.dp);
+        total += Zero3Piece(up.local_numel, T_.SeqDp());
       }
       flat->items.push_back(FlatState(segs, total, 0));
       state->dict.Set(Value::Int(static_cast<int64_t>(g)), AdamState(static_cast<int>(g), std::move(segs), total));
@@ -567,7 +567,7 @@ class UnitWriter {
     auto osd = Value::Make(Value::Kind::Dict);
     SetItem(*osd, "zero_stage", ZeroStage());
     PutLossScaling(*osd);
-    SetItem(*osd, "partition_count", Value::Int(T_.dp));
+    SetItem(*osd, "partition_count", Value::Int(T_.SeqDp()));
     SetItem(*osd, "optimizer_state_dict", TorchOptimizerState(state));
     SetItem(*osd, "fp32_flat_groups", flat);
     WriteOptimizerRoot(d, osd);
@@ -710,7 +710,7 @@ class UnitWriter {
     for (const char* key : {"frozen_param_shapes", "frozen_param_fragments"})
       PutIfPresent(*root, key, T_.zero_stage >= 2 ? OrderedDict() : Value::None());
     PutOwnRngState(*root);
-    SetItem(*root, "dp_world_size", Value::Int(T_.dp));
+    SetItem(*root, "dp_world_size", Value::Int(T_.SeqDp()));  // DeepSpeed's seq_dp_world_size
     SetItem(*root, "mp_world_size", Value::Int(T_.tp * T_.pp));
     // DeepSpeed >= 0.19.5 records the model-parallel degrees, which its checkpoint readers trust.
     if (auto dims = root->Get("checkpoint_parallel_dimensions"); dims && dims->kind == Value::Kind::Dict) {
@@ -728,7 +728,12 @@ class UnitWriter {
       PutIfPresent(st, "tensor_model_parallel_size", Value::Int(T_.tp));
       PutIfPresent(st, "pipeline_model_parallel_size", Value::Int(T_.pp));
       PutIfPresent(st, "data_parallel_size", Value::Int(T_.dp));
-      PutIfPresent(st, "world_size", Value::Int(T_.dp * T_.tp * T_.pp));
+      PutIfPresent(st, "world_size", Value::Int(T_.SeqDp() * T_.tp * T_.pp));
+      // Megatron-DeepSpeed's Ulysses degrees: said when the target runs SP, kept true where recorded.
+      for (auto [key, value] : {std::pair{"ds_sequence_parallel_size", T_.Sp()}, std::pair{"sequence_data_parallel_size", T_.SeqDp()}}) {
+        if (T_.Sp() > 1) SetItem(st, key, Value::Int(value));
+        else PutIfPresent(st, key, Value::Int(value));
+      }
       if (P_.padded_vocab > 0) PutIfPresent(st, "padded_vocab_size", Value::Int(P_.padded_vocab));
       PutIfPresent(st, "fp16", Value::Bool(T_.dtype == "fp16"));
       PutIfPresent(st, "bf16", Value::Bool(T_.dtype == "bf16"));
