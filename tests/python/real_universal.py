@@ -102,10 +102,10 @@ def main():
                                    f"elements DeepSpeed copied from the source's padding")
                 continue
             if rel == "optimizer_state.pt" and isinstance(ds, dict) and ds.get("partition_count") != \
-                    ucp.get("partition_count") and ds.get("partition_count") == [manifest["source"]["dp"]] * \
+                    ucp.get("partition_count") and ds.get("partition_count") == [manifest["source"]["dp"] * manifest["source"].get("sp", 1)] * \
                     len(ucp.get("partition_count") or []):
                 allowed.append(f"{rel}: partition_count {ucp['partition_count']} (the file's), DeepSpeed rewrites "
-                               f"every group's to dp")
+                               f"every group's to dp (DP x SP)")
                 ucp = dict(ucp, partition_count=ds["partition_count"])
             a, b = canonical(ucp), canonical(ds)
             if isinstance(ds, dict) and tp == 1 and param.endswith(ROW_PARALLEL) and \
