@@ -21,18 +21,12 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklist import check, finish  # noqa: E402
 from damage import flip_in_record, tree_digest as digest  # noqa: E402
 
 bindir, case_dir, ucp_atomic, work = sys.argv[1:5]
 INSPECT, RESHARD = os.path.join(bindir, "ucp-inspect"), os.path.join(bindir, "ucp-reshard")
 theirs = os.path.join(case_dir, "ckpt", "global_step6_universal")
-problems = []
-
-
-def check(label, ok, detail=""):
-    print(f"{label}: {'ok' if ok else 'FAIL'} {detail if not ok else ''}")
-    if not ok:
-        problems.append(label)
 
 
 shutil.rmtree(work, ignore_errors=True)
@@ -97,5 +91,4 @@ check("damaged tensor file: refused naming it", r.returncode == 1 and victim in 
       r.stderr[-400:])
 check("damaged tensor file: nothing written", not os.path.exists(os.path.join(out, "latest")))
 check("DeepSpeed's folder is as it was", digest(theirs) == before)
-print(f"{case}: {len(problems)} problems")
-sys.exit(1 if problems else 0)
+finish(case)

@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds_stubs  # noqa: E402,F401
 from atomic_files import atomic_tensor  # noqa: E402
+from checklist import check, finish  # noqa: E402
 
 BIN, CASE_DIR, ATOMIC, WORK, DATA = sys.argv[1:6]
 MPIEXEC = sys.argv[6] if len(sys.argv) > 6 else None
@@ -42,13 +43,6 @@ CASE = os.path.basename(os.path.normpath(CASE_DIR))
 CFG = json.load(open(os.path.join(CASE_DIR, "model_config.json")))
 UNIVERSAL = os.path.join(CASE_DIR, "ckpt", "global_step6_universal")
 INDEX = "model.safetensors.index.json"
-problems = []
-
-
-def check(label, ok, detail=""):
-    print(f"{label}: {'ok' if ok else 'FAIL'} {'' if ok else detail}")
-    if not ok:
-        problems.append(label)
 
 
 def run(args, ranks=1):
@@ -185,8 +179,7 @@ if not llama_shaped():
         check(f"from its root{' (--plan-only)' if args else ''}: refused before converting", r.returncode == 1 and
               "LlamaForCausalLM" in r.stderr and sorted(os.listdir(root)) == ["global_step6", "latest"] and
               not os.path.exists(os.path.join(WORK, "from_root")), f"{os.listdir(root)} {r.stderr[-300:]}")
-    print(f"{CASE}: {len(problems)} problems")
-    sys.exit(1 if problems else 0)
+    finish(CASE)
 
 # 1. The export, against DeepSpeed's own fp32 weights.
 one = os.path.join(WORK, "np1")
@@ -325,5 +318,4 @@ json.dump({"rope_thetaa": 500000.0}, open(conflict, "w"))
 refused("--model-config with a misspelt key", ["--model-config", conflict], ["rope_thetaa", "did you mean 'rope_theta'"])
 json.dump({"num_attention_heads": "4"}, open(conflict, "w"))
 refused("--model-config with a value of the wrong type", ["--model-config", conflict], ["num_attention_heads", "not an integer"])
-print(f"{CASE}: {len(problems)} problems")
-sys.exit(1 if problems else 0)
+finish(CASE)

@@ -16,15 +16,11 @@ import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklist import check, finish  # noqa: E402
+
 BIN, WORK = sys.argv[1:3]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-problems = []
-
-
-def check(label, ok, detail=""):
-    print(f"{label}: {'ok' if ok else 'FAIL'} {'' if ok else detail}")
-    if not ok:
-        problems.append(label)
 
 
 shutil.rmtree(WORK, ignore_errors=True)
@@ -60,5 +56,4 @@ if r.returncode == 0:
     check("derived facts said as notes", all(f"note: {k} is not in the checkpoint's args" in r.stderr for k in shown), r.stderr[-800:])
     index = json.load(open(os.path.join(WORK, "hf", "model.safetensors.index.json")))
     check("tied: no lm_head tensor", "lm_head.weight" not in index["weight_map"] and "model.embed_tokens.weight" in index["weight_map"])
-print(f"{len(problems)} problems")
-sys.exit(1 if problems else 0)
+finish()

@@ -51,9 +51,9 @@ for gpus in range(1, 65):
         problems.append(f"{gpus} GPUs: exit {p.returncode}: {p.stderr.strip()}")
         continue
     c = j["chosen"]
-    dp, tp, pp, z = c["dp"], c["tp"], c["pp"], c["zero_stage"]
-    what = f"{gpus} GPUs: chose dp={dp} tp={tp} pp={pp} ZeRO-{z}"
-    if dp * tp * pp != gpus:
+    dp, sp, tp, pp, z = c["dp"], c.get("sp", 1), c["tp"], c["pp"], c["zero_stage"]
+    what = f"{gpus} GPUs: chose dp={dp} sp={sp} tp={tp} pp={pp} ZeRO-{z}"
+    if dp * sp * tp * pp != gpus:
         problems.append(f"{what}: degrees do not multiply to {gpus}")
     if heads % tp or kv % tp or ffn % tp or 8 % tp:
         problems.append(f"{what}: tp does not divide heads {heads}, kv heads {kv}, ffn {ffn} or the node's 8")
@@ -68,7 +68,7 @@ for gpus in range(1, 65):
     kept += bool(same)
     for x in j["candidates"]:
         l = x["layout"]
-        if l["dp"] * l["tp"] * l["pp"] != gpus:
+        if l["dp"] * l.get("sp", 1) * l["tp"] * l["pp"] != gpus or (l.get("sp", 1) > 1 and l["pp"] > 1):
             problems.append(f"{gpus} GPUs: candidate {l} does not multiply to {gpus}")
 if kept < 10:
     problems.append(f"only {kept} GPU counts kept the source's tp and pp: the preference is not exercised")
@@ -103,7 +103,7 @@ for fixed, label in ((["--tp", "2", "--pp", "2", "--zero-stage", "1"], "ZeRO-1 t
     est = [x for x in j["candidates"] if x["layout"] == c][0]["memory_per_gpu"]
     out = os.path.join(work, "out")
     shutil.rmtree(out, ignore_errors=True)
-    p = run([reshard, big_atomic, "-o", out, "-q", "--gpus", str(c["dp"] * c["tp"] * c["pp"]), *fixed])
+    p = run([reshard, big_atomic, "-o", out, "-q", "--gpus", str(c["dp"] * c.get("sp", 1) * c["tp"] * c["pp"]), *fixed])
     if p.returncode != 0:
         problems.append(f"{label}: reshard failed: {p.stderr}")
         continue

@@ -28,18 +28,12 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklist import check, finish  # noqa: E402
 import ds_stubs  # noqa: E402,F401
 
 BIN, CASES, WORK, MOE = sys.argv[1:5]
 LAUNCH = sys.argv[5:6]
 CASE = os.path.join(CASES, "sp2_dp2_zero1_fp32", "ckpt")
-problems = []
-
-
-def check(label, ok, detail=""):
-    print(f"{label}: {'ok' if ok else 'FAIL'} {'' if ok else detail}")
-    if not ok:
-        problems.append(label)
 
 
 def run(tool, *args, mpi=0):
@@ -212,5 +206,4 @@ check("in place: then SP=1 x DP=4, another layout", r.returncode == 0 and tag ==
 r = run("ucp-reshard", root, "--in-place", "--dp", "4", "--sp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1")
 check("in place: the same again: nothing to do", r.returncode == 0 and "nothing to do" in r.stderr, r.stderr[-400:])
 
-print(f"{len(problems)} problems" + (": " + ", ".join(problems) if problems else ""))
-sys.exit(1 if problems else 0)
+finish()
