@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
   app.add_flag("--in-place", in_place,
                "lazy reconfiguration of a checkpoint root (with `latest`, native or atomic): nothing to do if `latest` has "
                "the target layout; else convert it (or reuse ROOT/<tag>_universal when it holds the same files), "
-               "reshard into ROOT/<tag>_dp.._tp.._pp.._z.._<dtype> and point `latest` at it; the old tag stays");
+               "reshard into ROOT/<tag>_dp.._tp.._pp.._z.._<dtype> (_sp.. after dp with Ulysses SP) and point `latest` at it; the "
+               "old tag stays");
   CLI::Option* keep_flag = app.add_option("--keep", ip.keep, "with --in-place: keep at most this many tags written in place, the newest (default: all)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("-o,--output", o.output, "checkpoint folder to write (gets `latest` and global_stepN/; with --format hf, "
@@ -306,6 +307,12 @@ int main(int argc, char** argv) {
   if (!o.plan_only && o.output.empty()) {
     std::cerr << "ucp-reshard: error: an output folder is required (-o OUT), or --plan-only\n";
     return 2;
+  }
+  if (ucp::reshard::IsCheckpointRoot(o.atomic_dir)) {  // a training run's root given for an atomic checkpoint
+    std::cerr << "ucp-reshard: error: " << o.atomic_dir << " is a training run's checkpoint root (it has `latest`), not an "
+              << "atomic checkpoint: convert it first (mpirun -np N ucp-convert " << o.atomic_dir << " -o ATOMIC) and "
+              << "reshard ATOMIC, or reshard it where it is with --in-place (which converts it itself)\n";
+    return 1;
   }
   ucp::h5::InitializeBeforeMpi();  // before MPI_Init: see h5/h5.h
   auto comm = ucp::shuffle::MakeWorldComm(&argc, &argv);

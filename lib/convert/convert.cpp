@@ -229,6 +229,11 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     kind = store::StoreFromName(o.format);
     if (kind == store::StoreKind::Hdf5 && o.resume)
       throw Error("--resume is not supported with --format hdf5: atoms.h5 is one file, written whole; rerun with --force");
+    // An atomic checkpoint is converted already: said as such, not as a training checkpoint missing its rank files.
+    if (store::IsAtomicCheckpoint(o.source) || store::IsDeepSpeedUniversal(o.source))
+      throw Error(o.source + " is " + (store::IsAtomicCheckpoint(o.source) ? "an atomic checkpoint (ucp_manifest.json)" :
+                  "DeepSpeed's universal checkpoint (ds_to_universal.py)") + ", converted already: ucp-reshard reads it; "
+                  "ucp-convert --from-atomic copies a ucp one into another store");
     L = formats::IndexSource(o.source);
     if (!L.errors.empty()) throw Error(Joined(L.errors, o.source + ": unreadable or malformed files:"));
     if (o.strict && !L.problems.empty())

@@ -132,6 +132,20 @@ Current ReadCurrent(const std::string& root) {
 
 std::string Describe(const TargetLayout& t) { return t.Degrees() + " " + t.dtype; }
 
+// Whether `current` has every degree given beside --gpus (dp, sp, tp, pp, zero_stage) as `target` names it.
+bool KeepsGivenDegrees(const TargetLayout& current, const TargetLayout& target, const std::vector<std::string>& given) {
+  const std::pair<const char*, bool> same[] = {{"dp", current.dp == target.dp},   {"sp", current.Sp() == target.Sp()},
+                                               {"tp", current.tp == target.tp},   {"pp", current.pp == target.pp},
+                                               {"zero_stage", current.zero_stage == target.zero_stage}};
+  for (const auto& [key, equal] : same)
+    if (!equal && std::find(given.begin(), given.end(), key) != given.end()) return false;
+  return true;
+}
+
+// Whether --gpus comes with facts of the job to come (sequence length, micro-batch, recomputation):
+// then the layout is planned again even on as many GPUs.
+bool AsksActivationFacts(const PlannerRequest& r) { return r.seq_length > 0 || r.micro_batch > 0 || !r.recompute.empty(); }
+
 bool Same(const TargetLayout& current, const TargetLayout& target) {
   return current.dp == target.dp && (target.sp == 0 || target.Sp() == current.Sp()) && current.tp == target.tp &&
          current.pp == target.pp &&
@@ -182,16 +196,21 @@ int64_t FolderBytes(const std::string& dir) {
 // What the reshard after a conversion would refuse, refused before the conversion is done for
 // nothing: a TP degree (`tp`; 0: not known yet) the model's heads or FFN width do not divide.
 // Throws ucp::Error in the reshard's words.
-void RefuseBeforeConversion(const Current& current, int tp, const InPlaceOptions& o) {
+void RefuseBeforeConversion(const Current& current, const TargetLayout* target, const InPlaceOptions& o) {
   const source::SourceIndex L = formats::IndexSource(current.dir);
   // A target that judges the model itself (a model export) says now what it would refuse after.
   if (const formats::TargetDriver& d = formats::FindTarget(o.reshard.format); d.check_source) d.check_source(L, o.reshard.model);
+  if (!target) return;
   ModelFacts facts;
   facts.heads = std::max<int64_t>(0, L.Fact("num_attention_heads"));
   facts.kv_heads = std::max<int64_t>(0, L.Fact("num_key_value_heads"));
   facts.ffn = std::max<int64_t>(0, L.Fact("ffn_hidden_size"));
-  if (tp > 0)
-    if (const std::string why = ModelTpRefusal(facts, tp); !why.empty()) throw Error("target " + why);
+  facts.seq_length = std::max<int64_t>(0, L.Fact("seq_length"));
+  if (const std::string why = ModelTpRefusal(facts, target->tp); !why.empty()) throw Error("target " + why);
+  // The Ulysses rules Validate applies after the conversion (the source's SP unless --sp).
+  const int sp = target->sp > 0 ? target->sp : L.sp;
+  if (const std::string why = UlyssesRefusal(facts, target->tp, sp, target->pp, target->model == "pipe", L.moe); !why.empty())
+    throw Error("target " + why);
 }
 
 // --in-place --plan-only: what the step would do, from the metadata alone; nothing written.
@@ -226,7 +245,7 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
         const Source S = LoadSource(atomic);
         MakePlan(S, ResolveModel(S, target), 1, 0);
       } else if (!reuse) {
-        RefuseBeforeConversion(current, known ? target.tp : 0, o);
+        RefuseBeforeConversion(current, known ? &target : nullptr, o);
       }
       if (known) {
         if (target.grad_accum_dtype.empty() && current.layout_known) target.grad_accum_dtype = current.layout.grad_accum_dtype;
@@ -282,9 +301,9 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
 
 // The atomic checkpoint of the tag `latest` names: ROOT/<current.atomic>, reused when it holds what
 // the tag holds now (or is DeepSpeed's own universal folder made from it), else converted into it
-// (refused first when the step after it would refuse: `refuse_tp`, 0 for none). Collective; empty
+// (refused first when the step after it would refuse the layout `refuse`, where not nullptr). Collective; empty
 // when it failed (the lowest failing rank said why).
-std::string AtomicOfTag(const InPlaceOptions& o, const std::string& root, const Current& current, int refuse_tp,
+std::string AtomicOfTag(const InPlaceOptions& o, const std::string& root, const Current& current, const TargetLayout* refuse,
                         shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
   const bool talk = comm.rank() == 0 && !o.reshard.quiet;
   const std::string was = current.tag + " (" + (current.layout_known ? Describe(current.layout) + ", " : "") + current.kind + ")";
@@ -298,7 +317,7 @@ std::string AtomicOfTag(const InPlaceOptions& o, const std::string& root, const 
           << atomic << (current.deepspeed_universal ? " (read-only)" : "") << "\n";
     return atomic;
   }
-  error = Capture([&] { RefuseBeforeConversion(current, refuse_tp, o); });
+  error = Capture([&] { RefuseBeforeConversion(current, refuse, o); });
   if (AnyFailed(comm, error, err, kTool)) return "";
   if (talk) err << kTool << ": " << was << ": converting it into " << atomic << "\n";
   convert::ConvertOptions c;
@@ -326,7 +345,7 @@ int RunFromRoot(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out,
   if (AnyFailed(comm, error, err, kTool)) return 1;
   ReshardOptions r = o.reshard;
   if (o.plan_only && !reusable) {  // nothing to plan from before the conversion: what would happen, or its refusal
-    error = Capture([&] { RefuseBeforeConversion(current, 0, o); });
+    error = Capture([&] { RefuseBeforeConversion(current, nullptr, o); });
     if (AnyFailed(comm, error, err, kTool)) return 1;
     if (comm.rank() == 0) {
       const nlohmann::json j = {{"root", root}, {"latest", current.tag}, {"kind", current.kind},
@@ -340,7 +359,7 @@ int RunFromRoot(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out,
     }
     return 0;
   }
-  r.atomic_dir = AtomicOfTag(o, root, current, 0, comm, out, err);
+  r.atomic_dir = AtomicOfTag(o, root, current, nullptr, comm, out, err);
   if (r.atomic_dir.empty()) return 1;
   return RunReshard(r, comm, out, err);
 }
@@ -365,8 +384,9 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
     if (!current.layout_known) return;
     if (std::find(o.given.begin(), o.given.end(), "dtype") == o.given.end())
       target.dtype = current.layout.dtype;  // the training dtype stays unless --dtype says
-    if (o.reshard.planner.gpus > 0)  // the planner is asked only when the GPU count changed
-      nothing_to_do = current.layout.SeqDp() * current.layout.tp * current.layout.pp == o.reshard.planner.gpus;
+    if (o.reshard.planner.gpus > 0)  // the planner is asked only when the GPU count, a degree given or a model fact changed
+      nothing_to_do = current.layout.SeqDp() * current.layout.tp * current.layout.pp == o.reshard.planner.gpus &&
+                      KeepsGivenDegrees(current.layout, target, o.given) && !AsksActivationFacts(o.reshard.planner);
     else
       nothing_to_do = Same(current.layout, target);
   });
@@ -382,7 +402,7 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
     return 0;
   }
 
-  const std::string atomic = AtomicOfTag(o, root, current, o.reshard.planner.gpus > 0 ? 0 : target.tp, comm, out, err);
+  const std::string atomic = AtomicOfTag(o, root, current, o.reshard.planner.gpus > 0 ? nullptr : &target, comm, out, err);
   if (atomic.empty()) return 1;
 
   ReshardOptions r = o.reshard;
@@ -427,7 +447,7 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
   error = comm.rank() == 0 ? Capture([&] {
     if (o.keep <= 0) return;
     for (const auto& name : Removable(root, r.output_tag, o.keep)) {
-      if (talk) err << kTool << ": --keep " << o.keep << ": removing " << root << "/" << name << "\n";
+      if (talk) err << kTool << ": --keep " << o.keep << ": `latest` names " << r.output_tag << " already; removing " << root << "/" << name << "\n";
       fs::remove_all(root + "/" + name);
       if (name == rollback) rollback = current.source_tag;
     }

@@ -29,6 +29,17 @@ std::string TpRefusal(const ModelFacts& m, const PlannerRequest& r, int tp) {
   return ModelTpRefusal(m, tp);
 }
 
+// " (dp x sp = 6 does not divide 4 GPUs)": the degrees the user fixed, where their product alone rules out every layout.
+std::string FixedProduct(const PlannerRequest& r) {
+  std::string named;
+  int64_t product = 1;
+  const std::pair<const char*, int> degrees[] = {{"dp", r.base.dp}, {"sp", r.base.Sp()}, {"tp", r.base.tp}, {"pp", r.base.pp}};
+  for (const auto& [key, value] : degrees)
+    if (Fixed(r, key)) named += (named.empty() ? "" : " x ") + std::string(key), product *= value;
+  if (named.empty() || r.gpus % product == 0) return "";
+  return " (" + named + " = " + std::to_string(product) + " does not divide " + std::to_string(r.gpus) + " GPUs)";
+}
+
 }  // namespace
 
 std::string ModelTpRefusal(const ModelFacts& m, int tp) {
@@ -40,7 +51,7 @@ std::string ModelTpRefusal(const ModelFacts& m, int tp) {
 
 std::string ModelSpRefusal(const ModelFacts& m, int tp, int sp) {
   if (sp <= 1) return "";
-  if (m.heads > 0 && (m.heads % tp || (m.heads / tp) % sp))
+  if (m.heads > 0 && m.heads % tp == 0 && (m.heads / tp) % sp)  // (a TP not dividing them: ModelTpRefusal's)
     return "sp=" + std::to_string(sp) + " does not divide the " + std::to_string(m.heads) + " query heads" +
            (tp > 1 ? " per TP rank (" + std::to_string(m.heads / tp) + " at tp=" + std::to_string(tp) + ")" : "") +
            ": Ulysses gives each SP rank whole heads";
@@ -48,6 +59,15 @@ std::string ModelSpRefusal(const ModelFacts& m, int tp, int sp) {
     return "sp=" + std::to_string(sp) + " does not divide the sequence length " + std::to_string(m.seq_length) +
            ": Ulysses gives each SP rank s/sp tokens";
   return "";
+}
+
+std::string UlyssesRefusal(const ModelFacts& m, int tp, int sp, int pp, bool pipeline_module, bool moe) {
+  if (sp <= 1) return "";
+  const std::string with = "sp=" + std::to_string(sp) + " with ";
+  if (pp > 1) return with + "pp=" + std::to_string(pp) + ": Megatron-DeepSpeed runs Ulysses SP without a pipeline; use pp=1";
+  if (pipeline_module) return with + "model 'pipe': Ulysses SP runs in a model that is not a PipelineModule";
+  if (moe) return with + "Mixture of Experts: no real checkpoint of that combination has been read; not written";
+  return ModelSpRefusal(m, tp, sp);
 }
 
 nlohmann::json ActivationModel::ToJson() const {
@@ -109,10 +129,9 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
     const std::string tp_no = TpRefusal(model, r, tp);
     for (int sp = 1; sp <= r.gpus / tp; ++sp) {
       if ((r.gpus / tp) % sp || (Fixed(r, "sp") && sp != r.base.Sp())) continue;
-      const std::string sp_no = ModelSpRefusal(facts, tp, sp);
       for (int pp = 1; pp <= r.gpus / tp / sp; ++pp) {
         if ((r.gpus / tp / sp) % pp || (Fixed(r, "pp") && pp != r.base.pp)) continue;
-        if (sp > 1 && pp > 1) continue;  // Ulysses runs without a pipeline (Megatron-DeepSpeed)
+        const std::string sp_no = UlyssesRefusal(facts, tp, sp, pp, r.base.model == "pipe", false);
         const int dp = r.gpus / tp / sp / pp;
         if (Fixed(r, "dp") && dp != r.base.dp) continue;
         for (int z = 0; z <= 3; ++z) {
@@ -158,7 +177,7 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
   const std::string budget = HumanBytes(static_cast<double>(r.gpu_memory));
   if (valid.empty()) {
     choice.reason = "no layout of this model takes " + std::to_string(r.gpus) + " GPU" + (r.gpus > 1 ? "s" : "") +
-                    (refused.empty() ? " with the degrees given" : ": " + refused.front().refused);
+                    (refused.empty() ? " with the degrees given" + FixedProduct(r) : ": " + refused.front().refused);
     return choice;
   }
   if (!valid.front().fits) {
@@ -188,8 +207,13 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
                                            : " does not fit (" + HumanBytes(double(same->memory.total())) + " per GPU at best)") +
           "; then the fewest pipeline stages (pp=" + std::to_string(t.pp) + ")";
   }
-  if (t.Sp() > 1)
+  if (Fixed(r, "sp"))
+    why += ", sp=" + std::to_string(t.Sp()) + " as given";
+  else if (t.Sp() > 1)
     why += ", the smallest SP that fits (sp=" + std::to_string(t.Sp()) + ": the sequence's activations do not fit with less)";
+  else if (s.Sp() > 1)
+    why += ", no SP (the source ran sp=" + std::to_string(s.Sp()) + "; its sequence fits without: --sp " +
+           std::to_string(s.Sp()) + " keeps it)";
   why += ", the least ZeRO communication (ZeRO-" + std::to_string(t.zero_stage) +
          (t.zero_stage == s.zero_stage ? ", as the source" : "") + "), the smallest TP (tp=" + std::to_string(t.tp) +
          "): " + HumanBytes(double(c.memory.total())) + " of " + budget + " per GPU";
@@ -208,7 +232,7 @@ nlohmann::json LayoutChoice::ToJson(const PlannerRequest& r) const {
   return {{"gpus", r.gpus},
           {"gpus_per_node", r.gpus_per_node},
           {"gpu_memory", r.gpu_memory},
-          {"activation_memory", r.activations()},
+          {"activation_memory", activation.known() && r.activation_memory < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.activations())},
           {"activation_model", activation.known() && r.activation_memory < 0 ? activation.ToJson() : nlohmann::json(nullptr)},
           {"chosen", chosen >= 0 ? candidates[chosen].layout.ToJson() : nlohmann::json(nullptr)},
           {"reason", reason},

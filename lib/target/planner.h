@@ -121,6 +121,10 @@ std::string ModelTpRefusal(const ModelFacts& m, int tp);
 // sequence length SP does not divide (facts the model does not record are no reason), or "". The
 // one SP rule, as ModelTpRefusal is for TP.
 std::string ModelSpRefusal(const ModelFacts& m, int tp, int sp);
+// Every reason a layout cannot run Ulysses SP: a pipeline (pp > 1, or a PipelineModule), Mixture of
+// Experts, or ModelSpRefusal; "" for sp <= 1 or none. The one rule for an SP layout however named:
+// Validate, the planner, and --in-place before a conversion.
+std::string UlyssesRefusal(const ModelFacts& m, int tp, int sp, int pp, bool pipeline_module, bool moe);
 
 LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request, const LoadOf& load);
 

@@ -276,20 +276,13 @@ void Validate(const Source& S, const TargetLayout& T) {
   if (T.zero_stage == 0 && T.dtype != "bf16" && !S.moe)
     no("ZeRO stage 0 is DeepSpeed's BF16 optimizer: it needs --dtype bf16");
   if (T.zero_stage == 2 && T.pp > 1) no("ZeRO-2 with pipeline parallelism: DeepSpeed refuses it; use stage 1");
-  if (T.Sp() > 1 && T.pp > 1)
-    no("sp=" + std::to_string(T.Sp()) + " with pp=" + std::to_string(T.pp) + ": Megatron-DeepSpeed runs Ulysses SP without a pipeline; use pp=1");
+  const ModelFacts facts = ModelFactsOf(S);
+  if (const std::string why = ModelTpRefusal(facts, T.tp); !why.empty()) no(why);
+  if (const std::string why = UlyssesRefusal(facts, T.tp, T.Sp(), T.pp, NamingOf(T) != Naming::Plain, S.moe); !why.empty()) no(why);
   if (T.model == "plain" && T.pp > 1) no("model 'plain' with pp=" + std::to_string(T.pp) + ": only a PipelineModule runs a pipeline");
   if (T.model == "pipe" && T.zero_stage == 3) no("model 'pipe' with ZeRO-3: DeepSpeed refuses a PipelineModule under ZeRO-3");
   if (T.pp > S.layers)
     no("pp=" + std::to_string(T.pp) + " exceeds the " + std::to_string(S.layers) + " transformer layers");
-  const ModelFacts facts = ModelFactsOf(S);
-  if (const std::string why = ModelTpRefusal(facts, T.tp); !why.empty()) no(why);
-  if (T.Sp() > 1) {  // DeepSpeed Ulysses, as Megatron-DeepSpeed runs it
-    const std::string ulysses = "sp=" + std::to_string(T.Sp()) + " with ";
-    if (NamingOf(T) != Naming::Plain) no(ulysses + "model 'pipe': Ulysses SP runs in a model that is not a PipelineModule");
-    if (S.moe) no(ulysses + "Mixture of Experts: no real checkpoint of that combination has been read; not written");
-    if (const std::string why = ModelSpRefusal(facts, T.tp, T.Sp()); !why.empty()) no(why);
-  }
   if (!S.moe) {
     if (T.ep > 1) no("ep=" + std::to_string(T.ep) + ": the checkpoint has no Mixture-of-Experts layer");
     return;

@@ -14,7 +14,8 @@ sequence_data_parallel_size). So:
 - every written layout numbers dp x sp files and records dp x sp as dp_world_size, partition_count;
 - SP that does not divide the query heads per TP rank, SP with a pipeline or with Mixture of Experts
   are refused by name, nothing written;
-- --in-place tells an SP change from a DP change and names the tag with SP;
+- --in-place tells an SP change from a DP change and names the tag with SP, refuses an SP layout the
+  step would refuse before converting anything, and with --gpus re-plans when a degree given differs;
 - the planner (--gpus) shows the activation estimate from the args' sequence length and micro-batch.
 real_reshard.py checks SP=2 x DP=2 and SP=1 x DP=4 against DeepSpeed's files of those layouts and
 values; DeepSpeed itself resumed from each layout here (the closing note of issue 31).
@@ -205,5 +206,38 @@ check("in place: then SP=1 x DP=4, another layout", r.returncode == 0 and tag ==
       tag + r.stderr[-400:])
 r = run("ucp-reshard", root, "--in-place", "--dp", "4", "--sp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1")
 check("in place: the same again: nothing to do", r.returncode == 0 and "nothing to do" in r.stderr, r.stderr[-400:])
+
+
+# 7. before a conversion, --in-place refuses what the step after it would refuse, dry run and step alike.
+fresh = os.path.join(WORK, "fresh_root")
+shutil.copytree(CASE, fresh, ignore=shutil.ignore_patterns("*_universal"))
+before = sorted(os.listdir(fresh))
+for extra in ([], ["--plan-only"]):
+    for flags, words in [(["--sp", "3", "--pp", "1"], "sp=3 does not divide the 4 query heads"),
+                         (["--sp", "2", "--pp", "2"], "without a pipeline")]:
+        r = run("ucp-reshard", fresh, "--in-place", "--dp", "1", "--tp", "1", "--zero-stage", "1", *flags, *extra)
+        check(f"in place {' '.join(flags + extra)}: refused before converting", r.returncode == 1 and words in r.stderr + r.stdout
+              and sorted(os.listdir(fresh)) == before, f"exit {r.returncode}: {os.listdir(fresh)} {r.stderr[-400:]}")
+# --gpus on as many GPUs re-plans when a degree given differs from the current layout's.
+r = run("ucp-reshard", fresh, "--in-place", "-q", "--gpus", "4", "--sp", "4")
+check("in place --gpus 4 --sp 4 from SP=2 x DP=2: resharded, not 'nothing to do'",
+      r.returncode == 0 and open(os.path.join(fresh, "latest")).read().strip().startswith("global_step6_dp1_sp4_"),
+      open(os.path.join(fresh, "latest")).read() + r.stderr[-400:])
+r = run("ucp-reshard", fresh, "--in-place", "--gpus", "4")
+check("in place --gpus 4 again: nothing to do", r.returncode == 0 and "nothing to do" in r.stderr, r.stderr[-300:])
+
+# 8. the planner's words for degrees given.
+r = run("ucp-reshard", atomic, "--gpus", "4", "--sp", "3", "--plan-only")
+check("planner: --sp 3 on 4 GPUs says why nothing is valid", r.returncode == 1 and "sp = 3 does not divide 4 GPUs" in r.stdout + r.stderr,
+      r.stdout[-300:] + r.stderr[-300:])
+r = run("ucp-reshard", atomic, "--gpus", "4", "--sp", "4", "--plan-only")
+check("planner: a given SP is said as given", r.returncode == 0 and "sp=4 as given" in r.stdout, r.stdout[-400:])
+
+# 9. the wrong kind of folder for each tool, said as such.
+r = run("ucp-convert", atomic, "-o", os.path.join(WORK, "again"))
+check("ucp-convert of an atomic checkpoint: converted already", r.returncode == 1 and "converted already" in r.stderr, r.stderr[-300:])
+r = run("ucp-reshard", root, "-o", os.path.join(WORK, "from_root"), "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1")
+check("ucp-reshard -o of a training root: told to convert or use --in-place", r.returncode == 1 and
+      "training run's checkpoint root" in r.stderr and "--in-place" in r.stderr, r.stderr[-300:])
 
 finish()
