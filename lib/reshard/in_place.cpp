@@ -194,7 +194,8 @@ int64_t FolderBytes(const std::string& dir) {
 }
 
 // What the reshard after a conversion would refuse, refused before the conversion is done for
-// nothing: a TP degree (`tp`; 0: not known yet) the model's heads or FFN width do not divide.
+// nothing: a model the target format refuses; of the `target` layout (nullptr: not known yet), a TP
+// degree the model's heads or FFN width do not divide and an SP layout UlyssesRefusal refuses.
 // Throws ucp::Error in the reshard's words.
 void RefuseBeforeConversion(const Current& current, const TargetLayout* target, const InPlaceOptions& o) {
   const source::SourceIndex L = formats::IndexSource(current.dir);
