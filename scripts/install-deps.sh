@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs ucp's Debian dependencies, only when one is missing (idempotent; needs root or sudo).
+# No libtorch-dev: ucp reads DeepSpeed's pickles with its own bounded unpickler (libtorch's rejects
+# the classes every DeepSpeed checkpoint holds); python3-torch serves the tests.
 set -euo pipefail
-packages=(cmake g++ make libtorch-dev libopenmpi-dev openmpi-bin libhdf5-openmpi-dev libcli11-dev
+packages=(cmake g++ make libopenmpi-dev openmpi-bin libhdf5-openmpi-dev libcli11-dev
           nlohmann-json3-dev catch2 zlib1g-dev python3-torch python3-numpy python3-jsonschema python3-xxhash
           hdf5-tools python3-h5py clang libclang-rt-14-dev)
 missing=()

@@ -2,18 +2,50 @@
 # The test command (README, .ci/run): installs missing dependencies, builds, runs every test through
 # ctest, then rebuilds the unit tests with AddressSanitizer + UBSan and reruns the tests that feed
 # damaged and hostile input to the reader, then runs each libFuzzer harness for 30 s.
+#
+#   bash scripts/test.sh            everything (CI: .ci/run)
+#   bash scripts/test.sh --quick    the inner loop: build and ctest without the kill-anywhere and layout
+#                                   matrix tests (about 60% of the test time), no sanitizer or fuzzing pass
+# The wall time of each phase is printed at the end, whether it passed or not.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$root/build}"
+quick=0
+case "${1:-}" in
+  --quick) quick=1 ;;
+  "") ;;
+  *) echo "usage: bash scripts/test.sh [--quick]" >&2; exit 2 ;;
+esac
+phases=()
+phase_start=$SECONDS
+phase() {  # phase NAME: closes the phase before it under NAME
+  phases+=("$(printf '%-34s %5d s' "$1" $((SECONDS - phase_start)))")
+  phase_start=$SECONDS
+}
+report() {
+  echo "== wall time per phase"
+  for p in "${phases[@]}"; do echo "  $p"; done
+  echo "  $(printf '%-34s %5d s' total "$SECONDS")"
+}
+trap report EXIT
 bash "$root/scripts/install-deps.sh"
+phase "install-deps"
 BUILD_DIR="$build" bash "$root/scripts/build.sh"
+phase "build"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+if [ "$quick" -eq 1 ]; then
+  (cd "$build" && ctest --output-on-failure -j "$(nproc)" -E '^(kill_anywhere|reshard_matrix)_')
+  phase "ctest --quick"
+  exit 0
+fi
 (cd "$build" && ctest --output-on-failure -j "$(nproc)")
+phase "ctest"
 
 asan="$build-asan"
 cmake -S "$root" -B "$asan" -DUCP_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug > "$asan.configure.log" 2>&1 \
   || { cat "$asan.configure.log"; exit 1; }
 cmake --build "$asan" -j "$(nproc)" --target ucp_unit_tests ucp-inspect ucp-convert ucp-reshard
+phase "sanitizer build"
 work="$build/tests/work"
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 echo "== AddressSanitizer: reader, writer, inspect, plans and corrupted inputs"
@@ -50,5 +82,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/pytho
   "$asan/apps/ucp-convert" "$asan/apps/ucp-inspect" "$work/fixtures/zero3_tp2_dp2_gpt" "$work/asan/hdf5_np1" 1
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/hdf5_case.py" \
   "$asan/apps/ucp-convert" "$asan/apps/ucp-inspect" "$work/fixtures/tp2_pp2_dp2_bf16" "$work/asan/hdf5_np2" 2 mpiexec
+phase "sanitizer tests"
 echo "== libFuzzer: each harness for 30 s (scripts/fuzz.sh), seeded with the real and fixture files"
 UCP_TEST_WORK="$work" FUZZ_BUILD_DIR="$build-fuzz" bash "$root/scripts/fuzz.sh" all 30
+phase "fuzzing"
