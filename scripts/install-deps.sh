@@ -4,7 +4,7 @@
 # the classes every DeepSpeed checkpoint holds); python3-torch serves the tests.
 set -euo pipefail
 packages=(cmake g++ make libopenmpi-dev openmpi-bin libhdf5-openmpi-dev libcli11-dev
-          nlohmann-json3-dev catch2 zlib1g-dev python3-torch python3-numpy python3-jsonschema python3-xxhash
+          nlohmann-json3-dev catch2 zlib1g-dev libdeflate-dev libxxhash-dev python3-torch python3-numpy python3-jsonschema python3-xxhash
           hdf5-tools python3-h5py clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do

@@ -1,7 +1,6 @@
 #include "pt/zip_archive.h"
 
-#include <immintrin.h>
-#include <zlib.h>
+#include <libdeflate.h>
 
 #include <algorithm>
 #include <cstring>
@@ -43,78 +42,27 @@ class Cursor {
 
 }  // namespace
 
-namespace {
-
-// The zip CRC-32 (bit-reflected polynomial 0x04C11DB7) by folding 16-byte blocks with carry-less
-// multiplication, after Intel's "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ":
-// four lanes fold 64 bytes per step, then one lane, then a Barrett reduction to 32 bits. `raw`
-// and the result are the bare register (zlib's value complemented); `len` is a multiple of 16,
-// at least 64. The constants are x^k mod P for the fold distances, P itself and floor(x^64 / P).
-#define UCP_CLMUL __attribute__((target("pclmul,sse4.1")))
-UCP_CLMUL inline __m128i Load16(const uint8_t* q) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)); }
-UCP_CLMUL inline __m128i Fold16(__m128i x, __m128i k, __m128i next) {
-  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)), next);
-}
-
-UCP_CLMUL uint32_t Crc32Clmul(uint32_t raw, const uint8_t* p, size_t len) {
-  const __m128i k1k2 = _mm_set_epi64x(0x1c6e41596, 0x154442bd4);
-  const __m128i k3k4 = _mm_set_epi64x(0x0ccaa009e, 0x1751997d0);
-  const __m128i k5 = _mm_set_epi64x(0, 0x163cd6124);
-  const __m128i pu = _mm_set_epi64x(0x1f7011641, 0x1db710641);
-  const __m128i low32 = _mm_set_epi32(0, 0, 0, -1);
-  __m128i x1 = _mm_xor_si128(Load16(p), _mm_cvtsi32_si128(static_cast<int>(raw)));
-  __m128i x2 = Load16(p + 16), x3 = Load16(p + 32), x4 = Load16(p + 48);
-  p += 64, len -= 64;
-  for (; len >= 64; p += 64, len -= 64) {
-    x1 = Fold16(x1, k1k2, Load16(p));
-    x2 = Fold16(x2, k1k2, Load16(p + 16));
-    x3 = Fold16(x3, k1k2, Load16(p + 32));
-    x4 = Fold16(x4, k1k2, Load16(p + 48));
-  }
-  x1 = Fold16(Fold16(Fold16(x1, k3k4, x2), k3k4, x3), k3k4, x4);
-  for (; len >= 16; p += 16, len -= 16) x1 = Fold16(x1, k3k4, Load16(p));
-  // 128 -> 64 bits, then 64 -> 32 bits with 32 zero bits appended.
-  x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), _mm_clmulepi64_si128(k3k4, x1, 0x01));
-  x1 = _mm_xor_si128(_mm_srli_si128(x1, 4), _mm_clmulepi64_si128(_mm_and_si128(x1, low32), k5, 0x00));
-  // Barrett reduction.
-  __m128i t = _mm_and_si128(_mm_clmulepi64_si128(_mm_and_si128(x1, low32), pu, 0x10), low32);
-  t = _mm_xor_si128(_mm_clmulepi64_si128(t, pu, 0x00), x1);
-  return static_cast<uint32_t>(_mm_extract_epi32(t, 1));
-}
-
-#undef UCP_CLMUL
-
-bool HasClmul() {
-  static const bool yes = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
-  return yes;
-}
-
-uint32_t Crc32Zlib(uint32_t crc, const uint8_t* p, size_t left) {
-  uLong c = crc;
-  while (left > 0) {  // zlib's crc32 takes a 32-bit length: feed it in slices
-    uInt n = static_cast<uInt>(std::min<size_t>(left, 1u << 30));
-    c = ::crc32(c, p, n);
-    p += n;
-    left -= n;
-  }
-  return static_cast<uint32_t>(c);
-}
-
-}  // namespace
-
+// libdeflate's CRC-32 (the zip polynomial, zlib's convention): it picks carry-less multiplication
+// (x86-64) or the CRC instructions (aarch64) at run time, and takes a size_t length. Chosen over
+// zlib's crc32 by scripts/bench_checksums.sh.
 uint32_t Crc32(uint32_t crc, std::span<const uint8_t> bytes) {
-  const size_t n = bytes.size(), folded = n & ~size_t{15};
-  if (n < 256 || !HasClmul()) return Crc32Zlib(crc, bytes.data(), n);
-  crc = ~Crc32Clmul(~crc, bytes.data(), folded);
-  return Crc32Zlib(crc, bytes.data() + folded, n - folded);
+  if (bytes.empty()) return crc;
+  return libdeflate_crc32(crc, bytes.data(), bytes.size());
 }
 
-ZipArchive::ZipArchive(std::shared_ptr<MappedFile> file) : file_(std::move(file)) {
-  const std::string& path = file_->path();
-  Cursor in(file_->bytes(), path);
+ZipArchive::ZipArchive(std::shared_ptr<MappedFile> f) : ZipArchive(f, 0, f->size()) {}
+
+ZipArchive::ZipArchive(std::shared_ptr<MappedFile> file, uint64_t base, uint64_t size) : file_(std::move(file)) {
+  if (base > file_->size() || size > file_->size() - base)
+    throw Error(file_->path() + ": bytes [" + std::to_string(base) + ", +" + std::to_string(size) +
+                ") lie beyond the end of the file (" + std::to_string(file_->size()) + " bytes)");
+  const std::string path = base == 0 && size == file_->size() ? file_->path() :
+      file_->path() + " (the archive at bytes [" + std::to_string(base) + ", +" + std::to_string(size) + "))";
+  const std::span<const uint8_t> bytes = file_->bytes().subspan(base, size);
+  Cursor in(bytes, path);
   if (in.size() < kEndOfCentralSize)
     throw Error(path + ": not a torch.save zip archive: only " + std::to_string(in.size()) + " bytes");
-  if (in.size() >= 2 && file_->bytes()[0] == 0x80)
+  if (in.size() >= 2 && bytes[0] == 0x80)
     throw Error(path + ": legacy (pre-1.6, non-zip) torch.save format is not supported");
 
   // The end-of-central-directory record sits in the last 22 + 65535 (comment) bytes.
@@ -172,7 +120,7 @@ ZipArchive::ZipArchive(std::shared_ptr<MappedFile> file) : file_(std::move(file)
     uint64_t name_off = off + 46;
     in.Read(name_off + name_len + extra_len, 0, "entry name");  // bounds only
     if (name_off + name_len > in.size()) throw Error(path + ": truncated zip: entry name beyond end of file");
-    e.name.assign(reinterpret_cast<const char*>(file_->bytes().data() + name_off), name_len);
+    e.name.assign(reinterpret_cast<const char*>(bytes.data() + name_off), name_len);
     // zip64 extra field: the 64-bit values appear, in order, only for fields saturated above.
     for (uint64_t x = name_off + name_len; x + 4 <= name_off + name_len + extra_len;) {
       uint16_t id = in.U16(x, "extra field id");
@@ -198,6 +146,7 @@ ZipArchive::ZipArchive(std::shared_ptr<MappedFile> file) : file_(std::move(file)
     if (e.data_offset > in.size() || e.size > in.size() - e.data_offset)
       throw Error(path + ": truncated: entry '" + e.name + "' needs bytes [" + std::to_string(e.data_offset) + ", " +
                   std::to_string(e.data_offset + e.size) + ") but the file has " + std::to_string(in.size()));
+    e.data_offset += base;
     std::string name = e.name;
     entries_.emplace(std::move(name), std::move(e));
     off = name_off + name_len + extra_len + comment_len;

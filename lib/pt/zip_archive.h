@@ -25,6 +25,10 @@ class ZipArchive {
  public:
   // Parses the central directory of `file`. Throws ucp::Error naming the file on malformed input.
   explicit ZipArchive(std::shared_ptr<MappedFile> file);
+  // A zip that is bytes [base, base + size) of `file` (PyTorch's DCP keeps one torch.save archive
+  // per tensor chunk inside its .distcp files): its offsets count from `base`, nothing outside the
+  // range is read, and entries' data_offset are the file's.
+  ZipArchive(std::shared_ptr<MappedFile> file, uint64_t base, uint64_t size);
 
   const std::string& path() const { return file_->path(); }
   const std::shared_ptr<MappedFile>& file() const { return file_; }
