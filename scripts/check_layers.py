@@ -19,6 +19,7 @@ LAYERS = [
     "formats/driver.h",  # the source and target driver interfaces
     "formats/deepspeed",  # one folder per format: its source and target drivers
     "formats/hf",        # Hugging Face: safetensors models (a target)
+    "formats/dcp",       # PyTorch Distributed Checkpoint (a source)
     "formats",           # the registry of drivers
     "convert", "inspect", "reshard",  # the pipelines the tools run
 ]

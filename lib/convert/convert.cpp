@@ -192,6 +192,10 @@ void FinishCommit(const std::string& output, store::StoreKind kind) {
 // zero/optimizer_state.pt, which DeepSpeed's universal loader reads besides the atomic tensors:
 // from the optimizer file at pp=0, tp=0, dp=0.
 store::FileRecord WriteOptimizerStateFile(const source::SourceIndex& L, const std::string& out, Durability durability) {
+  if (L.optimizer_state) {
+    auto d = pt::WriteTorchFile(out + "/zero/optimizer_state.pt", *L.optimizer_state, durability);
+    return {"zero/optimizer_state.pt", d.size, d.xxh64};
+  }
   const source::ShardFile* first_optim = nullptr;
   for (const auto& f : L.files)
     if (f.data && f.pp == 0 && f.tp == 0 && f.dp == 0) first_optim = &f;
@@ -249,8 +253,8 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   if (talk) {
     err << "ucp-convert: " << L.framework << " " << (L.zero_stage == 3 ? "ZeRO-3" : "ZeRO-" + std::to_string(L.zero_stage))
         << " (" << L.optimizer << ") " << L.dtype << " " << source::DataParallelDegrees(L) << " tp=" << L.tp << " pp=" << L.pp
-        << (L.moe ? " ep=" + std::to_string(L.ep) + " (Mixture of Experts)" : "") << ", DeepSpeed " << (L.ds_version.empty() ? "?" : L.ds_version) << ", universal_checkpoint_version "
-        << (M.checkpoint_rules && M.checkpoint_rules->version ? VersionString(*M.checkpoint_rules->version) : "none")
+        << (L.moe ? " ep=" + std::to_string(L.ep) + " (Mixture of Experts)" : "") << (L.format != "deepspeed" ? "" : ", DeepSpeed " + (L.ds_version.empty() ? "?" : L.ds_version) + ", universal_checkpoint_version " +
+            (M.checkpoint_rules && M.checkpoint_rules->version ? VersionString(*M.checkpoint_rules->version) : "none"))
         << "; " << plan.params.size() << " parameters; "
         << (o.plan_ranks > 0 ? "planned for " + std::to_string(o.plan_ranks) + " MPI ranks (--ranks)" : comm.name()) << "\n";
     for (const auto* list : {&L.notes, &M.notes})

@@ -49,6 +49,7 @@ struct TargetDriver {
 // The rows, each defined in its format's folder (formats/<name>/driver.cpp); the registry's tables
 // list them.
 const SourceDriver& DeepSpeedSource();
+const SourceDriver& DcpSource();
 const TargetDriver& DeepSpeedTarget();
 const TargetDriver& HuggingFaceTarget();
 

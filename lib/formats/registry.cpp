@@ -11,7 +11,7 @@ namespace {
 // The tables: one row per format folder, each defined there (formats/<name>/driver.cpp). A source's
 // place is the order probes are tried in.
 std::span<const SourceDriver* const> Sources() {
-  static const SourceDriver* const table[] = {&DeepSpeedSource()};
+  static const SourceDriver* const table[] = {&DeepSpeedSource(), &DcpSource()};
   return table;
 }
 std::span<const TargetDriver* const> Targets() {

@@ -16,9 +16,14 @@
 namespace ucp::pt {
 
 TorchFile ReadTorchFile(const std::string& path, const ReadOptions& options) {
+  return ReadTorchArchive(std::make_shared<ZipArchive>(MappedFile::Open(path)), options);
+}
+
+TorchFile ReadTorchArchive(std::shared_ptr<ZipArchive> archive, const ReadOptions& options) {
   TorchFile out;
-  out.archive = std::make_shared<ZipArchive>(MappedFile::Open(path));
+  out.archive = std::move(archive);
   const ZipArchive& zip = *out.archive;
+  const std::string& path = zip.path();
   // The pickle is <prefix>data.pkl; every other record of the archive shares that prefix.
   for (const auto& [name, entry] : zip.entries()) {
     if (name.size() >= 8 && name.compare(name.size() - 8, 8, "data.pkl") == 0 &&

@@ -26,6 +26,10 @@ struct TorchFile {
 // Throws ucp::Error whose message starts with the file's path.
 TorchFile ReadTorchFile(const std::string& path, const ReadOptions& options = {});
 
+// The same for an archive already opened (ReadTorchFile's work after opening the file); errors name
+// the archive's path.
+TorchFile ReadTorchArchive(std::shared_ptr<ZipArchive> archive, const ReadOptions& options = {});
+
 // Writes `root` as a torch.save zip archive (pickle protocol 2) at `path`, atomically: the bytes go
 // to a temporary name in the same directory, are fsynced (Durability::Now; Batch: see
 // core/atomic_file.h), and are renamed over `path`. The XXH64 of the file's bytes is computed as

@@ -110,6 +110,9 @@ struct SourceIndex {
   pt::ValuePtr universal_checkpoint_info;
   std::map<std::string, int64_t> model_facts;  // integer model hyper-parameters (hidden_size, ...)
   pt::ValuePtr args;                           // Megatron's args (an argparse.Namespace), or nullptr
+  // The non-sharded optimizer state (zero/optimizer_state.pt: param_groups, ...) where the driver
+  // reads it itself; nullptr: taken from the optimizer file at (pp=0, tp=0, dp=0), as DeepSpeed's is.
+  pt::ValuePtr optimizer_state;
   std::shared_ptr<const void> keep_alive;      // what the values above point into
   int64_t zero_padding_elements = 0;           // alignment padding over all data files
   std::vector<std::string> errors;    // unreadable or malformed files: always fatal
