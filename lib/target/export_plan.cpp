@@ -1,5 +1,7 @@
 #include "target/export_plan.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace ucp::reshard {
@@ -38,6 +40,18 @@ std::vector<ExportFile> CutIntoFiles(const ExportPlan& P, int64_t max_bytes,
   return files;
 }
 
+void ToTargetRowOrder(const ExportTensor& t, const float* in, float* out, int64_t n, int64_t per_row) {
+  const int64_t d = t.rotary_head_dim;
+  if (d <= 0) {
+    std::copy(in, in + n * per_row, out);
+    return;
+  }
+  for (int64_t head = 0; head < n; head += d)
+    for (int64_t i = 0; i < d / 2; ++i)
+      for (int64_t j = 0; j < 2; ++j)  // atomic row 2i + j of the head is the target's row j * d/2 + i
+        std::copy(in + (head + 2 * i + j) * per_row, in + (head + 2 * i + j + 1) * per_row, out + (head + j * (d / 2) + i) * per_row);
+}
+
 nlohmann::json ExportPlanJson(const ExportPlan& P, const std::vector<int>& owner) {
   nlohmann::json files = nlohmann::json::array();
   for (size_t f = 0; f < P.files.size(); ++f) {
@@ -45,6 +59,7 @@ nlohmann::json ExportPlanJson(const ExportPlan& P, const std::vector<int>& owner
     for (int i : P.files[f].tensors) {
       const ExportTensor& t = P.tensors[i];
       tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"source", t.source}, {"rows", {t.row_begin, t.row_end}}});
+      if (t.rotary_head_dim > 0) tensors.back()["rotary_head_dim"] = t.rotary_head_dim;
     }
     files.push_back({{"name", P.files[f].name}, {"bytes", P.files[f].bytes}, {"rank", owner.at(f)}, {"tensors", tensors}});
   }

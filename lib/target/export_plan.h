@@ -23,8 +23,16 @@ struct ExportTensor {
   std::string source;  // the atomic tensor's name
   int64_t row_begin = 0, row_end = 0;
   std::vector<int64_t> shape;
+  // > 0: the rows are re-ordered inside each block of this many (a head of a query or key
+  // projection): the atomic tensor's rotary pairs interleaved (2i, 2i + 1: Meta's and torchtitan's
+  // rotary) become the target's halves (i, i + d/2: Hugging Face's rotate-half). 0: rows as they are.
+  int64_t rotary_head_dim = 0;
   int64_t numel() const;
 };
+
+// Rows [0, n) of the target tensor `t` from the same rows of the atomic tensor in its order (`in`,
+// `per_row` values each; n a multiple of t.rotary_head_dim where that is set) into `out`.
+void ToTargetRowOrder(const ExportTensor& t, const float* in, float* out, int64_t n, int64_t per_row);
 
 // One file of the target: its tensors in the order their bytes lie in it.
 struct ExportFile {

@@ -146,13 +146,16 @@ Source LoadAtomic(const std::string& dir) {
       if (model && (model_file.empty() || p < model_file)) model_file = p;
     }
   }
-  if (model_file.empty()) throw Error(dir + ": the manifest lists no mp_rank_*_model_states.pt");
+  // A source that keeps no model-states file (a PyTorch Distributed Checkpoint) has its tensors only:
+  // enough for a model export; LoadSource, for a training layout, requires the file.
+  const bool carries_model_states = S.manifest["source"].value("framework", "") != "torch-dcp";
+  if (model_file.empty() && carries_model_states) throw Error(dir + ": the manifest lists no mp_rank_*_model_states.pt");
   S.model_file = model_file;
-  S.model_states = S.reader->ReadCheckedFile(model_file);
+  if (!model_file.empty()) S.model_states = S.reader->ReadCheckedFile(model_file);
   S.optimizer = S.reader->ReadCheckedFile("zero/optimizer_state.pt");
   S.tp = S.manifest["source"].value("tp", 1);
   if (const Value* d = ArgOf(S, "make_vocab_size_divisible_by")) S.divisible_by = d->AsInt();
-  auto info = S.model_states.root->Get("universal_checkpoint_info");
+  auto info = S.model_states.root ? S.model_states.root->Get("universal_checkpoint_info") : nullptr;
   if (info && info->Get("original_vocab_size")) S.vocab = info->At("original_vocab_size").AsInt();
   if (info && info->Get("padded_vocab_size")) S.padded_vocab = info->At("padded_vocab_size").AsInt();
   for (const store::AtomParam& p : S.reader->params()) {
@@ -167,6 +170,10 @@ Source LoadAtomic(const std::string& dir) {
 
 Source LoadSource(const std::string& dir) {
   Source S = LoadAtomic(dir);
+  if (!S.model_states.root)
+    throw Error(dir + ": converted from a " + S.manifest["source"].value("framework", std::string("?")) + " checkpoint, "
+                "which carries no DeepSpeed model-states file: ucp-reshard writes DeepSpeed layouts from DeepSpeed sources; "
+                "--format hf exports its weights");
   const std::string naming = S.manifest["source"].value("naming", "");
   if (naming != NamingName(Naming::Pipe) && naming != NamingName(Naming::Plain))
     throw Error(dir + ": the manifest's source naming is '" + naming + "'; ucp-reshard knows GPTModelPipe ('pipe') "

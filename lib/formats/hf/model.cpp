@@ -169,6 +169,15 @@ const std::pair<std::string, std::vector<int64_t>>* FirstParam(const ModelView& 
   return nullptr;
 }
 
+// torchtitan's Llama names (tok_embeddings, layers.N.attention.wq, feed_forward.w1/w3/w2): its model
+// is RMSNorm, rotary (interleaved pairs) and SwiGLU by construction.
+bool TorchtitanNames(const ModelView& v) {
+  static const std::regex titan(R"(^layers\.\d+\.(attention\.w[qkvo]|feed_forward\.w[123])\.weight$)");
+  bool embedding = false, layer = false;
+  for (const auto& p : v.params) embedding |= p.first == "tok_embeddings.weight", layer |= std::regex_match(p.first, titan);
+  return embedding && layer;
+}
+
 ModelView ViewOf(const reshard::Source& S) {
   ModelView v;
   v.dir = S.reader->dir();
@@ -199,6 +208,7 @@ void RefuseUnlessLlama(const ModelView& v, const reshard::ExportOptions& o, std:
   std::string norm = f.Str("normalization");
   if (norm.empty() && bias_on_norm) norm = "layernorm";  // RMSNorm has no bias
   std::optional<bool> swiglu = f.Flag("swiglu");
+  if (TorchtitanNames(v) && !swiglu) swiglu = true;  // w1 / w3 / w2: gate, up, down
   if (!swiglu && up_w && down_w && up_w->second.size() == 2 && down_w->second.size() == 2) {
     swiglu = up_w->second[0] == 2 * down_w->second[1];  // [gate; up] rows: twice the FFN width dense_4h_to_h reads
     notes.push_back(std::string("swiglu is not in the checkpoint's args: ") + (*swiglu ? "true" : "false") + ", as " +
@@ -233,15 +243,26 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
   RefuseUnlessLlama(view, o, notes);
   const Facts f(view, o);
   const std::string dir = S.reader->dir();
-  static const std::regex embedding(R"(.*word_embeddings\.weight)"), up(R"(.*mlp\.dense_h_to_4h\.weight)"),
-      down(R"(.*mlp\.dense_4h_to_h\.weight)"), qkv(R"(.*self_attention\.query_key_value\.weight)");
+  const bool titan = TorchtitanNames(view);
+  static const std::regex embedding(R"(.*word_embeddings\.weight|^tok_embeddings\.weight)"),
+      up(R"(.*mlp\.dense_h_to_4h\.weight|^layers\.\d+\.feed_forward\.w1\.weight)"),
+      down(R"(.*mlp\.dense_4h_to_h\.weight|^layers\.\d+\.feed_forward\.w2\.weight)"),
+      qkv(R"(.*self_attention\.query_key_value\.weight)"), key(R"(^layers\.\d+\.attention\.wk\.weight)");
   const reshard::Atom *up_w = FirstParam(S, up), *down_w = FirstParam(S, down), *qkv_w = FirstParam(S, qkv),
-                      *embed = FirstParam(S, embedding);
+                      *embed = FirstParam(S, embedding), *key_w = FirstParam(S, key);
   std::vector<std::string> missing;  // every fact neither said nor shown by the weights, asked for at once
   auto need = [&](const char* key) { missing.push_back(key); };
-  if (f.Str("normalization").empty()) need("normalization");
-  if (!f.Flag("swiglu") && !(up_w && down_w)) need("swiglu");
-  const bool rope = f.Str("position_embedding_type") == "rope" || f.Flag("use_rotary_position_embeddings").value_or(false);
+  if (titan) {
+    const std::string norm = f.Str("normalization");
+    const bool rope_said = !f.Str("position_embedding_type").empty() || f.Flag("use_rotary_position_embeddings");
+    if (norm.empty() || !rope_said)
+      notes.push_back("torchtitan's Llama names: RMSNorm, rotary and SwiGLU, as its model is built; query and key rows "
+                      "re-ordered from its interleaved rotary pairs to Hugging Face's rotate-half");
+  } else {
+    if (f.Str("normalization").empty()) need("normalization");
+    if (!f.Flag("swiglu") && !(up_w && down_w)) need("swiglu");
+  }
+  const bool rope = titan || f.Str("position_embedding_type") == "rope" || f.Flag("use_rotary_position_embeddings").value_or(false);
   if (!rope) need("position_embedding_type");
 
   // The sizes: said, or read off the weights (and said so in a note).
@@ -258,8 +279,17 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
   } else {
     std::vector<std::string> names;
     for (const auto& a : S.atoms) names.push_back(a.name);
-    const auto naming = S.manifest["source"].value("naming", "") == "plain" ? reshard::Naming::Plain : reshard::Naming::Pipe;
-    m.layers = derived("num_layers", reshard::LayerCountOf(names, naming), "the parameter names");
+    if (titan) {
+      static const std::regex layer(R"(^layers\.(\d+)\..*)");
+      int64_t top = -1;
+      std::smatch mm;
+      for (const auto& n : names)
+        if (std::regex_match(n, mm, layer) && mm[1].length() < 9) top = std::max<int64_t>(top, std::stoll(mm[1]));
+      m.layers = derived("num_layers", top + 1, "the parameter names");
+    } else {
+      const auto naming = S.manifest["source"].value("naming", "") == "plain" ? reshard::Naming::Plain : reshard::Naming::Pipe;
+      m.layers = derived("num_layers", reshard::LayerCountOf(names, naming), "the parameter names");
+    }
   }
   if (auto v = f.Int("num_attention_heads")) m.heads = *v;
   else need("num_attention_heads");
@@ -269,6 +299,8 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
   else if (f.Flag("group_query_attention").value_or(false)) m.kv_heads = f.Int("num_query_groups").value_or(0);
   else if (qkv_w && qkv_w->sub_param_sizes.size() == 3 && m.head_dim > 0)
     m.kv_heads = derived("num_key_value_heads", qkv_w->sub_param_sizes[1] / m.head_dim, qkv_w->name + "'s sub-parameter sizes");
+  else if (key_w && key_w->shape.size() == 2 && m.head_dim > 0 && key_w->shape[0] % m.head_dim == 0)
+    m.kv_heads = derived("num_key_value_heads", key_w->shape[0] / m.head_dim, key_w->name + "'s rows");
   else m.kv_heads = m.heads;
   if (auto v = f.Int("ffn_hidden_size")) m.ffn = *v;
   else if (down_w && down_w->shape.size() == 2) m.ffn = derived("ffn_hidden_size", down_w->shape[1], down_w->name + "'s columns");
@@ -291,19 +323,21 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
       example += (example.empty() ? "" : ", ") + ("\"" + k + "\": " + value);
     }
     throw Error(dir + ": the checkpoint does not say " + list + " (Megatron's args hold them; a plain DeepSpeed engine "
-                "saves none): give them in --model-config FILE, a JSON object such as {" + example + "}");
+                "or a PyTorch Distributed Checkpoint saves none): give them in --model-config FILE, a JSON object such as {" +
+                example + "}");
   }
   if (m.hidden <= 0 || m.layers <= 0 || m.heads <= 0 || m.kv_heads <= 0 || m.head_dim <= 0 || m.ffn <= 0 ||
-      m.max_positions <= 0 || m.heads % m.kv_heads != 0)
+      m.max_positions <= 0 || m.heads % m.kv_heads != 0 || (titan && m.head_dim % 2 != 0))
     throw Error(dir + ": the model's sizes do not describe a model: hidden " + std::to_string(m.hidden) + ", " +
                 std::to_string(m.layers) + " layers, " + std::to_string(m.heads) + " heads, " + std::to_string(m.kv_heads) +
                 " key-value heads of " + std::to_string(m.head_dim) + ", FFN " + std::to_string(m.ffn));
   m.norm_eps = f.Number("layernorm_epsilon", 1e-5, notes, "Megatron's default 1e-5");
   m.rope_theta = f.Number("rope_theta", 10000.0, notes, "Megatron's 10000");
   m.vocab = S.vocab;
+  if (m.vocab <= 0 && embed && embed->shape.size() == 2) m.vocab = embed->shape[0];  // no vocabulary padding recorded
   // Tied or not, biases or not: what the parameters are (names.h places each; a layer without one
   // its class expects is refused there).
-  static const std::regex output(R"(^(language_model\.output_layer|\d+\.lm_head)\.weight$)"),
+  static const std::regex output(R"(^(language_model\.output_layer|\d+\.lm_head|output)\.weight$)"),
       qkv_bias(R"(.*query_key_value\.bias$)"), dense_bias(R"(.*self_attention\.dense\.bias$)"),
       up_bias(R"(.*dense_h_to_4h\.bias$)"), down_bias(R"(.*dense_4h_to_h\.bias$)");
   auto has = [&](const std::regex& re) { return FirstParam(S, re) != nullptr; };

@@ -19,8 +19,17 @@ struct Slot {
 
 std::optional<Slot> SlotOf(const std::string& name, int64_t layers) {
   static const std::regex plain_layer(R"(^language_model\.encoder\.layers\.(\d+)\.(.+)$)"),
-      pipe(R"(^(\d+)\.(.+)$)");
+      pipe(R"(^(\d+)\.(.+)$)"), titan_layer(R"(^layers\.(\d+)\.(.+)$)");
   std::smatch m;
+  // torchtitan's Llama (FSDP2 / DTensor checkpoints with its names).
+  if (name == "tok_embeddings.weight") return Slot{Slot::Embedding, -1, ""};
+  if (name == "norm.weight") return Slot{Slot::Norm, -1, ""};
+  if (name == "output.weight") return Slot{Slot::Output, -1, ""};
+  if (std::regex_match(name, m, titan_layer) && m[1].length() < 9) {
+    const int64_t i = std::stoll(m[1]);
+    if (i < layers) return Slot{Slot::Layer, i, m[2]};
+    return std::nullopt;
+  }
   if (name == "language_model.embedding.word_embeddings.weight" || name == "tied_modules.embed.word_embeddings.weight")
     return Slot{Slot::Embedding, -1, ""};
   if (name == "language_model.encoder.final_layernorm.weight") return Slot{Slot::Norm, -1, ""};
@@ -45,6 +54,7 @@ std::optional<Slot> SlotOf(const std::string& name, int64_t layers) {
 struct Cut {
   std::vector<std::string> names;
   std::vector<int64_t> rows;  // empty: the whole tensor
+  bool rotary = false;        // its heads' rotary pairs interleaved (torchtitan): re-ordered to rotate-half
 };
 
 std::optional<Cut> CutOf(const std::string& key, const LlamaFacts& m) {
@@ -58,6 +68,19 @@ std::optional<Cut> CutOf(const std::string& key, const LlamaFacts& m) {
       {"mlp.dense_4h_to_h.bias", "mlp.down_proj.bias"},
   };
   if (auto it = whole.find(key); it != whole.end()) return Cut{{it->second}, {}};
+  // torchtitan's: q and k rotate interleaved pairs (its complex rotary), Hugging Face's halves.
+  static const std::map<std::string, std::pair<std::string, bool>> titan = {
+      {"attention_norm.weight", {"input_layernorm.weight", false}},
+      {"ffn_norm.weight", {"post_attention_layernorm.weight", false}},
+      {"attention.wq.weight", {"self_attn.q_proj.weight", true}},
+      {"attention.wk.weight", {"self_attn.k_proj.weight", true}},
+      {"attention.wv.weight", {"self_attn.v_proj.weight", false}},
+      {"attention.wo.weight", {"self_attn.o_proj.weight", false}},
+      {"feed_forward.w1.weight", {"mlp.gate_proj.weight", false}},
+      {"feed_forward.w3.weight", {"mlp.up_proj.weight", false}},
+      {"feed_forward.w2.weight", {"mlp.down_proj.weight", false}},
+  };
+  if (auto it = titan.find(key); it != titan.end()) return Cut{{it->second.first}, {}, it->second.second};
   for (const char* kind : {"weight", "bias"}) {
     const std::string k = kind;
     if (key == "self_attention.query_key_value." + k)
@@ -130,11 +153,21 @@ std::vector<ExportTensor> LlamaTensors(const reshard::Source& S, const LlamaFact
         const bool bias = shape.size() == 1;
         const int64_t cols = bias ? 1 : shape.at(1);
         if (cut->rows.empty()) {
+          static const std::map<std::string, std::string> sized = {
+              {"self_attn.o_proj.weight", "o"}, {"mlp.down_proj.weight", "down"}, {"self_attn.q_proj.weight", "q"},
+              {"self_attn.k_proj.weight", "kv"}, {"self_attn.v_proj.weight", "kv"}, {"mlp.gate_proj.weight", "up"},
+              {"mlp.up_proj.weight", "up"}};
           std::vector<int64_t> want = {m.hidden};
-          if (slot->key == "self_attention.dense.weight") want = {m.hidden, m.heads * m.head_dim};
-          if (slot->key == "mlp.dense_4h_to_h.weight") want = {m.hidden, m.ffn};
+          if (auto s = sized.find(cut->names[0]); s != sized.end())
+            want = s->second == "o" ? std::vector<int64_t>{m.hidden, m.heads * m.head_dim}
+                 : s->second == "down" ? std::vector<int64_t>{m.hidden, m.ffn}
+                 : s->second == "q" ? std::vector<int64_t>{m.heads * m.head_dim, m.hidden}
+                 : s->second == "kv" ? std::vector<int64_t>{m.kv_heads * m.head_dim, m.hidden}
+                 : std::vector<int64_t>{m.ffn, m.hidden};
           expect(want);
-          add(a.name, {prefix + cut->names[0], atom, "", 0, shape[0], shape});
+          ExportTensor t{prefix + cut->names[0], atom, "", 0, shape[0], shape};
+          if (cut->rotary) t.rotary_head_dim = m.head_dim;
+          add(a.name, std::move(t));
           break;
         }
         // A fused tensor: its rows as the checkpoint joined them (its sub-parameter sizes).

@@ -1,0 +1,127 @@
+"""ucp-reshard --format hf of the real PyTorch Distributed Checkpoints (torchtitan names), against
+independent ground truth.
+
+    hf_dcp.py BIN_DIR CASES_DIR WORK DATA_DIR HARNESS_DIR [MPIEXEC]
+
+CASES_DIR is ../shared/real-dcp/cases, DATA_DIR tests/data/hf (fixtures dcp_<case>/ with the
+model_config.json the export is given), HARNESS_DIR the DCP harness (tiny_llama.py). For each case:
+- every tensor of the export equals reference.pt's (torch's own dcp_to_torch_save) under Hugging Face's
+  names, q and k re-ordered by the permutation torchtitan's own Hugging Face adapter applies
+  (w.view(heads, d / heads / 2, 2, dim).transpose(1, 2)), read with a safetensors reader written here;
+- the export is byte-identical to the fixture that transformers 5.3 itself loaded (no missing,
+  unexpected or mismatched keys; tests/hf/README.md) and whose logits it recorded, and those logits
+  equal the training model's own forward pass (tiny_llama.py, weights from reference.pt) within 1e-5;
+  2 ranks write the same bytes as 1;
+- without --model-config the facts a DCP does not hold are asked for by name, nothing written; a
+  DeepSpeed layout from it is refused, pointing to --format hf.
+"""
+import filecmp
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklist import check, finish  # noqa: E402
+import dcp_logits  # noqa: E402
+
+BIN, CASES, WORK, DATA, HARNESS = sys.argv[1:6]
+MPIEXEC = sys.argv[6] if len(sys.argv) > 6 else None
+FILES = ["config.json", "model-00001-of-00001.safetensors", "model.safetensors.index.json"]
+
+
+def run(tool, args, ranks=1):
+    cmd = [os.path.join(BIN, tool)] + args
+    if ranks > 1 and MPIEXEC:
+        cmd = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] + cmd
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def read_safetensors(path):
+    data = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        assert t["dtype"] == "F32", t
+        a, b = t["data_offsets"]
+        out[name] = torch.frombuffer(bytearray(data[8 + n + a:8 + n + b]), dtype=torch.float32).view(t["shape"]) if b > a else torch.zeros(t["shape"])
+    return out
+
+
+def permute(w, heads):  # torchtitan's adapter, to Hugging Face's rotate-half
+    rows, cols = w.shape
+    return w.view(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def expected(ref, cfg):
+    heads, hidden = cfg["num_attention_heads"], ref["tok_embeddings.weight"].shape[1]
+    head_dim = hidden // heads
+    out = {"model.embed_tokens.weight": ref["tok_embeddings.weight"], "model.norm.weight": ref["norm.weight"],
+           "lm_head.weight": ref["output.weight"]}
+    layers = 1 + max(int(k.split(".")[1]) for k in ref if k.startswith("layers."))
+    for i in range(layers):
+        p, h = f"layers.{i}.", f"model.layers.{i}."
+        out[h + "input_layernorm.weight"] = ref[p + "attention_norm.weight"]
+        out[h + "post_attention_layernorm.weight"] = ref[p + "ffn_norm.weight"]
+        out[h + "self_attn.q_proj.weight"] = permute(ref[p + "attention.wq.weight"], heads)
+        wk = ref[p + "attention.wk.weight"]
+        out[h + "self_attn.k_proj.weight"] = permute(wk, wk.shape[0] // head_dim)
+        out[h + "self_attn.v_proj.weight"] = ref[p + "attention.wv.weight"]
+        out[h + "self_attn.o_proj.weight"] = ref[p + "attention.wo.weight"]
+        out[h + "mlp.gate_proj.weight"] = ref[p + "feed_forward.w1.weight"]
+        out[h + "mlp.up_proj.weight"] = ref[p + "feed_forward.w3.weight"]
+        out[h + "mlp.down_proj.weight"] = ref[p + "feed_forward.w2.weight"]
+    return out
+
+
+shutil.rmtree(WORK, ignore_errors=True)
+os.makedirs(WORK)
+cases = sorted(c[len("dcp_"):] for c in os.listdir(DATA) if c.startswith("dcp_"))
+check("DCP fixtures found", len(cases) >= 2, str(cases))
+for case in cases:
+    fixture = os.path.join(DATA, "dcp_" + case)
+    config = os.path.join(fixture, "model_config.json")
+    cfg = json.load(open(config))
+    atomic = os.path.join(WORK, case, "atomic")
+    r = run("ucp-convert", [os.path.join(CASES, case, "checkpoint"), "-o", atomic, "-q"], ranks=2)
+    check(f"{case}: convert", r.returncode == 0, r.stderr[-800:])
+    ref = torch.load(os.path.join(CASES, case, "reference.pt"), map_location="cpu")["model"]
+
+    for ranks in (1, 2):
+        out = os.path.join(WORK, case, f"hf-np{ranks}")
+        r = run("ucp-reshard", [atomic, "-o", out, "--format", "hf", "--model-config", config], ranks=ranks)
+        check(f"{case}: export at {ranks} rank(s)", r.returncode == 0, r.stderr[-1200:])
+        if r.returncode != 0:
+            continue
+        same = [f for f in FILES if filecmp.cmp(os.path.join(out, f), os.path.join(fixture, f), shallow=False)]
+        check(f"{case} np{ranks}: byte-identical to the fixture transformers loaded", same == FILES, f"equal: {same}")
+        got = read_safetensors(os.path.join(out, FILES[1]))
+        want = expected(ref, cfg)
+        bad = sorted(k for k in want if k not in got or not torch.equal(got[k], want[k]))
+        check(f"{case} np{ranks}: every tensor is reference.pt's under Hugging Face's names (q, k permuted)",
+              not bad and sorted(got) == sorted(want), f"differ: {bad[:5]}; names {sorted(set(got) ^ set(want))[:5]}")
+
+    recorded = json.load(open(os.path.join(fixture, "transformers_logits.json")))
+    train = dcp_logits.logits(os.path.join(CASES, case), HARNESS)
+    diff = (torch.tensor(recorded["logits"]) - train).abs().max().item()
+    check(f"{case}: transformers' logits of the export equal the training model's (max diff {diff:.2e})",
+          recorded["loading_problems"] is None and recorded["class"] == "LlamaForCausalLM" and diff <= 1e-5,
+          f"{recorded['loading_problems']} {recorded['class']} {diff}")
+
+    out = os.path.join(WORK, case, "hf-no-config")
+    r = run("ucp-reshard", [atomic, "-o", out, "--format", "hf"])
+    check(f"{case}: without --model-config the missing facts are asked for", r.returncode != 0 and
+          "num_attention_heads" in r.stderr and "--model-config" in r.stderr and not os.path.exists(out), r.stderr[-600:])
+    out = os.path.join(WORK, case, "ds")
+    r = run("ucp-reshard", [atomic, "-o", out, "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
+    check(f"{case}: a DeepSpeed layout is refused, pointing to --format hf", r.returncode != 0 and "--format hf" in r.stderr and
+          not os.path.exists(os.path.join(out, "latest")), r.stderr[-600:])
+
+finish("hf_dcp")
