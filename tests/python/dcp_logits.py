@@ -15,10 +15,12 @@ import importlib.util
 import json
 import math
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
+sys.dont_write_bytecode = True  # the harness folder is shared ground truth: no __pycache__ left in it
 IDS = (torch.arange(2 * 16).view(2, 16) * 37 + 11) % 300
 
 
