@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds one libFuzzer harness (tests/fuzz/fuzz_NAME.cpp) and runs it for SECONDS.
 #
-#   scripts/fuzz.sh NAME SECONDS      NAME: zip unpickle torch_file manifest layout patterns atoms_h5
+#   scripts/fuzz.sh NAME SECONDS      NAME: zip unpickle torch_file manifest layout patterns atoms_h5 dcp_metadata
 #   scripts/fuzz.sh all SECONDS       each in turn
 #
 # The build (FUZZ_BUILD_DIR, default build-fuzz/) is clang with libFuzzer's coverage, ASan and UBSan
@@ -16,7 +16,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 name="${1:?usage: fuzz.sh NAME|all SECONDS}"
 seconds="${2:?usage: fuzz.sh NAME|all SECONDS}"
-all=(zip unpickle torch_file manifest layout patterns atoms_h5)
+all=(zip unpickle torch_file manifest layout patterns atoms_h5 dcp_metadata)
 if [ "$name" = all ]; then
   status=0
   for n in "${all[@]}"; do bash "$0" "$n" "$seconds" || status=1; done
@@ -65,6 +65,10 @@ for i, path in enumerate(sys.stdin.read().split()):
     while read -r f; do add "$f"; done < <(find "$work" -name '*.json' -path '*layout*' 2>/dev/null | first_lines 20) ;;
   patterns)
     for f in "$root"/patterns/*.json; do add "$f"; done ;;
+  dcp_metadata)  # the real DCP cases' .metadata, beside the first case's data files
+    dcp="$root/../shared/real-dcp/cases"
+    for f in "$dcp"/*/checkpoint/.metadata; do cp "$f" "$seeds/$((seed_n++))-metadata"; done
+    export UCP_FUZZ_DCP="$(dirname "$(ls "$dcp"/*/checkpoint/.metadata | head -1)")" ;;
   atoms_h5)
     h5="$(find "$work" -name atoms.h5 -path '*/h5/universal/*' -size -1M 2>/dev/null | first_lines 1)"
     [ -n "$h5" ] || h5="$(find "$work" -name atoms.h5 -path '*/damaged/good/*' 2>/dev/null | first_lines 1)"

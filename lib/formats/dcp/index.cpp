@@ -5,6 +5,8 @@
 #include <map>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <regex>
 
 #include "core/error.h"
@@ -150,6 +152,15 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions&)
   L.framework = "torch-dcp";
   L.optimizer = "torch";
   L.naming = "plain";
+  // Megatron-Core's torch_dist saves through DCP with its own keys (layers stacked on a leading axis,
+  // experts on a global-expert axis, fused [gate; up], bucket-flat distributed-optimizer state) and
+  // says so in metadata.json: said by name rather than read as plain parameters.
+  if (std::ifstream meta(dir + "/metadata.json"); meta) {
+    std::string text((std::istreambuf_iterator<char>(meta)), std::istreambuf_iterator<char>());
+    if (text.find("sharded_backend") != std::string::npos)
+      throw Error(dir + ": a Megatron-Core distributed checkpoint (metadata.json names its sharded_backend): its keys are "
+                  "Megatron's sharded keys, not parameters, and ucp does not read them yet");
+  }
   const Metadata M = ReadMetadata(dir + "/.metadata");
   Files files(L);
 
@@ -303,8 +314,8 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions&)
             dims.push_back(static_cast<int>(d));
             break;
           }
-      how = "in " + std::to_string(w.chunks.size()) + " chunks along dim";
-      for (int d : dims) how += " " + std::to_string(d);
+      how = "in " + std::to_string(w.chunks.size()) + " chunks along dim" + (dims.size() > 1 ? "s " : " ");
+      for (size_t k = 0; k < dims.size(); ++k) how += (k ? ", " : "") + std::to_string(dims[k]);
     }
     ++sharding[how];
   }
