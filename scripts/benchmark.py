@@ -17,6 +17,11 @@ medians and ratios against references measured in the same rounds:
                                      source's dtype, files of at most 100 MB), the same way
   ds_to_universal.py                 DeepSpeed's converter, when --deepspeed DIR (a DeepSpeed source
                                      tree, see shared/real-deepspeed/harness/README.md) is given
+  dcp_to_torch_save                  with --dcp DIR --chroot CH: a PyTorch Distributed Checkpoint instead,
+                                     against torch's own converter (run in the Debian trixie chroot CH,
+                                     torch 2.6, by ../shared/real-dcp/harness/convert.py: its in-process
+                                     time and peak RSS are reported beside the command's wall time);
+                                     scripts/make_dcp_fixture.py makes a DCP of a few GB with torch's writer
 Page cache warm (the source is read once before the rounds). Peak RSS per rank and bytes read and
 written come from each tool's --report.
 
@@ -31,6 +36,7 @@ bf16); with it, any DeepSpeed checkpoint folder (its root, with `latest`), e.g. 
 that shared/real-deepspeed/harness/large_case.sh makes.
 """
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -49,6 +55,8 @@ ap.add_argument("--deepspeed", help="DeepSpeed source tree: also time its ds_to_
 ap.add_argument("--baseline-build", help="another build folder: its ucp commands timed in the same rounds, for a ratio")
 ap.add_argument("--targets", default="tp2pp2,z3dp2", help="reshard targets: tp2pp2 (DP=1 ZeRO-1), z3dp2 (ZeRO-3 DP=2), "
                 "hf (ucp-reshard --format hf: a Llama-shaped checkpoint's Hugging Face export)")
+ap.add_argument("--dcp", help="a PyTorch Distributed Checkpoint folder (.metadata, *.distcp) instead of a DeepSpeed one")
+ap.add_argument("--chroot", help="with --dcp: the Debian trixie chroot with python3-torch >= 2.4, for dcp_to_torch_save")
 ap.add_argument("--mpiexec-args", default="", help="extra mpiexec options for the 2-rank runs, e.g. '--mca pml ucx' (on one node the tools "
                 "choose Open MPI's ob1 themselves unless told otherwise)")
 a = ap.parse_args()
@@ -61,15 +69,19 @@ reshard = os.path.join(a.build, "apps", "ucp-reshard")
 if not os.path.exists(convert):
     sys.exit(f"{convert} not found: build first (scripts/build.sh)")
 os.makedirs(a.work, exist_ok=True)
-src = a.checkpoint
-if not src:
+src = a.dcp or a.checkpoint
+if a.dcp:
+    if not a.chroot:
+        sys.exit("--dcp needs --chroot CH: dcp_to_torch_save runs in the trixie chroot (torch 2.6)")
+    a.targets = ""
+elif not src:
     src = os.path.join(a.work, "src-scale65-l4")
     if not os.path.exists(os.path.join(src, "fixture.json")):
         print(f"generating the checkpoint in {src} ...", flush=True)
         subprocess.run([sys.executable, os.path.join(root, "scripts", "make_fixture.py"), src, "--zero-stage", "2",
                         "--tp", "2", "--pp", "2", "--dp", "2", "--dtype", "bf16", "--scale", "65", "--layers", "4"],
                        check=True)
-tag = os.path.join(src, open(os.path.join(src, "latest")).read().strip())
+tag = src if a.dcp else os.path.join(src, open(os.path.join(src, "latest")).read().strip())
 
 
 def tree_bytes(d):
@@ -107,7 +119,7 @@ with open(model_config, "w") as f:
 targets = {"tp2pp2": ["--dp", "1", "--tp", "2", "--pp", "2", "--zero-stage", "1"],
            "z3dp2": ["--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "3"],
            "hf": ["--format", "hf", "--max-shard-size", "100MB"] + ([] if a.checkpoint else ["--model-config", model_config])}
-targets = {k: targets[k] for k in a.targets.split(",")}
+targets = {k: targets[k] for k in a.targets.split(",") if k}
 # The atomic checkpoint the reshards read, and what each reshard writes (for its own reference).
 shutil.rmtree(os.path.dirname(atomic), ignore_errors=True)
 run([convert, src, "-o", atomic, "-q"], 2)
@@ -152,6 +164,7 @@ for suffix, build in builds.items():
                 lambda flags=flags, rep=rep, name=name, ranks=ranks, resh=resh, suffix=suffix: (
                     run([resh, atomic, "-o", out_dir, "-q", "--dtype", dtype, "--report", rep] + flags, ranks),
                     reports.__setitem__(f"reshard-{name}{ranks}{suffix}", rep))
+for name in targets:
     commands[f"cp -r && sync of {name}'s output"] = lambda name=name: subprocess.run(
         f"cp -r '{reshard_out[name]}' '{out_dir}' && sync", shell=True, check=True)
     commands[f"read-write+sync of {name}'s output"] = lambda name=name: read_write_sync(reshard_out[name], out_dir)
@@ -162,6 +175,30 @@ if a.deepspeed:
         ["/usr/bin/python3", os.path.join(a.deepspeed, "deepspeed", "checkpoint", "ds_to_universal.py"),
          "--input_folder", tag, "--output_folder", out_dir], check=True, env=ds_env, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
+
+dcp_runs = []  # dcp_to_torch_save's own report per run: in-process seconds, peak RSS
+if a.dcp:
+    # torch's converter inside the chroot: the checkpoint and the work folder bind-mounted there (the
+    # work folder whole, as clean() removes and remakes the output folder inside it).
+    mnt = os.path.join(a.chroot, "mnt", "ucp-bench")
+    mounts = [(os.path.abspath(src), os.path.join(mnt, "src")), (os.path.abspath(a.work), os.path.join(mnt, "work"))]
+    for host, inside in mounts:
+        os.makedirs(inside, exist_ok=True)
+        subprocess.run(["mount", "--bind", host, inside], check=True)
+    atexit.register(lambda: [subprocess.run(["umount", inside]) for _, inside in mounts])
+    os.makedirs(os.path.join(a.chroot, "opt", "ucp-bench"), exist_ok=True)
+    shutil.copy(os.path.join(root, "..", "shared", "real-dcp", "harness", "convert.py"),
+                os.path.join(a.chroot, "opt", "ucp-bench", "convert.py"))
+    rel_out = os.path.relpath(out_dir, a.work)
+
+    def dcp_to_torch_save():
+        os.makedirs(out_dir, exist_ok=True)
+        r = subprocess.run(["chroot", a.chroot, "python3", "/opt/ucp-bench/convert.py",
+                            "/mnt/ucp-bench/src", f"/mnt/ucp-bench/work/{rel_out}/reference.pt"],
+                           check=True, capture_output=True, text=True)
+        dcp_runs.append(json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1]))
+
+    commands["dcp_to_torch_save"] = dcp_to_torch_save
 
 subprocess.run(["cat"] + [os.path.join(tag, f) for f in os.listdir(tag)], stdout=subprocess.DEVNULL)  # warm
 times = {k: [] for k in commands}
@@ -198,6 +235,15 @@ if a.baseline_build:
             pairs = sorted(x / y for x, y in zip(mine, base))
             print(f"  {k[:-len(' (baseline)')]:30s} {med[k[:-len(' (baseline)')]] / med[k]:.3f}x "
                   f"(paired ratios {pairs[0]:.2f}-{pairs[-1]:.2f})")
+if dcp_runs:
+    inner = statistics.median(r["dcp_to_torch_save_seconds"] for r in dcp_runs)
+    rss = statistics.median(r["peak_rss_kb"] for r in dcp_runs) * 1024
+    print(f"dcp_to_torch_save: {inner:.3f} s inside the process (median; the command above adds python and the torch "
+          f"import), peak RSS {rss / 2**20:.0f} MiB")
+    for ranks in ("1 rank", "2 ranks"):
+        k = "ucp-convert " + ranks
+        print(f"dcp_to_torch_save / {k}: {med['dcp_to_torch_save'] / med[k]:.2f}x the command, {inner / med[k]:.2f}x its "
+              f"in-process time")
 if "ds_to_universal.py" in med:
     for ranks in ("1 rank", "2 ranks"):
         print(f"ds_to_universal.py / ucp-convert {ranks}: {med['ds_to_universal.py'] / med['ucp-convert ' + ranks]:.1f}x")

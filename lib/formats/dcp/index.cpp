@@ -74,10 +74,13 @@ class Files {
     mapped_.push_back(MappedFile::Open(L_.dir + "/" + name));
     return index_[name] = static_cast<int>(L_.files.size()) - 1;
   }
-  // The torch.save archive at `s`, its pickle's CRC-32 checked.
-  pt::TorchFile Archive(const Storage& s, int* file) {
+  // The torch.save archive at `s`, its pickle's CRC-32 checked; with `whole`, every record's (a small
+  // item read here whole, a step or an option, rather than by a mapper).
+  pt::TorchFile Archive(const Storage& s, int* file, bool whole = false) {
     *file = Index(s.relative_path);
-    return pt::ReadTorchArchive(std::make_shared<pt::ZipArchive>(mapped_[*file], s.offset, s.length));
+    pt::ReadOptions options;
+    options.verify_storage_crc = whole;
+    return pt::ReadTorchArchive(std::make_shared<pt::ZipArchive>(mapped_[*file], s.offset, s.length), options);
   }
   const uint8_t* Base(int file) const { return mapped_[file]->bytes().data(); }
   std::vector<std::shared_ptr<MappedFile>> mapped_;
@@ -135,6 +138,175 @@ void ForEachRun(const std::vector<int64_t>& size, const Chunk& c, Fn&& fn) {
 
 std::string ChunkKey(const Chunk& c) { return pt::ShapeString(c.offsets) + pt::ShapeString(c.sizes); }
 
+using Options = std::map<int64_t, std::vector<std::pair<std::string, const Item*>>>;  // group -> options, in the order saved
+
+// The param groups in torch's state_dict form (options, `params` as the parameter names) into
+// L.optimizer_state; returns each named parameter's group.
+std::map<std::string, int> ReadParamGroups(Files& files, const Options& options, SourceIndex& L) {
+  std::map<std::string, int> group_of;
+  auto osd = Value::Make(Value::Kind::Dict);
+  auto groups = Value::Make(Value::Kind::List);
+  for (const auto& [g, opts] : options) {
+    auto group = Value::Make(Value::Kind::Dict);
+    for (const auto& [option, item] : opts) {
+      try {
+        int file = -1;
+        auto archive = files.Archive(item->storage[0], &file, true);
+        pt::SetItem(*group, option, archive.root);
+        if (option == "params" && archive.root && archive.root->IsSequence())
+          for (const auto& name : archive.root->items)
+            if (name && name->kind == Value::Kind::Str) group_of[name->s] = static_cast<int>(g);
+      } catch (const std::exception& e) {
+        L.errors.push_back(L.dir + ": '" + item->fqn + "': " + e.what());
+      }
+    }
+    groups->items.push_back(group);
+  }
+  pt::SetItem(*osd, "param_groups", groups);
+  L.optimizer_state = osd;
+  return group_of;
+}
+
+// The parameters: each weight with its Adam moments, chunk by chunk, and its group's step.
+class Parameters {
+ public:
+  Parameters(Files& files, SourceIndex& L, const std::map<std::string, int>& group_of)
+      : files_(files), L_(L), group_of_(group_of) {}
+
+  // Weight `w` of parameter `fqn` with its optimizer states by name; a fault goes to L.errors.
+  void Add(const Item& w, const std::string& fqn, const std::map<std::string, const Item*>& states) {
+    try {
+      WithContext("'" + w.fqn + "'", [&] {
+        std::array<const Item*, 3> item{&w, Moment(states, 1), Moment(states, 2)};
+        for (const Item* i : item) {
+          if (i->dtype != "float32")
+            throw Error("'" + i->fqn + "' is " + i->dtype + ": ucp reads float32 weights and Adam moments (a DCP of " +
+                        i->dtype + " parameters is not supported yet)");
+          if (i->size != w.size) throw Error("'" + i->fqn + "' is " + pt::ShapeString(i->size) + ", the weight " + pt::ShapeString(w.size));
+        }
+        source::ParamRecord rec;
+        rec.name = fqn;
+        auto g = group_of_.find(fqn);
+        rec.group = g == group_of_.end() ? 0 : g->second;
+        rec.tp_shape[0] = w.size;
+        rec.stages.insert(0);
+        Place(item, static_cast<int>(L_.params.size()));
+        if (auto step = states.find("step"); step != states.end()) Step(*step->second, fqn, rec.group);
+        L_.params.push_back(std::move(rec));
+      });
+    } catch (const std::exception& e) {
+      L_.errors.push_back(L_.dir + ": " + e.what());
+    }
+  }
+
+  // The first group's step as the iteration (Adam counts the optimizer steps taken), or 0.
+  int64_t Iteration() const {
+    if (steps_.empty() || !steps_.begin()->second.second) return 0;
+    const Value& s = *steps_.begin()->second.second;
+    if (s.kind != Value::Kind::Tensor || s.AsTensor().dtype != pt::DType::F32 || s.AsTensor().numel() != 1) return 0;
+    float v;
+    std::memcpy(&v, s.AsTensor().data(), 4);
+    return static_cast<int64_t>(v);
+  }
+
+ private:
+  static const Item* Moment(const std::map<std::string, const Item*>& states, int s) {
+    auto it = states.find(kStateNames[s]);
+    if (it != states.end()) return it->second;
+    std::string kept;
+    for (const auto& [n, i] : states) kept += (kept.empty() ? "" : ", ") + n;
+    throw Error("no optimizer state '" + std::string(kStateNames[s]) + "' (ucp reads Adam's exp_avg and exp_avg_sq; this "
+                "optimizer keeps " + kept + ")");
+  }
+
+  // Each chunk of the weight a slot (its bytes and its moments' chunks of the same box, wherever
+  // each was written), its rows runs of the global tensor.
+  void Place(const std::array<const Item*, 3>& item, int param) {
+    const Item& w = *item[0];
+    std::array<std::map<std::string, size_t>, 3> box;
+    for (int s = 1; s < 3; ++s)
+      for (size_t c = 0; c < item[s]->chunks.size(); ++c) box[s][ChunkKey(item[s]->chunks[c])] = c;
+    for (size_t c = 0; c < w.chunks.size(); ++c) {
+      std::array<Extent, 3> slot;
+      const int64_t numel = pt::Numel(w.chunks[c].sizes);
+      const Located at = Locate(files_, L_, w, c, "float32");
+      slot[0] = {at.offset, numel, -1};
+      for (int s = 1; s < 3; ++s) {
+        auto same = box[s].find(ChunkKey(w.chunks[c]));
+        if (same == box[s].end())
+          throw Error("its chunk at " + pt::ShapeString(w.chunks[c].offsets) + " of size " + pt::ShapeString(w.chunks[c].sizes) +
+                      " has no '" + kStateNames[s] + "' chunk of the same box (the optimizer state is sharded otherwise)");
+        const Located m = Locate(files_, L_, *item[s], same->second, "float32");
+        slot[s] = {m.offset, numel, m.file == at.file ? -1 : m.file};
+      }
+      ShardFile& f = L_.files[at.file];
+      f.data = true;
+      const int group = static_cast<int>(f.groups.size());
+      f.groups.push_back(slot);
+      ForEachRun(w.size, w.chunks[c], [&](int64_t src, int64_t dst, int64_t n) {
+        L_.fragments.push_back(Fragment{at.file, group, param, src, n, dst});
+      });
+    }
+  }
+
+  // The group's step (the atomic checkpoint keeps one per group): the first parameter's; another
+  // that differs is a problem.
+  void Step(const Item& item, const std::string& fqn, int group) {
+    int file = -1;
+    auto archive = files_.Archive(item.storage.at(0), &file, true);
+    if (!archive.root || archive.root->kind != Value::Kind::Tensor) throw Error("its step is not a tensor");
+    auto& [first, value] = steps_[group];
+    if (!value) {
+      first = fqn, value = archive.root;
+      L_.steps[{0, 0, group}] = value;
+      return;
+    }
+    const pt::TensorView &a = value->AsTensor(), &b = archive.root->AsTensor();
+    if (a.dtype != b.dtype || a.nbytes() != b.nbytes() || std::memcmp(a.data(), b.data(), a.nbytes()) != 0)
+      L_.problems.push_back(L_.dir + ": '" + fqn + "': its Adam step differs from '" + first + "''s, in the same param "
+                            "group (the atomic checkpoint keeps one step per group)");
+  }
+
+  Files& files_;
+  SourceIndex& L_;
+  const std::map<std::string, int>& group_of_;
+  std::map<int, std::pair<std::string, pt::ValuePtr>> steps_;  // group -> (its first parameter, its step)
+};
+
+// What the files show of the writer and of the sharding, as notes for ucp-inspect.
+void Describe(const Metadata& M, const std::map<std::string, const Item*>& model, const std::vector<std::string>& order,
+              const std::vector<std::string>& frozen, SourceIndex& L) {
+  std::string fields;
+  for (const auto& f : M.fields) fields += (fields.empty() ? "" : ", ") + f;
+  L.notes.push_back("PyTorch Distributed Checkpoint in " + std::to_string(L.files.size()) + " data file" +
+                    (L.files.size() == 1 ? "" : "s") + "; Metadata fields: " + fields +
+                    (M.version ? "; version " + *M.version : "; no version field (torch 2.6 and earlier)"));
+  std::map<std::string, int> sharding;  // how the weights are cut, counted
+  for (const std::string& fqn : order) {
+    const Item& w = *model.at(fqn);
+    std::string how = "whole";
+    if (w.chunks.size() > 1) {
+      std::vector<int> dims;
+      for (size_t d = 0; d < w.size.size(); ++d)
+        if (std::any_of(w.chunks.begin(), w.chunks.end(), [&](const Chunk& c) { return c.sizes[d] != w.size[d]; }))
+          dims.push_back(static_cast<int>(d));
+      how = "in " + std::to_string(w.chunks.size()) + " chunks along dim" + (dims.size() > 1 ? "s " : " ");
+      for (size_t k = 0; k < dims.size(); ++k) how += (k ? ", " : "") + std::to_string(dims[k]);
+    }
+    ++sharding[how];
+  }
+  std::string cut;
+  for (const auto& [how, n] : sharding) cut += (cut.empty() ? "" : "; ") + std::to_string(n) + " " + how;
+  L.notes.push_back("model tensors: " + cut);
+  if (!frozen.empty()) {
+    std::string names;
+    for (size_t k = 0; k < frozen.size() && k < 5; ++k) names += (k ? ", " : "") + frozen[k];
+    L.notes.push_back(std::to_string(frozen.size()) + " model tensor" + (frozen.size() == 1 ? "" : "s") +
+                      " without optimizer state (buffers or frozen parameters) left out of the atomic checkpoint: " + names +
+                      (frozen.size() > 5 ? ", ..." : ""));
+  }
+}
+
 }  // namespace
 
 bool LooksLikeCheckpoint(const std::string& dir) {
@@ -168,11 +340,11 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions&)
   std::map<std::string, const Item*> model;
   std::vector<std::string> model_order;
   std::map<std::string, std::map<std::string, const Item*>> states;
-  std::map<int64_t, std::vector<std::pair<std::string, const Item*>>> options;  // in the order saved
+  Options options;
   for (const Item& item : M.items) {
     Role r = RoleOf(item);
     if (r.kind == Role::Model) {
-      if (!model.emplace(r.fqn, &item).second) L.errors.push_back("'" + item.fqn + "': a second model tensor named '" + r.fqn + "'");
+      if (!model.emplace(r.fqn, &item).second) L.errors.push_back(dir + ": '" + item.fqn + "': a second model tensor named '" + r.fqn + "'");
       else model_order.push_back(r.fqn);
     } else if (r.kind == Role::OptimizerState) {
       states[r.fqn][r.state] = &item;
@@ -184,151 +356,22 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions&)
     L.errors.push_back(dir + ": no optimizer state (model weights only): ucp-convert makes an atomic checkpoint of "
                        "fp32 weights and Adam's exp_avg / exp_avg_sq per parameter; a weights-only DCP is not supported yet");
   for (const auto& [fqn, s] : states)
-    if (!model.count(fqn)) L.errors.push_back("optimizer state for '" + fqn + "', which is not among the model's tensors");
+    if (!model.count(fqn)) L.errors.push_back(dir + ": optimizer state for '" + fqn + "', which is not among the model's tensors");
 
-  // The param groups (torch's state_dict form: options, and `params` as the parameter names).
-  std::map<std::string, int> group_of;
-  auto osd = Value::Make(Value::Kind::Dict);
-  auto groups = Value::Make(Value::Kind::List);
-  for (const auto& [g, opts] : options) {
-    auto group = Value::Make(Value::Kind::Dict);
-    for (const auto& [option, item] : opts) {
-      try {
-        int file = -1;
-        auto archive = files.Archive(item->storage[0], &file);
-        pt::SetItem(*group, option, archive.root);
-        if (option == "params" && archive.root && archive.root->IsSequence())
-          for (const auto& name : archive.root->items)
-            if (name && name->kind == Value::Kind::Str) group_of[name->s] = static_cast<int>(g);
-      } catch (const std::exception& e) {
-        L.errors.push_back("'" + item->fqn + "': " + e.what());
-      }
-    }
-    groups->items.push_back(group);
-  }
-  pt::SetItem(*osd, "param_groups", groups);
-  L.optimizer_state = osd;
-
-  std::map<int, std::pair<std::string, pt::ValuePtr>> group_step;  // group -> (its first parameter, its step)
+  std::map<std::string, int> group_of = ReadParamGroups(files, options, L);
+  Parameters parameters(files, L, group_of);
   std::vector<std::string> frozen;
   for (const std::string& fqn : model_order) {
-    const Item& w = *model.at(fqn);
     auto st = states.find(fqn);
-    if (st == states.end()) {
-      frozen.push_back(fqn);
-      continue;
-    }
-    try {
-      WithContext("'" + w.fqn + "'", [&] {
-        std::array<const Item*, 3> item{&w, nullptr, nullptr};
-        for (int s = 1; s < 3; ++s) {
-          auto it = st->second.find(kStateNames[s]);
-          if (it == st->second.end())
-            throw Error("no optimizer state '" + std::string(kStateNames[s]) + "' (ucp reads Adam's exp_avg and exp_avg_sq; this optimizer keeps " +
-                        [&] { std::string k; for (const auto& [n, i] : st->second) k += (k.empty() ? "" : ", ") + n; return k; }() + ")");
-          item[s] = it->second;
-        }
-        for (const Item* i : item) {
-          if (i->dtype != "float32")
-            throw Error("'" + i->fqn + "' is " + i->dtype + ": ucp reads float32 weights and Adam moments (a DCP of " + i->dtype +
-                        " parameters is not supported yet)");
-          if (i->size != w.size) throw Error("'" + i->fqn + "' is " + pt::ShapeString(i->size) + ", the weight " + pt::ShapeString(w.size));
-        }
-        source::ParamRecord rec;
-        rec.name = fqn;
-        auto g = group_of.find(fqn);
-        rec.group = g == group_of.end() ? 0 : g->second;
-        rec.tp_shape[0] = w.size;
-        rec.stages.insert(0);
-        const int param = static_cast<int>(L.params.size());
-        // The moments' chunks by box: the same boxes as the weight's, wherever each was written.
-        std::array<std::map<std::string, size_t>, 3> box;
-        for (int s = 1; s < 3; ++s)
-          for (size_t c = 0; c < item[s]->chunks.size(); ++c) box[s][ChunkKey(item[s]->chunks[c])] = c;
-        for (size_t c = 0; c < w.chunks.size(); ++c) {
-          std::array<Extent, 3> slot;
-          const int64_t numel = pt::Numel(w.chunks[c].sizes);
-          Located at = Locate(files, L, w, c, "float32");
-          slot[0] = {at.offset, numel, -1};
-          for (int s = 1; s < 3; ++s) {
-            auto same = box[s].find(ChunkKey(w.chunks[c]));
-            if (same == box[s].end())
-              throw Error("its chunk at " + pt::ShapeString(w.chunks[c].offsets) + " of size " + pt::ShapeString(w.chunks[c].sizes) +
-                          " has no '" + kStateNames[s] + "' chunk of the same box (the optimizer state is sharded otherwise)");
-            Located m = Locate(files, L, *item[s], same->second, "float32");
-            slot[s] = {m.offset, numel, m.file == at.file ? -1 : m.file};
-          }
-          ShardFile& f = L.files[at.file];
-          f.data = true;
-          const int group = static_cast<int>(f.groups.size());
-          f.groups.push_back(slot);
-          ForEachRun(w.size, w.chunks[c], [&](int64_t src, int64_t dst, int64_t n) {
-            L.fragments.push_back(Fragment{at.file, group, param, src, n, dst});
-          });
-        }
-        if (auto step = st->second.find("step"); step != st->second.end()) {
-          int file = -1;
-          auto archive = files.Archive(step->second->storage.at(0), &file);
-          auto& [first, value] = group_step[rec.group];
-          if (!value) {
-            first = fqn, value = archive.root;
-            L.steps[{0, 0, rec.group}] = value;
-          } else if (archive.root->kind != Value::Kind::Tensor || value->kind != Value::Kind::Tensor ||
-                     archive.root->AsTensor().nbytes() != value->AsTensor().nbytes() ||
-                     std::memcmp(value->AsTensor().data(), archive.root->AsTensor().data(), value->AsTensor().nbytes()) != 0) {
-            L.problems.push_back("'" + fqn + "': its Adam step differs from '" + first + "''s, in the same param group (the "
-                                 "atomic checkpoint keeps one step per group)");
-          }
-        }
-        L.params.push_back(std::move(rec));
-      });
-    } catch (const std::exception& e) {
-      L.errors.push_back(dir + ": " + e.what());
-    }
+    if (st == states.end()) frozen.push_back(fqn);
+    else parameters.Add(*model.at(fqn), fqn, st->second);
   }
   for (auto& f : L.files)
     std::sort(f.checksummed.begin(), f.checksummed.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
   L.keep_alive = std::make_shared<std::vector<std::shared_ptr<MappedFile>>>(files.mapped_);
   L.dtype = "fp32";
-  if (!group_step.empty() && group_step.begin()->second.second)
-    if (const auto& s = group_step.begin()->second.second; s->kind == Value::Kind::Tensor && s->AsTensor().dtype == pt::DType::F32) {
-      float v;
-      std::memcpy(&v, s->AsTensor().data(), 4);
-      L.iteration = static_cast<int64_t>(v);
-    }
-
-  // What the files show of the writer and the sharding, for ucp-inspect.
-  std::string fields;
-  for (const auto& f : M.fields) fields += (fields.empty() ? "" : ", ") + f;
-  L.notes.push_back("PyTorch Distributed Checkpoint written by " + std::to_string(L.files.size()) + " rank" + (L.files.size() == 1 ? "" : "s") +
-                    "; Metadata fields: " + fields + (M.version ? "; version " + *M.version : "; no version field (torch 2.6 and earlier)"));
-  std::map<std::string, int> sharding;  // how the weights are cut, counted
-  for (const std::string& fqn : model_order) {
-    const Item& w = *model.at(fqn);
-    std::string how = "whole";
-    if (w.chunks.size() > 1) {
-      std::vector<int> dims;
-      for (size_t d = 0; d < w.size.size(); ++d)
-        for (const auto& c : w.chunks)
-          if (c.sizes[d] != w.size[d]) {
-            dims.push_back(static_cast<int>(d));
-            break;
-          }
-      how = "in " + std::to_string(w.chunks.size()) + " chunks along dim" + (dims.size() > 1 ? "s " : " ");
-      for (size_t k = 0; k < dims.size(); ++k) how += (k ? ", " : "") + std::to_string(dims[k]);
-    }
-    ++sharding[how];
-  }
-  std::string cut;
-  for (const auto& [how, n] : sharding) cut += (cut.empty() ? "" : "; ") + std::to_string(n) + " " + how;
-  L.notes.push_back("model tensors: " + cut);
-  if (!frozen.empty()) {
-    std::string names;
-    for (size_t k = 0; k < frozen.size() && k < 5; ++k) names += (k ? ", " : "") + frozen[k];
-    L.notes.push_back(std::to_string(frozen.size()) + " model tensor" + (frozen.size() == 1 ? "" : "s") +
-                      " without optimizer state (buffers or frozen parameters) left out of the atomic checkpoint: " + names +
-                      (frozen.size() > 5 ? ", ..." : ""));
-  }
+  L.iteration = parameters.Iteration();
+  Describe(M, model, model_order, frozen, L);
   return L;
 }
 
