@@ -90,6 +90,17 @@ std::optional<Cut> CutOf(const std::string& key, const LlamaFacts& m) {
   return std::nullopt;
 }
 
+// The shape of a layer's tensor that no fused tensor is cut into, by its Hugging Face name.
+std::vector<int64_t> WholeShape(const std::string& name, const LlamaFacts& m) {
+  const int64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
+  if (name == "self_attn.o_proj.weight") return {m.hidden, q};
+  if (name == "mlp.down_proj.weight") return {m.hidden, m.ffn};
+  if (name == "self_attn.q_proj.weight") return {q, m.hidden};
+  if (name == "self_attn.k_proj.weight" || name == "self_attn.v_proj.weight") return {kv, m.hidden};
+  if (name == "mlp.gate_proj.weight" || name == "mlp.up_proj.weight") return {m.ffn, m.hidden};
+  return {m.hidden};  // the norms, the biases of o_proj and down_proj
+}
+
 std::string Shape(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
@@ -153,18 +164,7 @@ std::vector<ExportTensor> LlamaTensors(const reshard::Source& S, const LlamaFact
         const bool bias = shape.size() == 1;
         const int64_t cols = bias ? 1 : shape.at(1);
         if (cut->rows.empty()) {
-          static const std::map<std::string, std::string> sized = {
-              {"self_attn.o_proj.weight", "o"}, {"mlp.down_proj.weight", "down"}, {"self_attn.q_proj.weight", "q"},
-              {"self_attn.k_proj.weight", "kv"}, {"self_attn.v_proj.weight", "kv"}, {"mlp.gate_proj.weight", "up"},
-              {"mlp.up_proj.weight", "up"}};
-          std::vector<int64_t> want = {m.hidden};
-          if (auto s = sized.find(cut->names[0]); s != sized.end())
-            want = s->second == "o" ? std::vector<int64_t>{m.hidden, m.heads * m.head_dim}
-                 : s->second == "down" ? std::vector<int64_t>{m.hidden, m.ffn}
-                 : s->second == "q" ? std::vector<int64_t>{m.heads * m.head_dim, m.hidden}
-                 : s->second == "kv" ? std::vector<int64_t>{m.kv_heads * m.head_dim, m.hidden}
-                 : std::vector<int64_t>{m.ffn, m.hidden};
-          expect(want);
+          expect(WholeShape(cut->names[0], m));
           ExportTensor t{prefix + cut->names[0], atom, "", 0, shape[0], shape};
           if (cut->rotary) t.rotary_head_dim = m.head_dim;
           add(a.name, std::move(t));
