@@ -13,7 +13,8 @@
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "ucp-convert: a DeepSpeed / Megatron-DeepSpeed checkpoint to an atomic checkpoint.\n\n"
+      "ucp-convert: a DeepSpeed / Megatron-DeepSpeed checkpoint, or a PyTorch Distributed Checkpoint,\n"
+      "to an atomic checkpoint.\n\n"
       "Reads the checkpoint saved under any ZeRO-1/2/3 x TP x PP layout (fp16 or bf16, BF16 optimizer\n"
       "included) and writes one fp32 tensor per parameter and state, free of ranks, degrees and padding,\n"
       "in DeepSpeed's universal layout: OUT/zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt,\n"
@@ -25,6 +26,10 @@ int main(int argc, char** argv) {
       "Shard-V/H/NC, Partial) come from the checkpoint's universal_checkpoint_info and the model-family\n"
       "rules in patterns/; replicated copies are checked to be identical, and every element of every\n"
       "parameter must come from exactly one fragment.\n\n"
+      "A PyTorch Distributed Checkpoint (FSDP2, torchtitan, DTensor TP: .metadata and __R_N.distcp) is\n"
+      "read chunk by chunk, each a box of its global tensor: fp32 weights with Adam's exp_avg, exp_avg_sq\n"
+      "and step per parameter, the param groups into zero/optimizer_state.pt; no model-states file and no\n"
+      "latest_universal (DeepSpeed cannot resume it); ucp-reshard --format hf exports it.\n\n"
       "--format hdf5 writes the tensors into one HDF5 file instead, OUT/atoms.h5 (a group per parameter,\n"
       "datasets fp32 / exp_avg / exp_avg_sq, metadata as attributes; schemas/atoms-h5.schema.json),\n"
       "written by all ranks at once through MPI-IO. ucp-inspect reads either store; DeepSpeed reads\n"
@@ -45,7 +50,8 @@ int main(int argc, char** argv) {
   o.patterns_dir = ucp::patterns::DefaultPatternsDir();
   bool no_strict = false;
   int plan_ranks = 0;
-  app.add_option("source", o.source, "checkpoint folder (with `latest`, or the global_stepN folder)");
+  app.add_option("source", o.source, "checkpoint folder (DeepSpeed: with `latest`, or the global_stepN folder; "
+                 "PyTorch DCP: the folder with .metadata)");
   app.add_option("--format", o.format, "store of the atomic tensors: pt (DeepSpeed's universal files) or hdf5 (one atoms.h5)")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {

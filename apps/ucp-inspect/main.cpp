@@ -12,8 +12,10 @@ int main(int argc, char** argv) {
   CLI::App app{
       "ucp-inspect: what a checkpoint holds.\n\n"
       "Reads a DeepSpeed / Megatron-DeepSpeed checkpoint folder (the folder with `latest`, or the\n"
-      "global_stepN folder itself) without loading tensor data, and prints the layout it was saved with\n"
-      "(framework, ZeRO stage, training dtype, DP/TP/PP degrees, iteration), its files, and every\n"
+      "global_stepN folder itself), or a PyTorch Distributed Checkpoint's (with .metadata: how its\n"
+      "tensors are cut into chunks, the torch release's Metadata fields), without loading tensor\n"
+      "data, and prints the layout it was saved with (framework, ZeRO stage, training dtype, DP/TP/PP\n"
+      "degrees, iteration), its files, and every\n"
       "parameter with its full shape, the pattern it has here and under TP > 1, the rule that decided\n"
       "it, and its atomic size. Missing rank files, mismatched degrees, fragments that do not cover a\n"
       "parameter, parameters no rule classifies and rules that match nothing are reported.\n\n"
@@ -29,7 +31,7 @@ int main(int argc, char** argv) {
   ucp::inspect::InspectOptions options;
   options.patterns_dir = ucp::patterns::DefaultPatternsDir();
   bool no_strict = false, list_patterns = false, list_formats = false;
-  app.add_option("dir", dir, "checkpoint folder");
+  app.add_option("dir", dir, "checkpoint folder (DeepSpeed's, a PyTorch DCP's with .metadata, or an atomic checkpoint)");
   app.add_flag("--json", options.json, "print the report as JSON");
   app.add_option("--params", options.params_regex, "only list parameters whose name matches this regex");
   app.add_option("--patterns", options.pattern_files,

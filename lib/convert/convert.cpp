@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -182,10 +183,17 @@ void PrepareOutput(const ConvertOptions& o, const source::SourceIndex& L, const 
   if (*resume == Resume::No) store::Journal::Start(o.output, fingerprint);
 }
 
-// The last steps of a conversion's commit, after its manifest: latest_universal (DeepSpeed reads
-// only the .pt store), then the journal goes.
-void FinishCommit(const std::string& output, store::StoreKind kind) {
-  if (kind == store::StoreKind::Pt) store::WriteLatestUniversal(output);
+// Whether the conversion points <parent>/latest_universal at its output: DeepSpeed's universal load
+// reads it, from the .pt store, of a source whose model-states files are carried (a DeepSpeed job's;
+// not a PyTorch Distributed Checkpoint's, which DeepSpeed cannot resume).
+bool PointsLatestUniversal(const source::SourceIndex& L, store::StoreKind kind) {
+  return kind == store::StoreKind::Pt && std::any_of(L.files.begin(), L.files.end(), [](const auto& f) { return f.carried; });
+}
+
+// The last steps of a conversion's commit, after its manifest: latest_universal where DeepSpeed reads
+// it, then the journal goes.
+void FinishCommit(const std::string& output, bool latest_universal) {
+  if (latest_universal) store::WriteLatestUniversal(output);
   store::Journal::Remove(output);
 }
 
@@ -239,7 +247,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
                   "DeepSpeed's universal checkpoint (ds_to_universal.py)") + ", converted already: ucp-reshard reads it; "
                   "ucp-convert --from-atomic copies a ucp one into another store");
     L = formats::IndexSource(o.source);
-    if (!L.errors.empty()) throw Error(Joined(L.errors, o.source + ": unreadable or malformed files:"));
+    if (!L.errors.empty()) throw Error(Joined(L.errors, o.source + ": unreadable, malformed or not supported:"));
     if (o.strict && !L.problems.empty())
       throw Error(Joined(L.problems, o.source + ": the checkpoint is inconsistent (--no-strict to convert anyway):"));
     M = patterns::ResolvePatterns(L, {o.pattern_files, o.patterns_dir});
@@ -251,8 +259,10 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   phase_done("index_and_plan");
   if (talk) {
-    err << "ucp-convert: " << L.framework << " " << (L.zero_stage == 3 ? "ZeRO-3" : "ZeRO-" + std::to_string(L.zero_stage))
-        << " (" << L.optimizer << ") " << L.dtype << " " << source::DataParallelDegrees(L) << " tp=" << L.tp << " pp=" << L.pp
+    err << "ucp-convert: " << L.framework << " "
+        << (!L.on_grid ? L.dtype + " global tensors in chunks, " + std::to_string(L.files.size()) + " data files" :
+            (L.zero_stage == 3 ? "ZeRO-3" : "ZeRO-" + std::to_string(L.zero_stage)) + " (" + L.optimizer + ") " + L.dtype + " " +
+            source::DataParallelDegrees(L) + " tp=" + std::to_string(L.tp) + " pp=" + std::to_string(L.pp))
         << (L.moe ? " ep=" + std::to_string(L.ep) + " (Mixture of Experts)" : "") << (L.format != "deepspeed" ? "" : ", DeepSpeed " + (L.ds_version.empty() ? "?" : L.ds_version) + ", universal_checkpoint_version " +
             (M.checkpoint_rules && M.checkpoint_rules->version ? VersionString(*M.checkpoint_rules->version) : "none"))
         << "; " << plan.params.size() << " parameters; "
@@ -288,7 +298,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   int64_t flag = static_cast<int64_t>(resume);
   comm.AllreduceMax({&flag, 1});
   if (static_cast<Resume>(flag) == Resume::OnlyCommitLeft) {
-    error = rank == 0 ? Capture([&] { FinishCommit(o.output, kind); }) : "";
+    error = rank == 0 ? Capture([&] { FinishCommit(o.output, PointsLatestUniversal(L, kind)); }) : "";
     if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
     if (talk) err << "ucp-convert: resumed a run killed after its manifest: " << o.output << " is complete\n";
     return 0;
@@ -542,7 +552,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       }
       auto manifest = store::AssembleManifest(std::string(store::StoreName(kind)), store::SourceJson(L, M),
                                               store::FamilyJson(M), params, files);
-      auto latest = kind == store::StoreKind::Pt ? store::StageLatestUniversal(o.output) : nullptr;
+      auto latest = PointsLatestUniversal(L, kind) ? store::StageLatestUniversal(o.output) : nullptr;
       if (latest) previous_latest = ReadWholeFile(latest->path()).value_or("");
       folder->Mark({manifest.dump(1) + "\n"});  // the commit point (step 4)
       if (latest) latest->Commit();
@@ -552,7 +562,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   // DeepSpeed's load_universal follows latest_universal: moving it is said (it may have named
   // DeepSpeed's own universal folder).
-  if (talk && kind == store::StoreKind::Pt) {
+  if (talk && PointsLatestUniversal(L, kind)) {
     const std::string named = fs::path(o.output).lexically_normal().filename().string();
     if (!previous_latest.empty() && previous_latest != named && !named.empty())
       err << "ucp-convert: note: " << fs::path(o.output).lexically_normal().parent_path().string()

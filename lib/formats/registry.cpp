@@ -1,5 +1,6 @@
 #include "formats/registry.h"
 
+#include <filesystem>
 #include <span>
 
 #include "core/error.h"
@@ -30,10 +31,46 @@ const TargetDriver& FindTarget(std::string_view name) {
   throw Error("unknown target format '" + std::string(name) + "' (known: " + known + ")");
 }
 
-source::SourceIndex IndexSource(const std::string& dir, const source::IndexOptions& options) {
+namespace {
+
+// For a folder that is no checkpoint: the folder below it that is one (the one the user meant), else
+// with `formats` the files each format looks for; empty for a path that is no folder.
+std::string WhatWasMeant(const std::string& dir, bool formats) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return "";
+  for (const auto& child : std::filesystem::directory_iterator(dir, ec))
+    if (child.is_directory(ec))
+      for (const SourceDriver* d : Sources())
+        if (d->probe(child.path().string()))
+          return child.path().string() + " is a " + d->name + " checkpoint: give that folder";
+  if (!formats) return "";
+  std::string known;
+  for (const SourceDriver* d : Sources()) known += (known.empty() ? "" : "; ") + std::string(d->name) + ": " + d->files;
+  return "the formats ucp reads, by their files: " + known;
+}
+
+}  // namespace
+
+const SourceDriver* ProbeSource(const std::string& dir) {
   for (const SourceDriver* d : Sources())
-    if (d->probe(dir)) return d->index(dir, options);
-  return Sources()[0]->index(dir, options);
+    if (d->probe(dir)) return d;
+  return nullptr;
+}
+
+source::SourceIndex IndexSource(const std::string& dir, const source::IndexOptions& options) {
+  // The driver whose names the folder has, else the first, which says why in its terms; for a folder
+  // that is no checkpoint, what was meant is added.
+  const SourceDriver* probed = ProbeSource(dir);
+  const SourceDriver* driver = probed ? probed : Sources()[0];
+  try {
+    source::SourceIndex L = driver->index(dir, options);
+    if (!L.errors.empty() && L.params.empty())
+      if (std::string meant = WhatWasMeant(dir, false); !meant.empty()) L.errors.push_back(dir + ": " + meant);
+    return L;
+  } catch (const Error& e) {
+    const std::string meant = WhatWasMeant(dir, true);
+    throw Error(std::string(e.what()) + (meant.empty() ? "" : "; " + meant));
+  }
 }
 
 nlohmann::json FormatsJson() {

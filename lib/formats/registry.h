@@ -18,6 +18,9 @@ namespace ucp::formats {
 // driver indexes it anyway, so that its error says what is missing.
 source::SourceIndex IndexSource(const std::string& dir, const source::IndexOptions& options = {});
 
+// The source driver whose probe accepts `dir` (its names only), or nullptr.
+const SourceDriver* ProbeSource(const std::string& dir);
+
 // The target driver called `name`; throws ucp::Error listing the known ones.
 const TargetDriver& FindTarget(std::string_view name);
 

@@ -167,7 +167,8 @@ int RunInspect(const std::string& dir, const InspectOptions& options, std::ostre
     out << r.dump(1) << "\n";
   } else {
     const auto& d = r["degrees"];
-    out << "checkpoint   " << r["path"].get<std::string>() << "  (tag " << r["tag"].get<std::string>() << ")\n"
+    out << "checkpoint   " << r["path"].get<std::string>()
+        << (r["tag"].get<std::string>().empty() ? "" : "  (tag " + r["tag"].get<std::string>() + ")") << "\n"
         << "format       " << r["format"].get<std::string>() << "  (ucp-inspect --list-formats)\n"
         << "framework    " << r["framework"].get<std::string>() << "  ("
         << (r["ds_version"].get<std::string>().empty() ? "" : "DeepSpeed " + r["ds_version"].get<std::string>() + ", ")

@@ -155,12 +155,18 @@ int RunInspectAtomic(const std::string& dir, const InspectOptions& options, std:
     else
       text << "atomic checkpoint  " << dir << "  (format " << r["format_version"] << ", ucp " << r["ucp_version"].get<std::string>()
            << ", " << r["created"].get<std::string>() << ")\n"
-           << "converted from     " << s.at("path").get<std::string>() << "  (tag " << s.at("tag").get<std::string>() << ")\n";
-    text
+           << "converted from     " << s.at("path").get<std::string>()
+           << (s.at("tag").get<std::string>().empty() ? "" : "  (tag " + s.at("tag").get<std::string>() + ")") << "\n";
+    if (s.at("framework") == "torch-dcp")  // no (dp, tp, pp) grid: chunks of global tensors
+      text << "source layout      a PyTorch Distributed Checkpoint (global tensors in chunks), " << s.at("dtype").get<std::string>()
+           << ", iteration " << s.at("iteration") << "\n";
+    else
+      text
         << "source layout      dp=" << s.at("dp") << (s.value("sp", 1) > 1 ? " sp=" + std::to_string(s.value("sp", 1)) : "") << " tp=" << s.at("tp") << " pp=" << s.at("pp")
         << (s.value("moe", false) ? " ep=" + std::to_string(s.value("ep", 1)) + " (Mixture of Experts)" : "") << "  ZeRO-" << s.at("zero_stage") << " ("
         << s.at("optimizer").get<std::string>() << "), " << s.at("dtype").get<std::string>() << ", iteration " << s.at("iteration")
-        << ", DeepSpeed " << s.at("ds_version").get<std::string>() << "\n"
+        << ", DeepSpeed " << s.at("ds_version").get<std::string>() << "\n";
+    text
         << "model rules        "
         << (r["family"].is_null() ? std::string("none") : r["family"]["name"].get<std::string>()) << "\n"
         << "store              " << r["store"].get<std::string>() << "\n"

@@ -12,6 +12,7 @@
 #include "core/format.h"
 #include "core/output_lock.h"
 #include "core/progress.h"
+#include "reshard/atomic_input.h"
 #include "reshard/claim.h"
 #include "reshard/rank_totals.h"
 #include "shuffle/agree.h"
@@ -49,17 +50,6 @@ std::string PrecisionChange(const Source& S, const ExportPlan& P) {
   return from.empty() || from == P.dtype ? "" : " (" + from + " -> " + P.dtype + ", as --dtype asks)";
 }
 
-// A native checkpoint folder (global_stepN) given where its root or an atomic checkpoint goes: said.
-void RefuseCheckpointFolder(const std::string& dir) {
-  std::error_code ec;
-  if (std::filesystem::exists(dir + "/" + store::kManifestName, ec) || store::IsDeepSpeedUniversal(dir)) return;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (e.path().filename().string().ends_with("model_states.pt"))
-      throw Error(dir + ": a checkpoint folder, not its root: give the folder holding `latest` (" +
-                  std::filesystem::path(dir).lexically_normal().parent_path().string() + "), whose atomic checkpoint is "
-                  "then found or made beside the tag, or ucp-convert it first");
-}
-
 }  // namespace
 
 std::vector<int> AssignFiles(const ExportPlan& P, int ranks) {
@@ -84,7 +74,7 @@ int RunExport(const ReshardOptions& o, const formats::TargetDriver& driver, shuf
   std::vector<int> owner;
   std::string error = Capture([&] {
     if (!o.plan_only) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
-    RefuseCheckpointFolder(o.atomic_dir);
+    RefuseNonAtomicInput(o.atomic_dir);
     S = LoadAtomic(o.atomic_dir);
     P = driver.plan_export(S, o.model);
     owner = AssignFiles(P, ranks);

@@ -17,6 +17,7 @@
 #include "core/commit.h"
 #include "core/progress.h"
 #include "formats/registry.h"
+#include "reshard/atomic_input.h"
 #include "reshard/claim.h"
 #include "reshard/export.h"
 #include "reshard/rank_totals.h"
@@ -264,6 +265,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   if (target_driver->plan_export) return RunExport(o, *target_driver, comm, out, err);
   error = Capture([&] {
     if (!o.plan_only && !o.in_place) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
+    RefuseNonAtomicInput(o.atomic_dir);
     S = LoadSource(o.atomic_dir);
     WithContext(o.atomic_dir + "/" + store::kManifestName, [&] {
       tag = S.manifest.at("source").at("tag").get<std::string>();

@@ -92,6 +92,9 @@ struct SourceIndex {
   // dp counts the ranks ZeRO partitions over and the files are numbered by: DP x SP under DeepSpeed
   // Ulysses sequence parallelism (DeepSpeed's dp_world_size, the sequence-data-parallel group).
   int dp = 1, tp = 1, pp = 1;
+  // Whether the files sit on that (pp, tp, dp) grid; false: each file holds chunks of global tensors
+  // (a PyTorch Distributed Checkpoint), the degrees 1 and meaningless.
+  bool on_grid = true;
   int sp = 1;                // Ulysses sequence-parallel degree, dividing dp; 1 where the files do not say
   bool sp_recorded = false;  // whether the files say it (Megatron args' ds_sequence_parallel_size)
   int DataParallel() const { return dp / sp; }  // DP alone, without SP
@@ -115,7 +118,7 @@ struct SourceIndex {
   pt::ValuePtr optimizer_state;
   std::shared_ptr<const void> keep_alive;      // what the values above point into
   int64_t zero_padding_elements = 0;           // alignment padding over all data files
-  std::vector<std::string> errors;    // unreadable or malformed files: always fatal
+  std::vector<std::string> errors;    // unreadable, malformed or unsupported input: always fatal
   std::vector<std::string> problems;  // inconsistencies: fatal under --strict
   std::vector<std::string> notes;     // what was found that the user may want to know
 

@@ -12,8 +12,9 @@ model_config.json the export is given), HARNESS_DIR the DCP harness (tiny_llama.
   unexpected or mismatched keys; tests/hf/README.md) and whose logits it recorded, and those logits
   equal the training model's own forward pass (tiny_llama.py, weights from reference.pt) within 1e-5;
   2 ranks write the same bytes as 1;
-- without --model-config the facts a DCP does not hold are asked for by name, nothing written; a
-  DeepSpeed layout from it is refused, pointing to --format hf.
+- without --model-config the facts a DCP does not hold are asked for by name, nothing written; the
+  same facts by torchtitan's names export the same bytes; a DeepSpeed layout from it is refused,
+  pointing to --format hf; the DCP folder itself is refused, pointing to ucp-convert.
 """
 import filecmp
 import json
@@ -119,6 +120,24 @@ for case in cases:
     r = run("ucp-reshard", [atomic, "-o", out, "--format", "hf"])
     check(f"{case}: without --model-config the missing facts are asked for", r.returncode != 0 and
           "num_attention_heads" in r.stderr and "--model-config" in r.stderr and not os.path.exists(out), r.stderr[-600:])
+    # The same facts by torchtitan's ModelArgs names give the same bytes; a fact given twice is refused.
+    aliased = os.path.join(WORK, case, "torchtitan_names.json")
+    json.dump({"n_heads": cfg["num_attention_heads"], "max_seq_len": cfg["max_position_embeddings"],
+               "norm_eps": cfg["layernorm_epsilon"], "rope_theta": cfg["rope_theta"]}, open(aliased, "w"))
+    out = os.path.join(WORK, case, "hf-aliased")
+    r = run("ucp-reshard", [atomic, "-o", out, "--format", "hf", "--model-config", aliased])
+    check(f"{case}: torchtitan's names in --model-config give the same export", r.returncode == 0 and
+          all(filecmp.cmp(os.path.join(out, f), os.path.join(fixture, f), shallow=False) for f in FILES), r.stderr[-600:])
+    both = os.path.join(WORK, case, "both_names.json")
+    json.dump({"n_heads": 4, "num_attention_heads": 4}, open(both, "w"))
+    r = run("ucp-reshard", [atomic, "-o", os.path.join(WORK, case, "hf-both"), "--format", "hf", "--model-config", both])
+    check(f"{case}: one fact under two names is refused", r.returncode != 0 and "n_heads" in r.stderr and "num_attention_heads" in r.stderr,
+          r.stderr[-400:])
+    # The DCP folder itself given to ucp-reshard: said to be converted first.
+    r = run("ucp-reshard", [os.path.join(CASES, case, "checkpoint"), "-o", os.path.join(WORK, case, "hf-direct"), "--format", "hf",
+                            "--model-config", config])
+    check(f"{case}: the DCP folder given to ucp-reshard: 'convert it first'", r.returncode != 0 and "dcp checkpoint" in r.stderr and
+          "ucp-convert" in r.stderr, r.stderr[-400:])
     out = os.path.join(WORK, case, "ds")
     r = run("ucp-reshard", [atomic, "-o", out, "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
     check(f"{case}: a DeepSpeed layout is refused, pointing to --format hf", r.returncode != 0 and "--format hf" in r.stderr and

@@ -9,9 +9,10 @@ For every case, at 1 and 2 MPI ranks:
   every parameter of reference.pt is there, and nothing else;
 - zero/optimizer_state.pt holds reference.pt's param_groups (options in the saved order, the names);
 - ucp-inspect (text and --json) names the format and how the tensors are cut.
-Then, where the folder holds the fsdp2_dp2 case, damaged copies: a flipped byte inside a chunk's tensor data is refused naming the file and the
-record (no atomic checkpoint left), a truncated .distcp and a damaged .metadata are refused by name,
-and a .metadata naming a class DCP never writes is refused naming the class.
+Then, where the folder holds the fsdp2_dp2 case, damaged copies: a flipped byte inside a chunk's tensor
+data is refused naming the file and the record (no atomic checkpoint left; ucp-inspect --verify finds it
+too), a truncated .distcp and a damaged .metadata are refused by name, and a .metadata naming a class
+DCP never writes is refused naming the class.
 """
 import json
 import os
@@ -121,6 +122,9 @@ if os.path.isdir(os.path.join(CASES, "fsdp2_dp2")):
 
 
     damaged("flipped byte in a .distcp", src, flip_tensor_byte, ["__1_0.distcp", "CRC"])
+    r = run("ucp-inspect", "--verify", os.path.join(WORK, "damaged", "flipped byte in a .distcp", "ckpt"))
+    check("damaged: inspect --verify finds the flipped byte", r.returncode == 2 and "CRC" in r.stdout + r.stderr,
+          r.stdout[-600:] + r.stderr[-600:])
 
 
     def truncate(folder):

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <regex>
+#include <set>
 
 #include "core/error.h"
 #include "core/mapped_file.h"
@@ -63,16 +64,30 @@ Role RoleOf(const Item& item) {
 class Files {
  public:
   Files(SourceIndex& L) : L_(L) {}
+  // A file that cannot be opened is reported once (Report), however many chunks lie in it.
   int Index(const std::string& name) {
     auto it = index_.find(name);
     if (it != index_.end()) return it->second;
+    std::shared_ptr<MappedFile> mapped;
+    try {
+      mapped = MappedFile::Open(L_.dir + "/" + name);
+    } catch (const std::exception& e) {
+      if (unopened_.insert(name).second) L_.errors.push_back(std::string(e.what()) + " (.metadata places chunks in it)");
+      throw;
+    }
     ShardFile f;
     f.name = name, f.kind = "distcp";
     static const std::regex rank(R"(^__(\d+)_(\d+)\.distcp$)");
     if (std::smatch m; std::regex_match(name, m, rank)) f.dp = std::stoi(m[1]);
     L_.files.push_back(f);
-    mapped_.push_back(MappedFile::Open(L_.dir + "/" + name));
+    mapped_.push_back(std::move(mapped));
     return index_[name] = static_cast<int>(L_.files.size()) - 1;
+  }
+  // A fault into L.errors, unless it is about a file already reported as unopened.
+  void Report(const std::string& message) {
+    for (const auto& name : unopened_)
+      if (message.find(L_.dir + "/" + name) != std::string::npos) return;
+    L_.errors.push_back(message);
   }
   // The torch.save archive at `s`, its pickle's CRC-32 checked; with `whole`, every record's (a small
   // item read here whole, a step or an option, rather than by a mapper).
@@ -88,6 +103,7 @@ class Files {
  private:
   SourceIndex& L_;
   std::map<std::string, int> index_;
+  std::set<std::string> unopened_;
 };
 
 // A chunk's tensor: where its float32 elements start in its file, and the record holding them
@@ -157,7 +173,7 @@ std::map<std::string, int> ReadParamGroups(Files& files, const Options& options,
           for (const auto& name : archive.root->items)
             if (name && name->kind == Value::Kind::Str) group_of[name->s] = static_cast<int>(g);
       } catch (const std::exception& e) {
-        L.errors.push_back(L.dir + ": '" + item->fqn + "': " + e.what());
+        files.Report(L.dir + ": '" + item->fqn + "': " + e.what());
       }
     }
     groups->items.push_back(group);
@@ -178,6 +194,11 @@ class Parameters {
     try {
       WithContext("'" + w.fqn + "'", [&] {
         std::array<const Item*, 3> item{&w, Moment(states, 1), Moment(states, 2)};
+        for (const auto& [name, state] : states)  // what the atomic checkpoint would not keep: never dropped unsaid
+          if (name != "exp_avg" && name != "exp_avg_sq" && name != "step")
+            throw Error("optimizer state '" + name + "' (" + state->fqn + ") besides Adam's: the atomic checkpoint keeps "
+                        "exp_avg, exp_avg_sq and step only (AMSGrad's max_exp_avg_sq, SGD's momentum_buffer and other "
+                        "optimizers are not supported yet)");
         for (const Item* i : item) {
           if (i->dtype != "float32")
             throw Error("'" + i->fqn + "' is " + i->dtype + ": ucp reads float32 weights and Adam moments (a DCP of " +
@@ -195,7 +216,7 @@ class Parameters {
         L_.params.push_back(std::move(rec));
       });
     } catch (const std::exception& e) {
-      L_.errors.push_back(L_.dir + ": " + e.what());
+      files_.Report(L_.dir + ": " + e.what());
     }
   }
 
@@ -317,13 +338,14 @@ bool LooksLikeCheckpoint(const std::string& dir) {
   return false;
 }
 
-SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions&) {
+SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& options) {
   SourceIndex L;
   L.format = "dcp";
   L.root = L.dir = dir;
   L.framework = "torch-dcp";
   L.optimizer = "torch";
   L.naming = "plain";
+  L.on_grid = false;
   // Megatron-Core's torch_dist saves through DCP with its own keys (layers stacked on a leading axis,
   // experts on a global-expert axis, fused [gate; up], bucket-flat distributed-optimizer state) and
   // says so in metadata.json: said by name rather than read as plain parameters.
@@ -340,7 +362,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions&)
   std::map<std::string, const Item*> model;
   std::vector<std::string> model_order;
   std::map<std::string, std::map<std::string, const Item*>> states;
-  Options options;
+  Options group_options;
   for (const Item& item : M.items) {
     Role r = RoleOf(item);
     if (r.kind == Role::Model) {
@@ -349,7 +371,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions&)
     } else if (r.kind == Role::OptimizerState) {
       states[r.fqn][r.state] = &item;
     } else if (r.kind == Role::GroupOption) {
-      options[r.group].emplace_back(r.option, &item);
+      group_options[r.group].emplace_back(r.option, &item);
     }
   }
   if (states.empty())
@@ -358,7 +380,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions&)
   for (const auto& [fqn, s] : states)
     if (!model.count(fqn)) L.errors.push_back(dir + ": optimizer state for '" + fqn + "', which is not among the model's tensors");
 
-  std::map<std::string, int> group_of = ReadParamGroups(files, options, L);
+  std::map<std::string, int> group_of = ReadParamGroups(files, group_options, L);
   Parameters parameters(files, L, group_of);
   std::vector<std::string> frozen;
   for (const std::string& fqn : model_order) {
@@ -366,6 +388,15 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions&)
     if (st == states.end()) frozen.push_back(fqn);
     else parameters.Add(*model.at(fqn), fqn, st->second);
   }
+  // ucp-inspect --verify: every archive of every item read whole and checked, those no parameter uses too.
+  if (options.verify_storage_crc)
+    for (const Item& item : M.items)
+      for (size_t c = 0; c < item.storage.size(); ++c) try {
+          int file = -1;
+          (void)files.Archive(item.storage[c], &file, true);
+        } catch (const std::exception& e) {
+          files.Report(dir + ": '" + item.fqn + "' chunk " + std::to_string(c) + ": " + e.what());
+        }
   for (auto& f : L.files)
     std::sort(f.checksummed.begin(), f.checksummed.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
   L.keep_alive = std::make_shared<std::vector<std::shared_ptr<MappedFile>>>(files.mapped_);

@@ -1,6 +1,7 @@
 #include "formats/hf/model.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <regex>
 
@@ -88,7 +89,11 @@ class Facts {
   Facts(const ModelView& v, const reshard::ExportOptions& o) : v_(v), o_(o) {
     if (!o.model_config.is_object()) return;
     for (const auto& item : o.model_config.items()) {
-      const std::string key = item.key();
+      const std::string given = item.key();
+      const std::string key = Canonical(given);
+      if (key != given && o.model_config.contains(key))
+        throw Error(o.model_config_path + ": both " + given + " and " + key + " are given: they name the same fact");
+      if (key != given) config_[key] = item.value();
       const json& value = item.value();
       auto k = std::find_if(Keys().begin(), Keys().end(), [&](const Key& x) { return key == x.name; });
       if (k == Keys().end()) {
@@ -96,7 +101,8 @@ class Facts {
         std::string known;
         for (const Key& x : Keys()) known += (known.empty() ? "" : ", ") + std::string(x.name);
         throw Error(o.model_config_path + ": unknown model fact '" + key + "'" + (near.empty() ? "" : " (did you mean '" + near + "'?)") +
-                    "; the facts, by Megatron's argument names: " + known);
+                    "; the facts, by Megatron's argument names (torchtitan's ModelArgs and Hugging Face's config names "
+                    "are read too: n_heads, norm_eps, max_seq_len, rms_norm_eps, ...): " + known);
       }
       if (!value.is_null() && !OfType(value, k->type))
         throw Error(o.model_config_path + ": " + key + " is " + value.dump() + ", not " + TypeName(k->type) + " (" + k->meaning + ")");
@@ -116,7 +122,8 @@ class Facts {
       }
     }
     std::optional<json> from_file;
-    if (o_.model_config.is_object() && o_.model_config.contains(key) && !o_.model_config[key].is_null())
+    if (config_.contains(key) && !config_[key].is_null()) from_file = config_[key];
+    else if (o_.model_config.is_object() && o_.model_config.contains(key) && !o_.model_config[key].is_null())
       from_file = o_.model_config[key];
     if (from_args && from_file && !Same(*from_args, *from_file))
       throw Error(o_.model_config_path + ": " + key + " is " + from_file->dump() + " but the checkpoint's args say " +
@@ -154,8 +161,20 @@ class Facts {
   std::string Where(const char* key) const {
     return v_.arg && v_.arg(key) ? v_.args_file + ": args" : o_.model_config_path;
   }
+  // The Megatron name of a fact given by torchtitan's ModelArgs name or Hugging Face's config name;
+  // a name of neither is returned as it is.
+  static std::string Canonical(const std::string& key) {
+    static const std::map<std::string, std::string> aliases = {
+        {"dim", "hidden_size"}, {"n_layers", "num_layers"}, {"num_hidden_layers", "num_layers"},
+        {"n_heads", "num_attention_heads"}, {"n_kv_heads", "num_key_value_heads"}, {"head_dim", "kv_channels"},
+        {"ffn_hidden", "ffn_hidden_size"}, {"intermediate_size", "ffn_hidden_size"},
+        {"max_seq_len", "max_position_embeddings"}, {"norm_eps", "layernorm_epsilon"}, {"rms_norm_eps", "layernorm_epsilon"}};
+    auto it = aliases.find(key);
+    return it == aliases.end() ? key : it->second;
+  }
   const ModelView& v_;
   const reshard::ExportOptions& o_;
+  json config_ = json::object();  // the facts --model-config gave by another name, under Megatron's
 };
 
 const reshard::Atom* FirstParam(const reshard::Source& S, const std::regex& re) {

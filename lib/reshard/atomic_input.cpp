@@ -1,0 +1,25 @@
+#include "reshard/atomic_input.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "formats/registry.h"
+#include "store/atomic_store.h"
+#include "store/universal_folder.h"
+
+namespace ucp::reshard {
+
+void RefuseNonAtomicInput(const std::string& dir) {
+  std::error_code ec;
+  if (std::filesystem::exists(dir + "/" + store::kManifestName, ec) || store::IsDeepSpeedUniversal(dir)) return;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.path().filename().string().ends_with("model_states.pt"))
+      throw Error(dir + ": a checkpoint folder, not its root: give the folder holding `latest` (" +
+                  std::filesystem::path(dir).lexically_normal().parent_path().string() + "), whose atomic checkpoint is "
+                  "then found or made beside the tag, or ucp-convert it first");
+  if (const formats::SourceDriver* d = formats::ProbeSource(dir); d && std::string(d->name) != "deepspeed")
+    throw Error(dir + ": a " + d->name + " checkpoint, not an atomic one: convert it first (mpirun -np N ucp-convert " + dir +
+                " -o ATOMIC), then ucp-reshard ATOMIC");
+}
+
+}  // namespace ucp::reshard

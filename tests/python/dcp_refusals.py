@@ -1,0 +1,43 @@
+"""PyTorch Distributed Checkpoints ucp-convert must refuse by name (tests/data/real-dcp-refused/<case>/,
+written by torch's own DCP writer: make_refused.py there), each with expect.txt: what the refusal names.
+
+    dcp_refusals.py BIN_DIR CASES_DIR WORK [MPIEXEC]
+
+For each case, at 1 and 2 ranks: ucp-convert exits 1 with every line of expect.txt in its error, no
+traceback or abort, and leaves no manifest; ucp-inspect exits non-zero naming the same.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklist import check, finish  # noqa: E402
+
+BIN, CASES, WORK = sys.argv[1:4]
+MPIEXEC = sys.argv[4] if len(sys.argv) > 4 else None
+
+
+def run(tool, args, ranks=1):
+    cmd = [os.path.join(BIN, tool)] + args
+    if ranks > 1 and MPIEXEC:
+        cmd = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] + cmd
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+shutil.rmtree(WORK, ignore_errors=True)
+os.makedirs(WORK)
+cases = sorted(c for c in os.listdir(CASES) if os.path.isfile(os.path.join(CASES, c, "expect.txt")))
+check("refused cases found", len(cases) >= 3, str(cases))
+for case in cases:
+    ckpt = os.path.join(CASES, case, "checkpoint")
+    expect = [line for line in open(os.path.join(CASES, case, "expect.txt")).read().splitlines() if line]
+    for ranks in (1, 2):
+        out = os.path.join(WORK, f"{case}-np{ranks}")
+        r = run("ucp-convert", [ckpt, "-o", out], ranks)
+        check(f"{case} np{ranks}: refused naming {expect}", r.returncode == 1 and all(e in r.stderr for e in expect) and
+              "Traceback" not in r.stderr and "terminate called" not in r.stderr, f"rc {r.returncode}: {r.stderr[-800:]}")
+        check(f"{case} np{ranks}: no manifest", not os.path.exists(os.path.join(out, "ucp_manifest.json")))
+    r = run("ucp-inspect", [ckpt])
+    check(f"{case}: inspect names it", r.returncode != 0 and all(e in r.stdout + r.stderr for e in expect), r.stdout[-600:] + r.stderr[-600:])
+finish("dcp_refusals")
