@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <array>
-#include <map>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -48,8 +48,11 @@ Role RoleOf(const Item& item) {
     r.kind = Role::GroupOption, r.group = p[p.size() - 2].index, r.option = p.back().key;
     return r;
   }
-  if (!p.empty()) {
-    if (item.tensor && !p.back().key.empty()) r.kind = Role::Model, r.fqn = p.back().key;
+  if (!p.empty()) {  // a model tensor: its path joined (get_state_dict's are one fqn, under "model")
+    if (!item.tensor) return r;
+    r.kind = Role::Model;
+    for (size_t k = p.size() > 1 && p[0].key == "model" ? 1 : 0; k < p.size(); ++k)
+      r.fqn += (r.fqn.empty() ? "" : ".") + (p[k].key.empty() ? std::to_string(p[k].index) : p[k].key);
     return r;
   }
   static const std::regex state(R"(^(?:.*\.)?state\.(.+)\.([A-Za-z_]+)$)"), group(R"(^(?:.*\.)?param_groups\.(\d+)\.([A-Za-z_]+)$)");
@@ -223,11 +226,7 @@ class Parameters {
   // The first group's step as the iteration (Adam counts the optimizer steps taken), or 0.
   int64_t Iteration() const {
     if (steps_.empty() || !steps_.begin()->second.second) return 0;
-    const Value& s = *steps_.begin()->second.second;
-    if (s.kind != Value::Kind::Tensor || s.AsTensor().dtype != pt::DType::F32 || s.AsTensor().numel() != 1) return 0;
-    float v;
-    std::memcpy(&v, s.AsTensor().data(), 4);
-    return static_cast<int64_t>(v);
+    return static_cast<int64_t>(StepValue(*steps_.begin()->second.second));
   }
 
  private:
@@ -272,20 +271,46 @@ class Parameters {
 
   // The group's step (the atomic checkpoint keeps one per group): the first parameter's; another
   // that differs is a problem.
+  // A step is a 0-d tensor (torch 2.x's Adam), or a number saved as a bytes item (earlier releases).
   void Step(const Item& item, const std::string& fqn, int group) {
     int file = -1;
     auto archive = files_.Archive(item.storage.at(0), &file, true);
-    if (!archive.root || archive.root->kind != Value::Kind::Tensor) throw Error("its step is not a tensor");
+    const auto& v = archive.root;
+    if (!v || (v->kind != Value::Kind::Tensor && v->kind != Value::Kind::Int && v->kind != Value::Kind::Float))
+      throw Error("its step is a " + (v ? v->TypeName() : std::string("null")) + ", not a tensor or a number");
+    if (v->kind == Value::Kind::Tensor && v->AsTensor().numel() != 1)
+      throw Error("its step is a tensor of " + std::to_string(v->AsTensor().numel()) + " elements, not one");
+    const double step = StepValue(*v);  // a dtype no step has is refused here
     auto& [first, value] = steps_[group];
     if (!value) {
-      first = fqn, value = archive.root;
+      first = fqn, value = v;
       L_.steps[{0, 0, group}] = value;
       return;
     }
-    const pt::TensorView &a = value->AsTensor(), &b = archive.root->AsTensor();
-    if (a.dtype != b.dtype || a.nbytes() != b.nbytes() || std::memcmp(a.data(), b.data(), a.nbytes()) != 0)
+    if (StepValue(*value) != step)
       L_.problems.push_back(L_.dir + ": '" + fqn + "': its Adam step differs from '" + first + "''s, in the same param "
                             "group (the atomic checkpoint keeps one step per group)");
+  }
+
+  static double StepValue(const Value& v) {
+    if (v.kind != Value::Kind::Tensor) return v.AsFloat();
+    const pt::TensorView& t = v.AsTensor();
+    if (t.dtype == pt::DType::F32) {
+      float f;
+      std::memcpy(&f, t.data(), 4);
+      return f;
+    }
+    if (t.dtype == pt::DType::F64) {
+      double d;
+      std::memcpy(&d, t.data(), 8);
+      return d;
+    }
+    if (t.dtype == pt::DType::I64) {
+      int64_t i;
+      std::memcpy(&i, t.data(), 8);
+      return static_cast<double>(i);
+    }
+    throw Error("its step is a " + std::string(pt::DTypeName(t.dtype)) + " tensor");
   }
 
   Files& files_;
