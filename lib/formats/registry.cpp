@@ -10,9 +10,11 @@ namespace ucp::formats {
 namespace {
 
 // The tables: one row per format folder, each defined there (formats/<name>/driver.cpp). A source's
-// place is the order probes are tried in.
+// place is the order probes are tried in, the most specific names first: a DCP folder may hold .pt
+// files too (Megatron-Core's common.pt), which DeepSpeed's probe accepts. The last, the broadest,
+// indexes a folder no probe accepts, so that its error says what is missing.
 std::span<const SourceDriver* const> Sources() {
-  static const SourceDriver* const table[] = {&DeepSpeedSource(), &DcpSource()};
+  static const SourceDriver* const table[] = {&DcpSource(), &DeepSpeedSource()};
   return table;
 }
 std::span<const TargetDriver* const> Targets() {
@@ -58,17 +60,17 @@ const SourceDriver* ProbeSource(const std::string& dir) {
 }
 
 source::SourceIndex IndexSource(const std::string& dir, const source::IndexOptions& options) {
-  // The driver whose names the folder has, else the first, which says why in its terms; for a folder
+  // The driver whose names the folder has, else the last, which says why in its terms; for a folder
   // that is no checkpoint, what was meant is added.
   const SourceDriver* probed = ProbeSource(dir);
-  const SourceDriver* driver = probed ? probed : Sources()[0];
+  const SourceDriver* driver = probed ? probed : Sources().back();
   try {
     source::SourceIndex L = driver->index(dir, options);
     if (!L.errors.empty() && L.params.empty())
       if (std::string meant = WhatWasMeant(dir, false); !meant.empty()) L.errors.push_back(dir + ": " + meant);
     return L;
   } catch (const Error& e) {
-    const std::string meant = WhatWasMeant(dir, true);
+    const std::string meant = WhatWasMeant(dir, probed == nullptr);
     throw Error(std::string(e.what()) + (meant.empty() ? "" : "; " + meant));
   }
 }

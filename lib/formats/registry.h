@@ -14,8 +14,8 @@
 
 namespace ucp::formats {
 
-// The index of `dir` by the first source driver whose probe accepts it. When none does, the first
-// driver indexes it anyway, so that its error says what is missing.
+// The index of `dir` by the first source driver whose probe accepts it. When none does, the last
+// (the broadest, DeepSpeed) indexes it anyway, so that its error says what is missing.
 source::SourceIndex IndexSource(const std::string& dir, const source::IndexOptions& options = {});
 
 // The source driver whose probe accepts `dir` (its names only), or nullptr.
