@@ -164,7 +164,7 @@ int RunInspect(const std::string& dir, const InspectOptions& options, std::ostre
   }
   int code = !r["errors"].empty() ? 2 : (!r["problems"].empty() && options.strict ? 1 : 0);
   if (options.json) {
-    out << r.dump(1) << "\n";
+    out << r.dump(1, ' ', false, json::error_handler_t::replace) << "\n";
   } else {
     const auto& d = r["degrees"];
     out << "checkpoint   " << r["path"].get<std::string>()
@@ -248,7 +248,7 @@ int ListPatterns(const std::string& patterns_dir, bool json_out, std::ostream& o
     for (const auto& [n, d] : vocabulary) j["patterns"].push_back({{"name", n}, {"description", d}});
     for (const auto& f : families)
       j["families"].push_back({{"name", f.family}, {"file", f.source}, {"description", f.description}, {"rules", f.RuleCount()}});
-    out << j.dump(1) << "\n";
+    out << j.dump(1, ' ', false, json::error_handler_t::replace) << "\n";
     return 0;
   }
   out << "patterns:\n";

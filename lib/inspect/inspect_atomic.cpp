@@ -141,7 +141,7 @@ int RunInspectAtomic(const std::string& dir, const InspectOptions& options, std:
   }
   int code = r["problems"].empty() ? 0 : 1;
   if (options.json) {
-    out << r.dump(1) << "\n";
+    out << r.dump(1, ' ', false, json::error_handler_t::replace) << "\n";
     return code;
   }
   // The manifest's values as the table shows them: a key of the wrong type is refused here.

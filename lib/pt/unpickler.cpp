@@ -61,6 +61,25 @@ class Machine {
     return std::string(reinterpret_cast<const char*>(p), n);
   }
 
+  // A str's bytes, which Python's pickle writes as UTF-8 (surrogates passed through, as its
+  // 'surrogatepass' does): anything else is a damaged pickle, refused here rather than carried into
+  // names, paths and JSON reports.
+  std::string Utf8(uint64_t n) {
+    std::string s = Bytes(n);
+    const auto* u = reinterpret_cast<const unsigned char*>(s.data());
+    for (size_t i = 0; i < s.size();) {
+      const unsigned c = u[i];
+      const size_t len = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+      bool ok = len > 0 && i + len <= s.size();
+      for (size_t k = 1; ok && k < len; ++k) ok = (u[i + k] & 0xC0) == 0x80;
+      if (ok && len == 3) ok = !(c == 0xE0 && u[i + 1] < 0xA0);                                   // overlong
+      if (ok && len == 4) ok = !(c == 0xF0 && u[i + 1] < 0x90) && !(c == 0xF4 && u[i + 1] > 0x8F);  // overlong, > U+10FFFF
+      if (!ok) Fail("a str that is not UTF-8 (byte " + std::to_string(i) + " of " + std::to_string(s.size()) + ")");
+      i += len;
+    }
+    return s;
+  }
+
   // Bounds on what a pickle may make this machine hold, far above what torch.save writes (it builds
   // dicts and lists in batches of 1000, and memoizes each object once) and far below what would let
   // a small hostile file take gigabytes: refused as soon as they are passed.
@@ -390,9 +409,9 @@ ValuePtr Machine::Run() {
         }
         break;
       }
-      case 'X': Push(Value::Str(Bytes(LE(4)))); break;     // BINUNICODE
-      case 0x8c: Push(Value::Str(Bytes(LE(1)))); break;    // SHORT_BINUNICODE
-      case 0x8d: Push(Value::Str(Bytes(LE(8)))); break;    // BINUNICODE8
+      case 'X': Push(Value::Str(Utf8(LE(4)))); break;      // BINUNICODE
+      case 0x8c: Push(Value::Str(Utf8(LE(1)))); break;     // SHORT_BINUNICODE
+      case 0x8d: Push(Value::Str(Utf8(LE(8)))); break;     // BINUNICODE8
       case 'V': Push(Value::Str(Line())); break;           // UNICODE (raw)
       case 'B': Push(Value::Bytes(Bytes(LE(4)))); break;   // BINBYTES
       case 'C': Push(Value::Bytes(Bytes(LE(1)))); break;   // SHORT_BINBYTES
