@@ -55,7 +55,7 @@ Role RoleOf(const Item& item) {
       r.fqn += (r.fqn.empty() ? "" : ".") + (p[k].key.empty() ? std::to_string(p[k].index) : p[k].key);
     return r;
   }
-  static const std::regex state(R"(^(?:.*\.)?state\.(.+)\.([A-Za-z_]+)$)"), group(R"(^(?:.*\.)?param_groups\.(\d+)\.([A-Za-z_]+)$)");
+  static const std::regex state(R"(^(?:.*\.)?state\.(.+)\.([A-Za-z_]+)$)"), group(R"(^(?:.*\.)?param_groups\.(\d{1,9})\.([A-Za-z_]+)$)");
   std::smatch m;
   if (std::regex_match(item.fqn, m, state)) r.kind = Role::OptimizerState, r.fqn = m[1], r.state = m[2];
   else if (std::regex_match(item.fqn, m, group)) r.kind = Role::GroupOption, r.group = std::stoll(m[1]), r.option = m[2];
@@ -80,7 +80,7 @@ class Files {
     }
     ShardFile f;
     f.name = name, f.kind = "distcp";
-    static const std::regex rank(R"(^__(\d+)_(\d+)\.distcp$)");
+    static const std::regex rank(R"(^__(\d{1,9})_(\d+)\.distcp$)");
     if (std::smatch m; std::regex_match(name, m, rank)) f.dp = std::stoi(m[1]);
     L_.files.push_back(f);
     mapped_.push_back(std::move(mapped));
