@@ -8,21 +8,14 @@ traceback or abort, and leaves no manifest; ucp-inspect exits non-zero naming th
 """
 import os
 import shutil
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checklist import check, finish  # noqa: E402
+from checklist import check, finish, tool_runner  # noqa: E402
 
 BIN, CASES, WORK = sys.argv[1:4]
 MPIEXEC = sys.argv[4] if len(sys.argv) > 4 else None
-
-
-def run(tool, args, ranks=1):
-    cmd = [os.path.join(BIN, tool)] + args
-    if ranks > 1 and MPIEXEC:
-        cmd = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] + cmd
-    return subprocess.run(cmd, capture_output=True, text=True)
+run = tool_runner(BIN, MPIEXEC)
 
 
 shutil.rmtree(WORK, ignore_errors=True)

@@ -21,25 +21,18 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checklist import check, finish  # noqa: E402
+from checklist import check, finish, tool_runner  # noqa: E402
 import dcp_logits  # noqa: E402
 
 BIN, CASES, WORK, DATA, HARNESS = sys.argv[1:6]
 MPIEXEC = sys.argv[6] if len(sys.argv) > 6 else None
 FILES = ["config.json", "model-00001-of-00001.safetensors", "model.safetensors.index.json"]
-
-
-def run(tool, args, ranks=1):
-    cmd = [os.path.join(BIN, tool)] + args
-    if ranks > 1 and MPIEXEC:
-        cmd = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] + cmd
-    return subprocess.run(cmd, capture_output=True, text=True)
+run = tool_runner(BIN, MPIEXEC)
 
 
 def read_safetensors(path):

@@ -17,24 +17,16 @@ DCP never writes is refused naming the class.
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checklist import check, finish  # noqa: E402
+from checklist import check, finish, tool_runner  # noqa: E402
 
 BIN, CASES, WORK = sys.argv[1:4]
-LAUNCH = sys.argv[4:5]
+run = tool_runner(BIN, sys.argv[4] if len(sys.argv) > 4 else None)
 STATES = {"fp32": None, "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "step": "step"}
-
-
-def run(tool, *args, mpi=0):
-    cmd = [os.path.join(BIN, tool), *args]
-    if mpi and LAUNCH:
-        cmd = [LAUNCH[0], "--oversubscribe", "-np", str(mpi)] + cmd
-    return subprocess.run(cmd, capture_output=True, text=True)
 
 
 def same_bytes(a, b):
@@ -67,20 +59,20 @@ check("real DCP cases found", len(cases) >= 1, str(cases))
 for case in cases:
     ckpt = os.path.join(CASES, case, "checkpoint")
     ref = torch.load(os.path.join(CASES, case, "reference.pt"), map_location="cpu")
-    r = run("ucp-inspect", ckpt)
+    r = run("ucp-inspect", [ckpt])
     check(f"{case}: inspect says dcp and the chunks", r.returncode == 0 and "dcp" in r.stdout and " chunks along dim" in r.stdout,
           r.stdout[-1500:] + r.stderr[-500:])
-    r = run("ucp-inspect", "--json", ckpt)
+    r = run("ucp-inspect", ["--json", ckpt])
     j = json.loads(r.stdout) if r.returncode == 0 else {}
     check(f"{case}: inspect --json lists every parameter", j.get("format") == "dcp" and
           sorted(p["name"] for p in j.get("params", [])) == sorted(ref["model"]), r.stderr[-500:] + str(list(j)[:20]))
     for np in (1, 2):
         atomic = os.path.join(WORK, f"{case}-np{np}")
-        r = run("ucp-convert", ckpt, "-o", atomic, mpi=np)
+        r = run("ucp-convert", [ckpt, "-o", atomic], ranks=np)
         check(f"{case}: convert at {np} rank(s)", r.returncode == 0, r.stderr[-1500:])
         if r.returncode == 0:
             compare(f"{case} np{np}", atomic, ref)
-    r = run("ucp-inspect", os.path.join(WORK, f"{case}-np2"))
+    r = run("ucp-inspect", [os.path.join(WORK, f"{case}-np2")])
     check(f"{case}: inspect of the atomic checkpoint verifies", r.returncode == 0, r.stdout[-800:] + r.stderr[-800:])
 
 
@@ -94,7 +86,7 @@ def damaged(label, src, mutate, expect):
         os.chmod(os.path.join(d, "ckpt", f), 0o644)
     mutate(os.path.join(d, "ckpt"))
     out = os.path.join(d, "out")
-    r = run("ucp-convert", os.path.join(d, "ckpt"), "-o", out, mpi=2)
+    r = run("ucp-convert", [os.path.join(d, "ckpt"), "-o", out], ranks=2)
     check(f"damaged: {label}: refused naming it", r.returncode != 0 and all(e in r.stderr for e in expect) and
           "Traceback" not in r.stderr and "terminate called" not in r.stderr, f"rc {r.returncode}: {r.stderr[-1200:]}")
     check(f"damaged: {label}: no manifest left", not os.path.exists(os.path.join(out, "ucp_manifest.json")))
@@ -122,7 +114,7 @@ if os.path.isdir(os.path.join(CASES, "fsdp2_dp2")):
 
 
     damaged("flipped byte in a .distcp", src, flip_tensor_byte, ["__1_0.distcp", "CRC"])
-    r = run("ucp-inspect", "--verify", os.path.join(WORK, "damaged", "flipped byte in a .distcp", "ckpt"))
+    r = run("ucp-inspect", ["--verify", os.path.join(WORK, "damaged", "flipped byte in a .distcp", "ckpt")])
     check("damaged: inspect --verify finds the flipped byte", r.returncode == 2 and "CRC" in r.stdout + r.stderr,
           r.stdout[-600:] + r.stderr[-600:])
 
