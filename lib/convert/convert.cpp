@@ -183,17 +183,11 @@ void PrepareOutput(const ConvertOptions& o, const source::SourceIndex& L, const 
   if (*resume == Resume::No) store::Journal::Start(o.output, fingerprint);
 }
 
-// Whether the conversion points <parent>/latest_universal at its output: DeepSpeed's universal load
-// reads it, from the .pt store, of a source whose model-states files are carried (a DeepSpeed job's;
-// not a PyTorch Distributed Checkpoint's, which DeepSpeed cannot resume).
-bool PointsLatestUniversal(const source::SourceIndex& L, store::StoreKind kind) {
-  return kind == store::StoreKind::Pt && std::any_of(L.files.begin(), L.files.end(), [](const auto& f) { return f.carried; });
-}
-
-// The last steps of a conversion's commit, after its manifest: latest_universal where DeepSpeed reads
-// it, then the journal goes.
-void FinishCommit(const std::string& output, bool latest_universal) {
-  if (latest_universal) store::WriteLatestUniversal(output);
+// The last steps of a conversion's commit, after its manifest (a run killed there is finished so):
+// latest_universal where DeepSpeed's universal load follows it, then the journal goes.
+void FinishCommit(const std::string& output) {
+  const nlohmann::json manifest = store::ReadManifest(output);
+  if (store::DeepSpeedResumes(manifest)) store::WriteLatestUniversal(output);
   store::Journal::Remove(output);
 }
 
@@ -259,11 +253,8 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   phase_done("index_and_plan");
   if (talk) {
-    err << "ucp-convert: " << L.framework << " "
-        << (!L.on_grid ? L.dtype + " global tensors in chunks, " + std::to_string(L.files.size()) + " data files" :
-            (L.zero_stage == 3 ? "ZeRO-3" : "ZeRO-" + std::to_string(L.zero_stage)) + " (" + L.optimizer + ") " + L.dtype + " " +
-            source::DataParallelDegrees(L) + " tp=" + std::to_string(L.tp) + " pp=" + std::to_string(L.pp))
-        << (L.moe ? " ep=" + std::to_string(L.ep) + " (Mixture of Experts)" : "") << (L.format != "deepspeed" ? "" : ", DeepSpeed " + (L.ds_version.empty() ? "?" : L.ds_version) + ", universal_checkpoint_version " +
+    err << "ucp-convert: " << L.framework << " " << source::LayoutWords(L)
+        << (L.format != "deepspeed" ? "" : "; DeepSpeed " + (L.ds_version.empty() ? "?" : L.ds_version) + ", universal_checkpoint_version " +
             (M.checkpoint_rules && M.checkpoint_rules->version ? VersionString(*M.checkpoint_rules->version) : "none"))
         << "; " << plan.params.size() << " parameters; "
         << (o.plan_ranks > 0 ? "planned for " + std::to_string(o.plan_ranks) + " MPI ranks (--ranks)" : comm.name()) << "\n";
@@ -298,7 +289,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   int64_t flag = static_cast<int64_t>(resume);
   comm.AllreduceMax({&flag, 1});
   if (static_cast<Resume>(flag) == Resume::OnlyCommitLeft) {
-    error = rank == 0 ? Capture([&] { FinishCommit(o.output, PointsLatestUniversal(L, kind)); }) : "";
+    error = rank == 0 ? Capture([&] { FinishCommit(o.output); }) : "";
     if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
     if (talk) err << "ucp-convert: resumed a run killed after its manifest: " << o.output << " is complete\n";
     return 0;
@@ -309,6 +300,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   }
   const bool resuming = static_cast<Resume>(flag) == Resume::Yes;
   std::string previous_latest;  // what <parent>/latest_universal named before this run's commit
+  bool points_latest = false;   // whether the commit points it at the output (rank 0)
   std::map<std::string, store::FileRecord> journaled;  // from the interrupted run
   std::vector<char> done(plan.params.size() * plan::kStates, 0);
   if (resuming) {
@@ -552,7 +544,9 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       }
       auto manifest = store::AssembleManifest(std::string(store::StoreName(kind)), store::SourceJson(L, M),
                                               store::FamilyJson(M), params, files);
-      auto latest = PointsLatestUniversal(L, kind) ? store::StageLatestUniversal(o.output) : nullptr;
+      // latest_universal, which DeepSpeed's universal load follows: the .pt store of a checkpoint it resumes.
+      points_latest = store::DeepSpeedResumes(manifest);
+      auto latest = points_latest ? store::StageLatestUniversal(o.output) : nullptr;
       if (latest) previous_latest = ReadWholeFile(latest->path()).value_or("");
       folder->Mark({manifest.dump(1) + "\n"});  // the commit point (step 4)
       if (latest) latest->Commit();
@@ -562,7 +556,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   // DeepSpeed's load_universal follows latest_universal: moving it is said (it may have named
   // DeepSpeed's own universal folder).
-  if (talk && PointsLatestUniversal(L, kind)) {
+  if (talk && points_latest) {
     const std::string named = fs::path(o.output).lexically_normal().filename().string();
     if (!previous_latest.empty() && previous_latest != named && !named.empty())
       err << "ucp-convert: note: " << fs::path(o.output).lexically_normal().parent_path().string()

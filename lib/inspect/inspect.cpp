@@ -44,6 +44,7 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
   r["zero_stage"] = L.zero_stage;
   r["dtype"] = L.dtype;
   // dp without SP; ZeRO partitions span dp x sp ranks (source_index.h).
+  r["layout"] = source::LayoutWords(L);
   r["degrees"] = {{"dp", L.DataParallel()}, {"sp", L.sp}, {"sp_recorded", L.sp_recorded}, {"tp", L.tp}, {"pp", L.pp}, {"ep", L.ep}};
   r["iteration"] = L.iteration;
   r["naming"] = L.naming;
@@ -173,16 +174,7 @@ int RunInspect(const std::string& dir, const InspectOptions& options, std::ostre
         << "framework    " << r["framework"].get<std::string>() << "  ("
         << (r["ds_version"].get<std::string>().empty() ? "" : "DeepSpeed " + r["ds_version"].get<std::string>() + ", ")
         << r["naming"].get<std::string>() << " naming)\n";
-    if (r["format"] == "dcp")  // no (dp, tp, pp) grid: every chunk is a box of its global tensor
-      out << "layout       global tensors in chunks, " << r["files"].size() << " data file(s); optimizer state per parameter ("
-          << r["optimizer"].get<std::string>() << "), " << r["dtype"].get<std::string>() << "\n";
-    else
-      out << "layout       dp=" << d["dp"] << (d["sp_recorded"] == true ? " sp=" + d["sp"].dump() : "") << " tp=" << d["tp"]
-        << " pp=" << d["pp"] << (d["ep"] != 1 ? " ep=" + d["ep"].dump() : "") << "  ZeRO-" << r["zero_stage"]
-        << " (" << r["optimizer"].get<std::string>() << "), " << r["dtype"].get<std::string>()
-        << (d["sp"] != 1 ? "; ZeRO over DP x SP = " + std::to_string(d["dp"].get<int>() * d["sp"].get<int>()) + " ranks"
-            : d["sp_recorded"] == false && d["dp"] != 1 ? "; SP not recorded: dp counts DP x SP ranks" : "")
-        << "\n";
+    out << "layout       " << r["layout"].get<std::string>() << "\n";
     out << "iteration    " << r["iteration"] << "\n";
     const auto& uc = r["universal_checkpoint_info"];
     out << "uc info      " << (uc["present"].get<bool>() ? uc.value("variant", "present") : "absent") << "\n";

@@ -56,6 +56,17 @@ std::string DataParallelDegrees(const SourceIndex& L) {
   return "dp=" + std::to_string(L.dp);
 }
 
+std::string LayoutWords(const SourceIndex& L) {
+  const std::string state = " (" + L.optimizer + "), " + L.dtype;
+  if (!L.on_grid)  // every chunk is a box of its global tensor
+    return "global tensors in chunks, " + std::to_string(L.files.size()) + " data file(s); optimizer state per parameter" + state;
+  std::string s = DataParallelDegrees(L) + " tp=" + std::to_string(L.tp) + " pp=" + std::to_string(L.pp) +
+                  (L.moe || L.ep != 1 ? " ep=" + std::to_string(L.ep) : "") + "  ZeRO-" + std::to_string(L.zero_stage) + state;
+  if (L.sp != 1) s += "; ZeRO over DP x SP = " + std::to_string(L.dp) + " ranks";
+  else if (!L.sp_recorded && L.dp != 1) s += "; SP not recorded: dp counts DP x SP ranks";
+  return s;
+}
+
 std::string ReadLatestTag(const std::string& root) {
   const std::string latest = root + "/latest";
   const std::optional<std::string> text = ReadWholeFile(latest);

@@ -136,6 +136,9 @@ struct SourceIndex {
 void TakeMegatronArgs(const pt::Value* args, SourceIndex& L);
 // How inspect and convert say the data-parallel degrees: "dp=2 sp=2" where SP is recorded, else "dp=4".
 std::string DataParallelDegrees(const SourceIndex& L);
+// The layout in words, as ucp-convert's banner and ucp-inspect say it: the (dp, sp, tp, pp, ep) grid
+// with ZeRO stage, optimizer and dtype, or, off a grid, the chunked global tensors.
+std::string LayoutWords(const SourceIndex& L);
 
 struct IndexOptions {
   bool verify_storage_crc = false;  // read every tensor byte and check the container's checksums

@@ -62,6 +62,10 @@ StoreKind StoreOf(const nlohmann::json& manifest) {
   return StoreFromName(manifest.at("store").get<std::string>());
 }
 
+bool DeepSpeedResumes(const nlohmann::json& manifest) {
+  return StoreOf(manifest) == StoreKind::Pt && !CarriedModelStates(manifest).empty();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reader
 

@@ -36,6 +36,10 @@ enum class StoreKind { Pt, Hdf5 };
 std::string_view StoreName(StoreKind kind);    // "pt", "hdf5"
 StoreKind StoreFromName(const std::string& name);  // throws ucp::Error listing the known stores
 StoreKind StoreOf(const nlohmann::json& manifest);
+// Whether DeepSpeed's universal load resumes from the atomic checkpoint as it is: it reads the .pt
+// store and the model-states file carried beside the tensors (CarriedModelStates). What decides
+// whether a conversion points latest_universal at its output.
+bool DeepSpeedResumes(const nlohmann::json& manifest);
 // Every store, (name, what it is), for ucp-inspect --list-formats.
 std::vector<std::pair<std::string, std::string>> StoreDescriptions();  // its "store"; absent: pt (format_version 1 folders)
 

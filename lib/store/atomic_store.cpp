@@ -474,4 +474,17 @@ nlohmann::json ReadManifest(const std::string& dir) {
 
 bool IsAtomicCheckpoint(const std::string& dir) { return fs::exists(dir + "/" + kManifestName); }
 
+std::string CarriedModelStates(const nlohmann::json& manifest) {
+  const auto source = manifest.value("source", nlohmann::json::object());
+  if (std::string named = source.value("model_states", ""); !named.empty()) return named;
+  std::string first;
+  constexpr std::string_view suffix = "model_states.pt";
+  for (const auto& f : manifest.value("files", nlohmann::json::array())) {
+    const std::string p = f.value("path", "");
+    if (p.find('/') == std::string::npos && p.size() > suffix.size() && p.ends_with(suffix) && (first.empty() || p < first))
+      first = p;
+  }
+  return first;
+}
+
 }  // namespace ucp::store

@@ -136,4 +136,10 @@ nlohmann::json AssembleManifest(const std::string& store, const nlohmann::json& 
 nlohmann::json ReadManifest(const std::string& dir);  // throws ucp::Error
 bool IsAtomicCheckpoint(const std::string& dir);       // has a manifest
 
+// The model-states file of rank 0 that a conversion carried over (its path in the folder), or ""
+// when the source had none (a PyTorch Distributed Checkpoint). The manifest's source.model_states;
+// in manifests of earlier builds, the first top-level *model_states.pt of its files by name
+// (mp_rank_00_model_states.pt, or under ZeRO-3 zero_pp_rank_0_mp_rank_00_model_states.pt).
+std::string CarriedModelStates(const nlohmann::json& manifest);
+
 }  // namespace ucp::store

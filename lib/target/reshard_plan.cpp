@@ -128,28 +128,13 @@ Source LoadAtomic(const std::string& dir) {
   Source S;
   S.reader = store::AtomReader::Open(dir);
   S.manifest = S.reader->manifest();
-  // The carried model-states file of rank 0, as the manifest names it; in manifests of earlier
-  // builds (no Mixture of Experts, whose expert files are carried too), the first top-level
-  // *model_states.pt by name (mp_rank_00_model_states.pt, or under ZeRO-3
-  // zero_pp_rank_0_mp_rank_00_model_states.pt).
-  std::string model_file = S.manifest["source"].value("model_states", "");
-  if (!model_file.empty()) {
-    RequirePlainName(model_file, dir + "/ucp_manifest.json: source.model_states");
-  } else if (S.manifest["source"].value("moe", false)) {
+  // The carried model-states file of rank 0 (none: a source DeepSpeed cannot resume, whose tensors
+  // serve a model export only; LoadSource, for a training layout, requires the file).
+  const std::string model_file = store::CarriedModelStates(S.manifest);
+  if (!model_file.empty()) RequirePlainName(model_file, dir + "/ucp_manifest.json: source.model_states");
+  if (S.manifest["source"].value("moe", false) && S.manifest["source"].value("model_states", "").empty())
     throw Error(dir + ": a Mixture-of-Experts atomic checkpoint whose manifest does not name its model-states file "
                 "(written by an earlier ucp-convert): convert the checkpoint again");
-  } else {
-    for (const auto& f : S.manifest["files"]) {
-      const std::string p = f["path"];
-      const std::string_view suffix = "model_states.pt";
-      const bool model = p.find('/') == std::string::npos && p.size() > suffix.size() && p.ends_with(suffix);
-      if (model && (model_file.empty() || p < model_file)) model_file = p;
-    }
-  }
-  // A source that keeps no model-states file (a PyTorch Distributed Checkpoint) has its tensors only:
-  // enough for a model export; LoadSource, for a training layout, requires the file.
-  const bool carries_model_states = S.manifest["source"].value("framework", "") != "torch-dcp";
-  if (model_file.empty() && carries_model_states) throw Error(dir + ": the manifest lists no mp_rank_*_model_states.pt");
   S.model_file = model_file;
   if (!model_file.empty()) S.model_states = S.reader->ReadCheckedFile(model_file);
   S.optimizer = S.reader->ReadCheckedFile("zero/optimizer_state.pt");
