@@ -85,6 +85,7 @@ void ForEachRoundRun(const ConvertPlan& plan, int r, int64_t k, Fn&& fn) {
 
 struct Counters {
   int64_t bytes_read = 0, bytes_sent = 0, bytes_received = 0, bytes_in_place = 0, bytes_written = 0, files_written = 0;
+  int64_t max_round_bytes = 0;  // the most bytes in flight in one round: sent plus received
   // Where a rank's time goes. read: from the files, into the shuffle buffers or into place;
   // exchange: the collectives, waiting for the slowest rank included; assemble: union of the
   // shuffled runs; wait: for room among the writers; drain: for the writers to finish, after the
@@ -439,12 +440,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       }
     };
 
-    // A run mapped and reduced on this rank whose copy is placed as it is goes straight from the
-    // file into the atomic tensor; every other run passes through the shuffle buffers.
-    auto shuffled = [&](int r, size_t i, const plan::Piece& pc, int64_t off) {
-      return !(r == rank && plan.file_mapper[pc.file] == rank &&
-               plan.params[plan.work[r][i].param].PlacedAsIs(pc.stream_start + off));
-    };
+    auto shuffled = [&](int r, size_t i, const plan::Piece& pc, int64_t off) { return plan.Shuffled(r, plan.work[r][i], pc, off); };
     shuffle::Round round(ranks);
     for (int64_t k = 0; k < plan.rounds; ++k) {
       // Pack what this rank maps for every reducer's round k.
@@ -483,6 +479,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       if (rank == 0) progress.Update(sums[1]);
       Timed(c.exchange, [&] { round.Exchange(comm); });
       c.bytes_sent += round.sent(), c.bytes_received += round.received();
+      c.max_round_bytes = std::max(c.max_round_bytes, round.sent() + round.received());
       // Union: every shuffled run lands in its item's atomic tensor, in stream order.
       error = Capture([&] {
         Timed(c.assemble, [&] {
@@ -517,7 +514,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   for (const auto& r : records) mine_json.push_back(r.ToJson());
   auto gathered = comm.GatherToRoot(mine_json.dump());
   nlohmann::json rank_stats = {{"rank", rank}, {"bytes_read", c.bytes_read}, {"bytes_sent", c.bytes_sent},
-                               {"bytes_received", c.bytes_received}, {"bytes_read_in_place", c.bytes_in_place}, {"bytes_written", c.bytes_written},
+                               {"bytes_received", c.bytes_received}, {"bytes_read_in_place", c.bytes_in_place}, {"max_round_bytes", c.max_round_bytes}, {"bytes_written", c.bytes_written},
                                {"files_written", c.files_written}, {"seconds", c.SecondsJson()}, {"peak_rss_bytes", PeakRss()}, {"threads", threads},
                                {"notes", divergences}};
   auto stats = comm.GatherToRoot(rank_stats.dump());

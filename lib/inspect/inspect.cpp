@@ -167,7 +167,6 @@ int RunInspect(const std::string& dir, const InspectOptions& options, std::ostre
   if (options.json) {
     out << r.dump(1, ' ', false, json::error_handler_t::replace) << "\n";
   } else {
-    const auto& d = r["degrees"];
     out << "checkpoint   " << r["path"].get<std::string>()
         << (r["tag"].get<std::string>().empty() ? "" : "  (tag " + r["tag"].get<std::string>() + ")") << "\n"
         << "format       " << r["format"].get<std::string>() << "  (ucp-inspect --list-formats)\n"

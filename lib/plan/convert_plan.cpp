@@ -319,10 +319,45 @@ ConvertPlan MakeConvertPlan(const source::SourceIndex& L, const patterns::ModelP
     plan.reduced_bytes[r] += 4 * plan.params[p].full_numel;
   }
 
-  plan.chunk_elems = std::max<int64_t>(256, buffer_bytes / (4 * (ranks + 1)));
-  for (int r = 0; r < ranks; ++r)
-    plan.rounds = std::max(plan.rounds, (plan.work_numel[r] + plan.chunk_elems - 1) / plan.chunk_elems);
+  plan.buffer_bytes = buffer_bytes;
+  plan.ChooseRounds();
   return plan;
+}
+
+int64_t ConvertPlan::MaxInFlight(int64_t chunk, int64_t max_cells) const {
+  int64_t most_rounds = 0;
+  for (int r = 0; r < ranks; ++r) most_rounds = std::max(most_rounds, (work_numel[r] + chunk - 1) / chunk);
+  if (most_rounds > max_cells / ranks) return -1;
+  std::vector<int64_t> bytes(static_cast<size_t>(ranks * most_rounds), 0);  // [rank * most_rounds + round]
+  for (int r = 0; r < ranks; ++r)
+    for (const Item& it : work[r])
+      ForEachPieceRun(params[it.param], 0, params[it.param].stream_numel, [&](const Piece& pc, int64_t off, int64_t n) {
+        if (!Shuffled(r, it, pc, off)) return;
+        const int m = file_mapper[pc.file];
+        for (int64_t at = it.work_start + pc.stream_start + off, end = at + n; at < end;) {
+          const int64_t k = at / chunk, upto = std::min(end, (k + 1) * chunk);
+          bytes[m * most_rounds + k] += 4 * (upto - at);  // sent by the mapper
+          bytes[r * most_rounds + k] += 4 * (upto - at);  // received by the reducer
+          at = upto;
+        }
+      });
+  return bytes.empty() ? 0 : *std::max_element(bytes.begin(), bytes.end());
+}
+
+void ConvertPlan::ChooseRounds() {
+  // Always within the buffer: no rank sends more than a chunk to each reducer, nor receives more than one.
+  int64_t best = std::max<int64_t>(256, buffer_bytes / (4 * (ranks + 1)));
+  // The largest chunk up to the whole buffer whose rounds, counted, stay within it (by bisection; in
+  // flight grows with the chunk but not strictly, so a chunk is kept only as counted).
+  for (int64_t lo = best, hi = std::max(best, buffer_bytes / 4); hi - lo > std::max<int64_t>(256, lo / 64);) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    const int64_t in_flight = MaxInFlight(mid);
+    if (in_flight >= 0 && in_flight <= buffer_bytes) lo = best = mid;
+    else hi = mid;
+  }
+  chunk_elems = best;
+  rounds = 0;
+  for (int r = 0; r < ranks; ++r) rounds = std::max(rounds, (work_numel[r] + chunk_elems - 1) / chunk_elems);
 }
 
 void ConvertPlan::SkipDone(const std::vector<char>& done) {
@@ -339,8 +374,7 @@ void ConvertPlan::SkipDone(const std::vector<char>& done) {
     }
     work[r] = std::move(kept);
   }
-  rounds = 0;
-  for (int r = 0; r < ranks; ++r) rounds = std::max(rounds, (work_numel[r] + chunk_elems - 1) / chunk_elems);
+  ChooseRounds();
 }
 
 const Copy& ParamPlan::CopyAt(int64_t stream_pos) const {
@@ -364,6 +398,8 @@ nlohmann::json ConvertPlan::ToJson(const source::SourceIndex& L) const {
   j["ranks"] = ranks;
   j["chunk_bytes"] = chunk_elems * 4;
   j["rounds"] = rounds;
+  j["buffer_bytes"] = buffer_bytes;
+  if (int64_t f = MaxInFlight(chunk_elems); f >= 0) j["in_flight_bytes"] = f;
   j["imbalance"] = Imbalance();
   int64_t in = 0, out = 0;
   for (int r = 0; r < ranks; ++r) in += mapped_bytes[r], out += reduced_bytes[r];
@@ -399,7 +435,10 @@ std::string ConvertPlan::ToText() const {
   for (int r = 0; r < ranks; ++r) in += mapped_bytes[r], out += reduced_bytes[r];
   o << "plan: " << params.size() << " parameters x " << kStates << " states on " << ranks << " rank(s); reads "
     << HumanBytes(static_cast<double>(in)) << ", writes " << HumanBytes(static_cast<double>(out)) << " of tensors\n";
-  o << "shuffle: " << rounds << " round(s) of at most " << HumanBytes(4.0 * chunk_elems) << " per reducer\n";
+  const int64_t in_flight = MaxInFlight(chunk_elems);
+  o << "shuffle: " << rounds << " round(s) of at most " << HumanBytes(4.0 * chunk_elems) << " per reducer"
+    << (in_flight >= 0 ? ", at most " + HumanBytes(double(in_flight)) + " in flight per rank" : "") << " (--buffer "
+    << HumanBytes(double(buffer_bytes)) << ")\n";
   char buf[160];
   std::snprintf(buf, sizeof buf, "%6s %6s %12s %7s %12s %12s\n", "rank", "files", "bytes in", "items", "bytes out", "carried");
   o << buf;

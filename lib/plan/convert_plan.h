@@ -84,7 +84,10 @@ struct Item {
 
 struct ConvertPlan {
   int ranks = 1;
-  int64_t chunk_elems = 0;
+  // The shuffle's round: at most chunk_elems elements of each reducer's work, chosen as large as keeps
+  // every rank's bytes in flight in every round (what it sends plus what it receives) within
+  // buffer_bytes: fewer rounds are fewer collectives, which at hundreds of ranks cost more than the bytes.
+  int64_t chunk_elems = 0, buffer_bytes = 0;
   std::vector<ParamPlan> params;
   std::vector<int> file_mapper;           // per SourceIndex::files index; -1: not a data file
   std::vector<std::vector<Item>> work;    // per reducer, in processing order
@@ -99,6 +102,17 @@ struct ConvertPlan {
   int64_t rounds = 0;
 
   double Imbalance() const;  // max / mean of the bytes each rank writes (reduced and carried)
+  // Whether a run of `it` (reducer `reducer`'s item) at `off` elements into piece `pc` passes through
+  // the shuffle buffers: all but those its reducer maps itself into a copy placed as it is, which go
+  // straight from the file into the atomic tensor.
+  bool Shuffled(int reducer, const Item& it, const Piece& pc, int64_t off) const {
+    return !(file_mapper[pc.file] == reducer && params[it.param].PlacedAsIs(pc.stream_start + off));
+  }
+  // The most bytes any rank has in flight in one round (sent plus received) with rounds of `chunk`
+  // elements per reducer; -1 when that would take more than `max_cells` (rank, round) counters to tell.
+  int64_t MaxInFlight(int64_t chunk, int64_t max_cells = int64_t{1} << 24) const;
+  // Sets chunk_elems (and rounds) from buffer_bytes for the work as it is (MakeConvertPlan, SkipDone).
+  void ChooseRounds();
   // Drops items already done (resume): done[param * kStates + state]. Work streams, the round
   // count and the byte counts are recomputed; every rank must pass the same flags.
   void SkipDone(const std::vector<char>& done);
