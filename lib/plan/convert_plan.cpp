@@ -405,6 +405,12 @@ nlohmann::json ConvertPlan::ToJson(const source::SourceIndex& L) const {
   for (int r = 0; r < ranks; ++r) in += mapped_bytes[r], out += reduced_bytes[r];
   j["bytes_in"] = in;
   j["bytes_out"] = out;
+  // What each reducer receives from other ranks' mappers: its share of the network.
+  std::vector<int64_t> remote(ranks, 0);
+  for (int r = 0; r < ranks; ++r)
+    for (const Item& it : work[r])
+      for (const Piece& pc : params[it.param].pieces)
+        if (file_mapper[pc.file] != r) remote[r] += 4 * pc.numel;
   nlohmann::json per = nlohmann::json::array();
   for (int r = 0; r < ranks; ++r) {
     nlohmann::json files = nlohmann::json::array();
@@ -414,7 +420,7 @@ nlohmann::json ConvertPlan::ToJson(const source::SourceIndex& L) const {
     for (size_t f = 0; f < file_carrier.size(); ++f)
       if (file_carrier[f] == r) carries.push_back(L.files[f].name);
     per.push_back({{"rank", r}, {"maps", files}, {"bytes_in", mapped_bytes[r]}, {"items", work[r].size()},
-                   {"bytes_out", reduced_bytes[r]}, {"elements_received", work_numel[r]}, {"carries", carries},
+                   {"bytes_out", reduced_bytes[r]}, {"elements_received", work_numel[r]}, {"bytes_from_other_ranks", remote[r]}, {"carries", carries},
                    {"bytes_carried", carried_bytes[r]}});
   }
   j["per_rank"] = per;
