@@ -9,6 +9,8 @@ would the real one, and a small shape converts for real (every tensor zero).
 
     make_sparse_fixture.py OUT --model bloom-176b|gpt3-7b|1t   the paper's shapes and layouts (Table 3)
     make_sparse_fixture.py OUT --layers 4 --hidden 256 --heads 8 --vocab 1000 --tp 2 --pp 2 --dp 2
+    make_sparse_fixture.py OUT --filled ...   every tensor byte written (each float 1.0, bf16 0 and 1.0):
+                                              a real file of that size, for benchmarks (cp copies it all)
 
 The model is GPT-style as BLOOM is: multi-head attention, a 4h GeLU MLP, LayerNorm with biases, the
 embedding tied to the head and no learned positions (BLOOM's ALiBi; its embedding LayerNorm is left
@@ -119,8 +121,11 @@ class Pickler(pickle.Pickler):
         return None
 
 
+FILL = None  # --filled: the bytes a hole's data repeats (float32 1.0), written instead of a hole
+
+
 def save(obj, path):
-    """Writes obj as torch.save would, the holes as holes; returns the file's apparent size."""
+    """Writes obj as torch.save would, the holes as holes (or FILL); returns the file's apparent size."""
     buf = io.BytesIO()
     p = Pickler(buf)
     p.dump(obj)
@@ -131,7 +136,12 @@ def save(obj, path):
         for name, data in entries:
             name = f"{prefix}/{name}".encode()
             size = data if isinstance(data, int) else len(data)
-            crc = crc32_zeros(size) if isinstance(data, int) else zlib.crc32(data)
+            if isinstance(data, int) and FILL:
+                crc = 0
+                for at in range(0, size, len(FILL)):
+                    crc = zlib.crc32(FILL[:min(len(FILL), size - at)], crc)
+            else:
+                crc = crc32_zeros(size) if isinstance(data, int) else zlib.crc32(data)
             offset = f.tell()
             big = size >= 0xFFFFFFFF or offset >= 0xFFFFFFFF
             z64 = struct.pack("<HHQQ", 1, 16, size, size) if big else b""
@@ -141,7 +151,10 @@ def save(obj, path):
             f.write(struct.pack("<IHHHHHIIIHH", 0x04034B50, 45 if big else 20, 0, 0, 0, 0, crc,
                                 0xFFFFFFFF if big else size, 0xFFFFFFFF if big else size, len(name), len(extra)))
             f.write(name + extra)
-            if isinstance(data, int):
+            if isinstance(data, int) and FILL:
+                for at in range(0, size, len(FILL)):
+                    f.write(FILL[:min(len(FILL), size - at)])
+            elif isinstance(data, int):
                 f.seek(size, os.SEEK_CUR)  # the hole
             else:
                 f.write(data)
@@ -183,7 +196,10 @@ def main():
     ap.add_argument("--model", choices=sorted(MODELS), help="a shape of the paper's Table 3, with its (tp, pp, dp)")
     for k in ("layers", "hidden", "heads", "vocab", "tp", "pp", "dp"):
         ap.add_argument(f"--{k}", type=int, help="(overrides --model's)")
+    ap.add_argument("--filled", action="store_true", help="write every tensor byte (float32 1.0) instead of holes")
     a = ap.parse_args()
+    global FILL
+    FILL = struct.pack("<f", 1.0) * (2 << 20) if a.filled else None
     layers, hidden, heads, vocab, (tp, pp, dp) = MODELS[a.model] if a.model else (None,) * 4 + ((None,) * 3,)
     layers, hidden, heads, vocab = (a.layers or layers, a.hidden or hidden, a.heads or heads, a.vocab or vocab)
     tp, pp, dp = a.tp or tp or 1, a.pp or pp or 1, a.dp or dp or 1

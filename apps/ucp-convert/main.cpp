@@ -75,6 +75,12 @@ int main(int argc, char** argv) {
   app.add_option("--buffer", o.buffer_bytes, "shuffle bytes in flight per rank (e.g. 64M, 1G; default 128M)")
       ->transform(CLI::AsSizeValue(false))
       ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
+  std::string split_above = "auto";
+  app.add_option("--split-above", split_above,
+                 "write a (parameter, state) of more bytes than this in parts, rows split over several ranks, into "
+                 "its one file (e.g. 256M; 0: never; auto: a quarter of an even share of the bytes written per rank, 64M to 1G; "
+                 "the pt store only)")
+      ->capture_default_str();
   app.add_option("--report", o.report_path, "write a JSON report: timings per phase, bytes read, moved and written per rank");
   app.add_option("--patterns", o.pattern_files, "rule file(s) to use instead of detecting the model family")
       ->check(CLI::ExistingFile);
@@ -83,6 +89,14 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", o.quiet, "print errors only");
   if (auto status = ucp::apps::ParseCommandLine(app, argc, argv, "ucp-convert")) return *status;
   o.strict = !no_strict;
+  if (split_above != "auto") {
+    std::string bytes = split_above;
+    if (!CLI::AsSizeValue(false)(bytes).empty() || bytes.empty() || bytes[0] == '-') {
+      std::cerr << "ucp-convert: error: --split-above " << split_above << ": a size (e.g. 256M, 1G), 0 or auto\n";
+      return 2;
+    }
+    o.split_above = std::stoll(bytes);
+  }
   o.progress = ::isatty(STDERR_FILENO);
   if (o.source.empty() == o.from_atomic.empty()) {
     std::cerr << "ucp-convert: error: give either a source checkpoint folder or --from-atomic DIR (see --help)\n";

@@ -1,6 +1,7 @@
 #include "convert/convert.h"
 
 #include <sys/resource.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -73,13 +74,13 @@ void ForEachRoundRun(const ConvertPlan& plan, int r, int64_t k, Fn&& fn) {
   size_t lo = 0, hi = items.size();  // first item ending after `begin`
   while (lo < hi) {
     size_t mid = (lo + hi) / 2;
-    if (items[mid].work_start + plan.params[items[mid].param].stream_numel <= begin) lo = mid + 1;
+    if (items[mid].work_start + items[mid].numel <= begin) lo = mid + 1;
     else hi = mid;
   }
   for (size_t i = lo; i < items.size() && items[i].work_start < end; ++i) {
-    const auto& P = plan.params[items[i].param];
-    int64_t a = std::max<int64_t>(0, begin - items[i].work_start), b = std::min(P.stream_numel, end - items[i].work_start);
-    plan::ForEachPieceRun(P, a, b, [&](const plan::Piece& pc, int64_t off, int64_t n) { fn(i, pc, off, n); });
+    const auto& it = items[i];
+    int64_t a = std::max<int64_t>(0, begin - it.work_start), b = std::min(it.numel, end - it.work_start);
+    plan::ForEachItemRun(plan.params[it.param], it, a, b, [&](const plan::Piece& pc, int64_t off, int64_t n, int64_t) { fn(i, pc, off, n); });
   }
 }
 
@@ -248,7 +249,12 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     M = patterns::ResolvePatterns(L, {o.pattern_files, o.patterns_dir});
     if (o.strict && !M.problems.empty())
       throw Error(Joined(M.problems, o.source + ": pattern problems (--no-strict to convert anyway):"));
-    plan = plan::MakeConvertPlan(L, M, o.plan_ranks > 0 ? o.plan_ranks : ranks, o.buffer_bytes);
+    if (kind == store::StoreKind::Hdf5 && o.split_above > 0)
+      throw Error("--split-above: the HDF5 store writes each tensor whole; parts are written into the .pt store's files");
+    const bool parts = store::WritesParts(kind, L.zero_stage);
+    if (!parts && o.split_above > 0)
+      L.notes.push_back("--split-above: every tensor is written whole (a ZeRO-3 source's universal form is a padded 1-D tensor)");
+    plan = plan::MakeConvertPlan(L, M, o.plan_ranks > 0 ? o.plan_ranks : ranks, o.buffer_bytes, parts ? o.split_above : 0);
     for (const auto& P : plan.params) store::ParamRelDir(P.name);  // every name must be a safe folder name
   });
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
@@ -337,8 +343,11 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   std::unique_ptr<store::AtomWriter> writer;
   std::mutex records_mu;
   std::vector<store::FileRecord> records;
-  int64_t largest = 0;
-  for (const auto& P : plan.params) largest = std::max(largest, 4 * P.full_numel);
+  int64_t largest = 0;  // bytes of the largest item (a whole state tensor, or a part of one)
+  for (const auto& work : plan.work)
+    for (const auto& it : work) largest = std::max(largest, 4 * it.out_numel);
+  // Parts this rank wrote: ((param, state), part) -> (CRC-32, bytes), for the files' completion.
+  std::map<std::pair<std::pair<int, int>, int>, std::pair<uint32_t, int64_t>> parts_written;
   const int threads = o.threads > 0 ? o.threads : AvailableCores();
   int64_t total_stream = 0;
   for (int r = 0; r < ranks; ++r) total_stream += 4 * plan.work_numel[r];
@@ -390,8 +399,11 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         writers.Submit(0, side_file([&] { return WriteOptimizerStateFile(L, o.output, side_durability); }));
       for (size_t f = 0; f < L.files.size(); ++f)
         if (plan.file_carrier[f] == rank)
-          writers.Submit(0, side_file([&, name = L.files[f].name] {
-            return store::CopyFileAtomically(L.dir + "/" + name, o.output, name, side_durability);
+          writers.Submit(0, side_file([&, f] {
+            // Checked against its zip records' CRC-32s as it is copied: DeepSpeed loads it as it is.
+            const auto& file = L.files[f];
+            if (file.checksummed.empty()) throw Error(L.dir + "/" + file.name + " lists no checksummed record: its bytes cannot be checked");
+            return store::CopyFileAtomically(L.dir + "/" + file.name, o.output, file.name, side_durability, file.checksummed);
           }));
     };
     // Tensors are assembled one after another: memory the writers release is handed out again
@@ -409,21 +421,28 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     };
     auto assembly = [&](size_t i) -> union_::Assembly& {
       auto& a = open[i];
-      if (!a) a = std::make_unique<union_::Assembly>(plan.params[mine[i].param], mine[i].state,
-                                                     buffers.Get(plan.params[mine[i].param].full_numel));
+      if (!a) a = std::make_unique<union_::Assembly>(plan.params[mine[i].param], mine[i], buffers.Get(mine[i].out_numel));
       return *a;
     };
     // Finishes the items that end at or before `upto` and hands them to the writers.
     auto finish_upto = [&](int64_t upto) {
-      while (next_final < mine.size() && mine[next_final].work_start + plan.params[mine[next_final].param].stream_numel <= upto) {
+      while (next_final < mine.size() && mine[next_final].work_start + mine[next_final].numel <= upto) {
         size_t i = next_final++;
         auto data = assembly(i).Finish();
         if (auto d = assembly(i).Divergence(); !d.empty()) divergences.push_back(d);
         open.erase(i);
-        const Item it = mine[i];
-        const auto& P = plan.params[it.param];
-        auto write = [&, it, data = std::move(data)]() {
+        const Item& it = mine[i];
+        auto write = [&, i, data = std::move(data)]() {
+          const Item& it = mine[i];
           const auto start = Clock::now();
+          if (it.split()) {  // a part: in place in the file its parts share, completed after the rounds
+            const uint32_t crc = writer->WritePart(plan.params[it.param].name, it.state, it.out_begin, it.out_numel, data.get());
+            c.write_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+            std::lock_guard<std::mutex> lock(records_mu);
+            c.bytes_written += 4 * it.out_numel;
+            parts_written[{{it.param, static_cast<int>(it.state)}, it.part}] = {crc, 4 * it.out_numel};
+            return;
+          }
           auto recs = writer->Write(plan.params[it.param].name, it.state, data.get());
           c.write_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
           for (const auto& r : recs) journal->Append(r);
@@ -435,8 +454,8 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
           }
         };
         // A store whose writes must stay on this thread (HDF5 over MPI-IO) writes here.
-        if (writer->concurrent()) Timed(c.wait, [&] { writers.Submit(4 * P.full_numel, std::move(write)); });
-        else write(), c.bytes_written += 4 * P.full_numel;
+        if (writer->concurrent()) Timed(c.wait, [&] { writers.Submit(4 * it.out_numel, std::move(write)); });
+        else write(), c.bytes_written += 4 * it.out_numel;
       }
     };
 
@@ -498,6 +517,37 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       Timed(c.drain, [&] { writers.Drain(); });
     });
     c.bytes_read = static_cast<int64_t>(mapper->bytes_read());
+    if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+    // Split items: every part's CRC-32 to every rank (a slot each, in plan order); the rank of a
+    // file's first part completes it (the tensor's CRC-32 combined from its parts', in row order)
+    // and renames it into place, so the files are finished in parallel.
+    std::map<std::tuple<int, int, int>, size_t> slot;  // (param, state, part) -> slot
+    for (const auto& work : plan.work)
+      for (const Item& it : work)
+        if (it.split()) slot.emplace(std::make_tuple(it.param, static_cast<int>(it.state), it.part), slot.size());
+    std::vector<int64_t> crcs(slot.size(), 0);  // 2^32 + the CRC-32, once written
+    for (const auto& [key, v] : parts_written)
+      crcs[slot.at({key.first.first, key.first.second, key.second})] = (int64_t{1} << 32) + v.first;
+    if (!crcs.empty()) Timed(c.exchange, [&] { comm.AllreduceSum(crcs); });
+    error = Timed(c.sync, [&] { return Capture([&] {
+      for (const Item& it : mine) {
+        if (!it.split() || it.part != 0) continue;
+        const auto& P = plan.params[it.param];
+        uint32_t crc = 0;
+        for (int k = 0; k < it.parts; ++k) {
+          const int64_t v = crcs[slot.at({it.param, static_cast<int>(it.state), k})];
+          if (v >> 32 != 1)
+            throw Error("internal: '" + P.name + "' " + std::string(plan::StateName(it.state)) + ": part " + std::to_string(k) + " not written");
+          const auto [r0, r1] = P.PartRows(k, it.parts);
+          const auto part_crc = static_cast<uint32_t>(v & 0xFFFFFFFF);
+          crc = k == 0 ? part_crc : static_cast<uint32_t>(crc32_combine64(crc, part_crc, 4 * (r1 - r0) * P.RowNumel()));
+        }
+        const auto recs = writer->FinishParts(P.name, it.state, crc);
+        for (const auto& r : recs) journal->Append(r);
+        std::lock_guard<std::mutex> lock(records_mu);
+        for (const auto& r : recs) ++c.files_written, records.push_back(r);
+      }
+    }); });
     if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   }
   store::StoreCommit committed;

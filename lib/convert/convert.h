@@ -23,6 +23,7 @@ struct ConvertOptions {
   bool progress = false;     // a live progress line on rank 0 (the app sets it when stderr is a terminal)
   int threads = 0;           // writer threads per rank; 0: the cores the rank may use
   int64_t buffer_bytes = int64_t{128} << 20;  // shuffle bytes in flight per rank
+  int64_t split_above = -1;  // --split-above: bytes; a larger (parameter, state) is written in parts by several ranks; 0 never, < 0 auto
   std::string report_path;   // --report: JSON with timings and bytes
   int plan_ranks = 0;        // --plan-only for this many ranks (0: the communicator's)
   std::string format = "pt";  // --format: the store the tensors go to, "pt" or "hdf5" (store/atom_store.h)

@@ -8,7 +8,8 @@
 //   file-written   all its bytes written, not yet synced;      file-synced  fsync done, not renamed;
 //   file-renamed   under its final name, folder not synced;   sync         a whole batch synced;
 //   journal        a line appended to a resume journal;        lock-taken   an output lock held;
-//   h5-dataset     one HDF5 dataset written;                   h5-closed    atoms.h5 whole, not renamed.
+//   h5-dataset     one HDF5 dataset written;                   h5-closed    atoms.h5 whole, not renamed;
+//   part-written   a part of a split tensor in its shared file (store/atom_store.h, WritePart).
 #pragma once
 
 #include <string>

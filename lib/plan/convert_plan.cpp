@@ -192,8 +192,13 @@ ParamPlan PlanParam(const source::SourceIndex& L, const patterns::ModelPatterns&
 
 }  // namespace
 
+int64_t AutoSplitBytes(int64_t bytes_out, int ranks) {
+  const int64_t share = bytes_out / std::max(1, ranks);
+  return std::clamp<int64_t>(share / 4, int64_t{64} << 20, int64_t{1} << 30);
+}
+
 ConvertPlan MakeConvertPlan(const source::SourceIndex& L, const patterns::ModelPatterns& M, int ranks,
-                            int64_t buffer_bytes) {
+                            int64_t buffer_bytes, int64_t split_above) {
   if (ranks < 1) throw Error("internal: plan for " + std::to_string(ranks) + " ranks");
   ConvertPlan plan;
   plan.ranks = ranks;
@@ -295,14 +300,46 @@ ConvertPlan MakeConvertPlan(const source::SourceIndex& L, const patterns::ModelP
     start_load[carriers[k]] += 2 * carried_weights[k];
   }
 
-  std::vector<int64_t> weights, local(static_cast<size_t>(plan.params.size()) * ranks, 0);
-  int64_t total_weight = 0;
+  // The items: every (parameter, state), a large one split by rows into parts.
+  int64_t bytes_out = 0;
+  for (const auto& P : plan.params) bytes_out += 4 * P.full_numel * kStates;
+  plan.split_above = split_above < 0 ? AutoSplitBytes(bytes_out, ranks) : split_above;
+  std::vector<Item> items;
   for (size_t p = 0; p < plan.params.size(); ++p) {
-    const auto& P = plan.params[p];
-    for (int s = 0; s < kStates; ++s) weights.push_back(4 * (P.stream_numel + P.full_numel)), total_weight += weights.back();
-    for (const auto& pc : P.pieces) local[p * ranks + plan.file_mapper[pc.file]] += pc.numel;
+    const ParamPlan& P = plan.params[p];
+    const int64_t rows = P.full_shape.empty() ? 1 : P.full_shape[0], bytes = 4 * P.full_numel;
+    int parts = 1;
+    if (plan.split_above > 0 && bytes > plan.split_above && !P.full_shape.empty())
+      parts = static_cast<int>(std::min<int64_t>({rows, ranks, (bytes + plan.split_above - 1) / plan.split_above}));
+    for (int s = 0; s < kStates; ++s)
+      for (int k = 0; k < parts; ++k) {
+        Item it;
+        it.param = static_cast<int>(p), it.state = static_cast<State>(s), it.part = k, it.parts = parts;
+        const auto [r0, r1] = P.PartRows(k, parts);
+        if (parts == 1) {
+          it.out_numel = P.full_numel;
+          it.segments = {{0, P.stream_numel}};
+        } else {
+          it.out_begin = r0 * P.RowNumel(), it.out_numel = (r1 - r0) * P.RowNumel();
+          it.segments = P.RowSegments(r0, r1);
+        }
+        for (const auto& seg : it.segments) it.numel += seg.second;
+        items.push_back(std::move(it));
+      }
   }
-  auto bins = AssignLocal(weights, start_load, [&](size_t k, int r) { return local[(k / kStates) * ranks + r]; });
+  // Balanced by the bytes each item receives and writes; the elements each rank maps of it (the
+  // same for the three states of a part) are its affinity.
+  std::vector<int64_t> weights;
+  std::map<std::pair<int, int>, std::vector<int64_t>> local;  // (param, part) -> elements per mapping rank
+  for (const Item& it : items) {
+    weights.push_back(4 * (it.numel + it.out_numel));
+    auto& per = local[{it.param, it.part}];
+    if (!per.empty()) continue;
+    per.assign(ranks, 0);
+    ForEachItemRun(plan.params[it.param], it, 0, it.numel,
+                   [&](const Piece& pc, int64_t, int64_t n, int64_t) { per[plan.file_mapper[pc.file]] += n; });
+  }
+  auto bins = AssignLocal(weights, start_load, [&](size_t k, int r) { return local.at({items[k].param, items[k].part})[r]; });
   std::vector<size_t> order(weights.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weights[a] > weights[b]; });
@@ -310,13 +347,13 @@ ConvertPlan MakeConvertPlan(const source::SourceIndex& L, const patterns::ModelP
   plan.work_numel.assign(ranks, 0);
   plan.reduced_bytes.assign(ranks, 0);
   for (size_t k : order) {
-    int r = bins[k];
-    int p = static_cast<int>(k / kStates);
-    State s = static_cast<State>(k % kStates);
-    plan.params[p].reducer[k % kStates] = r;
-    plan.work[r].push_back({p, s, plan.work_numel[r]});
-    plan.work_numel[r] += plan.params[p].stream_numel;
-    plan.reduced_bytes[r] += 4 * plan.params[p].full_numel;
+    const int r = bins[k];
+    Item it = items[k];
+    if (it.part == 0) plan.params[it.param].reducer[static_cast<int>(it.state)] = r;
+    it.work_start = plan.work_numel[r];
+    plan.work_numel[r] += it.numel;
+    plan.reduced_bytes[r] += 4 * it.out_numel;
+    plan.work[r].push_back(std::move(it));
   }
 
   plan.buffer_bytes = buffer_bytes;
@@ -331,10 +368,10 @@ int64_t ConvertPlan::MaxInFlight(int64_t chunk, int64_t max_cells) const {
   std::vector<int64_t> bytes(static_cast<size_t>(ranks * most_rounds), 0);  // [rank * most_rounds + round]
   for (int r = 0; r < ranks; ++r)
     for (const Item& it : work[r])
-      ForEachPieceRun(params[it.param], 0, params[it.param].stream_numel, [&](const Piece& pc, int64_t off, int64_t n) {
+      ForEachItemRun(params[it.param], it, 0, it.numel, [&](const Piece& pc, int64_t off, int64_t n, int64_t rel) {
         if (!Shuffled(r, it, pc, off)) return;
         const int m = file_mapper[pc.file];
-        for (int64_t at = it.work_start + pc.stream_start + off, end = at + n; at < end;) {
+        for (int64_t at = it.work_start + rel, end = at + n; at < end;) {
           const int64_t k = at / chunk, upto = std::min(end, (k + 1) * chunk);
           bytes[m * most_rounds + k] += 4 * (upto - at);  // sent by the mapper
           bytes[r * most_rounds + k] += 4 * (upto - at);  // received by the reducer
@@ -365,16 +402,46 @@ void ConvertPlan::SkipDone(const std::vector<char>& done) {
     std::vector<Item> kept;
     work_numel[r] = 0;
     reduced_bytes[r] = 0;
-    for (Item it : work[r]) {
+    for (Item& it : work[r]) {
       if (done[it.param * kStates + static_cast<int>(it.state)]) continue;
       it.work_start = work_numel[r];
-      work_numel[r] += params[it.param].stream_numel;
-      reduced_bytes[r] += 4 * params[it.param].full_numel;
-      kept.push_back(it);
+      work_numel[r] += it.numel;
+      reduced_bytes[r] += 4 * it.out_numel;
+      kept.push_back(std::move(it));
     }
     work[r] = std::move(kept);
   }
   ChooseRounds();
+}
+
+int64_t ParamPlan::RowNumel() const {
+  int64_t n = 1;
+  for (size_t k = 1; k < full_shape.size(); ++k) n *= full_shape[k];
+  return n;
+}
+
+std::vector<std::pair<int64_t, int64_t>> ParamPlan::RowSegments(int64_t row_begin, int64_t row_end) const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const int64_t inner = RowNumel();  // dimensions past 0 are never padded: a copy's row is as long
+  for (const Copy& c : copies) {
+    std::vector<std::pair<int64_t, int64_t>> mine;
+    if (c.split_dim != 0) {  // whole rows of the joined tensor, in the same order
+      const int64_t local_inner = c.shape.empty() || c.shape[0] == 0 ? 1 : c.numel / c.shape[0];
+      mine.push_back({c.stream_start + row_begin * local_inner, (row_end - row_begin) * local_inner});
+    } else {
+      for (const Block& b : c.blocks) {
+        const int64_t lo = std::max(row_begin, b.joined_start), hi = std::min(row_end, b.joined_start + b.length);
+        if (lo < hi) mine.push_back({c.stream_start + (b.local_start + lo - b.joined_start) * inner, (hi - lo) * inner});
+      }
+      std::sort(mine.begin(), mine.end());
+    }
+    for (const auto& seg : mine) {
+      if (seg.second == 0) continue;
+      if (!out.empty() && out.back().first + out.back().second == seg.first) out.back().second += seg.second;
+      else out.push_back(seg);
+    }
+  }
+  return out;
 }
 
 const Copy& ParamPlan::CopyAt(int64_t stream_pos) const {
@@ -399,6 +466,7 @@ nlohmann::json ConvertPlan::ToJson(const source::SourceIndex& L) const {
   j["chunk_bytes"] = chunk_elems * 4;
   j["rounds"] = rounds;
   j["buffer_bytes"] = buffer_bytes;
+  j["split_above_bytes"] = split_above;
   if (int64_t f = MaxInFlight(chunk_elems); f >= 0) j["in_flight_bytes"] = f;
   j["imbalance"] = Imbalance();
   int64_t in = 0, out = 0;
@@ -409,8 +477,9 @@ nlohmann::json ConvertPlan::ToJson(const source::SourceIndex& L) const {
   std::vector<int64_t> remote(ranks, 0);
   for (int r = 0; r < ranks; ++r)
     for (const Item& it : work[r])
-      for (const Piece& pc : params[it.param].pieces)
-        if (file_mapper[pc.file] != r) remote[r] += 4 * pc.numel;
+      ForEachItemRun(params[it.param], it, 0, it.numel, [&](const Piece& pc, int64_t, int64_t n, int64_t) {
+        if (file_mapper[pc.file] != r) remote[r] += 4 * n;
+      });
   nlohmann::json per = nlohmann::json::array();
   for (int r = 0; r < ranks; ++r) {
     nlohmann::json files = nlohmann::json::array();
@@ -424,10 +493,22 @@ nlohmann::json ConvertPlan::ToJson(const source::SourceIndex& L) const {
                    {"bytes_carried", carried_bytes[r]}});
   }
   j["per_rank"] = per;
+  // Per parameter and state, the rank reducing it, or the ranks of its parts in order.
+  std::vector<std::array<std::vector<int>, kStates>> part_ranks(this->params.size());
+  for (int r = 0; r < ranks; ++r)
+    for (const Item& it : work[r]) {
+      auto& v = part_ranks[it.param][static_cast<int>(it.state)];
+      v.resize(it.parts, -1);
+      v[it.part] = r;
+    }
   nlohmann::json params = nlohmann::json::array();
-  for (const auto& P : this->params) {
+  for (size_t p = 0; p < this->params.size(); ++p) {
+    const auto& P = this->params[p];
     nlohmann::json red;
-    for (int s = 0; s < kStates; ++s) red[std::string(StateName(static_cast<State>(s)))] = P.reducer[s];
+    for (int s = 0; s < kStates; ++s) {
+      const auto& v = part_ranks[p][s];
+      red[std::string(StateName(static_cast<State>(s)))] = v.size() > 1 ? nlohmann::json(v) : nlohmann::json(P.reducer[s]);
+    }
     params.push_back({{"name", P.name}, {"shape", P.full_shape}, {"copies", P.copies.size()},
                       {"fragments", P.pieces.size()}, {"bytes", 4 * P.full_numel * kStates}, {"reducers", red}});
   }

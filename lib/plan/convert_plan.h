@@ -74,13 +74,37 @@ struct ParamPlan {
   // Whether the copy holding `stream_pos` is placed as it is (Place, not averaged): its runs can be
   // read straight into the atomic tensor, without passing through a shuffle buffer.
   bool PlacedAsIs(int64_t stream_pos) const { return !averaged && CopyAt(stream_pos).mode == CopyMode::Place; }
+  // The runs of the stream, (stream_start, numel) in stream order, that land in rows [row_begin,
+  // row_end) of the atomic tensor (its dimension 0): one per copy, or per block of a copy split on
+  // dimension 0. Every copy contributes, so that replicated copies are compared and partial ones summed.
+  std::vector<std::pair<int64_t, int64_t>> RowSegments(int64_t row_begin, int64_t row_end) const;
+  // Elements per row of the atomic tensor (1 for a 0-dim or 1-D one).
+  int64_t RowNumel() const;
+  // Rows [first, second) of the atomic tensor that part k of `parts` holds: even shares in order.
+  std::pair<int64_t, int64_t> PartRows(int k, int parts) const {
+    const int64_t rows = full_shape.empty() ? 1 : full_shape[0];
+    return {rows * k / parts, rows * (k + 1) / parts};
+  }
 };
 
+// What a reducer makes: one (parameter, state) of the atomic checkpoint, or, when the plan splits a
+// large one, a part of it: rows [out_begin, + out_numel) in elements of the atomic tensor, written
+// into the one file all parts share, assembled from `segments` of the stream.
 struct Item {
   int param = -1;
   State state = State::Fp32;
   int64_t work_start = 0;  // in the reducer's work stream
+  int part = 0, parts = 1;
+  int64_t out_begin = 0, out_numel = 0;
+  std::vector<std::pair<int64_t, int64_t>> segments;  // (stream_start, numel), in stream order
+  int64_t numel = 0;                                  // stream elements: the segments' sum
+  bool split() const { return parts > 1; }
 };
+
+// Every sub-run of item `it`'s stream elements [begin, end) (item-relative: 0 is its first segment's
+// first element), as fn(piece, offset within the piece, numel, item-relative position of the run).
+template <typename Fn>
+void ForEachItemRun(const ParamPlan& param, const Item& it, int64_t begin, int64_t end, Fn&& fn);
 
 struct ConvertPlan {
   int ranks = 1;
@@ -88,6 +112,7 @@ struct ConvertPlan {
   // every rank's bytes in flight in every round (what it sends plus what it receives) within
   // buffer_bytes: fewer rounds are fewer collectives, which at hundreds of ranks cost more than the bytes.
   int64_t chunk_elems = 0, buffer_bytes = 0;
+  int64_t split_above = 0;  // bytes: an item larger is split into parts of about this size (0: none)
   std::vector<ParamPlan> params;
   std::vector<int> file_mapper;           // per SourceIndex::files index; -1: not a data file
   std::vector<std::vector<Item>> work;    // per reducer, in processing order
@@ -122,8 +147,15 @@ struct ConvertPlan {
 
 // Throws ucp::Error with every reason the layout cannot be converted (shapes that do not add up,
 // sub-parameter widths that do not divide, ...).
+// `split_above`: a (parameter, state) of more bytes is split by rows into parts of at most that size
+// (as many as it has rows and there are ranks), each reduced and written by its own rank; 0: none;
+// < 0: automatic (kAutoSplit).
 ConvertPlan MakeConvertPlan(const source::SourceIndex& layout, const patterns::ModelPatterns& patterns, int ranks,
-                            int64_t buffer_bytes);
+                            int64_t buffer_bytes, int64_t split_above = 0);
+// The automatic split size: a quarter of an even share of the bytes written per rank (an item of
+// more would leave its rank's load lumpy), at most 1 GiB (a part is in memory twice while it is
+// written), at least 64 MiB (smaller parts cost more in completing their files than they balance).
+int64_t AutoSplitBytes(int64_t bytes_out, int ranks);
 
 // Longest-processing-time-first assignment of weighted items to `bins`: returns each item's bin.
 // Ties go to the lowest bin, so every rank computes the same answer.
@@ -165,6 +197,20 @@ void ForEachPieceRun(const ParamPlan& param, int64_t begin, int64_t end, Fn&& fn
   for (size_t k = lo; k < ps.size() && ps[k].stream_start < end; ++k) {
     int64_t a = std::max(begin, ps[k].stream_start), b = std::min(end, ps[k].stream_start + ps[k].numel);
     if (a < b) fn(ps[k], a - ps[k].stream_start, b - a);
+  }
+}
+
+template <typename Fn>
+void ForEachItemRun(const ParamPlan& param, const Item& it, int64_t begin, int64_t end, Fn&& fn) {
+  int64_t at = 0;  // item-relative start of the segment
+  for (const auto& [start, n] : it.segments) {
+    if (at >= end) break;
+    const int64_t a = std::max(begin, at), b = std::min(end, at + n);
+    if (a < b)
+      ForEachPieceRun(param, start + (a - at), start + (b - at), [&](const Piece& pc, int64_t off, int64_t m) {
+        fn(pc, off, m, at + (pc.stream_start + off - start));
+      });
+    at += n;
   }
 }
 

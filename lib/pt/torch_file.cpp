@@ -269,7 +269,8 @@ class Pickler {
 // wherever a size or offset needs them.
 class ZipWriter {
  public:
-  explicit ZipWriter(AtomicFile& file) : file_(file) {}
+  // Bytes go to `emit`, in order; Reserve leaves a gap of bytes others write.
+  explicit ZipWriter(std::function<void(const uint8_t*, size_t)> emit) : emit_(std::move(emit)) {}
 
   // Writes one entry whose payload is produced as consecutive chunks by `chunks`. Without a CRC
   // the entry is streamed: the CRC is computed as the payload goes out and follows it in a data
@@ -326,6 +327,15 @@ class ZipWriter {
       Emit(reinterpret_cast<const uint8_t*>(d.data()), d.size());
     }
     central_.push_back(c);
+  }
+
+  // An entry whose `size` payload bytes (of CRC-32 `crc`) are not emitted: `skip()` is called where
+  // they go.
+  void Reserve(const std::string& name, uint64_t size, uint32_t crc, const std::function<void()>& skip) {
+    Add(name, size, crc, [&](const auto&) {
+      skip();
+      offset_ += size;
+    });
   }
 
   void AddBytes(const std::string& name, const std::string& bytes) {
@@ -408,10 +418,10 @@ class ZipWriter {
     for (int k = 0; k < n; ++k) s += static_cast<char>((v >> (8 * k)) & 0xFF);
   }
   void Emit(const uint8_t* p, size_t n) {
-    file_.Write(p, n);
+    emit_(p, n);
     offset_ += n;
   }
-  AtomicFile& file_;
+  std::function<void(const uint8_t*, size_t)> emit_;
   uint64_t offset_ = 0;
   std::vector<Central> central_;
 };
@@ -454,15 +464,42 @@ std::string PickleForTesting(const Value& root) {
   return p.out;
 }
 
+namespace {
+
+// The records torch.save writes before the tensors.
+const std::string kArchive = "archive/";
+void AddHead(ZipWriter& zip, const std::string& pickle) {
+  zip.AddBytes(kArchive + "data.pkl", pickle);
+  zip.AddBytes(kArchive + "byteorder", "little");
+}
+
+}  // namespace
+
+TorchFileFrame FrameTorchFile(const Value& root, uint32_t crc) {
+  Pickler pickler;
+  pickler.Dump(root);
+  if (pickler.tensors.empty()) throw Error("internal: a framed torch file without a tensor");
+  TorchFileFrame f;
+  std::string* into = &f.head;
+  ZipWriter zip([&](const uint8_t* p, size_t n) { into->append(reinterpret_cast<const char*>(p), n); });
+  AddHead(zip, pickler.out);
+  for (size_t k = 0; k + 1 < pickler.tensors.size(); ++k) throw Error("internal: a framed torch file with more than one tensor");
+  const TensorView& t = *pickler.tensors.back();
+  f.data_size = t.nbytes();
+  zip.Reserve(kArchive + "data/0", t.nbytes(), crc, [&] { into = &f.tail; });
+  zip.AddBytes(kArchive + "version", "3\n");
+  zip.Finish();
+  return f;
+}
+
 FileDigest WriteTorchFile(const std::string& path, const Value& root, Durability durability, Digest digest) {
   return WithContext(path, [&] {
     Pickler pickler;
     pickler.Dump(root);
     AtomicFile file(path, durability, digest);
-    ZipWriter zip(file);
-    const std::string prefix = "archive/";
-    zip.AddBytes(prefix + "data.pkl", pickler.out);
-    zip.AddBytes(prefix + "byteorder", "little");
+    ZipWriter zip([&](const uint8_t* p, size_t n) { file.Write(p, n); });
+    const std::string& prefix = kArchive;
+    AddHead(zip, pickler.out);
     // Produced tensors pass through this buffer, kept by the thread from file to file: its pages
     // are faulted in once per run, not once per file.
     thread_local ScratchBytes chunk;

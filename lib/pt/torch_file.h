@@ -37,6 +37,16 @@ TorchFile ReadTorchArchive(std::shared_ptr<ZipArchive> archive, const ReadOption
 FileDigest WriteTorchFile(const std::string& path, const Value& root, Durability durability = Durability::Now,
                           Digest digest = Digest::Xxh64);
 
+// A torch.save file of `root`, whose one tensor several writers put in place: the bytes before the
+// tensor's data (`head`, whose size does not depend on `crc`) and after them (`tail`), `crc` being
+// the CRC-32 of its data_size bytes. head + the tensor's bytes + tail is the file WriteTorchFile
+// writes of the same value, byte for byte.
+struct TorchFileFrame {
+  std::string head, tail;
+  uint64_t data_size = 0;
+};
+TorchFileFrame FrameTorchFile(const Value& root, uint32_t crc);
+
 // The pickle alone (tensors become persistent ids 0, 1, ... in order of appearance), for tests.
 std::string PickleForTesting(const Value& root);
 

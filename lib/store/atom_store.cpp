@@ -62,6 +62,16 @@ StoreKind StoreOf(const nlohmann::json& manifest) {
   return StoreFromName(manifest.at("store").get<std::string>());
 }
 
+uint32_t AtomWriter::WritePart(const std::string& param, plan::State, int64_t, int64_t, const float*) {
+  throw Error("internal: this store does not write '" + param + "' in parts");
+}
+
+std::vector<FileRecord> AtomWriter::FinishParts(const std::string& param, plan::State, uint32_t) {
+  throw Error("internal: this store does not write '" + param + "' in parts");
+}
+
+bool WritesParts(StoreKind kind, int zero_stage) { return kind == StoreKind::Pt && zero_stage < 3; }
+
 bool DeepSpeedResumes(const nlohmann::json& manifest) {
   return StoreOf(manifest) == StoreKind::Pt && !CarriedModelStates(manifest).empty();
 }

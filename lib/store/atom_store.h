@@ -40,6 +40,10 @@ StoreKind StoreOf(const nlohmann::json& manifest);
 // store and the model-states file carried beside the tensors (CarriedModelStates). What decides
 // whether a conversion points latest_universal at its output.
 bool DeepSpeedResumes(const nlohmann::json& manifest);
+// Whether a store writes a conversion's state tensors in parts (AtomWriter::WritePart): the .pt
+// store in its plain form; not the HDF5 store, nor DeepSpeed's ZeRO-3 universal form (a zero-padded
+// 1-D tensor, UniversalKeysOf) of a ZeRO-3 source.
+bool WritesParts(StoreKind kind, int zero_stage);
 // Every store, (name, what it is), for ucp-inspect --list-formats.
 std::vector<std::pair<std::string, std::string>> StoreDescriptions();  // its "store"; absent: pt (format_version 1 folders)
 
@@ -165,6 +169,15 @@ class AtomWriter {
   virtual std::vector<FileRecord> Write(const std::string& param, plan::State state, const float* data) = 0;
   // Whether Write may run on several threads at once (pt: yes; hdf5: no).
   virtual bool concurrent() const = 0;
+  // Split tensors (pt only; splits() says): WritePart puts elements [begin, begin + n) of a state
+  // tensor (row-major) in place in the one file every part of it shares, under a temporary name
+  // (zero/<param>/<state>.pt.tmp-split), and returns the CRC-32 of their bytes; thread-safe, any rank.
+  // Once every part is written, FinishParts (one rank) completes the file, given the CRC-32 of the
+  // whole tensor (the parts' combined in order), renames it into place and returns what Write would
+  // have: the same bytes as Write of the whole tensor.
+  virtual bool splits() const { return false; }
+  virtual uint32_t WritePart(const std::string& param, plan::State state, int64_t begin, int64_t n, const float* data);
+  virtual std::vector<FileRecord> FinishParts(const std::string& param, plan::State state, uint32_t crc);
   // Collective: after every rank's last Write.
   virtual StoreCommit Commit() = 0;
   const std::vector<AtomSpec>& specs() const { return specs_; }

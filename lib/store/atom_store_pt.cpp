@@ -1,14 +1,22 @@
 // The .pt store: DeepSpeed's universal layout, one torch.save file per parameter and state. Reads
 // copy slabs out of the memory-mapped files; writes are StateFileValue + WriteTorchFile, each file
 // renamed into place whole, all of them made durable by one file-system sync at Commit.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
 
 #include "core/commit.h"
 #include "core/error.h"
+#include "core/fault_point.h"
 #include "core/mapped_file.h"
 #include "core/names.h"
+#include "core/xxhash64.h"
+#include "pt/zip_archive.h"
 #include "pt/torch_file.h"
 #include "store/atom_store.h"
 
@@ -147,19 +155,91 @@ class PtWriter final : public AtomWriter {
     fs::create_directories(dir_ + "/" + ParamRelDir(name));
     // The tensor views the caller's memory for the duration of the write: no owner, no copy.
     auto tensor = pt::OwnedTensor(std::shared_ptr<const void>(), data, pt::DType::F32, s.shape);
-    std::vector<FileRecord> out;
     std::string rel = StateRelPath(name, state);
     auto d = pt::WriteTorchFile(dir_ + "/" + rel, *StateFileValue(s.keys, s.shape, tensor), Durability::Batch);
-    out.push_back({rel, d.size, d.xxh64});
+    return WithStep(s, state, {rel, d.size, d.xxh64});
+  }
+
+  bool concurrent() const override { return true; }
+  bool splits() const override { return true; }
+
+  uint32_t WritePart(const std::string& name, plan::State state, int64_t begin, int64_t n, const float* data) override {
+    const AtomSpec& s = spec(name);
+    fs::create_directories(dir_ + "/" + ParamRelDir(name));
+    const std::string path = dir_ + "/" + StateRelPath(name, state) + kSplitMark;
+    const uint64_t at = Frame(s, 0).head.size() + 4 * static_cast<uint64_t>(begin);
+    const auto* bytes = reinterpret_cast<const uint8_t*>(data);
+    const uint64_t size = 4 * static_cast<uint64_t>(n);
+    Fd fd(path, O_WRONLY | O_CREAT);
+    fd.WriteAt(bytes, size, at);
+    FaultPoint("part-written", path);
+    fd.Close();
+    return pt::Crc32(0, {bytes, static_cast<size_t>(size)});
+  }
+
+  std::vector<FileRecord> FinishParts(const std::string& name, plan::State state, uint32_t crc) override {
+    const AtomSpec& s = spec(name);
+    const std::string rel = StateRelPath(name, state), path = dir_ + "/" + rel;
+    const pt::TorchFileFrame f = Frame(s, crc);
+    Fd fd(path + kSplitMark, O_WRONLY);
+    fd.WriteAt(reinterpret_cast<const uint8_t*>(f.head.data()), f.head.size(), 0);
+    fd.WriteAt(reinterpret_cast<const uint8_t*>(f.tail.data()), f.tail.size(), f.head.size() + f.data_size);
+    fd.Close();
+    if (::rename((path + kSplitMark).c_str(), path.c_str()) != 0)
+      throw Error(path + ": cannot rename " + path + kSplitMark + " into place: " + std::strerror(errno));
+    FaultPoint("file-renamed", path);
+    // Its parts were written by several ranks: its XXH64 is read back whole.
+    uint64_t size = 0;
+    const uint64_t digest = XxHash64File(path, &size);
+    if (size != f.head.size() + f.data_size + f.tail.size())
+      throw Error(path + ": " + std::to_string(size) + " bytes after its parts were written, not " +
+                  std::to_string(f.head.size() + f.data_size + f.tail.size()));
+    return WithStep(s, state, {rel, size, digest});
+  }
+
+  // The record of a state file, and for fp32 the step.pt written beside it.
+  std::vector<FileRecord> WithStep(const AtomSpec& s, plan::State state, FileRecord written) {
+    std::vector<FileRecord> out = {std::move(written)};
     if (state == plan::State::Fp32 && s.step) {
-      std::string srel = StepRelPath(name);
+      std::string srel = StepRelPath(s.name);
       auto sd = pt::WriteTorchFile(dir_ + "/" + srel, *s.step, Durability::Batch);
       out.push_back({srel, sd.size, sd.xxh64});
     }
     return out;
   }
 
-  bool concurrent() const override { return true; }
+  // The state file's bytes around its tensor (the tensor's values play no part but in `crc`).
+  static pt::TorchFileFrame Frame(const AtomSpec& s, uint32_t crc) {
+    auto tensor = pt::OwnedTensor(std::shared_ptr<const void>(), nullptr, pt::DType::F32, s.shape);
+    return pt::FrameTorchFile(*StateFileValue(s.keys, s.shape, tensor), crc);
+  }
+
+  static constexpr const char* kSplitMark = ".tmp-split";  // a temporary name (core/atomic_file.h)
+
+  // A file descriptor for positioned writes, closed (and checked) by Close or on destruction.
+  struct Fd {
+    Fd(const std::string& p, int flags) : path(p), fd(::open(p.c_str(), flags | O_CLOEXEC, 0644)) {
+      if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+    }
+    ~Fd() {
+      if (fd >= 0) ::close(fd);
+    }
+    void WriteAt(const uint8_t* p, uint64_t n, uint64_t at) {
+      while (n > 0) {
+        const ssize_t w = ::pwrite(fd, p, std::min<uint64_t>(n, 1u << 30), static_cast<off_t>(at));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) throw Error(path + ": write failed: " + (w < 0 ? std::strerror(errno) : "no progress"));
+        p += w, n -= static_cast<uint64_t>(w), at += static_cast<uint64_t>(w);
+      }
+    }
+    void Close() {
+      const int r = ::close(fd);
+      fd = -1;
+      if (r != 0) throw Error(path + ": close failed: " + std::strerror(errno));
+    }
+    std::string path;
+    int fd;
+  };
 
   StoreCommit Commit() override {
     // The state files were renamed into place without an fsync each: one sync of the file system,

@@ -20,6 +20,7 @@
 #include "core/json_schema.h"
 #include "core/names.h"
 #include "core/xxhash64.h"
+#include "pt/zip_archive.h"
 #include "pt/torch_file.h"
 
 namespace ucp::store {
@@ -250,9 +251,32 @@ std::unique_ptr<AtomicFile> StageLatestUniversal(const std::string& dir) {
 void WriteLatestUniversal(const std::string& dir) { StageLatestUniversal(dir)->Commit(); }
 
 FileRecord CopyFileAtomically(const std::string& from, const std::string& to_dir, const std::string& rel,
-                              Durability durability) {
+                              Durability durability, const std::vector<source::ChecksummedRange>& records) {
   AtomicFile out(to_dir + "/" + rel, durability);
-  ReadFileBlocks(from, [&](const void* p, size_t n) { out.Write(p, n); });
+  size_t next = 0;  // the record being checked: bytes [at, its end) of it are still to come
+  uint32_t crc = 0;
+  uint64_t at = 0;
+  auto check = [&](const uint8_t* p, uint64_t begin, uint64_t end) {  // the block [begin, end) of the file
+    while (next < records.size()) {
+      const auto& r = records[next];
+      const uint64_t a = std::max(begin, r.offset), b = std::min(end, r.offset + r.size);
+      if (a < b) crc = pt::Crc32(crc, {p + (a - begin), static_cast<size_t>(b - a)});
+      if (r.offset + r.size > end) return;
+      if (crc != r.crc32) {
+        char hex[64];
+        std::snprintf(hex, sizeof hex, "stored %08x, computed %08x", r.crc32, crc);
+        throw Error(from + ": record '" + r.name + "': CRC-32 mismatch (" + hex + "): the file is damaged; it is not copied");
+      }
+      ++next, crc = 0;
+    }
+  };
+  ReadFileBlocks(from, [&](const void* p, size_t n) {
+    check(static_cast<const uint8_t*>(p), at, at + n);
+    at += n;
+    out.Write(p, n);
+  });
+  if (next < records.size())
+    throw Error(from + ": record '" + records[next].name + "': the file ends inside it (truncated?); it is not copied");
   FileDigest d = out.Commit();
   return {rel, d.size, d.xxh64};
 }

@@ -92,9 +92,12 @@ pt::ValuePtr OptimizerStateValue(const pt::Value& optimizer_file_root, int zero_
 std::unique_ptr<AtomicFile> StageLatestUniversal(const std::string& dir);
 void WriteLatestUniversal(const std::string& dir);
 
-// A byte-for-byte copy of a file, written atomically.
+// A byte-for-byte copy of a file, written atomically. `records` (by offset, as ShardFile::checksummed):
+// the zip records whose CRC-32 the bytes are checked against as they pass; one that differs, or that
+// the file ends inside, throws naming the file and the record, and nothing is left under `rel`.
 FileRecord CopyFileAtomically(const std::string& from, const std::string& to_dir, const std::string& rel,
-                              Durability durability = Durability::Now);
+                              Durability durability = Durability::Now,
+                              const std::vector<source::ChecksummedRange>& records = {});
 
 // Resume journal: <out>/.ucp-journal/{run.json, rank-<r>.jsonl}.
 class Journal {

@@ -8,21 +8,26 @@
 
 namespace ucp::union_ {
 
-Assembly::Assembly(const plan::ParamPlan& param, plan::State state, std::shared_ptr<float[]> buffer)
-    : param_(param), state_(state), data_(std::move(buffer)) {}
+Assembly::Assembly(const plan::ParamPlan& param, const plan::Item& item, std::shared_ptr<float[]> buffer)
+    : param_(param), state_(item.state), out_begin_(item.out_begin), out_end_(item.out_begin + item.out_numel),
+      expected_(item.numel), data_(std::move(buffer)) {}
 
 void Assembly::Apply(int64_t stream_start, int64_t numel, const uint8_t* src, const std::string& where) {
   const auto& copies = param_.copies;
   const plan::Copy& copy = param_.CopyAt(stream_start);
   if (stream_start + numel > copy.stream_start + copy.numel) throw Error("internal: a run crosses two copies");
-  float* out = data_.get();
-  const int64_t limit = param_.full_numel;  // joined offsets at or past it are vocabulary padding
+  float* out = data_.get();  // the item's elements, from joined offset out_begin_
+  const int64_t limit = std::min(param_.full_numel, out_end_);  // past the tensor: vocabulary padding
   const int64_t local0 = stream_start - copy.stream_start;
   plan::ForEachJoinedRun(copy, param_.joined_shape, local0, local0 + numel, [&](int64_t local, int64_t joined, int64_t n) {
-    if (joined >= limit) return;
+    if (joined >= limit) {
+      if (joined < param_.full_numel) throw Error("internal: a run of '" + param_.name + "' lands past its part");
+      return;
+    }
+    if (joined < out_begin_) throw Error("internal: a run of '" + param_.name + "' lands before its part");
     n = std::min(n, limit - joined);
     const uint8_t* from = src + (local - local0) * 4;
-    float* to = out + joined;
+    float* to = out + (joined - out_begin_);
     switch (copy.mode) {
       case plan::CopyMode::Place:
         if (param_.averaged) {
@@ -76,22 +81,26 @@ void Assembly::ApplyInPlace(int64_t stream_start, int64_t numel, const std::func
   if (!param_.PlacedAsIs(stream_start)) throw Error("internal: '" + param_.name + "' is not placed as it is");
   const plan::Copy& copy = param_.CopyAt(stream_start);
   if (stream_start + numel > copy.stream_start + copy.numel) throw Error("internal: a run crosses two copies");
-  const int64_t limit = param_.full_numel, local0 = stream_start - copy.stream_start;
+  const int64_t limit = std::min(param_.full_numel, out_end_), local0 = stream_start - copy.stream_start;
   plan::ForEachJoinedRun(copy, param_.joined_shape, local0, local0 + numel, [&](int64_t local, int64_t joined, int64_t n) {
-    if (joined >= limit) return;
-    read(reinterpret_cast<uint8_t*>(data_.get() + joined), local - local0, std::min(n, limit - joined));
+    if (joined >= limit) {
+      if (joined < param_.full_numel) throw Error("internal: a run of '" + param_.name + "' lands past its part");
+      return;
+    }
+    if (joined < out_begin_) throw Error("internal: a run of '" + param_.name + "' lands before its part");
+    read(reinterpret_cast<uint8_t*>(data_.get() + (joined - out_begin_)), local - local0, std::min(n, limit - joined));
   });
   received_ += numel;
 }
 
 std::shared_ptr<float[]> Assembly::Finish() {
-  if (received_ != param_.stream_numel)
+  if (received_ != expected_)
     throw Error("internal: parameter '" + param_.name + "' " + std::string(plan::StateName(state_)) + " received " +
-                std::to_string(received_) + " of " + std::to_string(param_.stream_numel) + " elements");
+                std::to_string(received_) + " of " + std::to_string(expected_) + " elements");
   if (param_.averaged) {
     const float n = static_cast<float>(param_.accumulated_copies);
     float* out = data_.get();
-    for (int64_t k = 0; k < param_.full_numel; ++k) out[k] /= n;
+    for (int64_t k = 0; k < out_end_ - out_begin_; ++k) out[k] /= n;
   }
   return std::move(data_);
 }

@@ -16,9 +16,10 @@ namespace ucp::union_ {
 
 class Assembly {
  public:
-  // `buffer` holds at least the parameter's full_numel floats; its contents are overwritten (every
-  // element arrives exactly once), so a reused buffer needs no clearing.
-  Assembly(const plan::ParamPlan& param, plan::State state, std::shared_ptr<float[]> buffer);
+  // The item (a whole parameter state, or a part of one: ConvertPlan's Item) of `param`. `buffer`
+  // holds at least its out_numel floats; its contents are overwritten (every element arrives exactly
+  // once), so a reused buffer needs no clearing.
+  Assembly(const plan::ParamPlan& param, const plan::Item& item, std::shared_ptr<float[]> buffer);
 
   // Stream elements [stream_start, +numel) of this parameter, as float32 bytes. `where` names the
   // source file and rank coordinates for errors. Runs must arrive in stream order.
@@ -28,7 +29,7 @@ class Assembly {
   // their place in the atomic tensor, so they are moved once. Vocabulary padding is not read.
   // May come before the runs of other copies that precede it in the stream.
   void ApplyInPlace(int64_t stream_start, int64_t numel, const std::function<void(uint8_t*, int64_t, int64_t)>& read);
-  // Checks that every element arrived and returns the tensor (full_shape, float32).
+  // Checks that every element arrived and returns the tensor (full_shape, float32; a part: its rows).
   std::shared_ptr<float[]> Finish();
 
   // Observe copies (a tied parameter's copies on later stages) that differ from the first stage's:
@@ -41,6 +42,7 @@ class Assembly {
  private:
   const plan::ParamPlan& param_;
   plan::State state_;
+  int64_t out_begin_, out_end_, expected_;  // the item's elements of the atomic tensor; its stream elements
   std::shared_ptr<float[]> data_;
   int64_t received_ = 0;  // stream elements applied
   int64_t differing_ = 0;  // Observe copies' elements unequal to the placed ones

@@ -7,8 +7,10 @@ leave no manifest behind.
 """
 import os
 import shutil
+import struct
 import subprocess
 import sys
+import zipfile
 
 import torch
 
@@ -91,6 +93,22 @@ path = os.path.join(tag, victim)
 with open(path, "r+b") as fh:
     fh.truncate(os.path.getsize(path) // 2)
 cases.append(("truncated_file", src, [victim]))
+
+# 4b. A flipped byte in a tensor record of a model-states file, which is carried over as it is (DeepSpeed
+#     loads it): its zip CRC-32 is checked as it is copied.
+src, tag = copy_fixture("carried_file_flipped")
+victim = "mp_rank_00_model_states.pt"
+with zipfile.ZipFile(os.path.join(tag, victim)) as z:
+    rec = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    z.fp.seek(rec.header_offset + 26)
+    name_len, extra_len = struct.unpack("<HH", z.fp.read(4))
+    at = rec.header_offset + 30 + name_len + extra_len + rec.file_size // 2
+with open(os.path.join(tag, victim), "r+b") as fh:
+    fh.seek(at)
+    b = fh.read(1)
+    fh.seek(at)
+    fh.write(bytes([b[0] ^ 0x40]))
+cases.append(("carried_file_flipped", src, [victim, rec.filename, "CRC-32 mismatch"]))
 
 # 5. Parameter names that cannot be folder names under zero/: one that climbs out, one absolute, one
 #    with a NUL byte, '..' itself, one of 300 bytes (renamed consistently in every file; they match no

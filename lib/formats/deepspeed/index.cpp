@@ -1217,7 +1217,9 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   CheckCoverage(L, group_params, partitions);
   if (zero3_files != (L.zero_stage == 3))
     L.problems.push_back("ZeRO-3 model files present but optimizer files say stage " + std::to_string(L.zero_stage));
-  for (auto& f : L.files)  // the zip CRC-32 of every record a mapper may read
+  for (const auto& f : L.files)  // a file the conversion carries over is read as well: checked as it is copied
+    if (f.carried) parse(f);
+  for (auto& f : L.files)  // the zip CRC-32 of every record a mapper may read, or a copy passes on
     if (auto it = parsed.find(f.name); it != parsed.end() && it->second)
       for (const auto& [name, e] : it->second->archive->entries())
         f.checksummed.push_back({name, e.data_offset, e.size, e.crc32});
