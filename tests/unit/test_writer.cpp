@@ -4,10 +4,12 @@
 
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <tuple>
 
 #include "core/error.h"
 #include "pt/torch_file.h"
+#include "pt/zip_archive.h"
 #include "pt/value_json.h"
 #include "test_support.h"
 
@@ -129,4 +131,23 @@ TEST_CASE("writer: a failed write leaves nothing under the final name", "[writer
   auto bad = Value::Make(Value::Kind::Storage);  // not writable
   CHECK_THROWS_AS(pt::WriteTorchFile(dir / "x.pt", *Dict({{"s", bad}})), Error);
   CHECK(fs::is_empty(dir));
+}
+
+TEST_CASE("writer: a framed file, its tensor written by others in between, is WriteTorchFile's byte for byte", "[writer]") {
+  // The state file of a split item: head and tail from the value alone and the tensor's CRC-32.
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{6, 5}, std::vector<int64_t>{3}, std::vector<int64_t>{0, 4}}) {
+    ValuePtr tensor = PatternTensor(pt::DType::F32, shape, 11);
+    ValuePtr root = Dict({{"cat_dim", Value::Int(0)}, {"param", tensor}, {"vocab_tensor", Value::Bool(true)}});
+    fs::path dir = test::WorkDir() / "framed";
+    fs::create_directories(dir);
+    pt::WriteTorchFile(dir / "whole.pt", *root);
+    std::ifstream in(dir / "whole.pt", std::ios::binary);
+    const std::string whole((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto& bytes = tensor->AsTensor().storage->bytes;
+    const pt::TorchFileFrame f = pt::FrameTorchFile(*root, pt::Crc32(0, {bytes.data(), bytes.size()}));
+    CHECK(f.data_size == bytes.size());
+    CHECK(f.head + std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()) + f.tail == whole);
+    // The head's size does not depend on the CRC-32: parts are placed before it is known.
+    CHECK(pt::FrameTorchFile(*root, 0).head.size() == f.head.size());
+  }
 }
