@@ -51,7 +51,7 @@ export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 echo "== AddressSanitizer: reader, writer, inspect, plans and corrupted inputs"
 UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   "$asan/tests/ucp_unit_tests" "[reader],[writer],[inspect],[corrupt],[plan],[rounding],[naming],[buffers],[reshard_plan]"
-echo "== AddressSanitizer: ucp-convert, single process (with leak checks) and 2 MPI ranks, damaged sources"
+echo "== AddressSanitizer: ucp-convert, single process (with leak checks), 2 MPI ranks, 3 with split items, damaged sources"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_case.py" \
   "$asan/apps/ucp-convert" "$work/fixtures/tp2_pp2_dp2_bf16" "$work/asan/a/universal" 1
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_errors.py" \
@@ -59,6 +59,8 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/pytho
 # OpenMPI's own allocations are not ours to chase: no leak checks under mpirun.
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_case.py" \
   "$asan/apps/ucp-convert" "$work/fixtures/zero3_tp2_dp2_gpt" "$work/asan/b/universal" 2 mpiexec -- --buffer 8K
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_case.py" \
+  "$asan/apps/ucp-convert" "$work/fixtures/tp2_pp2_dp2_bf16" "$work/asan/c/universal" 3 mpiexec -- --buffer 64K --split-above 4K
 echo "== AddressSanitizer: ucp-reshard, refusals (with leak checks) and the DP=3 targets"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/reshard_errors.py" \
   "$asan/apps/ucp-reshard" "$work/reshard/atomic_llama/universal" "$work/asan/reshard_refusals"

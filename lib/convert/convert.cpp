@@ -90,14 +90,15 @@ struct Counters {
   // Where a rank's time goes. read: from the files, into the shuffle buffers or into place;
   // exchange: the collectives, waiting for the slowest rank included; assemble: union of the
   // shuffled runs; wait: for room among the writers; drain: for the writers to finish, after the
-  // last round; sync: the store's commit (one syncfs). write: the writers' own time, summed over
+  // last round; finish_parts: completing the files of split items whose first part is this rank's;
+  // sync: the store's commit (one syncfs). write: the writers' own time, summed over
   // the writer threads (it overlaps the others), the side files' share of it apart.
-  double read = 0, exchange = 0, assemble = 0, wait = 0, drain = 0, sync = 0;
+  double read = 0, exchange = 0, assemble = 0, wait = 0, drain = 0, sync = 0, finish_parts = 0;
   std::atomic<int64_t> write_ns{0}, side_ns{0};
   nlohmann::json SecondsJson() const {
     return {{"read", read}, {"exchange", exchange}, {"assemble", assemble}, {"wait_for_writers", wait},
             {"drain", drain}, {"write_threads_sum", write_ns.load() * 1e-9}, {"side_files", side_ns.load() * 1e-9},
-            {"sync", sync}};
+            {"finish_parts", finish_parts}, {"sync", sync}};
   }
 };
 
@@ -419,9 +420,18 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       return L.dir + "/" + f.name + " (pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) +
              ", dp=" + std::to_string(f.dp) + ")";
     };
+    // The memory bound: the writers' tensors and the open assemblies take at most 2x the largest
+    // item; a new assembly waits for the writers to finish enough of theirs (they go on without this
+    // thread, so it never waits on itself).
+    int64_t open_bytes = 0;
     auto assembly = [&](size_t i) -> union_::Assembly& {
       auto& a = open[i];
-      if (!a) a = std::make_unique<union_::Assembly>(plan.params[mine[i].param], mine[i], buffers.Get(mine[i].out_numel));
+      if (!a) {
+        const int64_t need = 4 * mine[i].out_numel;
+        if (writer->concurrent()) Timed(c.wait, [&] { writers.WaitUntilHolding(2 * largest - open_bytes - need); });
+        a = std::make_unique<union_::Assembly>(plan.params[mine[i].param], mine[i], buffers.Get(mine[i].out_numel));
+        open_bytes += need;
+      }
       return *a;
     };
     // Finishes the items that end at or before `upto` and hands them to the writers.
@@ -431,6 +441,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         auto data = assembly(i).Finish();
         if (auto d = assembly(i).Divergence(); !d.empty()) divergences.push_back(d);
         open.erase(i);
+        open_bytes -= 4 * mine[i].out_numel;
         const Item& it = mine[i];
         auto write = [&, i, data = std::move(data)]() {
           const Item& it = mine[i];
@@ -518,9 +529,10 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     });
     c.bytes_read = static_cast<int64_t>(mapper->bytes_read());
     if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
-    // Split items: every part's CRC-32 to every rank (a slot each, in plan order); the rank of a
-    // file's first part completes it (the tensor's CRC-32 combined from its parts', in row order)
-    // and renames it into place, so the files are finished in parallel.
+    // Split items: every part's CRC-32 to every rank (a slot each, in plan order); the rank of one
+    // part of a file (the state's number modulo the parts: the three states of a parameter are
+    // finished by different ranks) completes it (the tensor's CRC-32 combined from its parts', in
+    // row order) and renames it into place, so the files are finished in parallel.
     std::map<std::tuple<int, int, int>, size_t> slot;  // (param, state, part) -> slot
     for (const auto& work : plan.work)
       for (const Item& it : work)
@@ -529,9 +541,9 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     for (const auto& [key, v] : parts_written)
       crcs[slot.at({key.first.first, key.first.second, key.second})] = (int64_t{1} << 32) + v.first;
     if (!crcs.empty()) Timed(c.exchange, [&] { comm.AllreduceSum(crcs); });
-    error = Timed(c.sync, [&] { return Capture([&] {
+    error = Timed(c.finish_parts, [&] { return Capture([&] {
       for (const Item& it : mine) {
-        if (!it.split() || it.part != 0) continue;
+        if (!it.split() || it.part != static_cast<int>(it.state) % it.parts) continue;
         const auto& P = plan.params[it.param];
         uint32_t crc = 0;
         for (int k = 0; k < it.parts; ++k) {

@@ -35,6 +35,12 @@ void TaskPool::Submit(int64_t bytes, std::function<void()> task) {
   has_work_.notify_one();
 }
 
+void TaskPool::WaitUntilHolding(int64_t bytes) {
+  std::unique_lock<std::mutex> lock(mu_);
+  has_room_.wait(lock, [&] { return error_ || held_ <= std::max<int64_t>(0, bytes); });
+  RethrowLocked();
+}
+
 void TaskPool::Drain() {
   std::unique_lock<std::mutex> lock(mu_);
   has_room_.wait(lock, [&] { return error_ || (queue_.empty() && running_ == 0); });

@@ -23,6 +23,9 @@ class TaskPool {
   TaskPool& operator=(const TaskPool&) = delete;
 
   void Submit(int64_t bytes, std::function<void()> task);
+  // Blocks until the queued and running tasks hold at most `bytes` (0: until they are all done),
+  // for a producer about to take memory of its own; rethrows a task's error.
+  void WaitUntilHolding(int64_t bytes);
   void Drain();
 
  private:

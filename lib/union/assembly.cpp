@@ -112,7 +112,11 @@ std::string Assembly::Divergence() const {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.6g", largest_difference_);
   const plan::Copy& first = param_.copies.front();
-  return "pipeline-replicated parameter '" + param_.name + "' " + std::string(plan::StateName(state_)) + ": " +
+  // A part of a split item speaks for its rows.
+  const int64_t row = param_.RowNumel();
+  const std::string rows = out_end_ - out_begin_ == param_.full_numel || row == 0 ? "" :
+      " in rows [" + std::to_string(out_begin_ / row) + ", " + std::to_string(out_end_ / row) + ")";
+  return "pipeline-replicated parameter '" + param_.name + "' " + std::string(plan::StateName(state_)) + rows + ": " +
          std::to_string(differing_) + " elements of its copies on later stages differ from the first stage's (pp=" +
          std::to_string(first.pp) + "), the largest by " + buf + " (pp=" + std::to_string(largest_pp_) + ", element " +
          std::to_string(largest_at_) + "); the first stage's copy is kept, as DeepSpeed keeps it";
