@@ -107,6 +107,7 @@ for name, key, (paper_min, paper_nodes) in models:
               f" {rounds:6d} {j['imbalance']:6.2f} {times[slow]:9.1f}s {floor:12.1f}s {times[slow] / floor:10.2f}   {paper}")
     fx = json.load(open(os.path.join(ckpt, "fixture.json")))
     print(f"{'':11} largest (parameter, state) item {4 * max(math.prod(p['shape']) for p in fx['params'].values()) / 1e9:.1f} GB "
-          f"(written whole by one rank)\n")
+          f"(written in parts of at most {j['split_above_bytes'] / 2**30:.2f} GiB at {ranks} ranks); largest file "
+          f"{max(v for k, v in fx['files'].items() if 'optim' in k) / 1e9:.1f} GB (mapped whole by one rank)\n")
 if not a.work:
     shutil.rmtree(work)

@@ -393,8 +393,10 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         c.bytes_written += static_cast<int64_t>(r.bytes), ++c.files_written, records.push_back(r);
       };
     };
-    // Submitted after the rounds: a copy started first would take the core from the mapping that
-    // the other ranks wait for in the first exchange.
+    // Submitted after the rounds under MPI: a copy started first would take the core from the
+    // mapping that the other ranks wait for in the first exchange. A single process has no one
+    // waiting: it starts them first, beside its mapping, rather than leave them as the run's tail.
+    const bool side_files_first = ranks == 1;
     auto submit_side_files = [&] {
       if (rank == ranks - 1)
         writers.Submit(0, side_file([&] { return WriteOptimizerStateFile(L, o.output, side_durability); }));
@@ -471,6 +473,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     };
 
     auto shuffled = [&](int r, size_t i, const plan::Piece& pc, int64_t off) { return plan.Shuffled(r, plan.work[r][i], pc, off); };
+    if (side_files_first) error = Capture([&] { submit_side_files(); });
     shuffle::Round round(ranks);
     for (int64_t k = 0; k < plan.rounds; ++k) {
       // Pack what this rank maps for every reducer's round k.
@@ -524,7 +527,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     }
     if (error.empty()) error = Capture([&] {
       finish_upto(INT64_MAX);  // items of no elements, and a rank with no rounds
-      submit_side_files();
+      if (!side_files_first) submit_side_files();
       Timed(c.drain, [&] { writers.Drain(); });
     });
     c.bytes_read = static_cast<int64_t>(mapper->bytes_read());

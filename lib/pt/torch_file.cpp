@@ -478,13 +478,12 @@ void AddHead(ZipWriter& zip, const std::string& pickle) {
 TorchFileFrame FrameTorchFile(const Value& root, uint32_t crc) {
   Pickler pickler;
   pickler.Dump(root);
-  if (pickler.tensors.empty()) throw Error("internal: a framed torch file without a tensor");
+  if (pickler.tensors.size() != 1) throw Error("internal: a framed torch file holds one tensor, not " + std::to_string(pickler.tensors.size()));
   TorchFileFrame f;
   std::string* into = &f.head;
   ZipWriter zip([&](const uint8_t* p, size_t n) { into->append(reinterpret_cast<const char*>(p), n); });
   AddHead(zip, pickler.out);
-  for (size_t k = 0; k + 1 < pickler.tensors.size(); ++k) throw Error("internal: a framed torch file with more than one tensor");
-  const TensorView& t = *pickler.tensors.back();
+  const TensorView& t = *pickler.tensors.front();
   f.data_size = t.nbytes();
   zip.Reserve(kArchive + "data/0", t.nbytes(), crc, [&] { into = &f.tail; });
   zip.AddBytes(kArchive + "version", "3\n");

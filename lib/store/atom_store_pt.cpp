@@ -185,15 +185,15 @@ class PtWriter final : public AtomWriter {
     fd.WriteAt(reinterpret_cast<const uint8_t*>(f.head.data()), f.head.size(), 0);
     fd.WriteAt(reinterpret_cast<const uint8_t*>(f.tail.data()), f.tail.size(), f.head.size() + f.data_size);
     fd.Close();
+    // Its parts were written by several ranks: its XXH64 is read back whole, before it takes its name.
+    uint64_t size = 0;
+    const uint64_t digest = XxHash64File(path + kSplitMark, &size);
+    if (size != f.head.size() + f.data_size + f.tail.size())
+      throw Error(path + kSplitMark + ": " + std::to_string(size) + " bytes after its parts were written, not " +
+                  std::to_string(f.head.size() + f.data_size + f.tail.size()));
     if (::rename((path + kSplitMark).c_str(), path.c_str()) != 0)
       throw Error(path + ": cannot rename " + path + kSplitMark + " into place: " + std::strerror(errno));
     FaultPoint("file-renamed", path);
-    // Its parts were written by several ranks: its XXH64 is read back whole.
-    uint64_t size = 0;
-    const uint64_t digest = XxHash64File(path, &size);
-    if (size != f.head.size() + f.data_size + f.tail.size())
-      throw Error(path + ": " + std::to_string(size) + " bytes after its parts were written, not " +
-                  std::to_string(f.head.size() + f.data_size + f.tail.size()));
     return WithStep(s, state, {rel, size, digest});
   }
 
