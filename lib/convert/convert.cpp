@@ -347,8 +347,8 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   int64_t largest = 0;  // bytes of the largest item (a whole state tensor, or a part of one)
   for (const auto& work : plan.work)
     for (const auto& it : work) largest = std::max(largest, 4 * it.out_numel);
-  // Parts this rank wrote: ((param, state), part) -> (CRC-32, bytes), for the files' completion.
-  std::map<std::pair<std::pair<int, int>, int>, std::pair<uint32_t, int64_t>> parts_written;
+  // Parts this rank wrote: (param, state, part) -> their CRC-32 and XXH64, for the files' completion.
+  std::map<std::tuple<int, int, int>, store::AtomWriter::PartDigest> parts_written;
   const int threads = o.threads > 0 ? o.threads : AvailableCores();
   int64_t total_stream = 0;
   for (int r = 0; r < ranks; ++r) total_stream += 4 * plan.work_numel[r];
@@ -449,11 +449,11 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
           const Item& it = mine[i];
           const auto start = Clock::now();
           if (it.split()) {  // a part: in place in the file its parts share, completed after the rounds
-            const uint32_t crc = writer->WritePart(plan.params[it.param].name, it.state, it.out_begin, it.out_numel, data.get());
+            const auto digest = writer->WritePart(plan.params[it.param].name, it.state, it.out_begin, it.out_numel, data.get());
             c.write_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
             std::lock_guard<std::mutex> lock(records_mu);
             c.bytes_written += 4 * it.out_numel;
-            parts_written[{{it.param, static_cast<int>(it.state)}, it.part}] = {crc, 4 * it.out_numel};
+            parts_written[{it.param, static_cast<int>(it.state), it.part}] = digest;
             return;
           }
           auto recs = writer->Write(plan.params[it.param].name, it.state, data.get());
@@ -540,24 +540,29 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     for (const auto& work : plan.work)
       for (const Item& it : work)
         if (it.split()) slot.emplace(std::make_tuple(it.param, static_cast<int>(it.state), it.part), slot.size());
-    std::vector<int64_t> crcs(slot.size(), 0);  // 2^32 + the CRC-32, once written
-    for (const auto& [key, v] : parts_written)
-      crcs[slot.at({key.first.first, key.first.second, key.second})] = (int64_t{1} << 32) + v.first;
-    if (!crcs.empty()) Timed(c.exchange, [&] { comm.AllreduceSum(crcs); });
+    // Per slot: 2^32 + the CRC-32 once written, then the XXH64 (each slot written by one rank only).
+    std::vector<int64_t> sums(2 * slot.size(), 0);
+    for (const auto& [key, d] : parts_written) {
+      const size_t k = slot.at(key);
+      sums[2 * k] = (int64_t{1} << 32) + d.crc32, sums[2 * k + 1] = static_cast<int64_t>(d.xxh64);
+    }
+    if (!sums.empty()) Timed(c.exchange, [&] { comm.AllreduceSum(sums); });
     error = Timed(c.finish_parts, [&] { return Capture([&] {
       for (const Item& it : mine) {
         if (!it.split() || it.part != static_cast<int>(it.state) % it.parts) continue;
         const auto& P = plan.params[it.param];
         uint32_t crc = 0;
+        std::vector<store::AtomWriter::WrittenPart> parts;
         for (int k = 0; k < it.parts; ++k) {
-          const int64_t v = crcs[slot.at({it.param, static_cast<int>(it.state), k})];
-          if (v >> 32 != 1)
+          const size_t at = slot.at({it.param, static_cast<int>(it.state), k});
+          if (sums[2 * at] >> 32 != 1)
             throw Error("internal: '" + P.name + "' " + std::string(plan::StateName(it.state)) + ": part " + std::to_string(k) + " not written");
           const auto [r0, r1] = P.PartRows(k, it.parts);
-          const auto part_crc = static_cast<uint32_t>(v & 0xFFFFFFFF);
+          const auto part_crc = static_cast<uint32_t>(sums[2 * at] & 0xFFFFFFFF);
           crc = k == 0 ? part_crc : static_cast<uint32_t>(crc32_combine64(crc, part_crc, 4 * (r1 - r0) * P.RowNumel()));
+          parts.push_back({r0 * P.RowNumel(), (r1 - r0) * P.RowNumel(), static_cast<uint64_t>(sums[2 * at + 1])});
         }
-        const auto recs = writer->FinishParts(P.name, it.state, crc);
+        const auto recs = writer->FinishParts(P.name, it.state, crc, parts);
         for (const auto& r : recs) journal->Append(r);
         std::lock_guard<std::mutex> lock(records_mu);
         for (const auto& r : recs) ++c.files_written, records.push_back(r);

@@ -62,11 +62,11 @@ StoreKind StoreOf(const nlohmann::json& manifest) {
   return StoreFromName(manifest.at("store").get<std::string>());
 }
 
-uint32_t AtomWriter::WritePart(const std::string& param, plan::State, int64_t, int64_t, const float*) {
+AtomWriter::PartDigest AtomWriter::WritePart(const std::string& param, plan::State, int64_t, int64_t, const float*) {
   throw Error("internal: this store does not write '" + param + "' in parts");
 }
 
-std::vector<FileRecord> AtomWriter::FinishParts(const std::string& param, plan::State, uint32_t) {
+std::vector<FileRecord> AtomWriter::FinishParts(const std::string& param, plan::State, uint32_t, const std::vector<WrittenPart>&) {
   throw Error("internal: this store does not write '" + param + "' in parts");
 }
 
@@ -132,14 +132,10 @@ pt::TorchFile AtomReader::ReadCheckedFile(const std::string& rel, const std::str
   }
   pt::TorchFile file = pt::ReadTorchFile(path);
   const MappedFile& mapped = *file.archive->file();
-  const uint64_t digest = XxHash64::Of(mapped.bytes().data(), mapped.size());
+  const std::string mismatch = it->second.Mismatch(mapped.bytes());
   mapped.ReleaseResidentPages();  // hashed: the pages need not count as this rank's
-  if (mapped.size() != it->second.bytes || digest != it->second.xxh64)
-    throw Error(path + ": " + about + "the file is damaged: " +
-                (mapped.size() != it->second.bytes
-                     ? std::to_string(mapped.size()) + " bytes, the manifest says " + std::to_string(it->second.bytes)
-                     : "XXH64 " + HexDigest(digest) + ", the manifest says " + HexDigest(it->second.xxh64)) +
-                " (ucp-inspect --verify checks every file)");
+  if (!mismatch.empty())
+    throw Error(path + ": " + about + "the file is damaged: " + mismatch + " (ucp-inspect --verify checks every file)");
   return file;
 }
 

@@ -171,13 +171,23 @@ class AtomWriter {
   virtual bool concurrent() const = 0;
   // Split tensors (pt only; splits() says): WritePart puts elements [begin, begin + n) of a state
   // tensor (row-major) in place in the one file every part of it shares, under a temporary name
-  // (zero/<param>/<state>.pt.tmp-split), and returns the CRC-32 of their bytes; thread-safe, any rank.
-  // Once every part is written, FinishParts (one rank) completes the file, given the CRC-32 of the
-  // whole tensor (the parts' combined in order), renames it into place and returns what Write would
-  // have: the same bytes as Write of the whole tensor.
+  // (zero/<param>/<state>.pt.tmp-split), and returns the CRC-32 and XXH64 of their bytes;
+  // thread-safe, any rank. Once every part is written, FinishParts (one rank) completes the file,
+  // given the CRC-32 of the whole tensor (the parts' combined in order) and each part's (begin, n,
+  // XXH64) in order, renames it into place and returns what Write would have: the same bytes as Write
+  // of the whole tensor, recorded by parts (FileRecord::parts: no rank reads the file back).
+  struct PartDigest {
+    uint32_t crc32 = 0;
+    uint64_t xxh64 = 0;
+  };
+  struct WrittenPart {
+    int64_t begin = 0, n = 0;
+    uint64_t xxh64 = 0;
+  };
   virtual bool splits() const { return false; }
-  virtual uint32_t WritePart(const std::string& param, plan::State state, int64_t begin, int64_t n, const float* data);
-  virtual std::vector<FileRecord> FinishParts(const std::string& param, plan::State state, uint32_t crc);
+  virtual PartDigest WritePart(const std::string& param, plan::State state, int64_t begin, int64_t n, const float* data);
+  virtual std::vector<FileRecord> FinishParts(const std::string& param, plan::State state, uint32_t crc,
+                                              const std::vector<WrittenPart>& parts);
   // Collective: after every rank's last Write.
   virtual StoreCommit Commit() = 0;
   const std::vector<AtomSpec>& specs() const { return specs_; }

@@ -163,7 +163,7 @@ class PtWriter final : public AtomWriter {
   bool concurrent() const override { return true; }
   bool splits() const override { return true; }
 
-  uint32_t WritePart(const std::string& name, plan::State state, int64_t begin, int64_t n, const float* data) override {
+  PartDigest WritePart(const std::string& name, plan::State state, int64_t begin, int64_t n, const float* data) override {
     const AtomSpec& s = spec(name);
     fs::create_directories(dir_ + "/" + ParamRelDir(name));
     const std::string path = dir_ + "/" + StateRelPath(name, state) + kSplitMark;
@@ -174,10 +174,11 @@ class PtWriter final : public AtomWriter {
     fd.WriteAt(bytes, size, at);
     FaultPoint("part-written", path);
     fd.Close();
-    return pt::Crc32(0, {bytes, static_cast<size_t>(size)});
+    return {pt::Crc32(0, {bytes, static_cast<size_t>(size)}), XxHash64::Of(bytes, static_cast<size_t>(size))};
   }
 
-  std::vector<FileRecord> FinishParts(const std::string& name, plan::State state, uint32_t crc) override {
+  std::vector<FileRecord> FinishParts(const std::string& name, plan::State state, uint32_t crc,
+                                      const std::vector<WrittenPart>& parts) override {
     const AtomSpec& s = spec(name);
     const std::string rel = StateRelPath(name, state), path = dir_ + "/" + rel;
     const pt::TorchFileFrame f = Frame(s, crc);
@@ -185,16 +186,25 @@ class PtWriter final : public AtomWriter {
     fd.WriteAt(reinterpret_cast<const uint8_t*>(f.head.data()), f.head.size(), 0);
     fd.WriteAt(reinterpret_cast<const uint8_t*>(f.tail.data()), f.tail.size(), f.head.size() + f.data_size);
     fd.Close();
-    // Its parts were written by several ranks: its XXH64 is read back whole, before it takes its name.
-    uint64_t size = 0;
-    const uint64_t digest = XxHash64File(path + kSplitMark, &size);
-    if (size != f.head.size() + f.data_size + f.tail.size())
-      throw Error(path + kSplitMark + ": " + std::to_string(size) + " bytes after its parts were written, not " +
-                  std::to_string(f.head.size() + f.data_size + f.tail.size()));
+    // Recorded by parts: the head, each written part, the tail (no rank reads the file back).
+    FileRecord r{rel, f.head.size() + f.data_size + f.tail.size(), 0};
+    r.parts.push_back({0, f.head.size(), XxHash64::Of(f.head.data(), f.head.size())});
+    for (const auto& p : parts) {
+      if (f.head.size() + 4 * static_cast<uint64_t>(p.begin) != r.parts.back().offset + r.parts.back().bytes)
+        throw Error("internal: the parts of " + path + " do not follow one another");
+      r.parts.push_back({f.head.size() + 4 * static_cast<uint64_t>(p.begin), 4 * static_cast<uint64_t>(p.n), p.xxh64});
+    }
+    if (r.parts.back().offset + r.parts.back().bytes != f.head.size() + f.data_size)
+      throw Error("internal: the parts of " + path + " do not cover its tensor");
+    r.parts.push_back({f.head.size() + f.data_size, f.tail.size(), XxHash64::Of(f.tail.data(), f.tail.size())});
+    r.xxh64 = PartsDigest(r.parts);
+    std::error_code ec;
+    if (fs::file_size(path + kSplitMark, ec) != r.bytes || ec)
+      throw Error(path + kSplitMark + ": not " + std::to_string(r.bytes) + " bytes after its parts were written");
     if (::rename((path + kSplitMark).c_str(), path.c_str()) != 0)
       throw Error(path + ": cannot rename " + path + kSplitMark + " into place: " + std::strerror(errno));
     FaultPoint("file-renamed", path);
-    return WithStep(s, state, {rel, size, digest});
+    return WithStep(s, state, std::move(r));
   }
 
   // The record of a state file, and for fp32 the step.pt written beside it.

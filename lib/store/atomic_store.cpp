@@ -18,6 +18,7 @@
 #include "core/fault_point.h"
 #include "core/format.h"
 #include "core/json_schema.h"
+#include "core/mapped_file.h"
 #include "core/names.h"
 #include "core/xxhash64.h"
 #include "pt/zip_archive.h"
@@ -29,9 +30,39 @@ using pt::Value;
 using pt::SetItem;
 using pt::ValuePtr;
 
+uint64_t PartsDigest(const std::vector<FilePart>& parts) {
+  XxHash64 h;
+  for (const auto& p : parts) {
+    uint8_t le[8];
+    for (int k = 0; k < 8; ++k) le[k] = static_cast<uint8_t>(p.xxh64 >> (8 * k));
+    h.Update(le, sizeof le);
+  }
+  return h.Digest();
+}
+
+std::string FileRecord::Mismatch(std::span<const uint8_t> file) const {
+  if (file.size() != bytes) return std::to_string(file.size()) + " bytes, the manifest says " + std::to_string(bytes);
+  if (parts.empty()) {
+    const uint64_t digest = XxHash64::Of(file.data(), file.size());
+    return digest == xxh64 ? "" : "XXH64 " + HexDigest(digest) + ", the manifest says " + HexDigest(xxh64);
+  }
+  for (const auto& p : parts) {
+    const uint64_t digest = XxHash64::Of(file.data() + p.offset, p.bytes);
+    if (digest != p.xxh64)
+      return "bytes [" + std::to_string(p.offset) + ", " + std::to_string(p.offset + p.bytes) + "): xxh64 " + HexDigest(digest) +
+             ", the manifest says " + HexDigest(p.xxh64);
+  }
+  return "";
+}
+
 nlohmann::json FileRecord::ToJson() const {
   if (zip_crc32) return {{"path", path}, {"bytes", bytes}, {"checksum", "zip-crc32"}};
-  return {{"path", path}, {"bytes", bytes}, {"xxh64", HexDigest(xxh64)}};
+  nlohmann::json j = {{"path", path}, {"bytes", bytes}, {"xxh64", HexDigest(xxh64)}};
+  if (!parts.empty()) {
+    j["parts"] = nlohmann::json::array();
+    for (const auto& p : parts) j["parts"].push_back({{"offset", p.offset}, {"bytes", p.bytes}, {"xxh64", HexDigest(p.xxh64)}});
+  }
+  return j;
 }
 
 FileRecord FileRecord::FromJson(const nlohmann::json& j) {
@@ -41,6 +72,16 @@ FileRecord FileRecord::FromJson(const nlohmann::json& j) {
   r.bytes = j.at("bytes").get<uint64_t>();
   r.zip_crc32 = !j.contains("xxh64") && j.value("checksum", "") == "zip-crc32";
   if (!r.zip_crc32) r.xxh64 = std::stoull(j.at("xxh64").get<std::string>(), nullptr, 16);
+  uint64_t at = 0;
+  for (const auto& p : j.value("parts", nlohmann::json::array())) {
+    FilePart part{p.at("offset").get<uint64_t>(), p.at("bytes").get<uint64_t>(),
+                  std::stoull(p.at("xxh64").get<std::string>(), nullptr, 16)};
+    if (part.offset != at) throw Error(r.path + ": its parts do not tile the file (one starts at byte " + std::to_string(part.offset) + ")");
+    at += part.bytes;
+    r.parts.push_back(part);
+  }
+  if (!r.parts.empty() && (at != r.bytes || PartsDigest(r.parts) != r.xxh64))
+    throw Error(r.path + ": its parts' record disagrees with the file's (" + std::to_string(at) + " of " + std::to_string(r.bytes) + " bytes)");
   return r;
 }
 
@@ -361,6 +402,13 @@ bool Verify(const std::string& dir, const FileRecord& r, std::string* why) {
       if (why) *why = e.what();
       return false;
     }
+  }
+  if (!r.parts.empty()) {  // a file written in parts: each part's XXH64
+    auto mapped = MappedFile::Open(path);
+    std::string mismatch = r.Mismatch(mapped->bytes());
+    mapped->ReleaseResidentPages();
+    if (why) *why = mismatch;
+    return mismatch.empty();
   }
   uint64_t digest = XxHash64File(path);
   if (digest != r.xxh64) {

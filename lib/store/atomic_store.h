@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,15 +27,27 @@ inline constexpr const char* kManifestName = "ucp_manifest.json";
 inline constexpr const char* kJournalDir = ".ucp-journal";
 inline constexpr int kFormatVersion = 1;
 
+struct FilePart {
+  uint64_t offset = 0, bytes = 0, xxh64 = 0;
+};
+
 struct FileRecord {
   std::string path;  // relative to the atomic folder
   uint64_t bytes = 0, xxh64 = 0;
   // A file of a DeepSpeed universal folder (no ucp manifest, universal_folder.h): checked by the
   // CRC-32 of every record of its zip instead of an XXH64 it never had.
   bool zip_crc32 = false;
+  // A file several ranks wrote in parts (a split item's state file): the XXH64 of each part, the
+  // parts tiling the file in order, so that no rank reads the whole file back to hash it; `xxh64` is
+  // then PartsDigest(parts). Empty: `xxh64` is the whole file's.
+  std::vector<FilePart> parts = {};
+  // Why `file` (the whole file's bytes) is not what this record says; "" when it is.
+  std::string Mismatch(std::span<const uint8_t> file) const;
   nlohmann::json ToJson() const;
-  static FileRecord FromJson(const nlohmann::json& j);
+  static FileRecord FromJson(const nlohmann::json& j);  // throws ucp::Error (parts that do not tile the file)
 };
+// The XXH64 of the parts' XXH64s (8 bytes each, little-endian, in order): a parted file's `xxh64`.
+uint64_t PartsDigest(const std::vector<FilePart>& parts);
 
 // "zero/<name>"; throws ucp::Error for a name that could leave zero/ or is not a plain file name.
 std::string ParamRelDir(const std::string& name);

@@ -5,6 +5,7 @@ every output compared with DeepSpeed's own universal checkpoint (real_universal.
 
 Leaves WORK/pt-np2/universal, the atomic checkpoint later steps (real_reshard.py) start from.
 """
+import hashlib
 import json
 import os
 import shutil
@@ -252,15 +253,34 @@ def main():
     out = os.path.join(work, "pt-np3-split", "universal")
     run([mpiexec, "--oversubscribe", "-np", "3", convert, src, "-o", out, "-q", "--split-above", "4K"],
         "ucp-convert --split-above 4K on 3 ranks")
-    digests = [{f["path"]: f["xxh64"] for f in json.load(open(os.path.join(d, "ucp_manifest.json")))["files"]}
-               for d in (out, os.path.join(work, "pt-np1", "universal"))]
-    if digests[0] != digests[1]:
-        diff = sorted(k for k in set(digests[0]) | set(digests[1]) if digests[0].get(k) != digests[1].get(k))
-        print(f"FAIL split items: files differ from the 1-rank conversion: {diff[:5]}")
+    def contents(d):  # every file the manifest lists, by its bytes
+        files = json.load(open(os.path.join(d, "ucp_manifest.json")))["files"]
+        return {f["path"]: hashlib.sha256(open(os.path.join(d, f["path"]), "rb").read()).hexdigest() for f in files}, \
+            sum("parts" in f for f in files)
+    (split_files, parted), (whole_files, _) = contents(out), contents(os.path.join(work, "pt-np1", "universal"))
+    if split_files != whole_files or parted == 0 and split:
+        diff = sorted(k for k in set(split_files) | set(whole_files) if split_files.get(k) != whole_files.get(k))
+        print(f"FAIL split items: files differ from the 1-rank conversion: {diff[:5]} ({parted} recorded by parts)")
         sys.exit(1)
+    run([inspect, "--verify", out], "ucp-inspect --verify of the split conversion (every part's XXH64)")
     r = run(["/usr/bin/python3", os.path.join(HERE, "real_universal.py"), out, ds_universal, "--model-states"],
             "split items against DeepSpeed's universal output")
-    print(f"pt np3, {split} (parameter, state) items split over the ranks: every file as on 1 rank; {r.stdout.strip()}")
+    # A flipped byte in a file recorded by parts is found, named with the part's byte range.
+    victim = next((f for f in json.load(open(os.path.join(out, "ucp_manifest.json")))["files"] if "parts" in f), None)
+    if victim:
+        part = victim["parts"][len(victim["parts"]) // 2]
+        with open(os.path.join(out, victim["path"]), "r+b") as fh:
+            fh.seek(part["offset"] + part["bytes"] // 2)
+            b = fh.read(1)
+            fh.seek(-1, 1)
+            fh.write(bytes([b[0] ^ 1]))
+        v = subprocess.run([inspect, "--verify", out], capture_output=True, text=True)
+        if v.returncode == 0 or victim["path"] not in v.stdout + v.stderr or f"bytes [{part['offset']}," not in v.stdout + v.stderr:
+            print(f"FAIL a flipped byte in {victim['path']} (recorded by parts) was not found by --verify: exit {v.returncode}\n"
+                  f"{(v.stdout + v.stderr)[-1500:]}")
+            sys.exit(1)
+    print(f"pt np3, {split} (parameter, state) items split over the ranks, {parted} files recorded by parts: every file "
+          f"as on 1 rank, byte for byte; --verify passes; {r.stdout.strip()}")
     print("ok")
 
 
