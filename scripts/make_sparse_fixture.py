@@ -303,8 +303,8 @@ def main():
         json.dump(desc, f, indent=1)
     numel = sum(math.prod(s) for s in shapes.values())
     disk = sum(os.stat(os.path.join(ckpt, n)).st_blocks * 512 for n in files)
-    print(f"{a.out}: {a.model or 'custom'} ({numel / 1e9:.2f} B parameters) tp={tp} pp={pp} dp={dp} ZeRO-1 bf16, "
-          f"{len(files)} files, {sum(files.values()) / 1e12:.3f} TB apparent, {disk / 2**20:.1f} MiB on disk")
+    print(f"{a.out}: {a.model or 'custom'} ({numel / 1e6:,.1f} M parameters) tp={tp} pp={pp} dp={dp} ZeRO-1 bf16, "
+          f"{len(files)} files, {sum(files.values()) / 2**30:,.2f} GiB apparent, {disk / 2**20:.1f} MiB on disk")
 
 
 if __name__ == "__main__":

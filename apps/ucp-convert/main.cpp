@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <iostream>
 
 #include "common/command_line.h"
@@ -68,7 +69,8 @@ int main(int argc, char** argv) {
   app.add_flag("--force", o.force, "overwrite a non-empty output folder (its manifest is removed first)");
   app.add_flag("--resume", o.resume, "finish an interrupted conversion into the same folder, skipping files verified done");
   app.add_flag("--plan-only", o.plan_only, "print the plan (per-rank bytes in and out, imbalance) without reading tensor data");
-  app.add_option("--ranks", plan_ranks, "with --plan-only: plan for this many ranks instead of the running ones");
+  app.add_option("--ranks", plan_ranks, "with --plan-only: plan for this many ranks instead of the running ones")
+      ->check(ucp::apps::AtLeast(1));
   app.add_flag("--json", o.json, "with --plan-only: print the plan as JSON");
   app.add_option("--threads", o.threads, "writer threads per rank (default: the cores the rank may use)")
       ->check(ucp::apps::AtLeast(1));
@@ -77,9 +79,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
   std::string split_above = "auto";
   app.add_option("--split-above", split_above,
-                 "write a (parameter, state) of more bytes than this in parts, rows split over several ranks, into "
-                 "its one file (e.g. 256M; 0: never; auto: a quarter of an even share of the bytes written per rank, 64M to 1G; "
-                 "the pt store only)")
+                 "write a (parameter, state) of more bytes than this in parts (rows; at most one per rank, placed like "
+                 "any item, so parts may share a rank) into its one file (e.g. 256M; 0: never; auto: a quarter of an even "
+                 "share of the bytes written per rank, 64M to 1G). The .pt store of a ZeRO-0/1/2 source under 2 or more "
+                 "ranks only: ZeRO-3's universal form is written whole (a note), --format hdf5 refuses it")
       ->capture_default_str();
   app.add_option("--report", o.report_path, "write a JSON report: timings per phase, bytes read, moved and written per rank");
   app.add_option("--patterns", o.pattern_files, "rule file(s) to use instead of detecting the model family")
@@ -89,13 +92,26 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", o.quiet, "print errors only");
   if (auto status = ucp::apps::ParseCommandLine(app, argc, argv, "ucp-convert")) return *status;
   o.strict = !no_strict;
-  if (split_above != "auto") {
+  std::string split_lower = split_above;
+  for (auto& ch : split_lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (split_lower != "auto") {
     std::string bytes = split_above;
-    if (!CLI::AsSizeValue(false)(bytes).empty() || bytes.empty() || bytes[0] == '-') {
-      std::cerr << "ucp-convert: error: --split-above " << split_above << ": a size (e.g. 256M, 1G), 0 or auto\n";
+    bool ok = !bytes.empty() && bytes[0] != '-';
+    try {  // CLI11's size parser throws on what it cannot read (1.5G, foo)
+      ok = ok && CLI::AsSizeValue(false)(bytes).empty() && !bytes.empty();
+      if (ok) o.split_above = std::stoll(bytes);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    if (!ok) {
+      std::cerr << "ucp-convert: error: --split-above " << split_above << ": a whole size (e.g. 256M, 1536M, 1G), 0 or auto\n";
       return 2;
     }
-    o.split_above = std::stoll(bytes);
+    if (o.split_above > 0 && (o.format == "hdf5" || !o.from_atomic.empty())) {
+      std::cerr << "ucp-convert: error: --split-above goes with the .pt store of a conversion (the HDF5 store and "
+                   "--from-atomic write each tensor whole): drop it\n";
+      return 2;
+    }
   }
   o.progress = ::isatty(STDERR_FILENO);
   if (o.source.empty() == o.from_atomic.empty()) {

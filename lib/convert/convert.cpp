@@ -255,6 +255,8 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     const bool parts = store::WritesParts(kind, L.zero_stage);
     if (!parts && o.split_above > 0)
       L.notes.push_back("--split-above: every tensor is written whole (a ZeRO-3 source's universal form is a padded 1-D tensor)");
+    else if (o.split_above > 0 && (o.plan_ranks > 0 ? o.plan_ranks : ranks) == 1)
+      L.notes.push_back("--split-above: one rank has none to share an item with: every tensor is written whole");
     plan = plan::MakeConvertPlan(L, M, o.plan_ranks > 0 ? o.plan_ranks : ranks, o.buffer_bytes, parts ? o.split_above : 0);
     for (const auto& P : plan.params) store::ParamRelDir(P.name);  // every name must be a safe folder name
   });
@@ -565,7 +567,8 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         const auto recs = writer->FinishParts(P.name, it.state, crc, parts);
         for (const auto& r : recs) journal->Append(r);
         std::lock_guard<std::mutex> lock(records_mu);
-        for (const auto& r : recs) ++c.files_written, records.push_back(r);
+        for (const auto& r : recs) ++c.files_written, c.bytes_written += static_cast<int64_t>(r.bytes), records.push_back(r);
+        c.bytes_written -= 4 * P.full_numel;  // the tensor's bytes, counted by the ranks that wrote its parts
       }
     }); });
     if (AnyFailed(comm, error, err, "ucp-convert")) return 1;

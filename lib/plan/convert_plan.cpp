@@ -522,6 +522,11 @@ std::string ConvertPlan::ToText() const {
   for (int r = 0; r < ranks; ++r) in += mapped_bytes[r], out += reduced_bytes[r];
   o << "plan: " << params.size() << " parameters x " << kStates << " states on " << ranks << " rank(s); reads "
     << HumanBytes(static_cast<double>(in)) << ", writes " << HumanBytes(static_cast<double>(out)) << " of tensors\n";
+  int split = 0;  // (parameter, state) items written in parts
+  for (const auto& w : work)
+    for (const Item& it : w) split += it.split() && it.part == 0;
+  o << "items: " << params.size() * kStates << " (parameter, state); " << split << " of more than "
+    << HumanBytes(double(split_above)) << " written in parts (--split-above), each part an item of the table\n";
   const int64_t in_flight = MaxInFlight(chunk_elems);
   o << "shuffle: " << rounds << " round(s) of at most " << HumanBytes(4.0 * chunk_elems) << " per reducer"
     << (in_flight >= 0 ? ", at most " + HumanBytes(double(in_flight)) + " in flight per rank" : "") << " (--buffer "
@@ -537,6 +542,11 @@ std::string ConvertPlan::ToText() const {
     o << buf;
   }
   std::snprintf(buf, sizeof buf, "imbalance of bytes out, carried files included (max / mean): %.3f\n", Imbalance());
+  o << buf;
+  int64_t most_in = 0, all_in = 0;
+  for (int r = 0; r < ranks; ++r) most_in = std::max(most_in, mapped_bytes[r]), all_in += mapped_bytes[r];
+  std::snprintf(buf, sizeof buf, "imbalance of bytes in, files mapped whole (max / mean): %.3f\n",
+                all_in ? static_cast<double>(most_in) * ranks / static_cast<double>(all_in) : 1.0);
   o << buf;
   return o.str();
 }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "core/commit.h"
 #include "core/error.h"
@@ -149,6 +150,11 @@ class PtReader final : public AtomReader {
 class PtWriter final : public AtomWriter {
  public:
   PtWriter(const std::string& dir, std::vector<AtomSpec> specs) : AtomWriter(dir, std::move(specs)) {}
+  // A run that fails leaves no part-written file behind (a finished one was renamed away already;
+  // a killed run's are removed by --resume or --force).
+  ~PtWriter() override {
+    for (const auto& path : split_temps_) ::unlink(path.c_str());
+  }
 
   std::vector<FileRecord> Write(const std::string& name, plan::State state, const float* data) override {
     const AtomSpec& s = spec(name);
@@ -170,6 +176,10 @@ class PtWriter final : public AtomWriter {
     const uint64_t at = Frame(s, 0).head.size() + 4 * static_cast<uint64_t>(begin);
     const auto* bytes = reinterpret_cast<const uint8_t*>(data);
     const uint64_t size = 4 * static_cast<uint64_t>(n);
+    {
+      std::lock_guard<std::mutex> lock(split_mu_);
+      split_temps_.insert(path);
+    }
     Fd fd(path, O_WRONLY | O_CREAT);
     fd.WriteAt(bytes, size, at);
     FaultPoint("part-written", path);
@@ -197,7 +207,6 @@ class PtWriter final : public AtomWriter {
     if (r.parts.back().offset + r.parts.back().bytes != f.head.size() + f.data_size)
       throw Error("internal: the parts of " + path + " do not cover its tensor");
     r.parts.push_back({f.head.size() + f.data_size, f.tail.size(), XxHash64::Of(f.tail.data(), f.tail.size())});
-    r.xxh64 = PartsDigest(r.parts);
     std::error_code ec;
     if (fs::file_size(path + kSplitMark, ec) != r.bytes || ec)
       throw Error(path + kSplitMark + ": not " + std::to_string(r.bytes) + " bytes after its parts were written");
@@ -225,6 +234,8 @@ class PtWriter final : public AtomWriter {
   }
 
   static constexpr const char* kSplitMark = ".tmp-split";  // a temporary name (core/atomic_file.h)
+  std::mutex split_mu_;
+  std::set<std::string> split_temps_;  // the part-written files this rank wrote into
 
   // A file descriptor for positioned writes, closed (and checked) by Close or on destruction.
   struct Fd {

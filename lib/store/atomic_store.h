@@ -38,16 +38,15 @@ struct FileRecord {
   // CRC-32 of every record of its zip instead of an XXH64 it never had.
   bool zip_crc32 = false;
   // A file several ranks wrote in parts (a split item's state file): the XXH64 of each part, the
-  // parts tiling the file in order, so that no rank reads the whole file back to hash it; `xxh64` is
-  // then PartsDigest(parts). Empty: `xxh64` is the whole file's.
+  // parts tiling the file in order, so that no rank reads the whole file back to hash it; such a
+  // record has no whole-file `xxh64` (the bytes do not depend on the rank count; the parts do).
   std::vector<FilePart> parts = {};
   // Why `file` (the whole file's bytes) is not what this record says; "" when it is.
   std::string Mismatch(std::span<const uint8_t> file) const;
   nlohmann::json ToJson() const;
   static FileRecord FromJson(const nlohmann::json& j);  // throws ucp::Error (parts that do not tile the file)
 };
-// The XXH64 of the parts' XXH64s (8 bytes each, little-endian, in order): a parted file's `xxh64`.
-uint64_t PartsDigest(const std::vector<FilePart>& parts);
+
 
 // "zero/<name>"; throws ucp::Error for a name that could leave zero/ or is not a plain file name.
 std::string ParamRelDir(const std::string& name);

@@ -154,7 +154,17 @@ for rel, e in listed.items():
     p = os.path.join(atomic, rel)
     if os.path.exists(p):
         data = open(p, "rb").read()
-        if len(data) != e["bytes"] or xxhash.xxh64(data).hexdigest() != e["xxh64"]:
+        if "parts" in e:  # written in parts by several ranks: each part's XXH64, the parts tiling the file
+            at = 0
+            for part in e["parts"]:
+                piece = data[part["offset"]:part["offset"] + part["bytes"]]
+                if part["offset"] != at or xxhash.xxh64(piece).hexdigest() != part["xxh64"]:
+                    fail(f"{rel}: part at byte {part['offset']} ({part['bytes']} bytes): manifest says xxh64 {part['xxh64']}, "
+                         f"file has {xxhash.xxh64(piece).hexdigest()} (parts so far end at byte {at})")
+                at = part["offset"] + part["bytes"]
+            if len(data) != e["bytes"] or at != len(data):
+                fail(f"{rel}: manifest says {e['bytes']} bytes in parts ending at byte {at}, file has {len(data)} bytes")
+        elif len(data) != e["bytes"] or xxhash.xxh64(data).hexdigest() != e["xxh64"]:
             fail(f"{rel}: manifest says {e['bytes']} bytes xxh64 {e['xxh64']}, file has {len(data)} bytes "
                  f"xxh64 {xxhash.xxh64(data).hexdigest()}")
 m_params = {p["name"]: p for p in manifest["params"]}
