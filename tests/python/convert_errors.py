@@ -62,6 +62,9 @@ def run(case, src, must_contain, ranks, extra=()):
     problems = refusal_problems(p, must_contain)
     if os.path.exists(os.path.join(out, "ucp_manifest.json")):
         problems.append("a manifest was written")
+    left = [os.path.join(d, n) for d, _, names in os.walk(out) for n in names if ".tmp-" in n]
+    if left:
+        problems.append(f"{len(left)} temporary files left, e.g. {left[0]}")
     status = "ok" if not problems else "FAIL " + "; ".join(problems)
     print(f"{case} ({ranks} rank{'s' if ranks > 1 else ''}): {status}\n    {text.strip()[:600]}")
     if problems:
@@ -73,6 +76,8 @@ src, tag = copy_fixture("replicate_differs")
 f, g, name, frag = mapping_holder(tag, "input_layernorm.weight", 1)
 edit(tag, f, lambda osd: osd["single_partition_of_fp32_groups"][g].__setitem__(frag.start, 7.0))
 cases = [("replicate_differs", src, [f, "tp=1", name, "differs"])]
+# ... also when every state over 4 KiB is written in parts: the parts written before the error go too.
+cases.append(("replicate_differs_split", src, [f, "tp=1", name, "differs"], ["--split-above", "4K"]))
 
 # 2. A missing fragment: one parameter's entry dropped from one rank's param_slice_mappings.
 src, tag = copy_fixture("missing_fragment")
