@@ -39,7 +39,7 @@ std::string FileRecord::Mismatch(std::span<const uint8_t> file) const {
   for (const auto& p : parts) {
     const uint64_t digest = XxHash64::Of(file.data() + p.offset, p.bytes);
     if (digest != p.xxh64)
-      return "bytes [" + std::to_string(p.offset) + ", " + std::to_string(p.offset + p.bytes) + "): xxh64 " + HexDigest(digest) +
+      return "bytes [" + std::to_string(p.offset) + ", " + std::to_string(p.offset + p.bytes) + "): XXH64 " + HexDigest(digest) +
              ", the manifest says " + HexDigest(p.xxh64);
   }
   return "";
