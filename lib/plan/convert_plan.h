@@ -203,7 +203,8 @@ void ForEachPieceRun(const ParamPlan& param, int64_t begin, int64_t end, Fn&& fn
 template <typename Fn>
 void ForEachItemRun(const ParamPlan& param, const Item& it, int64_t begin, int64_t end, Fn&& fn) {
   int64_t at = 0;  // item-relative start of the segment
-  for (const auto& [start, n] : it.segments) {
+  for (const auto& seg : it.segments) {
+    const int64_t start = seg.first, n = seg.second;  // no structured binding: clang's lambdas cannot capture one
     if (at >= end) break;
     const int64_t a = std::max(begin, at), b = std::min(end, at + n);
     if (a < b)
