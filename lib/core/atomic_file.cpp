@@ -212,6 +212,8 @@ std::string TemporaryName(const std::string& path) { return TemporaryName(path, 
 
 uint64_t NextTemporarySerial() { return g_counter++; }
 
+std::string SharedTemporaryName(const std::string& path) { return path + kTempMark + "split"; }
+
 bool IsTemporaryName(const std::string& file_name) { return file_name.find(kTempMark) != std::string::npos; }
 
 void RemoveTemporaries(const std::string& dir) {

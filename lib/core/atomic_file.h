@@ -84,6 +84,8 @@ std::string TemporaryName(const std::string& path, long pid, uint64_t n);
 std::string TemporaryName(const std::string& path);
 // This process's next n: for a temporary several processes must name alike (rank 0's, shared).
 uint64_t NextTemporarySerial();
+// A temporary several processes write into alike, by name (a split item's file): "<path>.tmp-split".
+std::string SharedTemporaryName(const std::string& path);
 // Whether a file name (no folder) is a temporary's: a killed run's leftover, never complete.
 bool IsTemporaryName(const std::string& file_name);
 // Removes every temporary under `dir`, recursively: for a run that holds the folder's lock.

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <set>
 
+#include "core/atomic_file.h"
 #include "core/commit.h"
 #include "core/error.h"
 #include "core/fault_point.h"
@@ -172,7 +173,7 @@ class PtWriter final : public AtomWriter {
   PartDigest WritePart(const std::string& name, plan::State state, int64_t begin, int64_t n, const float* data) override {
     const AtomSpec& s = spec(name);
     fs::create_directories(dir_ + "/" + ParamRelDir(name));
-    const std::string path = dir_ + "/" + StateRelPath(name, state) + kSplitMark;
+    const std::string path = SharedTemporaryName(dir_ + "/" + StateRelPath(name, state));
     const uint64_t at = Frame(s, 0).head.size() + 4 * static_cast<uint64_t>(begin);
     const auto* bytes = reinterpret_cast<const uint8_t*>(data);
     const uint64_t size = 4 * static_cast<uint64_t>(n);
@@ -192,7 +193,8 @@ class PtWriter final : public AtomWriter {
     const AtomSpec& s = spec(name);
     const std::string rel = StateRelPath(name, state), path = dir_ + "/" + rel;
     const pt::TorchFileFrame f = Frame(s, crc);
-    Fd fd(path + kSplitMark, O_WRONLY);
+    const std::string temp = SharedTemporaryName(path);
+    Fd fd(temp, O_WRONLY);
     fd.WriteAt(reinterpret_cast<const uint8_t*>(f.head.data()), f.head.size(), 0);
     fd.WriteAt(reinterpret_cast<const uint8_t*>(f.tail.data()), f.tail.size(), f.head.size() + f.data_size);
     fd.Close();
@@ -208,10 +210,10 @@ class PtWriter final : public AtomWriter {
       throw Error("internal: the parts of " + path + " do not cover its tensor");
     r.parts.push_back({f.head.size() + f.data_size, f.tail.size(), XxHash64::Of(f.tail.data(), f.tail.size())});
     std::error_code ec;
-    if (fs::file_size(path + kSplitMark, ec) != r.bytes || ec)
-      throw Error(path + kSplitMark + ": not " + std::to_string(r.bytes) + " bytes after its parts were written");
-    if (::rename((path + kSplitMark).c_str(), path.c_str()) != 0)
-      throw Error(path + ": cannot rename " + path + kSplitMark + " into place: " + std::strerror(errno));
+    if (fs::file_size(temp, ec) != r.bytes || ec)
+      throw Error(temp + ": not " + std::to_string(r.bytes) + " bytes after its parts were written");
+    if (::rename(temp.c_str(), path.c_str()) != 0)
+      throw Error(path + ": cannot rename " + temp + " into place: " + std::strerror(errno));
     FaultPoint("file-renamed", path);
     return WithStep(s, state, std::move(r));
   }
@@ -233,7 +235,6 @@ class PtWriter final : public AtomWriter {
     return pt::FrameTorchFile(*StateFileValue(s.keys, s.shape, tensor), crc);
   }
 
-  static constexpr const char* kSplitMark = ".tmp-split";  // a temporary name (core/atomic_file.h)
   std::mutex split_mu_;
   std::set<std::string> split_temps_;  // the part-written files this rank wrote into
 
