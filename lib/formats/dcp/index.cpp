@@ -7,11 +7,13 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "formats/dcp/megatron_core.h"
 #include "formats/dcp/metadata.h"
 #include "pt/torch_file.h"
 
@@ -32,13 +34,20 @@ constexpr const char* kStateNames[] = {"", "exp_avg", "exp_avg_sq"};  // the ato
 // name when the metadata has none: a model tensor (`fqn`), an optimizer state of parameter `fqn`
 // (`state`: exp_avg, exp_avg_sq, step, ...), or a param group's option (`group`, `option`).
 struct Role {
-  enum { Model, OptimizerState, GroupOption, Other } kind = Other;
+  enum { Model, OptimizerState, GroupOption, BucketFlat, Other } kind = Other;
   std::string fqn, state, option;
   int64_t group = -1;
 };
 
-Role RoleOf(const Item& item) {
+Role RoleOf(const Item& item, bool megatron) {
   Role r;
+  if (megatron) {  // Megatron-Core's sharded keys, flat (its planner_data holds save plans, not nestings)
+    const MegatronKey k = MegatronKeyOf(item.fqn, item.tensor);
+    if (k.kind == MegatronKey::Model) r.kind = Role::Model, r.fqn = k.fqn;
+    else if (k.kind == MegatronKey::OptimizerState) r.kind = Role::OptimizerState, r.fqn = k.fqn, r.state = k.state;
+    else if (k.kind == MegatronKey::BucketFlat) r.kind = Role::BucketFlat;
+    return r;
+  }
   const auto& p = item.path;
   if (p.size() >= 3 && p[p.size() - 3].key == "state" && !p[p.size() - 2].key.empty() && !p.back().key.empty()) {
     r.kind = Role::OptimizerState, r.fqn = p[p.size() - 2].key, r.state = p.back().key;
@@ -189,16 +198,22 @@ std::map<std::string, int> ReadParamGroups(Files& files, const Options& options,
 // The parameters: each weight with its Adam moments, chunk by chunk, and its group's step.
 class Parameters {
  public:
-  Parameters(Files& files, SourceIndex& L, const std::map<std::string, int>& group_of)
-      : files_(files), L_(L), group_of_(group_of) {}
+  Parameters(Files& files, SourceIndex& L, const std::map<std::string, int>& group_of, bool megatron)
+      : files_(files), L_(L), group_of_(group_of), megatron_(megatron) {}
 
-  // Weight `w` of parameter `fqn` with its optimizer states by name; a fault goes to L.errors.
-  void Add(const Item& w, const std::string& fqn, const std::map<std::string, const Item*>& states) {
+  // Model tensor `model` of parameter `fqn` with its optimizer states by name; a fault goes to
+  // L.errors. The weight is the optimizer's fp32 master copy where it keeps one (`fp32_param`,
+  // Megatron-Core's mixed precision and distributed optimizers), else the model tensor.
+  void Add(const Item& model, const std::string& fqn, const std::map<std::string, const Item*>& states) {
     try {
-      WithContext("'" + w.fqn + "'", [&] {
+      WithContext("'" + model.fqn + "'", [&] {
+        auto master = states.find("fp32_param");
+        const Item& w = master == states.end() ? model : *master->second;
+        if (w.size != model.size)
+          throw Error("'" + w.fqn + "' is " + pt::ShapeString(w.size) + ", the model tensor " + pt::ShapeString(model.size));
         std::array<const Item*, 3> item{&w, Moment(states, 1), Moment(states, 2)};
         for (const auto& [name, state] : states)  // what the atomic checkpoint would not keep: never dropped unsaid
-          if (name != "exp_avg" && name != "exp_avg_sq" && name != "step")
+          if (name != "exp_avg" && name != "exp_avg_sq" && name != "step" && name != "fp32_param")
             throw Error("optimizer state '" + name + "' (" + state->fqn + ") besides Adam's: the atomic checkpoint keeps "
                         "exp_avg, exp_avg_sq and step only (AMSGrad's max_exp_avg_sq, SGD's momentum_buffer and other "
                         "optimizers are not supported yet)");
@@ -206,7 +221,10 @@ class Parameters {
           if (i->dtype != "float32")
             throw Error("'" + i->fqn + "' is " + i->dtype + ": ucp reads float32 weights and Adam moments (a DCP of " +
                         i->dtype + " parameters is not supported yet)");
-          if (i->size != w.size) throw Error("'" + i->fqn + "' is " + pt::ShapeString(i->size) + ", the weight " + pt::ShapeString(w.size));
+          if (i->size != w.size)
+            throw Error("'" + i->fqn + "' is " + pt::ShapeString(i->size) + ", the weight " + pt::ShapeString(w.size) +
+                        (megatron_ ? " (Megatron-Core's distributed optimizer in its fully_sharded_model_space form saves "
+                                     "flattened ranges, which ucp does not read yet)" : ""));
         }
         source::ParamRecord rec;
         rec.name = fqn;
@@ -316,6 +334,7 @@ class Parameters {
   Files& files_;
   SourceIndex& L_;
   const std::map<std::string, int>& group_of_;
+  const bool megatron_;
   std::map<int, std::pair<std::string, pt::ValuePtr>> steps_;  // group -> (its first parameter, its step)
 };
 
@@ -353,6 +372,24 @@ void Describe(const Metadata& M, const std::map<std::string, const Item*>& model
   }
 }
 
+// Megatron-Core's common state: the param groups as saved (Megatron saves no `params` in them and
+// rebuilds the groups from its configuration on load, so every atomic parameter records group 0),
+// the step every parameter shares, as each group's.
+void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
+  auto osd = Value::Make(Value::Kind::Dict);
+  pt::SetItem(*osd, "param_groups", mc.param_groups ? mc.param_groups : Value::Make(Value::Kind::List));
+  L.optimizer_state = osd;
+  const size_t groups = mc.param_groups ? mc.param_groups->items.size() : 0;
+  if (mc.step)
+    for (size_t g = 0; g < std::max<size_t>(groups, 1); ++g) L.steps[{0, 0, static_cast<int>(g)}] = mc.step;
+  std::string keys;
+  for (const auto& k : mc.common_keys) keys += (keys.empty() ? "" : ", ") + k;
+  L.notes.push_back("Megatron-Core dist_checkpointing (" + mc.backend + "); common.pt holds " + keys);
+  if (groups > 1)
+    L.notes.push_back(std::to_string(groups) + " param groups kept as saved; Megatron-Core does not save which parameter "
+                      "is in which (it rebuilds them from its configuration), so every atomic parameter records group 0");
+}
+
 }  // namespace
 
 bool LooksLikeCheckpoint(const std::string& dir) {
@@ -371,15 +408,9 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   L.optimizer = "torch";
   L.naming = "plain";
   L.on_grid = false;
-  // Megatron-Core's torch_dist saves through DCP with its own keys (layers stacked on a leading axis,
-  // experts on a global-expert axis, fused [gate; up], bucket-flat distributed-optimizer state) and
-  // says so in metadata.json: said by name rather than read as plain parameters.
-  if (std::ifstream meta(dir + "/metadata.json"); meta) {
-    std::string text((std::istreambuf_iterator<char>(meta)), std::istreambuf_iterator<char>());
-    if (text.find("sharded_backend") != std::string::npos)
-      throw Error(dir + ": a Megatron-Core distributed checkpoint (metadata.json names its sharded_backend): its keys are "
-                  "Megatron's sharded keys, not parameters, and ucp does not read them yet");
-  }
+  // Megatron-Core's torch_dist: DCP with Megatron's sharded keys, its common state in common.pt.
+  std::optional<MegatronCore> mcore;
+  if (IsMegatronCore(dir)) mcore = ReadMegatronCore(dir);
   const Metadata M = ReadMetadata(dir + "/.metadata");
   Files files(L);
 
@@ -388,9 +419,12 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   std::vector<std::string> model_order;
   std::map<std::string, std::map<std::string, const Item*>> states;
   Options group_options;
+  std::vector<std::string> bucket_flat;
   for (const Item& item : M.items) {
-    Role r = RoleOf(item);
-    if (r.kind == Role::Model) {
+    Role r = RoleOf(item, mcore.has_value());
+    if (r.kind == Role::BucketFlat) {
+      bucket_flat.push_back(item.fqn);
+    } else if (r.kind == Role::Model) {
       if (!model.emplace(r.fqn, &item).second) L.errors.push_back(dir + ": '" + item.fqn + "': a second model tensor named '" + r.fqn + "'");
       else model_order.push_back(r.fqn);
     } else if (r.kind == Role::OptimizerState) {
@@ -405,8 +439,13 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   for (const auto& [fqn, s] : states)
     if (!model.count(fqn)) L.errors.push_back(dir + ": optimizer state for '" + fqn + "', which is not among the model's tensors");
 
-  std::map<std::string, int> group_of = ReadParamGroups(files, group_options, L);
-  Parameters parameters(files, L, group_of);
+  if (!bucket_flat.empty())
+    L.errors.push_back(dir + ": '" + bucket_flat[0] + "' and " + std::to_string(bucket_flat.size() - 1) + " more: Megatron-Core's "
+                       "distributed optimizer state in its dp_reshardable form (bucket-flat, laid out by Megatron's gradient "
+                       "buckets) is not read yet; save with the fully_reshardable form (--dist-ckpt-optim-fully-reshardable)");
+  std::map<std::string, int> group_of = mcore ? std::map<std::string, int>{} : ReadParamGroups(files, group_options, L);
+  if (mcore) MegatronCommon(*mcore, L);
+  Parameters parameters(files, L, group_of, mcore.has_value());
   std::vector<std::string> frozen;
   for (const std::string& fqn : model_order) {
     auto st = states.find(fqn);
@@ -426,7 +465,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     std::sort(f.checksummed.begin(), f.checksummed.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
   L.keep_alive = std::make_shared<std::vector<std::shared_ptr<MappedFile>>>(files.mapped_);
   L.dtype = "fp32";
-  L.iteration = parameters.Iteration();
+  L.iteration = mcore ? mcore->iteration : parameters.Iteration();
   Describe(M, model, model_order, frozen, L);
   return L;
 }

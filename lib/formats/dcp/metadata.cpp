@@ -25,6 +25,12 @@ const char* const kMetadataClasses[] = {
     "torch.distributed.checkpoint.filesystem._StorageInfo",
     "torch.Size",
     "torch.serialization._get_layout",
+    "torch.strided",
+    // Megatron-Core's torch_dist keeps its save plans in planner_data: torch's own plan dataclasses
+    "torch.distributed.checkpoint.planner.SavePlan",
+    "torch.distributed.checkpoint.planner.WriteItem",
+    "torch.distributed.checkpoint.planner.WriteItemType",
+    "torch.distributed.checkpoint.planner.TensorWriteData",
     "pathlib.PosixPath",         // StorageMeta.checkpoint_id, Python before 3.13
     "pathlib._local.PosixPath",  // the same class's name from Python 3.13
     "collections.OrderedDict",
@@ -105,7 +111,7 @@ Metadata ReadMetadata(const std::string& path) {
     for (const auto& c : ClassesOf(root)) {
       if (!allowed.count(c))
         throw Error("the pickle names class '" + c + "', which is not one a PyTorch Distributed Checkpoint's metadata "
-                    "holds (Megatron-Core's own metadata classes are not read yet): refused, nothing of it is used");
+                    "holds (Megatron-Core's MCoreMetadata and other classes of its own are not read yet): refused, nothing of it is used");
       M.classes.push_back(c);
     }
     if (!root || !IsClass(*root, "Metadata")) throw Error("not a torch.distributed.checkpoint Metadata pickle");

@@ -1,0 +1,87 @@
+#include "formats/dcp/megatron_core.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "pt/torch_file.h"
+
+namespace ucp::formats::dcp {
+
+namespace fs = std::filesystem;
+using pt::Value;
+
+bool IsMegatronCore(const std::string& dir) {
+  std::error_code ec;
+  return fs::exists(fs::path(dir) / "metadata.json", ec);  // torch's own writer never makes one
+}
+
+namespace {
+
+std::string Backend(const std::string& dir) {
+  const std::string path = dir + "/metadata.json";
+  return WithContext(path, [&] {
+    std::ifstream in(path);
+    if (!in) throw Error("cannot be read");
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      throw Error("not a JSON object (Megatron-Core's dist_checkpointing writes its backends there)");
+    auto word = [&](const char* key) {
+      auto it = j.find(key);
+      return it == j.end() ? std::string("?") : it->is_string() ? it->get<std::string>() : it->dump();
+    };
+    const std::string sharded = word("sharded_backend");
+    if (sharded != "torch_dist")
+      throw Error("sharded_backend '" + sharded + "': ucp reads Megatron-Core's torch_dist checkpoints (saved through "
+                  "PyTorch DCP); other backends (zarr, ...) are not supported");
+    return "sharded_backend torch_dist " + word("sharded_backend_version") + ", common_backend " + word("common_backend") +
+           " " + word("common_backend_version");
+  });
+}
+
+}  // namespace
+
+MegatronCore ReadMegatronCore(const std::string& dir) {
+  MegatronCore mc;
+  mc.backend = Backend(dir);
+  const std::string path = dir + "/common.pt";
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    throw Error(dir + ": no common.pt beside metadata.json (Megatron-Core 0.19 and later keep the common state inside "
+                "the DCP as common_state, which ucp does not read yet)");
+  pt::ReadOptions options;
+  options.verify_storage_crc = true;  // small: its step tensor is read here
+  const pt::TorchFile common = pt::ReadTorchFile(path, options);
+  WithContext(path, [&] {
+    if (!common.root || common.root->kind != Value::Kind::Dict) throw Error("holds a " + (common.root ? common.root->TypeName() : "null") + ", not a dict");
+    for (const auto& it : common.root->AsDict().items())
+      if (it.key && it.key->kind == Value::Kind::Str) mc.common_keys.push_back(it.key->s);
+    if (auto it = common.root->Get("iteration")) mc.iteration = it->AsInt();
+    auto optimizer = common.root->Get("optimizer");
+    if (!optimizer) return;
+    auto groups = optimizer->Get("param_groups");
+    if (!groups || !groups->IsSequence()) throw Error("optimizer.param_groups is " + (groups ? groups->TypeName() : std::string("absent")) + ", not a list");
+    mc.param_groups = groups;
+    if (auto state = optimizer->Get("state")) mc.step = state->Get("common_step");
+  });
+  return mc;
+}
+
+MegatronKey MegatronKeyOf(const std::string& key, bool tensor) {
+  MegatronKey k;
+  static const std::string state = "optimizer.state.", distributed = "optimizer.distributed.";
+  if (key.rfind(state, 0) == 0) {
+    const size_t dot = key.find('.', state.size());
+    if (dot == std::string::npos || dot == state.size() || dot + 1 == key.size()) return k;
+    k.kind = MegatronKey::OptimizerState, k.state = key.substr(state.size(), dot - state.size()), k.fqn = key.substr(dot + 1);
+  } else if (key.rfind(distributed, 0) == 0) {
+    k.kind = MegatronKey::BucketFlat;
+  } else if (tensor) {
+    k.kind = MegatronKey::Model, k.fqn = key;
+  }
+  return k;
+}
+
+}  // namespace ucp::formats::dcp

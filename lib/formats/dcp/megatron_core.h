@@ -1,0 +1,39 @@
+// Megatron-Core's `torch_dist` checkpoints: a DCP whose keys are Megatron's sharded keys, written by
+// `dist_checkpointing.save`, with metadata.json (the backends) and common.pt (what is not sharded:
+// iteration, args, the optimizer's param groups and common step, the scheduler).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pt/value.h"
+
+namespace ucp::formats::dcp {
+
+struct MegatronCore {
+  std::string backend;            // metadata.json: "torch_dist ..., common torch ..."
+  int64_t iteration = 0;          // common.pt `iteration`, else 0
+  pt::ValuePtr param_groups;      // common.pt `optimizer.param_groups` as saved (Megatron drops their `params`)
+  pt::ValuePtr step;              // common.pt `optimizer.state.common_step`, the step every parameter shares
+  std::vector<std::string> common_keys;  // common.pt's top-level keys, for the notes
+};
+
+// Whether `dir` holds a metadata.json: Megatron-Core's dist_checkpointing writes one, torch's DCP writer none.
+bool IsMegatronCore(const std::string& dir);
+
+// metadata.json and common.pt (its CRC-32s checked). Throws ucp::Error naming the file for a backend
+// other than torch_dist, a missing common.pt (Megatron-Core 0.19 keeps the common state inside the
+// DCP: not read yet) or a malformed one.
+MegatronCore ReadMegatronCore(const std::string& dir);
+
+// What a Megatron-Core key is: `optimizer.state.<state>.<key>` (exp_avg, exp_avg_sq, fp32_param: the
+// optimizer's master copy) is state `state` of parameter `key`; `optimizer.distributed.*` is the
+// distributed optimizer's bucket-flat dp_reshardable state; any other tensor key is the model's.
+struct MegatronKey {
+  enum { Model, OptimizerState, BucketFlat, Other } kind = Other;
+  std::string fqn, state;
+};
+MegatronKey MegatronKeyOf(const std::string& key, bool tensor);
+
+}  // namespace ucp::formats::dcp

@@ -1,0 +1,126 @@
+"""Megatron-Core `torch_dist` checkpoints written by Megatron-Core 0.17.1's own dist_checkpointing.save
+(tests/data/real-mcore/<case>/checkpoint, make_mcore.py there), against torch's own DCP loader:
+reference.pt holds every key's global tensor as torch read it, common.json what torch.load found in
+common.pt.
+
+    real_mcore.py UCP_BIN_DIR CASES_DIR WORK [mpiexec]
+
+For every case, at 1 and 2 MPI ranks:
+- the atomic parameters are the checkpoint's model keys, stacked layers included, and nothing else;
+- every fp32 weight, exp_avg and exp_avg_sq equals reference.pt's tensor (the model key,
+  optimizer.state.exp_avg.<key>, optimizer.state.exp_avg_sq.<key>) byte for byte; every step is
+  common.pt's common_step; zero/optimizer_state.pt holds common.pt's param groups;
+- ucp-inspect says Megatron-Core, the iteration and the param groups note.
+Then damaged copies: a flipped byte in common.pt is refused naming it; a metadata.json naming another
+backend, or empty, is refused naming it; a missing common.pt is refused naming it.
+"""
+import json
+import os
+import shutil
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklist import check, finish, tool_runner  # noqa: E402
+
+BIN, CASES, WORK = sys.argv[1:4]
+run = tool_runner(BIN, sys.argv[4] if len(sys.argv) > 4 else None)
+PREFIX = "optimizer.state."
+
+
+def same_bytes(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and a.reshape(-1).view(torch.uint8).equal(b.reshape(-1).view(torch.uint8))
+
+
+def jsonable(v):
+    return json.loads(json.dumps(v))
+
+
+def compare(case, atomic, ref, common):
+    zero = os.path.join(atomic, "zero")
+    names = sorted(d for d in os.listdir(zero) if os.path.isdir(os.path.join(zero, d)))
+    model = sorted(k for k in ref if not k.startswith("optimizer."))
+    check(f"{case}: the parameters are the model keys", names == model, f"{names} vs {model}")
+    bad = []
+    for name in names:
+        master = ref.get(PREFIX + "fp32_param." + name, ref[name])
+        wants = {"fp32": master, "exp_avg": ref[PREFIX + "exp_avg." + name], "exp_avg_sq": ref[PREFIX + "exp_avg_sq." + name]}
+        for state, want in wants.items():
+            got = torch.load(os.path.join(zero, name, state + ".pt"), map_location="cpu")
+            got = got["param"] if isinstance(got, dict) else got
+            if not same_bytes(got, want):
+                bad.append(f"{name}/{state}")
+        step = torch.load(os.path.join(zero, name, "step.pt"), map_location="cpu")
+        step = step["param"] if isinstance(step, dict) else step
+        if float(step) != common["common_step"] or str(step.dtype) != common["common_step_dtype"]:
+            bad.append(f"{name}/step {step!r}")
+    check(f"{case}: every tensor equals reference.pt's byte for byte, every step common.pt's ({len(names)} x 4)", not bad, str(bad[:5]))
+    osd = torch.load(os.path.join(zero, "optimizer_state.pt"), map_location="cpu")
+    check(f"{case}: param_groups are common.pt's, in order", jsonable(osd.get("param_groups")) == common["param_groups"] and
+          [list(g) for g in osd["param_groups"]] == [list(g) for g in common["param_groups"]], f"{osd.get('param_groups')}")
+
+
+shutil.rmtree(WORK, ignore_errors=True)
+os.makedirs(WORK)
+cases = sorted(c for c in os.listdir(CASES) if os.path.isfile(os.path.join(CASES, c, "reference.pt")))
+check("Megatron-Core cases found", len(cases) >= 3, str(cases))
+for case in cases:
+    ckpt = os.path.join(CASES, case, "checkpoint")
+    ref = torch.load(os.path.join(CASES, case, "reference.pt"), map_location="cpu")
+    common = json.load(open(os.path.join(CASES, case, "common.json")))
+    r = run("ucp-inspect", [ckpt])
+    check(f"{case}: inspect says Megatron-Core and the iteration", r.returncode == 0 and "Megatron-Core" in r.stdout and
+          f"iteration    {common['iteration']}" in r.stdout and "param groups" in r.stdout, r.stdout[-1500:] + r.stderr[-500:])
+    for np in (1, 2):
+        atomic = os.path.join(WORK, f"{case}-np{np}")
+        r = run("ucp-convert", [ckpt, "-o", atomic], ranks=np)
+        check(f"{case}: convert at {np} rank(s)", r.returncode == 0, r.stderr[-1500:])
+        if r.returncode == 0:
+            compare(f"{case} np{np}", atomic, ref, common)
+    r = run("ucp-inspect", ["--verify", os.path.join(WORK, f"{case}-np2")])
+    check(f"{case}: the atomic checkpoint verifies", r.returncode == 0, r.stdout[-800:] + r.stderr[-800:])
+
+
+def damaged(label, mutate, expect):
+    """A copy of the first case changed by mutate(folder): ucp-convert fails naming every string of
+    `expect`, and leaves no manifest."""
+    d = os.path.join(WORK, "damaged", label.replace(" ", "_"))
+    shutil.copytree(os.path.join(CASES, cases[0], "checkpoint"), os.path.join(d, "ckpt"))
+    mutate(os.path.join(d, "ckpt"))
+    out = os.path.join(d, "out")
+    r = run("ucp-convert", [os.path.join(d, "ckpt"), "-o", out], ranks=2)
+    check(f"damaged: {label}: refused naming it", r.returncode != 0 and all(e in r.stderr for e in expect) and
+          "Traceback" not in r.stderr and "terminate called" not in r.stderr, f"rc {r.returncode}: {r.stderr[-1200:]}")
+    check(f"damaged: {label}: no manifest left", not os.path.exists(os.path.join(out, "ucp_manifest.json")))
+
+
+def flip_common(folder):
+    # A byte of common.pt's pickle (data.pkl, the first record): the step and the groups come from it.
+    p = os.path.join(folder, "common.pt")
+    data = bytearray(open(p, "rb").read())
+    n, e = int.from_bytes(data[26:28], "little"), int.from_bytes(data[28:30], "little")
+    data[30 + n + e + 40] ^= 0x01
+    open(p, "wb").write(bytes(data))
+
+
+def zarr(folder):
+    p = os.path.join(folder, "metadata.json")
+    text = open(p).read()
+    assert '"torch_dist"' in text
+    open(p, "w").write(text.replace('"torch_dist"', '"zarr"'))
+
+
+def empty_metadata_json(folder):
+    open(os.path.join(folder, "metadata.json"), "w").close()
+
+
+def no_common(folder):
+    os.remove(os.path.join(folder, "common.pt"))
+
+
+damaged("flipped byte in common.pt", flip_common, ["common.pt", "CRC"])
+damaged("zarr backend", zarr, ["metadata.json", "zarr"])
+damaged("empty metadata.json", empty_metadata_json, ["metadata.json", "JSON"])
+damaged("no common.pt", no_common, ["common.pt", "common_state"])
+finish("real_mcore")
