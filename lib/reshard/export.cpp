@@ -33,10 +33,12 @@ constexpr const char* kTool = "ucp-reshard";
 class StoreRows final : public RowSource {
  public:
   explicit StoreRows(const Source& S) : S_(S) {}
-  void Read(int atom, int64_t a, int64_t b, float* dst) override {
+  void Read(int atom, int64_t layer, int64_t a, int64_t b, float* dst) override {
     const Atom& at = S_.atoms.at(atom);
     std::vector<int64_t> start(at.shape.size(), 0), count = at.shape;
-    if (!count.empty()) start[0] = a, count[0] = b - a;
+    const size_t d = layer >= 0 ? 1 : 0;  // the rows' dimension
+    if (layer >= 0) start.at(0) = layer, count.at(0) = 1;
+    if (count.size() > d) start[d] = a, count[d] = b - a;
     S_.reader->ReadSlab(at.name, plan::State::Fp32, start, count, dst);
   }
 

@@ -445,9 +445,11 @@ nlohmann::json SourceJson(const source::SourceIndex& L, const patterns::ModelPat
   // checkpoint carries too.
   std::string model_states;
   for (const auto& f : L.files)
-    if (f.carried && f.expert < 0 && f.pp == 0 && f.tp == 0 && f.dp == 0 && (model_states.empty() || f.name < model_states))
+    if (f.carried && f.name != L.args_file && f.expert < 0 && f.pp == 0 && f.tp == 0 && f.dp == 0 &&
+        (model_states.empty() || f.name < model_states))
       model_states = f.name;
   if (!model_states.empty()) src["model_states"] = model_states;
+  if (!L.args_file.empty()) src["args_file"] = L.args_file;  // Megatron's args, for the Hugging Face export
   // How many files of each kind (the driver's words): what a target writer of the same format
   // follows where the format's versions differ in the files they write.
   nlohmann::json kinds = nlohmann::json::object();

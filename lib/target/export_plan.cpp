@@ -19,6 +19,13 @@ int64_t ExportPlan::tensor_bytes() const {
   return total;
 }
 
+void RowSource::ReadRows(const ExportTensor& t, int64_t a, int64_t b, int64_t per_row, float* dst) {
+  ForEachAtomRun(t, a, b, [&](int64_t row, int64_t n) {
+    Read(t.atom, t.layer, row, row + n, dst);
+    dst += n * per_row;
+  });
+}
+
 int ElementBytes(const std::string& dtype) {
   if (dtype == "fp32") return 4;
   if (dtype == "bf16" || dtype == "fp16") return 2;
@@ -60,6 +67,8 @@ nlohmann::json ExportPlanJson(const ExportPlan& P, const std::vector<int>& owner
       const ExportTensor& t = P.tensors[i];
       tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"source", t.source}, {"rows", {t.row_begin, t.row_end}}});
       if (t.rotary_head_dim > 0) tensors.back()["rotary_head_dim"] = t.rotary_head_dim;
+      if (t.layer >= 0) tensors.back()["layer"] = t.layer;
+      if (t.block > 0) tensors.back()["rows_in_blocks"] = {{"block", t.block}, {"stride", t.stride}};
     }
     files.push_back({{"name", P.files[f].name}, {"bytes", P.files[f].bytes}, {"rank", owner.at(f)}, {"tensors", tensors}});
   }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <utility>
@@ -23,12 +24,34 @@ struct ExportTensor {
   std::string source;  // the atomic tensor's name
   int64_t row_begin = 0, row_end = 0;
   std::vector<int64_t> shape;
+  // >= 0: the atomic tensor stacks the layers on its leading axis (Megatron-Core's decoder.layers.*),
+  // and the rows are those of this layer (the atomic tensor's dimension 1).
+  int64_t layer = -1;
+  // > 0: the rows are taken `block` at a time, `stride` apart, from row_begin up to row_end (one
+  // query group's share of a fused QKV after another's): target row r is atomic row
+  // row_begin + (r / block) * stride + r % block. 0: rows [row_begin, row_end) in order.
+  int64_t block = 0, stride = 0;
   // > 0: the rows are re-ordered inside each block of this many (a head of a query or key
   // projection): the atomic tensor's rotary pairs interleaved (2i, 2i + 1: Meta's and torchtitan's
   // rotary) become the target's halves (i, i + d/2: Hugging Face's rotate-half). 0: rows as they are.
   int64_t rotary_head_dim = 0;
   int64_t numel() const;
+  int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
 };
+
+// The atomic rows that target rows [a, b) of `t` are, as runs in order: fn(first atomic row, rows).
+template <class Fn>
+void ForEachAtomRun(const ExportTensor& t, int64_t a, int64_t b, Fn&& fn) {
+  if (t.block <= 0) {
+    if (b > a) fn(t.row_begin + a, b - a);
+    return;
+  }
+  for (int64_t r = a; r < b;) {
+    const int64_t in_block = r % t.block, n = std::min(t.block - in_block, b - r);
+    fn(t.row_begin + (r / t.block) * t.stride + in_block, n);
+    r += n;
+  }
+}
 
 // Rows [0, n) of the target tensor `t` from the same rows of the atomic tensor in its order (`in`,
 // `per_row` values each; n a multiple of t.rotary_head_dim where that is set) into `out`.
@@ -62,11 +85,14 @@ struct ExportOptions {
   std::string model_config_path;      // where they came from, for messages
 };
 
-// Where a whole-tensor writer takes its values: rows [a, b) of atomic tensor `atom`'s fp32 weights.
+// Where a whole-tensor writer takes its values: rows [a, b) of atomic tensor `atom`'s fp32 weights
+// (of its layer `layer` where it stacks layers, ExportTensor::layer; else -1).
 class RowSource {
  public:
   virtual ~RowSource() = default;
-  virtual void Read(int atom, int64_t a, int64_t b, float* dst) = 0;
+  virtual void Read(int atom, int64_t layer, int64_t a, int64_t b, float* dst) = 0;
+  // Target rows [a, b) of `t` (ForEachAtomRun), `per_row` values each, into dst.
+  void ReadRows(const ExportTensor& t, int64_t a, int64_t b, int64_t per_row, float* dst);
 };
 
 // The bytes of `dtype` per element (4 or 2); throws ucp::Error for another name.

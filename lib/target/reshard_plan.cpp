@@ -119,7 +119,8 @@ int LocalExpertId(const Source& S, const Atom& a, int ep) {
 }
 
 const Value* ArgOf(const Source& S, const char* key) {
-  auto args = S.model_states.root ? S.model_states.root->Get("args") : nullptr;
+  const pt::TorchFile& from = S.model_states.root ? S.model_states : S.args_file;
+  auto args = from.root ? from.root->Get("args") : nullptr;
   auto v = args ? args->Get(key) : nullptr;
   return v ? v.get() : nullptr;
 }
@@ -137,6 +138,10 @@ Source LoadAtomic(const std::string& dir) {
                 "(written by an earlier ucp-convert): convert the checkpoint again");
   S.model_file = model_file;
   if (!model_file.empty()) S.model_states = S.reader->ReadCheckedFile(model_file);
+  if (std::string args = S.manifest["source"].value("args_file", ""); !args.empty()) {
+    RequirePlainName(args, dir + "/ucp_manifest.json: source.args_file");
+    S.args_file = S.reader->ReadCheckedFile(args), S.args_file_name = args;
+  }
   S.optimizer = S.reader->ReadCheckedFile("zero/optimizer_state.pt");
   S.tp = S.manifest["source"].value("tp", 1);
   if (const Value* d = ArgOf(S, "make_vocab_size_divisible_by")) S.divisible_by = d->AsInt();

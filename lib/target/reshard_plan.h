@@ -62,6 +62,8 @@ struct Source {
   std::vector<Atom> atoms;
   pt::TorchFile model_states;   // carried-over model-states file of rank 0
   std::string model_file;       // its name in the atomic checkpoint
+  pt::TorchFile args_file;      // the carried file of Megatron's args DeepSpeed does not load (manifest source.args_file), if any
+  std::string args_file_name;
   pt::TorchFile optimizer;      // zero/optimizer_state.pt
   Naming naming = Naming::Pipe;
   int layers = 0;

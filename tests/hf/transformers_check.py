@@ -2,7 +2,7 @@
 
 Runs where `transformers` is installed (the Debian trixie chroot of ../shared/real-readers/transformers,
 not CI):  python transformers_check.py [--pair EXPORT_DIR REFERENCE.json ...] [--record EXPORT_DIR OUT.json ...]
-                                      [--tolerance 1e-5] [--json OUT]
+                                      [--ids-from REFERENCE.json] [--tolerance 1e-5] [--json OUT]
 --record writes what transformers made of an export (its class, dtype, loading problems, and its logits on
 the fixed token batch IDS) for tests/data/hf/<case>/transformers_logits.json, which CI compares with the
 training model's own logits (tests/python/hf_export.py).
@@ -41,16 +41,17 @@ def check(export, reference, tolerance):
 IDS = (torch.arange(2 * 16).view(2, 16) * 37 + 11) % 300  # harness_logits.py's batch
 
 
-def record(export, out):
+def record(export, out, ids_from=None):
+    ids = torch.tensor(json.load(open(ids_from))["ids"]) if ids_from else IDS
     model, info = AutoModelForCausalLM.from_pretrained(export, output_loading_info=True)
     model.eval()
     problems = {k: sorted(v) for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")}
     with torch.no_grad():
-        logits = model(input_ids=IDS).logits.float()
+        logits = model(input_ids=ids).logits.float()
     with open(out, "w") as f:
         json.dump({"reader": f"transformers {transformers.__version__}, torch {torch.__version__}",
                    "class": type(model).__name__, "dtype": str(model.dtype).replace("torch.", ""),
-                   "loading_problems": problems or None, "ids": IDS.tolist(), "logits": logits.tolist()}, f)
+                   "loading_problems": problems or None, "ids": ids.tolist(), "logits": logits.tolist()}, f)
     print(f"recorded {export}: {type(model).__name__} {model.dtype}, loading problems {problems or 'none'} -> {out}")
     return not problems
 
@@ -59,10 +60,11 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--pair", nargs=2, action="append", default=[], metavar=("EXPORT", "REFERENCE"))
     p.add_argument("--record", nargs=2, action="append", default=[], metavar=("EXPORT", "OUT"))
+    p.add_argument("--ids-from", metavar="REFERENCE", help="--record on this reference's token ids (a model of a smaller vocabulary)")
     p.add_argument("--tolerance", type=float, default=1e-5)
     p.add_argument("--json")
     a = p.parse_args()
-    recorded = all([record(e, o) for e, o in a.record])
+    recorded = all([record(e, o, a.ids_from) for e, o in a.record])
     rows = [check(e, r, a.tolerance) for e, r in a.pair]
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     print("| export | reference | class | dtype | loading problems | max abs logit diff | ok |")

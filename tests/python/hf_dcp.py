@@ -20,7 +20,6 @@ import filecmp
 import json
 import os
 import shutil
-import struct
 import sys
 
 import torch
@@ -28,25 +27,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklist import check, finish, tool_runner  # noqa: E402
 import dcp_logits  # noqa: E402
+from safetensors_reader import read_safetensors  # noqa: E402
 
 BIN, CASES, WORK, DATA, HARNESS = sys.argv[1:6]
 MPIEXEC = sys.argv[6] if len(sys.argv) > 6 else None
 FILES = ["config.json", "model-00001-of-00001.safetensors", "model.safetensors.index.json"]
 run = tool_runner(BIN, MPIEXEC)
-
-
-def read_safetensors(path):
-    data = open(path, "rb").read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        assert t["dtype"] == "F32", t
-        a, b = t["data_offsets"]
-        out[name] = torch.frombuffer(bytearray(data[8 + n + a:8 + n + b]), dtype=torch.float32).view(t["shape"]) if b > a else torch.zeros(t["shape"])
-    return out
 
 
 def permute(w, heads):  # torchtitan's adapter, to Hugging Face's rotate-half

@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 
@@ -35,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds_stubs  # noqa: E402,F401
 from atomic_files import atomic_tensor  # noqa: E402
 from checklist import check, finish  # noqa: E402
+from safetensors_reader import read_safetensors  # noqa: E402
 
 BIN, CASE_DIR, ATOMIC, WORK, DATA = sys.argv[1:6]
 MPIEXEC = sys.argv[6] if len(sys.argv) > 6 else None
@@ -50,39 +50,6 @@ def run(args, ranks=1):
     if ranks > 1:
         cmd = [MPIEXEC, "--oversubscribe", "-np", str(ranks)] + cmd
     return subprocess.run(cmd, capture_output=True, text=True)
-
-
-DTYPES = {"F32": (torch.float32, 4), "BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2)}
-
-
-def read_safetensors(path):
-    """{name: tensor} of a safetensors file, every field of the container checked (the format's rules:
-    u64 little-endian header length, JSON header, offsets contiguous from 0 to the end of the file)."""
-    data = open(path, "rb").read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    body = data[8 + n:]
-    meta = header.pop("__metadata__", None)
-    assert meta == {"format": "pt"}, f"{path}: __metadata__ {meta}"
-    assert (8 + n) % 8 == 0, f"{path}: data starts at {8 + n}, not 8-aligned"
-    out, ends = {}, []
-    for name, h in header.items():
-        dtype, size = DTYPES[h["dtype"]]
-        a, b = h["data_offsets"]
-        numel = 1
-        for d in h["shape"]:
-            numel *= d
-        assert b - a == numel * size, f"{path}: {name}: {b - a} bytes for shape {h['shape']}"
-        ends.append((a, b))
-        out[name] = torch.frombuffer(bytearray(body[a:b]), dtype=dtype).reshape(h["shape"]) if numel else \
-            torch.empty(h["shape"], dtype=dtype)
-    ends.sort()
-    at = 0
-    for a, b in ends:
-        assert a == at, f"{path}: a gap or overlap at byte {a}"
-        at = b
-    assert at == len(body), f"{path}: {len(body) - at} bytes after the last tensor"
-    return out
 
 
 def read_export(d):

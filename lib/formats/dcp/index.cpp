@@ -376,6 +376,10 @@ void Describe(const Metadata& M, const std::map<std::string, const Item*>& model
 // rebuilds the groups from its configuration on load, so every atomic parameter records group 0),
 // the step every parameter shares, as each group's.
 void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
+  if (mc.args) {
+    L.args = mc.args;
+    source::TakeMegatronArgs(mc.args.get(), L);
+  }
   auto osd = Value::Make(Value::Kind::Dict);
   pt::SetItem(*osd, "param_groups", mc.param_groups ? mc.param_groups : Value::Make(Value::Kind::List));
   L.optimizer_state = osd;
@@ -463,6 +467,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
         }
   for (auto& f : L.files)
     std::sort(f.checksummed.begin(), f.checksummed.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  if (mcore) L.files.push_back(mcore->file), L.args_file = mcore->file.name;  // after every data file (Files indexes them)
   L.keep_alive = std::make_shared<std::vector<std::shared_ptr<MappedFile>>>(files.mapped_);
   L.dtype = "fp32";
   L.iteration = mcore ? mcore->iteration : parameters.Iteration();

@@ -1,5 +1,6 @@
 #include "formats/dcp/megatron_core.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -59,6 +60,7 @@ MegatronCore ReadMegatronCore(const std::string& dir) {
     for (const auto& it : common.root->AsDict().items())
       if (it.key && it.key->kind == Value::Kind::Str) mc.common_keys.push_back(it.key->s);
     if (auto it = common.root->Get("iteration")) mc.iteration = it->AsInt();
+    mc.args = common.root->Get("args");
     auto optimizer = common.root->Get("optimizer");
     if (!optimizer) return;
     auto groups = optimizer->Get("param_groups");
@@ -66,6 +68,10 @@ MegatronCore ReadMegatronCore(const std::string& dir) {
     mc.param_groups = groups;
     if (auto state = optimizer->Get("state")) mc.step = state->Get("common_step");
   });
+  mc.file.name = "common.pt", mc.file.kind = "megatron_common", mc.file.carried = true;
+  for (const auto& [name, e] : common.archive->entries()) mc.file.checksummed.push_back({name, e.data_offset, e.size, e.crc32});
+  std::sort(mc.file.checksummed.begin(), mc.file.checksummed.end(),
+            [](const source::ChecksummedRange& a, const source::ChecksummedRange& b) { return a.offset < b.offset; });
   return mc;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "pt/value.h"
+#include "source/source_index.h"
 
 namespace ucp::formats::dcp {
 
@@ -17,6 +18,10 @@ struct MegatronCore {
   pt::ValuePtr param_groups;      // common.pt `optimizer.param_groups` as saved (Megatron drops their `params`)
   pt::ValuePtr step;              // common.pt `optimizer.state.common_step`, the step every parameter shares
   std::vector<std::string> common_keys;  // common.pt's top-level keys, for the notes
+  pt::ValuePtr args;              // common.pt `args` (Megatron-LM's argparse.Namespace), or nullptr
+  // common.pt, carried into the atomic checkpoint (the Hugging Face export reads its args): its zip
+  // records, whose CRC-32s the copy checks
+  source::ShardFile file;
 };
 
 // Whether `dir` holds a metadata.json: Megatron-Core's dist_checkpointing writes one, torch's DCP writer none.

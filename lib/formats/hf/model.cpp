@@ -200,8 +200,13 @@ bool TorchtitanNames(const ModelView& v) {
 ModelView ViewOf(const reshard::Source& S) {
   ModelView v;
   v.dir = S.reader->dir();
-  v.args_file = S.reader->dir() + "/" + S.model_file;
-  v.arg = [&S](const char* key) { return reshard::ArgOf(S, key); };
+  v.args_file = S.reader->dir() + "/" + (S.model_states.root ? S.model_file : S.args_file_name);
+  v.arg = [&S](const char* key) {  // Megatron-DeepSpeed's name, else Megatron-LM's for the same fact
+    static const std::map<std::string, const char*> megatron_lm = {{"layernorm_epsilon", "norm_epsilon"}, {"rope_theta", "rotary_base"}};
+    const Value* v = reshard::ArgOf(S, key);
+    auto other = megatron_lm.find(key);
+    return v || other == megatron_lm.end() ? v : reshard::ArgOf(S, other->second);
+  };
   v.moe = S.manifest["source"].value("moe", false);
   for (const auto& a : S.atoms) v.params.emplace_back(a.name, a.shape);
   return v;
@@ -215,8 +220,9 @@ void RefuseUnlessLlama(const ModelView& v, const reshard::ExportOptions& o, std:
   if (v.moe)
     throw Error(dir + ": a Mixture-of-Experts model (DeepSpeed MoE experts): ucp-reshard --format hf writes dense "
                 "LlamaForCausalLM models; the Mixtral layout is not written yet");
-  static const std::regex positions(R"(.*position_embeddings\.weight)"), norm_bias(R"(.*(layernorm|^\d+)\.bias)"),
-      up(R"(.*mlp\.dense_h_to_4h\.weight)"), down(R"(.*mlp\.dense_4h_to_h\.weight)");
+  static const std::regex positions(R"(.*position_embeddings\.weight)"),
+      norm_bias(R"(.*(layernorm|^\d+)\.bias|.*\.layer_norm_bias)"), up(R"(.*mlp\.dense_h_to_4h\.weight)"),
+      down(R"(.*mlp\.dense_4h_to_h\.weight)");
   const auto* bias_on_norm = FirstParam(v, norm_bias);
   const bool learned = FirstParam(v, positions) != nullptr;
   const auto *up_w = FirstParam(v, up), *down_w = FirstParam(v, down);
@@ -225,6 +231,7 @@ void RefuseUnlessLlama(const ModelView& v, const reshard::ExportOptions& o, std:
   // show; every difference is listed, for a model that is not one. (A fact neither says is asked
   // for by LlamaFactsOf, with the sizes.)
   std::string norm = f.Str("normalization");
+  std::transform(norm.begin(), norm.end(), norm.begin(), [](unsigned char c) { return std::tolower(c); });  // Megatron-LM: RMSNorm
   if (norm.empty() && bias_on_norm) norm = "layernorm";  // RMSNorm has no bias
   std::optional<bool> swiglu = f.Flag("swiglu");
   if (TorchtitanNames(v) && !swiglu) swiglu = true;  // w1 / w3 / w2: gate, up, down
@@ -242,6 +249,8 @@ void RefuseUnlessLlama(const ModelView& v, const reshard::ExportOptions& o, std:
   if (auto p = f.Get("rotary_percent"); p && p->is_number() && p->get<double>() != 1.0)
     differs.push_back("rotary_percent " + p->dump() + " (LlamaForCausalLM rotates every dimension)");
   if (bias_on_norm) differs.push_back("a bias on its norms, '" + bias_on_norm->first + "' (RMSNorm has none)");
+  if (v.arg && v.arg("rotary_interleaved") && v.arg("rotary_interleaved")->kind == Value::Kind::Bool && v.arg("rotary_interleaved")->b)
+    differs.push_back("rotary_interleaved (Megatron-Core rotating interleaved pairs; LlamaForCausalLM rotates halves)");
   if (differs.empty()) return;
   const std::string next = " ucp-convert's atomic checkpoint holds its fp32 weights, one file per parameter (zero/<name>/fp32.pt).";
   // GPT-2's shape (LayerNorm, learned positions, GeLU, one key-value head per query head) is said as such.
@@ -329,7 +338,7 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
   else need("max_position_embeddings");
   // Megatron-DeepSpeed's defaults stand where its args leave a value out (releases without the key);
   // a checkpoint without args at all could be any model: asked for.
-  const bool has_args = S.model_states.root && S.model_states.root->Get("args");
+  const bool has_args = reshard::ArgOf(S, "num_layers") != nullptr;
   for (const char* key : {"layernorm_epsilon", "rope_theta"})
     if (!has_args && !f.Get(key)) need(key);
   if (!missing.empty()) {
@@ -356,9 +365,9 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
   if (m.vocab <= 0 && embed && embed->shape.size() == 2) m.vocab = embed->shape[0];  // no vocabulary padding recorded
   // Tied or not, biases or not: what the parameters are (names.h places each; a layer without one
   // its class expects is refused there).
-  static const std::regex output(R"(^(language_model\.output_layer|\d+\.lm_head|output)\.weight$)"),
-      qkv_bias(R"(.*query_key_value\.bias$)"), dense_bias(R"(.*self_attention\.dense\.bias$)"),
-      up_bias(R"(.*dense_h_to_4h\.bias$)"), down_bias(R"(.*dense_4h_to_h\.bias$)");
+  static const std::regex output(R"(^(language_model\.output_layer|\d+\.lm_head|output|output_layer)\.weight$)"),
+      qkv_bias(R"(.*(query_key_value|linear_qkv)\.bias$)"), dense_bias(R"(.*self_attention\.(dense|linear_proj)\.bias$)"),
+      up_bias(R"(.*(dense_h_to_4h|linear_fc1)\.bias$)"), down_bias(R"(.*(dense_4h_to_h|linear_fc2)\.bias$)");
   auto has = [&](const std::regex& re) { return FirstParam(S, re) != nullptr; };
   m.tied = !has(output);
   if (auto untie = f.Flag("untie_embeddings_and_output_weights"); untie && *untie == m.tied)

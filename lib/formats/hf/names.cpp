@@ -12,7 +12,7 @@ namespace {
 
 // A parameter's place in the model: the embedding, a layer's key, the final norm or the output layer.
 struct Slot {
-  enum Kind { Embedding, Layer, Norm, Output } kind;
+  enum Kind { Embedding, Layer, Stacked, Norm, Output } kind;  // Stacked: every layer's, on the leading axis
   int64_t layer = -1;
   std::string key;  // inside the layer: "self_attention.dense.weight"
 };
@@ -21,6 +21,11 @@ std::optional<Slot> SlotOf(const std::string& name, int64_t layers) {
   static const std::regex plain_layer(R"(^language_model\.encoder\.layers\.(\d+)\.(.+)$)"),
       pipe(R"(^(\d+)\.(.+)$)"), titan_layer(R"(^layers\.(\d+)\.(.+)$)");
   std::smatch m;
+  // Megatron-Core's (torch_dist): the layers stacked in one tensor per key.
+  if (name == "embedding.word_embeddings.weight") return Slot{Slot::Embedding, -1, ""};
+  if (name == "decoder.final_layernorm.weight") return Slot{Slot::Norm, -1, ""};
+  if (name == "output_layer.weight") return Slot{Slot::Output, -1, ""};
+  if (name.starts_with("decoder.layers.")) return Slot{Slot::Stacked, -1, name.substr(15)};
   // torchtitan's Llama (FSDP2 / DTensor checkpoints with its names).
   if (name == "tok_embeddings.weight") return Slot{Slot::Embedding, -1, ""};
   if (name == "norm.weight") return Slot{Slot::Norm, -1, ""};
@@ -55,6 +60,10 @@ struct Cut {
   std::vector<std::string> names;
   std::vector<int64_t> rows;  // empty: the whole tensor
   bool rotary = false;        // its heads' rotary pairs interleaved (torchtitan): re-ordered to rotate-half
+  // Non-empty: the tensors' rows interleave in groups of `group_rows` (Megatron-Core's QKV), each
+  // taking blocks[k] rows of every group, in order; else each takes its `rows` in turn.
+  std::vector<int64_t> blocks = {};
+  int64_t group_rows = 0;
 };
 
 std::optional<Cut> CutOf(const std::string& key, const LlamaFacts& m) {
@@ -81,11 +90,33 @@ std::optional<Cut> CutOf(const std::string& key, const LlamaFacts& m) {
       {"feed_forward.w2.weight", {"mlp.down_proj.weight", false}},
   };
   if (auto it = titan.find(key); it != titan.end()) return Cut{{it->second.first}, {}, it->second.second};
+  // Megatron-Core's: the norms fused into the next linear layer's (TE's names) or apart.
+  static const std::map<std::string, std::string> core = {
+      {"self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight"},
+      {"input_layernorm.weight", "input_layernorm.weight"},
+      {"mlp.linear_fc1.layer_norm_weight", "post_attention_layernorm.weight"},
+      {"pre_mlp_layernorm.weight", "post_attention_layernorm.weight"},
+      {"self_attention.linear_proj.weight", "self_attn.o_proj.weight"},
+      {"self_attention.linear_proj.bias", "self_attn.o_proj.bias"},
+      {"mlp.linear_fc2.weight", "mlp.down_proj.weight"},
+      {"mlp.linear_fc2.bias", "mlp.down_proj.bias"},
+  };
+  if (auto it = core.find(key); it != core.end()) return Cut{{it->second}, {}};
   for (const char* kind : {"weight", "bias"}) {
     const std::string k = kind;
     if (key == "self_attention.query_key_value." + k)
       return Cut{{"self_attn.q_proj." + k, "self_attn.k_proj." + k, "self_attn.v_proj." + k}, {q, kv, kv}};
     if (key == "mlp.dense_h_to_4h." + k) return Cut{{"mlp.gate_proj." + k, "mlp.up_proj." + k}, {m.ffn, m.ffn}};
+    // Megatron-Core's linear_fc1 of a gated MLP is saved [gate; up] whole (its SwiGLU sharded factory
+    // puts each TP rank's gate rows in the first half, its up rows in the second).
+    if (key == "mlp.linear_fc1." + k) return Cut{{"mlp.gate_proj." + k, "mlp.up_proj." + k}, {m.ffn, m.ffn}};
+    // Megatron-Core's linear_qkv: per query group, the group's query heads, then its key, then its
+    // value (its attention splits each group's rows so): q, k and v each taken group by group.
+    if (key == "self_attention.linear_qkv." + k) {
+      const int64_t per_group = m.heads / m.kv_heads;
+      return Cut{{"self_attn.q_proj." + k, "self_attn.k_proj." + k, "self_attn.v_proj." + k}, {q, kv, kv}, false,
+                 {per_group * m.head_dim, m.head_dim, m.head_dim}, (per_group + 2) * m.head_dim};
+    }
   }
   return std::nullopt;
 }
@@ -130,6 +161,58 @@ std::vector<ExportTensor> LlamaTensors(const reshard::Source& S, const LlamaFact
     t.source = source;
     made.emplace(t.name, std::move(t));
   };
+  // One layer's tensor(s) from parameter `name` (atomic tensor `atom`; of `stacked` layer of it, or -1):
+  // whole, or cut by rows as the checkpoint fused them.
+  auto PlaceLayer = [&](const std::string& name, int atom, int64_t layer, int64_t stacked, const std::string& key,
+                        const std::vector<int64_t>& shape, const std::vector<int64_t>& sub_param_sizes) {
+    auto expect = [&](std::vector<int64_t> want) {
+      if (shape != want)
+        throw refuse(name, "shape " + Shape(shape) + (stacked >= 0 ? " per layer" : "") + ", but the model's sizes (hidden " +
+                               std::to_string(m.hidden) + ", " + std::to_string(m.heads) + " heads and " + std::to_string(m.kv_heads) +
+                               " key-value heads of " + std::to_string(m.head_dim) + ", FFN " + std::to_string(m.ffn) + ") give " +
+                               Shape(want) + ": check num_attention_heads, num_key_value_heads, kv_channels, ffn_hidden_size");
+    };
+    const auto cut = CutOf(key, m);
+    if (!cut) throw refuse(name, "'" + key + "' is no part of a LlamaForCausalLM layer");
+    const std::string prefix = "model.layers." + std::to_string(layer) + ".";
+    const bool bias = shape.size() == 1;
+    const int64_t cols = bias ? 1 : shape.at(1);
+    auto tensor = [&](const std::string& n, int64_t begin, int64_t end, std::vector<int64_t> s) {
+      ExportTensor t{prefix + n, atom, "", begin, end, std::move(s)};
+      t.layer = stacked;
+      return t;
+    };
+    if (cut->rows.empty()) {
+      expect(WholeShape(cut->names[0], m));
+      ExportTensor t = tensor(cut->names[0], 0, shape[0], shape);
+      if (cut->rotary) t.rotary_head_dim = m.head_dim;
+      add(name, std::move(t));
+      return;
+    }
+    // A fused tensor: its rows as the checkpoint joined them.
+    int64_t rows = 0;
+    for (int64_t r : cut->rows) rows += r;
+    expect(bias ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, m.hidden});
+    if (stacked < 0 && sub_param_sizes != cut->rows)  // Megatron-DeepSpeed's: as its sub-parameter sizes say
+      throw refuse(name, sub_param_sizes.empty()
+                             ? "the checkpoint does not say how its rows are fused (no sub-parameter shape in its "
+                               "universal_checkpoint_info): Megatron models interleave them in more than one way, "
+                               "and ucp does not guess"
+                             : "sub-parameter sizes " + Shape(sub_param_sizes) + ", the model's sizes give " + Shape(cut->rows));
+    int64_t at = 0;
+    for (size_t k = 0; k < cut->names.size(); ++k) {
+      std::vector<int64_t> s = bias ? std::vector<int64_t>{cut->rows[k]} : std::vector<int64_t>{cut->rows[k], cols};
+      if (cut->blocks.empty()) {
+        add(name, tensor(cut->names[k], at, at + cut->rows[k], s));
+        at += cut->rows[k];
+        continue;
+      }
+      ExportTensor t = tensor(cut->names[k], at, rows, s);  // blocks[k] rows of each group, from the group's offset
+      t.block = cut->blocks[k], t.stride = cut->group_rows;
+      add(name, std::move(t));
+      at += cut->blocks[k];
+    }
+  };
   for (size_t i = 0; i < S.atoms.size(); ++i) {
     const reshard::Atom& a = S.atoms[i];
     const auto slot = SlotOf(a.name, m.layers);
@@ -157,36 +240,15 @@ std::vector<ExportTensor> LlamaTensors(const reshard::Source& S, const LlamaFact
         expect({m.hidden});
         add(a.name, {"model.norm.weight", atom, "", 0, m.hidden, {m.hidden}});
         break;
-      case Slot::Layer: {
-        const auto cut = CutOf(slot->key, m);
-        if (!cut) throw refuse(a.name, "'" + slot->key + "' is no part of a LlamaForCausalLM layer");
-        const std::string prefix = "model.layers." + std::to_string(slot->layer) + ".";
-        const bool bias = shape.size() == 1;
-        const int64_t cols = bias ? 1 : shape.at(1);
-        if (cut->rows.empty()) {
-          expect(WholeShape(cut->names[0], m));
-          ExportTensor t{prefix + cut->names[0], atom, "", 0, shape[0], shape};
-          if (cut->rotary) t.rotary_head_dim = m.head_dim;
-          add(a.name, std::move(t));
-          break;
-        }
-        // A fused tensor: its rows as the checkpoint joined them (its sub-parameter sizes).
-        int64_t rows = 0;
-        for (int64_t r : cut->rows) rows += r;
-        expect(bias ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, m.hidden});
-        if (a.sub_param_sizes != cut->rows)
-          throw refuse(a.name, a.sub_param_sizes.empty()
-                                   ? "the checkpoint does not say how its rows are fused (no sub-parameter shape in its "
-                                     "universal_checkpoint_info): Megatron models interleave them in more than one way, "
-                                     "and ucp does not guess"
-                                   : "sub-parameter sizes " + Shape(a.sub_param_sizes) + ", the model's sizes give " +
-                                         Shape(cut->rows));
-        int64_t at = 0;
-        for (size_t k = 0; k < cut->names.size(); ++k) {
-          std::vector<int64_t> s = bias ? std::vector<int64_t>{cut->rows[k]} : std::vector<int64_t>{cut->rows[k], cols};
-          add(a.name, {prefix + cut->names[k], atom, "", at, at + cut->rows[k], s});
-          at += cut->rows[k];
-        }
+      case Slot::Layer:
+        PlaceLayer(a.name, atom, slot->layer, -1, slot->key, shape, a.sub_param_sizes);
+        break;
+      case Slot::Stacked: {  // layer i is index i of the leading axis
+        if (shape.size() < 2 || shape[0] != m.layers)
+          throw refuse(a.name, "shape " + Shape(shape) + ": a stacked layers' tensor of the model's " + std::to_string(m.layers) +
+                                   " layers has them on its leading axis");
+        const std::vector<int64_t> per_layer(shape.begin() + 1, shape.end());
+        for (int64_t l = 0; l < m.layers; ++l) PlaceLayer(a.name, atom, l, l, slot->key, per_layer, a.sub_param_sizes);
         break;
       }
     }

@@ -5,6 +5,10 @@
 //   query_key_value  [q; k; v] (parameter_with_sub_params, sizes heads x head_dim, kv_heads x head_dim
 //                    twice)                      -> self_attn.q_proj, k_proj, v_proj
 //   dense_h_to_4h    [gate; up] (parameter_with_2_sub_params_cat_dim_0)   -> mlp.gate_proj, up_proj
+// torchtitan's Llama names map one to one (q and k rows re-ordered to rotate-half). Megatron-Core's
+// (torch_dist) stack the layers on a leading axis, taken layer by layer; its fixed layouts:
+//   linear_qkv       per query group: the group's query heads, its key head, its value head
+//   linear_fc1       [gate; up]
 // The word embedding and the output layer lose their vocabulary padding rows.
 #pragma once
 

@@ -89,13 +89,32 @@ def worker(rank, world):
                 loss = torch.tensor(0.0)
             adam.step()
             print(f"[{rank}] step {step + 1} loss {loss.item():.6f}", flush=True)
+        if PP == 1:  # the training model's own logits on a fixed batch: what a Hugging Face export must give
+            model.eval()
+            ids = (torch.arange(2 * 16).view(2, 16) * 37 + 11) % 128
+            mask = torch.triu(torch.ones(1, 1, 16, 16), diagonal=1).bool()
+            with torch.no_grad():
+                local = model(ids, torch.arange(16).unsqueeze(0).expand(2, 16), mask).float()  # [b, s, vocab / TP]
+            parts = [torch.empty_like(local) for _ in range(TP)]
+            dist.all_gather(parts, local.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
+            if rank == 0:
+                with open(os.path.join(OUT, CASE, "megatron_logits.json"), "w") as f:
+                    json.dump({"case": CASE, "torch": torch.__version__, "reader": "Megatron-Core 0.17.1 GPTModel",
+                               "ids": ids.tolist(), "logits": torch.cat(parts, dim=-1).tolist()}, f)
+            model.train()
         model_sd = model.sharded_state_dict()
         # What Megatron-LM's generate_state_dict saves besides: its parsed args, the schedule, and the
         # RNG states as a ShardedObject per (pp, tp) rank (here without CUDA's).
+        # The args Megatron-LM's pretrain_gpt.py would parse for this model (its parse_args, unvalidated).
         sys.argv = ["pretrain_gpt.py", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
                     "--seq-length", "16", "--max-position-embeddings", "32", "--micro-batch-size", "2",
-                    "--lr", "1e-3", "--ckpt-format", "torch_dist", "--tensor-model-parallel-size", str(TP),
-                    "--pipeline-model-parallel-size", str(PP)]
+                    "--lr", "1e-3", "--min-lr", "1e-5", "--weight-decay", "0.01", "--adam-beta2", "0.95",
+                    "--ckpt-format", "torch_dist", "--tensor-model-parallel-size", str(TP),
+                    "--pipeline-model-parallel-size", str(PP), "--untie-embeddings-and-output-weights",
+                    "--hidden-dropout", "0", "--attention-dropout", "0"]
+        if not CASE.startswith("gpt"):
+            sys.argv += ["--group-query-attention", "--num-query-groups", "2", "--swiglu", "--normalization", "RMSNorm",
+                         "--ffn-hidden-size", "96", "--disable-bias-linear", "--position-embedding-type", "rope"]
         from megatron.training.arguments import parse_args
         import random, numpy
         rng = [{"random_rng_state": random.getstate(), "np_rng_state": numpy.random.get_state(),
