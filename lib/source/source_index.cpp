@@ -58,8 +58,10 @@ std::string DataParallelDegrees(const SourceIndex& L) {
 
 std::string LayoutWords(const SourceIndex& L) {
   const std::string state = " (" + L.optimizer + "), " + L.dtype;
-  if (!L.on_grid)  // every chunk is a box of its global tensor
-    return "global tensors in chunks, " + std::to_string(L.files.size()) + " data file(s); optimizer state per parameter" + state;
+  if (!L.on_grid) {  // every chunk is a box of its global tensor; a carried file holds none
+    const auto data = std::count_if(L.files.begin(), L.files.end(), [](const ShardFile& f) { return !f.carried; });
+    return "global tensors in chunks, " + std::to_string(data) + " data file(s); optimizer state per parameter" + state;
+  }
   std::string s = DataParallelDegrees(L) + " tp=" + std::to_string(L.tp) + " pp=" + std::to_string(L.pp) +
                   (L.moe || L.ep != 1 ? " ep=" + std::to_string(L.ep) : "") + "  ZeRO-" + std::to_string(L.zero_stage) + state;
   if (L.sp != 1) s += "; ZeRO over DP x SP = " + std::to_string(L.dp) + " ranks";

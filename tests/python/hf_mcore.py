@@ -9,6 +9,8 @@ come from Megatron-LM's args in the carried common.pt):
 - every tensor equals reference.pt's (torch's own DCP loader) under Hugging Face's names: layer i of
   each stacked tensor; linear_qkv cut per query group into q (the group's heads), k and v; linear_fc1
   into [gate; up]; read with the tests' own safetensors reader;
+- llama_dp2_distopt_bf16 (bf16 weights, fp32 masters in the distributed optimizer): the export is bf16
+  by default, and every tensor equals the bf16 model tensor Megatron saved, bit for bit;
 - llama_tp2: the export is byte-identical to the fixture transformers 5.3 itself loaded (no missing,
   unexpected or mismatched keys; tests/hf/README.md) and whose logits it recorded, and those logits
   equal the logits Megatron-Core's own GPTModel gave when the checkpoint was written
@@ -59,7 +61,7 @@ def expected(ref, args):
 shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
 ARGS = {"num_attention_heads": 4, "num_query_groups": 2}  # make_mcore.py's Llama-style model
-for case in ("llama_tp2", "llama_pp2"):
+for case in ("llama_tp2", "llama_pp2", "llama_dp2_distopt_bf16"):
     atomic = os.path.join(WORK, case, "atomic")
     r = run("ucp-convert", [os.path.join(CASES, case, "checkpoint"), "-o", atomic, "-q"], ranks=2)
     check(f"{case}: convert", r.returncode == 0, r.stderr[-800:])
@@ -68,6 +70,8 @@ for case in ("llama_tp2", "llama_pp2"):
           manifest["source"].get("args_file") == "common.pt" and "model_states" not in manifest["source"] and
           not os.path.exists(os.path.join(atomic, "..", "latest_universal")), str(manifest["source"]))
     ref = torch.load(os.path.join(CASES, case, "reference.pt"), map_location="cpu")
+    # The export keeps the job's precision: a bf16 job's export is its bf16 model tensors, which Megatron
+    # rounds from the fp32 masters the atomic checkpoint holds.
     want = expected(ref, ARGS)
     for ranks in (1, 2):
         out = os.path.join(WORK, case, f"hf-np{ranks}")

@@ -7,9 +7,10 @@ common.pt.
 
 For every case, at 1 and 2 MPI ranks:
 - the atomic parameters are the checkpoint's model keys, stacked layers included, and nothing else;
-- every fp32 weight, exp_avg and exp_avg_sq equals reference.pt's tensor (the model key,
-  optimizer.state.exp_avg.<key>, optimizer.state.exp_avg_sq.<key>) byte for byte; every step is
-  common.pt's common_step; zero/optimizer_state.pt holds common.pt's param groups;
+- every fp32 weight, exp_avg and exp_avg_sq equals reference.pt's tensor (the model key, or the
+  optimizer's fp32 master optimizer.state.param.<key> where it keeps one; optimizer.state.exp_avg.<key>,
+  optimizer.state.exp_avg_sq.<key>) byte for byte; every step is common.pt's (common_step, or the
+  distributed optimizer's param groups' step); zero/optimizer_state.pt holds common.pt's param groups;
 - ucp-inspect says Megatron-Core, the iteration and the param groups note.
 Then damaged copies: a flipped byte in common.pt is refused naming it; a metadata.json naming another
 backend, or empty, is refused naming it; a missing common.pt is refused naming it.
@@ -44,7 +45,9 @@ def compare(case, atomic, ref, common):
     check(f"{case}: the parameters are the model keys", names == model, f"{names} vs {model}")
     bad = []
     for name in names:
-        master = ref.get(PREFIX + "fp32_param." + name, ref[name])
+        # the optimizer's fp32 master where it keeps one (the distributed optimizer's "param", the
+        # mixed-precision one's "fp32_param"), else the model tensor
+        master = ref.get(PREFIX + "param." + name, ref.get(PREFIX + "fp32_param." + name, ref[name]))
         wants = {"fp32": master, "exp_avg": ref[PREFIX + "exp_avg." + name], "exp_avg_sq": ref[PREFIX + "exp_avg_sq." + name]}
         for state, want in wants.items():
             got = torch.load(os.path.join(zero, name, state + ".pt"), map_location="cpu")
@@ -53,7 +56,10 @@ def compare(case, atomic, ref, common):
                 bad.append(f"{name}/{state}")
         step = torch.load(os.path.join(zero, name, "step.pt"), map_location="cpu")
         step = step["param"] if isinstance(step, dict) else step
-        if float(step) != common["common_step"] or str(step.dtype) != common["common_step_dtype"]:
+        if "common_step" in common:  # a 0-d tensor every parameter shares
+            if float(step) != common["common_step"] or str(step.dtype) != common["common_step_dtype"]:
+                bad.append(f"{name}/step {step!r}")
+        elif type(step).__name__ != common["step_type"] or step != common["step"]:  # the param groups' step
             bad.append(f"{name}/step {step!r}")
     check(f"{case}: every tensor equals reference.pt's byte for byte, every step common.pt's ({len(names)} x 4)", not bad, str(bad[:5]))
     osd = torch.load(os.path.join(zero, "optimizer_state.pt"), map_location="cpu")
@@ -70,8 +76,9 @@ for case in cases:
     ref = torch.load(os.path.join(CASES, case, "reference.pt"), map_location="cpu")
     common = json.load(open(os.path.join(CASES, case, "common.json")))
     r = run("ucp-inspect", [ckpt])
-    check(f"{case}: inspect says Megatron-Core and the iteration", r.returncode == 0 and "Megatron-Core" in r.stdout and
-          f"iteration    {common['iteration']}" in r.stdout and "param groups" in r.stdout, r.stdout[-1500:] + r.stderr[-500:])
+    check(f"{case}: inspect says Megatron-Core, the optimizer and the iteration", r.returncode == 0 and "Megatron-Core" in r.stdout and
+          f"iteration    {common['iteration']}" in r.stdout and "param groups" in r.stdout and
+          ("DistributedOptimizer, fully_reshardable" in r.stdout) == ("step_type" in common), r.stdout[-1500:] + r.stderr[-500:])
     for np in (1, 2):
         atomic = os.path.join(WORK, f"{case}-np{np}")
         r = run("ucp-convert", [ckpt, "-o", atomic], ranks=np)

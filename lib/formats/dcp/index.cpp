@@ -207,13 +207,14 @@ class Parameters {
   void Add(const Item& model, const std::string& fqn, const std::map<std::string, const Item*>& states) {
     try {
       WithContext("'" + model.fqn + "'", [&] {
-        auto master = states.find("fp32_param");
+        auto master = states.find("fp32_param");  // Megatron's mixed-precision optimizer's; the distributed one's "param"
+        if (master == states.end()) master = states.find("param");
         const Item& w = master == states.end() ? model : *master->second;
         if (w.size != model.size)
           throw Error("'" + w.fqn + "' is " + pt::ShapeString(w.size) + ", the model tensor " + pt::ShapeString(model.size));
         std::array<const Item*, 3> item{&w, Moment(states, 1), Moment(states, 2)};
         for (const auto& [name, state] : states)  // what the atomic checkpoint would not keep: never dropped unsaid
-          if (name != "exp_avg" && name != "exp_avg_sq" && name != "step" && name != "fp32_param")
+          if (name != "exp_avg" && name != "exp_avg_sq" && name != "step" && name != "fp32_param" && name != "param")
             throw Error("optimizer state '" + name + "' (" + state->fqn + ") besides Adam's: the atomic checkpoint keeps "
                         "exp_avg, exp_avg_sq and step only (AMSGrad's max_exp_avg_sq, SGD's momentum_buffer and other "
                         "optimizers are not supported yet)");
@@ -372,6 +373,17 @@ void Describe(const Metadata& M, const std::map<std::string, const Item*>& model
   }
 }
 
+// The training job's precision: its model tensors' where the optimizer keeps fp32 masters of them
+// (Megatron's bf16 and fp16 training), else fp32 (the atomic checkpoint's weights are the masters).
+std::string JobDtype(const std::map<std::string, const Item*>& model, const std::map<std::string, std::map<std::string, const Item*>>& states) {
+  std::set<std::string> dtypes;
+  for (const auto& [fqn, s] : states)
+    if ((s.count("param") || s.count("fp32_param")) && model.count(fqn)) dtypes.insert(model.at(fqn)->dtype);
+  if (dtypes.size() != 1) return "fp32";
+  const std::string& d = *dtypes.begin();
+  return d == "bfloat16" ? "bf16" : d == "float16" ? "fp16" : "fp32";
+}
+
 // Megatron-Core's common state: the param groups as saved (Megatron saves no `params` in them and
 // rebuilds the groups from its configuration on load, so every atomic parameter records group 0),
 // the step every parameter shares, as each group's.
@@ -388,7 +400,8 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
     for (size_t g = 0; g < std::max<size_t>(groups, 1); ++g) L.steps[{0, 0, static_cast<int>(g)}] = mc.step;
   std::string keys;
   for (const auto& k : mc.common_keys) keys += (keys.empty() ? "" : ", ") + k;
-  L.notes.push_back("Megatron-Core dist_checkpointing (" + mc.backend + "); common.pt holds " + keys);
+  L.notes.push_back("Megatron-Core dist_checkpointing (" + mc.backend + "); optimizer: " + mc.optimizer_form +
+                    "; common.pt holds " + keys);
   if (groups > 1)
     L.notes.push_back(std::to_string(groups) + " param groups kept as saved; Megatron-Core does not save which parameter "
                       "is in which (it rebuilds them from its configuration), so every atomic parameter records group 0");
@@ -467,11 +480,11 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
         }
   for (auto& f : L.files)
     std::sort(f.checksummed.begin(), f.checksummed.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
-  if (mcore) L.files.push_back(mcore->file), L.args_file = mcore->file.name;  // after every data file (Files indexes them)
   L.keep_alive = std::make_shared<std::vector<std::shared_ptr<MappedFile>>>(files.mapped_);
-  L.dtype = "fp32";
+  L.dtype = JobDtype(model, states);
   L.iteration = mcore ? mcore->iteration : parameters.Iteration();
   Describe(M, model, model_order, frozen, L);
+  if (mcore) L.files.push_back(mcore->file), L.args_file = mcore->file.name;  // after every data file (Files indexes them)
   return L;
 }
 

@@ -63,10 +63,34 @@ MegatronCore ReadMegatronCore(const std::string& dir) {
     mc.args = common.root->Get("args");
     auto optimizer = common.root->Get("optimizer");
     if (!optimizer) return;
-    auto groups = optimizer->Get("param_groups");
+    // The distributed optimizer's state_dict nests its torch state under `optimizer` beside the form
+    // of its per-parameter state; a plain Megatron optimizer's is torch's, with a common step.
+    pt::ValuePtr torch_state = optimizer;
+    if (auto form = optimizer->Get("param_state_sharding_type")) {
+      mc.optimizer_form = "DistributedOptimizer, " + form->AsStr();
+      if (form->AsStr() != "fully_reshardable")
+        throw Error("the distributed optimizer's state is in its '" + form->AsStr() + "' form: ucp reads the fully_reshardable "
+                    "form (Megatron-LM --dist-ckpt-optim-fully-reshardable), whose state is per parameter");
+      torch_state = optimizer->Get("optimizer");
+      if (!torch_state) throw Error("optimizer.param_state_sharding_type without optimizer.optimizer");
+    } else if (!optimizer->Get("param_groups")) {
+      std::string keys;
+      if (optimizer->kind == Value::Kind::Dict)
+        for (const auto& it : optimizer->AsDict().items()) keys += (keys.empty() ? "" : ", ") + pt::ScalarKey(*it.key);
+      throw Error("optimizer holds " + keys + ", not param_groups: several chained optimizers (Megatron's expert and dense "
+                  "ones) are not read yet");
+    }
+    auto groups = torch_state->Get("param_groups");
     if (!groups || !groups->IsSequence()) throw Error("optimizer.param_groups is " + (groups ? groups->TypeName() : std::string("absent")) + ", not a list");
     mc.param_groups = groups;
-    if (auto state = optimizer->Get("state")) mc.step = state->Get("common_step");
+    if (auto state = torch_state->Get("state")) mc.step = state->Get("common_step");
+    // The distributed optimizer keeps the step in each param group: the same in all of them.
+    for (const auto& g : groups->items)
+      if (auto step = g ? g->Get("step") : nullptr; step && !mc.step) mc.step = step;
+      else if (step && mc.step && step->AsFloat() != mc.step->AsFloat())
+        throw Error("its param groups hold different steps (" + std::to_string(mc.step->AsFloat()) + ", " +
+                    std::to_string(step->AsFloat()) + "): the atomic checkpoint keeps one step per group, and Megatron "
+                    "saves no parameter's group");
   });
   mc.file.name = "common.pt", mc.file.kind = "megatron_common", mc.file.carried = true;
   for (const auto& [name, e] : common.archive->entries()) mc.file.checksummed.push_back({name, e.data_offset, e.size, e.crc32});

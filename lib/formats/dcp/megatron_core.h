@@ -16,7 +16,9 @@ struct MegatronCore {
   std::string backend;            // metadata.json: "torch_dist ..., common torch ..."
   int64_t iteration = 0;          // common.pt `iteration`, else 0
   pt::ValuePtr param_groups;      // common.pt `optimizer.param_groups` as saved (Megatron drops their `params`)
-  pt::ValuePtr step;              // common.pt `optimizer.state.common_step`, the step every parameter shares
+  pt::ValuePtr step;              // the step every parameter shares: common.pt `optimizer.state.common_step`, or
+                                  // the distributed optimizer's param groups' `step`
+  std::string optimizer_form = "per-parameter state";  // or "DistributedOptimizer, fully_reshardable"
   std::vector<std::string> common_keys;  // common.pt's top-level keys, for the notes
   pt::ValuePtr args;              // common.pt `args` (Megatron-LM's argparse.Namespace), or nullptr
   // common.pt, carried into the atomic checkpoint (the Hugging Face export reads its args): its zip
@@ -32,8 +34,8 @@ bool IsMegatronCore(const std::string& dir);
 // DCP: not read yet) or a malformed one.
 MegatronCore ReadMegatronCore(const std::string& dir);
 
-// What a Megatron-Core key is: `optimizer.state.<state>.<key>` (exp_avg, exp_avg_sq, fp32_param: the
-// optimizer's master copy) is state `state` of parameter `key`; `optimizer.distributed.*` is the
+// What a Megatron-Core key is: `optimizer.state.<state>.<key>` (exp_avg, exp_avg_sq; fp32_param, or
+// `param` from the distributed optimizer: the fp32 master copy) is state `state` of parameter `key`; `optimizer.distributed.*` is the
 // distributed optimizer's bucket-flat dp_reshardable state; any other tensor key is the model's.
 struct MegatronKey {
   enum { Model, OptimizerState, BucketFlat, Other } kind = Other;

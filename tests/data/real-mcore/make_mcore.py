@@ -9,7 +9,9 @@ Run inside the Debian trixie chroot with Megatron-LM core_v0.17.1 on PYTHONPATH:
   CASE=llama_tp2 OUT=/tmp/mcore python3 make_mcore.py
 Cases: gpt_tp2 (LayerNorm, GeLU, biases, MHA; TP=2), llama_tp2 (RMSNorm, SwiGLU, GQA 4 heads / 2
 groups, rotary, no biases; TP=2), llama_pp2 (the same model, PP=2: each stage saves its own layers
-of the stacked tensors).
+of the stacked tensors), llama_dp2_distopt_bf16 (the same model in bf16, DP=2, Megatron's
+DistributedOptimizer over its DDP, state saved fully_reshardable), llama_dp2_distopt_dp_reshardable
+(the same, state saved in the bucket-flat dp_reshardable form, for tests/data/real-dcp-refused).
 
 CPU-only workarounds, in this process only: Megatron-Core's save calls torch.cuda.synchronize() and
 torch.cuda.current_device(); FP32Optimizer makes its loss scale with device='cuda'; the default causal
@@ -24,8 +26,34 @@ CASE = os.environ.get("CASE", "llama_tp2")
 OUT = os.environ.get("OUT", "/tmp/mcore")
 CKPT = os.path.join(OUT, CASE, "checkpoint")
 STEPS = int(os.environ.get("STEPS", "3"))
-TP = 1 if CASE.endswith("pp2") else 2
+DISTOPT = "distopt" in CASE  # Megatron's DistributedOptimizer over DDP, bf16 weights, DP=2
+FORM = "dp_reshardable" if "dp_reshardable" in CASE else "fully_reshardable"  # its state's form
+TP = 1 if CASE.endswith("pp2") or DISTOPT else 2
 PP = 2 if CASE.endswith("pp2") else 1
+
+
+def cuda_to_cpu():
+    """For the distributed optimizer on CPU only: Megatron's DDP buffers and DistributedOptimizer allocate
+    on 'cuda', use CUDA streams and accept only 'torch.cuda.*Tensor' types. In this process, allocations
+    asking for cuda get the CPU, streams are no-ops, and a CPU tensor's type() answers as its CUDA twin."""
+    def fix(kw):
+        if "cuda" in str(kw.get("device", "")):
+            kw["device"] = "cpu"
+        return kw
+    for name in ("zeros", "empty", "ones", "tensor", "full", "arange", "zeros_like", "empty_like", "ones_like"):
+        setattr(torch, name, (lambda orig: lambda *a, **k: orig(*a, **fix(k)))(getattr(torch, name)))
+    to = torch.Tensor.to
+    torch.Tensor.to = lambda self, *a, **k: to(self, *("cpu" if "cuda" in str(x) else x for x in a), **fix(k))
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    kind = torch.Tensor.type
+    torch.Tensor.type = lambda self, *a, **k: (kind(self).replace("torch.", "torch.cuda.", 1) if not a and not k else kind(self, *a, **k))
+
+    class Stream:
+        def __init__(self, *a, **k): pass
+        def wait_stream(self, *a, **k): pass
+    torch.cuda.Stream = Stream
+    torch.cuda.current_stream = torch.cuda.default_stream = lambda *a, **k: Stream()
+    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()
 
 
 def config():
@@ -35,6 +63,8 @@ def config():
                   tensor_model_parallel_size=TP, pipeline_model_parallel_size=PP)
     if CASE.startswith("gpt"):
         return TransformerConfig(**common), "learned_absolute"
+    if DISTOPT:
+        common.update(bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
     return TransformerConfig(**common, num_query_groups=2, normalization="RMSNorm", gated_linear_unit=True,
                              activation_func=F.silu, add_bias_linear=False, ffn_hidden_size=96), "rope"
 
@@ -44,6 +74,8 @@ def worker(rank, world):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.current_device = lambda: "cpu"
+    if DISTOPT:
+        cuda_to_cpu()
     try:
         from megatron.core import parallel_state, dist_checkpointing, tensor_parallel
         from megatron.core.models.gpt import GPTModel
@@ -64,32 +96,50 @@ def worker(rank, world):
         model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization=cfg.normalization),
                          vocab_size=128, max_sequence_length=32, position_embedding_type=pos,
                          pre_process=pre, post_process=post, share_embeddings_and_output_weights=False)
-        from megatron.core.optimizer import _get_param_groups
+        from megatron.core.optimizer import _get_param_groups, get_megatron_optimizer
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.dist_checkpointing import ShardedObject
-        ocfg = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-5, weight_decay=0.01, adam_beta2=0.95, clip_grad=0.0)
-        groups = _get_param_groups([model], ocfg, None)  # Megatron's own: no weight decay on biases and 1-D tensors
-        adam = torch.optim.Adam(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
-        real_tensor = torch.tensor
-        torch.tensor = lambda *a, **k: real_tensor(*a, **{**k, "device": "cpu"} if k.get("device") == "cuda" else k)
-        opt = FP32Optimizer(adam, ocfg, lambda o, c: None)
-        torch.tensor = real_tensor
-        g = torch.Generator().manual_seed(7)
+        ocfg = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-5, weight_decay=0.01, adam_beta2=0.95, clip_grad=0.0,
+                               use_distributed_optimizer=DISTOPT, bf16=DISTOPT,
+                               params_dtype=torch.bfloat16 if DISTOPT else torch.float32)
+        if DISTOPT:  # as Megatron-LM builds it: DDP with its grad buffers, then get_megatron_optimizer
+            model = model.to(torch.bfloat16)
+            ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(use_distributed_optimizer=True,
+                                                                             grad_reduce_in_fp32=True), model)
+            opt = get_megatron_optimizer(ocfg, [ddp])
+            forward = ddp
+        else:
+            groups = _get_param_groups([model], ocfg, None)  # Megatron's own: no weight decay on biases and 1-D tensors
+            adam = torch.optim.Adam(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+            real_tensor = torch.tensor
+            torch.tensor = lambda *a, **k: real_tensor(*a, **{**k, "device": "cpu"} if k.get("device") == "cuda" else k)
+            opt = FP32Optimizer(adam, ocfg, lambda o, c: None)
+            torch.tensor = real_tensor
+            forward = model
+        g = torch.Generator().manual_seed(7 + (parallel_state.get_data_parallel_rank() if DISTOPT else 0))
         for step in range(STEPS):
             tokens = torch.randint(0, 128, (2, 16), generator=g)
             labels = torch.randint(0, 128, (2, 16), generator=g)
-            adam.zero_grad()
+            opt.zero_grad()
+            if DISTOPT:
+                ddp.zero_grad_buffer()
             if PP == 1:
                 pos_ids = torch.arange(16).unsqueeze(0).expand(2, 16)
                 mask = torch.triu(torch.ones(1, 1, 16, 16), diagonal=1).bool()  # causal, given: the default is made on cuda
-                loss = model(tokens, pos_ids, mask, labels=labels).float().mean()
+                loss = forward(tokens, pos_ids, mask, labels=labels).float().mean()
                 loss.backward()
+                if DISTOPT:
+                    ddp.finish_grad_sync()
             else:  # no pipeline schedule on CPU here: every parameter gets a seeded gradient
                 for p in model.parameters():
                     p.grad = torch.randn(p.shape, generator=g) * 1e-2
                 loss = torch.tensor(0.0)
-            adam.step()
+            if DISTOPT:
+                opt.step()
+            else:
+                adam.step()
             print(f"[{rank}] step {step + 1} loss {loss.item():.6f}", flush=True)
-        if PP == 1:  # the training model's own logits on a fixed batch: what a Hugging Face export must give
+        if PP == 1 and not DISTOPT:  # the training model's own logits on a fixed batch: what a Hugging Face export must give
             model.eval()
             ids = (torch.arange(2 * 16).view(2, 16) * 37 + 11) % 128
             mask = torch.triu(torch.ones(1, 1, 16, 16), diagonal=1).bool()
@@ -112,6 +162,8 @@ def worker(rank, world):
                     "--ckpt-format", "torch_dist", "--tensor-model-parallel-size", str(TP),
                     "--pipeline-model-parallel-size", str(PP), "--untie-embeddings-and-output-weights",
                     "--hidden-dropout", "0", "--attention-dropout", "0"]
+        if DISTOPT:
+            sys.argv += ["--use-distributed-optimizer", "--bf16"] + (["--dist-ckpt-optim-fully-reshardable"] if FORM == "fully_reshardable" else [])
         if not CASE.startswith("gpt"):
             sys.argv += ["--group-query-attention", "--num-query-groups", "2", "--swiglu", "--normalization", "RMSNorm",
                          "--ffn-hidden-size", "96", "--disable-bias-linear", "--position-embedding-type", "rope"]
@@ -121,9 +173,11 @@ def worker(rank, world):
                 "torch_rng_state": torch.get_rng_state()}]
         pp_rank, tp_rank = parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank()
         state = {"args": parse_args(), "checkpoint_version": 3.0, "iteration": STEPS, "model": model_sd,
-                 "optimizer": opt.sharded_state_dict(model_sd),
+                 "optimizer": opt.sharded_state_dict(model_sd, **({"metadata": {"distrib_optim_sharding_type": FORM}}
+                                                                  if DISTOPT else {})),
                  "opt_param_scheduler": {"max_lr": 1e-3, "min_lr": 1e-5, "num_steps": STEPS * 2},
-                 "rng_state": ShardedObject("rng_state", rng, (PP, TP), (pp_rank, tp_rank), replica_id=0),
+                 "rng_state": ShardedObject("rng_state", rng, (PP, TP), (pp_rank, tp_rank),
+                                           replica_id=parallel_state.get_data_parallel_rank()),
                  "num_floating_point_operations_so_far": 0}
         dist_checkpointing.save(state, CKPT)
         print(f"[{rank}] SAVE OK", flush=True)
@@ -147,10 +201,16 @@ def references():
     dcp.load(full, storage_reader=reader)  # no process group: one process reads all
     torch.save(full, os.path.join(OUT, CASE, "reference.pt"))
     common = torch.load(os.path.join(CKPT, "common.pt"), weights_only=False)
-    step = common["optimizer"]["state"]["common_step"]
+    optimizer = common["optimizer"]
+    if "param_state_sharding_type" in optimizer:  # the distributed optimizer: the step in each param group
+        groups = optimizer["optimizer"]["param_groups"]
+        step = {"step": groups[0]["step"], "step_type": type(groups[0]["step"]).__name__,
+                "param_state_sharding_type": optimizer["param_state_sharding_type"]}
+    else:  # a common step for every parameter
+        groups, s = optimizer["param_groups"], optimizer["state"]["common_step"]
+        step = {"common_step": s.item(), "common_step_dtype": str(s.dtype)}
     with open(os.path.join(OUT, CASE, "common.json"), "w") as f:
-        json.dump({"keys": list(common), "iteration": common["iteration"], "common_step": step.item(),
-                   "common_step_dtype": str(step.dtype), "param_groups": common["optimizer"]["param_groups"]}, f, indent=1)
+        json.dump({"keys": list(common), "iteration": common["iteration"], **step, "param_groups": groups}, f, indent=1)
     for k, v in full.items():
         print(k, tuple(v.shape), v.dtype)
 
@@ -159,4 +219,5 @@ if __name__ == "__main__":
     if os.environ.get("REFERENCES_ONLY") != "1":
         os.makedirs(CKPT, exist_ok=True)
         mp.spawn(worker, args=(2,), nprocs=2)
-    references()
+    if FORM != "dp_reshardable":  # a checkpoint ucp refuses needs no reference
+        references()
