@@ -13,7 +13,8 @@ For every case, at 1 and 2 MPI ranks:
   distributed optimizer's param groups' step); zero/optimizer_state.pt holds common.pt's param groups;
 - ucp-inspect says Megatron-Core, the iteration and the param groups note.
 Then damaged copies: a flipped byte in common.pt is refused naming it; a metadata.json naming another
-backend, or empty, is refused naming it; a missing common.pt is refused naming it.
+backend, or empty, is refused naming it; a missing common.pt is refused naming it; an optimizer.* key
+of no known form is refused naming it (never read as a model tensor).
 """
 import json
 import os
@@ -126,7 +127,16 @@ def no_common(folder):
     os.remove(os.path.join(folder, "common.pt"))
 
 
+def unknown_optimizer_key(folder):
+    # Every exp_avg_sq key renamed to an optimizer.* name of no known form (same length: the pickle stays whole).
+    p = os.path.join(folder, ".metadata")
+    data = open(p, "rb").read()
+    assert b"optimizer.state.exp_avg_sq." in data
+    open(p, "wb").write(data.replace(b"optimizer.state.exp_avg_sq.", b"optimizer.statZ.exp_avg_sq."))
+
+
 damaged("flipped byte in common.pt", flip_common, ["common.pt", "CRC"])
+damaged("optimizer key of no known form", unknown_optimizer_key, ["optimizer.statZ.exp_avg_sq.", "does not know how to read"])
 damaged("zarr backend", zarr, ["metadata.json", "zarr"])
 damaged("empty metadata.json", empty_metadata_json, ["metadata.json", "JSON"])
 damaged("no common.pt", no_common, ["common.pt", "common_state"])

@@ -34,7 +34,7 @@ constexpr const char* kStateNames[] = {"", "exp_avg", "exp_avg_sq"};  // the ato
 // name when the metadata has none: a model tensor (`fqn`), an optimizer state of parameter `fqn`
 // (`state`: exp_avg, exp_avg_sq, step, ...), or a param group's option (`group`, `option`).
 struct Role {
-  enum { Model, OptimizerState, GroupOption, BucketFlat, Other } kind = Other;
+  enum { Model, OptimizerState, GroupOption, BucketFlat, Unread, Other } kind = Other;
   std::string fqn, state, option;
   int64_t group = -1;
 };
@@ -46,6 +46,7 @@ Role RoleOf(const Item& item, bool megatron) {
     if (k.kind == MegatronKey::Model) r.kind = Role::Model, r.fqn = k.fqn;
     else if (k.kind == MegatronKey::OptimizerState) r.kind = Role::OptimizerState, r.fqn = k.fqn, r.state = k.state;
     else if (k.kind == MegatronKey::BucketFlat) r.kind = Role::BucketFlat;
+    else if (k.kind == MegatronKey::Unread) r.kind = Role::Unread;
     return r;
   }
   const auto& p = item.path;
@@ -441,6 +442,9 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     Role r = RoleOf(item, mcore.has_value());
     if (r.kind == Role::BucketFlat) {
       bucket_flat.push_back(item.fqn);
+    } else if (r.kind == Role::Unread) {
+      L.errors.push_back(dir + ": '" + item.fqn + "': an optimizer tensor ucp does not know how to read (Megatron-Core's "
+                         "per-parameter state is optimizer.state.<state>.<key>): refused rather than left out");
     } else if (r.kind == Role::Model) {
       if (!model.emplace(r.fqn, &item).second) L.errors.push_back(dir + ": '" + item.fqn + "': a second model tensor named '" + r.fqn + "'");
       else model_order.push_back(r.fqn);

@@ -104,10 +104,15 @@ MegatronKey MegatronKeyOf(const std::string& key, bool tensor) {
   static const std::string state = "optimizer.state.", distributed = "optimizer.distributed.";
   if (key.rfind(state, 0) == 0) {
     const size_t dot = key.find('.', state.size());
-    if (dot == std::string::npos || dot == state.size() || dot + 1 == key.size()) return k;
+    if (dot == std::string::npos || dot == state.size() || dot + 1 == key.size()) {
+      if (tensor) k.kind = MegatronKey::Unread;
+      return k;
+    }
     k.kind = MegatronKey::OptimizerState, k.state = key.substr(state.size(), dot - state.size()), k.fqn = key.substr(dot + 1);
   } else if (key.rfind(distributed, 0) == 0) {
     k.kind = MegatronKey::BucketFlat;
+  } else if (tensor && key.rfind("optimizer.", 0) == 0) {
+    k.kind = MegatronKey::Unread;  // optimizer state of a form not known here: never read as a model tensor
   } else if (tensor) {
     k.kind = MegatronKey::Model, k.fqn = key;
   }

@@ -36,9 +36,10 @@ MegatronCore ReadMegatronCore(const std::string& dir);
 
 // What a Megatron-Core key is: `optimizer.state.<state>.<key>` (exp_avg, exp_avg_sq; fp32_param, or
 // `param` from the distributed optimizer: the fp32 master copy) is state `state` of parameter `key`; `optimizer.distributed.*` is the
-// distributed optimizer's bucket-flat dp_reshardable state; any other tensor key is the model's.
+// distributed optimizer's bucket-flat dp_reshardable state; another `optimizer.*` tensor is Unread (a
+// form not known here: refused, never taken for a model tensor); any other tensor key is the model's.
 struct MegatronKey {
-  enum { Model, OptimizerState, BucketFlat, Other } kind = Other;
+  enum { Model, OptimizerState, BucketFlat, Unread, Other } kind = Other;
   std::string fqn, state;
 };
 MegatronKey MegatronKeyOf(const std::string& key, bool tensor);

@@ -12,6 +12,8 @@ groups, rotary, no biases; TP=2), llama_pp2 (the same model, PP=2: each stage sa
 of the stacked tensors), llama_dp2_distopt_bf16 (the same model in bf16, DP=2, Megatron's
 DistributedOptimizer over its DDP, state saved fully_reshardable), llama_dp2_distopt_dp_reshardable
 (the same, state saved in the bucket-flat dp_reshardable form, for tests/data/real-dcp-refused).
+The flattened fully_sharded_model_space form cannot be saved by 0.17.1 itself ("ShardedTensor.
+flattened_range is not supported"): only older releases wrote it.
 
 CPU-only workarounds, in this process only: Megatron-Core's save calls torch.cuda.synchronize() and
 torch.cuda.current_device(); FP32Optimizer makes its loss scale with device='cuda'; the default causal
