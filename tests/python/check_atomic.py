@@ -18,6 +18,7 @@ import xxhash
 
 sys.path.insert(0, os.path.dirname(__file__))
 import ds_stubs  # noqa: E402  (SubparamShape, loss scalers, enums)
+from atomic_files import same_bytes  # noqa: E402
 
 fixture, atomic = sys.argv[1], sys.argv[2]
 desc = json.load(open(os.path.join(fixture, "fixture.json")))
@@ -30,9 +31,6 @@ def fail(msg):
     errors.append(msg)
 
 
-def same_bytes(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.contiguous().view(torch.int32),
-                                                                        b.contiguous().view(torch.int32))
 
 
 # The keys ds_to_universal.py writes beside 'param', decided as it decides them: by the checkpoint's own

@@ -22,6 +22,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic_files import same_bytes  # noqa: E402
 from checklist import check, finish, tool_runner  # noqa: E402
 
 BIN, CASES, WORK = sys.argv[1:4]
@@ -29,8 +30,6 @@ run = tool_runner(BIN, sys.argv[4] if len(sys.argv) > 4 else None)
 STATES = {"fp32": None, "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "step": "step"}
 
 
-def same_bytes(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and a.reshape(-1).view(torch.uint8).equal(b.reshape(-1).view(torch.uint8))
 
 
 def compare(case, atomic, ref):

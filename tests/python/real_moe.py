@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds_stubs  # noqa: E402,F401  DeepSpeed's pickled classes, without DeepSpeed
 import tp_join  # noqa: E402
+from atomic_files import same_bytes  # noqa: E402
 
 EXPERT = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..*)$")
 
@@ -48,10 +49,6 @@ def run(cmd, what):
     return r
 
 
-def same_bytes(a, b):
-    """Equal dtype, shape and bytes (any dtype)."""
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).contiguous().view(torch.uint8),
-                                                                    b.reshape(-1).contiguous().view(torch.uint8))
 
 
 def tp_of(info):
