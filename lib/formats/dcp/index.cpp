@@ -196,6 +196,28 @@ std::map<std::string, int> ReadParamGroups(Files& files, const Options& options,
   return group_of;
 }
 
+// A step as a number: a 0-d tensor (torch 2.x's Adam) or a Python number.
+double StepValue(const Value& v) {
+  if (v.kind != Value::Kind::Tensor) return v.AsFloat();
+  const pt::TensorView& t = v.AsTensor();
+  if (t.dtype == pt::DType::F32) {
+    float f;
+    std::memcpy(&f, t.data(), 4);
+    return f;
+  }
+  if (t.dtype == pt::DType::F64) {
+    double d;
+    std::memcpy(&d, t.data(), 8);
+    return d;
+  }
+  if (t.dtype == pt::DType::I64) {
+    int64_t i;
+    std::memcpy(&i, t.data(), 8);
+    return static_cast<double>(i);
+  }
+  throw Error("its step is a " + std::string(pt::DTypeName(t.dtype)) + " tensor");
+}
+
 // The parameters: each weight with its Adam moments, chunk by chunk, and its group's step.
 class Parameters {
  public:
@@ -312,27 +334,6 @@ class Parameters {
                             "group (the atomic checkpoint keeps one step per group)");
   }
 
-  static double StepValue(const Value& v) {
-    if (v.kind != Value::Kind::Tensor) return v.AsFloat();
-    const pt::TensorView& t = v.AsTensor();
-    if (t.dtype == pt::DType::F32) {
-      float f;
-      std::memcpy(&f, t.data(), 4);
-      return f;
-    }
-    if (t.dtype == pt::DType::F64) {
-      double d;
-      std::memcpy(&d, t.data(), 8);
-      return d;
-    }
-    if (t.dtype == pt::DType::I64) {
-      int64_t i;
-      std::memcpy(&i, t.data(), 8);
-      return static_cast<double>(i);
-    }
-    throw Error("its step is a " + std::string(pt::DTypeName(t.dtype)) + " tensor");
-  }
-
   Files& files_;
   SourceIndex& L_;
   const std::map<std::string, int>& group_of_;
@@ -397,8 +398,12 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
   pt::SetItem(*osd, "param_groups", mc.param_groups ? mc.param_groups : Value::Make(Value::Kind::List));
   L.optimizer_state = osd;
   const size_t groups = mc.param_groups ? mc.param_groups->items.size() : 0;
-  if (mc.step)
-    for (size_t g = 0; g < std::max<size_t>(groups, 1); ++g) L.steps[{0, 0, static_cast<int>(g)}] = mc.step;
+  for (const auto& step : mc.steps)  // the atomic checkpoint keeps one step per group, and Megatron saves no parameter's group
+    if (StepValue(*step) != StepValue(*mc.steps[0]))
+      throw Error(L.dir + "/common.pt: its param groups hold different steps (" + std::to_string(StepValue(*mc.steps[0])) + ", " +
+                  std::to_string(StepValue(*step)) + "), and Megatron saves no parameter's group: which step is whose is unknown");
+  if (!mc.steps.empty())
+    for (size_t g = 0; g < std::max<size_t>(groups, 1); ++g) L.steps[{0, 0, static_cast<int>(g)}] = mc.steps[0];
   std::string keys;
   for (const auto& k : mc.common_keys) keys += (keys.empty() ? "" : ", ") + k;
   L.notes.push_back("Megatron-Core dist_checkpointing (" + mc.backend + "); optimizer: " + mc.optimizer_form +

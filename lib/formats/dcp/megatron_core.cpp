@@ -83,14 +83,10 @@ MegatronCore ReadMegatronCore(const std::string& dir) {
     auto groups = torch_state->Get("param_groups");
     if (!groups || !groups->IsSequence()) throw Error("optimizer.param_groups is " + (groups ? groups->TypeName() : std::string("absent")) + ", not a list");
     mc.param_groups = groups;
-    if (auto state = torch_state->Get("state")) mc.step = state->Get("common_step");
-    // The distributed optimizer keeps the step in each param group: the same in all of them.
-    for (const auto& g : groups->items)
-      if (auto step = g ? g->Get("step") : nullptr; step && !mc.step) mc.step = step;
-      else if (step && mc.step && step->AsFloat() != mc.step->AsFloat())
-        throw Error("its param groups hold different steps (" + std::to_string(mc.step->AsFloat()) + ", " +
-                    std::to_string(step->AsFloat()) + "): the atomic checkpoint keeps one step per group, and Megatron "
-                    "saves no parameter's group");
+    if (auto state = torch_state->Get("state"); state && state->Get("common_step")) mc.steps.push_back(state->Get("common_step"));
+    else  // the distributed optimizer keeps the step in each param group
+      for (const auto& g : groups->items)
+        if (auto step = g ? g->Get("step") : nullptr) mc.steps.push_back(step);
   });
   mc.file.name = "common.pt", mc.file.kind = "megatron_common", mc.file.carried = true;
   for (const auto& [name, e] : common.archive->entries()) mc.file.checksummed.push_back({name, e.data_offset, e.size, e.crc32});

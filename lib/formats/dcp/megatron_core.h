@@ -16,8 +16,8 @@ struct MegatronCore {
   std::string backend;            // metadata.json: "torch_dist ..., common torch ..."
   int64_t iteration = 0;          // common.pt `iteration`, else 0
   pt::ValuePtr param_groups;      // common.pt `optimizer.param_groups` as saved (Megatron drops their `params`)
-  pt::ValuePtr step;              // the step every parameter shares: common.pt `optimizer.state.common_step`, or
-                                  // the distributed optimizer's param groups' `step`
+  std::vector<pt::ValuePtr> steps;  // common.pt `optimizer.state.common_step`, the step every parameter
+                                    // shares; else each param group's `step` (the distributed optimizer's)
   std::string optimizer_form = "per-parameter state";  // or "DistributedOptimizer, fully_reshardable"
   std::vector<std::string> common_keys;  // common.pt's top-level keys, for the notes
   pt::ValuePtr args;              // common.pt `args` (Megatron-LM's argparse.Namespace), or nullptr
