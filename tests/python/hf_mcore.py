@@ -15,6 +15,8 @@ come from Megatron-LM's args in the carried common.pt):
   unexpected or mismatched keys; tests/hf/README.md) and whose logits it recorded, and those logits
   equal the logits Megatron-Core's own GPTModel gave when the checkpoint was written
   (megatron_logits.json) within 1e-5;
+- args that change what the model computes (use_rope_scaling set in a copy's common.pt) refuse the
+  export by name;
 - the GPT case (LayerNorm, GeLU, learned positions) is refused as GPT-2-shaped, nothing written; a
   DeepSpeed layout from a Megatron-Core atomic checkpoint is refused, pointing to --format hf.
 """
@@ -22,7 +24,10 @@ import filecmp
 import json
 import os
 import shutil
+import struct
 import sys
+import zipfile
+import zlib
 
 import torch
 
@@ -98,6 +103,36 @@ for case in ("llama_tp2", "llama_pp2", "llama_dp2_distopt_bf16"):
     r = run("ucp-reshard", [atomic, "-o", out, "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
     check(f"{case}: a DeepSpeed layout is refused, pointing to --format hf", r.returncode != 0 and "--format hf" in r.stderr and
           not os.path.exists(os.path.join(out, "latest")), r.stderr[-600:])
+
+def set_flag_in_args(common_pt, flag):
+    """common.pt with args.<flag> False made True: one pickle byte (NEWFALSE -> NEWTRUE) of data.pkl, its
+    CRC-32 fixed in the local header and the central directory, so the file stays a valid zip."""
+    raw = bytearray(open(common_pt, "rb").read())
+    info = next(i for i in zipfile.ZipFile(common_pt).infolist() if i.filename.endswith("data.pkl"))
+    n, e = struct.unpack("<HH", raw[info.header_offset + 26:info.header_offset + 30])
+    start = info.header_offset + 30 + n + e
+    key = raw.index(flag.encode(), start, start + info.file_size)
+    value = raw.index(b"\x89", key + len(flag), key + len(flag) + 4)  # after the key (and its MEMOIZE)
+    raw[value] = 0x88
+    crc = struct.pack("<I", zlib.crc32(bytes(raw[start:start + info.file_size])) & 0xFFFFFFFF)
+    raw[info.header_offset + 14:info.header_offset + 18] = crc
+    central = raw.index(b"PK\x01\x02" + bytes(raw[info.header_offset + 4:info.header_offset + 6]), start + info.file_size)
+    while not raw[central + 46:central + 46 + len(info.filename)] == info.filename.encode():
+        central = raw.index(b"PK\x01\x02", central + 4)
+    raw[central + 16:central + 20] = crc
+    open(common_pt, "wb").write(bytes(raw))
+
+
+# A Llama 3.1-style rotary scaling said in the args: the export would compute something else, refused by name.
+scaled = os.path.join(WORK, "rope_scaling", "checkpoint")
+shutil.copytree(os.path.join(CASES, "llama_tp2", "checkpoint"), scaled)
+set_flag_in_args(os.path.join(scaled, "common.pt"), "use_rope_scaling")
+atomic = os.path.join(WORK, "rope_scaling", "atomic")
+r = run("ucp-convert", [scaled, "-o", atomic, "-q"])
+check("use_rope_scaling: convert (the tensors are the same)", r.returncode == 0, r.stderr[-600:])
+r = run("ucp-reshard", [atomic, "-o", os.path.join(WORK, "rope_scaling", "hf"), "--format", "hf"])
+check("use_rope_scaling in the args: the export is refused naming it, nothing written", r.returncode != 0 and
+      "use_rope_scaling" in r.stderr and not os.path.exists(os.path.join(WORK, "rope_scaling", "hf")), r.stderr[-600:])
 
 atomic = os.path.join(WORK, "gpt_tp2", "atomic")
 r = run("ucp-convert", [os.path.join(CASES, "gpt_tp2", "checkpoint"), "-o", atomic, "-q"])

@@ -249,8 +249,29 @@ void RefuseUnlessLlama(const ModelView& v, const reshard::ExportOptions& o, std:
   if (auto p = f.Get("rotary_percent"); p && p->is_number() && p->get<double>() != 1.0)
     differs.push_back("rotary_percent " + p->dump() + " (LlamaForCausalLM rotates every dimension)");
   if (bias_on_norm) differs.push_back("a bias on its norms, '" + bias_on_norm->first + "' (RMSNorm has none)");
-  if (v.arg && v.arg("rotary_interleaved") && v.arg("rotary_interleaved")->kind == Value::Kind::Bool && v.arg("rotary_interleaved")->b)
-    differs.push_back("rotary_interleaved (Megatron-Core rotating interleaved pairs; LlamaForCausalLM rotates halves)");
+  // Megatron's args that change what the model computes and that LlamaForCausalLM's config.json as
+  // written here does not say: each one set is a difference, never dropped unsaid.
+  static const std::pair<const char*, const char*> kChanges[] = {
+      {"rotary_interleaved", "rotating interleaved pairs; LlamaForCausalLM rotates halves"},
+      {"use_rope_scaling", "Llama 3.1's rotary frequency scaling, which this export does not write into rope_scaling"},
+      {"rotary_seq_len_interpolation_factor", "rotary positions interpolated"},
+      {"window_size", "sliding-window attention"},
+      {"no_rope_freq", "layers without rotary embeddings"},
+      {"apply_residual_connection_post_layernorm", "the residual taken after the norm"},
+      {"apply_layernorm_1p", "norm weights stored as an offset from 1"},
+      {"layernorm_zero_centered_gamma", "norm weights stored as an offset from 1"},
+      {"qk_layernorm", "query and key norms"},
+      {"multi_latent_attention", "multi-latent attention"},
+      {"num_moe_experts", "Mixture of Experts"},
+      {"mtp_num_layers", "multi-token prediction layers"},
+  };
+  for (const auto& [key, meaning] : kChanges)
+    if (const Value* a = v.arg ? v.arg(key) : nullptr;
+        a && a->kind != Value::Kind::None && !(a->kind == Value::Kind::Bool && !a->b) && !(a->kind == Value::Kind::Int && a->i == 0))
+      differs.push_back(std::string(key) + " set in the checkpoint's args (" + meaning + ")");
+  for (const auto& [key, plain] : {std::pair<const char*, const char*>{"rope_type", "rope"}, {"softmax_type", "vanilla"}})
+    if (const Value* a = v.arg ? v.arg(key) : nullptr; a && a->kind == Value::Kind::Str && a->s != plain)
+      differs.push_back(std::string(key) + " '" + a->s + "' in the checkpoint's args (LlamaForCausalLM: " + plain + ")");
   if (differs.empty()) return;
   const std::string next = " ucp-convert's atomic checkpoint holds its fp32 weights, one file per parameter (zero/<name>/fp32.pt).";
   // GPT-2's shape (LayerNorm, learned positions, GeLU, one key-value head per query head) is said as such.
