@@ -61,6 +61,9 @@ TorchFile ReadTorchArchive(std::shared_ptr<ZipArchive> archive, const ReadOption
     return s;
   };
   out.root = WithContext(path, [&] { return Unpickle(zip.Payload(*pkl), resolve); });
+  if (options.verify_storage_crc)  // every byte read: the small records beside them too (byteorder, version, ...)
+    for (const auto& [name, entry] : zip.entries())
+      if (&entry != pkl && name.rfind(out.prefix + "data/", 0) != 0) zip.VerifyCrc(entry);
   return out;
 }
 

@@ -14,7 +14,7 @@ namespace ucp::pt {
 
 struct ReadOptions {
   bool verify_pickle_crc = true;    // data.pkl is small; a flipped byte is caught here
-  bool verify_storage_crc = false;  // reads every tensor byte once
+  bool verify_storage_crc = false;  // reads every tensor byte once, and checks every other record too
 };
 
 struct TorchFile {

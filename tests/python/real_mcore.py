@@ -14,7 +14,9 @@ For every case, at 1 and 2 MPI ranks:
 - ucp-inspect says Megatron-Core, the iteration and the param groups note.
 Then damaged copies: a flipped byte in common.pt is refused naming it; a metadata.json naming another
 backend, or empty, is refused naming it; a missing common.pt is refused naming it; an optimizer.* key
-of no known form is refused naming it (never read as a model tensor).
+of no known form is refused naming it (never read as a model tensor); a missing metadata.json or an
+unknown backend version is refused naming it; ucp-inspect --verify finds a flipped byte in a chunk's
+byteorder record.
 """
 import json
 import os
@@ -122,6 +124,17 @@ def empty_metadata_json(folder):
     open(os.path.join(folder, "metadata.json"), "w").close()
 
 
+def no_metadata_json(folder):
+    os.remove(os.path.join(folder, "metadata.json"))
+
+
+def backend_version_2(folder):
+    p = os.path.join(folder, "metadata.json")
+    text = open(p).read()
+    assert '"sharded_backend_version": 1' in text
+    open(p, "w").write(text.replace('"sharded_backend_version": 1', '"sharded_backend_version": 2'))
+
+
 def no_common(folder):
     os.remove(os.path.join(folder, "common.pt"))
 
@@ -138,5 +151,24 @@ damaged("flipped byte in common.pt", flip_common, ["common.pt", "CRC"])
 damaged("optimizer key of no known form", unknown_optimizer_key, ["optimizer.statZ.exp_avg_sq.", "does not know how to read"])
 damaged("zarr backend", zarr, ["metadata.json", "zarr"])
 damaged("empty metadata.json", empty_metadata_json, ["metadata.json", "JSON"])
+damaged("no metadata.json", no_metadata_json, ["metadata.json", "common.pt"])
+damaged("sharded_backend_version 2", backend_version_2, ["metadata.json", "sharded_backend_version 2"])
 damaged("no common.pt", no_common, ["common.pt", "common_state"])
+# A flipped byte in a record no tensor is read from (a chunk archive's byteorder): --verify finds it.
+d = os.path.join(WORK, "damaged", "byteorder")
+shutil.copytree(os.path.join(CASES, cases[0], "checkpoint"), d)
+p = os.path.join(d, "__0_0.distcp")
+data = bytearray(open(p, "rb").read())
+at = data.find(b"PK\x03\x04")
+while at >= 0:
+    n, e = int.from_bytes(data[at + 26:at + 28], "little"), int.from_bytes(data[at + 28:at + 30], "little")
+    if data[at + 30:at + 30 + n].endswith(b"/byteorder"):
+        data[at + 30 + n + e] ^= 0x20
+        break
+    at = data.find(b"PK\x03\x04", at + 4)
+assert at >= 0, "a byteorder record"
+open(p, "wb").write(bytes(data))
+r = run("ucp-inspect", ["--verify", d])
+check("damaged: a flipped byte in a chunk's byteorder record: inspect --verify finds it",
+      r.returncode != 0 and "byteorder" in r.stdout + r.stderr and "CRC" in r.stdout + r.stderr, r.stdout[-500:] + r.stderr[-500:])
 finish("real_mcore")

@@ -406,6 +406,11 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
     for (size_t g = 0; g < std::max<size_t>(groups, 1); ++g) L.steps[{0, 0, static_cast<int>(g)}] = mc.steps[0];
   std::string keys;
   for (const auto& k : mc.common_keys) keys += (keys.empty() ? "" : ", ") + k;
+  if (keys.empty()) keys = "nothing";
+  if (!mc.has_iteration) L.notes.push_back("common.pt holds no iteration: the atomic checkpoint records iteration 0");
+  if (mc.steps.empty() && mc.param_groups)
+    L.notes.push_back("common.pt holds no optimizer step (optimizer.state.common_step, or a step in the param groups): "
+                      "the atomic checkpoint records none, and Adam's bias correction restarts where it is loaded");
   L.notes.push_back("Megatron-Core dist_checkpointing (" + mc.backend + "); optimizer: " + mc.optimizer_form +
                     "; common.pt holds " + keys);
   if (groups > 1)
@@ -415,9 +420,8 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
 
 }  // namespace
 
-bool LooksLikeCheckpoint(const std::string& dir) {
+bool LooksLikeCheckpoint(const std::string& dir) {  // its data files are enough: a missing .metadata is then said
   std::error_code ec;
-  if (!fs::is_regular_file(fs::path(dir) / ".metadata", ec)) return false;
   for (const auto& e : fs::directory_iterator(dir, ec))
     if (e.path().extension() == ".distcp") return true;
   return false;
@@ -434,6 +438,9 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   // Megatron-Core's torch_dist: DCP with Megatron's sharded keys, its common state in common.pt.
   std::optional<MegatronCore> mcore;
   if (IsMegatronCore(dir)) mcore = ReadMegatronCore(dir);
+  else if (std::error_code ec; fs::exists(fs::path(dir) / "common.pt", ec))
+    throw Error(dir + ": common.pt beside .metadata but no metadata.json: a Megatron-Core torch_dist checkpoint without "
+                "the file naming its backends (metadata.json, written by dist_checkpointing.save) is not read");
   const Metadata M = ReadMetadata(dir + "/.metadata");
   Files files(L);
 

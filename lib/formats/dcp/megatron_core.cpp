@@ -37,6 +37,12 @@ std::string Backend(const std::string& dir) {
     if (sharded != "torch_dist")
       throw Error("sharded_backend '" + sharded + "': ucp reads Megatron-Core's torch_dist checkpoints (saved through "
                   "PyTorch DCP); other backends (zarr, ...) are not supported");
+    // The releases whose files were read here write version 1 of both; another is refused, not guessed at.
+    for (const auto& [key, want] : {std::pair<const char*, const char*>{"sharded_backend_version", "1"},
+                                    {"common_backend", "torch"}, {"common_backend_version", "1"}})
+      if (word(key) != want)
+        throw Error(std::string(key) + " " + word(key) + ": ucp reads " + key + " " + want + " (Megatron-Core's torch_dist as "
+                    "its releases up to 0.17 write it)");
     return "sharded_backend torch_dist " + word("sharded_backend_version") + ", common_backend " + word("common_backend") +
            " " + word("common_backend_version");
   });
@@ -59,7 +65,7 @@ MegatronCore ReadMegatronCore(const std::string& dir) {
     if (!common.root || common.root->kind != Value::Kind::Dict) throw Error("holds a " + (common.root ? common.root->TypeName() : "null") + ", not a dict");
     for (const auto& it : common.root->AsDict().items())
       if (it.key && it.key->kind == Value::Kind::Str) mc.common_keys.push_back(it.key->s);
-    if (auto it = common.root->Get("iteration")) mc.iteration = it->AsInt();
+    if (auto it = common.root->Get("iteration")) mc.iteration = it->AsInt(), mc.has_iteration = true;
     mc.args = common.root->Get("args");
     auto optimizer = common.root->Get("optimizer");
     if (!optimizer) return;

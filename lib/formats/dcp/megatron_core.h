@@ -15,6 +15,7 @@ namespace ucp::formats::dcp {
 struct MegatronCore {
   std::string backend;            // metadata.json: "torch_dist ..., common torch ..."
   int64_t iteration = 0;          // common.pt `iteration`, else 0
+  bool has_iteration = false;
   pt::ValuePtr param_groups;      // common.pt `optimizer.param_groups` as saved (Megatron drops their `params`)
   std::vector<pt::ValuePtr> steps;  // common.pt `optimizer.state.common_step`, the step every parameter
                                     // shares; else each param group's `step` (the distributed optimizer's)
