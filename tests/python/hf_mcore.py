@@ -17,7 +17,8 @@ come from Megatron-LM's args in the carried common.pt):
   (megatron_logits.json) within 1e-5;
 - args that change what the model computes (use_rope_scaling set in a copy's common.pt) refuse the
   export by name;
-- the GPT case (LayerNorm, GeLU, learned positions) is refused as GPT-2-shaped, nothing written; a
+- the GPT case (LayerNorm, GeLU, learned positions) is refused as GPT-2-shaped, the MoE case as Mixture
+  of Experts, nothing written; a
   DeepSpeed layout from a Megatron-Core atomic checkpoint is refused, pointing to --format hf.
 """
 import filecmp
@@ -141,4 +142,11 @@ out = os.path.join(WORK, "gpt_tp2", "hf")
 r = run("ucp-reshard", [atomic, "-o", out, "--format", "hf"])
 check("gpt_tp2: refused as GPT-2-shaped, nothing written", r.returncode != 0 and "GPT-2" in r.stderr and not os.path.exists(out),
       r.stderr[-600:])
+atomic = os.path.join(WORK, "moe_ep2", "atomic")
+r = run("ucp-convert", [os.path.join(CASES, "moe_ep2", "checkpoint"), "-o", atomic, "-q"])
+check("moe_ep2: convert", r.returncode == 0, r.stderr[-800:])
+out = os.path.join(WORK, "moe_ep2", "hf")
+r = run("ucp-reshard", [atomic, "-o", out, "--format", "hf"])
+check("moe_ep2: refused as Mixture of Experts, nothing written", r.returncode != 0 and "Mixture of Experts" in r.stderr and
+      not os.path.exists(out), r.stderr[-600:])
 finish("hf_mcore")

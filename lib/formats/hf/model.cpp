@@ -269,6 +269,9 @@ void RefuseUnlessLlama(const ModelView& v, const reshard::ExportOptions& o, std:
     if (const Value* a = v.arg ? v.arg(key) : nullptr;
         a && a->kind != Value::Kind::None && !(a->kind == Value::Kind::Bool && !a->b) && !(a->kind == Value::Kind::Int && a->i == 0))
       differs.push_back(std::string(key) + " set in the checkpoint's args (" + meaning + ")");
+  if (const Value* n = v.arg ? v.arg("num_experts") : nullptr; n && n->kind == Value::Kind::Int && n->i > 1)  // Megatron-LM's
+    differs.push_back("num_experts " + std::to_string(n->i) + " in the checkpoint's args (Mixture of Experts; the Mixtral "
+                      "layout is not written yet)");  // (Megatron-DeepSpeed's is a list per layer, [1] when dense)
   for (const auto& [key, plain] : {std::pair<const char*, const char*>{"rope_type", "rope"}, {"softmax_type", "vanilla"}})
     if (const Value* a = v.arg ? v.arg(key) : nullptr; a && a->kind == Value::Kind::Str && a->s != plain)
       differs.push_back(std::string(key) + " '" + a->s + "' in the checkpoint's args (LlamaForCausalLM: " + plain + ")");

@@ -9,7 +9,7 @@ Run inside the Debian trixie chroot with Megatron-LM core_v0.17.1 on PYTHONPATH:
   CASE=llama_tp2 OUT=/tmp/mcore python3 make_mcore.py
 Cases: gpt_tp2 (LayerNorm, GeLU, biases, MHA; TP=2), llama_tp2 (RMSNorm, SwiGLU, GQA 4 heads / 2
 groups, rotary, no biases; TP=2), llama_pp2 (the same model, PP=2: each stage saves its own layers
-of the stacked tensors), llama_dp2_distopt_bf16 (the same model in bf16, DP=2, Megatron's
+of the stacked tensors), moe_ep2 (the same block with 4 experts, top-2, EP=2), llama_dp2_distopt_bf16 (the same model in bf16, DP=2, Megatron's
 DistributedOptimizer over its DDP, state saved fully_reshardable), llama_dp2_distopt_dp_reshardable
 (the same, state saved in the bucket-flat dp_reshardable form, for tests/data/real-dcp-refused).
 The flattened fully_sharded_model_space form cannot be saved by 0.17.1 itself ("ShardedTensor.
@@ -30,7 +30,8 @@ CKPT = os.path.join(OUT, CASE, "checkpoint")
 STEPS = int(os.environ.get("STEPS", "3"))
 DISTOPT = "distopt" in CASE  # Megatron's DistributedOptimizer over DDP, bf16 weights, DP=2
 FORM = "dp_reshardable" if "dp_reshardable" in CASE else "fully_reshardable"  # its state's form
-TP = 1 if CASE.endswith("pp2") or DISTOPT else 2
+TP = 1 if CASE.endswith("pp2") or DISTOPT or CASE.startswith("moe") else 2
+EP = 2 if CASE.startswith("moe") else 1  # experts over the 2 ranks: the global-expert axis
 PP = 2 if CASE.endswith("pp2") else 1
 
 
@@ -65,6 +66,8 @@ def config():
                   tensor_model_parallel_size=TP, pipeline_model_parallel_size=PP)
     if CASE.startswith("gpt"):
         return TransformerConfig(**common), "learned_absolute"
+    if CASE.startswith("moe"):  # Mixture of Experts: 4 experts, top-2, on the Llama-style block
+        common.update(num_moe_experts=4, moe_router_topk=2, moe_aux_loss_coeff=0.0, expert_model_parallel_size=EP)
     if DISTOPT:
         common.update(bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
     return TransformerConfig(**common, num_query_groups=2, normalization="RMSNorm", gated_linear_unit=True,
@@ -84,7 +87,8 @@ def worker(rank, world):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.optimizer import OptimizerConfig
         from megatron.core.optimizer.optimizer import FP32Optimizer
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP, pipeline_model_parallel_size=PP)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP, pipeline_model_parallel_size=PP,
+                                                 expert_model_parallel_size=EP)
         torch.manual_seed(1234)
         try:
             tensor_parallel.model_parallel_cuda_manual_seed(123)
@@ -95,7 +99,9 @@ def worker(rank, world):
         cfg, pos = config()
         pre = parallel_state.is_pipeline_first_stage()
         post = parallel_state.is_pipeline_last_stage()
-        model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization=cfg.normalization),
+        spec = get_gpt_layer_local_spec(normalization=cfg.normalization,
+                                        **({"num_experts": 4, "moe_grouped_gemm": False} if CASE.startswith("moe") else {}))
+        model = GPTModel(config=cfg, transformer_layer_spec=spec,
                          vocab_size=128, max_sequence_length=32, position_embedding_type=pos,
                          pre_process=pre, post_process=post, share_embeddings_and_output_weights=False)
         from megatron.core.optimizer import _get_param_groups, get_megatron_optimizer
@@ -166,6 +172,9 @@ def worker(rank, world):
                     "--hidden-dropout", "0", "--attention-dropout", "0"]
         if DISTOPT:
             sys.argv += ["--use-distributed-optimizer", "--bf16"] + (["--dist-ckpt-optim-fully-reshardable"] if FORM == "fully_reshardable" else [])
+        if CASE.startswith("moe"):
+            sys.argv += ["--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0",
+                         "--expert-model-parallel-size", str(EP)]
         if not CASE.startswith("gpt"):
             sys.argv += ["--group-query-attention", "--num-query-groups", "2", "--swiglu", "--normalization", "RMSNorm",
                          "--ffn-hidden-size", "96", "--disable-bias-linear", "--position-embedding-type", "rope"]
