@@ -1,13 +1,14 @@
 """The end-to-end test scripts' one idea of a check: a labelled line, ok or FAIL with the detail, and
 the exit status from all of them.
 
-    from checklist import check, finish, tool_runner
+    from checklist import cases_holding, check, finish, fresh_folder, tool_runner
     run = tool_runner(BIN_DIR, MPIEXEC)     # run("ucp-convert", [SRC, "-o", OUT], ranks=2)
     r = run("ucp-convert", [src, "-o", out])
     check("written", r.returncode == 0, r.stderr)
     finish("case")   # "case: 0 problems", exit 0; else the labels that failed, exit 1
 """
 import os
+import shutil
 import subprocess
 import sys
 
@@ -34,3 +35,32 @@ def tool_runner(bin_dir, mpiexec=None):
             cmd = [mpiexec, "--oversubscribe", "-np", str(ranks)] + cmd
         return subprocess.run(cmd, capture_output=True, text=True)
     return run
+
+
+def fresh_folder(path):
+    """`path` emptied (a test's work folder: nothing of an earlier run read as this one's)."""
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+
+
+def cases_holding(folder, name):
+    """The sub-folders of `folder` that hold a file `name` (a case's marker: reference.pt, expect.txt), sorted."""
+    return sorted(c for c in os.listdir(folder) if os.path.isfile(os.path.join(folder, c, name)))
+
+
+def refused_when_damaged(run, work, label, src, mutate, expect):
+    """A copy of checkpoint folder `src` under work/damaged/<label>, changed by mutate(folder): ucp-convert
+    (2 ranks) must fail with every string of `expect` in its error, without a traceback or an abort,
+    and leave no manifest."""
+    d = os.path.join(work, "damaged", label.replace(" ", "_"))
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(src, os.path.join(d, "ckpt"))
+    for f in os.listdir(os.path.join(d, "ckpt")):  # writable, whatever the source's modes
+        os.chmod(os.path.join(d, "ckpt", f), 0o644)
+    mutate(os.path.join(d, "ckpt"))
+    out = os.path.join(d, "out")
+    r = run("ucp-convert", [os.path.join(d, "ckpt"), "-o", out], ranks=2)
+    check(f"damaged: {label}: refused naming it", r.returncode != 0 and all(e in r.stderr for e in expect) and
+          "Traceback" not in r.stderr and "terminate called" not in r.stderr, f"rc {r.returncode}: {r.stderr[-1200:]}")
+    check(f"damaged: {label}: no manifest left", not os.path.exists(os.path.join(out, "ucp_manifest.json")))
+    return os.path.join(d, "ckpt")

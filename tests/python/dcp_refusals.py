@@ -7,20 +7,18 @@ For each case, at 1 and 2 ranks: ucp-convert exits 1 with every line of expect.t
 traceback or abort, and leaves no manifest; ucp-inspect exits non-zero naming the same.
 """
 import os
-import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checklist import check, finish, tool_runner  # noqa: E402
+from checklist import cases_holding, check, finish, fresh_folder, tool_runner  # noqa: E402
 
 BIN, CASES, WORK = sys.argv[1:4]
 MPIEXEC = sys.argv[4] if len(sys.argv) > 4 else None
 run = tool_runner(BIN, MPIEXEC)
 
 
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
-cases = sorted(c for c in os.listdir(CASES) if os.path.isfile(os.path.join(CASES, c, "expect.txt")))
+fresh_folder(WORK)
+cases = cases_holding(CASES, "expect.txt")
 check("refused cases found", len(cases) >= 3, str(cases))
 for case in cases:
     ckpt = os.path.join(CASES, case, "checkpoint")

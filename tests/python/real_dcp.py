@@ -16,14 +16,13 @@ DCP never writes is refused naming the class.
 """
 import json
 import os
-import shutil
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from atomic_files import same_bytes  # noqa: E402
-from checklist import check, finish, tool_runner  # noqa: E402
+from checklist import cases_holding, check, finish, fresh_folder, refused_when_damaged, tool_runner  # noqa: E402
 
 BIN, CASES, WORK = sys.argv[1:4]
 run = tool_runner(BIN, sys.argv[4] if len(sys.argv) > 4 else None)
@@ -51,9 +50,8 @@ def compare(case, atomic, ref):
           [list(g) for g in osd["param_groups"]] == [list(g) for g in want], f"{osd.get('param_groups')} vs {want}")
 
 
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
-cases = sorted(c for c in os.listdir(CASES) if os.path.isfile(os.path.join(CASES, c, "reference.pt")))
+fresh_folder(WORK)
+cases = cases_holding(CASES, "reference.pt")
 check("real DCP cases found", len(cases) >= 1, str(cases))
 for case in cases:
     ckpt = os.path.join(CASES, case, "checkpoint")
@@ -76,19 +74,7 @@ for case in cases:
 
 
 def damaged(label, src, mutate, expect):
-    """A copy of `src` changed by mutate(folder); ucp-convert must fail with every string of `expect`
-    in its error and leave no manifest."""
-    d = os.path.join(WORK, "damaged", label)
-    shutil.rmtree(d, ignore_errors=True)
-    shutil.copytree(src, os.path.join(d, "ckpt"))
-    for f in os.listdir(os.path.join(d, "ckpt")):
-        os.chmod(os.path.join(d, "ckpt", f), 0o644)
-    mutate(os.path.join(d, "ckpt"))
-    out = os.path.join(d, "out")
-    r = run("ucp-convert", [os.path.join(d, "ckpt"), "-o", out], ranks=2)
-    check(f"damaged: {label}: refused naming it", r.returncode != 0 and all(e in r.stderr for e in expect) and
-          "Traceback" not in r.stderr and "terminate called" not in r.stderr, f"rc {r.returncode}: {r.stderr[-1200:]}")
-    check(f"damaged: {label}: no manifest left", not os.path.exists(os.path.join(out, "ucp_manifest.json")))
+    return refused_when_damaged(run, WORK, label, src, mutate, expect)
 
 
 # The damaged copies, of the FSDP2 case where the folder has it.
@@ -112,8 +98,8 @@ if os.path.isdir(os.path.join(CASES, "fsdp2_dp2")):
         open(p, "wb").write(bytes(data))
 
 
-    damaged("flipped byte in a .distcp", src, flip_tensor_byte, ["__1_0.distcp", "CRC"])
-    r = run("ucp-inspect", ["--verify", os.path.join(WORK, "damaged", "flipped byte in a .distcp", "ckpt")])
+    flipped = damaged("flipped byte in a .distcp", src, flip_tensor_byte, ["__1_0.distcp", "CRC"])
+    r = run("ucp-inspect", ["--verify", flipped])
     check("damaged: inspect --verify finds the flipped byte", r.returncode == 2 and "CRC" in r.stdout + r.stderr,
           r.stdout[-600:] + r.stderr[-600:])
 

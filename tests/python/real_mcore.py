@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from atomic_files import same_bytes  # noqa: E402
-from checklist import check, finish, tool_runner  # noqa: E402
+from checklist import cases_holding, check, finish, fresh_folder, refused_when_damaged, tool_runner  # noqa: E402
 
 BIN, CASES, WORK = sys.argv[1:4]
 run = tool_runner(BIN, sys.argv[4] if len(sys.argv) > 4 else None)
@@ -69,9 +69,8 @@ def compare(case, atomic, ref, common):
           [list(g) for g in osd["param_groups"]] == [list(g) for g in common["param_groups"]], f"{osd.get('param_groups')}")
 
 
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
-cases = sorted(c for c in os.listdir(CASES) if os.path.isfile(os.path.join(CASES, c, "reference.pt")))
+fresh_folder(WORK)
+cases = cases_holding(CASES, "reference.pt")
 check("Megatron-Core cases found", len(cases) >= 3, str(cases))
 for case in cases:
     ckpt = os.path.join(CASES, case, "checkpoint")
@@ -92,16 +91,8 @@ for case in cases:
 
 
 def damaged(label, mutate, expect):
-    """A copy of the first case changed by mutate(folder): ucp-convert fails naming every string of
-    `expect`, and leaves no manifest."""
-    d = os.path.join(WORK, "damaged", label.replace(" ", "_"))
-    shutil.copytree(os.path.join(CASES, cases[0], "checkpoint"), os.path.join(d, "ckpt"))
-    mutate(os.path.join(d, "ckpt"))
-    out = os.path.join(d, "out")
-    r = run("ucp-convert", [os.path.join(d, "ckpt"), "-o", out], ranks=2)
-    check(f"damaged: {label}: refused naming it", r.returncode != 0 and all(e in r.stderr for e in expect) and
-          "Traceback" not in r.stderr and "terminate called" not in r.stderr, f"rc {r.returncode}: {r.stderr[-1200:]}")
-    check(f"damaged: {label}: no manifest left", not os.path.exists(os.path.join(out, "ucp_manifest.json")))
+    """A copy of the first case changed by mutate(folder), refused naming `expect` (checklist.py)."""
+    refused_when_damaged(run, WORK, label, os.path.join(CASES, cases[0], "checkpoint"), mutate, expect)
 
 
 def flip_common(folder):
@@ -113,11 +104,14 @@ def flip_common(folder):
     open(p, "wb").write(bytes(data))
 
 
-def zarr(folder):
-    p = os.path.join(folder, "metadata.json")
-    text = open(p).read()
-    assert '"torch_dist"' in text
-    open(p, "w").write(text.replace('"torch_dist"', '"zarr"'))
+def metadata_json_edit(old, new):
+    """A mutation of metadata.json: its text `old` (which must be there) replaced by `new`."""
+    def mutate(folder):
+        p = os.path.join(folder, "metadata.json")
+        text = open(p).read()
+        assert old in text, f"{old} in metadata.json"
+        open(p, "w").write(text.replace(old, new))
+    return mutate
 
 
 def empty_metadata_json(folder):
@@ -126,13 +120,6 @@ def empty_metadata_json(folder):
 
 def no_metadata_json(folder):
     os.remove(os.path.join(folder, "metadata.json"))
-
-
-def backend_version_2(folder):
-    p = os.path.join(folder, "metadata.json")
-    text = open(p).read()
-    assert '"sharded_backend_version": 1' in text
-    open(p, "w").write(text.replace('"sharded_backend_version": 1', '"sharded_backend_version": 2'))
 
 
 def no_common(folder):
@@ -149,10 +136,11 @@ def unknown_optimizer_key(folder):
 
 damaged("flipped byte in common.pt", flip_common, ["common.pt", "CRC"])
 damaged("optimizer key of no known form", unknown_optimizer_key, ["optimizer.statZ.exp_avg_sq.", "does not know how to read"])
-damaged("zarr backend", zarr, ["metadata.json", "zarr"])
+damaged("zarr backend", metadata_json_edit('"torch_dist"', '"zarr"'), ["metadata.json", "zarr"])
 damaged("empty metadata.json", empty_metadata_json, ["metadata.json", "JSON"])
 damaged("no metadata.json", no_metadata_json, ["metadata.json", "common.pt"])
-damaged("sharded_backend_version 2", backend_version_2, ["metadata.json", "sharded_backend_version 2"])
+damaged("sharded_backend_version 2", metadata_json_edit('"sharded_backend_version": 1', '"sharded_backend_version": 2'),
+        ["metadata.json", "sharded_backend_version 2"])
 damaged("no common.pt", no_common, ["common.pt", "common_state"])
 # A flipped byte in a record no tensor is read from (a chunk archive's byteorder): --verify finds it.
 d = os.path.join(WORK, "damaged", "byteorder")
