@@ -30,6 +30,11 @@ report() {
 trap report EXIT
 bash "$root/scripts/install-deps.sh"
 phase "install-deps"
+mkdir -p "$build"
+free_gib=$(( $(df -Pk "$build" | awk 'NR==2 {print $4}') / 1048576 ))
+if [ "$free_gib" -lt 16 ]; then  # the zip64 case's 4 GiB, the test outputs, two builds
+  echo "note: $free_gib GiB free under $build; the full run needs about 16 GiB at its peak" >&2
+fi
 BUILD_DIR="$build" bash "$root/scripts/build.sh"
 phase "build"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
