@@ -363,6 +363,15 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       journal = std::make_unique<store::Journal>(o.output, rank);
     });
     if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+    // Records several ranks read parts of: their CRC-32s, combined, checked before any byte is used.
+    if (!plan.shared_records.empty()) {
+      std::vector<int64_t> crcs(plan.SharedRanges(), 0);
+      error = Timed(c.read, [&] { return Capture([&] { crcs = mapper->SharedRangeCrcs(); }); });
+      if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+      Timed(c.exchange, [&] { comm.AllreduceSum(crcs); });
+      error = Capture([&] { mapper->CheckSharedRecords(crcs); });
+      if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+    }
     // The store, told of every parameter (the HDF5 one creates every dataset now, collectively).
     error = Capture([&] {
       std::map<std::string, const patterns::ParamPattern*> pattern_of;
@@ -483,15 +492,15 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         round.Reset();
         for (int r = 0; r < ranks; ++r)
           ForEachRoundRun(plan, r, k, [&](size_t i, const plan::Piece& pc, int64_t off, int64_t n) {
-            if (plan.file_mapper[pc.file] == rank && shuffled(r, i, pc, off)) round.CountSend(r, 4 * n);
+            if (pc.mapper == rank && shuffled(r, i, pc, off)) round.CountSend(r, 4 * n);
           });
         ForEachRoundRun(plan, rank, k, [&](size_t i, const plan::Piece& pc, int64_t off, int64_t n) {
-          if (shuffled(rank, i, pc, off)) round.CountReceive(plan.file_mapper[pc.file], 4 * n);
+          if (shuffled(rank, i, pc, off)) round.CountReceive(pc.mapper, 4 * n);
         });
         round.Allocate();
         for (int r = 0; r < ranks; ++r) {
           ForEachRoundRun(plan, r, k, [&](size_t i, const plan::Piece& pc, int64_t off, int64_t n) {
-            if (plan.file_mapper[pc.file] != rank) return;
+            if (pc.mapper != rank) return;
             const Item& it = plan.work[r][i];
             const std::string& name = plan.params[it.param].name;
             if (!shuffled(r, i, pc, off)) {
@@ -520,7 +529,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         Timed(c.assemble, [&] {
           ForEachRoundRun(plan, rank, k, [&](size_t i, const plan::Piece& pc, int64_t off, int64_t n) {
             if (!shuffled(rank, i, pc, off)) return;
-            assembly(i).Apply(pc.stream_start + off, n, round.Take(plan.file_mapper[pc.file], 4 * n), where(pc));
+            assembly(i).Apply(pc.stream_start + off, n, round.Take(pc.mapper, 4 * n), where(pc));
           });
         });
         finish_upto(std::min((k + 1) * plan.chunk_elems, plan.work_numel[rank]));

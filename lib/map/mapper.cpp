@@ -7,15 +7,16 @@
 #include <cstdio>
 #include <cstring>
 
+#include <zlib.h>
+
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "pt/zip_archive.h"
 
 namespace ucp::map {
 
-Mapper::Mapper(const source::SourceIndex& L, const plan::ConvertPlan& plan, int rank) : layout_(L) {
-  for (size_t fi = 0; fi < L.files.size(); ++fi) {
-    if (plan.file_mapper[fi] != rank) continue;
+Mapper::Mapper(const source::SourceIndex& L, const plan::ConvertPlan& plan, int rank) : layout_(L), plan_(plan), rank_(rank) {
+  for (const int fi : plan.FilesMappedBy(rank)) {
     const auto& f = L.files[fi];
     Open o;
     o.where = L.dir + "/" + f.name + " (pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) +
@@ -58,7 +59,8 @@ Mapper::~Mapper() {
 void Mapper::Read(const plan::Piece& piece, plan::State state, int64_t offset, int64_t numel, uint8_t* dst,
                   const std::string& param) {
   auto it = files_.find(piece.file);
-  if (it == files_.end()) throw Error("internal: file " + std::to_string(piece.file) + " is not mapped on this rank");
+  if (it == files_.end() || piece.mapper != rank_)
+    throw Error("internal: a piece of file " + std::to_string(piece.file) + " is not mapped on this rank");
   Open& o = it->second;
   auto fail = [&](const std::string& why) {
     return Error(o.where + ": parameter '" + param + "' " + std::string(plan::StateName(state)) + ": " + why);
@@ -93,17 +95,7 @@ void Mapper::CheckRecords(int file, uint64_t pos, uint64_t len, const std::strin
     if (r.offset + r.size <= covered || r.offset > covered) continue;
     covered = r.offset + r.size;
     if (d.checked[i]) continue;
-    std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(r.size, uint64_t{8} << 20)));
-    uint32_t crc = 0;
-    for (uint64_t at = 0; at < r.size;) {
-      ssize_t n = ::pread(d.fd, buf.data(), static_cast<size_t>(std::min<uint64_t>(buf.size(), r.size - at)),
-                          static_cast<off_t>(r.offset + at));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw Error(d.path + ": record '" + r.name + "': read failed: " + std::strerror(errno));
-      if (n == 0) throw Error(d.path + ": record '" + r.name + "': the file ends inside it (truncated?)");
-      crc = pt::Crc32(crc, {buf.data(), static_cast<size_t>(n)});
-      at += static_cast<uint64_t>(n);
-    }
+    const uint32_t crc = CrcOf(file, r.offset, r.offset + r.size, r.name);
     if (crc != r.crc32) {
       char hex[64];
       std::snprintf(hex, sizeof hex, "stored %08x, computed %08x", r.crc32, crc);
@@ -115,6 +107,61 @@ void Mapper::CheckRecords(int file, uint64_t pos, uint64_t len, const std::strin
   if (covered < pos + len)
     throw Error(context + ": bytes [" + std::to_string(pos) + ", " + std::to_string(pos + len) + ") of " + d.path +
                 " lie outside every zip record");
+}
+
+uint32_t Mapper::CrcOf(int file, uint64_t begin, uint64_t end, const std::string& record) {
+  const Fd& d = fds_.at(file);
+  std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(end - begin, uint64_t{8} << 20)));
+  uint32_t crc = 0;
+  for (uint64_t at = begin; at < end;) {
+    ssize_t n = ::pread(d.fd, buf.data(), static_cast<size_t>(std::min<uint64_t>(buf.size(), end - at)), static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Error(d.path + ": record '" + record + "': read failed: " + std::strerror(errno));
+    if (n == 0) throw Error(d.path + ": record '" + record + "': the file ends inside it (truncated?)");
+    crc = pt::Crc32(crc, {buf.data(), static_cast<size_t>(n)});
+    at += static_cast<uint64_t>(n);
+  }
+  return crc;
+}
+
+std::vector<int64_t> Mapper::SharedRangeCrcs() {
+  std::vector<int64_t> slots(plan_.SharedRanges(), 0);
+  size_t slot = 0;
+  for (const auto& rec : plan_.shared_records)
+    for (const auto& range : rec.ranges) {
+      if (range.mapper == rank_) {
+        const std::string& name = layout_.files[rec.file].checksummed[rec.record].name;
+        OpenFd(layout_, rec.file);
+        slots[slot] = (int64_t{1} << 32) + CrcOf(rec.file, range.begin, range.end, name);
+      }
+      ++slot;
+    }
+  return slots;
+}
+
+void Mapper::CheckSharedRecords(const std::vector<int64_t>& summed) {
+  if (summed.size() != plan_.SharedRanges()) throw Error("internal: " + std::to_string(summed.size()) + " shared range CRC-32s");
+  size_t slot = 0;
+  for (const auto& rec : plan_.shared_records) {
+    const auto& r = layout_.files[rec.file].checksummed[rec.record];
+    const std::string path = layout_.dir + "/" + layout_.files[rec.file].name;
+    uint32_t crc = 0;
+    std::string readers;
+    for (size_t k = 0; k < rec.ranges.size(); ++k, ++slot) {
+      const auto& range = rec.ranges[k];
+      readers += (k ? ", " : "") + std::to_string(range.mapper);
+      if (summed[slot] >> 32 != 1) throw Error("internal: the CRC-32 of a range of " + path + " record '" + r.name + "' is missing");
+      const auto part = static_cast<uint32_t>(summed[slot]);
+      crc = k == 0 ? part : static_cast<uint32_t>(crc32_combine64(crc, part, static_cast<z_off64_t>(range.end - range.begin)));
+    }
+    if (crc != r.crc32) {
+      char hex[64];
+      std::snprintf(hex, sizeof hex, "stored %08x, computed %08x", r.crc32, crc);
+      throw Error(path + ": record '" + r.name + "': CRC-32 mismatch (" + hex + ", read in ranges by ranks " + readers +
+                  "): the file is damaged; nothing of it was converted");
+    }
+    if (auto it = fds_.find(rec.file); it != fds_.end()) it->second.checked[rec.record] = true;
+  }
 }
 
 }  // namespace ucp::map

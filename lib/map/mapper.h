@@ -30,6 +30,15 @@ class Mapper {
             const std::string& param);
   uint64_t bytes_read() const { return bytes_read_; }
 
+  // Records several mappers read parts of (ConvertPlan::shared_records), checked collectively before
+  // any of their bytes is used: SharedRangeCrcs gives, per range slot (all ranges of all shared
+  // records, in plan order), 2^32 + the CRC-32 of each range this rank reads, 0 in the others'; the
+  // caller sums that over the ranks, and CheckSharedRecords combines each record's ranges in byte
+  // order against its stored CRC-32 (every rank checks every record, so all refuse alike, naming the
+  // file, the record and the ranks that read it).
+  std::vector<int64_t> SharedRangeCrcs();
+  void CheckSharedRecords(const std::vector<int64_t>& summed);
+
  private:
   struct Tensor {
     uint64_t file_offset = 0, numel = 0;
@@ -45,11 +54,15 @@ class Mapper {
     std::vector<bool> checked;  // per ShardFile::checksummed record
   };
   int OpenFd(const source::SourceIndex& layout, int file);
+  // The CRC-32 of bytes [begin, end) of `file`, read by pread; `record` names them in errors.
+  uint32_t CrcOf(int file, uint64_t begin, uint64_t end, const std::string& record);
   // Checks the zip CRC-32 of every record [pos, pos + len) of `file` lies in, the first time one is
   // touched (read whole, by pread, before any of its bytes is used): a flipped byte is refused
   // naming the file and the record, never converted.
   void CheckRecords(int file, uint64_t pos, uint64_t len, const std::string& context);
   const source::SourceIndex& layout_;
+  const plan::ConvertPlan& plan_;
+  const int rank_;
   std::map<int, Open> files_;
   std::map<int, Fd> fds_;  // every file a mapped file's tensors lie in: itself, and others it names
   uint64_t bytes_read_ = 0;

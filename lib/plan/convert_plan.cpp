@@ -245,36 +245,10 @@ ConvertPlan MakeConvertPlan(const source::SourceIndex& L, const patterns::ModelP
     throw Error(msg);
   }
 
-  // Mappers: the optimizer files holding fragments, in (pp, tp, dp) order, cut into runs of about
-  // equal size, one per rank. Neighbouring data-parallel files hold neighbouring ranges of the
-  // flat partition, so a parameter that straddles two files is mostly read by one rank.
-  plan.file_mapper.assign(L.files.size(), -1);
-  std::vector<int> data_files;
-  for (const auto& fr : L.fragments)
-    if (std::find(data_files.begin(), data_files.end(), fr.file) == data_files.end()) data_files.push_back(fr.file);
-  std::sort(data_files.begin(), data_files.end(), [&](int a, int b) {
-    const auto &fa = L.files[a], &fb = L.files[b];
-    return std::tie(fa.pp, fa.tp, fa.dp, a) < std::tie(fb.pp, fb.tp, fb.dp, b);
-  });
-  std::vector<int64_t> sizes;
-  int64_t total_size = 0;
-  for (int fi : data_files) {
-    std::error_code ec;
-    auto size = fs::file_size(L.dir + "/" + L.files[fi].name, ec);
-    sizes.push_back(ec ? 0 : static_cast<int64_t>(size));
-    total_size += sizes.back();
-  }
-  plan.mapped_bytes.assign(ranks, 0);
-  int64_t before = 0;
-  for (size_t k = 0; k < data_files.size(); ++k) {
-    // The rank whose even share holds this file's middle byte (files of no size: by count).
-    const double middle = total_size > 0 ? (before + sizes[k] / 2.0) / static_cast<double>(total_size)
-                                         : (k + 0.5) / static_cast<double>(data_files.size());
-    const int r = std::min(ranks - 1, static_cast<int>(middle * ranks));
-    plan.file_mapper[data_files[k]] = r;
-    plan.mapped_bytes[r] += sizes[k];
-    before += sizes[k];
-  }
+  int64_t bytes_out = 0;
+  for (const auto& P : plan.params) bytes_out += 4 * P.full_numel * kStates;
+  plan.split_above = split_above < 0 ? AutoSplitBytes(bytes_out, ranks) : split_above;
+  AssignMappers(L, plan);
 
   // Reducers: (parameter, state) items, balanced by the bytes they receive and write, each on
   // the rank that maps most of its bytes while that rank's load stays within 5% of an even
@@ -301,9 +275,6 @@ ConvertPlan MakeConvertPlan(const source::SourceIndex& L, const patterns::ModelP
   }
 
   // The items: every (parameter, state), a large one split by rows into parts.
-  int64_t bytes_out = 0;
-  for (const auto& P : plan.params) bytes_out += 4 * P.full_numel * kStates;
-  plan.split_above = split_above < 0 ? AutoSplitBytes(bytes_out, ranks) : split_above;
   std::vector<Item> items;
   for (size_t p = 0; p < plan.params.size(); ++p) {
     const ParamPlan& P = plan.params[p];
@@ -337,7 +308,7 @@ ConvertPlan MakeConvertPlan(const source::SourceIndex& L, const patterns::ModelP
     if (!per.empty()) continue;
     per.assign(ranks, 0);
     ForEachItemRun(plan.params[it.param], it, 0, it.numel,
-                   [&](const Piece& pc, int64_t, int64_t n, int64_t) { per[plan.file_mapper[pc.file]] += n; });
+                   [&](const Piece& pc, int64_t, int64_t n, int64_t) { per[pc.mapper] += n; });
   }
   auto bins = AssignLocal(weights, start_load, [&](size_t k, int r) { return local.at({items[k].param, items[k].part})[r]; });
   std::vector<size_t> order(weights.size());
@@ -370,7 +341,7 @@ int64_t ConvertPlan::MaxInFlight(int64_t chunk, int64_t max_cells) const {
     for (const Item& it : work[r])
       ForEachItemRun(params[it.param], it, 0, it.numel, [&](const Piece& pc, int64_t off, int64_t n, int64_t rel) {
         if (!Shuffled(r, it, pc, off)) return;
-        const int m = file_mapper[pc.file];
+        const int m = pc.mapper;
         for (int64_t at = it.work_start + rel, end = at + n; at < end;) {
           const int64_t k = at / chunk, upto = std::min(end, (k + 1) * chunk);
           bytes[m * most_rounds + k] += 4 * (upto - at);  // sent by the mapper
@@ -469,6 +440,8 @@ nlohmann::json ConvertPlan::ToJson(const source::SourceIndex& L) const {
   j["split_above_bytes"] = split_above;
   if (int64_t f = MaxInFlight(chunk_elems); f >= 0) j["in_flight_bytes"] = f;
   j["imbalance"] = Imbalance();
+  j["read_imbalance"] = ReadImbalance();
+  j["shared_records"] = shared_records.size();
   int64_t in = 0, out = 0;
   for (int r = 0; r < ranks; ++r) in += mapped_bytes[r], out += reduced_bytes[r];
   j["bytes_in"] = in;
@@ -478,13 +451,12 @@ nlohmann::json ConvertPlan::ToJson(const source::SourceIndex& L) const {
   for (int r = 0; r < ranks; ++r)
     for (const Item& it : work[r])
       ForEachItemRun(params[it.param], it, 0, it.numel, [&](const Piece& pc, int64_t, int64_t n, int64_t) {
-        if (file_mapper[pc.file] != r) remote[r] += 4 * n;
+        if (pc.mapper != r) remote[r] += 4 * n;
       });
   nlohmann::json per = nlohmann::json::array();
   for (int r = 0; r < ranks; ++r) {
     nlohmann::json files = nlohmann::json::array();
-    for (size_t f = 0; f < file_mapper.size(); ++f)
-      if (file_mapper[f] == r) files.push_back(L.files[f].name);
+    for (int f : FilesMappedBy(r)) files.push_back(L.files[f].name);
     nlohmann::json carries = nlohmann::json::array();
     for (size_t f = 0; f < file_carrier.size(); ++f)
       if (file_carrier[f] == r) carries.push_back(L.files[f].name);
@@ -535,7 +507,7 @@ std::string ConvertPlan::ToText() const {
   std::snprintf(buf, sizeof buf, "%6s %6s %12s %7s %12s %12s\n", "rank", "files", "bytes in", "items", "bytes out", "carried");
   o << buf;
   for (int r = 0; r < ranks; ++r) {
-    int files = static_cast<int>(std::count(file_mapper.begin(), file_mapper.end(), r));
+    int files = static_cast<int>(FilesMappedBy(r).size());
     std::snprintf(buf, sizeof buf, "%6d %6d %12s %7zu %12s %12s\n", r, files, HumanBytes(static_cast<double>(mapped_bytes[r])).c_str(),
                   work[r].size(), HumanBytes(static_cast<double>(reduced_bytes[r])).c_str(),
                   HumanBytes(static_cast<double>(carried_bytes[r])).c_str());
@@ -543,10 +515,8 @@ std::string ConvertPlan::ToText() const {
   }
   std::snprintf(buf, sizeof buf, "imbalance of bytes out, carried files included (max / mean): %.3f\n", Imbalance());
   o << buf;
-  int64_t most_in = 0, all_in = 0;
-  for (int r = 0; r < ranks; ++r) most_in = std::max(most_in, mapped_bytes[r]), all_in += mapped_bytes[r];
-  std::snprintf(buf, sizeof buf, "imbalance of bytes in, files mapped whole (max / mean): %.3f\n",
-                all_in ? static_cast<double>(most_in) * ranks / static_cast<double>(all_in) : 1.0);
+  std::snprintf(buf, sizeof buf, "imbalance of bytes in (max / mean): %.3f; %zu record(s) read in parts by several ranks\n",
+                ReadImbalance(), shared_records.size());
   o << buf;
   return o.str();
 }

@@ -50,9 +50,24 @@ struct Copy {
 
 // A fragment in stream coordinates: stream[stream_start, +numel) = file's flat group tensor
 // [src_start, +numel).
+// `mapper`: the rank that reads it (AssignMappers).
 struct Piece {
   int file = -1, group = 0;
   int64_t src_start = 0, numel = 0, stream_start = 0;
+  int mapper = -1;
+};
+
+// A checksummed record that several mappers read parts of (a file cut between ranks): each reads
+// and checks the CRC-32 of its own range, and the ranges' CRC-32s, combined in byte order, must
+// give the record's before any of its bytes is used. A record one mapper reads, it checks whole.
+struct SharedRecord {
+  struct Range {
+    int mapper = -1;
+    uint64_t begin = 0, end = 0;  // file offsets
+  };
+  int file = -1;    // SourceIndex::files index of the file holding the record
+  int record = -1;  // into that file's `checksummed`
+  std::vector<Range> ranges;  // in byte order, tiling the record
 };
 
 struct ParamPlan {
@@ -114,10 +129,10 @@ struct ConvertPlan {
   int64_t chunk_elems = 0, buffer_bytes = 0;
   int64_t split_above = 0;  // bytes: an item larger is split into parts of about this size (0: none)
   std::vector<ParamPlan> params;
-  std::vector<int> file_mapper;           // per SourceIndex::files index; -1: not a data file
+  std::vector<SharedRecord> shared_records;  // records read by several mappers, by (file, record)
   std::vector<std::vector<Item>> work;    // per reducer, in processing order
   std::vector<int64_t> work_numel;        // per reducer
-  std::vector<int64_t> mapped_bytes;      // per rank: source file bytes it maps
+  std::vector<int64_t> mapped_bytes;      // per rank: checksummed bytes it reads (whole records, or its ranges)
   std::vector<int64_t> reduced_bytes;     // per rank: atomic tensor bytes it writes
   // The model-states files carried over as they are (DeepSpeed's universal loader reads them):
   // per SourceIndex::files index, the rank that copies it (-1: not carried); they count in the
@@ -126,12 +141,15 @@ struct ConvertPlan {
   std::vector<int64_t> carried_bytes;     // per rank
   int64_t rounds = 0;
 
-  double Imbalance() const;  // max / mean of the bytes each rank writes (reduced and carried)
+  double Imbalance() const;      // max / mean of the bytes each rank writes (reduced and carried)
+  double ReadImbalance() const;  // max / mean of mapped_bytes
+  std::vector<int> FilesMappedBy(int rank) const;  // the data files `rank` reads pieces of
+  size_t SharedRanges() const;   // the ranges of all shared records: the slots of their CRC-32s
   // Whether a run of `it` (reducer `reducer`'s item) at `off` elements into piece `pc` passes through
   // the shuffle buffers: all but those its reducer maps itself into a copy placed as it is, which go
   // straight from the file into the atomic tensor.
   bool Shuffled(int reducer, const Item& it, const Piece& pc, int64_t off) const {
-    return !(file_mapper[pc.file] == reducer && params[it.param].PlacedAsIs(pc.stream_start + off));
+    return !(pc.mapper == reducer && params[it.param].PlacedAsIs(pc.stream_start + off));
   }
   // The most bytes any rank has in flight in one round (sent plus received) with rounds of `chunk`
   // elements per reducer; -1 when that would take more than `max_cells` (rank, round) counters to tell.
@@ -156,6 +174,12 @@ ConvertPlan MakeConvertPlan(const source::SourceIndex& layout, const patterns::M
 // more would leave its rank's load lumpy), at most 1 GiB (a part is in memory twice while it is
 // written), at least 64 MiB (smaller parts cost more in completing their files than they balance).
 int64_t AutoSplitBytes(int64_t bytes_out, int ranks);
+
+// Mappers (plan/mappers.cpp): every piece's reading rank, `mapped_bytes` and `shared_records`. The
+// data files, in (pp, tp, dp) order, are cut at even shares of their bytes: a file of at most
+// `split_above` bytes (or any, when it is 0) goes whole to the rank whose share holds its middle byte;
+// a larger one is cut between ranks at the share boundaries, its pieces split there.
+void AssignMappers(const source::SourceIndex& layout, ConvertPlan& plan);
 
 // Longest-processing-time-first assignment of weighted items to `bins`: returns each item's bin.
 // Ties go to the lowest bin, so every rank computes the same answer.

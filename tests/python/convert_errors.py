@@ -99,21 +99,40 @@ with open(path, "r+b") as fh:
     fh.truncate(os.path.getsize(path) // 2)
 cases.append(("truncated_file", src, [victim]))
 
+def flip_in_largest_record(path, where):
+    """Flips one bit of byte int(where * size) of the largest tensor record of `path`; returns its name."""
+    with zipfile.ZipFile(path) as z:
+        rec = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+        z.fp.seek(rec.header_offset + 26)
+        name_len, extra_len = struct.unpack("<HH", z.fp.read(4))
+        at = rec.header_offset + 30 + name_len + extra_len + min(rec.file_size - 1, int(where * rec.file_size))
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 0x40]))
+    return rec.filename
+
+
 # 4b. A flipped byte in a tensor record of a model-states file, which is carried over as it is (DeepSpeed
 #     loads it): its zip CRC-32 is checked as it is copied.
 src, tag = copy_fixture("carried_file_flipped")
 victim = "mp_rank_00_model_states.pt"
-with zipfile.ZipFile(os.path.join(tag, victim)) as z:
-    rec = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
-    z.fp.seek(rec.header_offset + 26)
-    name_len, extra_len = struct.unpack("<HH", z.fp.read(4))
-    at = rec.header_offset + 30 + name_len + extra_len + rec.file_size // 2
-with open(os.path.join(tag, victim), "r+b") as fh:
-    fh.seek(at)
-    b = fh.read(1)
-    fh.seek(at)
-    fh.write(bytes([b[0] ^ 0x40]))
-cases.append(("carried_file_flipped", src, [victim, rec.filename, "CRC-32 mismatch"]))
+record = flip_in_largest_record(os.path.join(tag, victim), 0.5)
+cases.append(("carried_file_flipped", src, [victim, record, "CRC-32 mismatch"]))
+
+# 4c. A flipped byte in an optimizer file's largest record, at its start, middle and last byte. With
+#     --split-above 4K on 3 ranks, the second of the four files (pp, tp, dp = 0, 0, 1) is cut between
+#     ranks 0 and 1 and the record read in ranges whose CRC-32s are combined across ranks (said in the
+#     message); on 1 and 2 ranks it is read whole.
+shared_cases = []
+for label, where in (("first", 0.0), ("middle", 0.5), ("last", 1.0)):
+    src, tag = copy_fixture("optimizer_record_flipped_" + label)
+    victim = "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    record = flip_in_largest_record(os.path.join(tag, victim), where)
+    cases.append(("optimizer_record_flipped_" + label, src, [victim, record, "CRC-32 mismatch"]))
+    shared_cases.append(("optimizer_record_flipped_" + label, src,
+                         [victim, record, "CRC-32 mismatch", "read in ranges by ranks 0, 1"], ["--split-above", "4K"]))
 
 # 5. Parameter names that cannot be folder names under zero/: one that climbs out, one absolute, one
 #    with a NUL byte, '..' itself, one of 300 bytes (renamed consistently in every file; they match no
@@ -148,5 +167,8 @@ for label, text, why in [("dotdot", "../global_step12", "holds a '/'"), ("parent
 for case, src, must, *extra in cases:
     for ranks in ([1, 2] if mpiexec else [1]):
         run(case, src, must, ranks, *extra)
-print(f"{len(cases)} damaged checkpoints, {len(failures)} failures")
+if mpiexec:
+    for case, src, must, extra in shared_cases:
+        run(case + "_shared", src, must, 3, extra)
+print(f"{len(cases) + (len(shared_cases) if mpiexec else 0)} damaged checkpoints, {len(failures)} failures")
 sys.exit(1 if failures else 0)
