@@ -96,12 +96,7 @@ void Mapper::CheckRecords(int file, uint64_t pos, uint64_t len, const std::strin
     covered = r.offset + r.size;
     if (d.checked[i]) continue;
     const uint32_t crc = CrcOf(file, r.offset, r.offset + r.size, r.name);
-    if (crc != r.crc32) {
-      char hex[64];
-      std::snprintf(hex, sizeof hex, "stored %08x, computed %08x", r.crc32, crc);
-      throw Error(d.path + ": record '" + r.name + "': CRC-32 mismatch (" + hex +
-                  "): the file is damaged; nothing of it was converted (" + context + " lies in it)");
-    }
+    if (crc != r.crc32) throw pt::CrcMismatch(d.path, r.name, r.crc32, crc, "", "nothing of it was converted (" + context + " lies in it)");
     d.checked[i] = true;
   }
   if (covered < pos + len)
@@ -154,12 +149,7 @@ void Mapper::CheckSharedRecords(const std::vector<int64_t>& summed) {
       const auto part = static_cast<uint32_t>(summed[slot]);
       crc = k == 0 ? part : static_cast<uint32_t>(crc32_combine64(crc, part, static_cast<z_off64_t>(range.end - range.begin)));
     }
-    if (crc != r.crc32) {
-      char hex[64];
-      std::snprintf(hex, sizeof hex, "stored %08x, computed %08x", r.crc32, crc);
-      throw Error(path + ": record '" + r.name + "': CRC-32 mismatch (" + hex + ", read in ranges by ranks " + readers +
-                  "): the file is damaged; nothing of it was converted");
-    }
+    if (crc != r.crc32) throw pt::CrcMismatch(path, r.name, r.crc32, crc, "read in ranges by ranks " + readers, "nothing of it was converted");
     if (auto it = fds_.find(rec.file); it != fds_.end()) it->second.checked[rec.record] = true;
   }
 }

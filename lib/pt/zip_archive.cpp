@@ -163,12 +163,16 @@ std::span<const uint8_t> ZipArchive::Payload(const ZipEntry& entry) const {
 }
 
 void ZipArchive::VerifyCrc(const ZipEntry& entry) const {
-  uint32_t actual = Crc32(0, Payload(entry));
-  if (actual != entry.crc32) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, ": CRC32 mismatch (stored %08x, computed %08x)", entry.crc32, actual);
-    throw Error(path() + ": entry '" + entry.name + "'" + buf);
-  }
+  const uint32_t actual = Crc32(0, Payload(entry));
+  if (actual != entry.crc32) throw CrcMismatch(path(), entry.name, entry.crc32, actual);
+}
+
+Error CrcMismatch(const std::string& path, const std::string& record, uint32_t stored, uint32_t computed,
+                  const std::string& how, const std::string& consequence) {
+  char hex[64];
+  std::snprintf(hex, sizeof hex, "stored %08x, computed %08x", stored, computed);
+  return Error(path + ": record '" + record + "': CRC-32 mismatch (" + hex + (how.empty() ? "" : ", " + how) +
+               "): the file is damaged" + (consequence.empty() ? "" : "; " + consequence));
 }
 
 }  // namespace ucp::pt

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 
+#include "core/error.h"
 #include "core/mapped_file.h"
 
 namespace ucp::pt {
@@ -44,5 +45,10 @@ class ZipArchive {
 };
 
 uint32_t Crc32(uint32_t crc, std::span<const uint8_t> bytes);
+
+// The one refusal of a record whose bytes do not give its stored CRC-32: "PATH: record 'NAME': CRC-32
+// mismatch (stored .., computed ..[, how]): the file is damaged[; consequence]".
+Error CrcMismatch(const std::string& path, const std::string& record, uint32_t stored, uint32_t computed,
+                  const std::string& how = "", const std::string& consequence = "");
 
 }  // namespace ucp::pt

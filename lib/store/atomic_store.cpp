@@ -291,11 +291,7 @@ FileRecord CopyFileAtomically(const std::string& from, const std::string& to_dir
       const uint64_t a = std::max(begin, r.offset), b = std::min(end, r.offset + r.size);
       if (a < b) crc = pt::Crc32(crc, {p + (a - begin), static_cast<size_t>(b - a)});
       if (r.offset + r.size > end) return;
-      if (crc != r.crc32) {
-        char hex[64];
-        std::snprintf(hex, sizeof hex, "stored %08x, computed %08x", r.crc32, crc);
-        throw Error(from + ": record '" + r.name + "': CRC-32 mismatch (" + hex + "): the file is damaged; it is not copied");
-      }
+      if (crc != r.crc32) throw pt::CrcMismatch(from, r.name, r.crc32, crc, "", "it is not copied");
       ++next, crc = 0;
     }
   };

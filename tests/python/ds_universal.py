@@ -87,7 +87,7 @@ flip_in_record(victim)
 out = os.path.join(work, "from_damaged")
 r = subprocess.run([RESHARD, damaged, "-o", out, "-q", "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1"],
                    capture_output=True, text=True)
-check("damaged tensor file: refused naming it", r.returncode == 1 and victim in r.stderr and "CRC32 mismatch" in r.stderr,
+check("damaged tensor file: refused naming it", r.returncode == 1 and victim in r.stderr and "CRC-32 mismatch" in r.stderr,
       r.stderr[-400:])
 check("damaged tensor file: nothing written", not os.path.exists(os.path.join(out, "latest")))
 check("DeepSpeed's folder is as it was", digest(theirs) == before)

@@ -112,7 +112,7 @@ elif finding == "corrupt_source":
     p = run([CONVERT, clean, "-o", os.path.join(work, "clean_universal"), "-q"])
     check("corrupt_source: the clean copy converts", p.returncode == 0, p.stderr[-300:])
     p = run([INSPECT, src, "--verify"])
-    expect("corrupt_source: ucp-inspect --verify refuses (2: unreadable input)", p, ["CRC32 mismatch"], code=2)
+    expect("corrupt_source: ucp-inspect --verify refuses (2: unreadable input)", p, ["CRC-32 mismatch"], code=2)
     # Finding 12: --verify on a clean source says what it checked, in text and JSON.
     p = run([INSPECT, clean, "--verify"])
     check("inspect --verify on a clean source says so", p.returncode == 0 and "verified: " in p.stdout, p.stdout[-300:])

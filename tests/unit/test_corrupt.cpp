@@ -68,7 +68,7 @@ TEST_CASE("corrupt: flipped bytes in the pickle are caught by its CRC", "[corrup
   std::string flipped = Bytes(src);
   flipped[pkl.data_offset + pkl.size / 2] ^= 0x5A;
   fs::path p = WriteBytes("flipped_crc.pt", flipped);
-  CHECK_THROWS_WITH(pt::ReadTorchFile(p), Catch::Contains("CRC32 mismatch") && Catch::Contains("data.pkl"));
+  CHECK_THROWS_WITH(pt::ReadTorchFile(p), Catch::Contains("CRC-32 mismatch") && Catch::Contains("data.pkl"));
 }
 
 TEST_CASE("corrupt: every single-byte change of a pickle is an error or a value, never a crash", "[corrupt]") {
