@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
                  "write a (parameter, state) of more bytes than this in parts (rows; at most one per rank, placed like "
                  "any item, so parts may share a rank) into its one file (e.g. 256M; 0: never; auto: a quarter of an even "
                  "share of the bytes written per rank, 64M to 1G). The .pt store of a ZeRO-0/1/2 source under 2 or more "
-                 "ranks only: ZeRO-3's universal form is written whole (a note), --format hdf5 refuses it")
+                 "ranks only: ZeRO-3's universal form is written whole (a note), --format hdf5 refuses it. An optimizer "
+                 "file of more bytes is read by several ranks, cut at their even shares (any store)")
       ->capture_default_str();
   app.add_option("--report", o.report_path, "write a JSON report: timings per phase, bytes read, moved and written per rank");
   app.add_option("--patterns", o.pattern_files, "rule file(s) to use instead of detecting the model family")

@@ -257,7 +257,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       L.notes.push_back("--split-above: every tensor is written whole (a ZeRO-3 source's universal form is a padded 1-D tensor)");
     else if (o.split_above > 0 && (o.plan_ranks > 0 ? o.plan_ranks : ranks) == 1)
       L.notes.push_back("--split-above: one rank has none to share an item with: every tensor is written whole");
-    plan = plan::MakeConvertPlan(L, M, o.plan_ranks > 0 ? o.plan_ranks : ranks, o.buffer_bytes, parts ? o.split_above : 0);
+    plan = plan::MakeConvertPlan(L, M, o.plan_ranks > 0 ? o.plan_ranks : ranks, o.buffer_bytes, parts ? o.split_above : 0, o.split_above);
     for (const auto& P : plan.params) store::ParamRelDir(P.name);  // every name must be a safe folder name
   });
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;

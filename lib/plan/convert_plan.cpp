@@ -198,7 +198,7 @@ int64_t AutoSplitBytes(int64_t bytes_out, int ranks) {
 }
 
 ConvertPlan MakeConvertPlan(const source::SourceIndex& L, const patterns::ModelPatterns& M, int ranks,
-                            int64_t buffer_bytes, int64_t split_above) {
+                            int64_t buffer_bytes, int64_t split_above, int64_t cut_above) {
   if (ranks < 1) throw Error("internal: plan for " + std::to_string(ranks) + " ranks");
   ConvertPlan plan;
   plan.ranks = ranks;
@@ -248,6 +248,7 @@ ConvertPlan MakeConvertPlan(const source::SourceIndex& L, const patterns::ModelP
   int64_t bytes_out = 0;
   for (const auto& P : plan.params) bytes_out += 4 * P.full_numel * kStates;
   plan.split_above = split_above < 0 ? AutoSplitBytes(bytes_out, ranks) : split_above;
+  plan.cut_above = cut_above < 0 ? AutoSplitBytes(bytes_out, ranks) : cut_above;
   AssignMappers(L, plan);
 
   // Reducers: (parameter, state) items, balanced by the bytes they receive and write, each on
@@ -438,6 +439,7 @@ nlohmann::json ConvertPlan::ToJson(const source::SourceIndex& L) const {
   j["rounds"] = rounds;
   j["buffer_bytes"] = buffer_bytes;
   j["split_above_bytes"] = split_above;
+  j["cut_above_bytes"] = cut_above;
   if (int64_t f = MaxInFlight(chunk_elems); f >= 0) j["in_flight_bytes"] = f;
   j["imbalance"] = Imbalance();
   j["read_imbalance"] = ReadImbalance();

@@ -128,6 +128,7 @@ struct ConvertPlan {
   // buffer_bytes: fewer rounds are fewer collectives, which at hundreds of ranks cost more than the bytes.
   int64_t chunk_elems = 0, buffer_bytes = 0;
   int64_t split_above = 0;  // bytes: an item larger is split into parts of about this size (0: none)
+  int64_t cut_above = 0;    // bytes: a data file larger is read by the ranks whose shares it spans (0: none)
   std::vector<ParamPlan> params;
   std::vector<SharedRecord> shared_records;  // records read by several mappers, by (file, record)
   std::vector<std::vector<Item>> work;    // per reducer, in processing order
@@ -167,9 +168,10 @@ struct ConvertPlan {
 // sub-parameter widths that do not divide, ...).
 // `split_above`: a (parameter, state) of more bytes is split by rows into parts of at most that size
 // (as many as it has rows and there are ranks), each reduced and written by its own rank; 0: none;
-// < 0: automatic (kAutoSplit).
+// < 0: automatic (AutoSplitBytes). `cut_above`: a data file of more bytes is cut between mappers
+// (AssignMappers); 0: none; < 0: automatic, the same size.
 ConvertPlan MakeConvertPlan(const source::SourceIndex& layout, const patterns::ModelPatterns& patterns, int ranks,
-                            int64_t buffer_bytes, int64_t split_above = 0);
+                            int64_t buffer_bytes, int64_t split_above = 0, int64_t cut_above = 0);
 // The automatic split size: a quarter of an even share of the bytes written per rank (an item of
 // more would leave its rank's load lumpy), at most 1 GiB (a part is in memory twice while it is
 // written), at least 64 MiB (smaller parts cost more in completing their files than they balance).
@@ -177,7 +179,7 @@ int64_t AutoSplitBytes(int64_t bytes_out, int ranks);
 
 // Mappers (plan/mappers.cpp): every piece's reading rank, `mapped_bytes` and `shared_records`. The
 // data files, in (pp, tp, dp) order, are cut at even shares of their bytes: a file of at most
-// `split_above` bytes (or any, when it is 0) goes whole to the rank whose share holds its middle byte;
+// `cut_above` bytes (or any, when it is 0) goes whole to the rank whose share holds its middle byte;
 // a larger one is cut between ranks at the share boundaries, its pieces split there.
 void AssignMappers(const source::SourceIndex& layout, ConvertPlan& plan);
 

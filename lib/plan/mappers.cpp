@@ -152,7 +152,7 @@ void AssignMappers(const source::SourceIndex& L, ConvertPlan& plan) {
   int64_t before = 0;
   for (size_t k = 0; k < files.size(); ++k) {
     auto& list = of_file[files[k]];
-    if (ranks > 1 && plan.split_above > 0 && sizes[k] > plan.split_above && total > 0) {
+    if (ranks > 1 && plan.cut_above > 0 && sizes[k] > plan.cut_above && total > 0) {
       CutFile(list, before, sizes[k], total, ranks, placed);
     } else {
       // The rank whose even share holds this file's middle byte (files of no size: by count).
