@@ -4,8 +4,8 @@
 # damaged and hostile input to the reader, then runs each libFuzzer harness for 30 s.
 #
 #   bash scripts/test.sh            everything (CI: .ci/run)
-#   bash scripts/test.sh --quick    the inner loop: build and ctest without the kill-anywhere and layout
-#                                   matrix tests (about 60% of the test time), no sanitizer or fuzzing pass
+#   bash scripts/test.sh --quick    the inner loop: build and ctest without the kill-anywhere, layout
+#                                   matrix and reassembly tests (about 60% of the test time), no sanitizer or fuzzing pass
 # The wall time of each phase is printed at the end, whether it passed or not.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -39,7 +39,7 @@ BUILD_DIR="$build" bash "$root/scripts/build.sh"
 phase "build"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 if [ "$quick" -eq 1 ]; then
-  (cd "$build" && ctest --output-on-failure -j "$(nproc)" -E '^(kill_anywhere|reshard_matrix)_')
+  (cd "$build" && ctest --output-on-failure -j "$(nproc)" -E '^(kill_anywhere|reshard_matrix|reshard_reassemble)_')
   phase "ctest --quick"
   exit 0
 fi
