@@ -38,33 +38,46 @@ struct Span {
 
 // Every piece of a file (at `before` bytes into the `total` of all data files, `size` its own) cut
 // where the file's bytes cross from one rank's share into the next: the elements of the file, in
-// (group, src_start) order, stand for equal parts of its bytes.
-void CutFile(std::vector<Owned>& pieces, int64_t before, int64_t size, int64_t total, int ranks, std::vector<Owned>& out) {
+// (group, src_start) order, stand for equal parts of its bytes. A run at either end of the file of
+// less than a quarter of `cut_above` bytes goes to its neighbour instead: a sliver is not worth a
+// rank's share of the record's checks.
+void CutFile(std::vector<Owned>& pieces, int64_t before, int64_t size, int64_t total, int ranks, int64_t cut_above,
+             std::vector<Owned>& out) {
   std::sort(pieces.begin(), pieces.end(), [](const Owned& a, const Owned& b) {
     return std::tie(a.piece.group, a.piece.src_start) < std::tie(b.piece.group, b.piece.src_start);
   });
   int64_t elems = 0;
   for (const auto& o : pieces) elems += o.piece.numel;
-  auto rank_of = [&](int64_t e) {  // the rank reading element e of the file
+  auto rank_of = [&](int64_t e) {  // the rank whose share holds element e of the file
     return RankAt(before + static_cast<int64_t>(static_cast<__int128>(size) * e / std::max<int64_t>(1, elems)), total, ranks);
   };
-  int64_t at = 0;  // the file element the piece starts at
-  for (const Owned& o : pieces) {
-    const Piece& pc = o.piece;
-    for (int64_t a = 0; a < pc.numel;) {
-      const int r = rank_of(at + a);
-      int64_t lo = a + 1, hi = pc.numel;  // the first element past `a` of another rank (or the end)
-      while (lo < hi) {
-        const int64_t mid = lo + (hi - lo) / 2;
-        if (rank_of(at + mid) == r) lo = mid + 1;
-        else hi = mid;
-      }
-      Owned q = o;
-      q.piece.src_start += a, q.piece.stream_start += a, q.piece.numel = lo - a, q.piece.mapper = r;
-      out.push_back(q);
-      a = lo;
+  std::vector<std::pair<int64_t, int>> runs;  // (first element, rank), in order
+  for (int64_t e = 0; e < elems;) {
+    const int r = rank_of(e);
+    int64_t lo = e + 1, hi = elems;  // the first element past `e` of another rank (or the end)
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (rank_of(mid) == r) lo = mid + 1;
+      else hi = mid;
     }
-    at += pc.numel;
+    runs.push_back({e, r});
+    e = lo;
+  }
+  const int64_t sliver = static_cast<int64_t>(static_cast<__int128>(elems) * (cut_above / 4) / std::max<int64_t>(1, size));
+  if (runs.size() > 1 && runs[1].first < sliver) runs.erase(runs.begin()), runs[0].first = 0;
+  if (runs.size() > 1 && elems - runs.back().first < sliver) runs.pop_back();
+  int64_t at = 0;  // the file element the piece starts at
+  size_t k = 0;    // the run holding element `at`
+  for (const Owned& o : pieces) {
+    for (int64_t a = 0; a < o.piece.numel;) {
+      while (k + 1 < runs.size() && runs[k + 1].first <= at + a) ++k;
+      const int64_t upto = std::min(o.piece.numel, (k + 1 < runs.size() ? runs[k + 1].first : elems) - at);
+      Owned q = o;
+      q.piece.src_start += a, q.piece.stream_start += a, q.piece.numel = upto - a, q.piece.mapper = runs[k].second;
+      out.push_back(q);
+      a = upto;
+    }
+    at += o.piece.numel;
   }
 }
 
@@ -153,7 +166,7 @@ void AssignMappers(const source::SourceIndex& L, ConvertPlan& plan) {
   for (size_t k = 0; k < files.size(); ++k) {
     auto& list = of_file[files[k]];
     if (ranks > 1 && plan.cut_above > 0 && sizes[k] > plan.cut_above && total > 0) {
-      CutFile(list, before, sizes[k], total, ranks, placed);
+      CutFile(list, before, sizes[k], total, ranks, plan.cut_above, placed);
     } else {
       // The rank whose even share holds this file's middle byte (files of no size: by count).
       const double middle = total > 0 ? (before + sizes[k] / 2.0) / static_cast<double>(total)

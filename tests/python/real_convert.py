@@ -246,6 +246,8 @@ def main():
     # one file: the same files as one rank writes, byte for byte, and DeepSpeed's tensors.
     plan = json.loads(run([convert, src, "--plan-only", "--json", "--ranks", "3", "--split-above", "4K"], "--plan-only").stdout)
     split = sum(isinstance(v, list) for p in plan["params"] for v in p["reducers"].values())
+    print(f"--split-above 4K on 3 ranks: {split} items written in parts, {plan['shared_records']} records read in ranges "
+          f"by several ranks (files cut between them)")
     zero3 = json.loads(subprocess.run([inspect, "--json", src], capture_output=True, text=True).stdout)["zero_stage"] == 3
     if (split == 0) != zero3:  # ZeRO-3's universal form (a padded 1-D tensor) is written whole
         print(f"FAIL --split-above 4K split {split} items of a {'ZeRO-3' if zero3 else 'ZeRO-0/1/2'} source")
