@@ -109,6 +109,6 @@ for name, key, (paper_min, paper_nodes) in models:
     print(f"{'':11} largest (parameter, state) item {4 * max(math.prod(p['shape']) for p in fx['params'].values()) / 1e9:.1f} GB "
           f"(written in parts of at most {j['split_above_bytes'] / 2**30:.2f} GiB at {ranks} ranks); largest file "
           f"{max(v for k, v in fx['files'].items() if 'optim' in k) / 1e9:.1f} GB (files above that size are cut between "
-          f"ranks: {j['shared_records']} records read in ranges, read imbalance {j['read_imbalance']:.3f})\n")
+          f"ranks: {j.get('shared_records', 0)} records read in ranges, read imbalance {j.get('read_imbalance', 0):.3f})\n")
 if not a.work:
     shutil.rmtree(work)
