@@ -49,8 +49,7 @@ struct Copy {
 };
 
 // A fragment in stream coordinates: stream[stream_start, +numel) = file's flat group tensor
-// [src_start, +numel).
-// `mapper`: the rank that reads it (AssignMappers).
+// [src_start, +numel), read by rank `mapper` (AssignMappers).
 struct Piece {
   int file = -1, group = 0;
   int64_t src_start = 0, numel = 0, stream_start = 0;
