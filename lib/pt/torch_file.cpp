@@ -50,7 +50,7 @@ TorchFile ReadTorchArchive(std::shared_ptr<ZipArchive> archive, const ReadOption
     if (need > entry->size)
       throw Error("storage '" + key + "' declares " + std::to_string(numel) + " " + std::string(DTypeName(dtype)) +
                   " elements but its record holds only " + std::to_string(entry->size) + " bytes");
-    if (options.verify_storage_crc) zip.VerifyCrc(*entry);
+    if (options.verify_storage_crc || entry->size <= kAlwaysCheckedStorageBytes) zip.VerifyCrc(*entry);
     auto s = std::make_shared<Storage>();
     s->dtype = dtype;
     s->key = key;

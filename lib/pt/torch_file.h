@@ -16,6 +16,9 @@ struct ReadOptions {
   bool verify_pickle_crc = true;    // data.pkl is small; a flipped byte is caught here
   bool verify_storage_crc = false;  // reads every tensor byte once, and checks every other record too
 };
+// Storages of at most this many bytes are checked as they are read even without verify_storage_crc:
+// such a tensor (an optimizer's step, a scalar) is used as a value, never through a checked range.
+inline constexpr uint64_t kAlwaysCheckedStorageBytes = 4096;
 
 struct TorchFile {
   std::shared_ptr<ZipArchive> archive;

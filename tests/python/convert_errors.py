@@ -121,6 +121,23 @@ victim = "mp_rank_00_model_states.pt"
 record = flip_in_largest_record(os.path.join(tag, victim), 0.5)
 cases.append(("carried_file_flipped", src, [victim, record, "CRC-32 mismatch"]))
 
+# 4b'. A flipped byte in an optimizer file's step tensor (a 4- or 8-byte record, used as a value, not
+#      read through the mapper): it would land in every step.pt; refused as its file is indexed.
+src, tag = copy_fixture("step_record_flipped")
+victim = sorted(n for n in os.listdir(tag) if "optim_states" in n)[0]
+with zipfile.ZipFile(os.path.join(tag, victim)) as z:
+    steps = [i for i in z.infolist() if "/data/" in i.filename and i.file_size <= 8]
+    rec = steps[0]
+    z.fp.seek(rec.header_offset + 26)
+    name_len, extra_len = struct.unpack("<HH", z.fp.read(4))
+    at = rec.header_offset + 30 + name_len + extra_len
+with open(os.path.join(tag, victim), "r+b") as fh:
+    fh.seek(at)
+    b = fh.read(1)
+    fh.seek(at)
+    fh.write(bytes([b[0] ^ 0x01]))
+cases.append(("step_record_flipped", src, [victim, rec.filename, "CRC-32 mismatch"]))
+
 # 4c. A flipped byte in an optimizer file's largest record, at its start, middle and last byte. With
 #     --split-above 4K on 3 ranks, the second of the four files (pp, tp, dp = 0, 0, 1) is cut between
 #     ranks 0 and 1 and the record read in ranges whose CRC-32s are combined across ranks (said in the
