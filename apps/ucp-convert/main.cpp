@@ -83,11 +83,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
   std::string split_above = "auto";
   app.add_option("--split-above", split_above,
-                 "write a (parameter, state) of more bytes than this in parts (rows; at most one per rank, placed like "
-                 "any item, so parts may share a rank) into its one file (e.g. 256M; 0: never; auto: a quarter of an even "
-                 "share of the bytes written per rank, 64M to 1G). The .pt store of a ZeRO-0/1/2 source under 2 or more "
-                 "ranks only: ZeRO-3's universal form is written whole (a note), --format hdf5 refuses it. An optimizer "
-                 "file of more bytes is read by several ranks, cut at their even shares (any store)")
+                 "the size above which work is shared between ranks (e.g. 256M; 0: never; auto: a quarter of an even share "
+                 "of the bytes written per rank, 64M to 1G), in two ways. Reading: an optimizer file of more bytes is read "
+                 "by the ranks whose even shares of all the files' bytes it spans (a run of less than a quarter of the size "
+                 "at a file's end stays with its neighbour), its records' CRC-32s combined across them; any store. Writing: "
+                 "a (parameter, state) of more bytes is written in parts (rows; at most one per rank, placed like any item, "
+                 "so parts may share a rank) into its one file; the .pt store of a ZeRO-0/1/2 source only (ZeRO-3's "
+                 "universal form and the HDF5 store write each tensor whole, a note says so)")
       ->capture_default_str();
   app.add_option("--report", o.report_path, "write a JSON report: timings per phase, bytes read, moved and written per rank");
   app.add_option("--patterns", o.pattern_files, "rule file(s) to use instead of detecting the model family")
@@ -112,9 +114,9 @@ int main(int argc, char** argv) {
       std::cerr << "ucp-convert: error: --split-above " << split_above << ": a whole size (e.g. 256M, 1536M, 1G), 0 or auto\n";
       return 2;
     }
-    if (o.split_above > 0 && (o.format == "hdf5" || !o.from_atomic.empty())) {
-      std::cerr << "ucp-convert: error: --split-above goes with the .pt store of a conversion (the HDF5 store and "
-                   "--from-atomic write each tensor whole): drop it\n";
+    if (o.split_above > 0 && !o.from_atomic.empty()) {
+      std::cerr << "ucp-convert: error: --split-above goes with a conversion from a source checkpoint (--from-atomic "
+                   "copies each tensor whole from one store into another): drop it\n";
       return 2;
     }
   }

@@ -250,11 +250,12 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     M = patterns::ResolvePatterns(L, {o.pattern_files, o.patterns_dir});
     if (o.strict && !M.problems.empty())
       throw Error(Joined(M.problems, o.source + ": pattern problems (--no-strict to convert anyway):"));
-    if (kind == store::StoreKind::Hdf5 && o.split_above > 0)
-      throw Error("--split-above: the HDF5 store writes each tensor whole; parts are written into the .pt store's files");
     const bool parts = store::WritesParts(kind, L.zero_stage);
     if (!parts && o.split_above > 0)
-      L.notes.push_back("--split-above: every tensor is written whole (a ZeRO-3 source's universal form is a padded 1-D tensor)");
+      L.notes.push_back(std::string("--split-above: every tensor is written whole (") +
+                        (kind == store::StoreKind::Hdf5 ? "the HDF5 store writes each dataset whole"
+                                                        : "a ZeRO-3 source's universal form is a padded 1-D tensor") +
+                        "); the size still cuts larger optimizer files between the ranks that read them");
     else if (o.split_above > 0 && (o.plan_ranks > 0 ? o.plan_ranks : ranks) == 1)
       L.notes.push_back("--split-above: one rank has none to share an item with: every tensor is written whole");
     plan = plan::MakeConvertPlan(L, M, o.plan_ranks > 0 ? o.plan_ranks : ranks, o.buffer_bytes, parts ? o.split_above : 0, o.split_above);

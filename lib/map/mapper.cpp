@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -149,7 +150,15 @@ void Mapper::CheckSharedRecords(const std::vector<int64_t>& summed) {
       const auto part = static_cast<uint32_t>(summed[slot]);
       crc = k == 0 ? part : static_cast<uint32_t>(crc32_combine64(crc, part, static_cast<z_off64_t>(range.end - range.begin)));
     }
-    if (crc != r.crc32) throw pt::CrcMismatch(path, r.name, r.crc32, crc, "read in ranges by ranks " + readers, "nothing of it was converted");
+    if (crc != r.crc32) {
+      const auto& f = layout_.files[rec.file];
+      std::string held;  // a parameter with elements in the file, for the user's bearings
+      for (const auto& P : plan_.params)
+        if (held.empty() && std::any_of(P.pieces.begin(), P.pieces.end(), [&](const plan::Piece& pc) { return pc.file == rec.file; }))
+          held = ", parameter '" + P.name + "' among those it holds";
+      throw pt::CrcMismatch(path + " (pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) + ", dp=" + std::to_string(f.dp) + ")",
+                            r.name, r.crc32, crc, "read in ranges by ranks " + readers, "nothing of it was converted" + held);
+    }
     if (auto it = fds_.find(rec.file); it != fds_.end()) it->second.checked[rec.record] = true;
   }
 }

@@ -499,8 +499,17 @@ std::string ConvertPlan::ToText() const {
   int split = 0;  // (parameter, state) items written in parts
   for (const auto& w : work)
     for (const Item& it : w) split += it.split() && it.part == 0;
-  o << "items: " << params.size() * kStates << " (parameter, state); " << split << " of more than "
-    << HumanBytes(double(split_above)) << " written in parts (--split-above), each part an item of the table\n";
+  o << "items: " << params.size() * kStates << " (parameter, state); ";
+  if (split_above > 0)
+    o << split << " of more than " << HumanBytes(double(split_above)) << " written in parts (--split-above), each part an item of the table\n";
+  else
+    o << "every one written whole (--split-above 0, or a store or source whose tensors are written whole)\n";
+  o << "reading: ";
+  if (cut_above > 0)
+    o << "optimizer files of more than " << HumanBytes(double(cut_above)) << " cut between ranks (--split-above); "
+      << shared_records.size() << " record(s) read in ranges by several ranks, their CRC-32s combined\n";
+  else
+    o << "every optimizer file read whole by one rank (--split-above 0)\n";
   const int64_t in_flight = MaxInFlight(chunk_elems);
   o << "shuffle: " << rounds << " round(s) of at most " << HumanBytes(4.0 * chunk_elems) << " per reducer"
     << (in_flight >= 0 ? ", at most " + HumanBytes(double(in_flight)) + " in flight per rank" : "") << " (--buffer "
@@ -517,8 +526,7 @@ std::string ConvertPlan::ToText() const {
   }
   std::snprintf(buf, sizeof buf, "imbalance of bytes out, carried files included (max / mean): %.3f\n", Imbalance());
   o << buf;
-  std::snprintf(buf, sizeof buf, "imbalance of bytes in (max / mean): %.3f; %zu record(s) read in parts by several ranks\n",
-                ReadImbalance(), shared_records.size());
+  std::snprintf(buf, sizeof buf, "imbalance of bytes in (max / mean): %.3f\n", ReadImbalance());
   o << buf;
   return o.str();
 }

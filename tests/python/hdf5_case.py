@@ -202,7 +202,10 @@ pt = os.path.join(work, "pt", "universal")
 h5 = os.path.join(work, "h5", "universal")
 pt2h5 = os.path.join(work, "pt2h5", "universal")
 run([fixture, "-o", pt])
-run([fixture, "-o", h5, "--format", "hdf5"], ranks)
+# On 3 ranks, --split-above 4K cuts the optimizer files between the ranks that read them (the HDF5
+# store writes every tensor whole; the size still cuts the reading).
+cut = ["--split-above", "4K"] if ranks >= 3 else []
+run([fixture, "-o", h5, "--format", "hdf5"] + cut, ranks)
 if os.path.exists(os.path.join(work, "h5", "latest_universal")):
     fail("source -> hdf5 wrote latest_universal (DeepSpeed cannot read the HDF5 store)")
 check_hdf5(h5, pt, "source -> hdf5")
