@@ -9,7 +9,6 @@
 #include <utility>
 #include <vector>
 
-#include "core/error.h"
 #include "plan/convert_plan.h"
 
 namespace fs = std::filesystem;
