@@ -130,13 +130,13 @@ pt::TorchFile AtomReader::ReadCheckedFile(const std::string& rel, const std::str
                   " bytes, it held " + std::to_string(it->second.bytes) + " when the folder was read");
     return file;
   }
-  pt::TorchFile file = pt::ReadTorchFile(path);
-  const MappedFile& mapped = *file.archive->file();
-  const std::string mismatch = it->second.Mismatch(mapped.bytes());
-  mapped.ReleaseResidentPages();  // hashed: the pages need not count as this rank's
+  // Hashed before it is parsed: no byte of a damaged file is interpreted.
+  std::shared_ptr<MappedFile> mapped = MappedFile::Open(path);
+  const std::string mismatch = it->second.Mismatch(mapped->bytes());
+  mapped->ReleaseResidentPages();  // hashed: the pages need not count as this rank's
   if (!mismatch.empty())
     throw Error(path + ": " + about + "the file is damaged: " + mismatch + " (ucp-inspect --verify checks every file)");
-  return file;
+  return pt::ReadTorchArchive(std::make_shared<pt::ZipArchive>(std::move(mapped)));
 }
 
 const AtomParam& AtomReader::param(const std::string& name) const {
