@@ -118,8 +118,8 @@ FileDigest AtomicFile::Commit() {
 namespace {
 
 // The writeback starter: one thread that asks the kernel to start writing each handed-over file
-// (sync_file_range, SYNC_FILE_RANGE_WRITE, which may block while the device's queue is full:
-// better here than in a writer) and then closes it. Started with the first file; the process's
+// or range of a file (sync_file_range, SYNC_FILE_RANGE_WRITE, which may block while the device's
+// queue is full: better here than in a writer) and then closes its descriptor. Started with the first file; the process's
 // exit ends it (queued files are closed by the exit, their bytes already in the page cache).
 class WritebackStarter {
  public:
@@ -127,10 +127,10 @@ class WritebackStarter {
     static auto* the = new WritebackStarter;  // never destroyed: no join at exit
     return *the;
   }
-  void Add(int fd) {
+  void Add(int fd, uint64_t offset, uint64_t bytes) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(fd);
+      queue_.push_back({fd, offset, bytes});
       if (!thread_started_) {
         thread_started_ = true;
         std::thread([this] { Run(); }).detach();
@@ -149,12 +149,12 @@ class WritebackStarter {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       cv_.wait(lock, [&] { return !queue_.empty(); });
-      const int fd = queue_.front();
+      const Range r = queue_.front();
       queue_.pop_front();
       busy_ = true;
       lock.unlock();
-      ::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
-      ::close(fd);
+      ::sync_file_range(r.fd, static_cast<off_t>(r.offset), static_cast<off_t>(r.bytes), SYNC_FILE_RANGE_WRITE);
+      ::close(r.fd);
       lock.lock();
       busy_ = false;
       if (queue_.empty()) idle_.notify_all();
@@ -162,13 +162,17 @@ class WritebackStarter {
   }
   std::mutex mu_;
   std::condition_variable cv_, idle_;
-  std::deque<int> queue_;
+  struct Range {
+    int fd;
+    uint64_t offset, bytes;  // bytes 0: to the end of the file
+  };
+  std::deque<Range> queue_;
   bool busy_ = false, thread_started_ = false;
 };
 
 }  // namespace
 
-void StartWriteback(int fd) { WritebackStarter::Get().Add(fd); }
+void StartWriteback(int fd, uint64_t offset, uint64_t bytes) { WritebackStarter::Get().Add(fd, offset, bytes); }
 
 void SyncFileSystemOf(const std::string& path) {
   WritebackStarter::Get().Flush();  // its files' descriptors closed, their writeback under way

@@ -37,10 +37,11 @@ enum class Digest { Xxh64, None };
 // included, is durable when it returns. Throws ucp::Error naming the path.
 void SyncFileSystemOf(const std::string& path);
 
-// Hands the open descriptor `fd` to a background thread that starts the kernel writing the file's
-// dirty pages to disk and then closes it: a batch file's bytes travel to the disk while the run
-// goes on, and the batch's one sync waits for little. Durability still comes from the sync.
-void StartWriteback(int fd);
+// Hands the open descriptor `fd` to a background thread that starts the kernel writing the dirty
+// pages of bytes [offset, offset + bytes) of the file (bytes 0: to its end) to disk and then closes
+// it: a batch file's bytes, or a part of a shared file, travel to the disk while the run goes on,
+// and the batch's one sync waits for little. Durability still comes from the sync.
+void StartWriteback(int fd, uint64_t offset = 0, uint64_t bytes = 0);
 
 // Creates the folder `dir` (and its parents) for many subfolders of many files each, and asks the
 // file system to spread those subfolders over its allocation groups (ext2/3/4's "top of a

@@ -184,6 +184,9 @@ class PtWriter final : public AtomWriter {
     Fd fd(path, O_WRONLY | O_CREAT);
     fd.WriteAt(bytes, size, at);
     FaultPoint("part-written", path);
+    // Its bytes start for the disk now, as a whole file's do when it is renamed into place: the
+    // file is finished only after the rounds, and left till then they would all wait for the sync.
+    if (const int dup = ::fcntl(fd.fd, F_DUPFD_CLOEXEC, 0); dup >= 0) StartWriteback(dup, at, size);
     fd.Close();
     return {pt::Crc32(0, {bytes, static_cast<size_t>(size)}), XxHash64::Of(bytes, static_cast<size_t>(size))};
   }
