@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -79,6 +80,16 @@ void AtomicFile::Write(const void* data, size_t size) {
   } else {
     WriteAll(static_cast<const char*>(data), size);  // large payload: no staging copy
   }
+}
+
+bool AtomicFile::Clone(int from_fd) {
+  if (fd_ < 0 || size_ != 0 || !buffer_.empty()) throw Error(path_ + ": internal: a clone into a file already written");
+  if (::ioctl(fd_, FICLONE, from_fd) != 0) return false;
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) throw Error(path_ + ": cannot stat the clone: " + std::strerror(errno));
+  size_ = static_cast<uint64_t>(st.st_size);
+  FaultPoint("file-write", path_);
+  return true;
 }
 
 FileDigest AtomicFile::Commit() {

@@ -59,6 +59,10 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
 
   void Write(const void* data, size_t size);
+  // Makes the (still empty) file share the whole content of the open file `from_fd` (a reflink:
+  // FICLONE, on file systems whose files can share extents, e.g. XFS, Btrfs); no byte is copied.
+  // False, with nothing changed, where the file system cannot: the caller then writes the bytes.
+  bool Clone(int from_fd);
   FileDigest Commit();
   const std::string& path() const { return path_; }
 

@@ -11,31 +11,33 @@
 
 namespace ucp {
 
-uint64_t ReadFileBlocks(const std::string& path, const std::function<void(const void*, size_t)>& fn) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  std::vector<unsigned char> block(8 << 20);
+uint64_t ReadFdBlocks(int fd, const std::string& path, size_t block,
+                      const std::function<void(const void*, size_t, uint64_t)>& fn) {
+  std::vector<unsigned char> buffer(block);
   uint64_t total = 0;
   for (;;) {
-    ssize_t n = ::read(fd, block.data(), block.size());
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      throw Error(path + ": read failed: " + std::strerror(err));
-    }
+    if (n < 0) throw Error(path + ": read failed: " + std::strerror(errno));
     if (n == 0) break;
-    try {
-      fn(block.data(), static_cast<size_t>(n));
-    } catch (...) {
-      ::close(fd);
-      throw;
-    }
+    fn(buffer.data(), static_cast<size_t>(n), total);
     total += static_cast<uint64_t>(n);
   }
-  ::close(fd);
   return total;
+}
+
+uint64_t ReadFileBlocks(const std::string& path, const std::function<void(const void*, size_t)>& fn) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  try {
+    const uint64_t total = ReadFdBlocks(fd, path, 8 << 20, [&](const void* p, size_t n, uint64_t) { fn(p, n); });
+    ::close(fd);
+    return total;
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
 }
 
 }  // namespace ucp

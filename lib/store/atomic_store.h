@@ -104,9 +104,11 @@ pt::ValuePtr OptimizerStateValue(const pt::Value& optimizer_file_root, int zero_
 std::unique_ptr<AtomicFile> StageLatestUniversal(const std::string& dir);
 void WriteLatestUniversal(const std::string& dir);
 
-// A byte-for-byte copy of a file, written atomically. `records` (by offset, as ShardFile::checksummed):
-// the zip records whose CRC-32 the bytes are checked against as they pass; one that differs, or that
-// the file ends inside, throws naming the file and the record, and nothing is left under `rel`.
+// A byte-for-byte copy of a file, written atomically; a reflink where the file system has them
+// (AtomicFile::Clone), the bytes then read only to be checked and hashed. `records` (by offset, as ShardFile::checksummed): the zip records
+// whose CRC-32 the bytes are checked against as they are read; one that differs, or that the file
+// ends inside, throws naming the file and the record, and nothing is left under `rel`; so does a
+// file that changes while it is copied (its size, times or inode).
 FileRecord CopyFileAtomically(const std::string& from, const std::string& to_dir, const std::string& rel,
                               Durability durability = Durability::Now,
                               const std::vector<source::ChecksummedRange>& records = {});
