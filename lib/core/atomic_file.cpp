@@ -130,8 +130,9 @@ namespace {
 
 // The writeback starter: one thread that asks the kernel to start writing each handed-over file
 // or range of a file (sync_file_range, SYNC_FILE_RANGE_WRITE, which may block while the device's
-// queue is full: better here than in a writer) and then closes its descriptor. Started with the first file; the process's
-// exit ends it (queued files are closed by the exit, their bytes already in the page cache).
+// queue is full: better here than in a writer) and then closes its descriptor. Started with the
+// first file; the process's exit ends it (queued files are closed by the exit, their bytes already
+// in the page cache).
 class WritebackStarter {
  public:
   static WritebackStarter& Get() {
