@@ -429,11 +429,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     const auto& mine = plan.work[rank];
     std::map<size_t, std::unique_ptr<union_::Assembly>> open;  // item index -> assembly
     size_t next_final = 0;
-    auto where = [&](const plan::Piece& pc) {
-      const auto& f = L.files[pc.file];
-      return L.dir + "/" + f.name + " (pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) +
-             ", dp=" + std::to_string(f.dp) + ")";
-    };
+    auto where = [&](const plan::Piece& pc) { return source::FileWhere(L, pc.file); };
     // The memory bound: the writers' tensors and the open assemblies take at most 2x the largest
     // item; a new assembly waits for the writers to finish enough of theirs (they go on without this
     // thread, so it never waits on itself).

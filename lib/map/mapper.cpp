@@ -20,8 +20,7 @@ Mapper::Mapper(const source::SourceIndex& L, const plan::ConvertPlan& plan, int 
   for (const int fi : plan.FilesMappedBy(rank)) {
     const auto& f = L.files[fi];
     Open o;
-    o.where = L.dir + "/" + f.name + " (pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) +
-              ", dp=" + std::to_string(f.dp) + ")";
+    o.where = source::FileWhere(L, static_cast<int>(fi));
     WithContext(o.where, [&] {
       OpenFd(L, static_cast<int>(fi));
       for (const auto& g : f.groups) {
@@ -151,13 +150,11 @@ void Mapper::CheckSharedRecords(const std::vector<int64_t>& summed) {
       crc = k == 0 ? part : static_cast<uint32_t>(crc32_combine64(crc, part, static_cast<z_off64_t>(range.end - range.begin)));
     }
     if (crc != r.crc32) {
-      const auto& f = layout_.files[rec.file];
       std::string held;  // a parameter with elements in the file, for the user's bearings
       for (const auto& P : plan_.params)
         if (held.empty() && std::any_of(P.pieces.begin(), P.pieces.end(), [&](const plan::Piece& pc) { return pc.file == rec.file; }))
           held = ", parameter '" + P.name + "' among those it holds";
-      throw pt::CrcMismatch(path + " (pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) + ", dp=" + std::to_string(f.dp) + ")",
-                            r.name, r.crc32, crc, "read in ranges by ranks " + readers, "nothing of it was converted" + held);
+      throw pt::CrcMismatch(source::FileWhere(layout_, rec.file), r.name, r.crc32, crc, "read in ranges by ranks " + readers, "nothing of it was converted" + held);
     }
     if (auto it = fds_.find(rec.file); it != fds_.end()) it->second.checked[rec.record] = true;
   }

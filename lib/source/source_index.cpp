@@ -56,6 +56,15 @@ std::string DataParallelDegrees(const SourceIndex& L) {
   return "dp=" + std::to_string(L.dp);
 }
 
+std::string Coord(const ShardFile& f) {
+  return "(pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) + ", dp=" + std::to_string(f.dp) + ")";
+}
+
+std::string FileWhere(const SourceIndex& L, int file) {
+  const ShardFile& f = L.files[static_cast<size_t>(file)];
+  return L.dir + "/" + f.name + " " + Coord(f);
+}
+
 std::string LayoutWords(const SourceIndex& L) {
   const std::string state = " (" + L.optimizer + "), " + L.dtype;
   if (!L.on_grid) {  // every chunk is a box of its global tensor; a carried file holds none

@@ -140,6 +140,10 @@ std::string DataParallelDegrees(const SourceIndex& L);
 // The layout in words, as ucp-convert's banner and ucp-inspect say it: the (dp, sp, tp, pp, ep) grid
 // with ZeRO stage, optimizer and dtype, or, off a grid, the chunked global tensors.
 std::string LayoutWords(const SourceIndex& L);
+// A shard file's place in the grid, as errors say it: "(pp=0, tp=1, dp=2)".
+std::string Coord(const ShardFile& f);
+// A shard file as errors name it: its path and its place, "DIR/NAME (pp=0, tp=1, dp=2)".
+std::string FileWhere(const SourceIndex& L, int file);
 
 struct IndexOptions {
   bool verify_storage_crc = false;  // read every tensor byte and check the container's checksums

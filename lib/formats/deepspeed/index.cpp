@@ -153,8 +153,6 @@ bool IsExpertGroup(const Value& osd, size_t g) {
   return m && m->kind == Value::Kind::Bool && m->b;
 }
 
-std::string Coord(const ShardFile& f);
-
 // Every parameter the optimizer files map (param_slice_mappings), with its shape from the weights at
 // its (pp, tp): a pipeline's layer files (GPTModelPipe's "<spec>.<key>", the tied embedding
 // "tied_modules.embed.<key>" in spec 1's file), else the model-states file's module.
@@ -619,10 +617,6 @@ void FinishMoe(SourceIndex& L, const MoeShapes& moe, GroupParams& group_params, 
   }
 }
 
-std::string Coord(const ShardFile& f) {
-  return "(pp=" + std::to_string(f.pp) + ", tp=" + std::to_string(f.tp) + ", dp=" + std::to_string(f.dp) + ")";
-}
-
 // Two checks on the fragments. In each file's flat group buffer no two fragments may share an
 // element (an overlap: a corrupt mapping or a foreign file). And every element of every
 // parameter's TP-local tensor at every (pp, tp) that holds it must be in exactly one fragment (a
@@ -1085,7 +1079,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     if (!f.data || KindOf(f) != FileKind::ZeroOptimizer) continue;  // (a torch optimizer's state: TorchState)
     auto file = parse(f);
     if (!file) continue;
-    std::string where = L.dir + "/" + f.name + " " + Coord(f);
+    std::string where = source::FileWhere(L, static_cast<int>(fi));
     try {
       const Value& osd = file->root->At("optimizer_state_dict");
       auto stage_v = osd.Get("zero_stage");
