@@ -150,12 +150,12 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
 }
 
 int RunInspect(const std::string& dir, const InspectOptions& options, std::ostream& out, std::ostream& err) {
-  if (store::IsAtomicCheckpoint(dir) || store::IsDeepSpeedUniversal(dir)) return RunInspectAtomic(dir, options, out, err);
-  if (std::filesystem::exists(dir + "/" + store::kJournalDir)) {
+  if (store::IsUnfinishedConversion(dir)) {
     err << "ucp-inspect: error: " << dir << ": an unfinished ucp-convert run (a journal but no ucp_manifest.json); "
         << "finish it with ucp-convert --resume\n";
     return 2;
   }
+  if (store::IsAtomicCheckpoint(dir) || store::IsDeepSpeedUniversal(dir)) return RunInspectAtomic(dir, options, out, err);
   json r;
   try {
     r = InspectReport(dir, options);

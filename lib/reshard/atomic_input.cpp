@@ -10,6 +10,9 @@
 namespace ucp::reshard {
 
 void RefuseNonAtomicInput(const std::string& dir) {
+  if (store::IsUnfinishedConversion(dir))
+    throw Error(dir + ": an unfinished ucp-convert run (a journal but no " + store::kManifestName +
+                "): finish it with ucp-convert SOURCE -o " + dir + " --resume, then reshard it");
   std::error_code ec;
   if (std::filesystem::exists(dir + "/" + store::kManifestName, ec) || store::IsDeepSpeedUniversal(dir)) return;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec))

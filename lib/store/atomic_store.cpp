@@ -560,6 +560,11 @@ nlohmann::json ReadManifest(const std::string& dir) {
 
 bool IsAtomicCheckpoint(const std::string& dir) { return fs::exists(dir + "/" + kManifestName); }
 
+bool IsUnfinishedConversion(const std::string& dir) {
+  std::error_code ec;
+  return fs::exists(dir + "/" + kJournalDir, ec) && !fs::exists(dir + "/" + kManifestName, ec);
+}
+
 std::string CarriedModelStates(const nlohmann::json& manifest) {
   const auto source = manifest.value("source", nlohmann::json::object());
   if (std::string named = source.value("model_states", ""); !named.empty()) return named;

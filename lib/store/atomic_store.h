@@ -152,6 +152,9 @@ nlohmann::json AssembleManifest(const std::string& store, const nlohmann::json& 
                                 const nlohmann::json& params, const std::map<std::string, FileRecord>& files);
 nlohmann::json ReadManifest(const std::string& dir);  // throws ucp::Error
 bool IsAtomicCheckpoint(const std::string& dir);       // has a manifest
+// A folder ucp-convert was writing when it stopped (killed, or refused its source): a journal and no
+// manifest. Its ranks may have written model-states files and zero/ already; it is no checkpoint.
+bool IsUnfinishedConversion(const std::string& dir);
 
 // The model-states file of rank 0 that a conversion carried over (its path in the folder), or ""
 // when the source had none (a PyTorch Distributed Checkpoint). The manifest's source.model_states;

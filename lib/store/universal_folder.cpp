@@ -89,8 +89,8 @@ std::string TagOf(const std::string& dir) {
 
 bool IsDeepSpeedUniversal(const std::string& dir) {
   std::error_code ec;
-  return !fs::exists(dir + "/" + kManifestName, ec) && fs::is_regular_file(dir + "/" + kOptimizerState, ec) &&
-         !ModelFilesOf(dir).empty();
+  return !fs::exists(dir + "/" + kManifestName, ec) && !IsUnfinishedConversion(dir) &&
+         fs::is_regular_file(dir + "/" + kOptimizerState, ec) && !ModelFilesOf(dir).empty();
 }
 
 nlohmann::json DescribeDeepSpeedUniversal(const std::string& dir) {

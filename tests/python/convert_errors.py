@@ -1,7 +1,7 @@
 """Damaged checkpoints that ucp-convert must refuse: a TP-replicated parameter whose copies differ,
 a missing fragment, overlapping fragments, a truncated shard file, a parameter name that would
 escape zero/. Each run must exit 1, name the file, the rank coordinates and the parameter, and
-leave no manifest behind.
+leave no manifest behind; what it does leave, ucp-inspect and ucp-reshard must call an unfinished run.
 
   convert_errors.py UCP_CONVERT FIXTURE_DIR WORK_DIR [MPIEXEC]
 """
@@ -51,6 +51,23 @@ def edit(tagdir, f, fn):
     torch.save(sd, path)
 
 
+def unfinished_output_problems(out):
+    """What the refused run left (its journal, the files its ranks finished, which may include
+    model-states files and zero/) must be taken by ucp-inspect and ucp-reshard for what it is: an
+    unfinished conversion, never a checkpoint."""
+    if not os.path.isdir(os.path.join(out, ".ucp-journal")):
+        return []
+    tools = os.path.dirname(os.path.abspath(binary))
+    problems = []
+    for cmd in ([os.path.join(tools, "ucp-inspect"), out],
+                [os.path.join(tools, "ucp-reshard"), out, "-o", out + "-reshard", "--dp", "1", "--tp", "1", "--pp", "1",
+                 "--zero-stage", "1"]):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if p.returncode == 0 or "unfinished ucp-convert run" not in p.stderr:
+            problems.append(f"{os.path.basename(cmd[0])} on the unfinished output: exit {p.returncode}: {p.stderr.strip()[:300]}")
+    return problems
+
+
 def run(case, src, must_contain, ranks, extra=()):
     out = os.path.join(work, case + f"-out-np{ranks}")
     shutil.rmtree(out, ignore_errors=True)
@@ -65,6 +82,7 @@ def run(case, src, must_contain, ranks, extra=()):
     left = [os.path.join(d, n) for d, _, names in os.walk(out) for n in names if ".tmp-" in n]
     if left:
         problems.append(f"{len(left)} temporary files left, e.g. {left[0]}")
+    problems += unfinished_output_problems(out)
     status = "ok" if not problems else "FAIL " + "; ".join(problems)
     print(f"{case} ({ranks} rank{'s' if ranks > 1 else ''}): {status}\n    {text.strip()[:600]}")
     if problems:
