@@ -1,5 +1,6 @@
 #include "pt/value.h"
 
+#include <cstring>
 #include <utility>
 
 #include "core/error.h"
@@ -270,6 +271,27 @@ int64_t Value::AsInt() const {
     return args->items[0]->i;
   Mismatch("int", *this);
 }
+double StepValue(const Value& v) {
+  if (v.kind != Value::Kind::Tensor) return v.AsFloat();
+  const TensorView& t = v.AsTensor();
+  if (t.dtype == DType::F32) {
+    float f;
+    std::memcpy(&f, t.data(), 4);
+    return f;
+  }
+  if (t.dtype == DType::F64) {
+    double d;
+    std::memcpy(&d, t.data(), 8);
+    return d;
+  }
+  if (t.dtype == DType::I64) {
+    int64_t i;
+    std::memcpy(&i, t.data(), 8);
+    return static_cast<double>(i);
+  }
+  throw Error("its step is a " + std::string(DTypeName(t.dtype)) + " tensor");
+}
+
 double Value::AsFloat() const {
   if (kind == Kind::Float) return f;
   if (kind == Kind::Int) return static_cast<double>(i);

@@ -71,6 +71,10 @@ std::shared_ptr<Value> IntList(const std::vector<int64_t>& values);
 int64_t CheckedNumel(const std::vector<int64_t>& shape);
 int64_t Numel(const std::vector<int64_t>& shape);
 
+// A step as a number: a 0-d float32 / float64 / int64 tensor (torch 2.x's Adam, DeepSpeed's) or a
+// Python number. Throws ucp::Error for a tensor of another dtype.
+double StepValue(const Value& v);
+
 // Row-major strides of a shape.
 std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape);
 std::string ShapeString(const std::vector<int64_t>& shape);  // "[3, 4]"

@@ -196,28 +196,6 @@ std::map<std::string, int> ReadParamGroups(Files& files, const Options& options,
   return group_of;
 }
 
-// A step as a number: a 0-d tensor (torch 2.x's Adam) or a Python number.
-double StepValue(const Value& v) {
-  if (v.kind != Value::Kind::Tensor) return v.AsFloat();
-  const pt::TensorView& t = v.AsTensor();
-  if (t.dtype == pt::DType::F32) {
-    float f;
-    std::memcpy(&f, t.data(), 4);
-    return f;
-  }
-  if (t.dtype == pt::DType::F64) {
-    double d;
-    std::memcpy(&d, t.data(), 8);
-    return d;
-  }
-  if (t.dtype == pt::DType::I64) {
-    int64_t i;
-    std::memcpy(&i, t.data(), 8);
-    return static_cast<double>(i);
-  }
-  throw Error("its step is a " + std::string(pt::DTypeName(t.dtype)) + " tensor");
-}
-
 // The parameters: each weight with its Adam moments, chunk by chunk, and its group's step.
 class Parameters {
  public:
@@ -268,7 +246,7 @@ class Parameters {
   // The first group's step as the iteration (Adam counts the optimizer steps taken), or 0.
   int64_t Iteration() const {
     if (steps_.empty() || !steps_.begin()->second.second) return 0;
-    return static_cast<int64_t>(StepValue(*steps_.begin()->second.second));
+    return static_cast<int64_t>(pt::StepValue(*steps_.begin()->second.second));
   }
 
  private:
@@ -322,14 +300,14 @@ class Parameters {
       throw Error("its step is a " + (v ? v->TypeName() : std::string("null")) + ", not a tensor or a number");
     if (v->kind == Value::Kind::Tensor && v->AsTensor().numel() != 1)
       throw Error("its step is a tensor of " + std::to_string(v->AsTensor().numel()) + " elements, not one");
-    const double step = StepValue(*v);  // a dtype no step has is refused here
+    const double step = pt::StepValue(*v);  // a dtype no step has is refused here
     auto& [first, value] = steps_[group];
     if (!value) {
       first = fqn, value = v;
       L_.steps[{0, 0, group}] = value;
       return;
     }
-    if (StepValue(*value) != step)
+    if (pt::StepValue(*value) != step)
       L_.problems.push_back(L_.dir + ": '" + fqn + "': its Adam step differs from '" + first + "''s, in the same param "
                             "group (the atomic checkpoint keeps one step per group)");
   }
@@ -399,9 +377,9 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
   L.optimizer_state = osd;
   const size_t groups = mc.param_groups ? mc.param_groups->items.size() : 0;
   for (const auto& step : mc.steps)  // the atomic checkpoint keeps one step per group, and Megatron saves no parameter's group
-    if (StepValue(*step) != StepValue(*mc.steps[0]))
-      throw Error(L.dir + "/common.pt: its param groups hold different steps (" + std::to_string(StepValue(*mc.steps[0])) + ", " +
-                  std::to_string(StepValue(*step)) + "), and Megatron saves no parameter's group: which step is whose is unknown");
+    if (pt::StepValue(*step) != pt::StepValue(*mc.steps[0]))
+      throw Error(L.dir + "/common.pt: its param groups hold different steps (" + std::to_string(pt::StepValue(*mc.steps[0])) + ", " +
+                  std::to_string(pt::StepValue(*step)) + "), and Megatron saves no parameter's group: which step is whose is unknown");
   if (!mc.steps.empty())
     for (size_t g = 0; g < std::max<size_t>(groups, 1); ++g) L.steps[{0, 0, static_cast<int>(g)}] = mc.steps[0];
   std::string keys;
