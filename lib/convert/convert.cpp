@@ -22,6 +22,7 @@
 #include "core/task_pool.h"
 #include "formats/registry.h"
 #include "map/mapper.h"
+#include "map/weight_copies.h"
 #include "patterns/resolve.h"
 #include "plan/convert_plan.h"
 #include "pt/torch_file.h"
@@ -59,9 +60,12 @@ int64_t PeakRss() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;
 }
 
-std::string Joined(const std::vector<std::string>& lines, const std::string& head) {
-  std::string s = head;
-  for (const auto& l : lines) s += "\n  " + l;
+// One fault, one error: the first of what the index found (a missing or odd file comes first, and
+// most of what follows it are its consequences), one line, with the count of the rest.
+std::string FirstFault(const std::vector<std::string>& lines, const std::string& head, const std::string& source) {
+  std::string s = head + ": " + lines.front();
+  if (lines.size() > 1)
+    s += " (and " + std::to_string(lines.size() - 1) + " more found with it; `ucp-inspect " + source + "` lists every one)";
   return s;
 }
 
@@ -244,12 +248,12 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
                   "DeepSpeed's universal checkpoint (ds_to_universal.py)") + ", converted already: ucp-reshard reads it; "
                   "ucp-convert --from-atomic copies a ucp one into another store");
     L = formats::IndexSource(o.source);
-    if (!L.errors.empty()) throw Error(Joined(L.errors, o.source + ": unreadable, malformed or not supported:"));
+    if (!L.errors.empty()) throw Error(FirstFault(L.errors, o.source + ": unreadable, malformed or not supported", o.source));
     if (o.strict && !L.problems.empty())
-      throw Error(Joined(L.problems, o.source + ": the checkpoint is inconsistent (--no-strict to convert anyway):"));
+      throw Error(FirstFault(L.problems, o.source + ": the checkpoint is inconsistent (--no-strict to convert anyway)", o.source));
     M = patterns::ResolvePatterns(L, {o.pattern_files, o.patterns_dir});
     if (o.strict && !M.problems.empty())
-      throw Error(Joined(M.problems, o.source + ": pattern problems (--no-strict to convert anyway):"));
+      throw Error(FirstFault(M.problems, o.source + ": pattern problems (--no-strict to convert anyway)", o.source));
     const bool parts = store::WritesParts(kind, L.zero_stage);
     if (!parts && o.split_above > 0)
       L.notes.push_back(std::string("--split-above: every tensor is written whole (") +
@@ -282,6 +286,14 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     }
     return 0;
   }
+
+  // What the checkpoint stores twice must agree before anything is written (files mixed from other
+  // saves, ranks or runs pass every CRC-32): each rank compares the masters of its share of the data files.
+  error = Capture([&] {
+    if (const std::string why = map::CheckWeightCopies(L, rank, ranks); !why.empty()) throw Error(o.source + ": " + why);
+  });
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+  phase_done("weight_copies");
 
   // The step each parameter's step.pt holds (its group's, as the source keeps it); nullptr: no step.pt.
   auto step_of = [&](const plan::ParamPlan& P) -> pt::ValuePtr {

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "formats/registry.h"
+#include "map/weight_copies.h"
 #include "patterns/resolve.h"
 #include "store/universal_folder.h"
 #include "store/atomic_store.h"
@@ -52,7 +53,14 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
     int64_t records = 0, bytes = 0;
     for (const auto& f : L.files)
       for (const auto& c : f.checksummed) records += 1, bytes += static_cast<int64_t>(c.size);
-    r["verified"] = {{"zip_records", records}, {"bytes", bytes}};
+    r["verified"] = {{"zip_records", records}, {"bytes", bytes},
+                     {"weight_copies", static_cast<int64_t>(L.weight_copies.size())}};
+    // and every value stored twice, as ucp-convert compares it before it writes anything
+    try {
+      if (const std::string why = map::CheckWeightCopies(L, 0, 1); !why.empty()) L.errors.push_back(why);
+    } catch (const std::exception& e) {
+      L.errors.push_back(e.what());
+    }
   }
   json files = json::array();
   for (const auto& f : L.files) {
@@ -210,7 +218,8 @@ int RunInspect(const std::string& dir, const InspectOptions& options, std::ostre
     if (r.contains("verified"))
       out << "verified: " << r["verified"]["zip_records"] << " zip records ("
           << HumanBytes(r["verified"]["bytes"].get<double>()) << ") of " << r["files"].size()
-          << " files read whole, every CRC-32 as the zip directory records it\n";
+          << " files read whole, every CRC-32 as the zip directory records it; " << r["verified"]["weight_copies"]
+          << " weights of the model compared with their fp32 masters\n";
   }
   for (const auto& e : r["errors"]) err << "ucp-inspect: error: " << e.get<std::string>() << "\n";
   for (const auto& p : r["problems"])

@@ -80,6 +80,19 @@ struct Fragment {
   int64_t src_start = 0, numel = 0, dst_start = 0;
 };
 
+// A parameter's weight as the model keeps it besides the optimizer's fp32 master (DeepSpeed's module
+// in a model-states or layer file, in the training dtype): its TP-local tensor at (pp, tp), contiguous
+// at byte `offset` of files[file]. The two are one value stored twice: the master rounded to the
+// copy's dtype must give the copy (map/weight_copies.h checks it).
+struct WeightCopy {
+  int param = -1;  // index into SourceIndex::params
+  int pp = 0, tp = 0;
+  int file = -1;   // index into SourceIndex::files
+  uint64_t offset = 0;
+  int64_t numel = 0;
+  pt::DType dtype = pt::DType::F32;  // F32, BF16 or F16
+};
+
 struct SourceIndex {
   std::string format;  // the source driver that read it (formats/registry.h)
   std::string root;    // the folder named by the user
@@ -107,6 +120,7 @@ struct SourceIndex {
   std::vector<ShardFile> files;
   std::vector<ParamRecord> params;  // in first-seen order: stage, group, position
   std::vector<Fragment> fragments;  // every data file's pieces of every parameter
+  std::vector<WeightCopy> weight_copies;  // the weights stored besides their fp32 masters, where the format keeps them
   std::map<std::tuple<int, int, int>, pt::ValuePtr> steps;  // (pp, tp, group) -> step, from dp rank 0
   // The checkpoint's own pattern rules, in the universal_checkpoint_info form the atomic checkpoint
   // keeps (patterns/rules.h reads it), or nullptr.

@@ -1,4 +1,5 @@
 #include "formats/deepspeed/index.h"
+#include "formats/deepspeed/redundancy.h"
 
 #include <algorithm>
 #include <cctype>
@@ -1220,6 +1221,8 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   for (auto& f : L.files)
     std::sort(f.checksummed.begin(), f.checksummed.end(),
               [](const source::ChecksummedRange& a, const source::ChecksummedRange& b) { return a.offset < b.offset; });
+  CheckFilesAgree(L, parse);  // what every file repeats: a file of another save or run differs
+  RecordWeightCopies(L, parse);  // what the module keeps besides the masters, compared as it is read
   return L;
 }
 
