@@ -1221,6 +1221,9 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   for (auto& f : L.files)
     std::sort(f.checksummed.begin(), f.checksummed.end(),
               [](const source::ChecksummedRange& a, const source::ChecksummedRange& b) { return a.offset < b.offset; });
+  // A missing file first: most of what else is wrong follows from it (one fault, one error: the tools
+  // that stop at the first problem name it).
+  std::stable_partition(L.problems.begin(), L.problems.end(), [](const std::string& p) { return p.rfind("missing rank file", 0) == 0; });
   CheckFilesAgree(L, parse);  // what every file repeats: a file of another save or run differs
   RecordWeightCopies(L, parse);  // what the module keeps besides the masters, compared as it is read
   return L;
