@@ -290,7 +290,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   // What the checkpoint stores twice must agree before anything is written (files mixed from other
   // saves, ranks or runs pass every CRC-32): each rank compares the masters of its share of the data files.
   error = Capture([&] {
-    if (const std::string why = map::CheckWeightCopies(L, rank, ranks); !why.empty()) throw Error(o.source + ": " + why);
+    if (const std::string why = map::CheckWeightCopies(L, rank, ranks, o.threads > 0 ? o.threads : AvailableCores()); !why.empty()) throw Error(o.source + ": " + why);
   });
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   phase_done("weight_copies");

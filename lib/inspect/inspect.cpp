@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/format.h"
+#include "core/task_pool.h"
 #include "formats/registry.h"
 #include "map/weight_copies.h"
 #include "patterns/resolve.h"
@@ -57,7 +58,7 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
                      {"weight_copies", static_cast<int64_t>(L.weight_copies.size())}};
     // and every value stored twice, as ucp-convert compares it before it writes anything
     try {
-      if (const std::string why = map::CheckWeightCopies(L, 0, 1); !why.empty()) L.errors.push_back(why);
+      if (const std::string why = map::CheckWeightCopies(L, 0, 1, AvailableCores()); !why.empty()) L.errors.push_back(why);
     } catch (const std::exception& e) {
       L.errors.push_back(e.what());
     }

@@ -1,12 +1,15 @@
 #include "map/weight_copies.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -127,41 +130,80 @@ std::string Message(const SourceIndex& L, const std::map<int, Disagreement>& fou
              "(swapped, renamed or copied in from elsewhere); nothing was converted";
 }
 
+// A chunk of one fragment's masters and the copy's elements they must give.
+struct Unit {
+  const source::Fragment* fragment;
+  const WeightCopy* copy;
+  uint64_t masters;  // file offset of the fragment's group's fp32 partition
+  int64_t at, n;     // elements [at, at + n) of the fragment
+};
+
+// Each unit compared, by `threads` threads taking units in turn (the bytes are in the page cache
+// or on a disk that serves several readers: memory bandwidth is the bound, not one core).
+std::vector<Difference> CompareUnits(const SourceIndex& L, const std::vector<Unit>& units, int threads) {
+  std::vector<Difference> diff(units.size());
+  std::atomic<size_t> next{0};
+  std::vector<std::exception_ptr> failed(static_cast<size_t>(std::max(1, threads)));
+  auto work = [&](size_t t) {
+    try {
+      Files files(L);
+      std::vector<float> master;
+      std::vector<uint8_t> copy;
+      std::vector<uint16_t> rounded;
+      for (size_t u = next++; u < units.size(); u = next++) {
+        const Unit& w = units[u];
+        const size_t es = pt::ElementSize(w.copy->dtype), n = static_cast<size_t>(w.n);
+        master.resize(n), copy.resize(n * es);
+        files.Read(w.fragment->file, w.masters + 4 * static_cast<uint64_t>(w.fragment->src_start + w.at), n * 4, master.data());
+        files.Read(w.copy->file, w.copy->offset + es * static_cast<uint64_t>(w.fragment->dst_start + w.at), n * es, copy.data());
+        Compare(master.data(), copy.data(), w.copy->dtype, w.n, rounded, diff[u]);
+      }
+    } catch (...) {
+      failed[t] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < failed.size(); ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
+  for (const auto& e : failed)
+    if (e) std::rethrow_exception(e);
+  return diff;
+}
+
 }  // namespace
 
-std::string CheckWeightCopies(const SourceIndex& L, int rank, int ranks) {
+std::string CheckWeightCopies(const SourceIndex& L, int rank, int ranks, int threads) {
   if (L.weight_copies.empty()) return "";
   std::map<std::tuple<int, int, int>, const WeightCopy*> copy_of;  // (param, pp, tp)
   for (const auto& c : L.weight_copies) copy_of[{c.param, c.pp, c.tp}] = &c;
   std::map<int, int> checker;  // data file -> the rank that checks it, dealt in turn
   for (size_t fi = 0, k = 0; fi < L.files.size(); ++fi)
     if (L.files[fi].data) checker[static_cast<int>(fi)] = static_cast<int>(k++ % static_cast<size_t>(ranks));
-  Files files(L);
-  std::map<int, Disagreement> found;  // data file -> what disagrees in it
-  std::vector<float> master;
-  std::vector<uint8_t> copy;
-  std::vector<uint16_t> rounded;
+  std::vector<Unit> units;  // this rank's share, in chunks
   for (const auto& fr : L.fragments) {
     if (checker[fr.file] != rank) continue;
     const source::ShardFile& f = L.files[static_cast<size_t>(fr.file)];
     const auto it = copy_of.find({fr.param, f.pp, L.CopyTp(fr)});
     const source::Extent& m = f.groups[static_cast<size_t>(fr.group)][0];
     if (it == copy_of.end() || m.file >= 0) continue;  // no copy; or masters that are the weights themselves
-    const WeightCopy& c = *it->second;
-    if (fr.dst_start < 0 || fr.dst_start + fr.numel > c.numel) continue;  // the index's coverage check says so
-    const size_t es = pt::ElementSize(c.dtype);
+    if (fr.dst_start < 0 || fr.dst_start + fr.numel > it->second->numel) continue;  // the index's coverage check says so
+    for (int64_t at = 0; at < fr.numel; at += kChunk) units.push_back({&fr, it->second, m.offset, at, std::min(kChunk, fr.numel - at)});
+  }
+  const std::vector<Difference> diff = CompareUnits(L, units, threads);
+  std::map<int, Disagreement> found;  // data file -> what disagrees in it
+  for (size_t u = 0; u < units.size();) {
+    const source::Fragment& fr = *units[u].fragment;
+    const WeightCopy& c = *units[u].copy;
     Difference d;
-    for (int64_t at = 0; at < fr.numel; at += kChunk) {
-      const int64_t n = std::min(kChunk, fr.numel - at);
-      master.resize(static_cast<size_t>(n));
-      copy.resize(static_cast<size_t>(n) * es);
-      files.Read(fr.file, m.offset + 4 * static_cast<uint64_t>(fr.src_start + at), master.size() * 4, master.data());
-      files.Read(c.file, c.offset + es * static_cast<uint64_t>(fr.dst_start + at), copy.size(), copy.data());
-      Compare(master.data(), copy.data(), c.dtype, n, rounded, d);
-    }
+    for (; u < units.size() && units[u].fragment == &fr; ++u)
+      d.elements += diff[u].elements, d.largest = std::max(d.largest, diff[u].largest);
     if (d.elements == 0) continue;
     // A damaged byte is damage, said as such, before the copies are said to come from elsewhere.
-    files.CheckRecords(fr.file, m.offset + 4 * static_cast<uint64_t>(fr.src_start), 4 * static_cast<uint64_t>(fr.numel));
+    const size_t es = pt::ElementSize(c.dtype);
+    Files files(L);
+    const uint64_t master = L.files[static_cast<size_t>(fr.file)].groups[static_cast<size_t>(fr.group)][0].offset;
+    files.CheckRecords(fr.file, master + 4 * static_cast<uint64_t>(fr.src_start), 4 * static_cast<uint64_t>(fr.numel));
     files.CheckRecords(c.file, c.offset + es * static_cast<uint64_t>(fr.dst_start), es * static_cast<uint64_t>(fr.numel));
     Disagreement& p = found[fr.file];
     p.weight_files.insert(c.file);

@@ -12,10 +12,10 @@
 namespace ucp::map {
 
 // Compares every weight copy (SourceIndex::weight_copies) with the fp32 masters the data files that
-// `rank` of `ranks` checks hold of it (data files dealt in turn). Returns "" when they agree, else
+// `rank` of `ranks` checks hold of it (data files dealt in turn), on `threads` threads. Returns "" when they agree, else
 // one error naming the disagreeing files, their parameters and the largest difference. Before it
 // says the copies disagree, it checks the CRC-32 of the records it read: a damaged byte is refused
 // as damage (throws ucp::Error naming the file and the record).
-std::string CheckWeightCopies(const source::SourceIndex& L, int rank, int ranks);
+std::string CheckWeightCopies(const source::SourceIndex& L, int rank, int ranks, int threads);
 
 }  // namespace ucp::map

@@ -108,7 +108,12 @@ class Files {
     *file = Index(s.relative_path);
     pt::ReadOptions options;
     options.verify_storage_crc = whole;
-    return pt::ReadTorchArchive(std::make_shared<pt::ZipArchive>(mapped_[*file], s.offset, s.length), options);
+    try {
+      return pt::ReadTorchArchive(std::make_shared<pt::ZipArchive>(mapped_[*file], s.offset, s.length), options);
+    } catch (const std::exception& e) {  // .metadata says an archive lies there: a file of another rank or save does not hold it
+      throw Error(std::string(e.what()) + " where .metadata places a saved item (is " + s.relative_path +
+                  " another rank's file, swapped or renamed, or of another save?)");
+    }
   }
   const uint8_t* Base(int file) const { return mapped_[file]->bytes().data(); }
   std::vector<std::shared_ptr<MappedFile>> mapped_;

@@ -684,7 +684,8 @@ void CheckCoverage(SourceIndex& L, GroupParams& group_params,
         if (fr->dst_start < 0 || fr->dst_start + fr->numel > numel) {
           L.problems.push_back(L.dir + "/" + file_of(fr) + ": " + what + ": its fragment covers elements [" +
                                std::to_string(fr->dst_start) + ", " + std::to_string(fr->dst_start + fr->numel) +
-                               ") of a tensor of " + std::to_string(numel));
+                               ") of a tensor of " + std::to_string(numel) + ": its param_slice_mappings do not fit "
+                               "its rank's place in the group's flat buffer (a file of another rank, swapped or renamed?)");
           continue;
         }
         if (fr->dst_start > at)
