@@ -60,6 +60,14 @@ int64_t PeakRss() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;
 }
 
+// Whether a problem is a file that is missing or not the rank's, save's or run's its name says:
+// --no-strict converts no such checkpoint, so it is not offered.
+bool FileFault(const std::string& problem) {
+  for (const char* mark : {"missing rank file", "swapped or renamed", "mixed into this tag", "a file of another"})
+    if (problem.find(mark) != std::string::npos) return true;
+  return false;
+}
+
 // One fault, one error: the first of what the index found (a missing or odd file comes first, and
 // most of what follows it are its consequences), one line, with the count of the rest.
 std::string FirstFault(const std::vector<std::string>& lines, const std::string& head, const std::string& source) {
@@ -250,7 +258,7 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     L = formats::IndexSource(o.source);
     if (!L.errors.empty()) throw Error(FirstFault(L.errors, o.source + ": unreadable, malformed or not supported", o.source));
     if (o.strict && !L.problems.empty())
-      throw Error(FirstFault(L.problems, o.source + ": the checkpoint is inconsistent (--no-strict to convert anyway)", o.source));
+      throw Error(FirstFault(L.problems, o.source + ": the checkpoint is inconsistent" + (FileFault(L.problems.front()) ? "" : " (--no-strict to convert anyway)"), o.source));
     M = patterns::ResolvePatterns(L, {o.pattern_files, o.patterns_dir});
     if (o.strict && !M.problems.empty())
       throw Error(FirstFault(M.problems, o.source + ": pattern problems (--no-strict to convert anyway)", o.source));
@@ -290,7 +298,8 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   // What the checkpoint stores twice must agree before anything is written (files mixed from other
   // saves, ranks or runs pass every CRC-32): each rank compares the masters of its share of the data files.
   error = Capture([&] {
-    if (const std::string why = map::CheckWeightCopies(L, rank, ranks, o.threads > 0 ? o.threads : AvailableCores()); !why.empty()) throw Error(o.source + ": " + why);
+    const std::string why = map::CheckWeightCopies(L, comm, o.threads > 0 ? o.threads : AvailableCores());
+    if (!why.empty()) throw Error(o.source + ": " + why + "; nothing was converted");
   });
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   phase_done("weight_copies");

@@ -102,32 +102,82 @@ void Compare(const float* master, const uint8_t* copy, pt::DType dtype, int64_t 
   }
 }
 
-// What disagrees in one data file: its masters against the weight files' copies.
-struct Disagreement {
-  std::set<int> weight_files;
-  int64_t params = 0, elements = 0;
-  std::string worst;  // the parameter of the largest difference
-  double largest = -1;
-};
+// What disagrees in one data file, in int64s that add across ranks: each data file is checked by
+// one rank, the others add zeros, so the sum is that rank's finding, the same on every rank.
+enum Field { kParams, kElements, kLargestBits, kWorstParam, kWorstWeightFile, kFields };
+using Verdicts = std::vector<int64_t>;  // kFields per file of SourceIndex::files
 
-std::string Message(const SourceIndex& L, const std::map<int, Disagreement>& found) {
-  const auto& [file, first] = *found.begin();
-  std::string weights;
-  for (int w : first.weight_files) weights += (weights.empty() ? "" : ", ") + L.files[static_cast<size_t>(w)].name;
-  char largest[32];
-  std::snprintf(largest, sizeof largest, "%.3g", first.largest);
-  std::string s = "the fp32 master weights in " + source::FileWhere(L, file) + " disagree with the model's own weights in " +
-                  weights + " (" + std::to_string(first.params) + " parameter(s), " + std::to_string(first.elements) +
-                  " element(s); '" + first.worst + "' by up to " + largest + ")";
-  if (found.size() > 1) {
-    s += ", and so do those of " + std::to_string(found.size() - 1) + " more file(s) (";
-    int listed = 0;
-    for (auto it = std::next(found.begin()); it != found.end() && listed < 3; ++it, ++listed)
-      s += (listed ? ", " : "") + L.files[static_cast<size_t>(it->first)].name;
-    s += found.size() > 4 ? ", ...)" : ")";
+int64_t& At(Verdicts& v, int file, Field f) { return v[static_cast<size_t>(file) * kFields + f]; }
+int64_t At(const Verdicts& v, int file, Field f) { return v[static_cast<size_t>(file) * kFields + f]; }
+double Largest(const Verdicts& v, int file) {
+  double d;
+  const int64_t bits = At(v, file, kLargestBits);
+  std::memcpy(&d, &bits, 8);
+  return d;
+}
+
+std::string Names(const SourceIndex& L, const std::vector<int>& files) {
+  std::string s;
+  for (size_t i = 0; i < files.size() && i < 3; ++i) s += (i ? ", " : "") + L.files[static_cast<size_t>(files[i])].name;
+  return s + (files.size() > 3 ? ", ... (" + std::to_string(files.size()) + " files)" : "");
+}
+
+// The fault, said of the odd files. At one (pp, tp), a weight file that every optimizer file holding
+// its masters disagrees with, while the other weight files there agree, is the odd one; where every
+// weight file and every optimizer file there disagree, either side may be (TP ranks' files swapped:
+// their contents cannot tell which), and both are named; else the optimizer files that disagree are.
+std::string Message(const SourceIndex& L, const Verdicts& v) {
+  auto bad = [&](int f) { return At(v, f, kElements) > 0; };
+  std::map<int, std::vector<int>> data_of;                   // weight file -> the data files holding its masters
+  std::map<std::pair<int, int>, std::set<int>> weights_at;   // (pp, tp) -> its weight files
+  std::map<std::tuple<int, int, int>, int> copy_file;        // (param, pp, tp) -> weight file
+  for (const auto& c : L.weight_copies) copy_file[{c.param, c.pp, c.tp}] = c.file, weights_at[{c.pp, c.tp}].insert(c.file);
+  for (const auto& fr : L.fragments) {
+    const auto it = copy_file.find({fr.param, L.files[static_cast<size_t>(fr.file)].pp, L.CopyTp(fr)});
+    if (it == copy_file.end()) continue;
+    auto& list = data_of[it->second];
+    if (std::find(list.begin(), list.end(), fr.file) == list.end()) list.push_back(fr.file);
   }
-  return s + ": a value the checkpoint stores twice differs, so its files come from different saves, ranks or runs "
-             "(swapped, renamed or copied in from elsewhere); nothing was converted";
+  std::vector<int> odd_weights, odd_data, both_weights, both_data;
+  for (const auto& [at, weights] : weights_at) {
+    std::vector<int> disagreeing;
+    for (int w : weights)
+      if (!data_of[w].empty() && std::all_of(data_of[w].begin(), data_of[w].end(), bad)) disagreeing.push_back(w);
+    if (disagreeing.empty()) continue;
+    if (disagreeing.size() < weights.size()) {
+      odd_weights.insert(odd_weights.end(), disagreeing.begin(), disagreeing.end());
+    } else if (both_weights.empty()) {
+      both_weights = disagreeing;
+      for (int w : disagreeing)
+        for (int f : data_of[w])
+          if (std::find(both_data.begin(), both_data.end(), f) == both_data.end()) both_data.push_back(f);
+    }
+  }
+  for (size_t f = 0; f < L.files.size(); ++f)
+    if (bad(static_cast<int>(f))) odd_data.push_back(static_cast<int>(f));
+  const int first = both_data.empty() ? odd_data.front() : both_data.front();
+  char largest[32];
+  std::snprintf(largest, sizeof largest, "%.3g", Largest(v, first));
+  const std::string example = "'" + L.params[static_cast<size_t>(At(v, first, kWorstParam) - 1)].name + "' by up to " + largest;
+  std::string s;
+  if (!odd_weights.empty()) {
+    s = "the model's own weights in " + L.dir + "/" + Names(L, odd_weights) + " disagree with the fp32 master weights of " +
+        "every optimizer file that holds them (" + Names(L, data_of[odd_weights.front()]) + "; " + example +
+        "), while the other weight files there agree: " + (odd_weights.size() > 1 ? "these files are" : "this file is") + " the odd one";
+  } else if (!both_weights.empty()) {
+    const source::ShardFile& d = L.files[static_cast<size_t>(first)];
+    s = "at (pp=" + std::to_string(d.pp) + ", tp=" + std::to_string(d.tp) + ") the model's own weights in " + L.dir + "/" +
+        Names(L, both_weights) + " and the fp32 master weights of every optimizer file there (" + Names(L, both_data) + "; " +
+        example + ") disagree: one side is another rank's, save's or run's (TP ranks' files swapped or renamed?), and "
+        "their contents cannot tell which";
+  } else {
+    s = "the fp32 master weights in " + source::FileWhere(L, first) + " disagree with the model's own weights in " +
+        L.files[static_cast<size_t>(At(v, first, kWorstWeightFile) - 1)].name + " (" + std::to_string(At(v, first, kParams)) +
+        " parameter(s), " + std::to_string(At(v, first, kElements)) + " element(s); " + example + ")" +
+        (odd_data.size() > 1 ? ", and so do those of " + Names(L, {odd_data.begin() + 1, odd_data.end()}) : "") +
+        ": " + (odd_data.size() > 1 ? "these files are" : "this file is") + " the odd one";
+  }
+  return s + ": a value the checkpoint stores twice differs, so its files come from different saves, ranks or runs";
 }
 
 // A chunk of one fragment's masters and the copy's elements they must give.
@@ -173,16 +223,16 @@ std::vector<Difference> CompareUnits(const SourceIndex& L, const std::vector<Uni
 
 }  // namespace
 
-std::string CheckWeightCopies(const SourceIndex& L, int rank, int ranks, int threads) {
+std::string CheckWeightCopies(const SourceIndex& L, shuffle::Comm& comm, int threads) {
   if (L.weight_copies.empty()) return "";
   std::map<std::tuple<int, int, int>, const WeightCopy*> copy_of;  // (param, pp, tp)
   for (const auto& c : L.weight_copies) copy_of[{c.param, c.pp, c.tp}] = &c;
   std::map<int, int> checker;  // data file -> the rank that checks it, dealt in turn
   for (size_t fi = 0, k = 0; fi < L.files.size(); ++fi)
-    if (L.files[fi].data) checker[static_cast<int>(fi)] = static_cast<int>(k++ % static_cast<size_t>(ranks));
+    if (L.files[fi].data) checker[static_cast<int>(fi)] = static_cast<int>(k++ % static_cast<size_t>(comm.size()));
   std::vector<Unit> units;  // this rank's share, in chunks
   for (const auto& fr : L.fragments) {
-    if (checker[fr.file] != rank) continue;
+    if (checker[fr.file] != comm.rank()) continue;
     const source::ShardFile& f = L.files[static_cast<size_t>(fr.file)];
     const auto it = copy_of.find({fr.param, f.pp, L.CopyTp(fr)});
     const source::Extent& m = f.groups[static_cast<size_t>(fr.group)][0];
@@ -190,27 +240,39 @@ std::string CheckWeightCopies(const SourceIndex& L, int rank, int ranks, int thr
     if (fr.dst_start < 0 || fr.dst_start + fr.numel > it->second->numel) continue;  // the index's coverage check says so
     for (int64_t at = 0; at < fr.numel; at += kChunk) units.push_back({&fr, it->second, m.offset, at, std::min(kChunk, fr.numel - at)});
   }
-  const std::vector<Difference> diff = CompareUnits(L, units, threads);
-  std::map<int, Disagreement> found;  // data file -> what disagrees in it
-  for (size_t u = 0; u < units.size();) {
-    const source::Fragment& fr = *units[u].fragment;
-    const WeightCopy& c = *units[u].copy;
-    Difference d;
-    for (; u < units.size() && units[u].fragment == &fr; ++u)
-      d.elements += diff[u].elements, d.largest = std::max(d.largest, diff[u].largest);
-    if (d.elements == 0) continue;
-    // A damaged byte is damage, said as such, before the copies are said to come from elsewhere.
-    const size_t es = pt::ElementSize(c.dtype);
-    Files files(L);
-    const uint64_t master = L.files[static_cast<size_t>(fr.file)].groups[static_cast<size_t>(fr.group)][0].offset;
-    files.CheckRecords(fr.file, master + 4 * static_cast<uint64_t>(fr.src_start), 4 * static_cast<uint64_t>(fr.numel));
-    files.CheckRecords(c.file, c.offset + es * static_cast<uint64_t>(fr.dst_start), es * static_cast<uint64_t>(fr.numel));
-    Disagreement& p = found[fr.file];
-    p.weight_files.insert(c.file);
-    p.params += 1, p.elements += d.elements;
-    if (d.largest > p.largest) p.largest = d.largest, p.worst = L.params[static_cast<size_t>(fr.param)].name;
+  // Every rank reaches the sum below, whatever it found: a damaged record is thrown after it.
+  std::string damage;
+  Verdicts v(L.files.size() * kFields + 1, 0);
+  try {
+    const std::vector<Difference> diff = CompareUnits(L, units, threads);
+    for (size_t u = 0; u < units.size();) {
+      const source::Fragment& fr = *units[u].fragment;
+      const WeightCopy& c = *units[u].copy;
+      Difference d;
+      for (; u < units.size() && units[u].fragment == &fr; ++u)
+        d.elements += diff[u].elements, d.largest = std::max(d.largest, diff[u].largest);
+      if (d.elements == 0) continue;
+      // A damaged byte is damage, said as such, before the copies are said to come from elsewhere.
+      const size_t es = pt::ElementSize(c.dtype);
+      Files files(L);
+      files.CheckRecords(fr.file, units[u - 1].masters + 4 * static_cast<uint64_t>(fr.src_start), 4 * static_cast<uint64_t>(fr.numel));
+      files.CheckRecords(c.file, c.offset + es * static_cast<uint64_t>(fr.dst_start), es * static_cast<uint64_t>(fr.numel));
+      At(v, fr.file, kParams) += 1, At(v, fr.file, kElements) += d.elements;
+      if (d.largest > Largest(v, fr.file) || At(v, fr.file, kWorstParam) == 0) {
+        std::memcpy(&At(v, fr.file, kLargestBits), &d.largest, 8);
+        At(v, fr.file, kWorstParam) = fr.param + 1, At(v, fr.file, kWorstWeightFile) = c.file + 1;
+      }
+    }
+  } catch (const std::exception& e) {
+    damage = e.what();
+    v.back() = 1;
   }
-  return found.empty() ? "" : Message(L, found);
+  comm.AllreduceSum(v);
+  if (!damage.empty()) throw Error(damage);
+  if (v.back() > 0) return "";  // another rank found damage: its error says it
+  for (size_t f = 0; f < L.files.size(); ++f)
+    if (At(v, static_cast<int>(f), kElements) > 0) return Message(L, v);
+  return "";
 }
 
 }  // namespace ucp::map

@@ -7,15 +7,18 @@
 
 #include <string>
 
+#include "shuffle/comm.h"
 #include "source/source_index.h"
 
 namespace ucp::map {
 
-// Compares every weight copy (SourceIndex::weight_copies) with the fp32 masters the data files that
-// `rank` of `ranks` checks hold of it (data files dealt in turn), on `threads` threads. Returns "" when they agree, else
-// one error naming the disagreeing files, their parameters and the largest difference. Before it
-// says the copies disagree, it checks the CRC-32 of the records it read: a damaged byte is refused
-// as damage (throws ucp::Error naming the file and the record).
-std::string CheckWeightCopies(const source::SourceIndex& L, int rank, int ranks, int threads);
+// Compares every weight copy (SourceIndex::weight_copies) with the fp32 masters of it the data
+// files hold, the data files dealt over the ranks of `comm` in turn, on `threads` threads each.
+// Collective. Returns "" when they agree, else, on every rank alike, the fault in one line: the odd
+// files (a weight file every optimizer file holding its masters disagrees with, or the optimizer files
+// that disagree), a parameter and the largest difference. Before it says the copies disagree, a rank
+// checks the CRC-32 of the records it read: a damaged byte is refused as damage (throws ucp::Error
+// naming the file and the record, on that rank; the others return "").
+std::string CheckWeightCopies(const source::SourceIndex& L, shuffle::Comm& comm, int threads);
 
 }  // namespace ucp::map

@@ -240,9 +240,8 @@ ConvertPlan MakeConvertPlan(const source::SourceIndex& L, const patterns::ModelP
       failures.push_back("parameter '" + P.name + "': the optimizer files do not cover its elements exactly once");
   }
   if (!failures.empty()) {
-    std::string msg = "cannot plan the conversion:";
-    for (const auto& f : failures) msg += "\n  " + f;
-    throw Error(msg);
+    throw Error("cannot plan the conversion: " + failures.front() +
+                (failures.size() > 1 ? " (and " + std::to_string(failures.size() - 1) + " more parameter(s) alike)" : ""));
   }
 
   int64_t bytes_out = 0;

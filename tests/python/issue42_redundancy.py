@@ -16,6 +16,7 @@ FINDING is one of:
                line each.
 """
 import json
+import re
 import os
 import shutil
 import sys
@@ -68,20 +69,26 @@ def error_lines(text):
     return lines
 
 
-def refused(label, folder, must, ranks=2):
-    """ucp-convert (ranks) and ucp-inspect --verify both refuse `folder` with one error line holding
-    every string of `must`; no manifest is left."""
+def refused(label, folder, must, inspect_code=1):
+    """ucp-convert (1 and 2 ranks) and ucp-inspect --verify refuse `folder`, convert in one error line
+    holding every string of `must`, the same words whatever the rank count; no manifest is left.
+    ucp-inspect exits `inspect_code`: 1 for files that read but disagree, 2 for unreadable ones."""
     out = os.path.join(os.path.dirname(folder), "out")
-    r = run("ucp-convert", [folder, "-o", out], ranks=ranks)
-    lines = error_lines(r.stderr)
-    check(f"{label}: ucp-convert refuses", r.returncode == 1 and all(m in r.stderr for m in must),
-          f"rc {r.returncode}: {r.stderr[-1500:]}")
-    check(f"{label}: ucp-convert says it once", len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-1500:])
-    check(f"{label}: no manifest", not os.path.exists(os.path.join(out, "ucp_manifest.json")))
+    said = []
+    for ranks in (1, 2):
+        r = run("ucp-convert", [folder, "-o", out], ranks=ranks)
+        lines = error_lines(r.stderr)
+        check(f"{label}: ucp-convert on {ranks} rank(s) refuses", r.returncode == 1 and all(m in r.stderr for m in must),
+              f"rc {r.returncode}: {r.stderr[-1500:]}")
+        check(f"{label}: ucp-convert on {ranks} rank(s) says it once", len(lines) == 1 and "Traceback" not in r.stderr,
+              r.stderr[-1500:])
+        check(f"{label}: no manifest", not os.path.exists(os.path.join(out, "ucp_manifest.json")))
+        said.append(re.sub(r"error \(rank \d+\)", "error", lines[0]) if lines else "")
+    check(f"{label}: the same words on 1 and 2 ranks", said[0] == said[1], f"\n    1: {said[0]}\n    2: {said[1]}")
     v = run("ucp-inspect", [folder, "--verify"])
-    check(f"{label}: ucp-inspect --verify refuses", v.returncode != 0 and all(m in v.stderr for m in must),
-          f"rc {v.returncode}: {v.stderr[-1500:]}")
-    print(f"  {label}: {lines[0] if lines else r.stderr.strip()[-300:]}")
+    check(f"{label}: ucp-inspect --verify refuses (exit {inspect_code})",
+          v.returncode == inspect_code and all(m in v.stderr for m in must), f"rc {v.returncode}: {v.stderr[-1500:]}")
+    print(f"  {label}: {said[0]}")
 
 
 def tp_swapped():
@@ -93,7 +100,23 @@ def tp_swapped():
     folder = copy_case("tp2_pp2_dp2_zero1_fp32", "swapped")
     for dp in (0, 1):
         swap(folder, f"zero_pp_rank_{dp}_mp_rank_00_optim_states.pt", f"zero_pp_rank_{dp}_mp_rank_01_optim_states.pt")
-    refused("TP ranks 0 and 1 swapped", folder, ["disagree with the model's own weights", "_mp_rank_0", "layer_0"])
+    refused("TP ranks 0 and 1 swapped", folder, ["zero_pp_rank_0_mp_rank_00_optim_states.pt", "layer_01-model_00",
+                                                 "disagree: one side is another rank's"])
+    # The model's files swapped, the optimizer's right: the model-states file is the odd one.
+    folder = copy_case("llama_tp2_dp2_zero1_fp32", "model_swapped")
+    swap(folder, "mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt")
+    refused("model-states files of TP ranks 0 and 1 swapped", folder,
+            ["mp_rank_00_model_states.pt and the fp32 master weights of every optimizer file", "one side is another rank's"])
+    # One layer file swapped with another of the same shapes: the layer files are the odd ones.
+    folder = copy_case("llama_pp2_dp2_zero1_fp32", "layers_swapped")
+    swap(folder, "layer_03-model_00-model_states.pt", "layer_04-model_00-model_states.pt")
+    refused("layer files 3 and 4 swapped", folder, ["layer_03-model_00-model_states.pt, layer_04-model_00-model_states.pt",
+                                                    "these files are the odd one"])
+    # A layer file of another layout (TP=2's halves in a TP=1 pipeline): its shapes said.
+    folder = copy_case("pp2_dp2_zero1_fp32", "layer_of_another_layout")
+    shutil.copy(os.path.join(cases, "tp2_pp2_dp2_zero1_fp32", "ckpt", "global_step6", "layer_03-model_00-model_states.pt"),
+                os.path.join(folder, "layer_03-model_00-model_states.pt"))
+    refused("a layer file of another layout", folder, ["layer_03-model_00-model_states.pt", "has shape"])
 
 
 def other_run():
@@ -125,10 +148,18 @@ def other_run():
     refused("another step", folder, [name, "step of optimizer group"])
 
 
+def zero3_said():
+    """ZeRO-3 keeps no second copy and no rank in its files: said at run time, not claimed."""
+    r = run("ucp-inspect", [os.path.join(cases, "zero3_dp4_fp32", "ckpt")])
+    check("ZeRO-3: says a swap between DP ranks cannot be told", r.returncode == 0 and "cannot be told" in r.stdout + r.stderr,
+          r.stdout[-800:] + r.stderr[-800:])
+
+
 def one_fault():
     folder = copy_case("zero1_dp4_fp32", "dp_swapped")
     swap(folder, "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt")
-    refused("DP ranks 0 and 1 swapped", folder, ["zero_pp_rank_1_mp_rank_00_optim_states.pt (pp=0, tp=0, dp=1)"])
+    refused("DP ranks 0 and 1 swapped", folder, ["zero_pp_rank_1_mp_rank_00_optim_states.pt (pp=0, tp=0, dp=1)", "swapped or renamed"])
+    zero3_said()
 
     folder = copy_case("tp2_pp2_dp2_zero1_fp32", "model_states_deleted")
     os.remove(os.path.join(folder, "mp_rank_03_model_states.pt"))
@@ -141,7 +172,7 @@ def one_fault():
         for f in os.listdir(folder):
             os.chmod(os.path.join(folder, f), 0o644)
         swap(folder, "__0_0.distcp", "__1_0.distcp")
-        refused("DCP __0_0 and __1_0 swapped", folder, ["__1_0.distcp"])
+        refused("DCP __0_0 and __1_0 swapped", folder, ["__1_0.distcp", "another rank's file"], inspect_code=2)
 
 
 fresh_folder(work)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,24 @@ std::string Disagreement(const std::string& dir, const Repeated& r) {
          "save repeats it); convert a tag whose files were written together";
 }
 
+// A weight file that holds some of the weights the optimizer's parameters name for it must hold
+// all of them: one that lacks some is of another model or run (one problem naming it).
+void RequireEveryWeight(SourceIndex& L, const ShardFile& f, const std::set<int>& held) {
+  const bool layer = f.kind == "layer_states";
+  std::vector<std::string> missing;
+  for (size_t p = 0; p < L.params.size(); ++p) {
+    const source::ParamRecord& param = L.params[p];
+    if (param.WholeOverTp() || held.count(static_cast<int>(p)) || !param.tp_shape.count(f.tp)) continue;
+    const std::string prefix = std::to_string(f.layer) + ".";
+    const bool expected = layer ? param.name.rfind(prefix, 0) == 0 : param.stages.count(f.pp) > 0;
+    if (expected) missing.push_back(param.name);
+  }
+  if (!missing.empty())
+    L.problems.push_back(L.dir + "/" + f.name + ": holds no weight of " + std::to_string(missing.size()) +
+                         " parameter(s) the optimizer files hold for it (e.g. '" + missing.front() +
+                         "'): a file of another model or run?");
+}
+
 }  // namespace
 
 void CheckFilesAgree(SourceIndex& L, const ParseFile& parse) {
@@ -89,6 +108,10 @@ void CheckFilesAgree(SourceIndex& L, const ParseFile& parse) {
 }
 
 void RecordWeightCopies(SourceIndex& L, const ParseFile& parse) {
+  if (L.zero_stage == 3 && !L.moe)
+    L.notes.push_back("ZeRO-3: each optimizer file's DP rank is taken from its name; its module keeps no weights (empty "
+                      "placeholders) and nothing in it names its rank, so files swapped between DP ranks cannot be told "
+                      "(what every file repeats, the version and the step, is compared)");
   if (L.moe || (L.optimizer != "zero" && L.optimizer != "bf16_optimizer") || L.zero_stage > 2) return;
   std::map<std::string, int> param_of;
   for (size_t p = 0; p < L.params.size(); ++p)
@@ -103,6 +126,7 @@ void RecordWeightCopies(SourceIndex& L, const ParseFile& parse) {
     const auto module = layer ? file->root : file->root->Get("module");
     if (!module || module->kind != Value::Kind::Dict) continue;
     const uint8_t* base = file->archive->file()->bytes().data();
+    std::set<int> held;  // the parameters this file holds a weight of
     for (const auto& item : module->AsDict().items()) {
       if (item.key->kind != Value::Kind::Str || item.value->kind != Value::Kind::Tensor) continue;
       const std::string& key = item.key->s;
@@ -110,17 +134,25 @@ void RecordWeightCopies(SourceIndex& L, const ParseFile& parse) {
       if (layer && f.layer == 1 && !param_of.count(name)) name = kTied + key;
       const auto p = param_of.find(name);
       if (p == param_of.end()) continue;  // a buffer, or a weight the optimizer does not hold
+      held.insert(p->second);
       const source::ParamRecord& param = L.params[static_cast<size_t>(p->second)];
       const pt::TensorView& t = item.value->AsTensor();
       const auto shape = param.tp_shape.find(f.tp);
-      if (shape == param.tp_shape.end() || shape->second != t.shape || !t.contiguous() || param.stages.empty()) continue;
-      if (t.dtype != pt::DType::F32 && t.dtype != pt::DType::BF16 && t.dtype != pt::DType::F16) continue;
+      if (shape == param.tp_shape.end() || param.stages.empty()) continue;
+      if (shape->second != t.shape) {
+        L.problems.push_back(L.dir + "/" + f.name + ": the weight of '" + name + "' has shape " + pt::ShapeString(t.shape) +
+                             " where the optimizer's parameter has " + pt::ShapeString(shape->second) +
+                             " at tp=" + std::to_string(f.tp) + ": a file of another model, layout or run?");
+        continue;
+      }
+      if (!t.contiguous() || (t.dtype != pt::DType::F32 && t.dtype != pt::DType::BF16 && t.dtype != pt::DType::F16)) continue;
       // A pipeline's weight belongs to the first stage holding it (the tied embedding's other copy,
       // on the last stage, is no layer file's: DeepSpeed saves a tied module once).
       const int pp = layer ? *param.stages.begin() : f.pp;
       L.weight_copies.push_back({p->second, pp, f.tp, static_cast<int>(fi), static_cast<uint64_t>(t.data() - base),
                                  static_cast<int64_t>(t.numel()), t.dtype});
     }
+    if (!held.empty()) RequireEveryWeight(L, f, held);
   }
 }
 
