@@ -11,7 +11,8 @@ FINDING is one of:
                     refuses it, and on the clean copy says what it verified (text, JSON).
   precision         an fp32 job resharded without --dtype stays fp32 (file names, dtypes, the
                     planner's candidates); --dtype bf16 is said ("fp32 -> bf16").
-  commit_order      an output whose parent takes no file: ucp-convert fails before its manifest.
+  commit_order      an output in its tag's checkpoint root, which takes no file (latest_universal):
+                    ucp-convert fails before its manifest.
   resume_finished   --resume on a finished conversion exits 0 and says so; on a damaged one it refuses.
   command_line      every command-line error exits 2 with words (--dp 0: "at least 1").
   never_replace     --in-place on a root holding DeepSpeed's own <tag>_universal leaves it as it
@@ -143,12 +144,13 @@ elif finding == "precision":
     check("precision: --dtype bf16 is said", p.returncode == 0 and "fp32 -> bf16" in p.stderr, p.stderr[-300:])
 
 elif finding == "commit_order":
-    # The atomic folder is writable, its parent (where latest_universal goes) is not. As root,
-    # permissions do not bind: the conversion runs as nobody (setpriv), the folder nobody's.
-    parent = os.path.join(work, "locked_parent")
+    # The atomic folder is writable, its parent (the tag's checkpoint root, where latest_universal
+    # goes) is not. As root, permissions do not bind: the conversion runs as nobody (setpriv), the
+    # folder nobody's.
+    parent = copy_case(FP32, "locked_parent")
     out = os.path.join(parent, "universal")
     os.makedirs(out)
-    src = copy_case(FP32, "source")
+    src = parent
     prefix = []
     if os.geteuid() == 0:
         prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]

@@ -1,0 +1,134 @@
+"""Issue 42's rows on --in-place, a training run's root and where ucp writes, each a check on a real
+DeepSpeed checkpoint (../shared/real-deepspeed), each named after what it guards, each failing on
+the build that had the row's fault:
+
+  issue42_inplace.py FINDING UCP_BIN_DIR CASES_DIR WORK
+
+FINDING is one of:
+  latest_universal  (row 15) ucp-convert writes <parent>/latest_universal only in the tag's own
+                    checkpoint root; elsewhere nothing outside -o.
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ds_stubs  # noqa: E402,F401
+from damage import tree_digest as digest  # noqa: E402
+
+finding, bindir, cases, work = sys.argv[1:5]
+CONVERT, RESHARD, INSPECT = (os.path.join(bindir, t) for t in ("ucp-convert", "ucp-reshard", "ucp-inspect"))
+problems = []
+
+
+def run(cmd):
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def check(label, ok, detail=""):
+    print(f"{label}: {'ok' if ok else 'FAIL'} {detail if not ok else ''}")
+    if not ok:
+        problems.append(label)
+
+
+def copy_case(case, where, universal=False):
+    """The case's checkpoint root, with DeepSpeed's own universal folder (and latest_universal) or without."""
+    dst = os.path.join(work, where)
+    ignore = None if universal else shutil.ignore_patterns("*_universal", "latest_universal")
+    shutil.copytree(os.path.join(cases, case, "ckpt"), dst, ignore=ignore)
+    return dst
+
+
+def latest(root):
+    return open(os.path.join(root, "latest")).read().strip()
+
+
+def load(path):
+    return torch.load(path, map_location="cpu")
+
+
+def resave_moments(tag_dir, scale=1.5):
+    """Each ZeRO optimizer file saved again with its exp_avg scaled (valid CRCs: torch.save writes them;
+    zeros, the vocabulary's padding rows among them, stay zeros)."""
+    for name in sorted(os.listdir(tag_dir)):
+        if name.endswith("optim_states.pt"):
+            d = load(os.path.join(tag_dir, name))
+            for st in d["optimizer_state_dict"]["base_optimizer_state"]["state"].values():
+                st["exp_avg"].mul_(scale)
+            torch.save(d, os.path.join(tag_dir, name))
+
+
+def flat_params(tag_dir, stage, dp, key):
+    """Each parameter's `key` (exp_avg, ...) in a ZeRO-1/2 stage's flat groups over its DP ranks, cut by
+    the stage's param_shapes (the groups' order). A pipeline's tied copies beyond the first stage are
+    left out: DeepSpeed keeps the first stage's (its converter too)."""
+    parts = [load(os.path.join(tag_dir, f"zero_pp_rank_{d}_mp_rank_{stage:02d}_optim_states.pt"))["optimizer_state_dict"]
+             for d in range(dp)]
+    shapes = load(os.path.join(tag_dir, f"mp_rank_{stage:02d}_model_states.pt"))["param_shapes"]
+    out = {}
+    for g, group in enumerate(shapes):
+        flat, at = torch.cat([p["base_optimizer_state"]["state"][g][key] for p in parts]), 0
+        for name, shape in group.items():
+            n = torch.Size(shape).numel()
+            if stage == 0 or not name.startswith("tied_modules."):
+                out[name] = flat[at:at + n]
+            at += n
+    return out
+
+
+def layout_of(tag_dir):
+    """The layout rank 0's model-states file records: what DeepSpeed ran (dp, mp, ZeRO stage, dtype)."""
+    ms = load(os.path.join(tag_dir, "mp_rank_00_model_states.pt"))
+    cfg = ms["ds_config"]
+    return {"dp": ms["dp_world_size"], "mp": ms["mp_world_size"], "zero_stage": cfg["zero_optimization"]["stage"],
+            "dtype": "bf16" if cfg.get("bf16", {}).get("enabled") else "fp16" if cfg.get("fp16", {}).get("enabled") else "fp32"}
+
+
+def export_files(d):
+    return sorted(n for n in os.listdir(d) if not n.startswith("."))
+
+
+def same_export(a, b):
+    return export_files(a) == export_files(b) and all(
+        open(os.path.join(a, n), "rb").read() == open(os.path.join(b, n), "rb").read() for n in export_files(a))
+
+
+def dead_pid():
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+FP32 = "zero1_dp4_fp32"
+LLAMA = "llama_pp2_dp2_zero1_fp32"
+
+if finding == "latest_universal":
+    src = os.path.join(cases, FP32, "ckpt")
+    x = os.path.join(work, "x")
+    p = run([CONVERT, src, "-o", os.path.join(x, "kc"), "-q"])
+    check("latest_universal: -o outside the tag's root: converted", p.returncode == 0, p.stderr[-300:])
+    check("latest_universal: ... and nothing written beside it", sorted(os.listdir(x)) == ["kc"], str(os.listdir(x)))
+    root = copy_case(FP32, "root")
+    p = run([CONVERT, root, "-o", os.path.join(root, "mine"), "-q"])
+    lu = os.path.join(root, "latest_universal")
+    check("latest_universal: -o in the tag's own root: latest_universal names it", p.returncode == 0 and
+          os.path.exists(lu) and open(lu).read() == "mine", p.stderr[-300:])
+    h5 = os.path.join(work, "h5", "atomic")
+    p = run([CONVERT, src, "-o", h5, "--format", "hdf5", "-q"])
+    y = os.path.join(work, "y")
+    p = run([CONVERT, "--from-atomic", h5, "-o", os.path.join(y, "pt"), "-q"]) if p.returncode == 0 else p
+    check("latest_universal: --from-atomic outside a checkpoint root: nothing beside it",
+          p.returncode == 0 and sorted(os.listdir(y)) == ["pt"], p.stderr[-300:] + str(os.listdir(y) if os.path.isdir(y) else ""))
+
+else:
+    sys.exit(f"unknown finding {finding}")
+
+print(f"{finding}: {len(problems)} problems")
+sys.exit(1 if problems else 0)
