@@ -5,6 +5,8 @@ the build that had the row's fault:
   issue42_inplace.py FINDING UCP_BIN_DIR CASES_DIR WORK
 
 FINDING is one of:
+  recorded_tag      (row 14) a universal folder (DeepSpeed's, ucp's) copied under another name and
+                    resharded: the tag is the one its files record, not the folder's name.
   latest_universal  (row 15) ucp-convert writes <parent>/latest_universal only in the tag's own
                     checkpoint root; elsewhere nothing outside -o.
 """
@@ -109,7 +111,25 @@ os.makedirs(work)
 FP32 = "zero1_dp4_fp32"
 LLAMA = "llama_pp2_dp2_zero1_fp32"
 
-if finding == "latest_universal":
+if finding == "recorded_tag":
+    want = open(os.path.join(cases, FP32, "ckpt", "latest")).read().strip()
+    layout = ["--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1", "-q"]
+    theirs = os.path.join(work, "myuni")
+    shutil.copytree(os.path.join(cases, FP32, "ckpt", want + "_universal"), theirs)
+    out = os.path.join(work, "from_theirs")
+    p = run([RESHARD, theirs, "-o", out] + layout)
+    check("recorded_tag: DeepSpeed's universal folder as myuni/: the tag its files record",
+          p.returncode == 0 and latest(out) == want and os.path.isdir(os.path.join(out, want)), p.stderr[-300:])
+    ours = os.path.join(work, "atomic", "universal")
+    p = run([CONVERT, os.path.join(cases, FP32, "ckpt"), "-o", ours, "-q"])
+    mine = os.path.join(work, "myuni2")
+    shutil.copytree(ours, mine)
+    out = os.path.join(work, "from_ours")
+    p = run([RESHARD, mine, "-o", out] + layout)
+    check("recorded_tag: ucp's atomic checkpoint as myuni2/: its manifest's tag",
+          p.returncode == 0 and latest(out) == want and os.path.isdir(os.path.join(out, want)), p.stderr[-300:])
+
+elif finding == "latest_universal":
     src = os.path.join(cases, FP32, "ckpt")
     x = os.path.join(work, "x")
     p = run([CONVERT, src, "-o", os.path.join(x, "kc"), "-q"])
