@@ -301,7 +301,8 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
 }
 
 // The atomic checkpoint of the tag `latest` names: ROOT/<current.atomic>, reused when it holds what
-// the tag holds now (or is DeepSpeed's own universal folder made from it), else converted into it
+// the tag holds now (or is DeepSpeed's own universal folder made from it; of ucp's, a lock its
+// converter, killed after the manifest, left there removed), else converted into it
 // (refused first when the step after it would refuse the layout `refuse`, where not nullptr). Collective; empty
 // when it failed (the lowest failing rank said why).
 std::string AtomicOfTag(const InPlaceOptions& o, const std::string& root, const Current& current, const TargetLayout* refuse,
@@ -313,9 +314,13 @@ std::string AtomicOfTag(const InPlaceOptions& o, const std::string& root, const 
   if (AnyFailed(comm, error, err, kTool)) return "";
   const std::string atomic = root + "/" + current.atomic;
   if (reuse) {
+    std::string note;
+    error = comm.rank() == 0 && !current.deepspeed_universal ? Capture([&] { note = OutputLock::RemoveStale(atomic, kTool); }) : "";
+    if (AnyFailed(comm, error, err, kTool)) return "";
     if (talk)
       err << kTool << ": " << was << ": reusing " << (current.deepspeed_universal ? "DeepSpeed's own universal checkpoint " : "the atomic checkpoint ")
           << atomic << (current.deepspeed_universal ? " (read-only)" : "") << "\n";
+    if (talk && !note.empty()) err << kTool << ": note: " << atomic << ": " << note << "; its lock removed\n";
     return atomic;
   }
   error = Capture([&] { RefuseBeforeConversion(current, refuse, o); });

@@ -5,6 +5,8 @@ the build that had the row's fault:
   issue42_inplace.py FINDING UCP_BIN_DIR CASES_DIR WORK
 
 FINDING is one of:
+  stale_lock        (row 8) a complete atomic checkpoint holding the lock of a run killed after its
+                    manifest: the step reuses it, and the lock is gone (ucp-inspect --verify passes).
   recorded_tag      (row 14) a universal folder (DeepSpeed's, ucp's) copied under another name and
                     resharded: the tag is the one its files record, not the folder's name.
   latest_universal  (row 15) ucp-convert writes <parent>/latest_universal only in the tag's own
@@ -111,7 +113,23 @@ os.makedirs(work)
 FP32 = "zero1_dp4_fp32"
 LLAMA = "llama_pp2_dp2_zero1_fp32"
 
-if finding == "recorded_tag":
+if finding == "stale_lock":
+    root = copy_case(FP32, "root")
+    atomic = os.path.join(root, latest(root) + "_universal")
+    p = run([CONVERT, root, "-o", atomic, "-q"])
+    check("stale_lock: converted", p.returncode == 0, p.stderr[-300:])
+    # What a converter killed after its manifest, before it released its lock, leaves.
+    lock = os.path.join(atomic, ".ucp-lock")
+    json.dump({"tool": "ucp-convert", "host": socket.gethostname(), "pid": dead_pid(), "start_ticks": "1",
+               "started": "2026-11-27T00:00:00Z"}, open(lock, "w"))
+    p = run([RESHARD, root, "--in-place", "--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
+    check("stale_lock: the step reuses the atomic checkpoint", p.returncode == 0 and "reusing the atomic checkpoint" in p.stderr,
+          p.stderr[-400:])
+    check("stale_lock: the dead run's lock is gone", not os.path.exists(lock), str(os.listdir(atomic)))
+    p = run([INSPECT, atomic, "--verify"])
+    check("stale_lock: ucp-inspect --verify passes on it", p.returncode == 0, (p.stdout + p.stderr)[-400:])
+
+elif finding == "recorded_tag":
     want = open(os.path.join(cases, FP32, "ckpt", "latest")).read().strip()
     layout = ["--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1", "-q"]
     theirs = os.path.join(work, "myuni")
