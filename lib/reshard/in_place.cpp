@@ -7,12 +7,13 @@
 
 #include "convert/convert.h"
 #include "core/atomic_file.h"
+#include "core/commit.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/names.h"
 #include "core/output_lock.h"
-#include "core/xxhash64.h"
 #include "formats/registry.h"
+#include "reshard/claim.h"
 #include "shuffle/agree.h"
 #include "source/source_index.h"
 #include "store/atomic_store.h"
@@ -56,22 +57,21 @@ struct Current {
   TargetLayout layout;         // dp, tp, pp, zero_stage, dtype, model (naming)
   std::string source_tag;      // the tag new folders are named after
   std::string atomic;          // the atomic checkpoint that may serve (folder name in the root)
-  bool deepspeed_universal = false;  // `atomic` is DeepSpeed's own universal folder of this tag: reused, read-only
+  // `atomic` is DeepSpeed's own universal folder that the resharded tag `latest` names was written from
+  // (by an earlier ucp): read-only. A native tag's is never reused (see not_reused).
+  bool deepspeed_universal = false;
+  std::string not_reused;      // why ROOT/<tag>_universal is left as it is (one sentence), or ""
 };
 
-// Whether the DeepSpeed universal folder `universal` was made from the checkpoint folder `tag_dir`:
-// each model-states file DeepSpeed copied into it is the tag's, byte for byte.
-bool ModelStatesOf(const std::string& universal, const std::string& tag_dir) {
-  int compared = 0;
-  for (const auto& e : fs::directory_iterator(universal)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_regular_file() || !name.ends_with("model_states.pt")) continue;
-    uint64_t a = 0, b = 0;
-    if (!fs::exists(tag_dir + "/" + name) || XxHash64File(e.path().string(), &a) != XxHash64File(tag_dir + "/" + name, &b) || a != b)
-      return false;
-    ++compared;
-  }
-  return compared > 0;
+// The layout a native tag's files record.
+TargetLayout LayoutOf(const source::SourceIndex& L) {
+  TargetLayout t;
+  t.dp = L.DataParallel(), t.sp = L.sp, t.tp = L.tp, t.pp = L.pp, t.zero_stage = L.zero_stage;
+  t.dtype = L.dtype, t.model = L.naming;
+  t.grad_accum_dtype = GradAccumDtypeOf(L.grad_accum_dtype, L.optimizer, L.zero_stage, L.dtype);
+  if (L.moe) t.ep = L.ep;
+  t.ds_version = L.ds_version;
+  return t;
 }
 
 Current ReadCurrent(const std::string& root) {
@@ -109,28 +109,31 @@ Current ReadCurrent(const std::string& root) {
   const source::SourceIndex L = formats::IndexSource(c.dir);
   if (!L.errors.empty()) throw Error(L.errors.front());
   c.kind = "native", c.source_tag = c.tag, c.atomic = c.tag + "_universal";
-  // ROOT/<tag>_universal that ucp did not write is the user's: never converted into, never replaced.
-  // DeepSpeed's own (ds_to_universal.py) made from this tag is read as it is (its model-states files
-  // are the tag's, byte for byte, as DeepSpeed copies them); anything else leaves it and converts beside it.
+  // ROOT/<tag>_universal that ucp did not write is the user's: never converted into, never replaced,
+  // never reused: DeepSpeed's own (ds_to_universal.py) records nothing of the files it read, so
+  // whether it holds the tag's values now (not those of a save since) cannot be shown. ucp converts
+  // beside it, into an atomic checkpoint whose manifest records the tag's fingerprint.
   const std::string theirs = root + "/" + c.atomic;
   // ucp's: its manifest, its journal, or its lock (a conversion killed before its journal), or empty.
   const bool ucps = fs::exists(theirs + "/" + store::kManifestName) || fs::exists(theirs + "/" + store::kJournalDir) ||
                     fs::exists(theirs + "/" + OutputLock::kFileName) || (fs::is_directory(theirs) && fs::is_empty(theirs));
   if (fs::exists(theirs) && !ucps) {
-    if (store::IsDeepSpeedUniversal(theirs) && ModelStatesOf(theirs, c.dir))
-      c.deepspeed_universal = true;
-    else
-      c.atomic = c.tag + "_ucp_universal";
+    c.atomic = c.tag + "_ucp_universal";
+    c.not_reused = theirs + (store::IsDeepSpeedUniversal(theirs)
+                                 ? " is DeepSpeed's universal checkpoint, which records nothing of the files it was made "
+                                   "from (" + c.tag + " may have been saved again since): not reused, left as it is"
+                                 : " is not ucp's: left as it is");
   }
-  c.layout.dp = L.DataParallel(), c.layout.sp = L.sp, c.layout.tp = L.tp, c.layout.pp = L.pp, c.layout.zero_stage = L.zero_stage;
-  c.layout.dtype = L.dtype, c.layout.model = L.naming;
-  c.layout.grad_accum_dtype = GradAccumDtypeOf(L.grad_accum_dtype, L.optimizer, L.zero_stage, L.dtype);
-  if (L.moe) c.layout.ep = L.ep;
-  c.layout.ds_version = L.ds_version;
+  c.layout = LayoutOf(L);
   return c;
 }
 
 std::string Describe(const TargetLayout& t) { return t.Degrees() + " " + t.dtype; }
+
+// "<tag> (<layout>, <kind>)": how messages name the checkpoint `latest` names.
+std::string Was(const Current& c) {
+  return c.tag + " (" + (c.layout_known ? Describe(c.layout) + ", " : "") + c.kind + ")";
+}
 
 // Whether `current` has every degree given beside --gpus (dp, sp, tp, pp, zero_stage) as `target` names it.
 bool KeepsGivenDegrees(const TargetLayout& current, const TargetLayout& target, const std::vector<std::string>& given) {
@@ -159,7 +162,7 @@ bool Same(const TargetLayout& current, const TargetLayout& target) {
 bool Reusable(const std::string& root, const Current& current) {
   const std::string dir = root + "/" + current.atomic;
   const std::string manifest = dir + "/" + store::kManifestName;
-  if (current.deepspeed_universal) return true;  // DeepSpeed's own, made from this tag (ReadCurrent)
+  if (current.deepspeed_universal) return true;  // what the resharded tag was written from (ReadCurrent)
   if (!fs::exists(manifest) || fs::exists(dir + "/" + store::kJournalDir)) return false;
   if (current.kind != "native") return true;  // the atomic checkpoint a resharded tag was written from
   const nlohmann::json m = ReadJsonLeniently(manifest);
@@ -277,6 +280,7 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
   j["bytes_available"] = available;
   j["fits"] = available < 0 || bytes <= available;
   if (!why.empty()) j["note"] = why;
+  else if (action == "convert_and_reshard" && !current.not_reused.empty()) j["note"] = current.not_reused;
   if (o.json) {
     out << j.dump(1) << "\n";
     return 0;
@@ -286,6 +290,7 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
   if (action == "nothing") {
     out << "  would do nothing: it is already the target layout\n";
   } else {
+    if (action == "convert_and_reshard" && !current.not_reused.empty()) out << "  note: " << current.not_reused << "\n";
     out << "  would " << (action == "reuse_and_reshard" ? "reuse the atomic checkpoint " : "convert it into ") << atomic << ",\n";
     if (j["target_tag"].is_string())
       out << "  reshard into " << root << "/" << j["target_tag"].get<std::string>() << " (" << Describe(target)
@@ -301,14 +306,12 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
 }
 
 // The atomic checkpoint of the tag `latest` names: ROOT/<current.atomic>, reused when it holds what
-// the tag holds now (or is DeepSpeed's own universal folder made from it; of ucp's, a lock its
-// converter, killed after the manifest, left there removed), else converted into it
-// (refused first when the step after it would refuse the layout `refuse`, where not nullptr). Collective; empty
-// when it failed (the lowest failing rank said why).
+// the tag holds now (a lock its converter, killed after its manifest, left there removed), else
+// converted into it (refused first when the step after it would refuse the layout `refuse`, where
+// not nullptr). Collective; empty when it failed (the lowest failing rank said why).
 std::string AtomicOfTag(const InPlaceOptions& o, const std::string& root, const Current& current, const TargetLayout* refuse,
                         shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
   const bool talk = comm.rank() == 0 && !o.reshard.quiet;
-  const std::string was = current.tag + " (" + (current.layout_known ? Describe(current.layout) + ", " : "") + current.kind + ")";
   bool reuse = false;
   std::string error = Capture([&] { reuse = Reusable(root, current); });
   if (AnyFailed(comm, error, err, kTool)) return "";
@@ -318,19 +321,63 @@ std::string AtomicOfTag(const InPlaceOptions& o, const std::string& root, const 
     error = comm.rank() == 0 && !current.deepspeed_universal ? Capture([&] { note = OutputLock::RemoveStale(atomic, kTool); }) : "";
     if (AnyFailed(comm, error, err, kTool)) return "";
     if (talk)
-      err << kTool << ": " << was << ": reusing " << (current.deepspeed_universal ? "DeepSpeed's own universal checkpoint " : "the atomic checkpoint ")
+      err << kTool << ": " << Was(current) << ": reusing " << (current.deepspeed_universal ? "DeepSpeed's own universal checkpoint " : "the atomic checkpoint ")
           << atomic << (current.deepspeed_universal ? " (read-only)" : "") << "\n";
     if (talk && !note.empty()) err << kTool << ": note: " << atomic << ": " << note << "; its lock removed\n";
     return atomic;
   }
   error = Capture([&] { RefuseBeforeConversion(current, refuse, o); });
   if (AnyFailed(comm, error, err, kTool)) return "";
-  if (talk) err << kTool << ": " << was << ": converting it into " << atomic << "\n";
+  if (talk && !current.not_reused.empty()) err << kTool << ": note: " << current.not_reused << "\n";
+  if (talk) err << kTool << ": " << Was(current) << ": converting it into " << atomic << "\n";
   convert::ConvertOptions c;
   c.source = current.dir, c.output = atomic, c.force = true;
   c.patterns_dir = o.patterns_dir, c.quiet = o.reshard.quiet, c.progress = o.progress;
   if (convert::RunConvert(c, comm, out, err) != 0) return "";
   return atomic;
+}
+
+// Refuses a scratch folder ucp did not write (no manifest or journal, and files of its own): it is
+// removed when the run ends, and ucp removes only what it wrote.
+void RefuseForeignScratch(const std::string& scratch) {
+  if (fs::exists(scratch) && !store::IsAtomicCheckpoint(scratch) && !fs::exists(scratch + "/" + store::kJournalDir) &&
+      !HoldsOnlyLeftovers(scratch))
+    throw Error(scratch + ": not written by ucp, and a run from a checkpoint root converts into it and removes it: "
+                "remove it yourself or choose another -o");
+}
+
+// -o OUT from a training run's root: the scratch atomic checkpoint OUT/.ucp-scratch-atomic made
+// for the run, then `reshard` run from it, then the scratch removed whatever the outcome (with OUT
+// itself where the run created it and it is left empty). Collective.
+int ReshardThroughScratch(const InPlaceOptions& o, const Current& current, ReshardOptions r, shuffle::Comm& comm,
+                          std::ostream& out, std::ostream& err) {
+  const bool talk = comm.rank() == 0 && !o.reshard.quiet;
+  const std::string scratch = r.output + "/" + kScratchAtomic;
+  const bool created = !fs::exists(r.output);
+  std::string error = Capture([&] { RefuseBeforeConversion(current, nullptr, o); });
+  if (comm.rank() == 0 && error.empty()) error = Capture([&] {
+    RefuseClaim(r.output, scratch, r.force);
+    RefuseForeignScratch(scratch);
+  });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (talk && !current.not_reused.empty()) err << kTool << ": note: " << current.not_reused << "\n";
+  if (talk)
+    err << kTool << ": " << Was(current) << ": converting it into " << scratch << " (-o writes only under " << r.output
+        << "; removed when the export ends; ucp-convert or --in-place keep an atomic checkpoint beside the tag)\n";
+  convert::ConvertOptions c;
+  c.source = current.dir, c.output = scratch, c.force = true;
+  c.patterns_dir = o.patterns_dir, c.quiet = o.reshard.quiet, c.progress = o.progress;
+  r.atomic_dir = scratch;
+  int code = convert::RunConvert(c, comm, out, err);
+  if (code == 0) code = RunReshard(r, comm, out, err);
+  comm.Barrier();  // every rank done reading it
+  if (comm.rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(scratch, ec);
+    if (created && fs::is_empty(r.output, ec)) fs::remove(r.output, ec);
+    if (talk) err << kTool << ": removed the scratch atomic checkpoint " << scratch << "\n";
+  }
+  return code;
 }
 
 }  // namespace
@@ -350,24 +397,26 @@ int RunFromRoot(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out,
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;
   ReshardOptions r = o.reshard;
-  if (o.plan_only && !reusable) {  // nothing to plan from before the conversion: what would happen, or its refusal
-    error = Capture([&] { RefuseBeforeConversion(current, nullptr, o); });
-    if (AnyFailed(comm, error, err, kTool)) return 1;
-    if (comm.rank() == 0) {
-      const nlohmann::json j = {{"root", root}, {"latest", current.tag}, {"kind", current.kind},
-                                {"atomic", root + "/" + current.atomic}, {"convert", true}};
-      if (o.json)
-        out << j.dump(1) << "\n";
-      else
-        out << root << "/latest names " << current.tag << " (" << current.kind << "): it would be converted into " << root
-            << "/" << current.atomic << " first, then written from it (run without --plan-only, or ucp-convert it first, "
-            << "for the plan of the files)\n";
-    }
-    return 0;
+  if (reusable) {  // read where it is, as it is: -o writes only under OUT
+    if (comm.rank() == 0 && !o.reshard.quiet) err << kTool << ": " << Was(current) << ": reading the atomic checkpoint " << root << "/" << current.atomic << "\n";
+    r.atomic_dir = root + "/" + current.atomic;
+    return RunReshard(r, comm, out, err);
   }
-  r.atomic_dir = AtomicOfTag(o, root, current, nullptr, comm, out, err);
-  if (r.atomic_dir.empty()) return 1;
-  return RunReshard(r, comm, out, err);
+  if (!o.plan_only) return ReshardThroughScratch(o, current, r, comm, out, err);
+  // Nothing to plan from before the conversion: what would happen, or its refusal.
+  error = Capture([&] { RefuseBeforeConversion(current, nullptr, o); });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (comm.rank() == 0) {
+    const std::string scratch = (o.reshard.output.empty() ? std::string("OUT") : o.reshard.output) + "/" + kScratchAtomic;
+    const nlohmann::json j = {{"root", root}, {"latest", current.tag}, {"kind", current.kind}, {"atomic", scratch}, {"convert", true}};
+    if (o.json)
+      out << j.dump(1) << "\n";
+    else
+      out << root << "/latest names " << current.tag << " (" << current.kind << "): it would be converted into " << scratch
+          << " first (removed after), then written from it (run without --plan-only, or ucp-convert it first, "
+          << "for the plan of the files)\n";
+  }
+  return 0;
 }
 
 std::string InPlaceTag(const std::string& source_tag, const TargetLayout& t) {

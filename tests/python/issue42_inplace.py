@@ -5,12 +5,18 @@ the build that had the row's fault:
   issue42_inplace.py FINDING UCP_BIN_DIR CASES_DIR WORK
 
 FINDING is one of:
+  resaved_tag       (row 1) a tag whose optimizer files were saved again after DeepSpeed's
+                    ds_to_universal.py ran: --in-place converts the tag (says why DeepSpeed's folder is
+                    not reused, leaves it as it was), and every exp_avg in the new layout is the tag's;
+                    --format hf from such a root reads the tag too, not a stale universal folder.
   stale_lock        (row 8) a complete atomic checkpoint holding the lock of a run killed after its
                     manifest: the step reuses it, and the lock is gone (ucp-inspect --verify passes).
   recorded_tag      (row 14) a universal folder (DeepSpeed's, ucp's) copied under another name and
                     resharded: the tag is the one its files record, not the folder's name.
   latest_universal  (row 15) ucp-convert writes <parent>/latest_universal only in the tag's own
                     checkpoint root; elsewhere nothing outside -o.
+  scratch_export    (row 18) ucp-reshard ROOT -o OUT --format hf writes nothing into ROOT: a conversion
+                    it needs goes to OUT/.ucp-scratch-atomic, removed after success and after failure.
 """
 import json
 import os
@@ -113,7 +119,41 @@ os.makedirs(work)
 FP32 = "zero1_dp4_fp32"
 LLAMA = "llama_pp2_dp2_zero1_fp32"
 
-if finding == "stale_lock":
+if finding == "resaved_tag":
+    case = "pp2_dp2_zero1_fp32"
+    root = copy_case(case, "root", universal=True)
+    tag = os.path.join(root, latest(root))
+    theirs = os.path.join(root, latest(root) + "_universal")
+    resave_moments(tag)
+    before = digest(theirs)
+    p = run([RESHARD, root, "--in-place", "--dp", "1", "--tp", "1", "--pp", "2", "--zero-stage", "1"])
+    check("resaved_tag: --in-place runs", p.returncode == 0, p.stderr[-600:])
+    check("resaved_tag: says why DeepSpeed's universal folder is not reused, in one line",
+          sum("not reused" in ln and theirs in ln for ln in p.stderr.splitlines()) == 1, p.stderr[-600:])
+    check("resaved_tag: DeepSpeed's folder left as it was", digest(theirs) == before)
+    new = os.path.join(root, latest(root))
+    for stage in (0, 1):
+        want, got = flat_params(tag, stage, 2, "exp_avg"), flat_params(new, stage, 1, "exp_avg")
+        stale = [n for n in want if n not in got or not torch.equal(want[n], got[n])]
+        check(f"resaved_tag: stage {stage}: each of {len(want)} exp_avg is the re-saved tag's", want.keys() == got.keys() and not stale,
+              f"{len(stale)} differ: {stale[:3]}")
+    # --format hf from a root whose DeepSpeed folder is stale (its fp32 weights not the tag's): the
+    # export is the tag's, byte for byte the export of DeepSpeed's folder as ds_to_universal.py wrote it.
+    hf_root = copy_case(LLAMA, "hf_root", universal=True)
+    stale = os.path.join(hf_root, "global_step6_universal", "zero")
+    victim = os.path.join(stale, sorted(os.listdir(stale))[0], "fp32.pt")
+    d = load(victim)
+    d["param"] = d["param"].detach() + 0.5
+    torch.save(d, victim)
+    ref = os.path.join(work, "hf_ref")
+    p = run([RESHARD, os.path.join(cases, LLAMA, "ckpt", "global_step6_universal"), "-o", ref, "--format", "hf", "-q"])
+    check("resaved_tag: the reference export", p.returncode == 0, p.stderr[-300:])
+    out = os.path.join(work, "hf")
+    p = run([RESHARD, hf_root, "-o", out, "--format", "hf"])
+    check("resaved_tag: --format hf from the root: the tag's weights, not the stale folder's",
+          p.returncode == 0 and same_export(ref, out), p.stderr[-600:])
+
+elif finding == "stale_lock":
     root = copy_case(FP32, "root")
     atomic = os.path.join(root, latest(root) + "_universal")
     p = run([CONVERT, root, "-o", atomic, "-q"])
@@ -164,6 +204,32 @@ elif finding == "latest_universal":
     p = run([CONVERT, "--from-atomic", h5, "-o", os.path.join(y, "pt"), "-q"]) if p.returncode == 0 else p
     check("latest_universal: --from-atomic outside a checkpoint root: nothing beside it",
           p.returncode == 0 and sorted(os.listdir(y)) == ["pt"], p.stderr[-300:] + str(os.listdir(y) if os.path.isdir(y) else ""))
+
+elif finding == "scratch_export":
+    root = copy_case(LLAMA, "root")
+    before = digest(root)
+    ref = os.path.join(work, "hf_ref")
+    p = run([RESHARD, os.path.join(cases, LLAMA, "ckpt", "global_step6_universal"), "-o", ref, "--format", "hf", "-q"])
+    check("scratch_export: the reference export", p.returncode == 0, p.stderr[-300:])
+    # A failure after the conversion: the export's claim meets a live run's lock in OUT.
+    out = os.path.join(work, "hf_locked")
+    os.makedirs(out)
+    json.dump({"tool": "ucp-reshard", "host": socket.gethostname(), "pid": os.getpid(), "start_ticks": "",
+               "started": "2026-11-27T00:00:00Z"}, open(os.path.join(out, ".ucp-lock"), "w"))
+    p = run([RESHARD, root, "-o", out, "--format", "hf"])
+    check("scratch_export: a refused export exits 1", p.returncode == 1, p.stderr[-400:])
+    check("scratch_export: ... and leaves the root as it was", digest(root) == before, str(sorted(os.listdir(root))))
+    check("scratch_export: ... and no scratch folder", sorted(os.listdir(out)) == [".ucp-lock"], str(os.listdir(out)))
+    out = os.path.join(work, "hf")
+    p = run([RESHARD, root, "-o", out, "--format", "hf"])
+    check("scratch_export: the export from the root", p.returncode == 0 and same_export(ref, out), p.stderr[-400:])
+    check("scratch_export: ... says where it converted", os.path.join(out, ".ucp-scratch-atomic") in p.stderr, p.stderr[-400:])
+    check("scratch_export: ... leaves the root as it was", digest(root) == before, str(sorted(os.listdir(root))))
+    check("scratch_export: ... and no scratch folder in OUT", not os.path.exists(os.path.join(out, ".ucp-scratch-atomic")),
+          str(os.listdir(out)))
+    p = run([RESHARD, root, "-o", out, "--format", "hf", "--force", "-q"])
+    check("scratch_export: --force over its own export", p.returncode == 0 and same_export(ref, out) and
+          digest(root) == before, p.stderr[-400:])
 
 else:
     sys.exit(f"unknown finding {finding}")
