@@ -135,11 +135,14 @@ std::string Was(const Current& c) {
   return c.tag + " (" + (c.layout_known ? Describe(c.layout) + ", " : "") + c.kind + ")";
 }
 
-// Whether `current` has every degree given beside --gpus (dp, sp, tp, pp, zero_stage) as `target` names it.
-bool KeepsGivenDegrees(const TargetLayout& current, const TargetLayout& target, const std::vector<std::string>& given) {
+// Whether `current` has every key given beside --gpus (dp, sp, tp, pp, zero_stage, and the
+// precision: dtype, grad_accum_dtype) as `target` names it.
+bool KeepsGiven(const TargetLayout& current, const TargetLayout& target, const std::vector<std::string>& given) {
   const std::pair<const char*, bool> same[] = {{"dp", current.dp == target.dp},   {"sp", current.Sp() == target.Sp()},
                                                {"tp", current.tp == target.tp},   {"pp", current.pp == target.pp},
-                                               {"zero_stage", current.zero_stage == target.zero_stage}};
+                                               {"zero_stage", current.zero_stage == target.zero_stage},
+                                               {"dtype", current.dtype == target.dtype},
+                                               {"grad_accum_dtype", current.grad_accum_dtype == target.grad_accum_dtype}};
   for (const auto& [key, equal] : same)
     if (!equal && std::find(given.begin(), given.end(), key) != given.end()) return false;
   return true;
@@ -170,6 +173,85 @@ bool Reusable(const std::string& root, const Current& current) {
   if (src == m.end() || !src->is_object()) return false;
   const std::string fingerprint = StringField(*src, "fingerprint");
   return !fingerprint.empty() && fingerprint == source::FolderFingerprint(current.dir);
+}
+
+// The target the step writes, resolved in one place for the dry run and the step: what the user
+// did not give (the Ulysses degree, the model kind, the precision and its gradient accumulation)
+// stays the job's, `job` being the source facts of the atomic checkpoint the step reads (its
+// manifest's `source`, or before a conversion the same facts from the tag's index, store::JobJson).
+struct Target {
+  TargetLayout layout;
+  std::string naming;  // "pipe" or "plain" (ResolvedModel)
+  std::string tag;     // InPlaceTag
+};
+
+Target ResolveTarget(TargetLayout t, const nlohmann::json& job, const std::string& source_tag) {
+  Target r;
+  if (t.sp == 0) t.sp = job.value("sp", 1);  // the job's Ulysses degree unless --sp says (it names the tag)
+  r.naming = ResolvedModel(t, WithContext("the atomic checkpoint's source", [&] { return job.at("naming").get<std::string>(); }));
+  t.dtype = ResolvedDtype(t, job);                      // the job's precision unless --dtype says (it names the tag)
+  t.grad_accum_dtype = ResolvedGradAccumDtype(t, job);  // it names the tag (InPlaceTag)
+  r.layout = t;
+  r.tag = InPlaceTag(source_tag, t);
+  return r;
+}
+
+// --gpus: the planner's request, in the precision the step keeps or --dtype asks for.
+PlannerRequest PlannerFor(const InPlaceOptions& o, const TargetLayout& target) {
+  PlannerRequest r = o.reshard.planner;
+  r.base.dtype = target.dtype;
+  return r;
+}
+
+// What the step does, from metadata alone: the dry run prints it, the step carries it out.
+struct StepPlan {
+  bool reuse = false;         // ROOT/<current.atomic> is reused, else converted first
+  bool latest_universal = false;  // the conversion points ROOT/latest_universal at it (a DeepSpeed tag: store::PointsLatestUniversal)
+  bool known = false;         // the target is resolved (with --gpus only from an atomic checkpoint: the planner reads it)
+  Target target;
+  std::string layout_reason;  // with --gpus: the planner's reason
+  bool nothing = false;       // the planner chose the layout `latest` names already
+  bool point_back = false;    // the target is the layout of the job's own tag, unchanged: `latest` names it again
+};
+
+// Whether `t` is the layout of the native tag a resharded `current` was made from, and that tag is
+// unchanged since (its fingerprint now is the one the atomic checkpoint's manifest, `job`, recorded
+// when it was converted from it): then `latest` can name that tag again, and nothing is written.
+bool ReturnsToSource(const std::string& root, const Current& current, const Target& t, const nlohmann::json& job) {
+  const std::string dir = root + "/" + current.source_tag, fingerprint = StringField(job, "fingerprint");
+  if (current.kind != "resharded" || StringField(job, "tag") != current.source_tag || fingerprint.empty() ||
+      !fs::is_directory(dir) || fs::exists(dir + "/" + source::kReshardMarker) || source::FolderFingerprint(dir) != fingerprint)
+    return false;
+  const source::SourceIndex L = formats::IndexSource(dir);
+  TargetLayout want = t.layout;
+  want.model = t.naming;
+  return L.errors.empty() && Same(LayoutOf(L), want);
+}
+
+StepPlan PlanStep(const InPlaceOptions& o, const std::string& root, const Current& current, TargetLayout target) {
+  StepPlan p;
+  p.reuse = Reusable(root, current);
+  const std::string atomic = root + "/" + current.atomic;
+  nlohmann::json job;  // the source facts the target is resolved against
+  if (p.reuse) {
+    job = store::ReadAtomicManifest(atomic).at("source");
+  } else {
+    const source::SourceIndex L = formats::IndexSource(current.dir);
+    job = store::JobJson(L);
+    p.latest_universal = L.format == "deepspeed";
+    if (o.reshard.planner.gpus > 0) return p;  // the planner reads the atomic checkpoint: not known yet
+  }
+  if (o.reshard.planner.gpus > 0) {
+    const LayoutChoice choice = ChooseLayoutFor(atomic, PlannerFor(o, target));
+    if (choice.chosen < 0) throw Error(choice.reason);
+    target = choice.candidates[choice.chosen].layout;
+    p.layout_reason = choice.reason;
+  }
+  p.target = ResolveTarget(target, job, current.source_tag);
+  p.known = true;
+  p.nothing = current.layout_known && Same(current.layout, p.target.layout);
+  p.point_back = !p.nothing && ReturnsToSource(root, current, p.target, job);
+  return p;
 }
 
 // --keep: the tags this step wrote beyond the `keep` newest go (never the one `latest` names).
@@ -217,59 +299,80 @@ void RefuseBeforeConversion(const Current& current, const TargetLayout* target, 
     throw Error("target " + why);
 }
 
-// --in-place --plan-only: what the step would do, from the metadata alone; nothing written.
-int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& current, TargetLayout target,
+// What the step would refuse, refused by the dry run in its words: from the atomic checkpoint it
+// would reuse, the whole reshard plan (MakePlan validates); before a conversion, the model's names and heads.
+void RefuseAsTheStepWould(const InPlaceOptions& o, const std::string& atomic, const Current& current, const StepPlan& p) {
+  if (p.reuse && p.known && !p.nothing && !p.point_back) {
+    const Source S = LoadSource(atomic);
+    MakePlan(S, ResolveModel(S, p.target.layout), 1, 0);
+  } else if (!p.reuse) {
+    RefuseBeforeConversion(current, p.known ? &p.target.layout : nullptr, o);
+  }
+}
+
+std::string ActionOf(bool nothing_to_do, const StepPlan& p) {
+  if (nothing_to_do || p.nothing) return "nothing";
+  if (p.point_back) return "point_back";
+  return p.reuse ? "reuse_and_reshard" : "convert_and_reshard";
+}
+
+// The dry run's text: what the step would do, from its plan `j`.
+void PrintPlanText(const nlohmann::json& j, const std::string& root, const Current& current, const StepPlan& p,
+                   const std::string& why, std::ostream& out) {
+  const std::string action = j["action"];
+  const std::string atomic = root + "/" + current.atomic;
+  out << "ucp-reshard --in-place --plan-only: " << root << "/latest names " << Was(current) << "\n";
+  if (!current.not_reused.empty() && action == "convert_and_reshard") out << "  note: " << current.not_reused << "\n";
+  if (action == "nothing") {
+    out << "  would do nothing: it is already the target layout\n";
+  } else if (action == "point_back") {
+    out << "  would point latest back at " << root << "/" << current.source_tag << ": the target (" << Describe(p.target.layout)
+        << ") is its own layout, and it is unchanged since " << atomic << " was converted from it\n";
+  } else {
+    out << "  would " << (action == "reuse_and_reshard" ? "reuse the atomic checkpoint " : "convert it into ") << atomic << ",\n";
+    if (p.known)
+      out << "  reshard into " << root << "/" << p.target.tag << " (" << Describe(p.target.layout) << "), and point latest at it\n";
+    else
+      out << "  then reshard and point latest at the new tag: " << why << "\n";
+    out << "  space: about " << HumanBytes(j["bytes_to_write"].get<double>()) << " to write, "
+        << (j["bytes_available"] < 0 ? std::string("free space unknown") : HumanBytes(j["bytes_available"].get<double>()) + " free")
+        << (j["fits"].get<bool>() ? "" : ": DOES NOT FIT") << "\n";
+  }
+  out << "  nothing written (--plan-only)\n";
+}
+
+// --in-place --plan-only: what the step would do (PlanStep, as the step plans it), from the
+// metadata alone; nothing written.
+int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& current, const TargetLayout& target,
               bool nothing_to_do, std::ostream& out, std::ostream& err) {
   nlohmann::json j = {{"root", root}, {"latest", current.tag}, {"kind", current.kind}};
   j["current_layout"] = current.layout_known ? current.layout.ToJson() : nlohmann::json(nullptr);
   const std::string atomic = root + "/" + current.atomic;
-  std::string action = "nothing";
-  nlohmann::json writes = nlohmann::json::array();
-  int64_t bytes = 0;
-  std::string why;
+  StepPlan p;
   try {
     if (!nothing_to_do) {
-      const bool reuse = Reusable(root, current);
-      action = reuse ? "reuse_and_reshard" : "convert_and_reshard";
-      if (!reuse) {
-        writes.push_back(atomic);
-        bytes += FolderBytes(current.dir);
-      }
-      if (o.reshard.planner.gpus > 0 && reuse) {
-        LayoutChoice choice = ChooseLayoutFor(atomic, o.reshard.planner);
-        if (choice.chosen < 0) throw Error(choice.reason);
-        target = choice.candidates[choice.chosen].layout;
-      }
-      const bool known = o.reshard.planner.gpus == 0 || reuse;  // the planner reads the atomic checkpoint
-      if (known && target.dtype.empty() && reuse)  // an atomic checkpoint `latest` names: its job's precision
-        target.dtype = ResolvedDtype(target, store::ReadAtomicManifest(atomic).at("source"));
-      // What the real step would refuse, refused here in its words: from the atomic checkpoint it would
-      // reuse, the whole plan (MakePlan validates); before a conversion, the model's names and heads.
-      if (reuse && known) {
-        const Source S = LoadSource(atomic);
-        MakePlan(S, ResolveModel(S, target), 1, 0);
-      } else if (!reuse) {
-        RefuseBeforeConversion(current, known ? &target : nullptr, o);
-      }
-      if (known) {
-        if (target.grad_accum_dtype.empty() && current.layout_known) target.grad_accum_dtype = current.layout.grad_accum_dtype;
-        if (target.sp == 0 && current.layout_known) target.sp = current.layout.Sp();  // the job's Ulysses degree
-        const std::string tag = InPlaceTag(current.source_tag, target);
-        j["target_layout"] = target.ToJson();
-        j["target_tag"] = tag;
-        writes.push_back(root + "/" + tag);
-      } else {
-        j["target_layout"] = nullptr;
-        j["target_tag"] = nullptr;
-        why = "the layout for " + std::to_string(o.reshard.planner.gpus) + " GPUs is chosen after the conversion (the "
-              "planner reads the atomic checkpoint)";
-      }
-      bytes += FolderBytes(current.dir);
+      p = PlanStep(o, root, current, target);
+      RefuseAsTheStepWould(o, atomic, current, p);
     }
   } catch (const std::exception& e) {
     err << kTool << ": error: " << e.what() << " (--plan-only: the step would refuse this; nothing written)\n";
     return 1;
   }
+  const std::string action = ActionOf(nothing_to_do, p);
+  nlohmann::json writes = nlohmann::json::array();
+  int64_t bytes = 0;
+  std::string why;
+  if (action == "convert_and_reshard" || action == "reuse_and_reshard") {
+    if (!p.reuse) writes.push_back(atomic), bytes += FolderBytes(current.dir);
+    if (p.latest_universal) writes.push_back(root + "/latest_universal");
+    if (p.known) writes.push_back(root + "/" + p.target.tag);
+    else why = "the layout for " + std::to_string(o.reshard.planner.gpus) + " GPUs is chosen after the conversion (the "
+               "planner reads the atomic checkpoint)";
+    bytes += FolderBytes(current.dir);
+  }
+  const bool resolved = p.known && action != "nothing";
+  j["target_layout"] = resolved ? p.target.layout.ToJson() : nlohmann::json(nullptr);
+  j["target_tag"] = !resolved ? nlohmann::json(nullptr) : nlohmann::json(action == "point_back" ? current.source_tag : p.target.tag);
   std::error_code ec;
   const auto space = fs::space(root, ec);
   const int64_t available = ec ? -1 : static_cast<int64_t>(space.available);
@@ -279,29 +382,12 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
   j["bytes_to_write"] = bytes;  // about: the tag folder's size per checkpoint written
   j["bytes_available"] = available;
   j["fits"] = available < 0 || bytes <= available;
-  if (!why.empty()) j["note"] = why;
-  else if (action == "convert_and_reshard" && !current.not_reused.empty()) j["note"] = current.not_reused;
-  if (o.json) {
+  const std::string note = why.empty() ? (action == "convert_and_reshard" ? current.not_reused : "") : why;
+  if (!note.empty()) j["note"] = note;
+  if (o.json)
     out << j.dump(1) << "\n";
-    return 0;
-  }
-  const std::string was = current.tag + " (" + (current.layout_known ? Describe(current.layout) + ", " : "") + current.kind + ")";
-  out << "ucp-reshard --in-place --plan-only: " << root << "/latest names " << was << "\n";
-  if (action == "nothing") {
-    out << "  would do nothing: it is already the target layout\n";
-  } else {
-    if (action == "convert_and_reshard" && !current.not_reused.empty()) out << "  note: " << current.not_reused << "\n";
-    out << "  would " << (action == "reuse_and_reshard" ? "reuse the atomic checkpoint " : "convert it into ") << atomic << ",\n";
-    if (j["target_tag"].is_string())
-      out << "  reshard into " << root << "/" << j["target_tag"].get<std::string>() << " (" << Describe(target)
-          << "), and point latest at it\n";
-    else
-      out << "  then reshard and point latest at the new tag: " << why << "\n";
-    out << "  space: about " << HumanBytes(static_cast<double>(bytes)) << " to write, "
-        << (available < 0 ? std::string("free space unknown") : HumanBytes(static_cast<double>(available)) + " free")
-        << (j["fits"].get<bool>() ? "" : ": DOES NOT FIT") << "\n";
-  }
-  out << "  nothing written (--plan-only)\n";
+  else
+    PrintPlanText(j, root, current, p, why, out);
   return j["fits"].get<bool>() ? 0 : 1;
 }
 
@@ -335,6 +421,22 @@ std::string AtomicOfTag(const InPlaceOptions& o, const std::string& root, const 
   c.patterns_dir = o.patterns_dir, c.quiet = o.reshard.quiet, c.progress = o.progress;
   if (convert::RunConvert(c, comm, out, err) != 0) return "";
   return atomic;
+}
+
+// `latest` names the job's own tag again (StepPlan::point_back), under the root's lock; nothing
+// else is written (the iteration file, where there is one, names the same step).
+int PointBack(const InPlaceOptions& o, const std::string& root, const Current& current, const StepPlan& p,
+              shuffle::Comm& comm, std::ostream& err) {
+  const std::string error = comm.rank() == 0 ? Capture([&] {
+    OutputFolder folder(root, kTool, {"latest"});
+    folder.Mark({current.source_tag});
+  }) : "";
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (comm.rank() == 0 && !o.reshard.quiet)
+    err << kTool << ": " << root << "/latest named " << Was(current) << "; the target (" << Describe(p.target.layout)
+        << ") is the layout of " << current.source_tag << ", unchanged since " << root << "/" << current.atomic
+        << " was converted from it: latest names " << current.source_tag << " again; nothing else written\n";
+  return 0;
 }
 
 // Refuses a scratch folder ucp did not write (no manifest or journal, and files of its own): it is
@@ -439,60 +541,51 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
     if (!current.layout_known) return;
     if (std::find(o.given.begin(), o.given.end(), "dtype") == o.given.end())
       target.dtype = current.layout.dtype;  // the training dtype stays unless --dtype says
-    if (o.reshard.planner.gpus > 0)  // the planner is asked only when the GPU count, a degree given or a model fact changed
+    if (o.reshard.planner.gpus > 0)  // the planner is asked only when the GPU count, a key given or a model fact changed
       nothing_to_do = current.layout.SeqDp() * current.layout.tp * current.layout.pp == o.reshard.planner.gpus &&
-                      KeepsGivenDegrees(current.layout, target, o.given) && !AsksActivationFacts(o.reshard.planner);
+                      KeepsGiven(current.layout, target, o.given) && !AsksActivationFacts(o.reshard.planner);
     else
       nothing_to_do = Same(current.layout, target);
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;
-  const std::string was = current.tag + " (" + (current.layout_known ? Describe(current.layout) + ", " : "") + current.kind + ")";
   if (o.plan_only) {
     int code = 0;
     if (comm.rank() == 0) code = PrintPlan(o, root, current, target, nothing_to_do, out, err);
     return code;
   }
   if (nothing_to_do) {
-    if (talk) err << kTool << ": " << root << "/latest names " << was << ": already the target layout; nothing to do\n";
+    if (talk) err << kTool << ": " << root << "/latest names " << Was(current) << ": already the target layout; nothing to do\n";
     return 0;
   }
-
-  const std::string atomic = AtomicOfTag(o, root, current, o.reshard.planner.gpus > 0 ? nullptr : &target, comm, out, err);
-  if (atomic.empty()) return 1;
-
-  ReshardOptions r = o.reshard;
-  r.atomic_dir = atomic, r.output = root, r.in_place = true;
-  r.planner.base.dtype = target.dtype;
-  if (r.planner.gpus > 0) {
-    LayoutChoice choice;
-    error = Capture([&] {
-      choice = ChooseLayoutFor(atomic, r.planner);
-      if (choice.chosen < 0) throw Error(choice.reason);
-    });
-    if (AnyFailed(comm, error, err, kTool)) return 1;
-    target = choice.candidates[choice.chosen].layout;
-    if (talk) err << kTool << ": layout for " << r.planner.gpus << " GPUs: " << choice.reason << "\n";
-    r.planner = PlannerRequest{};
-    if (current.layout_known && Same(current.layout, target)) {
-      if (talk) err << kTool << ": " << was << " is already that layout; nothing to do\n";
-      return 0;
+  StepPlan plan;
+  error = Capture([&] { plan = PlanStep(o, root, current, target); });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (!plan.known || !(plan.nothing || plan.point_back)) {
+    const std::string atomic = AtomicOfTag(o, root, current, plan.known ? &plan.target.layout : nullptr, comm, out, err);
+    if (atomic.empty()) return 1;
+    if (!plan.reuse) {  // now from the atomic checkpoint, as the dry run plans from a reused one
+      error = Capture([&] {
+        plan = PlanStep(o, root, current, target);
+        if (!plan.known) throw Error("internal: " + atomic + " is not reusable right after its conversion");
+      });
+      if (AnyFailed(comm, error, err, kTool)) return 1;
     }
   }
-  std::string naming;
-  error = Capture([&] {
-    const nlohmann::json m = store::ReadAtomicManifest(atomic);  // ucp's, or DeepSpeed's universal folder described
-    if (target.sp == 0) target.sp = m.at("source").value("sp", 1);  // the job's Ulysses degree unless --sp says (it names the tag)
-    naming = ResolvedModel(target, WithContext(atomic + "/" + store::kManifestName,
-                                               [&] { return m.at("source").at("naming").get<std::string>(); }));
-    target.dtype = ResolvedDtype(target, m.at("source"));  // the job's precision unless --dtype says (it names the tag)
-    target.grad_accum_dtype = ResolvedGradAccumDtype(target, m.at("source"));  // it names the tag (InPlaceTag)
-  });
-  if (AnyFailed(comm, error, err, kTool)) return 1;
-  r.target = target;
-  r.output_tag = InPlaceTag(current.source_tag, target);
+  if (talk && !plan.layout_reason.empty()) err << kTool << ": layout for " << o.reshard.planner.gpus << " GPUs: " << plan.layout_reason << "\n";
+  if (plan.nothing) {
+    if (talk) err << kTool << ": " << Was(current) << " is already that layout; nothing to do\n";
+    return 0;
+  }
+  if (plan.point_back) return PointBack(o, root, current, plan, comm, err);
+
+  ReshardOptions r = o.reshard;
+  r.atomic_dir = root + "/" + current.atomic, r.output = root, r.in_place = true;
+  r.planner = PlannerRequest{};
+  r.target = plan.target.layout;
+  r.output_tag = plan.target.tag;
   r.marker = {{"tool", kTool}, {"ucp_version", UCP_VERSION}, {"created", OutputTimestamp()},
-              {"source_tag", current.source_tag}, {"atomic", current.atomic}, {"layout", target.ToJson()},
-              {"naming", naming}};
+              {"source_tag", current.source_tag}, {"atomic", current.atomic}, {"layout", plan.target.layout.ToJson()},
+              {"naming", plan.target.naming}};
   if (r.output_tag == current.tag) {
     if (talk) err << kTool << ": error: " << current.tag << " is named after the target layout but is not it\n";
     return 1;
@@ -509,7 +602,7 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
   }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
   if (talk)
-    err << kTool << ": " << root << "/latest now names " << r.output_tag << " (" << Describe(target) << "); to roll back, "
+    err << kTool << ": " << root << "/latest now names " << r.output_tag << " (" << Describe(plan.target.layout) << "); to roll back, "
         << "write " << rollback << " into it\n";
   return 0;
 }

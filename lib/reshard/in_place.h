@@ -2,6 +2,9 @@
 // checkpoint root (with `latest`) and a target layout (or a GPU count for the planner):
 //   1. the checkpoint `latest` names already has that layout: nothing is read beyond its metadata,
 //      nothing written;
+//   1b. `latest` names a tag this step wrote and the target is the layout of the job's own tag it was
+//      made from, that tag unchanged (the fingerprint the atomic checkpoint's manifest recorded):
+//      `latest` names that tag again, nothing else written;
 //   2. else its atomic checkpoint ROOT/<tag>_universal is reused when complete and converted from
 //      what the tag folder holds now (the manifest's source fingerprint), or made by ucp-convert
 //      (into <tag>_ucp_universal beside a <tag>_universal ucp did not write: DeepSpeed's own records
@@ -31,7 +34,7 @@ struct InPlaceOptions {
   int keep = 0;                // tags written in place kept, the newest; 0: all
   std::string patterns_dir;    // for the conversion, when one is needed
   bool progress = false;
-  bool plan_only = false;      // say what the step would do (nothing / reuse / convert, then reshard), write nothing
+  bool plan_only = false;      // say what the step would do (nothing / point back / reuse / convert, then reshard), write nothing
   bool json = false;           // with plan_only: as JSON (schemas/in-place-plan.schema.json)
 };
 

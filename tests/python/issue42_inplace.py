@@ -9,8 +9,14 @@ FINDING is one of:
                     ds_to_universal.py ran: --in-place converts the tag (says why DeepSpeed's folder is
                     not reused, leaves it as it was), and every exp_avg in the new layout is the tag's;
                     --format hf from such a root reads the tag too, not a stale universal folder.
+  one_plan          (row 6) --in-place --plan-only --json, then the step, on several targets (fp32 ->
+                    bf16 at ZeRO 1 and 2, --gpus): the tag, the layout, the folders and the optimizer
+                    files' names are the plan's.
+  dtype_target      (row 7) --in-place --gpus 4 --dtype bf16 on a 4-GPU fp32 root writes bf16.
   stale_lock        (row 8) a complete atomic checkpoint holding the lock of a run killed after its
                     manifest: the step reuses it, and the lock is gone (ucp-inspect --verify passes).
+  back_to_source    (row 11) --in-place back to the job's own layout points `latest` at the original
+                    tag and writes nothing; not when that tag was saved again since.
   recorded_tag      (row 14) a universal folder (DeepSpeed's, ucp's) copied under another name and
                     resharded: the tag is the one its files record, not the folder's name.
   latest_universal  (row 15) ucp-convert writes <parent>/latest_universal only in the tag's own
@@ -153,6 +159,59 @@ if finding == "resaved_tag":
     check("resaved_tag: --format hf from the root: the tag's weights, not the stale folder's",
           p.returncode == 0 and same_export(ref, out), p.stderr[-600:])
 
+elif finding == "one_plan":
+    import jsonschema
+    schema = json.load(open(os.path.join(os.path.dirname(__file__), "..", "..", "schemas", "in-place-plan.schema.json")))
+    root = copy_case(FP32, "root")
+    targets = [["--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--dtype", "bf16"],
+               ["--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "2", "--dtype", "bf16"],
+               ["--gpus", "4"],
+               ["--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--dtype", "bf16", "--grad-accum-dtype", "fp32"]]
+    for args in targets:
+        label = "one_plan " + " ".join(args)
+        p = run([RESHARD, root, "--in-place", "--plan-only", "--json"] + args)
+        plan = json.loads(p.stdout) if p.returncode == 0 else {}
+        try:
+            jsonschema.validate(plan, schema)
+        except jsonschema.ValidationError as e:
+            check(f"{label}: the plan validates", False, str(e)[:300])
+        check(f"{label}: the plan names its tag", isinstance(plan.get("target_tag"), str), p.stdout[-400:] + p.stderr[-300:])
+        entries = set(os.listdir(root))
+        p = run([RESHARD, root, "--in-place", "-q"] + args)
+        check(f"{label}: the step runs", p.returncode == 0, p.stderr[-400:])
+        tag = latest(root)
+        check(f"{label}: the step's tag is the plan's", tag == plan.get("target_tag"), f"{tag} vs {plan.get('target_tag')}")
+        added = sorted(set(os.listdir(root)) - entries)
+        planned = sorted(os.path.basename(w) for w in plan.get("writes", []))
+        check(f"{label}: the folders written are the plan's", added == planned, f"{added} vs {planned}")
+        marker = json.load(open(os.path.join(root, tag, "ucp_reshard.json")))
+        check(f"{label}: the layout written is the plan's", marker["layout"] == plan.get("target_layout"),
+              f"{marker['layout']} vs {plan.get('target_layout')}")
+        # DeepSpeed's files: "bf16_" names in bf16; the BF16 optimizer's state (bf16 at ZeRO-0, or ZeRO-1 with
+        # fp32 accumulation) has no "zero_stage", ZeRO's has.
+        t = plan.get("target_layout") or {}
+        bf16_optimizer = t.get("dtype") == "bf16" and (t.get("zero_stage") == 0 or (
+            t.get("zero_stage") == 1 and t.get("grad_accum_dtype") == "fp32"))
+        optim = sorted(f for f in os.listdir(os.path.join(root, tag)) if f.endswith("optim_states.pt"))
+        state = load(os.path.join(root, tag, optim[0]))["optimizer_state_dict"] if optim else {}
+        check(f"{label}: the optimizer files are the plan's", optim and all(f.startswith("bf16_") == (t.get("dtype") == "bf16")
+              for f in optim) and ("zero_stage" not in state) == bf16_optimizer, f"{optim[:2]}, {sorted(state)[:4]} for {t}")
+        check(f"{label}: the precision written is the plan's", layout_of(os.path.join(root, tag))["dtype"] == t.get("dtype"))
+
+elif finding == "dtype_target":
+    root = copy_case(FP32, "root")
+    was = layout_of(os.path.join(root, latest(root)))
+    gpus = str(was["dp"] * was["mp"])
+    p = run([RESHARD, root, "--in-place", "--gpus", gpus, "--dtype", "bf16", "--plan-only", "--json"])
+    plan = json.loads(p.stdout) if p.returncode == 0 else {}
+    check(f"dtype_target: the plan on {gpus} GPUs is not 'nothing'", plan.get("action") not in (None, "nothing"), p.stdout[-300:])
+    p = run([RESHARD, root, "--in-place", "--gpus", gpus, "--dtype", "bf16"])
+    check("dtype_target: the step runs", p.returncode == 0 and "nothing to do" not in p.stderr, p.stderr[-400:])
+    check("dtype_target: latest names a bf16 checkpoint", layout_of(os.path.join(root, latest(root)))["dtype"] == "bf16",
+          latest(root))
+    p = run([RESHARD, root, "--in-place", "--gpus", gpus, "--dtype", "bf16"])
+    check("dtype_target: then nothing to do", p.returncode == 0 and "nothing to do" in p.stderr, p.stderr[-300:])
+
 elif finding == "stale_lock":
     root = copy_case(FP32, "root")
     atomic = os.path.join(root, latest(root) + "_universal")
@@ -168,6 +227,32 @@ elif finding == "stale_lock":
     check("stale_lock: the dead run's lock is gone", not os.path.exists(lock), str(os.listdir(atomic)))
     p = run([INSPECT, atomic, "--verify"])
     check("stale_lock: ucp-inspect --verify passes on it", p.returncode == 0, (p.stdout + p.stderr)[-400:])
+
+elif finding == "back_to_source":
+    case = "zero2_dp3_fp32"
+    root = copy_case(case, "root")
+    own_tag = latest(root)
+    own = layout_of(os.path.join(root, own_tag))
+    back = ["--dp", str(own["dp"]), "--tp", "1", "--pp", "1", "--zero-stage", str(own["zero_stage"])]
+    p = run([RESHARD, root, "--in-place", "-q", "--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
+    check("back_to_source: resharded away", p.returncode == 0 and latest(root) != own_tag, p.stderr[-300:])
+    away = latest(root)
+    p = run([RESHARD, root, "--in-place", "--plan-only", "--json"] + back)
+    plan = json.loads(p.stdout) if p.returncode == 0 else {}
+    check("back_to_source: the plan points back", plan.get("action") == "point_back" and plan.get("target_tag") == own_tag and
+          plan.get("writes") == [], p.stdout[-400:] + p.stderr[-300:])
+    entries = sorted(os.listdir(root))
+    p = run([RESHARD, root, "--in-place"] + back)
+    check("back_to_source: latest names the job's own tag again", p.returncode == 0 and latest(root) == own_tag, p.stderr[-400:])
+    check("back_to_source: nothing written", sorted(os.listdir(root)) == entries, str(sorted(set(os.listdir(root)) ^ set(entries))))
+    check("back_to_source: and says so", own_tag + " again" in p.stderr, p.stderr[-300:])
+    # Once the job's tag is saved again, it is not what the atomic checkpoint was made from: a copy is written.
+    p = run([RESHARD, root, "--in-place", "-q", "--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
+    check("back_to_source: away again", p.returncode == 0 and latest(root) == away, p.stderr[-300:])
+    resave_moments(os.path.join(root, own_tag))
+    p = run([RESHARD, root, "--in-place"] + back)
+    check("back_to_source: a tag saved again since is not pointed back at", p.returncode == 0 and latest(root) != own_tag and
+          os.path.exists(os.path.join(root, latest(root), "ucp_reshard.json")), p.stderr[-400:])
 
 elif finding == "recorded_tag":
     want = open(os.path.join(cases, FP32, "ckpt", "latest")).read().strip()
