@@ -391,6 +391,15 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
   return j["fits"].get<bool>() ? 0 : 1;
 }
 
+// The conversion of the tag `latest` names into `output`, a folder of ucp's (--force: what a killed
+// run left there goes).
+convert::ConvertOptions ConversionInto(const std::string& output, const InPlaceOptions& o, const Current& current) {
+  convert::ConvertOptions c;
+  c.source = current.dir, c.output = output, c.force = true;
+  c.patterns_dir = o.patterns_dir, c.quiet = o.reshard.quiet, c.progress = o.progress;
+  return c;
+}
+
 // The atomic checkpoint of the tag `latest` names: ROOT/<current.atomic>, reused when it holds what
 // the tag holds now (a lock its converter, killed after its manifest, left there removed), else
 // converted into it (refused first when the step after it would refuse the layout `refuse`, where
@@ -416,10 +425,7 @@ std::string AtomicOfTag(const InPlaceOptions& o, const std::string& root, const 
   if (AnyFailed(comm, error, err, kTool)) return "";
   if (talk && !current.not_reused.empty()) err << kTool << ": note: " << current.not_reused << "\n";
   if (talk) err << kTool << ": " << Was(current) << ": converting it into " << atomic << "\n";
-  convert::ConvertOptions c;
-  c.source = current.dir, c.output = atomic, c.force = true;
-  c.patterns_dir = o.patterns_dir, c.quiet = o.reshard.quiet, c.progress = o.progress;
-  if (convert::RunConvert(c, comm, out, err) != 0) return "";
+  if (convert::RunConvert(ConversionInto(atomic, o, current), comm, out, err) != 0) return "";
   return atomic;
 }
 
@@ -466,11 +472,8 @@ int ReshardThroughScratch(const InPlaceOptions& o, const Current& current, Resha
   if (talk)
     err << kTool << ": " << Was(current) << ": converting it into " << scratch << " (-o writes only under " << r.output
         << "; removed when the export ends; ucp-convert or --in-place keep an atomic checkpoint beside the tag)\n";
-  convert::ConvertOptions c;
-  c.source = current.dir, c.output = scratch, c.force = true;
-  c.patterns_dir = o.patterns_dir, c.quiet = o.reshard.quiet, c.progress = o.progress;
   r.atomic_dir = scratch;
-  int code = convert::RunConvert(c, comm, out, err);
+  int code = convert::RunConvert(ConversionInto(scratch, o, current), comm, out, err);
   if (code == 0) code = RunReshard(r, comm, out, err);
   comm.Barrier();  // every rank done reading it
   if (comm.rank() == 0) {
