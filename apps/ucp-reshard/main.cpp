@@ -78,8 +78,9 @@ int main(int argc, char** argv) {
   auto& t = o.target;
   app.add_option("atomic", o.atomic_dir,
                  "atomic checkpoint folder (with ucp_manifest.json) or DeepSpeed's universal folder; with --in-place or "
-                 "--format hf, also the training run's checkpoint root (with `latest`: its atomic checkpoint is found "
-                 "or made beside the tag, as --in-place does)")
+                 "--format hf, also the training run's checkpoint root (with `latest`: --in-place finds or makes its "
+                 "atomic checkpoint beside the tag; --format hf reads ucp's there when it matches the tag, else "
+                 "converts into OUT/.ucp-scratch-atomic, removed at the end)")
       ->required();
   bool in_place = false;
   ucp::reshard::InPlaceOptions ip;

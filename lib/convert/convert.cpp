@@ -199,10 +199,10 @@ void PrepareOutput(const ConvertOptions& o, const source::SourceIndex& L, const 
 }
 
 // The last steps of a conversion's commit, after its manifest (a run killed there is finished so):
-// latest_universal where DeepSpeed's universal load follows it, then the journal goes.
+// latest_universal where DeepSpeed's universal load follows it (PointsLatestUniversal), then the journal goes.
 void FinishCommit(const std::string& output) {
   const nlohmann::json manifest = store::ReadManifest(output);
-  if (store::DeepSpeedResumes(manifest)) store::WriteLatestUniversal(output);
+  if (store::PointsLatestUniversal(output, manifest)) store::WriteLatestUniversal(output);
   store::Journal::Remove(output);
 }
 
@@ -641,8 +641,9 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
       }
       auto manifest = store::AssembleManifest(std::string(store::StoreName(kind)), store::SourceJson(L, M),
                                               store::FamilyJson(M), params, files);
-      // latest_universal, which DeepSpeed's universal load follows: the .pt store of a checkpoint it resumes.
-      points_latest = store::DeepSpeedResumes(manifest);
+      // latest_universal, which DeepSpeed's universal load follows: the .pt store of a checkpoint it resumes,
+      // in its tag's checkpoint root.
+      points_latest = store::PointsLatestUniversal(o.output, manifest);
       auto latest = points_latest ? store::StageLatestUniversal(o.output) : nullptr;
       if (latest) previous_latest = ReadWholeFile(latest->path()).value_or("");
       folder->Mark({manifest.dump(1) + "\n"});  // the commit point (step 4)

@@ -170,8 +170,9 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
     }
     const auto& m = reader->manifest();
     auto manifest = store::AssembleManifest(std::string(store::StoreName(kind)), m.at("source"), m.at("family"), params, files);
-    // latest_universal where DeepSpeed's universal load reads it: the .pt store of a checkpoint it resumes.
-    auto latest = store::DeepSpeedResumes(manifest) ? store::StageLatestUniversal(o.output) : nullptr;
+    // latest_universal where DeepSpeed's universal load reads it: the .pt store of a checkpoint it resumes, in
+    // its tag's checkpoint root.
+    auto latest = store::PointsLatestUniversal(o.output, manifest) ? store::StageLatestUniversal(o.output) : nullptr;
     folder->Mark({manifest.dump(1) + "\n"});  // the commit point (core/commit.h, step 4)
     if (latest) latest->Commit();
   })

@@ -141,6 +141,13 @@ void RefuseOutputWithin(const std::string& output, const std::string& input, con
               (linked ? " (through a symbolic link: it resolves to " + out.string() + ")" : ""));
 }
 
+std::string OutputLock::RemoveStale(const std::string& dir, const std::string& tool) {
+  if (!fs::exists(dir + "/" + kFileName)) return "";
+  std::string note;
+  OutputLock taken(dir, tool, &note);  // released at once: the lock file goes with it
+  return note;
+}
+
 bool OutputLock::HoldsOnlyLock(const std::string& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))  // the lock, and what a run killed while taking one leaves

@@ -21,6 +21,12 @@ class OutputLock {
   OutputLock(const OutputLock&) = delete;
   OutputLock& operator=(const OutputLock&) = delete;
 
+  // A lock in `dir` whose holder is gone, taken over and released: a run killed after its commit
+  // point (its folder complete) leaves its lock behind, which a run that reads the folder as it
+  // is removes, so that the folder holds only what its manifest lists. Returns the takeover's
+  // note, "" when there was no stale lock. Throws as the constructor does when a live run holds it.
+  static std::string RemoveStale(const std::string& dir, const std::string& tool);
+
   // Whether `dir` holds nothing but (perhaps) a lock and the private names a run killed while
   // taking one can leave (.ucp-lock.*): an output folder that is empty for a run.
   static bool HoldsOnlyLock(const std::string& dir);

@@ -7,12 +7,13 @@
 
 #include "convert/convert.h"
 #include "core/atomic_file.h"
+#include "core/commit.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/names.h"
 #include "core/output_lock.h"
-#include "core/xxhash64.h"
 #include "formats/registry.h"
+#include "reshard/claim.h"
 #include "shuffle/agree.h"
 #include "source/source_index.h"
 #include "store/atomic_store.h"
@@ -56,22 +57,21 @@ struct Current {
   TargetLayout layout;         // dp, tp, pp, zero_stage, dtype, model (naming)
   std::string source_tag;      // the tag new folders are named after
   std::string atomic;          // the atomic checkpoint that may serve (folder name in the root)
-  bool deepspeed_universal = false;  // `atomic` is DeepSpeed's own universal folder of this tag: reused, read-only
+  // `atomic` is DeepSpeed's own universal folder that the resharded tag `latest` names was written from
+  // (by an earlier ucp): read-only. A native tag's is never reused (see not_reused).
+  bool deepspeed_universal = false;
+  std::string not_reused;      // why ROOT/<tag>_universal is left as it is (one sentence), or ""
 };
 
-// Whether the DeepSpeed universal folder `universal` was made from the checkpoint folder `tag_dir`:
-// each model-states file DeepSpeed copied into it is the tag's, byte for byte.
-bool ModelStatesOf(const std::string& universal, const std::string& tag_dir) {
-  int compared = 0;
-  for (const auto& e : fs::directory_iterator(universal)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_regular_file() || !name.ends_with("model_states.pt")) continue;
-    uint64_t a = 0, b = 0;
-    if (!fs::exists(tag_dir + "/" + name) || XxHash64File(e.path().string(), &a) != XxHash64File(tag_dir + "/" + name, &b) || a != b)
-      return false;
-    ++compared;
-  }
-  return compared > 0;
+// The layout a native tag's files record.
+TargetLayout LayoutOf(const source::SourceIndex& L) {
+  TargetLayout t;
+  t.dp = L.DataParallel(), t.sp = L.sp, t.tp = L.tp, t.pp = L.pp, t.zero_stage = L.zero_stage;
+  t.dtype = L.dtype, t.model = L.naming;
+  t.grad_accum_dtype = GradAccumDtypeOf(L.grad_accum_dtype, L.optimizer, L.zero_stage, L.dtype);
+  if (L.moe) t.ep = L.ep;
+  t.ds_version = L.ds_version;
+  return t;
 }
 
 Current ReadCurrent(const std::string& root) {
@@ -109,34 +109,40 @@ Current ReadCurrent(const std::string& root) {
   const source::SourceIndex L = formats::IndexSource(c.dir);
   if (!L.errors.empty()) throw Error(L.errors.front());
   c.kind = "native", c.source_tag = c.tag, c.atomic = c.tag + "_universal";
-  // ROOT/<tag>_universal that ucp did not write is the user's: never converted into, never replaced.
-  // DeepSpeed's own (ds_to_universal.py) made from this tag is read as it is (its model-states files
-  // are the tag's, byte for byte, as DeepSpeed copies them); anything else leaves it and converts beside it.
+  // ROOT/<tag>_universal that ucp did not write is the user's: never converted into, never replaced,
+  // never reused: DeepSpeed's own (ds_to_universal.py) records nothing of the files it read, so
+  // whether it holds the tag's values now (not those of a save since) cannot be shown. ucp converts
+  // beside it, into an atomic checkpoint whose manifest records the tag's fingerprint.
   const std::string theirs = root + "/" + c.atomic;
   // ucp's: its manifest, its journal, or its lock (a conversion killed before its journal), or empty.
   const bool ucps = fs::exists(theirs + "/" + store::kManifestName) || fs::exists(theirs + "/" + store::kJournalDir) ||
                     fs::exists(theirs + "/" + OutputLock::kFileName) || (fs::is_directory(theirs) && fs::is_empty(theirs));
   if (fs::exists(theirs) && !ucps) {
-    if (store::IsDeepSpeedUniversal(theirs) && ModelStatesOf(theirs, c.dir))
-      c.deepspeed_universal = true;
-    else
-      c.atomic = c.tag + "_ucp_universal";
+    c.atomic = c.tag + "_ucp_universal";
+    c.not_reused = theirs + (store::IsDeepSpeedUniversal(theirs)
+                                 ? " is DeepSpeed's universal checkpoint, which records nothing of the files it was made "
+                                   "from (" + c.tag + " may have been saved again since): not reused, left as it is"
+                                 : " is not ucp's: left as it is");
   }
-  c.layout.dp = L.DataParallel(), c.layout.sp = L.sp, c.layout.tp = L.tp, c.layout.pp = L.pp, c.layout.zero_stage = L.zero_stage;
-  c.layout.dtype = L.dtype, c.layout.model = L.naming;
-  c.layout.grad_accum_dtype = GradAccumDtypeOf(L.grad_accum_dtype, L.optimizer, L.zero_stage, L.dtype);
-  if (L.moe) c.layout.ep = L.ep;
-  c.layout.ds_version = L.ds_version;
+  c.layout = LayoutOf(L);
   return c;
 }
 
 std::string Describe(const TargetLayout& t) { return t.Degrees() + " " + t.dtype; }
 
-// Whether `current` has every degree given beside --gpus (dp, sp, tp, pp, zero_stage) as `target` names it.
-bool KeepsGivenDegrees(const TargetLayout& current, const TargetLayout& target, const std::vector<std::string>& given) {
+// "<tag> (<layout>, <kind>)": how messages name the checkpoint `latest` names.
+std::string Was(const Current& c) {
+  return c.tag + " (" + (c.layout_known ? Describe(c.layout) + ", " : "") + c.kind + ")";
+}
+
+// Whether `current` has every key given beside --gpus (dp, sp, tp, pp, zero_stage, and the
+// precision: dtype, grad_accum_dtype) as `target` names it.
+bool KeepsGiven(const TargetLayout& current, const TargetLayout& target, const std::vector<std::string>& given) {
   const std::pair<const char*, bool> same[] = {{"dp", current.dp == target.dp},   {"sp", current.Sp() == target.Sp()},
                                                {"tp", current.tp == target.tp},   {"pp", current.pp == target.pp},
-                                               {"zero_stage", current.zero_stage == target.zero_stage}};
+                                               {"zero_stage", current.zero_stage == target.zero_stage},
+                                               {"dtype", current.dtype == target.dtype},
+                                               {"grad_accum_dtype", current.grad_accum_dtype == target.grad_accum_dtype}};
   for (const auto& [key, equal] : same)
     if (!equal && std::find(given.begin(), given.end(), key) != given.end()) return false;
   return true;
@@ -159,7 +165,7 @@ bool Same(const TargetLayout& current, const TargetLayout& target) {
 bool Reusable(const std::string& root, const Current& current) {
   const std::string dir = root + "/" + current.atomic;
   const std::string manifest = dir + "/" + store::kManifestName;
-  if (current.deepspeed_universal) return true;  // DeepSpeed's own, made from this tag (ReadCurrent)
+  if (current.deepspeed_universal) return true;  // what the resharded tag was written from (ReadCurrent)
   if (!fs::exists(manifest) || fs::exists(dir + "/" + store::kJournalDir)) return false;
   if (current.kind != "native") return true;  // the atomic checkpoint a resharded tag was written from
   const nlohmann::json m = ReadJsonLeniently(manifest);
@@ -167,6 +173,85 @@ bool Reusable(const std::string& root, const Current& current) {
   if (src == m.end() || !src->is_object()) return false;
   const std::string fingerprint = StringField(*src, "fingerprint");
   return !fingerprint.empty() && fingerprint == source::FolderFingerprint(current.dir);
+}
+
+// The target the step writes, resolved in one place for the dry run and the step: what the user
+// did not give (the Ulysses degree, the model kind, the precision and its gradient accumulation)
+// stays the job's, `job` being the source facts of the atomic checkpoint the step reads (its
+// manifest's `source`, or before a conversion the same facts from the tag's index, store::JobJson).
+struct Target {
+  TargetLayout layout;
+  std::string naming;  // "pipe" or "plain" (ResolvedModel)
+  std::string tag;     // InPlaceTag
+};
+
+Target ResolveTarget(TargetLayout t, const nlohmann::json& job, const std::string& source_tag) {
+  Target r;
+  if (t.sp == 0) t.sp = job.value("sp", 1);  // the job's Ulysses degree unless --sp says (it names the tag)
+  r.naming = ResolvedModel(t, WithContext("the atomic checkpoint's source", [&] { return job.at("naming").get<std::string>(); }));
+  t.dtype = ResolvedDtype(t, job);                      // the job's precision unless --dtype says (it names the tag)
+  t.grad_accum_dtype = ResolvedGradAccumDtype(t, job);  // it names the tag (InPlaceTag)
+  r.layout = t;
+  r.tag = InPlaceTag(source_tag, t);
+  return r;
+}
+
+// --gpus: the planner's request, in the precision the step keeps or --dtype asks for.
+PlannerRequest PlannerFor(const InPlaceOptions& o, const TargetLayout& target) {
+  PlannerRequest r = o.reshard.planner;
+  r.base.dtype = target.dtype;
+  return r;
+}
+
+// What the step does, from metadata alone: the dry run prints it, the step carries it out.
+struct StepPlan {
+  bool reuse = false;         // ROOT/<current.atomic> is reused, else converted first
+  bool latest_universal = false;  // the conversion points ROOT/latest_universal at it (a DeepSpeed tag: store::PointsLatestUniversal)
+  bool known = false;         // the target is resolved (with --gpus only from an atomic checkpoint: the planner reads it)
+  Target target;
+  std::string layout_reason;  // with --gpus: the planner's reason
+  bool nothing = false;       // the planner chose the layout `latest` names already
+  bool point_back = false;    // the target is the layout of the job's own tag, unchanged: `latest` names it again
+};
+
+// Whether `t` is the layout of the native tag a resharded `current` was made from, and that tag is
+// unchanged since (its fingerprint now is the one the atomic checkpoint's manifest, `job`, recorded
+// when it was converted from it): then `latest` can name that tag again, and nothing is written.
+bool ReturnsToSource(const std::string& root, const Current& current, const Target& t, const nlohmann::json& job) {
+  const std::string dir = root + "/" + current.source_tag, fingerprint = StringField(job, "fingerprint");
+  if (current.kind != "resharded" || StringField(job, "tag") != current.source_tag || fingerprint.empty() ||
+      !fs::is_directory(dir) || fs::exists(dir + "/" + source::kReshardMarker) || source::FolderFingerprint(dir) != fingerprint)
+    return false;
+  const source::SourceIndex L = formats::IndexSource(dir);
+  TargetLayout want = t.layout;
+  want.model = t.naming;
+  return L.errors.empty() && Same(LayoutOf(L), want);
+}
+
+StepPlan PlanStep(const InPlaceOptions& o, const std::string& root, const Current& current, TargetLayout target) {
+  StepPlan p;
+  p.reuse = Reusable(root, current);
+  const std::string atomic = root + "/" + current.atomic;
+  nlohmann::json job;  // the source facts the target is resolved against
+  if (p.reuse) {
+    job = store::ReadAtomicManifest(atomic).at("source");
+  } else {
+    const source::SourceIndex L = formats::IndexSource(current.dir);
+    job = store::JobJson(L);
+    p.latest_universal = L.format == "deepspeed";
+    if (o.reshard.planner.gpus > 0) return p;  // the planner reads the atomic checkpoint: not known yet
+  }
+  if (o.reshard.planner.gpus > 0) {
+    const LayoutChoice choice = ChooseLayoutFor(atomic, PlannerFor(o, target));
+    if (choice.chosen < 0) throw Error(choice.reason);
+    target = choice.candidates[choice.chosen].layout;
+    p.layout_reason = choice.reason;
+  }
+  p.target = ResolveTarget(target, job, current.source_tag);
+  p.known = true;
+  p.nothing = current.layout_known && Same(current.layout, p.target.layout);
+  p.point_back = !p.nothing && ReturnsToSource(root, current, p.target, job);
+  return p;
 }
 
 // --keep: the tags this step wrote beyond the `keep` newest go (never the one `latest` names).
@@ -214,59 +299,80 @@ void RefuseBeforeConversion(const Current& current, const TargetLayout* target, 
     throw Error("target " + why);
 }
 
-// --in-place --plan-only: what the step would do, from the metadata alone; nothing written.
-int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& current, TargetLayout target,
+// What the step would refuse, refused by the dry run in its words: from the atomic checkpoint it
+// would reuse, the whole reshard plan (MakePlan validates); before a conversion, the model's names and heads.
+void RefuseAsTheStepWould(const InPlaceOptions& o, const std::string& atomic, const Current& current, const StepPlan& p) {
+  if (p.reuse && p.known && !p.nothing && !p.point_back) {
+    const Source S = LoadSource(atomic);
+    MakePlan(S, ResolveModel(S, p.target.layout), 1, 0);
+  } else if (!p.reuse) {
+    RefuseBeforeConversion(current, p.known ? &p.target.layout : nullptr, o);
+  }
+}
+
+std::string ActionOf(bool nothing_to_do, const StepPlan& p) {
+  if (nothing_to_do || p.nothing) return "nothing";
+  if (p.point_back) return "point_back";
+  return p.reuse ? "reuse_and_reshard" : "convert_and_reshard";
+}
+
+// The dry run's text: what the step would do, from its plan `j`.
+void PrintPlanText(const nlohmann::json& j, const std::string& root, const Current& current, const StepPlan& p,
+                   const std::string& why, std::ostream& out) {
+  const std::string action = j["action"];
+  const std::string atomic = root + "/" + current.atomic;
+  out << "ucp-reshard --in-place --plan-only: " << root << "/latest names " << Was(current) << "\n";
+  if (!current.not_reused.empty() && action == "convert_and_reshard") out << "  note: " << current.not_reused << "\n";
+  if (action == "nothing") {
+    out << "  would do nothing: it is already the target layout\n";
+  } else if (action == "point_back") {
+    out << "  would point latest back at " << root << "/" << current.source_tag << ": the target (" << Describe(p.target.layout)
+        << ") is its own layout, and it is unchanged since " << atomic << " was converted from it\n";
+  } else {
+    out << "  would " << (action == "reuse_and_reshard" ? "reuse the atomic checkpoint " : "convert it into ") << atomic << ",\n";
+    if (p.known)
+      out << "  reshard into " << root << "/" << p.target.tag << " (" << Describe(p.target.layout) << "), and point latest at it\n";
+    else
+      out << "  then reshard and point latest at the new tag: " << why << "\n";
+    out << "  space: about " << HumanBytes(j["bytes_to_write"].get<double>()) << " to write, "
+        << (j["bytes_available"] < 0 ? std::string("free space unknown") : HumanBytes(j["bytes_available"].get<double>()) + " free")
+        << (j["fits"].get<bool>() ? "" : ": DOES NOT FIT") << "\n";
+  }
+  out << "  nothing written (--plan-only)\n";
+}
+
+// --in-place --plan-only: what the step would do (PlanStep, as the step plans it), from the
+// metadata alone; nothing written.
+int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& current, const TargetLayout& target,
               bool nothing_to_do, std::ostream& out, std::ostream& err) {
   nlohmann::json j = {{"root", root}, {"latest", current.tag}, {"kind", current.kind}};
   j["current_layout"] = current.layout_known ? current.layout.ToJson() : nlohmann::json(nullptr);
   const std::string atomic = root + "/" + current.atomic;
-  std::string action = "nothing";
-  nlohmann::json writes = nlohmann::json::array();
-  int64_t bytes = 0;
-  std::string why;
+  StepPlan p;
   try {
     if (!nothing_to_do) {
-      const bool reuse = Reusable(root, current);
-      action = reuse ? "reuse_and_reshard" : "convert_and_reshard";
-      if (!reuse) {
-        writes.push_back(atomic);
-        bytes += FolderBytes(current.dir);
-      }
-      if (o.reshard.planner.gpus > 0 && reuse) {
-        LayoutChoice choice = ChooseLayoutFor(atomic, o.reshard.planner);
-        if (choice.chosen < 0) throw Error(choice.reason);
-        target = choice.candidates[choice.chosen].layout;
-      }
-      const bool known = o.reshard.planner.gpus == 0 || reuse;  // the planner reads the atomic checkpoint
-      if (known && target.dtype.empty() && reuse)  // an atomic checkpoint `latest` names: its job's precision
-        target.dtype = ResolvedDtype(target, store::ReadAtomicManifest(atomic).at("source"));
-      // What the real step would refuse, refused here in its words: from the atomic checkpoint it would
-      // reuse, the whole plan (MakePlan validates); before a conversion, the model's names and heads.
-      if (reuse && known) {
-        const Source S = LoadSource(atomic);
-        MakePlan(S, ResolveModel(S, target), 1, 0);
-      } else if (!reuse) {
-        RefuseBeforeConversion(current, known ? &target : nullptr, o);
-      }
-      if (known) {
-        if (target.grad_accum_dtype.empty() && current.layout_known) target.grad_accum_dtype = current.layout.grad_accum_dtype;
-        if (target.sp == 0 && current.layout_known) target.sp = current.layout.Sp();  // the job's Ulysses degree
-        const std::string tag = InPlaceTag(current.source_tag, target);
-        j["target_layout"] = target.ToJson();
-        j["target_tag"] = tag;
-        writes.push_back(root + "/" + tag);
-      } else {
-        j["target_layout"] = nullptr;
-        j["target_tag"] = nullptr;
-        why = "the layout for " + std::to_string(o.reshard.planner.gpus) + " GPUs is chosen after the conversion (the "
-              "planner reads the atomic checkpoint)";
-      }
-      bytes += FolderBytes(current.dir);
+      p = PlanStep(o, root, current, target);
+      RefuseAsTheStepWould(o, atomic, current, p);
     }
   } catch (const std::exception& e) {
     err << kTool << ": error: " << e.what() << " (--plan-only: the step would refuse this; nothing written)\n";
     return 1;
   }
+  const std::string action = ActionOf(nothing_to_do, p);
+  nlohmann::json writes = nlohmann::json::array();
+  int64_t bytes = 0;
+  std::string why;
+  if (action == "convert_and_reshard" || action == "reuse_and_reshard") {
+    if (!p.reuse) writes.push_back(atomic), bytes += FolderBytes(current.dir);
+    if (p.latest_universal) writes.push_back(root + "/latest_universal");
+    if (p.known) writes.push_back(root + "/" + p.target.tag);
+    else why = "the layout for " + std::to_string(o.reshard.planner.gpus) + " GPUs is chosen after the conversion (the "
+               "planner reads the atomic checkpoint)";
+    bytes += FolderBytes(current.dir);
+  }
+  const bool resolved = p.known && action != "nothing";
+  j["target_layout"] = resolved ? p.target.layout.ToJson() : nlohmann::json(nullptr);
+  j["target_tag"] = !resolved ? nlohmann::json(nullptr) : nlohmann::json(action == "point_back" ? current.source_tag : p.target.tag);
   std::error_code ec;
   const auto space = fs::space(root, ec);
   const int64_t available = ec ? -1 : static_cast<int64_t>(space.available);
@@ -276,56 +382,107 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
   j["bytes_to_write"] = bytes;  // about: the tag folder's size per checkpoint written
   j["bytes_available"] = available;
   j["fits"] = available < 0 || bytes <= available;
-  if (!why.empty()) j["note"] = why;
-  if (o.json) {
+  const std::string note = why.empty() ? (action == "convert_and_reshard" ? current.not_reused : "") : why;
+  if (!note.empty()) j["note"] = note;
+  if (o.json)
     out << j.dump(1) << "\n";
-    return 0;
-  }
-  const std::string was = current.tag + " (" + (current.layout_known ? Describe(current.layout) + ", " : "") + current.kind + ")";
-  out << "ucp-reshard --in-place --plan-only: " << root << "/latest names " << was << "\n";
-  if (action == "nothing") {
-    out << "  would do nothing: it is already the target layout\n";
-  } else {
-    out << "  would " << (action == "reuse_and_reshard" ? "reuse the atomic checkpoint " : "convert it into ") << atomic << ",\n";
-    if (j["target_tag"].is_string())
-      out << "  reshard into " << root << "/" << j["target_tag"].get<std::string>() << " (" << Describe(target)
-          << "), and point latest at it\n";
-    else
-      out << "  then reshard and point latest at the new tag: " << why << "\n";
-    out << "  space: about " << HumanBytes(static_cast<double>(bytes)) << " to write, "
-        << (available < 0 ? std::string("free space unknown") : HumanBytes(static_cast<double>(available)) + " free")
-        << (j["fits"].get<bool>() ? "" : ": DOES NOT FIT") << "\n";
-  }
-  out << "  nothing written (--plan-only)\n";
+  else
+    PrintPlanText(j, root, current, p, why, out);
   return j["fits"].get<bool>() ? 0 : 1;
 }
 
+// The conversion of the tag `latest` names into `output`, a folder of ucp's (--force: what a killed
+// run left there goes).
+convert::ConvertOptions ConversionInto(const std::string& output, const InPlaceOptions& o, const Current& current) {
+  convert::ConvertOptions c;
+  c.source = current.dir, c.output = output, c.force = true;
+  c.patterns_dir = o.patterns_dir, c.quiet = o.reshard.quiet, c.progress = o.progress;
+  return c;
+}
+
 // The atomic checkpoint of the tag `latest` names: ROOT/<current.atomic>, reused when it holds what
-// the tag holds now (or is DeepSpeed's own universal folder made from it), else converted into it
-// (refused first when the step after it would refuse the layout `refuse`, where not nullptr). Collective; empty
-// when it failed (the lowest failing rank said why).
+// the tag holds now (a lock its converter, killed after its manifest, left there removed), else
+// converted into it (refused first when the step after it would refuse the layout `refuse`, where
+// not nullptr). Collective; empty when it failed (the lowest failing rank said why).
 std::string AtomicOfTag(const InPlaceOptions& o, const std::string& root, const Current& current, const TargetLayout* refuse,
                         shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
   const bool talk = comm.rank() == 0 && !o.reshard.quiet;
-  const std::string was = current.tag + " (" + (current.layout_known ? Describe(current.layout) + ", " : "") + current.kind + ")";
   bool reuse = false;
   std::string error = Capture([&] { reuse = Reusable(root, current); });
   if (AnyFailed(comm, error, err, kTool)) return "";
   const std::string atomic = root + "/" + current.atomic;
   if (reuse) {
+    std::string note;
+    error = comm.rank() == 0 && !current.deepspeed_universal ? Capture([&] { note = OutputLock::RemoveStale(atomic, kTool); }) : "";
+    if (AnyFailed(comm, error, err, kTool)) return "";
     if (talk)
-      err << kTool << ": " << was << ": reusing " << (current.deepspeed_universal ? "DeepSpeed's own universal checkpoint " : "the atomic checkpoint ")
+      err << kTool << ": " << Was(current) << ": reusing " << (current.deepspeed_universal ? "DeepSpeed's own universal checkpoint " : "the atomic checkpoint ")
           << atomic << (current.deepspeed_universal ? " (read-only)" : "") << "\n";
+    if (talk && !note.empty()) err << kTool << ": note: " << atomic << ": " << note << "; its lock removed\n";
     return atomic;
   }
   error = Capture([&] { RefuseBeforeConversion(current, refuse, o); });
   if (AnyFailed(comm, error, err, kTool)) return "";
-  if (talk) err << kTool << ": " << was << ": converting it into " << atomic << "\n";
-  convert::ConvertOptions c;
-  c.source = current.dir, c.output = atomic, c.force = true;
-  c.patterns_dir = o.patterns_dir, c.quiet = o.reshard.quiet, c.progress = o.progress;
-  if (convert::RunConvert(c, comm, out, err) != 0) return "";
+  if (talk && !current.not_reused.empty()) err << kTool << ": note: " << current.not_reused << "\n";
+  if (talk) err << kTool << ": " << Was(current) << ": converting it into " << atomic << "\n";
+  if (convert::RunConvert(ConversionInto(atomic, o, current), comm, out, err) != 0) return "";
   return atomic;
+}
+
+// `latest` names the job's own tag again (StepPlan::point_back), under the root's lock; nothing
+// else is written (the iteration file, where there is one, names the same step).
+int PointBack(const InPlaceOptions& o, const std::string& root, const Current& current, const StepPlan& p,
+              shuffle::Comm& comm, std::ostream& err) {
+  const std::string error = comm.rank() == 0 ? Capture([&] {
+    OutputFolder folder(root, kTool, {"latest"});
+    folder.Mark({current.source_tag});
+  }) : "";
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (comm.rank() == 0 && !o.reshard.quiet)
+    err << kTool << ": " << root << "/latest named " << Was(current) << "; the target (" << Describe(p.target.layout)
+        << ") is the layout of " << current.source_tag << ", unchanged since " << root << "/" << current.atomic
+        << " was converted from it: latest names " << current.source_tag << " again; nothing else written\n";
+  return 0;
+}
+
+// Refuses a scratch folder ucp did not write (no manifest or journal, and files of its own): it is
+// removed when the run ends, and ucp removes only what it wrote.
+void RefuseForeignScratch(const std::string& scratch) {
+  if (fs::exists(scratch) && !store::IsAtomicCheckpoint(scratch) && !fs::exists(scratch + "/" + store::kJournalDir) &&
+      !HoldsOnlyLeftovers(scratch))
+    throw Error(scratch + ": not written by ucp, and a run from a checkpoint root converts into it and removes it: "
+                "remove it yourself or choose another -o");
+}
+
+// -o OUT from a training run's root: the scratch atomic checkpoint OUT/.ucp-scratch-atomic made
+// for the run, then `reshard` run from it, then the scratch removed whatever the outcome (with OUT
+// itself where the run created it and it is left empty). Collective.
+int ReshardThroughScratch(const InPlaceOptions& o, const Current& current, ReshardOptions r, shuffle::Comm& comm,
+                          std::ostream& out, std::ostream& err) {
+  const bool talk = comm.rank() == 0 && !o.reshard.quiet;
+  const std::string scratch = r.output + "/" + kScratchAtomic;
+  const bool created = !fs::exists(r.output);
+  std::string error = Capture([&] { RefuseBeforeConversion(current, nullptr, o); });
+  if (comm.rank() == 0 && error.empty()) error = Capture([&] {
+    RefuseClaim(r.output, scratch, r.force);
+    RefuseForeignScratch(scratch);
+  });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (talk && !current.not_reused.empty()) err << kTool << ": note: " << current.not_reused << "\n";
+  if (talk)
+    err << kTool << ": " << Was(current) << ": converting it into " << scratch << " (-o writes only under " << r.output
+        << "; removed when the export ends; ucp-convert or --in-place keep an atomic checkpoint beside the tag)\n";
+  r.atomic_dir = scratch;
+  int code = convert::RunConvert(ConversionInto(scratch, o, current), comm, out, err);
+  if (code == 0) code = RunReshard(r, comm, out, err);
+  comm.Barrier();  // every rank done reading it
+  if (comm.rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(scratch, ec);
+    if (created && fs::is_empty(r.output, ec)) fs::remove(r.output, ec);
+    if (talk) err << kTool << ": removed the scratch atomic checkpoint " << scratch << "\n";
+  }
+  return code;
 }
 
 }  // namespace
@@ -345,24 +502,26 @@ int RunFromRoot(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out,
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;
   ReshardOptions r = o.reshard;
-  if (o.plan_only && !reusable) {  // nothing to plan from before the conversion: what would happen, or its refusal
-    error = Capture([&] { RefuseBeforeConversion(current, nullptr, o); });
-    if (AnyFailed(comm, error, err, kTool)) return 1;
-    if (comm.rank() == 0) {
-      const nlohmann::json j = {{"root", root}, {"latest", current.tag}, {"kind", current.kind},
-                                {"atomic", root + "/" + current.atomic}, {"convert", true}};
-      if (o.json)
-        out << j.dump(1) << "\n";
-      else
-        out << root << "/latest names " << current.tag << " (" << current.kind << "): it would be converted into " << root
-            << "/" << current.atomic << " first, then written from it (run without --plan-only, or ucp-convert it first, "
-            << "for the plan of the files)\n";
-    }
-    return 0;
+  if (reusable) {  // read where it is, as it is: -o writes only under OUT
+    if (comm.rank() == 0 && !o.reshard.quiet) err << kTool << ": " << Was(current) << ": reading the atomic checkpoint " << root << "/" << current.atomic << "\n";
+    r.atomic_dir = root + "/" + current.atomic;
+    return RunReshard(r, comm, out, err);
   }
-  r.atomic_dir = AtomicOfTag(o, root, current, nullptr, comm, out, err);
-  if (r.atomic_dir.empty()) return 1;
-  return RunReshard(r, comm, out, err);
+  if (!o.plan_only) return ReshardThroughScratch(o, current, r, comm, out, err);
+  // Nothing to plan from before the conversion: what would happen, or its refusal.
+  error = Capture([&] { RefuseBeforeConversion(current, nullptr, o); });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (comm.rank() == 0) {
+    const std::string scratch = (o.reshard.output.empty() ? std::string("OUT") : o.reshard.output) + "/" + kScratchAtomic;
+    const nlohmann::json j = {{"root", root}, {"latest", current.tag}, {"kind", current.kind}, {"atomic", scratch}, {"convert", true}};
+    if (o.json)
+      out << j.dump(1) << "\n";
+    else
+      out << root << "/latest names " << current.tag << " (" << current.kind << "): it would be converted into " << scratch
+          << " first (removed after), then written from it (run without --plan-only, or ucp-convert it first, "
+          << "for the plan of the files)\n";
+  }
+  return 0;
 }
 
 std::string InPlaceTag(const std::string& source_tag, const TargetLayout& t) {
@@ -385,60 +544,51 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
     if (!current.layout_known) return;
     if (std::find(o.given.begin(), o.given.end(), "dtype") == o.given.end())
       target.dtype = current.layout.dtype;  // the training dtype stays unless --dtype says
-    if (o.reshard.planner.gpus > 0)  // the planner is asked only when the GPU count, a degree given or a model fact changed
+    if (o.reshard.planner.gpus > 0)  // the planner is asked only when the GPU count, a key given or a model fact changed
       nothing_to_do = current.layout.SeqDp() * current.layout.tp * current.layout.pp == o.reshard.planner.gpus &&
-                      KeepsGivenDegrees(current.layout, target, o.given) && !AsksActivationFacts(o.reshard.planner);
+                      KeepsGiven(current.layout, target, o.given) && !AsksActivationFacts(o.reshard.planner);
     else
       nothing_to_do = Same(current.layout, target);
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;
-  const std::string was = current.tag + " (" + (current.layout_known ? Describe(current.layout) + ", " : "") + current.kind + ")";
   if (o.plan_only) {
     int code = 0;
     if (comm.rank() == 0) code = PrintPlan(o, root, current, target, nothing_to_do, out, err);
     return code;
   }
   if (nothing_to_do) {
-    if (talk) err << kTool << ": " << root << "/latest names " << was << ": already the target layout; nothing to do\n";
+    if (talk) err << kTool << ": " << root << "/latest names " << Was(current) << ": already the target layout; nothing to do\n";
     return 0;
   }
-
-  const std::string atomic = AtomicOfTag(o, root, current, o.reshard.planner.gpus > 0 ? nullptr : &target, comm, out, err);
-  if (atomic.empty()) return 1;
-
-  ReshardOptions r = o.reshard;
-  r.atomic_dir = atomic, r.output = root, r.in_place = true;
-  r.planner.base.dtype = target.dtype;
-  if (r.planner.gpus > 0) {
-    LayoutChoice choice;
-    error = Capture([&] {
-      choice = ChooseLayoutFor(atomic, r.planner);
-      if (choice.chosen < 0) throw Error(choice.reason);
-    });
-    if (AnyFailed(comm, error, err, kTool)) return 1;
-    target = choice.candidates[choice.chosen].layout;
-    if (talk) err << kTool << ": layout for " << r.planner.gpus << " GPUs: " << choice.reason << "\n";
-    r.planner = PlannerRequest{};
-    if (current.layout_known && Same(current.layout, target)) {
-      if (talk) err << kTool << ": " << was << " is already that layout; nothing to do\n";
-      return 0;
+  StepPlan plan;
+  error = Capture([&] { plan = PlanStep(o, root, current, target); });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (!plan.known || !(plan.nothing || plan.point_back)) {
+    const std::string atomic = AtomicOfTag(o, root, current, plan.known ? &plan.target.layout : nullptr, comm, out, err);
+    if (atomic.empty()) return 1;
+    if (!plan.reuse) {  // now from the atomic checkpoint, as the dry run plans from a reused one
+      error = Capture([&] {
+        plan = PlanStep(o, root, current, target);
+        if (!plan.known) throw Error("internal: " + atomic + " is not reusable right after its conversion");
+      });
+      if (AnyFailed(comm, error, err, kTool)) return 1;
     }
   }
-  std::string naming;
-  error = Capture([&] {
-    const nlohmann::json m = store::ReadAtomicManifest(atomic);  // ucp's, or DeepSpeed's universal folder described
-    if (target.sp == 0) target.sp = m.at("source").value("sp", 1);  // the job's Ulysses degree unless --sp says (it names the tag)
-    naming = ResolvedModel(target, WithContext(atomic + "/" + store::kManifestName,
-                                               [&] { return m.at("source").at("naming").get<std::string>(); }));
-    target.dtype = ResolvedDtype(target, m.at("source"));  // the job's precision unless --dtype says (it names the tag)
-    target.grad_accum_dtype = ResolvedGradAccumDtype(target, m.at("source"));  // it names the tag (InPlaceTag)
-  });
-  if (AnyFailed(comm, error, err, kTool)) return 1;
-  r.target = target;
-  r.output_tag = InPlaceTag(current.source_tag, target);
+  if (talk && !plan.layout_reason.empty()) err << kTool << ": layout for " << o.reshard.planner.gpus << " GPUs: " << plan.layout_reason << "\n";
+  if (plan.nothing) {
+    if (talk) err << kTool << ": " << Was(current) << " is already that layout; nothing to do\n";
+    return 0;
+  }
+  if (plan.point_back) return PointBack(o, root, current, plan, comm, err);
+
+  ReshardOptions r = o.reshard;
+  r.atomic_dir = root + "/" + current.atomic, r.output = root, r.in_place = true;
+  r.planner = PlannerRequest{};
+  r.target = plan.target.layout;
+  r.output_tag = plan.target.tag;
   r.marker = {{"tool", kTool}, {"ucp_version", UCP_VERSION}, {"created", OutputTimestamp()},
-              {"source_tag", current.source_tag}, {"atomic", current.atomic}, {"layout", target.ToJson()},
-              {"naming", naming}};
+              {"source_tag", current.source_tag}, {"atomic", current.atomic}, {"layout", plan.target.layout.ToJson()},
+              {"naming", plan.target.naming}};
   if (r.output_tag == current.tag) {
     if (talk) err << kTool << ": error: " << current.tag << " is named after the target layout but is not it\n";
     return 1;
@@ -455,7 +605,7 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
   }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
   if (talk)
-    err << kTool << ": " << root << "/latest now names " << r.output_tag << " (" << Describe(target) << "); to roll back, "
+    err << kTool << ": " << root << "/latest now names " << r.output_tag << " (" << Describe(plan.target.layout) << "); to roll back, "
         << "write " << rollback << " into it\n";
   return 0;
 }

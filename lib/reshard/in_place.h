@@ -2,8 +2,13 @@
 // checkpoint root (with `latest`) and a target layout (or a GPU count for the planner):
 //   1. the checkpoint `latest` names already has that layout: nothing is read beyond its metadata,
 //      nothing written;
+//   1b. `latest` names a tag this step wrote and the target is the layout of the job's own tag it was
+//      made from, that tag unchanged (the fingerprint the atomic checkpoint's manifest recorded):
+//      `latest` names that tag again, nothing else written;
 //   2. else its atomic checkpoint ROOT/<tag>_universal is reused when complete and converted from
-//      what the tag folder holds now (the manifest's source fingerprint), or made by ucp-convert;
+//      what the tag folder holds now (the manifest's source fingerprint), or made by ucp-convert
+//      (into <tag>_ucp_universal beside a <tag>_universal ucp did not write: DeepSpeed's own records
+//      nothing of what it read, so it is never reused);
 //   3. ucp-reshard writes ROOT/<tag>_<dp..>_<tp..>_<pp..>_<z..>_<dtype> beside the other tags, with a
 //      marker (source::kReshardMarker) naming its source tag, atomic checkpoint and layout;
 //   4. `latest` (and latest_checkpointed_iteration.txt where it exists) then names it, atomically,
@@ -29,7 +34,7 @@ struct InPlaceOptions {
   int keep = 0;                // tags written in place kept, the newest; 0: all
   std::string patterns_dir;    // for the conversion, when one is needed
   bool progress = false;
-  bool plan_only = false;      // say what the step would do (nothing / reuse / convert, then reshard), write nothing
+  bool plan_only = false;      // say what the step would do (nothing / point back / reuse / convert, then reshard), write nothing
   bool json = false;           // with plan_only: as JSON (schemas/in-place-plan.schema.json)
 };
 
@@ -43,10 +48,10 @@ std::string InPlaceTag(const std::string& source_tag, const TargetLayout& layout
 bool IsCheckpointRoot(const std::string& dir);
 
 // ucp-reshard ROOT -o OUT for a target written from an atomic checkpoint elsewhere (--format hf): the
-// atomic checkpoint of the tag ROOT/latest names, found or made as the in-place step finds or makes
-// it (steps 2 above: reused, or converted into ROOT/<tag>_universal, or <tag>_ucp_universal beside a
-// universal folder that is not ucp's), then o.reshard run from it into its own -o. With plan_only
-// and nothing to reuse: what would be converted, nothing written.
+// atomic checkpoint of the tag ROOT/latest names, ucp's reused where it is as step 2 above reuses
+// it, else converted into OUT/.ucp-scratch-atomic (reshard/claim.h), which goes when the run ends,
+// whatever its outcome: -o writes only under OUT. Then o.reshard run from it into OUT. With
+// plan_only and nothing to reuse: what would be converted, nothing written.
 int RunFromRoot(const InPlaceOptions& options, shuffle::Comm& comm, std::ostream& out, std::ostream& err);
 
 // Exit codes: 0 done or nothing to do, 1 failed or refused.

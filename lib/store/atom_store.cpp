@@ -76,6 +76,17 @@ bool DeepSpeedResumes(const nlohmann::json& manifest) {
   return StoreOf(manifest) == StoreKind::Pt && !CarriedModelStates(manifest).empty();
 }
 
+bool PointsLatestUniversal(const std::string& dir, const nlohmann::json& manifest) {
+  if (!DeepSpeedResumes(manifest)) return false;
+  namespace fs = std::filesystem;
+  fs::path path = fs::absolute(dir).lexically_normal();
+  if (path.filename().empty()) path = path.parent_path();
+  const fs::path root = path.parent_path();
+  const std::string tag = manifest.at("source").value("tag", "");
+  std::error_code ec;
+  return !tag.empty() && fs::is_regular_file(root / "latest", ec) && fs::is_directory(root / tag, ec);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reader
 

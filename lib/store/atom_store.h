@@ -40,6 +40,11 @@ StoreKind StoreOf(const nlohmann::json& manifest);
 // store and the model-states file carried beside the tensors (CarriedModelStates). What decides
 // whether a conversion points latest_universal at its output.
 bool DeepSpeedResumes(const nlohmann::json& manifest);
+// Whether a conversion into `dir` points <parent>/latest_universal at it: DeepSpeed resumes from it
+// and `dir` sits in its tag's own checkpoint root, DeepSpeed's convention (the parent holds `latest`
+// and the folder of the manifest's source.tag). Elsewhere a conversion writes nothing outside `dir`:
+// a parent that many conversions share has no latest_universal that is one run's to move.
+bool PointsLatestUniversal(const std::string& dir, const nlohmann::json& manifest);
 // Whether a store writes a conversion's state tensors in parts (AtomWriter::WritePart): the .pt
 // store in its plain form; not the HDF5 store, nor DeepSpeed's ZeRO-3 universal form (a zero-padded
 // 1-D tensor, UniversalKeysOf) of a ZeRO-3 source.

@@ -447,9 +447,8 @@ std::string Fingerprint(const source::SourceIndex& L, const patterns::ModelPatte
 // ---------------------------------------------------------------------------------------------
 // Manifest
 
-nlohmann::json SourceJson(const source::SourceIndex& L, const patterns::ModelPatterns& M) {
-  nlohmann::json src = {{"path", fs::absolute(L.root).lexically_normal().string()},
-                        {"tag", L.tag},
+nlohmann::json JobJson(const source::SourceIndex& L) {
+  nlohmann::json job = {{"tag", L.tag},
                         {"framework", L.framework},
                         {"optimizer", L.optimizer},
                         {"zero_stage", L.zero_stage},
@@ -460,10 +459,16 @@ nlohmann::json SourceJson(const source::SourceIndex& L, const patterns::ModelPat
                         {"pp", L.pp},
                         {"iteration", L.iteration},
                         {"ds_version", L.ds_version},
-                        {"naming", L.naming},
-                        {"fingerprint", source::FolderFingerprint(L.dir)}};
-  if (L.moe) src["moe"] = true, src["ep"] = L.ep;
-  if (!L.grad_accum_dtype.empty()) src["grad_accum_dtype"] = L.grad_accum_dtype;
+                        {"naming", L.naming}};
+  if (L.moe) job["moe"] = true, job["ep"] = L.ep;
+  if (!L.grad_accum_dtype.empty()) job["grad_accum_dtype"] = L.grad_accum_dtype;
+  return job;
+}
+
+nlohmann::json SourceJson(const source::SourceIndex& L, const patterns::ModelPatterns& M) {
+  nlohmann::json src = JobJson(L);
+  src["path"] = fs::absolute(L.root).lexically_normal().string();
+  src["fingerprint"] = source::FolderFingerprint(L.dir);
   // The carried file that holds the model's non-tensor state (rank 0's; the first by name), which
   // ucp-reshard starts the target's from: not an expert's file, which a Mixture-of-Experts
   // checkpoint carries too.

@@ -143,6 +143,9 @@ std::string Fingerprint(const source::SourceIndex& layout, const patterns::Model
 // field of its "params" entry but where its tensors are: "files" in the .pt store, "hdf5" in the
 // HDF5 store).
 nlohmann::json SourceJson(const source::SourceIndex& layout, const patterns::ModelPatterns& patterns);
+// The facts of the job SourceJson records (tag, layout, precision, optimizer, naming), without the
+// fingerprint and paths: what a target is resolved against before the conversion that will record them.
+nlohmann::json JobJson(const source::SourceIndex& layout);
 nlohmann::json FamilyJson(const patterns::ModelPatterns& patterns);
 nlohmann::json ParamMetaJson(const source::SourceIndex& layout, const patterns::ParamPattern& pattern,
                              const plan::ParamPlan& param);

@@ -75,8 +75,13 @@ std::vector<int64_t> ShapeOf(const Value& v) {
   return out;
 }
 
-// The folder's name without DeepSpeed's "_universal": the tag of the checkpoint it was made from.
-std::string TagOf(const std::string& dir) {
+// The tag of the checkpoint the folder was made from, as its files record it: DeepSpeed names a
+// tag global_step<global_steps> (Megatron-DeepSpeed: <iteration>), which rank 0's model-states file
+// keeps; a folder's name is the user's (a copy may be called anything). Only a file that records
+// neither step leaves the folder's name without DeepSpeed's "_universal".
+std::string TagOf(const std::string& dir, const Value& model_states) {
+  const int64_t step = IntAt(model_states, {"global_steps"}, IntAt(model_states, {"iteration"}, -1));
+  if (step >= 0) return "global_step" + std::to_string(step);
   fs::path p = fs::path(dir).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();
   std::string tag = p.filename().string();
@@ -124,7 +129,7 @@ nlohmann::json DescribeDeepSpeedUniversal(const std::string& dir) {
   source::SourceIndex L;
   L.format = "deepspeed-universal";
   L.root = L.dir = dir;
-  L.tag = TagOf(dir);
+  L.tag = TagOf(dir, root);
   const bool pipe = std::any_of(names.begin(), names.end(), [](const std::string& n) {
     return n.rfind("tied_modules.", 0) == 0 || (!n.empty() && std::isdigit(static_cast<unsigned char>(n[0])));
   });

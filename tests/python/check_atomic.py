@@ -178,9 +178,15 @@ for k in ("dp", "tp", "pp", "zero_stage", "dtype", "optimizer"):
     if src[k] != desc[k]:
         fail(f"manifest source {k} = {src[k]}, fixture {desc[k]}")
 
-lu = os.path.join(os.path.dirname(os.path.abspath(atomic)), "latest_universal")
-if not os.path.exists(lu) or open(lu).read() != os.path.basename(os.path.abspath(atomic)):
-    fail(f"{lu}: does not name {os.path.basename(atomic)}")
+# latest_universal beside the atomic folder only in its tag's own checkpoint root (DeepSpeed's
+# convention: the parent holds `latest` and the tag's folder); elsewhere nothing outside the folder.
+parent = os.path.dirname(os.path.abspath(atomic))
+lu = os.path.join(parent, "latest_universal")
+if os.path.isfile(os.path.join(parent, "latest")) and os.path.isdir(os.path.join(parent, src["tag"])):
+    if not os.path.exists(lu) or open(lu).read() != os.path.basename(os.path.abspath(atomic)):
+        fail(f"{lu}: does not name {os.path.basename(atomic)}")
+elif os.path.exists(lu):
+    fail(f"{lu}: written outside the tag's checkpoint root")
 
 for e in errors[:30]:
     print("FAIL", e)

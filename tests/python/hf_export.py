@@ -227,19 +227,22 @@ r = run([UNIVERSAL, "-o", theirs, "--format", "hf", "-q"])
 ok, differ = same_files(one, theirs, export_files(one)) if r.returncode == 0 else (False, r.stderr[-400:])
 check("DeepSpeed's own universal folder: the same bytes", ok, str(differ))
 
-# A training run's root (`latest`), as users have it: its atomic checkpoint found (DeepSpeed's own
-# universal folder of the tag, reused read-only) or made beside the tag, then exported: the same bytes.
+# A training run's root (`latest`), as users have it: its atomic checkpoint made in a scratch folder
+# under -o (DeepSpeed's own universal folder of the tag is not reused: it records nothing of what it
+# read, issue 42), then exported: the same bytes, the root as it was.
 for label, keep_universal in (("with DeepSpeed's universal folder", True), ("native only", False)):
     root = os.path.join(WORK, "root_" + ("ds" if keep_universal else "native"))
     shutil.copytree(os.path.join(CASE_DIR, "ckpt"), root)
     if not keep_universal:
         shutil.rmtree(os.path.join(root, "global_step6_universal"))
         os.remove(os.path.join(root, "latest_universal"))
+    listed = sorted(os.listdir(root))
     exp = root + "_hf"
     r = run([root, "-o", exp, "--format", "hf"])
-    said = "reusing DeepSpeed's own universal checkpoint" if keep_universal else "converting it into"
+    said = "converting it into " + os.path.join(exp, ".ucp-scratch-atomic")
     ok, differ = same_files(one, exp, export_files(one)) if r.returncode == 0 else (False, r.stderr[-400:])
-    check(f"a checkpoint root ({label}): '{said}', the same bytes", ok and said in r.stderr, f"{differ} {r.stderr[-300:]}")
+    check(f"a checkpoint root ({label}): '{said}', the same bytes, nothing written into the root",
+          ok and said in r.stderr and sorted(os.listdir(root)) == listed, f"{differ} {r.stderr[-300:]}")
 
 # 5. The plan, and misuse.
 r = run([ATOMIC, "--format", "hf", "--plan-only", "--json", "--max-shard-size", "100KB"])

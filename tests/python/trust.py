@@ -11,11 +11,12 @@ FINDING is one of:
                     refuses it, and on the clean copy says what it verified (text, JSON).
   precision         an fp32 job resharded without --dtype stays fp32 (file names, dtypes, the
                     planner's candidates); --dtype bf16 is said ("fp32 -> bf16").
-  commit_order      an output whose parent takes no file: ucp-convert fails before its manifest.
+  commit_order      an output in its tag's checkpoint root, which takes no file (latest_universal):
+                    ucp-convert fails before its manifest.
   resume_finished   --resume on a finished conversion exits 0 and says so; on a damaged one it refuses.
   command_line      every command-line error exits 2 with words (--dp 0: "at least 1").
   never_replace     --in-place on a root holding DeepSpeed's own <tag>_universal leaves it as it
-                    was; --force refuses a folder ucp did not write (DeepSpeed's universal folder,
+                    was (and converts beside it: issue 42, row 1); --force refuses a folder ucp did not write (DeepSpeed's universal folder,
                     a training run's checkpoint root).
   one_fault         one missing optimizer file, or one damaged record under --verify, is one error
                     line naming the file (the parameters that lost elements counted in it), not
@@ -143,12 +144,13 @@ elif finding == "precision":
     check("precision: --dtype bf16 is said", p.returncode == 0 and "fp32 -> bf16" in p.stderr, p.stderr[-300:])
 
 elif finding == "commit_order":
-    # The atomic folder is writable, its parent (where latest_universal goes) is not. As root,
-    # permissions do not bind: the conversion runs as nobody (setpriv), the folder nobody's.
-    parent = os.path.join(work, "locked_parent")
+    # The atomic folder is writable, its parent (the tag's checkpoint root, where latest_universal
+    # goes) is not. As root, permissions do not bind: the conversion runs as nobody (setpriv), the
+    # folder nobody's.
+    parent = copy_case(FP32, "locked_parent")
     out = os.path.join(parent, "universal")
     os.makedirs(out)
-    src = copy_case(FP32, "source")
+    src = parent
     prefix = []
     if os.geteuid() == 0:
         prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -206,15 +208,15 @@ elif finding == "never_replace":
     p = run([RESHARD, root, "--in-place", "--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
     check("never_replace: --in-place runs", p.returncode == 0, p.stderr[-400:])
     check("never_replace: DeepSpeed's global_step6_universal is as it was", digest(theirs) == before)
-    check("never_replace: DeepSpeed's universal folder of this tag is reused, read-only",
-          "reusing DeepSpeed's own universal checkpoint" in p.stderr and
-          not os.path.exists(os.path.join(root, "global_step6_ucp_universal")), p.stderr[-300:])
-    check("never_replace: latest names the new tag", open(os.path.join(root, "latest")).read().strip() != "global_step6")
-    # From that tag on to another layout: DeepSpeed's folder reused again, still as it was.
-    p = run([RESHARD, root, "--in-place", "--dp", "4", "--tp", "1", "--pp", "1", "--zero-stage", "2"])
-    check("never_replace: a second --in-place from the resharded tag reuses it again",
-          p.returncode == 0 and "reusing DeepSpeed's own universal checkpoint" in p.stderr and digest(theirs) == before,
+    check("never_replace: DeepSpeed's universal folder of this tag is not reused (it records nothing of what it read)",
+          "not reused" in p.stderr and os.path.exists(os.path.join(root, "global_step6_ucp_universal", "ucp_manifest.json")),
           p.stderr[-300:])
+    check("never_replace: latest names the new tag", open(os.path.join(root, "latest")).read().strip() != "global_step6")
+    # From that tag on to another layout: ucp's atomic checkpoint reused, DeepSpeed's folder still as it was.
+    p = run([RESHARD, root, "--in-place", "--dp", "4", "--tp", "1", "--pp", "1", "--zero-stage", "2"])
+    check("never_replace: a second --in-place from the resharded tag reuses ucp's atomic checkpoint",
+          p.returncode == 0 and "reusing the atomic checkpoint" in p.stderr and "global_step6_ucp_universal" in p.stderr and
+          digest(theirs) == before, p.stderr[-300:])
     # A <tag>_universal that is not DeepSpeed's of this tag (another tag's model-states files): left as
     # it is, ucp converts beside it.
     other = os.path.join(work, "other_root")
@@ -276,12 +278,13 @@ elif finding == "small_things":
 elif finding == "in_place_plan":
     import jsonschema
     layout = ["--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1"]
-    # With DeepSpeed's own universal folder of the tag beside it: reused.
+    # With DeepSpeed's own universal folder of the tag beside it: not reused (issue 42, row 1), said.
     ds = os.path.join(work, "with_ds_universal")
     shutil.copytree(os.path.join(cases, FP32, "ckpt"), ds)
     p = run([RESHARD, ds, "--in-place", "--plan-only"] + layout)
-    check("in_place_plan: DeepSpeed's universal folder would be reused", p.returncode == 0 and
-          "would reuse the atomic checkpoint" in p.stdout and "global_step6_universal" in p.stdout, p.stdout + p.stderr[-300:])
+    check("in_place_plan: DeepSpeed's universal folder would not be reused, and why", p.returncode == 0 and
+          "would convert it into" in p.stdout and "global_step6_ucp_universal" in p.stdout and "not reused" in p.stdout,
+          p.stdout + p.stderr[-300:])
     # Without it: converted.
     root = os.path.join(work, "root")
     shutil.copytree(os.path.join(cases, FP32, "ckpt"), root, ignore=shutil.ignore_patterns("*_universal"))

@@ -6,6 +6,8 @@
 
 #include "core/commit.h"
 #include "core/error.h"
+#include "core/output_lock.h"
+#include "core/process.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -82,4 +84,19 @@ TEST_CASE("a second claim of a folder a live run holds is refused, naming the ho
   const fs::path dir = Fresh("held");
   OutputFolder first(dir.string(), "first-tool", {"latest"});
   CHECK_THROWS_WITH(OutputFolder(dir.string(), "second-tool", {"latest"}), Catch::Contains("first-tool"));
+}
+
+TEST_CASE("RemoveStale removes the lock of a run that is gone, and refuses a live holder's", "[commit]") {
+  const fs::path dir = Fresh("stale");
+  CHECK(ucp::OutputLock::RemoveStale(dir.string(), "reader").empty());  // no lock: nothing to do, nothing written
+  CHECK_FALSE(fs::exists(dir / ucp::OutputLock::kFileName));
+  Touch(dir / "ucp_manifest.json");
+  // The lock a writer killed after its commit point leaves, on this host (a pid above any pid_max: gone).
+  Touch(dir / ucp::OutputLock::kFileName, R"({"tool": "killed-tool", "host": ")" + ucp::HostName() + R"(", "pid": 2147483646, "start_ticks": "1"})");
+  CHECK_THAT(ucp::OutputLock::RemoveStale(dir.string(), "reader"), Catch::Contains("killed-tool"));
+  CHECK_FALSE(fs::exists(dir / ucp::OutputLock::kFileName));
+  CHECK(fs::exists(dir / "ucp_manifest.json"));
+  OutputFolder live(dir.string(), "live-tool", {"latest"});
+  CHECK_THROWS_WITH(ucp::OutputLock::RemoveStale(dir.string(), "reader"), Catch::Contains("live-tool"));
+  CHECK(fs::exists(dir / ucp::OutputLock::kFileName));
 }
