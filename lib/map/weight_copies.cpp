@@ -102,9 +102,11 @@ void Compare(const float* master, const uint8_t* copy, pt::DType dtype, int64_t 
   }
 }
 
-// What disagrees in one data file, in int64s that add across ranks: each data file is checked by
-// one rank, the others add zeros, so the sum is that rank's finding, the same on every rank.
-enum Field { kParams, kElements, kLargestBits, kWorstParam, kWorstWeightFile, kFields };
+// What disagrees in each file, in int64s that add across ranks: a data file is checked by one rank,
+// the others add zeros, so the sum is that rank's finding, the same on every rank; a weight file's
+// copies are compared by the ranks of the data files holding their masters, and their counts add.
+// kParams: the fragments (of parameters) that disagree; kAgreed: those that agree.
+enum Field { kParams, kAgreed, kElements, kLargestBits, kWorstParam, kWorstWeightFile, kFields };
 using Verdicts = std::vector<int64_t>;  // kFields per file of SourceIndex::files
 
 int64_t& At(Verdicts& v, int file, Field f) { return v[static_cast<size_t>(file) * kFields + f]; }
@@ -122,12 +124,13 @@ std::string Names(const SourceIndex& L, const std::vector<int>& files) {
   return s + (files.size() > 3 ? ", ... (" + std::to_string(files.size()) + " files)" : "");
 }
 
-// The fault, said of the odd files. At one (pp, tp), a weight file that every optimizer file holding
-// its masters disagrees with, while the other weight files there agree, is the odd one; where every
-// weight file and every optimizer file there disagree, either side may be (TP ranks' files swapped:
-// their contents cannot tell which), and both are named; else the optimizer files that disagree are.
+// The fault, said of the odd files: a weight file none of whose weights any master gives (a file of
+// another layer, rank or run), while others at its (pp, tp) agree; where every weight file at a
+// (pp, tp) disagrees somewhere, and so does every optimizer file there, either side may be foreign (TP ranks' files swapped: the contents
+// cannot tell which) and both are named, where every optimizer file there disagrees too; else the
+// optimizer files whose masters disagree.
 std::string Message(const SourceIndex& L, const Verdicts& v) {
-  auto bad = [&](int f) { return At(v, f, kElements) > 0; };
+  auto bad = [&](int f) { return At(v, f, kParams) > 0; };
   std::map<int, std::vector<int>> data_of;                   // weight file -> the data files holding its masters
   std::map<std::pair<int, int>, std::set<int>> weights_at;   // (pp, tp) -> its weight files
   std::map<std::tuple<int, int, int>, int> copy_file;        // (param, pp, tp) -> weight file
@@ -140,21 +143,18 @@ std::string Message(const SourceIndex& L, const Verdicts& v) {
   }
   std::vector<int> odd_weights, odd_data, both_weights, both_data;
   for (const auto& [at, weights] : weights_at) {
-    std::vector<int> disagreeing;
+    std::vector<int> data;  // the data files at this (pp, tp)
     for (int w : weights)
-      if (!data_of[w].empty() && std::all_of(data_of[w].begin(), data_of[w].end(), bad)) disagreeing.push_back(w);
-    if (disagreeing.empty()) continue;
-    if (disagreeing.size() < weights.size()) {
-      odd_weights.insert(odd_weights.end(), disagreeing.begin(), disagreeing.end());
-    } else if (both_weights.empty()) {
-      both_weights = disagreeing;
-      for (int w : disagreeing)
-        for (int f : data_of[w])
-          if (std::find(both_data.begin(), both_data.end(), f) == both_data.end()) both_data.push_back(f);
-    }
+      for (int f : data_of[w])
+        if (std::find(data.begin(), data.end(), f) == data.end()) data.push_back(f);
+    const bool every = std::all_of(weights.begin(), weights.end(), bad) && std::all_of(data.begin(), data.end(), bad);
+    for (int w : weights)
+      if (!every && bad(w) && At(v, w, kAgreed) == 0) odd_weights.push_back(w);
+    if (every && both_weights.empty()) both_weights.assign(weights.begin(), weights.end()), both_data = data;
   }
   for (size_t f = 0; f < L.files.size(); ++f)
-    if (bad(static_cast<int>(f))) odd_data.push_back(static_cast<int>(f));
+    if (L.files[f].data && bad(static_cast<int>(f))) odd_data.push_back(static_cast<int>(f));
+  if (!odd_weights.empty()) both_weights.clear(), both_data.clear();
   const int first = both_data.empty() ? odd_data.front() : both_data.front();
   char largest[32];
   std::snprintf(largest, sizeof largest, "%.3g", Largest(v, first));
@@ -163,7 +163,7 @@ std::string Message(const SourceIndex& L, const Verdicts& v) {
   if (!odd_weights.empty()) {
     s = "the model's own weights in " + L.dir + "/" + Names(L, odd_weights) + " disagree with the fp32 master weights of " +
         "every optimizer file that holds them (" + Names(L, data_of[odd_weights.front()]) + "; " + example +
-        "), while the other weight files there agree: " + (odd_weights.size() > 1 ? "these files are" : "this file is") + " the odd one";
+        "), not one of them equal, while the other weight files there agree: " + (odd_weights.size() > 1 ? "these files are" : "this file is") + " the odd one";
   } else if (!both_weights.empty()) {
     const source::ShardFile& d = L.files[static_cast<size_t>(first)];
     s = "at (pp=" + std::to_string(d.pp) + ", tp=" + std::to_string(d.tp) + ") the model's own weights in " + L.dir + "/" +
@@ -251,13 +251,16 @@ std::string CheckWeightCopies(const SourceIndex& L, shuffle::Comm& comm, int thr
       Difference d;
       for (; u < units.size() && units[u].fragment == &fr; ++u)
         d.elements += diff[u].elements, d.largest = std::max(d.largest, diff[u].largest);
-      if (d.elements == 0) continue;
+      if (d.elements == 0) {
+        At(v, fr.file, kAgreed) += 1, At(v, c.file, kAgreed) += 1;
+        continue;
+      }
       // A damaged byte is damage, said as such, before the copies are said to come from elsewhere.
       const size_t es = pt::ElementSize(c.dtype);
       Files files(L);
       files.CheckRecords(fr.file, units[u - 1].masters + 4 * static_cast<uint64_t>(fr.src_start), 4 * static_cast<uint64_t>(fr.numel));
       files.CheckRecords(c.file, c.offset + es * static_cast<uint64_t>(fr.dst_start), es * static_cast<uint64_t>(fr.numel));
-      At(v, fr.file, kParams) += 1, At(v, fr.file, kElements) += d.elements;
+      At(v, fr.file, kParams) += 1, At(v, fr.file, kElements) += d.elements, At(v, c.file, kParams) += 1;
       if (d.largest > Largest(v, fr.file) || At(v, fr.file, kWorstParam) == 0) {
         std::memcpy(&At(v, fr.file, kLargestBits), &d.largest, 8);
         At(v, fr.file, kWorstParam) = fr.param + 1, At(v, fr.file, kWorstWeightFile) = c.file + 1;
