@@ -50,19 +50,9 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
 
   // 0. Rank 0 checks atoms.h5 whole before any rank opens it: HDF5 trusts what it reads from a file.
   std::string error = rank == 0 ? Capture([&] {
-    nlohmann::json m = store::ReadManifest(o.from_atomic);
-    if (store::StoreOf(m) != store::StoreKind::Hdf5) return;
-    bool listed = false;
-    for (const auto& f : m.at("files")) {
-      auto r = store::FileRecord::FromJson(f);
-      std::string why;
-      if (r.path != store::kAtomsH5) continue;
-      listed = true;
-      if (!store::Verify(o.from_atomic, r, &why)) throw Error(o.from_atomic + "/" + r.path + ": " + why);
-    }
-    if (!listed) throw Error(o.from_atomic + "/" + store::kManifestName + ": does not list " + store::kAtomsH5);
+    store::CheckAtomsH5Whole(o.from_atomic);
   })
-                                  : "";
+                                : "";
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
 
   // 1. Every rank: the source's manifest, keys and steps; the writer's list of every parameter.

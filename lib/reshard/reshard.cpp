@@ -262,6 +262,9 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   const formats::TargetDriver* target_driver = nullptr;
   std::string error = Capture([&] { target_driver = &formats::FindTarget(o.format); });
   if (AnyFailed(comm, error, err, kTool)) return 1;
+  // Rank 0 hashes atoms.h5 whole before any rank's HDF5 reads a byte of it (a plan reads no data).
+  error = rank == 0 && !o.plan_only ? Capture([&] { store::CheckAtomsH5Whole(o.atomic_dir); }) : "";
+  if (AnyFailed(comm, error, err, kTool)) return 1;
   if (target_driver->plan_export) return RunExport(o, *target_driver, comm, out, err);
   error = Capture([&] {
     if (!o.plan_only && !o.in_place) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
