@@ -19,6 +19,7 @@
 #include "plan/convert_plan.h"
 #include "shuffle/agree.h"
 #include "store/atom_store.h"
+#include "store/universal_folder.h"
 
 namespace ucp::convert {
 namespace fs = std::filesystem;
@@ -41,6 +42,15 @@ std::vector<store::FileRecord> NonTensorFiles(const store::AtomReader& reader) {
   return out;
 }
 
+// DeepSpeed's own universal folder has no ucp manifest to copy from: said as what it is, with the
+// tools that read it, rather than as a folder missing its manifest.
+void RefuseDeepSpeedUniversal(const std::string& dir) {
+  if (!store::IsDeepSpeedUniversal(dir)) return;
+  throw Error(dir + ": DeepSpeed's own universal checkpoint (written by ds_to_universal.py), which has no " +
+              store::kManifestName + ", so --from-atomic cannot copy it: ucp-reshard " + dir +
+              " -o OUT ... reads it directly; to get a ucp atomic checkpoint, ucp-convert the tag it came from");
+}
+
 }  // namespace
 
 int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
@@ -50,6 +60,7 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
 
   // 0. Rank 0 checks atoms.h5 whole before any rank opens it: HDF5 trusts what it reads from a file.
   std::string error = rank == 0 ? Capture([&] {
+    RefuseDeepSpeedUniversal(o.from_atomic);
     store::CheckAtomsH5Whole(o.from_atomic);
   })
                                 : "";
