@@ -338,18 +338,21 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   // naming the checkpoint it named until the new one is complete.
   const std::string out_tag = o.output_tag.empty() ? tag : o.output_tag;
   const std::string dir = o.output + "/" + out_tag;
-  std::unique_ptr<OutputFolder> folder;
+  std::unique_ptr<ClaimedOutput> claim;
   std::string lock_note;
   error = rank == 0 ? Capture([&] {
     if (o.in_place) {
-      folder = std::make_unique<OutputFolder>(o.output, kTool, std::vector<std::string>{kIterationFile, "latest"}, &lock_note);
+      auto folder = std::make_unique<OutputFolder>(o.output, kTool, std::vector<std::string>{kIterationFile, "latest"}, &lock_note);
       fs::remove_all(dir);  // what a killed run left: `latest` never named it
+      claim = std::make_unique<ClaimedOutput>(std::move(folder), std::vector<std::string>{out_tag}, false, false);
     } else {
-      folder = ClaimOutput(o.output, o.atomic_dir, o.force, {kIterationFile, "latest"}, {out_tag}, "DeepSpeed checkpoint " + out_tag, &lock_note);
+      claim = ClaimOutput(o.output, o.atomic_dir, o.force, {kIterationFile, "latest"}, {out_tag}, "DeepSpeed checkpoint " + out_tag, &lock_note);
     }
     fs::create_directories(dir);
   }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
+  // From here a failure takes back what this run made.
+  auto failed = [&] { return AnyFailedAbandoning(comm, error, err, claim.get()); };
   if (talk && !lock_note.empty()) err << kTool << ": note: " << lock_note << "\n";
 
   // Where this rank's time goes: the shared pieces read and exchanged, the units' reads (while
@@ -363,11 +366,11 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   HeldPieces held(S, P, rank);
   error = Capture([&] { held.ReadMine(); });
   seconds["read_shared"] = lap();
-  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (failed()) return 1;
   std::pair<int64_t, int64_t> exchanged{0, 0};
   error = Capture([&] { exchanged = held.Exchange(comm, o.exchange_round_bytes); });
   seconds["exchange"] = lap();
-  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (failed()) return 1;
   int64_t planned = 0;
   for (const auto& sp : P.shared) planned += sp.reader == rank ? sp.bytes : 0;
   double unit_reads = 0;
@@ -396,7 +399,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   // durable together, on every rank, before rank 0 writes `latest` (core/commit.h, step 3).
   if (error.empty()) error = Capture([&] { Seal(dir); });
   seconds["sync"] = lap();
-  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (failed()) return 1;
   // Bytes read as the store counts them: the slabs asked for, and what storage delivered for them
   // (HDF5 reads whole chunks).
   json mine = {{"rank", rank}, {"bytes_read", static_cast<int64_t>(S.reader->storage_bytes_read())},
@@ -412,9 +415,9 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
     if (o.in_place) WriteFileAtomically(dir + "/" + source::kReshardMarker, o.marker.dump(1) + "\n");
     std::optional<std::string> iteration = std::to_string(S.manifest["source"]["iteration"].get<int64_t>());
     if (o.in_place && !fs::exists(o.output + "/" + kIterationFile)) iteration.reset();
-    folder->Mark({iteration, out_tag});
+    claim->folder().Mark({iteration, out_tag});
   }) : "";
-  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (AnyFailed(comm, error, err, kTool)) return 1;  // not taken back: the commit point may be written
   if (rank == 0) {
     const RankTotals t = SumRanks(stats);
     const int64_t total = t.bytes_read, peak = t.peak_rss;
