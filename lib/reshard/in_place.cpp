@@ -418,6 +418,7 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
     if (AnyFailed(comm, error, err, kTool)) return 1;
     target = choice.candidates[choice.chosen].layout;
     if (talk) err << kTool << ": layout for " << r.planner.gpus << " GPUs: " << choice.reason << "\n";
+    if (talk && !choice.job_change.empty()) err << kTool << ": note: " << choice.job_change << "\n";
     r.planner = PlannerRequest{};
     if (current.layout_known && Same(current.layout, target)) {
       if (talk) err << kTool << ": " << was << " is already that layout; nothing to do\n";
