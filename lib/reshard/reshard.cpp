@@ -244,6 +244,22 @@ std::string PrecisionChange(const Source& S, const TargetLayout& T) {
   return from.empty() || from == T.dtype ? "" : " (" + from + " -> " + T.dtype + ", as --dtype asks)";
 }
 
+// What the writer does to the experts' Adam moments where the expert gradient scale changes
+// (ExpertMomentRatio): said, as it changes values the files hold.
+std::string ExpertMomentScaling(const Source& S, const TargetLayout& T) {
+  const double r = ExpertMomentRatio(S, T);
+  const int from_zero = S.manifest["source"].value("zero_stage", 1), to_ep = std::max(1, T.ep);
+  auto job = [](const std::string& release, int zero, int ep) {
+    return "(DeepSpeed " + release + ", ZeRO-" + std::to_string(zero) + ", ep=" + std::to_string(ep) + ")";
+  };
+  char factors[64];
+  std::snprintf(factors, sizeof factors, "exp_avg x%g, exp_avg_sq x%g", r, r * r);
+  return std::string("the experts' Adam moments scaled, ") + factors + ": an expert's gradient was " +
+         std::to_string(ExpertGradientScale(SourceRelease(S, T), from_zero, S.ep)) + "x the mean in the source job " +
+         job(SourceRelease(S, T), from_zero, S.ep) + " and is " + std::to_string(ExpertGradientScale(TargetRelease(S, T), T.zero_stage, to_ep)) +
+         "x in the target's " + job(TargetRelease(S, T), T.zero_stage, to_ep) + " (README, Mixture of Experts)";
+}
+
 }  // namespace
 
 LayoutChoice ChooseLayoutFor(const std::string& atomic_dir, const PlannerRequest& request) {
@@ -298,10 +314,12 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   if (talk && !choice.job_change.empty()) err << kTool << ": note: " << choice.job_change << "\n";
   if (talk)
     err << kTool << ": " << o.atomic_dir << " (" << S.atoms.size() << " parameters, from dp=" << S.manifest["source"]["dp"]
-        << (S.manifest["source"].value("sp", 1) > 1 ? " sp=" + S.manifest["source"]["sp"].dump() : "") << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"] << ") to " << T.Describe(DdpBf16Wrapper(S, T)) << PrecisionChange(S, T)
+        << (S.manifest["source"].value("sp", 1) > 1 ? " sp=" + S.manifest["source"]["sp"].dump() : "") << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"]
+        << (S.moe ? " ep=" + std::to_string(S.ep) : "") << ") to " << T.Describe(DdpBf16Wrapper(S, T)) << PrecisionChange(S, T)
         << "; " << P.units.size()
         << (T.zero_stage == 3 ? " (model-parallel, DP) ranks' files" : P.units.size() == 1 ? " model-parallel rank" : " model-parallel ranks")
         << " on " << comm.name() << "\n";
+  if (talk && ExpertMomentRatio(S, T) != 1.0) err << kTool << ": " << ExpertMomentScaling(S, T) << "\n";
   if (talk && P.padded_vocab > 0 && T.vocab_divisible_by <= 0 && S.divisible_by <= 0 && T.tp != S.tp)
     err << kTool << ": note: the checkpoint has no args.make_vocab_size_divisible_by; " << DerivedDivisibleBy(S)
         << " fits its padded_vocab_size " << S.padded_vocab << " at tp=" << S.tp << ", so the vocabulary is padded to "
