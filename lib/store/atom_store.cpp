@@ -89,9 +89,9 @@ void CheckAtomsH5Whole(const std::string& dir) {
     if (r.path != kAtomsH5) continue;
     std::string why;
     if (!Verify(dir, r, &why))
-      throw Error(dir + "/" + r.path + ": does not match its size and XXH64 in " + kManifestName + " (" + why +
-                  "): damaged or changed since ucp-convert wrote it, so none of it is read; convert the source again "
-                  "(ucp-convert SOURCE -o " + dir + " --format hdf5 --force)");
+      throw Error(dir + "/" + r.path + ": " + why + ": the file is damaged or changed since ucp-convert wrote it (its "
+                  "size and XXH64 are checked whole against " + kManifestName + " before HDF5 reads any of it), so none of "
+                  "it is read; convert the source again (ucp-convert SOURCE -o " + dir + " --format hdf5 --force)");
     return;
   }
   throw Error(dir + "/" + kManifestName + ": does not list " + kAtomsH5 + ", the HDF5 store's file");
