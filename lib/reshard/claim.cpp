@@ -8,6 +8,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/names.h"
 #include "core/output_lock.h"
 #include "shuffle/agree.h"
 
@@ -53,8 +54,12 @@ std::vector<std::string> ListedWrites(const std::string& output) {
     throw Error(path + ": not ucp-reshard's claim file, so --force cannot tell what it may remove: remove the folder "
                 "yourself, or choose another -o");
   std::vector<std::string> writes;
-  for (const auto& w : j.value("writes", nlohmann::json::array()))
-    if (w.is_string()) writes.push_back(w.get<std::string>());
+  for (const auto& w : j.value("writes", nlohmann::json::array())) {
+    // what --force removes stays inside the folder, whatever the file says
+    if (!w.is_string()) throw Error(path + ": writes holds " + w.dump() + ", not a file name");
+    RequirePlainName(w.get<std::string>(), path + ": writes");
+    writes.push_back(w.get<std::string>());
+  }
   return writes;
 }
 
