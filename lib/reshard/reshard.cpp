@@ -363,6 +363,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
     if (o.in_place) {
       auto folder = std::make_unique<OutputFolder>(o.output, kTool, std::vector<std::string>{kIterationFile, "latest"}, &lock_note);
       fs::remove_all(dir);  // what a killed run left: `latest` never named it
+      // the root, its markers and its other tags are the training run's: only the tag folder is this run's
       claim = std::make_unique<ClaimedOutput>(std::move(folder), std::vector<std::string>{out_tag}, false, false);
     } else {
       claim = ClaimOutput(o.output, o.atomic_dir, o.force, {kIterationFile, "latest"}, {out_tag}, "DeepSpeed checkpoint " + out_tag, &lock_note);
