@@ -196,8 +196,9 @@ int main(int argc, char** argv) {
   app.add_flag("--plan-only", o.plan_only,
                "print which rank writes what and the bytes it reads (with --gpus: the layouts considered); no data read");
   app.add_flag("--json", o.json, "with --plan-only: as JSON (with --in-place: schemas/in-place-plan.schema.json)");
-  app.add_flag("--force", o.force, "replace a non-empty output folder ucp-reshard wrote, whole (its commit point, `latest` or "
-               "the index, removed first)");
+  app.add_flag("--force", o.force, "replace what an earlier ucp-reshard run wrote into the output folder, as its claim "
+               "(.ucp-reshard.json) lists it (the commit point, `latest` or the index, removed first); anything else there, "
+               "and a `latest` naming a tag it did not write, is refused by name");
   app.add_option("--report", o.report_path, "write a JSON report: seconds, bytes read per rank, peak RSS");
   app.add_flag("-q,--quiet", o.quiet, "print errors only");
   if (auto status = ucp::apps::ParseCommandLine(app, argc, argv, "ucp-reshard")) return *status;

@@ -19,6 +19,7 @@
 #include "plan/convert_plan.h"
 #include "shuffle/agree.h"
 #include "store/atom_store.h"
+#include "store/universal_folder.h"
 
 namespace ucp::convert {
 namespace fs = std::filesystem;
@@ -41,6 +42,15 @@ std::vector<store::FileRecord> NonTensorFiles(const store::AtomReader& reader) {
   return out;
 }
 
+// DeepSpeed's own universal folder has no ucp manifest to copy from: said as what it is, with the
+// tools that read it, rather than as a folder missing its manifest.
+void RefuseDeepSpeedUniversal(const std::string& dir) {
+  if (!store::IsDeepSpeedUniversal(dir)) return;
+  throw Error(dir + ": DeepSpeed's own universal checkpoint (written by ds_to_universal.py), which has no " +
+              store::kManifestName + ", so --from-atomic cannot copy it: ucp-reshard " + dir +
+              " -o OUT ... reads it directly; to get a ucp atomic checkpoint, ucp-convert the tag it came from");
+}
+
 }  // namespace
 
 int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
@@ -50,19 +60,10 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
 
   // 0. Rank 0 checks atoms.h5 whole before any rank opens it: HDF5 trusts what it reads from a file.
   std::string error = rank == 0 ? Capture([&] {
-    nlohmann::json m = store::ReadManifest(o.from_atomic);
-    if (store::StoreOf(m) != store::StoreKind::Hdf5) return;
-    bool listed = false;
-    for (const auto& f : m.at("files")) {
-      auto r = store::FileRecord::FromJson(f);
-      std::string why;
-      if (r.path != store::kAtomsH5) continue;
-      listed = true;
-      if (!store::Verify(o.from_atomic, r, &why)) throw Error(o.from_atomic + "/" + r.path + ": " + why);
-    }
-    if (!listed) throw Error(o.from_atomic + "/" + store::kManifestName + ": does not list " + store::kAtomsH5);
+    RefuseDeepSpeedUniversal(o.from_atomic);
+    store::CheckAtomsH5Whole(o.from_atomic);
   })
-                                  : "";
+                                : "";
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
 
   // 1. Every rank: the source's manifest, keys and steps; the writer's list of every parameter.

@@ -1,5 +1,6 @@
 #include "reshard/claim.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -7,19 +8,24 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/names.h"
 #include "core/output_lock.h"
+#include "shuffle/agree.h"
 
 namespace ucp::reshard {
+namespace fs = std::filesystem;
 
 namespace {
-namespace fs = std::filesystem;
 constexpr const char* kTool = "ucp-reshard";
 constexpr const char* kClaimFile = ".ucp-reshard.json";
 // The files that mark a folder of any target complete: removed before anything they name.
 const std::set<std::string> kCommitPoints = {"latest", "latest_checkpointed_iteration.txt", "model.safetensors.index.json"};
 
-// What a claim neither counts nor clears: the lock (and what taking one leaves), the scratch atomic checkpoint.
-bool NotContents(const std::string& name) { return name.rfind(OutputLock::kFileName, 0) == 0 || name == kScratchAtomic; }
+// What a claim neither counts nor clears: the lock (and what taking one leaves), temporaries, and the
+// scratch atomic checkpoint a run from a training run's root reads (reshard/in_place.h).
+bool NotContents(const std::string& name) {
+  return name.rfind(OutputLock::kFileName, 0) == 0 || IsTemporaryName(name) || name == kScratchAtomic;
+}
 
 // Whether `output` holds nothing of its own (or does not exist).
 bool HoldsNothing(const std::string& output) {
@@ -29,7 +35,19 @@ bool HoldsNothing(const std::string& output) {
   return true;
 }
 
-// --force must not clear what this run reads (its own scratch atomic checkpoint aside: never cleared).
+std::string Listed(const std::vector<std::string>& names) {
+  std::string all;
+  for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+  return all;
+}
+
+// `names` with the commit points first: a folder stops looking complete before what they name goes.
+std::vector<std::string> CommitPointsFirst(std::vector<std::string> names) {
+  std::stable_partition(names.begin(), names.end(), [](const std::string& n) { return kCommitPoints.count(n) > 0; });
+  return names;
+}
+
+// What --force clears must not hold what this run reads (its own scratch atomic checkpoint aside: never cleared).
 void RefuseForceOverInput(const std::string& output, const std::string& input) {
   std::error_code ec;
   const auto in = fs::weakly_canonical(input, ec).string(), out = fs::weakly_canonical(output, ec).string();
@@ -39,44 +57,115 @@ void RefuseForceOverInput(const std::string& output, const std::string& input) {
                 "): choose another -o");
 }
 
-// A folder holding something: refused without --force, and with it unless ucp-reshard wrote it.
-void RefuseContents(const std::string& output, bool force) {
-  if (HoldsNothing(output)) return;
-  if (!force) throw Error(output + ": exists and is not empty; use --force to overwrite it");
-  if (!fs::exists(output + "/" + kClaimFile) && !HoldsOnlyLeftovers(output))
+// What the claim file of the run before lists as written by it (nothing, for a claim of a ucp
+// before claims listed their files).
+std::vector<std::string> ListedWrites(const std::string& output) {
+  const std::string path = output + "/" + kClaimFile;
+  const auto text = ReadWholeFile(path);
+  const nlohmann::json j = text ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
+  if (!j.is_object() || j.value("tool", "") != kTool)
+    throw Error(path + ": not ucp-reshard's claim file, so --force cannot tell what it may remove: remove the folder "
+                "yourself, or choose another -o");
+  std::vector<std::string> writes;
+  for (const auto& w : j.value("writes", nlohmann::json::array())) {
+    // what --force removes stays inside the folder, whatever the file says
+    if (!w.is_string()) throw Error(path + ": writes holds " + w.dump() + ", not a file name");
+    RequirePlainName(w.get<std::string>(), path + ": writes");
+    writes.push_back(w.get<std::string>());
+  }
+  return writes;
+}
+
+// --force removes only what `listed` names: anything else in the folder (a tag a training run saved
+// there since), and a `latest` naming a tag not among it, is refused by name.
+void RefuseUnlisted(const std::string& output, const std::vector<std::string>& listed) {
+  const std::set<std::string> ours(listed.begin(), listed.end());
+  std::vector<std::string> foreign;
+  for (const auto& e : fs::directory_iterator(output)) {
+    const std::string name = e.path().filename().string();
+    if (name != kClaimFile && !NotContents(name) && !ours.count(name)) foreign.push_back(name);
+  }
+  std::sort(foreign.begin(), foreign.end());
+  const std::string lists = std::string(" (its ") + kClaimFile + " lists " + (listed.empty() ? "nothing" : Listed(listed)) + ")";
+  if (!foreign.empty())
+    throw Error(output + ": --force replaces only what ucp-reshard wrote there" + lists + ", and " + Listed(foreign) +
+                (foreign.size() == 1 ? " is" : " are") + " not among it (a training run may have saved into this folder "
+                "since): move " + (foreign.size() == 1 ? "it" : "them") + " away, or choose another -o");
+  if (!ours.count("latest")) return;
+  std::string tag = ReadWholeFile(output + "/latest").value_or("");
+  tag.erase(tag.find_last_not_of(" \t\r\n") + 1);
+  if (!tag.empty() && !ours.count(tag))
+    throw Error(output + "/latest names " + tag + ", which ucp-reshard did not write there" + lists + ": a training run "
+                "may have resumed from this folder, and --force would rewind it; choose another -o, or remove the folder yourself");
+}
+
+// What --force clears in a folder holding something: what the claim of the run before lists; in a
+// folder no run claimed, what a killed run left before its claim (folders without files,
+// temporaries). Throws ucp::Error for anything else.
+std::vector<std::string> ForceClearList(const std::string& output) {
+  if (fs::exists(output + "/" + kClaimFile)) {
+    const std::vector<std::string> listed = ListedWrites(output);
+    RefuseUnlisted(output, listed);
+    return CommitPointsFirst(listed);
+  }
+  if (!HoldsOnlyLeftovers(output))
     throw Error(output + ": not written by ucp-reshard (no " + kClaimFile + "): --force replaces only folders "
                 "ucp-reshard wrote; remove it yourself or choose another -o");
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(output))
+    if (const std::string name = e.path().filename().string(); !NotContents(name) || IsTemporaryName(name)) left.push_back(name);
+  return left;
 }
+
 }  // namespace
+
+ClaimedOutput::ClaimedOutput(std::unique_ptr<OutputFolder> folder, std::vector<std::string> writes, bool made_folder, bool made_claim)
+    : folder_(std::move(folder)), dir_(folder_->dir()), writes_(CommitPointsFirst(std::move(writes))), made_folder_(made_folder),
+      made_claim_(made_claim) {}
+
+void ClaimedOutput::Abandon() {
+  std::error_code ec;  // best effort: the run has failed already, with its own error
+  for (const auto& w : writes_) fs::remove_all(dir_ + "/" + w, ec);
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {  // this run's temporaries beside them
+    const std::string name = e.path().filename().string();
+    if (IsTemporaryName(name) && std::any_of(writes_.begin(), writes_.end(), [&](const std::string& w) { return name.rfind(w, 0) == 0; }))
+      fs::remove(e.path(), ec);
+  }
+  if (made_claim_) fs::remove(dir_ + "/" + kClaimFile, ec);
+  folder_.reset();  // the lock goes
+  if (made_folder_) fs::remove(dir_, ec);  // only when nothing else is in it
+}
+
+bool AnyFailedAbandoning(shuffle::Comm& comm, const std::string& error, std::ostream& err, ClaimedOutput* claim) {
+  if (!shuffle::AnyFailed(comm, error, err, kTool)) return false;
+  if (claim) claim->Abandon();  // every rank has stopped writing: AnyFailed is collective
+  return true;
+}
+
+std::unique_ptr<ClaimedOutput> ClaimOutput(const std::string& output, const std::string& input, bool force,
+                                           const std::vector<std::string>& markers, const std::vector<std::string>& contents,
+                                           const std::string& what, std::string* lock_note) {
+  if (force) RefuseForceOverInput(output, input);
+  std::error_code ec;
+  const bool made_folder = !fs::exists(output, ec);
+  auto folder = std::make_unique<OutputFolder>(output, kTool, markers, lock_note);
+  const bool claimed = fs::exists(output + "/" + kClaimFile, ec);
+  if (!HoldsNothing(output)) {  // under the lock
+    if (!force) throw Error(output + ": exists and is not empty; use --force to overwrite it");
+    folder->Clear(ForceClearList(output));
+  }
+  std::vector<std::string> writes = markers;
+  writes.insert(writes.end(), contents.begin(), contents.end());
+  WriteFileAtomically(output + "/" + kClaimFile,
+                      nlohmann::json({{"tool", kTool}, {"ucp_version", UCP_VERSION}, {"what", what}, {"writes", writes}}).dump() + "\n");
+  return std::make_unique<ClaimedOutput>(std::move(folder), std::move(writes), made_folder, !claimed);
+}
 
 void RefuseClaim(const std::string& output, const std::string& input, bool force) {
   if (force) RefuseForceOverInput(output, input);
-  RefuseContents(output, force);
-}
-
-std::unique_ptr<OutputFolder> ClaimOutput(const std::string& output, const std::string& input, bool force,
-                                          const std::vector<std::string>& markers, const std::vector<std::string>& contents,
-                                          const std::string& what, std::string* lock_note) {
-  if (force) RefuseForceOverInput(output, input);
-  auto folder = std::make_unique<OutputFolder>(output, kTool, markers, lock_note);
-  RefuseContents(output, force);  // under the lock
-  // --force replaces the folder whole: what this target writes, and anything an earlier run of ucp-reshard
-  // wrote there for another target or layout (other files, other tags), the commit points first, so that
-  // nothing stale stays beside the new files looking like part of them.
-  if (!HoldsNothing(output)) {
-    std::vector<std::string> all, rest;
-    for (const auto& e : fs::directory_iterator(output)) {
-      const std::string name = e.path().filename().string();
-      if (NotContents(name) || name == kClaimFile) continue;
-      (kCommitPoints.count(name) ? all : rest).push_back(name);
-    }
-    all.insert(all.end(), contents.begin(), contents.end());
-    all.insert(all.end(), rest.begin(), rest.end());
-    folder->Clear(all);
-  }
-  WriteFileAtomically(output + "/" + kClaimFile,
-                      nlohmann::json({{"tool", kTool}, {"ucp_version", UCP_VERSION}, {"what", what}}).dump() + "\n");
-  return folder;
+  if (HoldsNothing(output)) return;
+  if (!force) throw Error(output + ": exists and is not empty; use --force to overwrite it");
+  ForceClearList(output);  // refuses what --force would refuse to clear
 }
 
 }  // namespace ucp::reshard

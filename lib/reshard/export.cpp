@@ -105,13 +105,15 @@ int RunExport(const ReshardOptions& o, const formats::TargetDriver& driver, shuf
   }
 
   // Step 1: the folder claimed; its one marker is the driver's (the index), the commit point.
-  std::unique_ptr<OutputFolder> folder;
+  std::unique_ptr<ClaimedOutput> claim;
   std::string lock_note;
   std::vector<std::string> contents;
   for (const ExportFile& f : P.files) contents.push_back(f.name);
   for (const auto& [name, text] : P.side_files) contents.push_back(name);
-  error = rank == 0 ? Capture([&] { folder = ClaimOutput(o.output, o.atomic_dir, o.force, {P.marker}, contents, P.model, &lock_note); }) : "";
+  error = rank == 0 ? Capture([&] { claim = ClaimOutput(o.output, o.atomic_dir, o.force, {P.marker}, contents, P.model, &lock_note); }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
+  // From here a failure takes back what this run made.
+  auto failed = [&] { return AnyFailedAbandoning(comm, error, err, claim.get()); };
   if (talk && !lock_note.empty()) err << kTool << ": note: " << lock_note << "\n";
 
   // Step 2: this rank's files; step 3: one sync.
@@ -129,7 +131,7 @@ int RunExport(const ReshardOptions& o, const formats::TargetDriver& driver, shuf
     progress.Update(done, true);
     Seal(o.output);
   });
-  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (failed()) return 1;
   json stats = {{"rank", rank}, {"bytes_written", written}, {"bytes_read", static_cast<int64_t>(S.reader->storage_bytes_read())},
                 {"peak_rss_bytes", PeakRssBytes()}};
   auto per_rank = comm.GatherToRoot(stats.dump());
@@ -137,9 +139,9 @@ int RunExport(const ReshardOptions& o, const formats::TargetDriver& driver, shuf
   // Step 4: the side files, then the marker (each written and synced atomically).
   error = rank == 0 ? Capture([&] {
     for (const auto& [name, text] : P.side_files) WriteFileAtomically(o.output + "/" + name, text);
-    folder->Mark({P.marker_text});
+    claim->folder().Mark({P.marker_text});
   }) : "";
-  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (AnyFailed(comm, error, err, kTool)) return 1;  // not taken back: the commit point may be written
   if (rank == 0) {
     const RankTotals t = SumRanks(per_rank);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

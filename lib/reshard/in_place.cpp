@@ -210,6 +210,7 @@ struct StepPlan {
   bool known = false;         // the target is resolved (with --gpus only from an atomic checkpoint: the planner reads it)
   Target target;
   std::string layout_reason;  // with --gpus: the planner's reason
+  std::string layout_job_change;  // with --gpus: what the chosen layout changes in the training job (Ulysses SP), or empty
   bool nothing = false;       // the planner chose the layout `latest` names already
   bool point_back = false;    // the target is the layout of the job's own tag, unchanged: `latest` names it again
 };
@@ -245,7 +246,7 @@ StepPlan PlanStep(const InPlaceOptions& o, const std::string& root, const Curren
     const LayoutChoice choice = ChooseLayoutFor(atomic, PlannerFor(o, target));
     if (choice.chosen < 0) throw Error(choice.reason);
     target = choice.candidates[choice.chosen].layout;
-    p.layout_reason = choice.reason;
+    p.layout_reason = choice.reason, p.layout_job_change = choice.job_change;
   }
   p.target = ResolveTarget(target, job, current.source_tag);
   p.known = true;
@@ -575,6 +576,7 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
     }
   }
   if (talk && !plan.layout_reason.empty()) err << kTool << ": layout for " << o.reshard.planner.gpus << " GPUs: " << plan.layout_reason << "\n";
+  if (talk && !plan.layout_job_change.empty()) err << kTool << ": note: " << plan.layout_job_change << "\n";
   if (plan.nothing) {
     if (talk) err << kTool << ": " << Was(current) << " is already that layout; nothing to do\n";
     return 0;

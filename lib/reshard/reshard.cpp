@@ -244,6 +244,22 @@ std::string PrecisionChange(const Source& S, const TargetLayout& T) {
   return from.empty() || from == T.dtype ? "" : " (" + from + " -> " + T.dtype + ", as --dtype asks)";
 }
 
+// What the writer does to the experts' Adam moments where the expert gradient scale changes
+// (ExpertMomentRatio): said, as it changes values the files hold.
+std::string ExpertMomentScaling(const Source& S, const TargetLayout& T) {
+  const double r = ExpertMomentRatio(S, T);
+  const int from_zero = S.manifest["source"].value("zero_stage", 1), to_ep = std::max(1, T.ep);
+  auto job = [](const std::string& release, int zero, int ep) {
+    return "(DeepSpeed " + release + ", ZeRO-" + std::to_string(zero) + ", ep=" + std::to_string(ep) + ")";
+  };
+  char factors[64];
+  std::snprintf(factors, sizeof factors, "exp_avg x%g, exp_avg_sq x%g", r, r * r);
+  return std::string("the experts' Adam moments scaled, ") + factors + ": an expert's gradient was " +
+         std::to_string(ExpertGradientScale(SourceRelease(S, T), from_zero, S.ep)) + "x the mean in the source job " +
+         job(SourceRelease(S, T), from_zero, S.ep) + " and is " + std::to_string(ExpertGradientScale(TargetRelease(S, T), T.zero_stage, to_ep)) +
+         "x in the target's " + job(TargetRelease(S, T), T.zero_stage, to_ep) + " (README, Mixture of Experts)";
+}
+
 }  // namespace
 
 LayoutChoice ChooseLayoutFor(const std::string& atomic_dir, const PlannerRequest& request) {
@@ -261,6 +277,9 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   std::string tag;  // the source's, the target's folder name
   const formats::TargetDriver* target_driver = nullptr;
   std::string error = Capture([&] { target_driver = &formats::FindTarget(o.format); });
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  // Rank 0 hashes atoms.h5 whole before any rank's HDF5 reads a byte of it (a plan reads no data).
+  error = rank == 0 && !o.plan_only ? Capture([&] { store::CheckAtomsH5Whole(o.atomic_dir); }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
   if (target_driver->plan_export) return RunExport(o, *target_driver, comm, out, err);
   error = Capture([&] {
@@ -292,12 +311,15 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
     return choice.chosen >= 0 ? 0 : 1;
   }
   if (talk && o.planner.gpus > 0) err << kTool << ": layout for " << o.planner.gpus << " GPUs: " << choice.reason << "\n";
+  if (talk && !choice.job_change.empty()) err << kTool << ": note: " << choice.job_change << "\n";
   if (talk)
     err << kTool << ": " << o.atomic_dir << " (" << S.atoms.size() << " parameters, from dp=" << S.manifest["source"]["dp"]
-        << (S.manifest["source"].value("sp", 1) > 1 ? " sp=" + S.manifest["source"]["sp"].dump() : "") << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"] << ") to " << T.Describe(DdpBf16Wrapper(S, T)) << PrecisionChange(S, T)
+        << (S.manifest["source"].value("sp", 1) > 1 ? " sp=" + S.manifest["source"]["sp"].dump() : "") << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"]
+        << (S.moe ? " ep=" + std::to_string(S.ep) : "") << ") to " << T.Describe(DdpBf16Wrapper(S, T)) << PrecisionChange(S, T)
         << "; " << P.units.size()
         << (T.zero_stage == 3 ? " (model-parallel, DP) ranks' files" : P.units.size() == 1 ? " model-parallel rank" : " model-parallel ranks")
         << " on " << comm.name() << "\n";
+  if (talk && ExpertMomentRatio(S, T) != 1.0) err << kTool << ": " << ExpertMomentScaling(S, T) << "\n";
   if (talk && P.padded_vocab > 0 && T.vocab_divisible_by <= 0 && S.divisible_by <= 0 && T.tp != S.tp)
     err << kTool << ": note: the checkpoint has no args.make_vocab_size_divisible_by; " << DerivedDivisibleBy(S)
         << " fits its padded_vocab_size " << S.padded_vocab << " at tp=" << S.tp << ", so the vocabulary is padded to "
@@ -335,18 +357,22 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   // naming the checkpoint it named until the new one is complete.
   const std::string out_tag = o.output_tag.empty() ? tag : o.output_tag;
   const std::string dir = o.output + "/" + out_tag;
-  std::unique_ptr<OutputFolder> folder;
+  std::unique_ptr<ClaimedOutput> claim;
   std::string lock_note;
   error = rank == 0 ? Capture([&] {
     if (o.in_place) {
-      folder = std::make_unique<OutputFolder>(o.output, kTool, std::vector<std::string>{kIterationFile, "latest"}, &lock_note);
+      auto folder = std::make_unique<OutputFolder>(o.output, kTool, std::vector<std::string>{kIterationFile, "latest"}, &lock_note);
       fs::remove_all(dir);  // what a killed run left: `latest` never named it
+      // the root, its markers and its other tags are the training run's: only the tag folder is this run's
+      claim = std::make_unique<ClaimedOutput>(std::move(folder), std::vector<std::string>{out_tag}, false, false);
     } else {
-      folder = ClaimOutput(o.output, o.atomic_dir, o.force, {kIterationFile, "latest"}, {out_tag}, "DeepSpeed checkpoint " + out_tag, &lock_note);
+      claim = ClaimOutput(o.output, o.atomic_dir, o.force, {kIterationFile, "latest"}, {out_tag}, "DeepSpeed checkpoint " + out_tag, &lock_note);
     }
     fs::create_directories(dir);
   }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
+  // From here a failure takes back what this run made.
+  auto failed = [&] { return AnyFailedAbandoning(comm, error, err, claim.get()); };
   if (talk && !lock_note.empty()) err << kTool << ": note: " << lock_note << "\n";
 
   // Where this rank's time goes: the shared pieces read and exchanged, the units' reads (while
@@ -360,11 +386,11 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   HeldPieces held(S, P, rank);
   error = Capture([&] { held.ReadMine(); });
   seconds["read_shared"] = lap();
-  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (failed()) return 1;
   std::pair<int64_t, int64_t> exchanged{0, 0};
   error = Capture([&] { exchanged = held.Exchange(comm, o.exchange_round_bytes); });
   seconds["exchange"] = lap();
-  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (failed()) return 1;
   int64_t planned = 0;
   for (const auto& sp : P.shared) planned += sp.reader == rank ? sp.bytes : 0;
   double unit_reads = 0;
@@ -393,7 +419,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   // durable together, on every rank, before rank 0 writes `latest` (core/commit.h, step 3).
   if (error.empty()) error = Capture([&] { Seal(dir); });
   seconds["sync"] = lap();
-  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (failed()) return 1;
   // Bytes read as the store counts them: the slabs asked for, and what storage delivered for them
   // (HDF5 reads whole chunks).
   json mine = {{"rank", rank}, {"bytes_read", static_cast<int64_t>(S.reader->storage_bytes_read())},
@@ -409,9 +435,9 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
     if (o.in_place) WriteFileAtomically(dir + "/" + source::kReshardMarker, o.marker.dump(1) + "\n");
     std::optional<std::string> iteration = std::to_string(S.manifest["source"]["iteration"].get<int64_t>());
     if (o.in_place && !fs::exists(o.output + "/" + kIterationFile)) iteration.reset();
-    folder->Mark({iteration, out_tag});
+    claim->folder().Mark({iteration, out_tag});
   }) : "";
-  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (AnyFailed(comm, error, err, kTool)) return 1;  // not taken back: the commit point may be written
   if (rank == 0) {
     const RankTotals t = SumRanks(stats);
     const int64_t total = t.bytes_read, peak = t.peak_rss;

@@ -90,6 +90,24 @@ bool PointsLatestUniversal(const std::string& dir, const nlohmann::json& manifes
 // ---------------------------------------------------------------------------------------------
 // Reader
 
+void CheckAtomsH5Whole(const std::string& dir) {
+  std::error_code ec;
+  if (!std::filesystem::exists(dir + "/" + kManifestName, ec)) return;
+  const nlohmann::json m = ReadManifest(dir);
+  if (WithContext(dir + "/" + kManifestName, [&] { return StoreOf(m); }) != StoreKind::Hdf5) return;
+  for (const auto& f : m.at("files")) {
+    const FileRecord r = FileRecord::FromJson(f);
+    if (r.path != kAtomsH5) continue;
+    std::string why;
+    if (!Verify(dir, r, &why))
+      throw Error(dir + "/" + r.path + ": " + why + ": the file is damaged or changed since ucp-convert wrote it (its "
+                  "size and XXH64 are checked whole against " + kManifestName + " before HDF5 reads any of it), so none of "
+                  "it is read; convert the source again (ucp-convert SOURCE -o " + dir + " --format hdf5 --force)");
+    return;
+  }
+  throw Error(dir + "/" + kManifestName + ": does not list " + kAtomsH5 + ", the HDF5 store's file");
+}
+
 std::unique_ptr<AtomReader> AtomReader::Open(const std::string& dir) {
   nlohmann::json m = ReadAtomicManifest(dir);  // ucp's manifest, or a DeepSpeed universal folder's description
   StoreKind kind = WithContext(dir + "/" + kManifestName, [&] { return StoreOf(m); });

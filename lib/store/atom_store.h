@@ -53,6 +53,13 @@ bool WritesParts(StoreKind kind, int zero_stage);
 std::vector<std::pair<std::string, std::string>> StoreDescriptions();  // its "store"; absent: pt (format_version 1 folders)
 
 inline constexpr const char* kAtomsH5 = "atoms.h5";
+
+// An HDF5 store's atoms.h5 checked whole against the manifest's record of it (size and XXH64) before
+// the HDF5 library reads a byte of it: HDF5 trusts what it reads from a file, so a damaged one would
+// pass silently or fail with its raw error stack. A .pt store (each atom is hashed as it is read) and
+// a folder without a ucp manifest (DeepSpeed's universal folder) pass at once. Throws ucp::Error
+// naming the file. Reads the whole file: one rank calls it, before any rank opens the store.
+void CheckAtomsH5Whole(const std::string& dir);
 inline constexpr int kAtomsH5Version = 1;  // the layout of atoms.h5, schemas/atoms-h5.schema.json
 
 // One parameter as the manifest describes it.

@@ -40,6 +40,26 @@ std::string FixedProduct(const PlannerRequest& r) {
   return " (" + named + " = " + std::to_string(product) + " does not divide " + std::to_string(r.gpus) + " GPUs)";
 }
 
+// Why the chosen layout `t` (not given an SP degree) runs Ulysses sp > 1, from the candidates of its
+// tp and pp with less SP: some take the GPUs but do not fit (the sequence's activations), all are
+// refused (the first refusal), or none exists: the degrees given leave only this SP to fill the GPUs.
+std::string WhySp(const std::vector<Candidate>& candidates, const PlannerRequest& r, const TargetLayout& t) {
+  const std::string sp = "sp=" + std::to_string(t.Sp());
+  const Candidate* refused = nullptr;
+  for (const Candidate& c : candidates) {
+    if (c.layout.tp != t.tp || c.layout.pp != t.pp || c.layout.Sp() >= t.Sp()) continue;
+    if (c.refused.empty()) return "the smallest SP that fits (" + sp + ": the sequence's activations do not fit with less)";
+    if (!refused) refused = &c;
+  }
+  if (refused) return sp + " (with less SP, " + refused->layout.Degrees() + " is refused: " + refused->refused + ")";
+  std::string given;
+  const std::pair<const char*, int> degrees[] = {{"dp", t.dp}, {"tp", t.tp}, {"pp", t.pp}};
+  for (const auto& [key, value] : degrees)
+    if (Fixed(r, key)) given += (given.empty() ? "" : " ") + std::string(key) + "=" + std::to_string(value);
+  return sp + ": the degrees given (" + given + "), at pp=" + std::to_string(t.pp) + ", leave only " + sp + " to fill " +
+         std::to_string(r.gpus) + " GPUs (not the sequence's activations)";
+}
+
 }  // namespace
 
 std::string ModelTpRefusal(const ModelFacts& m, int tp) {
@@ -202,7 +222,8 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
     auto same = std::find_if(choice.candidates.begin(), choice.candidates.end(),
                              [&](const Candidate& o) { return o.layout.tp == s.tp && o.layout.pp == s.pp; });
     why = "the source's tp=" + std::to_string(s.tp) + " pp=" + std::to_string(s.pp) +
-          (same == choice.candidates.end() ? " cannot take " + std::to_string(r.gpus) + " GPU" + (r.gpus > 1 ? "s" : "")
+          (same == choice.candidates.end() && (Fixed(r, "tp") || Fixed(r, "pp")) ? " is not among the degrees given"
+           : same == choice.candidates.end() ? " cannot take " + std::to_string(r.gpus) + " GPU" + (r.gpus > 1 ? "s" : "")
            : !same->refused.empty()        ? " is refused: " + same->refused
                                            : " does not fit (" + HumanBytes(double(same->memory.total())) + " per GPU at best)") +
           "; then the fewest pipeline stages (pp=" + std::to_string(t.pp) + ")";
@@ -210,7 +231,7 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
   if (Fixed(r, "sp"))
     why += ", sp=" + std::to_string(t.Sp()) + " as given";
   else if (t.Sp() > 1)
-    why += ", the smallest SP that fits (sp=" + std::to_string(t.Sp()) + ": the sequence's activations do not fit with less)";
+    why += ", " + WhySp(choice.candidates, r, t);
   else if (s.Sp() > 1)
     why += ", no SP (the source ran sp=" + std::to_string(s.Sp()) + "; its sequence fits without: --sp " +
            std::to_string(s.Sp()) + " keeps it)";
@@ -218,6 +239,11 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
          (t.zero_stage == s.zero_stage ? ", as the source" : "") + "), the smallest TP (tp=" + std::to_string(t.tp) +
          "): " + HumanBytes(double(c.memory.total())) + " of " + budget + " per GPU";
   choice.reason = why;
+  if (t.Sp() > 1 && t.Sp() != s.Sp())
+    choice.job_change = "Ulysses sp=" + std::to_string(t.Sp()) + " changes the training job, not only its files: it must run "
+                        "with DeepSpeed Ulysses sequence parallelism of degree " + std::to_string(t.Sp()) + " (the source ran " +
+                        (s.Sp() > 1 ? "sp=" + std::to_string(s.Sp()) : "none") + "); give --sp " + std::to_string(std::max(1, s.Sp())) +
+                        " to keep it" + (s.Sp() > 1 ? "" : " out");
   return choice;
 }
 
@@ -236,6 +262,7 @@ nlohmann::json LayoutChoice::ToJson(const PlannerRequest& r) const {
           {"activation_model", activation.known() && r.activation_memory < 0 ? activation.ToJson() : nlohmann::json(nullptr)},
           {"chosen", chosen >= 0 ? candidates[chosen].layout.ToJson() : nlohmann::json(nullptr)},
           {"reason", reason},
+          {"job_change", job_change.empty() ? nlohmann::json(nullptr) : nlohmann::json(job_change)},
           {"candidates", list},
           {"refused", no}};
 }
@@ -272,6 +299,7 @@ void LayoutChoice::Print(std::ostream& out, const PlannerRequest& r, size_t show
   if (valid > shown) out << "  ... " << valid - shown << " more (--json lists all)\n";
   if (refused) out << "  " << refused << " layout" << (refused > 1 ? "s" : "") << " the model cannot take (--json says why)\n";
   out << (chosen >= 0 ? "chosen: " + candidates[chosen].layout.Degrees() + ": " : "none chosen: ") << reason << "\n";
+  if (!job_change.empty()) out << "note: " << job_change << "\n";
 }
 
 }  // namespace ucp::reshard

@@ -107,6 +107,7 @@ struct LayoutChoice {
   std::vector<Candidate> candidates;  // valid ones ranked by preference (fitting first), then refused ones
   int chosen = -1;                    // index into candidates; -1: none fits
   std::string reason;                 // why that one, or why none
+  std::string job_change;             // what the chosen layout changes in the training job itself (Ulysses SP), or ""
   ActivationModel activation;         // what the activation estimate used (unknown: the allowance)
   nlohmann::json ToJson(const PlannerRequest& request) const;
   void Print(std::ostream& out, const PlannerRequest& request, size_t shown = 12) const;

@@ -374,6 +374,23 @@ std::string TargetRelease(const Source& S, const TargetLayout& T) {
   return T.ds_version.empty() ? SourceRelease(S, T) : T.ds_version;
 }
 
+// How many times the mean gradient an expert's gradient is, and so the square root of how many
+// times the mean's Adam moments its moments are, in a job of `ep` expert-parallel ranks at ZeRO
+// stage `zero` under DeepSpeed `release`: ep where DeepSpeed averages it over the expert-data-
+// parallel group (dp / ep ranks) after the all-to-all has summed the tokens of ep ranks, which it
+// did on every path before 0.14.1 (PR 5259, "moe EP grad_scale fix") and in the ZeRO-1/2 optimizer
+// before 0.15.4 (PR 6546, "Fix expert grad scaling problem with ZeRO optimizer"); else 1.
+int ExpertGradientScale(const std::string& release, int zero, int ep) {
+  const bool scaled = ReleaseBefore(release, 0, 14, 1) || ((zero == 1 || zero == 2) && ReleaseBefore(release, 0, 15, 4));
+  return scaled ? ep : 1;
+}
+
+double ExpertMomentRatio(const Source& S, const TargetLayout& T) {
+  if (!S.moe) return 1.0;
+  return static_cast<double>(ExpertGradientScale(TargetRelease(S, T), T.zero_stage, std::max(1, T.ep))) /
+         ExpertGradientScale(SourceRelease(S, T), S.manifest["source"].value("zero_stage", 1), S.ep);
+}
+
 Naming NamingOf(const TargetLayout& T) { return T.model == "plain" ? Naming::Plain : Naming::Pipe; }
 
 bool DdpBf16Wrapper(const Source& S, const TargetLayout& T) {

@@ -151,6 +151,13 @@ TargetLayout ResolveModel(const Source& S, TargetLayout T);
 std::string SourceRelease(const Source& S, const TargetLayout& T);
 std::string TargetRelease(const Source& S, const TargetLayout& T);
 
+// Mixture of Experts: how many times the mean gradient an expert's gradient is in a job of `ep`
+// expert-parallel ranks at ZeRO stage `zero` under DeepSpeed `release` (see the definition).
+int ExpertGradientScale(const std::string& release, int zero, int ep);
+// The target job's expert gradient scale over the source job's: the writer scales an expert's
+// exp_avg by it and exp_avg_sq by its square, so that the new job continues the old; 1 without experts.
+double ExpertMomentRatio(const Source& S, const TargetLayout& T);
+
 // Whether the target job runs bf16 without ZeRO, in a model that is not a pipeline, with DeepSpeed's
 // DDP bf16 wrapper (0.17.6 and later, PR 7515; before, the BF16 optimizer): the model's torch
 // optimizer inside it, its state with the fp32 masters in the model-states files (under Mixture of

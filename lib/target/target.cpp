@@ -14,7 +14,7 @@ namespace ucp::reshard {
 
 std::string TargetLayout::Degrees() const {
   return "dp=" + std::to_string(dp) + (Sp() > 1 ? " sp=" + std::to_string(sp) : "") + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " ZeRO-" +
-         std::to_string(zero_stage) + (ep > 1 ? " ep=" + std::to_string(ep) : "");
+         std::to_string(zero_stage) + (ep > 0 ? " ep=" + std::to_string(ep) : "");
 }
 
 std::string TargetLayout::Describe(bool ddp_bf16_wrapper) const {

@@ -41,7 +41,7 @@ struct TargetLayout {
   bool bf16_optimizer() const {
     return dtype == "bf16" && (zero_stage == 0 || (zero_stage == 1 && grad_accum_dtype == "fp32"));
   }
-  std::string Degrees() const;   // "dp=4 tp=2 pp=2 ZeRO-1", " sp=2" after dp with SP, " ep=2" with experts
+  std::string Degrees() const;   // "dp=4 tp=2 pp=2 ZeRO-1", " sp=2" after dp with SP, " ep=2" with experts (ep=1 too)
   // "dp=4 tp=2 pp=2 ZeRO-1 bf16"; bf16 without ZeRO names DeepSpeed's DDP bf16 wrapper where the
   // target's release runs it (`ddp_bf16_wrapper`, reshard_plan.h's DdpBf16Wrapper), else the BF16 optimizer.
   std::string Describe(bool ddp_bf16_wrapper = false) const;

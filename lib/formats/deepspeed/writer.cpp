@@ -48,16 +48,6 @@ ValuePtr TorchSize(const std::vector<int64_t>& shape, bool plain_tuple) {
   if (!plain_tuple) t->module = "torch", t->name = "Size";
   return t;
 }
-// How many times the mean gradient an expert's gradient is, and so the square root of how many
-// times the mean's Adam moments its moments are, in a job of `ep` expert-parallel ranks at ZeRO
-// stage `zero` under DeepSpeed `release`: ep where DeepSpeed averages it over the expert-data-
-// parallel group (dp / ep ranks) after the all-to-all has summed the tokens of ep ranks, which it
-// did on every path before 0.14.1 (PR 5259, "moe EP grad_scale fix") and in the ZeRO-1/2 optimizer
-// before 0.15.4 (PR 6546, "Fix expert grad scaling problem with ZeRO optimizer"); else 1.
-int ExpertGradientScale(const std::string& release, int zero, int ep) {
-  const bool scaled = ReleaseBefore(release, 0, 14, 1) || ((zero == 1 || zero == 2) && ReleaseBefore(release, 0, 15, 4));
-  return scaled ? ep : 1;
-}
 // Whether the source's param_shapes hold plain tuples rather than torch.Size (see TorchSize).
 bool PlainTupleShapes(const Value& model_states) {
   auto shapes = model_states.Get("param_shapes");
@@ -146,8 +136,7 @@ class UnitWriter {
   UnitWriter(const Source& S, const TargetLayout& T, const Plan& P, const Unit& U, SliceSource& slices, std::string dir,
              ScratchBytes& arena)
       : S_(S), T_(T), P_(P), U_(U), slices_(slices), dir_(std::move(dir)), arena_(arena),
-        expert_moment_ratio_(static_cast<double>(ExpertGradientScale(TargetRelease(S, T), T.zero_stage, std::max(1, T.ep))) /
-                             ExpertGradientScale(SourceRelease(S, T), S.manifest["source"].value("zero_stage", 1), S.ep)) {}
+        expert_moment_ratio_(ExpertMomentRatio(S, T)) {}
 
   // The files of this unit: under ZeRO-3 its DP rank's model-states and optimizer files; else the
   // optimizer files of every DP rank, the layer files and the model-states file.
@@ -208,7 +197,7 @@ class UnitWriter {
     slices_.Read(k, s, a, b, dst);
     if (s > 0 && S_.atoms[U_.params[k].atom].expert >= 0 && expert_moment_ratio_ != 1.0) {
       // The expert's gradient scale differs between the source's job and the target's
-      // (ExpertGradientScale): its Adam moments are rescaled by the ratio and its square (exactly,
+      // (ExpertMomentRatio): its Adam moments are rescaled by the ratio and its square (exactly,
       // for power-of-two ratios), so that the first steps of the new job continue the old ones.
       const double r = expert_moment_ratio_, f = s == 1 ? r : r * r;
       for (int64_t i = 0; i < b - a; ++i) dst[i] = static_cast<float>(dst[i] * f);
@@ -795,7 +784,7 @@ class UnitWriter {
   ValuePtr rank0_optimizer_;
   std::vector<std::shared_ptr<uint8_t[]>> masters_;  // the DDP bf16 wrapper's fp32 masters, per unit parameter  // without ZeRO: expp_rank 0's optimizer state, for the model-states file
   UnitFiles written_;
-  const double expert_moment_ratio_;  // target's expert gradient scale / the source's (ExpertGradientScale)
+  const double expert_moment_ratio_;  // target's expert gradient scale / the source's (ExpertMomentRatio)
 };
 
 }  // namespace

@@ -130,6 +130,17 @@ class Facts {
                   from_args->dump() + " (" + v_.args_file + ")");
     return from_args ? from_args : from_file;
   }
+  // The facts --model-config gives that the checkpoint's args do not hold ("name value", as given):
+  // taken on trust, as nothing in the files records them to compare with.
+  std::vector<std::string> OnTrust() const {
+    std::vector<std::string> trusted;
+    if (!o_.model_config.is_object()) return trusted;
+    for (const auto& item : o_.model_config.items()) {
+      const Value* a = v_.arg ? v_.arg(Canonical(item.key()).c_str()) : nullptr;
+      if (!item.value().is_null() && (!a || a->kind == Value::Kind::None)) trusted.push_back(item.key() + " " + item.value().dump());
+    }
+    return trusted;
+  }
   std::optional<int64_t> Int(const char* key) const {
     auto v = Get(key);
     if (v && !v->is_number_integer()) throw Error(Where(key) + ": " + key + " is " + v->dump() + ", not an integer");
@@ -383,6 +394,12 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
     throw Error(dir + ": the model's sizes do not describe a model: hidden " + std::to_string(m.hidden) + ", " +
                 std::to_string(m.layers) + " layers, " + std::to_string(m.heads) + " heads, " + std::to_string(m.kv_heads) +
                 " key-value heads of " + std::to_string(m.head_dim) + ", FFN " + std::to_string(m.ffn));
+  if (const auto trusted = f.OnTrust(); !trusted.empty()) {
+    std::string all;
+    for (const auto& t : trusted) all += (all.empty() ? "" : ", ") + t;
+    notes.push_back("taken on trust from --model-config, as nothing in the checkpoint records them to check against (a "
+                    "wrong value, a head count above all, still loads in transformers and computes other logits): " + all);
+  }
   m.norm_eps = f.Number("layernorm_epsilon", 1e-5, notes, "Megatron's default 1e-5");
   m.rope_theta = f.Number("rope_theta", 10000.0, notes, "Megatron's 10000");
   m.vocab = S.vocab;
