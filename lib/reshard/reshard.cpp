@@ -29,6 +29,8 @@
 #include "shuffle/agree.h"
 #include "shuffle/round.h"
 #include "store/atom_store.h"
+#include "store/atomic_store.h"
+#include "store/universal_folder.h"
 
 namespace ucp::reshard {
 namespace fs = std::filesystem;
@@ -37,6 +39,25 @@ using shuffle::AnyFailed;
 using shuffle::Capture;
 
 namespace {
+
+// Every file of the .pt atomic checkpoint `atomic` that rank `rank` of `ranks` is dealt, against the
+// manifest's size and XXH64 (the HDF5 store's atoms.h5 is hashed whole already; DeepSpeed's own
+// universal folder, with no manifest, is checked as it is read). Throws ucp::Error naming the file.
+void VerifyAtomsShare(const std::string& atomic, int rank, int ranks) {
+  if (!store::IsAtomicCheckpoint(atomic)) return;
+  const nlohmann::json m = store::ReadAtomicManifest(atomic);
+  const auto files = m.find("files");
+  if (files == m.end() || !files->is_array()) return;  // the manifest's reader refuses it below
+  size_t k = 0;
+  for (const auto& f : *files) {
+    if (k++ % static_cast<size_t>(ranks) != static_cast<size_t>(rank)) continue;
+    const store::FileRecord rec = store::FileRecord::FromJson(f);
+    if (rec.path == store::kAtomsH5) continue;
+    std::string why;
+    if (!store::Verify(atomic, rec, &why))
+      throw Error(atomic + "/" + rec.path + ": " + why + " (checked before --force replaces the output: nothing of it was changed)");
+  }
+}
 
 constexpr const char* kTool = "ucp-reshard";
 // Megatron's record of the iteration `latest` names, written before it.
@@ -357,6 +378,13 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   // naming the checkpoint it named until the new one is complete.
   const std::string out_tag = o.output_tag.empty() ? tag : o.output_tag;
   const std::string dir = o.output + "/" + out_tag;
+  // --force clears a complete checkpoint at the claim; a .pt store's atoms are otherwise checked as
+  // they are read, after it: checked first (the ranks share the files), so that a damaged input
+  // leaves the old output as it was.
+  if (!o.in_place && o.force && fs::exists(o.output + "/latest")) {
+    error = Capture([&] { VerifyAtomsShare(o.atomic_dir, rank, comm.size()); });
+    if (AnyFailed(comm, error, err, kTool)) return 1;
+  }
   std::unique_ptr<ClaimedOutput> claim;
   std::string lock_note;
   error = rank == 0 ? Capture([&] {

@@ -18,9 +18,12 @@ FINDING is one of:
                     because of activations, and says that Ulysses SP changes the training job.
   moe_scale         (row 13) an expert-parallel change says which expert moments were scaled and by how
                     much (the factors the files show, read back), and the summary shows ep.
+  force_keeps_on_damage (newcomer trial) --force over a complete reshard from a .pt atomic checkpoint with
+                    a damaged atom: refused before the claim clears anything; the old output as it was.
   universal_from_atomic (row 17) ucp-convert --from-atomic on DeepSpeed's own universal folder says what it
                     is and what reads it.
 """
+import glob
 import json
 import os
 import shutil
@@ -215,6 +218,20 @@ elif finding == "universal_from_atomic":
             [universal, "ds_to_universal.py", "ucp-reshard " + universal])
     check("universal_from_atomic: not the bare missing-manifest error", "cannot open" not in p.stderr, p.stderr[-400:])
     check("universal_from_atomic: nothing written", not os.path.exists(os.path.join(work, "X", "ucp_manifest.json")))
+
+elif finding == "force_keeps_on_damage":
+    # --force over a complete reshard from a .pt atomic checkpoint with a damaged atom: refused before
+    # the claim clears anything, the old output byte for byte as it was (newcomer trial).
+    atomic = real_atomic("zero1_dp4_fp32")
+    out = os.path.join(work, "R")
+    p = run([RESHARD, atomic, "-o", out, "-q"] + LAYOUT)
+    check("force_keeps_on_damage: first reshard", p.returncode == 0, p.stderr[-400:])
+    before = tree_digest(out)
+    atom = sorted(glob.glob(os.path.join(atomic, "zero", "*", "exp_avg.pt")))[0]
+    flip_in_record(atom)
+    p = run([RESHARD, atomic, "-o", out, "--force", "-q"] + LAYOUT)
+    refused("force_keeps_on_damage: the damaged atom refused", p, [os.path.relpath(atom, atomic), "nothing of it was changed"])
+    check("force_keeps_on_damage: the old output kept", tree_digest(out) == before)
 
 else:
     sys.exit(f"unknown finding {finding}")
