@@ -153,6 +153,8 @@ std::unique_ptr<ClaimedOutput> ClaimOutput(const std::string& output, const std:
   if (!HoldsNothing(output)) {  // under the lock
     if (!force) throw Error(output + ": exists and is not empty; use --force to overwrite it");
     folder->Clear(ForceClearList(output));
+  } else {
+    folder->Clear({});  // what killed runs left that counts as nothing: their temporaries
   }
   std::vector<std::string> writes = markers;
   writes.insert(writes.end(), contents.begin(), contents.end());
