@@ -564,6 +564,7 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
   StepPlan plan;
   error = Capture([&] { plan = PlanStep(o, root, current, target); });
   if (AnyFailed(comm, error, err, kTool)) return 1;
+  const bool reused = plan.reuse;  // an atomic checkpoint an earlier run converted, not this one
   if (!plan.known || !(plan.nothing || plan.point_back)) {
     const std::string atomic = AtomicOfTag(o, root, current, plan.known ? &plan.target.layout : nullptr, comm, out, err);
     if (atomic.empty()) return 1;
@@ -595,7 +596,14 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
     if (talk) err << kTool << ": error: " << current.tag << " is named after the target layout but is not it\n";
     return 1;
   }
-  if (RunReshard(r, comm, out, err) != 0) return 1;
+  if (RunReshard(r, comm, out, err) != 0) {
+    // A reused atomic checkpoint is reused again by every rerun: say how to make it anew.
+    if (reused && talk)
+      err << kTool << ": note: " << r.atomic_dir << " was converted by an earlier run and reused (its source fingerprint "
+          << "is the tag's); if it is damaged (ucp-inspect --verify " << r.atomic_dir << "), convert the tag again: "
+          << "ucp-convert " << current.dir << " -o " << r.atomic_dir << " --force\n";
+    return 1;
+  }
   std::string rollback = current.tag;  // the tag `latest` named, unless --keep removed it
   error = comm.rank() == 0 ? Capture([&] {
     if (o.keep <= 0) return;

@@ -13,6 +13,8 @@ FINDING is one of:
                     bf16 at ZeRO 1 and 2, --gpus): the tag, the layout, the folders and the optimizer
                     files' names are the plan's.
   dtype_target      (row 7) --in-place --gpus 4 --dtype bf16 on a 4-GPU fp32 root writes bf16.
+  damaged_reused    (newcomer trial) a damaged atomic checkpoint an earlier run converted is reused by
+                    every rerun: the refusal says how to convert the tag again; latest unchanged.
   stale_lock        (row 8) a complete atomic checkpoint holding the lock of a run killed after its
                     manifest: the step reuses it, and the lock is gone (ucp-inspect --verify passes).
   back_to_source    (row 11) --in-place back to the job's own layout points `latest` at the original
@@ -24,6 +26,7 @@ FINDING is one of:
   scratch_export    (row 18) ucp-reshard ROOT -o OUT --format hf writes nothing into ROOT: a conversion
                     it needs goes to OUT/.ucp-scratch-atomic, removed after success and after failure.
 """
+import glob
 import json
 import os
 import shutil
@@ -35,7 +38,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds_stubs  # noqa: E402,F401
-from damage import tree_digest as digest  # noqa: E402
+from damage import flip_in_record, tree_digest as digest  # noqa: E402
 
 finding, bindir, cases, work = sys.argv[1:5]
 CONVERT, RESHARD, INSPECT = (os.path.join(bindir, t) for t in ("ucp-convert", "ucp-reshard", "ucp-inspect"))
@@ -227,6 +230,21 @@ elif finding == "stale_lock":
     check("stale_lock: the dead run's lock is gone", not os.path.exists(lock), str(os.listdir(atomic)))
     p = run([INSPECT, atomic, "--verify"])
     check("stale_lock: ucp-inspect --verify passes on it", p.returncode == 0, (p.stdout + p.stderr)[-400:])
+
+elif finding == "damaged_reused":
+    # An atomic checkpoint an earlier run converted, damaged since, is reused by every rerun (its source
+    # fingerprint is the tag's): the refusal says how to convert it anew (newcomer trial).
+    root = copy_case(FP32, "root")
+    atomic = os.path.join(root, latest(root) + "_universal")
+    p = run([CONVERT, root, "-o", atomic, "-q"])
+    check("damaged_reused: converted", p.returncode == 0, p.stderr[-300:])
+    atom = sorted(glob.glob(os.path.join(atomic, "zero", "*", "exp_avg.pt")))[0]
+    flip_in_record(atom)
+    p = run([RESHARD, root, "--in-place", "--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
+    check("damaged_reused: refused, saying how to convert the tag again",
+          p.returncode == 1 and "the file is damaged" in p.stderr and "ucp-convert " + os.path.join(root, "global_step6") +
+          " -o " + atomic + " --force" in p.stderr, p.stderr[-700:])
+    check("damaged_reused: latest unchanged", latest(root) == "global_step6")
 
 elif finding == "back_to_source":
     case = "zero2_dp3_fp32"

@@ -125,7 +125,7 @@ def other_run():
         state["ds_version"] = "0.19.5"
     folder = copy_case("zero1_dp4_fp32", "version")
     resave(os.path.join(folder, name), version)
-    refused("another ds_version", folder, [name, "ds_version 0.19.5", "0.14.5"])
+    refused("another ds_version", folder, [name, "ds_version = 0.19.5", "0.14.5"])
 
     def masters(state):
         for t in state["optimizer_state_dict"]["single_partition_of_fp32_groups"]:

@@ -47,7 +47,7 @@ std::string Disagreement(const std::string& dir, const Repeated& r) {
       if (it != odd) common = it;
   std::string names;
   for (const auto& n : odd->second) names += (names.empty() ? "" : ", ") + n;
-  return dir + ": " + names + (odd->second.size() == 1 ? " records " : " record ") + r.what + " " + odd->first + " where " +
+  return dir + ": " + names + (odd->second.size() == 1 ? " records " : " record ") + r.what + " = " + odd->first + " where " +
          std::to_string(common->second.size()) + " other file(s) (" + common->second.front() + (common->second.size() > 1 ? ", ..." : "") +
          ") record " + common->first + ": a file of another save, step or run is mixed into this tag (every file of one "
          "save repeats it); convert a tag whose files were written together";
