@@ -168,6 +168,18 @@ pt::TorchFile AtomReader::ReadCheckedFile(const std::string& rel, const std::str
   return pt::ReadTorchArchive(std::make_shared<pt::ZipArchive>(std::move(mapped)));
 }
 
+std::string AtomReader::ReadCheckedBytes(const std::string& rel, const std::string& what) const {
+  const std::string path = dir_ + "/" + rel, about = what.empty() ? "" : what + ": ";
+  auto it = records_.find(rel);
+  if (it == records_.end()) throw Error(path + ": " + about + "the manifest's file list does not name it");
+  std::shared_ptr<MappedFile> mapped = MappedFile::Open(path);
+  const std::string mismatch = it->second.Mismatch(mapped->bytes());
+  if (!mismatch.empty())
+    throw Error(path + ": " + about + "the file is damaged: " + mismatch + " (ucp-inspect --verify checks every file)");
+  const auto bytes = mapped->bytes();
+  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
 const AtomParam& AtomReader::param(const std::string& name) const {
   auto it = index_.find(name);
   if (it == index_.end()) throw Error(dir_ + ": no parameter '" + name + "' in the manifest");

@@ -112,6 +112,9 @@ class AtomReader {
   // its bytes is used): a damaged file is refused naming it and `what` (a parameter and state),
   // never passed on. A file the manifest does not list is refused too.
   pt::TorchFile ReadCheckedFile(const std::string& rel, const std::string& what = "") const;
+  // Any other file the manifest lists (a carried job file: job/config.json, ...), its bytes checked
+  // the same way before they are returned.
+  std::string ReadCheckedBytes(const std::string& rel, const std::string& what = "") const;
   // Whether the manifest lists this file (relative to the folder).
   bool Lists(const std::string& rel) const { return records_.count(rel) > 0; }
   // Drops the open handles of a parameter (a reader that moves on frees them).
