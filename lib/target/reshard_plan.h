@@ -31,6 +31,9 @@ struct Atom : store::AtomParam {
   // Mixture of Experts: an expert's parameter, under its global id in MoE layer `moe_layer` (the
   // layer's ordinal among the MoE layers, as DeepSpeed numbers its expert files); -1 otherwise.
   int expert = -1, moe_layer = -1;
+  // Naming::Module: its place among the keys of the module's state_dict (the carried model-states
+  // file's `module`), the order a model's files list its weights in; -1 where the module lacks it.
+  int module_order = -1;
   int spec() const { return place.spec; }
   bool tied() const { return place.embedding() && !place.untied; }
 };
@@ -119,6 +122,8 @@ Source LoadAtomic(const std::string& dir);
 // LoadAtomic, and the atoms placed in a GPT's layers for a DeepSpeed target: the naming, the layer
 // count (checked against args.num_layers), whether the output layer is its own (Llama-style: placed
 // at spec L+3, its embedding untied), Mixture-of-Experts facts; AutoEP's fused experts are refused.
+// A plain engine around another model (no pipeline files, names not GPTModel's: a Hugging Face
+// model under Trainer) is Naming::Module: its names kept, its atoms in the module's order.
 Source LoadSource(const std::string& dir);
 
 // Megatron's args.<key> from the carried model-states file; nullptr where the checkpoint has no args

@@ -570,18 +570,41 @@ class UnitWriter {
     auto module = OrderedDict();
     for (size_t k : ModelOrder())
       SetItem(*module, P_.names[U_.params[k].atom], pt::OwnedTensor(placeholder_owner, placeholder_owner.get(), lp.dtype, {0}));
-    return module;
+    return WithModuleBuffers(module);
   }
 
-  // The unit's parameters in the model's order (layer spec, then the key's place in its module):
-  // the order of a model's state_dict and of its layer files.
+  // The unit's parameters in the model's order: a module's own (Naming::Module), else layer spec,
+  // then the key's place in its module: the order of a model's state_dict and of its layer files.
   std::vector<size_t> ModelOrder() const {
     std::vector<size_t> order(U_.params.size());
     for (size_t k = 0; k < order.size(); ++k) order[k] = k;
     std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-      return InModelOrder(S_.atoms[U_.params[x].atom].place, S_.atoms[U_.params[y].atom].place);
+      const Atom &a = S_.atoms[U_.params[x].atom], &b = S_.atoms[U_.params[y].atom];
+      if (S_.naming == Naming::Module) return a.module_order < b.module_order;
+      return InModelOrder(a.place, b.place);
     });
     return order;
+  }
+
+  // A module that is no GPT (Naming::Module) keeps its buffers in its state_dict beside the
+  // parameters (DeepSpeed's buffer_names), loaded with them: carried from the source's module, in
+  // its order. Megatron's GPT modules save none.
+  ValuePtr WithModuleBuffers(ValuePtr params) const {
+    if (S_.naming != Naming::Module) return params;
+    auto source = S_.model_states.root->Get("module");
+    auto buffers = S_.model_states.root->Get("buffer_names");
+    if (!source || source->kind != Value::Kind::Dict || !buffers || !buffers->IsSequence() || buffers->AsSequence().empty())
+      return params;
+    std::set<std::string> is_buffer;
+    for (const auto& b : buffers->AsSequence())
+      if (b->kind == Value::Kind::Str) is_buffer.insert(b->s);
+    auto module = OrderedDict();
+    for (const auto& item : source->dict.items()) {
+      const std::string key = item.key->kind == Value::Kind::Str ? item.key->s : "";
+      if (is_buffer.count(key)) module->dict.Set(item.key, item.value);
+      else if (auto p = params->Get(key)) module->dict.Set(item.key, p);
+    }
+    return module;
   }
 
   ValuePtr DsVersion() const {
@@ -610,7 +633,7 @@ class UnitWriter {
       if (S_.atoms[U_.params[k].atom].expert >= 0) continue;  // the experts have files of their own
       SetItem(*module, P_.names[U_.params[k].atom], pt::OwnedTensor(lp_[k], lp_[k].get(), lp.dtype, U_.params[k].copy.shape));
     }
-    return module;
+    return WithModuleBuffers(module);
   }
 
   void WriteLayerFiles() {
@@ -750,7 +773,10 @@ class UnitWriter {
       }
       std::vector<std::pair<std::string, std::string>> names;
       for (size_t k = 0; k < S_.atoms.size(); ++k) names.emplace_back(S_.atoms[k].name, P_.names[k]);
-      SetItem(*root, "universal_checkpoint_info", RenameRules(*i, names, S_.naming, NamingOf(T_), S_.layers, S_.untied));
+      if (S_.naming != Naming::Module)  // (a module's names are kept: its rules stand)
+        SetItem(*root, "universal_checkpoint_info", RenameRules(*i, names, S_.naming, NamingOf(T_), S_.layers, S_.untied));
+      else
+        SetItem(*root, "universal_checkpoint_info", i);
     }
     return root;
   }
