@@ -301,17 +301,8 @@ void Validate(const Source& S, const TargetLayout& T) {
     no("ZeRO stage 0 is DeepSpeed's BF16 optimizer: it needs --dtype bf16");
   if (T.zero_stage == 2 && T.pp > 1) no("ZeRO-2 with pipeline parallelism: DeepSpeed refuses it; use stage 1");
   if (S.naming == Naming::Module) {
-    // No layer structure is known: what needs one (a TP split, pipeline stages, sequence shards)
-    // stays as the source had it.
-    const std::string model = "the model (its parameters carry their own names, " + S.atoms.front().name +
-                              ", ...: a plain DeepSpeed engine around a model that is no Megatron GPT) ";
-    if (T.tp != S.tp)
-      no("tp=" + std::to_string(T.tp) + ": " + model + "trained at tp=" + std::to_string(S.tp) + "; ucp-reshard changes "
-         "its DP degree and ZeRO stage, not how its layers split over TP (DeepSpeed's AutoTP is not written)");
-    if (T.pp != 1) no("pp=" + std::to_string(T.pp) + ": " + model + "is not a PipelineModule; only pp=1 runs it");
-    if (T.model == "pipe") no("model 'pipe': " + model + "is not a PipelineModule");
-    if (T.Sp() != S.manifest["source"].value("sp", 1))
-      no("sp=" + std::to_string(T.Sp()) + ": " + model + "keeps its sequence-parallel degree");
+    if (const std::string why = ModuleLayoutRefusal(T, S.tp, S.manifest["source"].value("sp", 1), S.atoms.front().name); !why.empty())
+      no(why);
     return;
   }
   const ModelFacts facts = ModelFactsOf(S);
@@ -396,6 +387,21 @@ void ShareRepeatedPieces(Plan& P, int ranks, int64_t budget) {
 }
 
 }  // namespace
+
+std::string ModuleLayoutRefusal(const TargetLayout& T, int source_tp, int source_sp, const std::string& a_name) {
+  // No layer structure is known: what needs one (a TP split, pipeline stages, sequence shards)
+  // stays as the source had it.
+  const std::string model = "the model (its parameters carry their own names, " + a_name +
+                            ", ...: a plain DeepSpeed engine around a model that is no Megatron GPT) ";
+  if (T.tp != source_tp)
+    return "tp=" + std::to_string(T.tp) + ": " + model + "trained at tp=" + std::to_string(source_tp) + "; ucp-reshard "
+           "changes its DP degree and ZeRO stage, not how its layers split over TP (DeepSpeed's AutoTP is not written)";
+  if (T.pp != 1) return "pp=" + std::to_string(T.pp) + ": " + model + "is not a PipelineModule; only pp=1 runs it";
+  if (T.model == "pipe") return "model 'pipe': " + model + "is not a PipelineModule";
+  if (T.sp > 0 && T.Sp() != source_sp)
+    return "sp=" + std::to_string(T.Sp()) + ": " + model + "keeps its sequence-parallel degree (" + std::to_string(source_sp) + ")";
+  return "";
+}
 
 int64_t Zero3Piece(int64_t numel, int dp) { return (numel + dp - 1) / dp; }
 
@@ -527,6 +533,7 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
 ModelFacts ModelFactsOf(const Source& S) {
   ModelFacts m;
   m.layers = S.layers;
+  m.fixed_model_parallel = S.naming == Naming::Module;
   auto arg = [&](const char* key) -> int64_t {
     const Value* v = ArgOf(S, key);
     return v && v->is(Value::Kind::Int) ? v->AsInt() : 0;

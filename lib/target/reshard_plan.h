@@ -135,6 +135,11 @@ const pt::Value* ArgOf(const Source& S, const char* key);
 // 0 when nothing fits or the padded size is unknown.
 int64_t DerivedDivisibleBy(const Source& S);
 
+// Why a model whose parameters carry their own names (Naming::Module; `a_name` one of them) cannot
+// take layout T: another TP or SP degree than the source's, a pipeline; "" when it can. The one rule,
+// for Validate and for --in-place before a conversion.
+std::string ModuleLayoutRefusal(const TargetLayout& T, int source_tp, int source_sp, const std::string& a_name);
+
 // ZeRO-3 (stage3.py) pads every parameter to a multiple of DP and cuts it in DP equal pieces.
 int64_t Zero3Piece(int64_t numel, int dp);
 
