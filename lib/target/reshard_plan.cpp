@@ -118,6 +118,36 @@ int LocalExpertId(const Source& S, const Atom& a, int ep) {
   return a.expert % static_cast<int>(S.num_experts.at(a.moe_layer) / ep);
 }
 
+namespace {
+
+// ZeRO-3 cuts a param group into sub-groups (stage3.py's _create_fp16_sub_groups, by the job's
+// sub_group_size), each a flat partition of its own, numbered across the groups: the atoms' `group`
+// counts them, and the optimizer's param_groups list each group's. The atoms go to their param
+// group: a target's ZeRO-1/2 holds one flat partition per group, its ZeRO-3 cuts them again by its
+// own sub_group_size (the writer).
+void PlaceInParamGroups(Source& S, const std::string& dir) {
+  auto groups = S.optimizer.root ? S.optimizer.root->Get("param_groups") : nullptr;
+  if (!groups || !groups->IsSequence()) return;
+  std::map<int64_t, int> group_of;  // flat partition (sub-group) -> param group
+  const auto& list = groups->AsSequence();
+  for (size_t g = 0; g < list.size(); ++g) {
+    auto params = list[g]->kind == Value::Kind::Dict ? list[g]->Get("params") : nullptr;
+    if (!params || !params->IsSequence()) return;
+    for (const auto& p : params->AsSequence())
+      if (p->kind == Value::Kind::Int) group_of[p->AsInt()] = static_cast<int>(g);
+  }
+  if (group_of.size() <= list.size()) return;  // one flat partition per group: nothing to place
+  for (Atom& a : S.atoms) {
+    auto it = group_of.find(a.group);
+    if (it == group_of.end())
+      throw Error(dir + "/zero/optimizer_state.pt: no param group lists ZeRO-3 sub-group " + std::to_string(a.group) +
+                  " of parameter '" + a.name + "'");
+    a.group = it->second;
+  }
+}
+
+}  // namespace
+
 const Value* ArgOf(const Source& S, const char* key) {
   const pt::TorchFile& from = S.model_states.root ? S.model_states : S.args_file;
   auto args = from.root ? from.root->Get("args") : nullptr;
@@ -155,6 +185,7 @@ Source LoadAtomic(const std::string& dir) {
     if (a.vocab && S.vocab == 0) S.vocab = a.shape[0];
     S.atoms.push_back(std::move(a));
   }
+  if (S.manifest["source"].value("zero_stage", 0) == 3) PlaceInParamGroups(S, dir);
   return S;
 }
 
