@@ -72,26 +72,41 @@ def main():
             result = os.path.join(a.work, name, f"dp{d}_z{z}.json")
             subprocess.run([sys.executable, os.path.join(HERE, "trainer_resume_one.py"), "--checkpoint", out, "--world", str(d),
                             "--stage", str(z), "--dtype", case["dtype"], "--gather16",
-                            str(int(bool(case.get("stage3_gather_16bit_weights_on_model_save")))), "--result", result],
+                            str(int(bool(case.get("stage3_gather_16bit_weights_on_model_save")))), "--result", result] +
+                           (["--sub-group-size", str(case["sub_group_size"])] if case.get("sub_group_size") else []),
                            stdout=subprocess.DEVNULL)
             r = json.load(open(result))
             losses = r.get("losses_5_8") or [None] * 4
             diff = max(abs(x - ref[str(s)]) for s, x in zip(range(5, 9), losses)) if r["rc"] == 0 and None not in losses else None
             univ = case["steps"].get(f"resume_univ_w{d}", {})
             udiff = (univ.get("vs_full") or {}).get("max_abs_diff") if isinstance(univ, dict) else None
-            record[name][f"dp{d}_z{z}"] = {"files": tree_hashes(out), "rc": r["rc"], "losses_5_8": losses, "max_abs_diff": diff,
-                                           "error": r.get("error")}
-            rows.append((name, d, z, r["rc"], diff, udiff, r.get("error", "")))
-            print(f"{name} -> dp={d} ZeRO-{z}: rc={r['rc']} max|diff| {diff} (DeepSpeed universal at w{d}: {udiff})", flush=True)
-    lines = ["| case | target | Trainer resume | max abs diff steps 5-8 vs uninterrupted | DeepSpeed universal resume, same world |",
-             "|---|---|---|---|---|"]
-    for name, d, z, rc, diff, udiff, err in rows:
+            entry = {"files": tree_hashes(out), "rc": r["rc"], "losses_5_8": losses, "max_abs_diff": diff, "error": r.get("error")}
+            if case["dtype"] == "bf16" and z != case["zero_stage"]:
+                # bf16's reduction order changes with the ZeRO stage: the uninterrupted run of the target
+                # layout (from scratch), against the case's, is what a stage change may differ by.
+                scratch = os.path.join(a.work, name, f"dp{d}_z{z}_scratch.json")
+                subprocess.run([sys.executable, os.path.join(HERE, "trainer_resume_one.py"), "--world", str(d), "--stage", str(z),
+                                "--dtype", "bf16", "--gather16", "1", "--result", scratch], stdout=subprocess.DEVNULL)
+                s = json.load(open(scratch))
+                if s["rc"] == 0 and None not in s["losses_5_8"]:
+                    entry["layout_noise"] = max(abs(x - ref[str(k)]) for k, x in zip(range(5, 9), s["losses_5_8"]))
+            record[name][f"dp{d}_z{z}"] = entry
+            rows.append((name, d, z, r["rc"], diff, udiff, r.get("error", ""), entry.get("layout_noise")))
+            print(f"{name} -> dp={d} ZeRO-{z}: rc={r['rc']} max|diff| {diff} (DeepSpeed universal at w{d}: {udiff}; "
+                  f"uninterrupted run of the target layout: {entry.get('layout_noise')})", flush=True)
+    lines = ["| case | target | Trainer resume | max abs diff steps 5-8 vs uninterrupted | DeepSpeed universal resume, same world |"
+             " bf16: the target layout's own uninterrupted run |",
+             "|---|---|---|---|---|---|"]
+    for name, d, z, rc, diff, udiff, err, noise in rows:
         lines.append(f"| {name} | dp={d} ZeRO-{z} | {'ok' if rc == 0 else 'FAILED: ' + (err or '').splitlines()[-1][:80]} | "
-                     f"{'-' if diff is None else f'{diff:.2e}'} | {'-' if udiff is None else f'{udiff:.2e}'} |")
+                     f"{'-' if diff is None else f'{diff:.2e}'} | {'-' if udiff is None else f'{udiff:.2e}'} | "
+                     f"{'-' if noise is None else f'{noise:.2e}'} |")
     print("\n".join(lines))
     if a.markdown:
         open(a.markdown, "w").write("\n".join(lines) + "\n")
-    if a.record:
+    if a.record:  # merged into what the file holds: cases run another time are replaced
+        if os.path.exists(a.record):
+            record = {**json.load(open(a.record)), **record}
         with open(a.record, "w") as f:
             json.dump(record, f, indent=1, sort_keys=True)
             f.write("\n")

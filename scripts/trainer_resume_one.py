@@ -94,7 +94,7 @@ def error_text(lines):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--checkpoint", default=None, help="the folder to resume from; none: train from scratch (the uninterrupted run of this layout)")
     ap.add_argument("--world", type=int, required=True)
     ap.add_argument("--stage", type=int, required=True, choices=[0, 1, 2, 3])
     ap.add_argument("--dtype", required=True, choices=["fp32", "bf16"])
@@ -104,10 +104,12 @@ def main():
     ap.add_argument("--port", type=int, default=None)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--timeout", type=int, default=1200)
+    ap.add_argument("--sub-group-size", type=int, default=None,
+                    help="ZeRO-3 sub_group_size of the job (the harness's is 1e9): run a copy of train_hf.py with it")
     a = ap.parse_args()
 
-    src = os.path.abspath(a.checkpoint.rstrip("/"))
-    if not os.path.isdir(src):
+    src = os.path.abspath(a.checkpoint.rstrip("/")) if a.checkpoint else None
+    if src and not os.path.isdir(src):
         sys.exit(f"not a directory: {src}")
     if 4 % a.world:
         sys.exit("train_hf.py uses global batch 4: --world must be 1, 2 or 4")
@@ -116,15 +118,25 @@ def main():
     run_id = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
     rdir = os.path.join(SCRATCH, run_id)
     os.makedirs(rdir)
-    ck = os.path.join(rdir, os.path.basename(src))
-    shutil.copytree(src, ck, symlinks=True)
+    ck = os.path.join(rdir, os.path.basename(src)) if src else None
+    if src:
+        shutil.copytree(src, ck, symlinks=True)
     out = os.path.join(rdir, "out")
     rjson = os.path.join(rdir, "r.json")
     log = os.path.join(rdir, "run.log")
     port = a.port or 31000 + os.getpid() % 2000
 
-    inner = (f"python {LAUNCH} {a.world} --port {port} -- {TRAIN} --out {out} --stage {a.stage} "
-             f"--dtype {a.dtype} --gather16 {a.gather16} --resume {ck} --result {rjson}")
+    train = TRAIN
+    if a.sub_group_size:  # the harness with another sub_group_size: a copy in the run folder
+        text = open(SHARED + TRAIN[len("/shared"):]).read()
+        assert '"sub_group_size": 1e9' in text, "train_hf.py no longer sets sub_group_size 1e9"
+        text = text.replace('"sub_group_size": 1e9', f'"sub_group_size": {a.sub_group_size}')
+        text = text.replace('os.path.join(os.path.dirname(os.path.dirname(HERE)), "real-deepspeed", "harness")',
+                            '"/shared/real-deepspeed/harness"')
+        train = os.path.join(rdir, "train_hf.py")
+        open(train, "w").write(text)
+    inner = (f"python {LAUNCH} {a.world} --port {port} -- {train} --out {out} --stage {a.stage} "
+             f"--dtype {a.dtype} --gather16 {a.gather16} {f'--resume {ck} ' if ck else ''}--result {rjson}")
     cmd = ["chroot", CHROOT, "env", "-i", "bash", "-c", f". {ENV_SH}; cd {rdir}; {inner}"]
     t0 = time.time()
     with open(log, "w") as f:
@@ -157,7 +169,8 @@ def main():
                                          for s in map(str, range(5, 9))}}
         res["reference"]["bit_identical"] = all(v == 0.0 for v in res["reference"]["abs_diff"].values())
     if not a.keep:
-        shutil.rmtree(ck, ignore_errors=True)
+        if ck:
+            shutil.rmtree(ck, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
     os.makedirs(os.path.dirname(os.path.abspath(a.result)), exist_ok=True)
     with open(a.result, "w") as f:
