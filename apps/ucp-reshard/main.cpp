@@ -310,13 +310,12 @@ int main(int argc, char** argv) {
     std::cerr << "ucp-reshard: error: an output folder is required (-o OUT), or --plan-only\n";
     return 2;
   }
-  if (ucp::reshard::IsCheckpointRoot(o.atomic_dir)) {  // a training run's root given for an atomic checkpoint
-    std::cerr << "ucp-reshard: error: " << o.atomic_dir << " is a training run's checkpoint root (it has `latest`), not an "
-              << "atomic checkpoint: convert it first (mpirun -np N ucp-convert " << o.atomic_dir << " -o ATOMIC) and "
-              << "reshard ATOMIC, or reshard it where it is with --in-place (which converts it itself)\n";
-    return 1;
-  }
   ucp::h5::InitializeBeforeMpi();  // before MPI_Init: see h5/h5.h
   auto comm = ucp::shuffle::MakeWorldComm(&argc, &argv);
+  if (ucp::reshard::IsCheckpointRoot(o.atomic_dir)) {  // a training run's root (a Trainer checkpoint-N): its atomic checkpoint found or made first
+    ip.root = o.atomic_dir, ip.reshard = o, ip.plan_only = o.plan_only, ip.json = o.json;
+    ip.patterns_dir = ucp::patterns::DefaultPatternsDir(), ip.progress = o.progress;
+    return ucp::reshard::RunFromRoot(ip, *comm, std::cout, std::cerr);
+  }
   return ucp::reshard::RunReshard(o, *comm, std::cout, std::cerr);
 }

@@ -479,7 +479,7 @@ int ReshardThroughScratch(const InPlaceOptions& o, const Current& current, Resha
   if (talk && !current.not_reused.empty()) err << kTool << ": note: " << current.not_reused << "\n";
   if (talk)
     err << kTool << ": " << Was(current) << ": converting it into " << scratch << " (-o writes only under " << r.output
-        << "; removed when the export ends; ucp-convert or --in-place keep an atomic checkpoint beside the tag)\n";
+        << "; removed when the run ends; ucp-convert or --in-place keep an atomic checkpoint beside the tag)\n";
   r.atomic_dir = scratch;
   int code = convert::RunConvert(ConversionInto(scratch, o, current), comm, out, err);
   if (code == 0) code = RunReshard(r, comm, out, err);

@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "source/source_index.h"
 
 namespace ucp::source {
 namespace fs = std::filesystem;
@@ -70,6 +71,7 @@ JobFiles FindJobFiles(const std::string& root, const std::string& tag) {
   job.kind = trainer ? "hf-trainer" : "hf";
   std::vector<int> ranks;
   for (const auto& e : fs::directory_iterator(root, ec)) {
+    if (e.is_directory(ec) && fs::exists(e.path() / kReshardMarker, ec)) job.resharded_in_place = true;
     if (!e.is_regular_file(ec)) continue;
     const std::string n = e.path().filename().string();
     if (IsCheckpointMarker(n)) continue;
@@ -112,7 +114,7 @@ std::vector<std::string> JobFileProblems(const JobFiles& job, const std::string&
       missing.push_back(RngFileName(r, world));
   for (const auto& n : job.carried) {
     const int r = RankOfRngFile(n);
-    if ((r == -1 && world != 1) || (r >= 0 && (world == 1 || r >= world))) extra.push_back(n);
+    if (((r == -1 && world != 1) || (r >= 0 && (world == 1 || r >= world))) && !job.resharded_in_place) extra.push_back(n);
   }
   auto listed = [](const std::vector<std::string>& names) {
     std::string s;
@@ -123,18 +125,18 @@ std::vector<std::string> JobFileProblems(const JobFiles& job, const std::string&
     problems.push_back(root + ": Trainer's RNG files are not those of the checkpoint's " + std::to_string(world) +
                        " process" + (world == 1 ? "" : "es") + (missing.empty() ? "" : ": missing " + listed(missing)) +
                        (extra.empty() ? "" : std::string(missing.empty() ? ":" : ";") + " of another job: " + listed(extra)) +
-                       " (the folder mixes files of two saves?)");
+                       (extra.empty() ? " (deleted, or not copied with the folder?)" : " (the folder mixes files of two saves?)"));
   if (job.global_step >= 0) {
     const std::string step = std::to_string(job.global_step);
     if (iteration >= 0 && job.global_step != iteration)
       problems.push_back(root + "/trainer_state.json: global_step is " + step + " but DeepSpeed's files in " + tag +
                          " record global_steps " + std::to_string(iteration) + " (the folder mixes files of two saves?)");
-    if (tag != "global_step" + step)
+    if (tag != "global_step" + step && !fs::exists(fs::path(root) / tag / kReshardMarker))
       problems.push_back(root + "/latest names " + tag + ", but Trainer saved step " + step + " as global_step" + step +
                          " (trainer_state.json)");
-    const std::string folder = fs::path(root).lexically_normal().filename().string().empty()
-                                   ? fs::path(root).lexically_normal().parent_path().filename().string()
-                                   : fs::path(root).lexically_normal().filename().string();
+    fs::path path = fs::path(root).lexically_normal();
+    if (path.filename().empty()) path = path.parent_path();  // "checkpoint-4/"
+    const std::string folder = path.filename().string();
     static const std::regex checkpoint(R"(checkpoint-(\d+))");
     std::smatch m;
     if (std::regex_match(folder, m, checkpoint) && m[1].str() != step)

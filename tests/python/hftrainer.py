@@ -141,6 +141,17 @@ for key, rec in sorted(record.items()):
                         bad.append(f"{p['name']}/{state}")
             check(f"{key}: converted back, every tensor bit for bit", not bad, str(bad[:5]))
 
+# --- checkpoint-4 itself given to ucp-reshard -o: converted in a scratch folder, the same bytes ---------
+if record:
+    key = sorted(record)[-1]
+    dp, stage = (int(x) for x in key[2:].split("_z"))
+    out = os.path.join(WORK, "from_root", "checkpoint-4")
+    r = run("ucp-reshard", [SRC, "-o", out, "--gpus" if stage == STAGE else "--dp", str(dp), *([] if stage == STAGE else
+            ["--tp", "1", "--pp", "1", "--zero-stage", str(stage)])])
+    check(f"from checkpoint-4 itself ({key}): the bytes the real Trainer resumed from, no scratch left",
+          r.returncode == 0 and tree(out) == record[key]["files"] and not os.path.exists(os.path.join(out, ".ucp-scratch-atomic")),
+          r.stderr[-1500:])
+
 # --- refused by name ----------------------------------------------------------------------------------
 for flags, expect in ((["--dp", "1", "--tp", "2", "--pp", "1"], "tp=2"), (["--dp", "1", "--tp", "1", "--pp", "2"], "pp=2")):
     out = os.path.join(WORK, "refused", flags[3] + flags[5])
