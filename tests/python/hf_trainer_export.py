@@ -9,7 +9,8 @@ tests/python/safetensors_reader.py, not by the code that wrote the export.
 Per case (ZeRO-2 and ZeRO-3, fp32, 2 processes): ucp-convert checkpoint-4, then ucp-reshard --format hf on
 1 and 2 ranks; the job's config.json comes from the atomic checkpoint (job/config.json) where the
 conversion carried it, else from --model-config checkpoint-4/config.json. Checked:
-- the same keys as zero_to_fp32's, every tensor equal bit for bit (fp32);
+- the same keys as zero_to_fp32's, every tensor equal bit for bit (fp32), also from checkpoint-4 itself
+  (converted into the output's scratch folder);
 - config.json and generation_config.json byte-equal to checkpoint-4's;
 - one model.safetensors and no index (save_pretrained's way for a model under --max-shard-size);
 - --max-shard-size 100KB: model-0000i-of-0000N.safetensors and the index (weight_map naming each tensor's
@@ -109,6 +110,20 @@ for case in ("zero2_dp2_fp32", "zero3_dp2_fp32"):
         check(f"{label}: config.json byte-equal to checkpoint-4's", bytes_of(os.path.join(out, "config.json")) == config)
         check(f"{label}: generation_config.json byte-equal to checkpoint-4's",
               bytes_of(os.path.join(out, "generation_config.json")) == generation)
+
+    out = os.path.join(work, "hf-from-checkpoint")
+    before = sorted(os.listdir(ckpt))
+    r = run("ucp-reshard", [ckpt, "-o", out, "--format", "hf"] + given)
+    check(f"{case} from checkpoint-4 itself (converted into the scratch folder): exported", r.returncode == 0, r.stderr[-2000:])
+    if r.returncode == 0:
+        got, index = read_export(out)
+        bad = differing(got, reference)
+        check(f"{case} from checkpoint-4 itself: the same tensors bit for bit, the config files",
+              index is None and sorted(got) == sorted(reference) and not bad and
+              bytes_of(os.path.join(out, "config.json")) == config and
+              bytes_of(os.path.join(out, "generation_config.json")) == generation, bad[:5])
+        check(f"{case} from checkpoint-4 itself: nothing written beside the tag, the scratch folder removed",
+              sorted(os.listdir(ckpt)) == before and not os.path.exists(os.path.join(out, ".ucp-scratch-atomic")))
 
     out = os.path.join(work, "hf-sharded")
     r = run("ucp-reshard", [atomic, "-o", out, "--format", "hf", "--max-shard-size", "100KB"] + given, ranks=2)
