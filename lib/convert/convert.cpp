@@ -431,8 +431,15 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
     // waiting: it starts them first, beside its mapping, rather than leave them as the run's tail.
     const bool side_files_first = ranks == 1;
     auto submit_side_files = [&] {
-      if (rank == ranks - 1)
+      if (rank == ranks - 1) {
         writers.Submit(0, side_file([&] { return WriteOptimizerStateFile(L, o.output, side_durability); }));
+        // The framework's files beside the tag (Trainer's), as they are: job/<name>.
+        if (!L.job.carried.empty()) std::filesystem::create_directories(o.output + "/" + source::kJobFolder);
+        for (const std::string& name : L.job.carried)
+          writers.Submit(0, side_file([&, name] {
+            return store::CopyFileAtomically(L.root + "/" + name, o.output, std::string(source::kJobFolder) + "/" + name, side_durability);
+          }));
+      }
       for (size_t f = 0; f < L.files.size(); ++f)
         if (plan.file_carrier[f] == rank)
           writers.Submit(0, side_file([&, f] {

@@ -51,6 +51,7 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
   r["degrees"] = {{"dp", L.DataParallel()}, {"sp", L.sp}, {"sp_recorded", L.sp_recorded}, {"tp", L.tp}, {"pp", L.pp}, {"ep", L.ep}};
   r["iteration"] = L.iteration;
   r["naming"] = L.naming;
+  if (!L.job.empty()) r["job"] = L.job.ToJson();  // the framework's files beside the tag (Trainer's)
   if (options.verify && L.errors.empty()) {  // what --verify read: every zip record of every file, CRC-32 checked
     int64_t records = 0, bytes = 0;
     for (const auto& f : L.files)
@@ -187,6 +188,14 @@ int RunInspect(const std::string& dir, const InspectOptions& options, std::ostre
         << r["naming"].get<std::string>() << " naming)\n";
     out << "layout       " << r["layout"].get<std::string>() << "\n";
     out << "iteration    " << r["iteration"] << "\n";
+    if (r.contains("job")) {
+      const auto& job = r["job"];
+      std::string weights;
+      for (const auto& w : job["weights_not_carried"]) weights += " " + w.get<std::string>();
+      out << "job          " << (job["kind"] == "hf-trainer" ? "Hugging Face Trainer" : "Hugging Face model") << ": "
+          << job["files"].size() << " files beside the tag, carried" << (weights.empty() ? "" : ";" + weights + " not (a copy of the weights)")
+          << (job["rng_world"].get<int>() > 0 ? "; RNG files of " + job["rng_world"].dump() + " processes" : "") << "\n";
+    }
     const auto& uc = r["universal_checkpoint_info"];
     out << "uc info      " << (uc["present"].get<bool>() ? uc.value("variant", "present") : "absent") << "\n";
     out << "model rules  "

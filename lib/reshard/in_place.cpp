@@ -288,6 +288,12 @@ void RefuseBeforeConversion(const Current& current, const TargetLayout* target, 
   // A target that judges the model itself (a model export) says now what it would refuse after.
   if (const formats::TargetDriver& d = formats::FindTarget(o.reshard.format); d.check_source) d.check_source(L, o.reshard.model);
   if (!target) return;
+  std::vector<std::string> names;
+  for (const auto& p : L.params) names.push_back(p.name);
+  if (L.naming == "plain" && !names.empty() && !GptModelNames(names)) {  // a plain engine around another model
+    if (const std::string why = ModuleLayoutRefusal(*target, L.tp, L.sp, names.front()); !why.empty()) throw Error("target " + why);
+    return;
+  }
   ModelFacts facts;
   facts.heads = std::max<int64_t>(0, L.Fact("num_attention_heads"));
   facts.kv_heads = std::max<int64_t>(0, L.Fact("num_key_value_heads"));
@@ -396,7 +402,8 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
 // run left there goes).
 convert::ConvertOptions ConversionInto(const std::string& output, const InPlaceOptions& o, const Current& current) {
   convert::ConvertOptions c;
-  c.source = current.dir, c.output = output, c.force = true;
+  // From the root, whose `latest` names it: the framework's files beside the tag (Trainer's) travel too.
+  c.source = fs::path(current.dir).parent_path().string(), c.output = output, c.force = true;
   c.patterns_dir = o.patterns_dir, c.quiet = o.reshard.quiet, c.progress = o.progress;
   return c;
 }

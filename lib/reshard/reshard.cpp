@@ -20,6 +20,7 @@
 #include "reshard/atomic_input.h"
 #include "reshard/claim.h"
 #include "reshard/export.h"
+#include "reshard/job_output.h"
 #include "reshard/rank_totals.h"
 #include "patterns/rules.h"
 #include "plan/convert_plan.h"
@@ -378,6 +379,12 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   // naming the checkpoint it named until the new one is complete.
   const std::string out_tag = o.output_tag.empty() ? tag : o.output_tag;
   const std::string dir = o.output + "/" + out_tag;
+  // The training framework's files beside the tag (Trainer's checkpoint-N), listed in the claim.
+  const JobOutput job = PlanJobOutput(S, T, o.output, o.in_place);
+  std::vector<std::string> writes = {out_tag};
+  for (const auto& n : job.names()) writes.push_back(n);
+  if (talk)
+    for (const auto& note : job.notes) err << kTool << ": note: " << note << "\n";
   // --force clears a complete checkpoint at the claim; a .pt store's atoms are otherwise checked as
   // they are read, after it: checked first (the ranks share the files), so that a damaged input
   // leaves the old output as it was.
@@ -392,9 +399,9 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
       auto folder = std::make_unique<OutputFolder>(o.output, kTool, std::vector<std::string>{kIterationFile, "latest"}, &lock_note);
       fs::remove_all(dir);  // what a killed run left: `latest` never named it
       // the root, its markers and its other tags are the training run's: only the tag folder is this run's
-      claim = std::make_unique<ClaimedOutput>(std::move(folder), std::vector<std::string>{out_tag}, false, false);
+      claim = std::make_unique<ClaimedOutput>(std::move(folder), writes, false, false);
     } else {
-      claim = ClaimOutput(o.output, o.atomic_dir, o.force, {kIterationFile, "latest"}, {out_tag}, "DeepSpeed checkpoint " + out_tag, &lock_note);
+      claim = ClaimOutput(o.output, o.atomic_dir, o.force, {kIterationFile, "latest"}, writes, "DeepSpeed checkpoint " + out_tag, &lock_note);
     }
     fs::create_directories(dir);
   }) : "";
@@ -445,6 +452,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   seconds["read"] = unit_reads, seconds["write"] = units - unit_reads;
   // The shard files were written without an fsync each: one sync of the file system makes them
   // durable together, on every rank, before rank 0 writes `latest` (core/commit.h, step 3).
+  if (error.empty() && rank == 0) error = Capture([&] { WriteJobOutput(S, job, o.output); });
   if (error.empty()) error = Capture([&] { Seal(dir); });
   seconds["sync"] = lap();
   if (failed()) return 1;
@@ -463,6 +471,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
     if (o.in_place) WriteFileAtomically(dir + "/" + source::kReshardMarker, o.marker.dump(1) + "\n");
     std::optional<std::string> iteration = std::to_string(S.manifest["source"]["iteration"].get<int64_t>());
     if (o.in_place && !fs::exists(o.output + "/" + kIterationFile)) iteration.reset();
+    if (S.naming == Naming::Module) iteration.reset();  // Megatron's file: a plain engine's job keeps none
     claim->folder().Mark({iteration, out_tag});
   }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;  // not taken back: the commit point may be written

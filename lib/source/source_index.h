@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "pt/value.h"
+#include "source/job_files.h"
 
 namespace ucp::source {
 
@@ -117,6 +118,7 @@ struct SourceIndex {
   std::string ds_version;  // the writer's version, as the files record it
   std::string grad_accum_dtype;  // the configured gradient-accumulation dtype; empty: the checkpoint does not say
   std::string naming;      // "pipe" (layer files; GPTModelPipe names) or "plain"
+  JobFiles job;            // the training framework's files beside the tag (Hugging Face Trainer's), carried
   std::vector<ShardFile> files;
   std::vector<ParamRecord> params;  // in first-seen order: stage, group, position
   std::vector<Fragment> fragments;  // every data file's pieces of every parameter

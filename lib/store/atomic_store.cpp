@@ -462,6 +462,7 @@ nlohmann::json JobJson(const source::SourceIndex& L) {
                         {"naming", L.naming}};
   if (L.moe) job["moe"] = true, job["ep"] = L.ep;
   if (!L.grad_accum_dtype.empty()) job["grad_accum_dtype"] = L.grad_accum_dtype;
+  if (!L.job.empty()) job["job"] = L.job.ToJson();
   return job;
 }
 

@@ -1,5 +1,6 @@
 #include "target/naming.h"
 
+#include <algorithm>
 #include <cctype>
 #include <regex>
 
@@ -126,11 +127,19 @@ bool IsRuleList(const std::string& key) {
 
 }  // namespace
 
-const char* NamingName(Naming n) { return n == Naming::Pipe ? "pipe" : "plain"; }
+const char* NamingName(Naming n) { return n == Naming::Pipe ? "pipe" : n == Naming::Plain ? "plain" : "module"; }
+
+bool GptModelNames(const std::vector<std::string>& names) {
+  return std::any_of(names.begin(), names.end(), [](const std::string& n) { return StartsWith(n, "language_model."); });
+}
 
 LayerPlace PlaceOf(const std::string& name, Naming n, int layers) {
   LayerPlace p;
   std::string rest;
+  if (n == Naming::Module) {  // no layers known: the name is the place
+    p.spec = 0, p.local = name;
+    return p;
+  }
   if (n == Naming::Pipe) {
     if (StartsWith(name, kPipeEmbedding)) {
       p.spec = 1, p.local = name.substr(std::string(kPipeEmbedding).size());
@@ -160,6 +169,7 @@ LayerPlace PlaceOf(const std::string& name, Naming n, int layers) {
 }
 
 std::string NameAt(const LayerPlace& p, Naming n, int layers) {
+  if (n == Naming::Module) return p.local;
   if (n == Naming::Pipe) return (p.embedding() && !p.untied ? std::string(kPipeEmbedding) : std::to_string(p.spec) + ".") + p.local;
   if (p.embedding()) return kPlainEmbedding + p.local;
   if (p.spec == layers + 3) return kPlainOutput + p.local.substr(std::string(kHead).size());
@@ -214,6 +224,7 @@ bool UntiedName(const std::string& name) {
 }
 
 int LayerCountOf(const std::vector<std::string>& names, Naming n) {
+  if (n == Naming::Module) return 0;
   const std::regex plain(R"(language_model\.encoder\.layers\.(\d+)\..+)"), pipe(R"((\d+)\..+)");
   int highest = -1;
   for (const auto& name : names) {

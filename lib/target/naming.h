@@ -22,8 +22,15 @@
 
 namespace ucp::reshard {
 
-enum class Naming { Pipe, Plain };
-const char* NamingName(Naming n);  // "pipe" / "plain", as the manifest records it
+// Module: a plain DeepSpeed engine around a model that is no Megatron GPT (a Hugging Face model under
+// Trainer or Accelerate, any torch module): its parameters keep the names the module gives them, no
+// layer structure is known, and a reshard changes only what needs none (DP degree, ZeRO stage).
+enum class Naming { Pipe, Plain, Module };
+const char* NamingName(Naming n);  // "pipe" / "plain" as the manifest records it; "module"
+
+// Whether parameter names are GPTModel's (language_model.*): a checkpoint without pipeline files
+// whose names are not is a plain engine around another model (Naming::Module).
+bool GptModelNames(const std::vector<std::string>& names);
 
 struct LayerPlace {
   int spec = -1;      // GPTModelPipe layer spec index

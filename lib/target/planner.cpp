@@ -154,6 +154,19 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
         const std::string sp_no = UlyssesRefusal(facts, tp, sp, pp, r.base.model == "pipe", false);
         const int dp = r.gpus / tp / sp / pp;
         if (Fixed(r, "dp") && dp != r.base.dp) continue;
+        if (model.fixed_model_parallel && (tp != model.source.tp || sp != model.source.Sp() || pp != model.source.pp)) {
+          if (Fixed(r, "tp") || Fixed(r, "pp") || Fixed(r, "sp")) {  // asked for: said why not
+            Candidate c;
+            c.layout = r.base;
+            c.layout.dp = dp, c.layout.sp = sp, c.layout.tp = tp, c.layout.pp = pp;
+            c.refused = "the model's layers are not known to ucp (its parameters keep their own names: a plain DeepSpeed "
+                        "engine around a model that is no Megatron GPT): TP, PP and SP stay the source's (tp=" +
+                        std::to_string(model.source.tp) + " pp=" + std::to_string(model.source.pp) + " sp=" +
+                        std::to_string(model.source.Sp()) + ")";
+            refused.push_back(std::move(c));
+          }
+          continue;
+        }
         for (int z = 0; z <= 3; ++z) {
           if (Fixed(r, "zero_stage") && z != r.base.zero_stage) continue;
           if ((z == 0 && r.base.dtype != "bf16") || (z >= 2 && pp > 1)) continue;  // DeepSpeed runs none of these
@@ -164,7 +177,7 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
             c.refused = tp_no;
           } else if (!sp_no.empty()) {
             c.refused = sp_no;
-          } else if (pp > model.layers) {
+          } else if (pp > model.layers && !model.fixed_model_parallel) {
             c.refused = "pp=" + std::to_string(pp) + " exceeds the " + std::to_string(model.layers) + " layers";
           } else {
             const int64_t activations =
@@ -187,8 +200,11 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
   const TargetLayout& s = model.source;
   auto key = [&](const Candidate& c) {
     const TargetLayout& t = c.layout;
-    return std::make_tuple(!c.fits, !(t.tp == s.tp && t.pp == s.pp), t.pp, t.Sp(), ZeroCommunication(t.zero_stage),
-                           t.zero_stage != s.zero_stage, t.tp, c.memory.total());
+    // A model whose layers ucp does not know runs a job whose own configuration names its ZeRO
+    // stage (Trainer's ds_config): the source's stage first, a change only where it does not fit.
+    const bool other_stage = t.zero_stage != s.zero_stage;
+    return std::make_tuple(!c.fits, !(t.tp == s.tp && t.pp == s.pp), t.pp, t.Sp(), model.fixed_model_parallel && other_stage,
+                           ZeroCommunication(t.zero_stage), other_stage, t.tp, c.memory.total());
   };
   std::stable_sort(valid.begin(), valid.end(), [&](const Candidate& a, const Candidate& b) { return key(a) < key(b); });
   choice.candidates = valid;

@@ -56,6 +56,9 @@ struct ModelFacts {
   int64_t heads = 0, kv_heads = 0, ffn = 0;  // 0: the checkpoint does not say
   int64_t hidden = 0, seq_length = 0, micro_batch = 0;  // 0: the checkpoint does not say
   bool full_recompute = false;              // the job recomputes every layer's activations (its args say so)
+  // A model whose layers ucp does not know (a plain DeepSpeed engine around a Hugging Face model:
+  // Naming::Module): its TP, PP and SP degrees stay the source's; only DP and the ZeRO stage vary.
+  bool fixed_model_parallel = false;
   TargetLayout source;                       // the source's degrees, ZeRO stage and dtype
 };
 

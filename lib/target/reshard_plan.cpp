@@ -118,6 +118,36 @@ int LocalExpertId(const Source& S, const Atom& a, int ep) {
   return a.expert % static_cast<int>(S.num_experts.at(a.moe_layer) / ep);
 }
 
+namespace {
+
+// ZeRO-3 cuts a param group into sub-groups (stage3.py's _create_fp16_sub_groups, by the job's
+// sub_group_size), each a flat partition of its own, numbered across the groups: the atoms' `group`
+// counts them, and the optimizer's param_groups list each group's. The atoms go to their param
+// group: a target's ZeRO-1/2 holds one flat partition per group, its ZeRO-3 cuts them again by its
+// own sub_group_size (the writer).
+void PlaceInParamGroups(Source& S, const std::string& dir) {
+  auto groups = S.optimizer.root ? S.optimizer.root->Get("param_groups") : nullptr;
+  if (!groups || !groups->IsSequence()) return;
+  std::map<int64_t, int> group_of;  // flat partition (sub-group) -> param group
+  const auto& list = groups->AsSequence();
+  for (size_t g = 0; g < list.size(); ++g) {
+    auto params = list[g]->kind == Value::Kind::Dict ? list[g]->Get("params") : nullptr;
+    if (!params || !params->IsSequence()) return;
+    for (const auto& p : params->AsSequence())
+      if (p->kind == Value::Kind::Int) group_of[p->AsInt()] = static_cast<int>(g);
+  }
+  if (group_of.size() <= list.size()) return;  // one flat partition per group: nothing to place
+  for (Atom& a : S.atoms) {
+    auto it = group_of.find(a.group);
+    if (it == group_of.end())
+      throw Error(dir + "/zero/optimizer_state.pt: no param group lists ZeRO-3 sub-group " + std::to_string(a.group) +
+                  " of parameter '" + a.name + "'");
+    a.group = it->second;
+  }
+}
+
+}  // namespace
+
 const Value* ArgOf(const Source& S, const char* key) {
   const pt::TorchFile& from = S.model_states.root ? S.model_states : S.args_file;
   auto args = from.root ? from.root->Get("args") : nullptr;
@@ -155,8 +185,32 @@ Source LoadAtomic(const std::string& dir) {
     if (a.vocab && S.vocab == 0) S.vocab = a.shape[0];
     S.atoms.push_back(std::move(a));
   }
+  if (S.manifest["source"].value("zero_stage", 0) == 3) PlaceInParamGroups(S, dir);
   return S;
 }
+
+namespace {
+
+// A plain engine around another model (Naming::Module): every atom keeps its name, at its place in
+// the module's state_dict. The module lists every parameter (under ZeRO-3 as an empty placeholder);
+// one it lacks is not this model's.
+void PlaceInModule(Source& S, const std::string& model_path) {
+  S.naming = Naming::Module;
+  std::map<std::string, int> order;
+  if (auto module = S.model_states.root->Get("module"); module && module->kind == Value::Kind::Dict)
+    for (const auto& item : module->dict.items())
+      if (item.key->kind == Value::Kind::Str) order.emplace(item.key->s, static_cast<int>(order.size()));
+  for (Atom& a : S.atoms) {
+    a.place = PlaceOf(a.name, Naming::Module, 0);
+    auto it = order.find(a.name);
+    if (it == order.end())
+      throw Error(model_path + ": the module holds no parameter '" + a.name + "', which the atomic checkpoint holds: "
+                  "the model-states file is not this model's");
+    a.module_order = it->second;
+  }
+}
+
+}  // namespace
 
 Source LoadSource(const std::string& dir) {
   Source S = LoadAtomic(dir);
@@ -178,6 +232,10 @@ Source LoadSource(const std::string& dir) {
       throw Error(dir + ": parameter '" + a.name + "' holds DeepSpeed AutoEP's fused experts: ucp-reshard does not write "
                   "AutoEP layouts yet; DeepSpeed's universal load reads this atomic checkpoint as it is (\"checkpoint\": "
                   "{\"load_universal\": true}), at another expert-parallel degree too");
+  }
+  if (S.naming == Naming::Plain && !GptModelNames(names) && !S.manifest["source"].value("moe", false)) {
+    PlaceInModule(S, dir + "/" + S.model_file);
+    return S;
   }
   S.untied = std::any_of(names.begin(), names.end(), UntiedName);
   S.layers = LayerCountOf(names, S.naming);
@@ -226,7 +284,7 @@ UnitParam PieceOf(const Source& S, const TargetLayout& T, int index, int t) {
   UnitParam u;
   u.atom = index;
   u.joined_shape = a.shape;
-  if (a.vocab) u.joined_shape[0] = PaddedVocab(S, T, a.shape[0]);
+  if (a.vocab && S.naming != Naming::Module) u.joined_shape[0] = PaddedVocab(S, T, a.shape[0]);
   plan::Copy& c = u.copy;
   c.pp = 0, c.tp = t;
   c.shape = u.joined_shape;
@@ -273,6 +331,11 @@ void Validate(const Source& S, const TargetLayout& T) {
   if (T.zero_stage == 0 && T.dtype != "bf16" && !S.moe)
     no("ZeRO stage 0 is DeepSpeed's BF16 optimizer: it needs --dtype bf16");
   if (T.zero_stage == 2 && T.pp > 1) no("ZeRO-2 with pipeline parallelism: DeepSpeed refuses it; use stage 1");
+  if (S.naming == Naming::Module) {
+    if (const std::string why = ModuleLayoutRefusal(T, S.tp, S.manifest["source"].value("sp", 1), S.atoms.front().name); !why.empty())
+      no(why);
+    return;
+  }
   const ModelFacts facts = ModelFactsOf(S);
   if (const std::string why = ModelTpRefusal(facts, T.tp); !why.empty()) no(why);
   if (const std::string why = UlyssesRefusal(facts, T.tp, T.Sp(), T.pp, NamingOf(T) != Naming::Plain, S.moe); !why.empty()) no(why);
@@ -356,6 +419,21 @@ void ShareRepeatedPieces(Plan& P, int ranks, int64_t budget) {
 
 }  // namespace
 
+std::string ModuleLayoutRefusal(const TargetLayout& T, int source_tp, int source_sp, const std::string& a_name) {
+  // No layer structure is known: what needs one (a TP split, pipeline stages, sequence shards)
+  // stays as the source had it.
+  const std::string model = "the model (its parameters carry their own names, " + a_name +
+                            ", ...: a plain DeepSpeed engine around a model that is no Megatron GPT) ";
+  if (T.tp != source_tp)
+    return "tp=" + std::to_string(T.tp) + ": " + model + "trained at tp=" + std::to_string(source_tp) + "; ucp-reshard "
+           "changes its DP degree and ZeRO stage, not how its layers split over TP (DeepSpeed's AutoTP is not written)";
+  if (T.pp != 1) return "pp=" + std::to_string(T.pp) + ": " + model + "is not a PipelineModule; only pp=1 runs it";
+  if (T.model == "pipe") return "model 'pipe': " + model + "is not a PipelineModule";
+  if (T.sp > 0 && T.Sp() != source_sp)
+    return "sp=" + std::to_string(T.Sp()) + ": " + model + "keeps its sequence-parallel degree (" + std::to_string(source_sp) + ")";
+  return "";
+}
+
 int64_t Zero3Piece(int64_t numel, int dp) { return (numel + dp - 1) / dp; }
 
 int64_t AtomicBytes(const UnitParam& u, const Atom& a) {
@@ -404,7 +482,8 @@ bool TorchOptimizerTarget(const Source& S, const TargetLayout& T) {
 
 TargetLayout ResolveModel(const Source& S, TargetLayout T) {
   if (T.sp == 0) T.sp = S.manifest["source"].value("sp", 1);  // the source's Ulysses degree
-  T.model = ResolvedModel(T, NamingName(S.naming));
+  // (a module that is no GPT is a plain engine's: never a pipeline)
+  T.model = ResolvedModel(T, NamingName(S.naming == Naming::Module ? Naming::Plain : S.naming));
   if (T.ep == 0 && S.moe) T.ep = S.ep;  // (without experts it stays unsaid: 1)
   T.dtype = ResolvedDtype(T, S.manifest["source"]);                      // given, else the source job's
   T.grad_accum_dtype = ResolvedGradAccumDtype(T, S.manifest["source"]);  // given, else the source job's
@@ -422,8 +501,10 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
     if (S.atoms[k].tied()) spec_numel.at(head) += n;
     P.needed_bytes += 4 * plan::kStates * pt::Numel(S.atoms[k].shape);
   }
-  P.parts = StageBounds(S, T, spec_numel);
-  for (const auto& a : S.atoms) P.names.push_back(NameAt(a.place, NamingOf(T), S.layers));
+  // A module's parameters have no layer specs: one stage holds them all, under their own names.
+  const bool module = S.naming == Naming::Module;
+  P.parts = module ? std::vector<int>{0, 1} : StageBounds(S, T, spec_numel);
+  for (const auto& a : S.atoms) P.names.push_back(NameAt(a.place, module ? Naming::Module : NamingOf(T), S.layers));
   auto stage_of = [&](int spec) {
     for (int s = 0; s < T.pp; ++s)
       if (spec >= P.parts[s] && spec < P.parts[s + 1]) return s;
@@ -483,6 +564,7 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
 ModelFacts ModelFactsOf(const Source& S) {
   ModelFacts m;
   m.layers = S.layers;
+  m.fixed_model_parallel = S.naming == Naming::Module;
   auto arg = [&](const char* key) -> int64_t {
     const Value* v = ArgOf(S, key);
     return v && v->is(Value::Kind::Int) ? v->AsInt() : 0;

@@ -31,6 +31,9 @@ struct Atom : store::AtomParam {
   // Mixture of Experts: an expert's parameter, under its global id in MoE layer `moe_layer` (the
   // layer's ordinal among the MoE layers, as DeepSpeed numbers its expert files); -1 otherwise.
   int expert = -1, moe_layer = -1;
+  // Naming::Module: its place among the keys of the module's state_dict (the carried model-states
+  // file's `module`), the order a model's files list its weights in; -1 where the module lacks it.
+  int module_order = -1;
   int spec() const { return place.spec; }
   bool tied() const { return place.embedding() && !place.untied; }
 };
@@ -119,6 +122,8 @@ Source LoadAtomic(const std::string& dir);
 // LoadAtomic, and the atoms placed in a GPT's layers for a DeepSpeed target: the naming, the layer
 // count (checked against args.num_layers), whether the output layer is its own (Llama-style: placed
 // at spec L+3, its embedding untied), Mixture-of-Experts facts; AutoEP's fused experts are refused.
+// A plain engine around another model (no pipeline files, names not GPTModel's: a Hugging Face
+// model under Trainer) is Naming::Module: its names kept, its atoms in the module's order.
 Source LoadSource(const std::string& dir);
 
 // Megatron's args.<key> from the carried model-states file; nullptr where the checkpoint has no args
@@ -129,6 +134,11 @@ const pt::Value* ArgOf(const Source& S, const char* key);
 // default 128 if the source's padded vocabulary fits it, else the smallest power of two that does;
 // 0 when nothing fits or the padded size is unknown.
 int64_t DerivedDivisibleBy(const Source& S);
+
+// Why a model whose parameters carry their own names (Naming::Module; `a_name` one of them) cannot
+// take layout T: another TP or SP degree than the source's, a pipeline; "" when it can. The one rule,
+// for Validate and for --in-place before a conversion.
+std::string ModuleLayoutRefusal(const TargetLayout& T, int source_tp, int source_sp, const std::string& a_name);
 
 // ZeRO-3 (stage3.py) pads every parameter to a multiple of DP and cuts it in DP equal pieces.
 int64_t Zero3Piece(int64_t numel, int dp);

@@ -735,6 +735,24 @@ std::vector<FlatGroup> FlatGroupsOf(const Value& root, int zero_stage) {
   return out;
 }
 
+namespace {
+
+// The framework's files beside the tag (source/job_files.h: Hugging Face Trainer's checkpoint-N),
+// checked against DeepSpeed's files and carried by the conversion.
+void TakeJobFiles(SourceIndex& L) {
+  if (L.dir == L.root) return;
+  L.job = source::FindJobFiles(L.root, L.tag);
+  if (L.job.empty()) return;
+  for (auto& p : source::JobFileProblems(L.job, L.root, L.tag, L.dp * L.tp * L.pp, L.iteration)) L.problems.push_back(std::move(p));
+  std::string weights;
+  for (const auto& w : L.job.weights) weights += (weights.empty() ? "" : ", ") + w;
+  L.notes.push_back(std::string(L.job.kind == "hf-trainer" ? "a Hugging Face Trainer checkpoint" : "a Hugging Face model's checkpoint") +
+                    ": its " + std::to_string(L.job.carried.size()) + " files beside " + L.tag + " are carried (job/)" +
+                    (weights.empty() ? "" : "; " + weights + " not: a copy of the weights " + L.tag + " holds (--format hf writes it)"));
+}
+
+}  // namespace
+
 bool LooksLikeCheckpoint(const std::string& dir) {
   try {
     std::string tag;
@@ -1227,6 +1245,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   std::stable_partition(L.problems.begin(), L.problems.end(), [](const std::string& p) { return p.rfind("missing rank file", 0) == 0; });
   CheckFilesAgree(L, parse);  // what every file repeats: a file of another save or run differs
   RecordWeightCopies(L, parse);  // what the module keeps besides the masters, compared as it is read
+  TakeJobFiles(L);
   return L;
 }
 

@@ -446,14 +446,56 @@ class UnitWriter {
     return gs;
   }
 
-  // torch's optimizer.state_dict(): the per-group state and the source's param_groups.
-  ValuePtr TorchOptimizerState(ValuePtr state) const {
+  // torch's optimizer.state_dict(): the per-group state and the source's param_groups, each listing
+  // its flat tensors' positions (one per group: [g]; ZeRO-3: its sub-groups').
+  ValuePtr TorchOptimizerState(ValuePtr state, std::vector<std::vector<int64_t>> positions = {}) const {
     auto base = Value::Make(Value::Kind::Dict);
     SetItem(*base, "state", std::move(state));
-    std::vector<std::vector<int64_t>> flat(U_.groups.size());
-    for (size_t g = 0; g < flat.size(); ++g) flat[g] = {static_cast<int64_t>(g)};
-    SetItem(*base, "param_groups", ParamGroups(flat));
+    if (positions.empty()) {
+      positions.resize(U_.groups.size());
+      for (size_t g = 0; g < positions.size(); ++g) positions[g] = {static_cast<int64_t>(g)};
+    }
+    SetItem(*base, "param_groups", ParamGroups(positions));
     return base;
+  }
+
+  // ZeRO-3 cuts each param group into sub-groups of about sub_group_size partition elements, a flat
+  // partition and an optimizer state each, numbered across the groups (stage3.py's
+  // _create_fp16_sub_groups: parameters are added until the sum of their partitions reaches the
+  // size; a group whose partitions sum to no more is one sub-group). The size is the ds_config's
+  // zero_optimization.sub_group_size, DeepSpeed's default 1e9 where it sets none.
+  struct SubGroup {
+    int group;
+    std::vector<int> members;  // unit param indices, in the group's order
+  };
+  std::vector<SubGroup> Zero3SubGroups() const {
+    int64_t size = 1000000000;
+    auto cfg = DsConfig();
+    auto zero = cfg && cfg->kind == Value::Kind::Dict ? cfg->Get("zero_optimization") : nullptr;
+    auto v = zero && zero->kind == Value::Kind::Dict ? zero->Get("sub_group_size") : nullptr;
+    if (v && (v->kind == Value::Kind::Int || v->kind == Value::Kind::Float)) size = static_cast<int64_t>(v->AsFloat());
+    std::vector<SubGroup> subs;
+    for (size_t g = 0; g < U_.groups.size(); ++g) {
+      const auto& members = U_.groups[g];
+      int64_t total = 0;
+      for (int k : members) total += Zero3Piece(U_.params[k].local_numel, T_.SeqDp());
+      if (size >= total) {
+        subs.push_back({static_cast<int>(g), members});
+        continue;
+      }
+      SubGroup sub{static_cast<int>(g), {}};
+      int64_t sum = 0;
+      for (size_t i = 0; i < members.size(); ++i) {
+        sub.members.push_back(members[i]);
+        sum += Zero3Piece(U_.params[members[i]].local_numel, T_.SeqDp());
+        if (sum >= size || i + 1 == members.size()) {
+          subs.push_back(std::move(sub));
+          sub = SubGroup{static_cast<int>(g), {}};
+          sum = 0;
+        }
+      }
+    }
+    return subs;
   }
 
   // The source's param_groups, each listing `positions[g]` (a flat group's one tensor: [g]); under
@@ -542,22 +584,25 @@ class UnitWriter {
   // (each padded to its piece), in the group's parameter order.
   void WriteZero3OptimizerFile(int d) {
     auto state = Value::Make(Value::Kind::Dict), flat = Value::Make(Value::Kind::List);
-    for (size_t g = 0; g < U_.groups.size(); ++g) {
+    const std::vector<SubGroup> subs = Zero3SubGroups();
+    std::vector<std::vector<int64_t>> positions(U_.groups.size());
+    for (size_t sg = 0; sg < subs.size(); ++sg) {
       int64_t total = 0;
       std::vector<Segment> segs;
-      for (int k : U_.groups[g]) {
+      for (int k : subs[sg].members) {
         const UnitParam& up = U_.params[k];
         if (up.begin < up.end) segs.push_back({k, up.begin, total, up.end - up.begin});
         total += Zero3Piece(up.local_numel, T_.SeqDp());
       }
       flat->items.push_back(FlatState(segs, total, 0));
-      state->dict.Set(Value::Int(static_cast<int64_t>(g)), AdamState(static_cast<int>(g), std::move(segs), total));
+      state->dict.Set(Value::Int(static_cast<int64_t>(sg)), AdamState(subs[sg].group, std::move(segs), total));
+      positions[subs[sg].group].push_back(static_cast<int64_t>(sg));
     }
     auto osd = Value::Make(Value::Kind::Dict);
     SetItem(*osd, "zero_stage", ZeroStage());
     PutLossScaling(*osd);
     SetItem(*osd, "partition_count", Value::Int(T_.SeqDp()));
-    SetItem(*osd, "optimizer_state_dict", TorchOptimizerState(state));
+    SetItem(*osd, "optimizer_state_dict", TorchOptimizerState(state, positions));
     SetItem(*osd, "fp32_flat_groups", flat);
     WriteOptimizerRoot(d, osd);
   }
@@ -570,18 +615,41 @@ class UnitWriter {
     auto module = OrderedDict();
     for (size_t k : ModelOrder())
       SetItem(*module, P_.names[U_.params[k].atom], pt::OwnedTensor(placeholder_owner, placeholder_owner.get(), lp.dtype, {0}));
-    return module;
+    return WithModuleBuffers(module);
   }
 
-  // The unit's parameters in the model's order (layer spec, then the key's place in its module):
-  // the order of a model's state_dict and of its layer files.
+  // The unit's parameters in the model's order: a module's own (Naming::Module), else layer spec,
+  // then the key's place in its module: the order of a model's state_dict and of its layer files.
   std::vector<size_t> ModelOrder() const {
     std::vector<size_t> order(U_.params.size());
     for (size_t k = 0; k < order.size(); ++k) order[k] = k;
     std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-      return InModelOrder(S_.atoms[U_.params[x].atom].place, S_.atoms[U_.params[y].atom].place);
+      const Atom &a = S_.atoms[U_.params[x].atom], &b = S_.atoms[U_.params[y].atom];
+      if (S_.naming == Naming::Module) return a.module_order < b.module_order;
+      return InModelOrder(a.place, b.place);
     });
     return order;
+  }
+
+  // A module that is no GPT (Naming::Module) keeps its buffers in its state_dict beside the
+  // parameters (DeepSpeed's buffer_names), loaded with them: carried from the source's module, in
+  // its order. Megatron's GPT modules save none.
+  ValuePtr WithModuleBuffers(ValuePtr params) const {
+    if (S_.naming != Naming::Module) return params;
+    auto source = S_.model_states.root->Get("module");
+    auto buffers = S_.model_states.root->Get("buffer_names");
+    if (!source || source->kind != Value::Kind::Dict || !buffers || !buffers->IsSequence() || buffers->AsSequence().empty())
+      return params;
+    std::set<std::string> is_buffer;
+    for (const auto& b : buffers->AsSequence())
+      if (b->kind == Value::Kind::Str) is_buffer.insert(b->s);
+    auto module = OrderedDict();
+    for (const auto& item : source->dict.items()) {
+      const std::string key = item.key->kind == Value::Kind::Str ? item.key->s : "";
+      if (is_buffer.count(key)) module->dict.Set(item.key, item.value);
+      else if (auto p = params->Get(key)) module->dict.Set(item.key, p);
+    }
+    return module;
   }
 
   ValuePtr DsVersion() const {
@@ -610,7 +678,7 @@ class UnitWriter {
       if (S_.atoms[U_.params[k].atom].expert >= 0) continue;  // the experts have files of their own
       SetItem(*module, P_.names[U_.params[k].atom], pt::OwnedTensor(lp_[k], lp_[k].get(), lp.dtype, U_.params[k].copy.shape));
     }
-    return module;
+    return WithModuleBuffers(module);
   }
 
   void WriteLayerFiles() {
@@ -674,10 +742,19 @@ class UnitWriter {
     // The parameters of each optimizer group on DP rank 0 (the rank that saves this file): under
     // Mixture of Experts (DeepSpeed 0.19.3+ records them), the experts of its expert-parallel rank,
     // by their local names.
-    for (size_t g = 0; g < U_.groups.size(); ++g) {
-      auto m = OrderedDict();
-      for (int k : GroupMembers(g, Groups().EpRank(0, U_.tp))) SetItem(*m, OptimizerName(k), TorchSize(U_.params[k].copy.shape, plain_tuples));
-      shapes->items.push_back(m);
+    // Under ZeRO-3, one per sub-group (Zero3SubGroups), as its engine lists its flat partitions.
+    if (T_.zero_stage == 3) {
+      for (const SubGroup& sub : Zero3SubGroups()) {
+        auto m = OrderedDict();
+        for (int k : sub.members) SetItem(*m, OptimizerName(k), TorchSize(U_.params[k].copy.shape, plain_tuples));
+        shapes->items.push_back(m);
+      }
+    } else {
+      for (size_t g = 0; g < U_.groups.size(); ++g) {
+        auto m = OrderedDict();
+        for (int k : GroupMembers(g, Groups().EpRank(0, U_.tp))) SetItem(*m, OptimizerName(k), TorchSize(U_.params[k].copy.shape, plain_tuples));
+        shapes->items.push_back(m);
+      }
     }
     // A Mixture-of-Experts save (engine._save_moe_checkpoint) records no param_shapes or ds_config
     // before DeepSpeed 0.19.3. Without ZeRO DeepSpeed records no param_shapes or shared_params, and
@@ -750,7 +827,10 @@ class UnitWriter {
       }
       std::vector<std::pair<std::string, std::string>> names;
       for (size_t k = 0; k < S_.atoms.size(); ++k) names.emplace_back(S_.atoms[k].name, P_.names[k]);
-      SetItem(*root, "universal_checkpoint_info", RenameRules(*i, names, S_.naming, NamingOf(T_), S_.layers, S_.untied));
+      if (S_.naming != Naming::Module)  // (a module's names are kept: its rules stand)
+        SetItem(*root, "universal_checkpoint_info", RenameRules(*i, names, S_.naming, NamingOf(T_), S_.layers, S_.untied));
+      else
+        SetItem(*root, "universal_checkpoint_info", i);
     }
     return root;
   }

@@ -1,0 +1,99 @@
+#include "reshard/job_output.h"
+
+#include <filesystem>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "pt/value.h"
+#include "source/job_files.h"
+
+namespace ucp::reshard {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string Joined(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+int64_t ConfigInt(const Source& S, const char* key) {
+  auto cfg = S.model_states.root ? S.model_states.root->Get("ds_config") : nullptr;
+  auto v = cfg && cfg->kind == pt::Value::Kind::Dict ? cfg->Get(key) : nullptr;
+  return v && v->kind == pt::Value::Kind::Int ? v->AsInt() : 0;
+}
+
+}  // namespace
+
+std::vector<std::string> JobOutput::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, from] : files) out.push_back(name);
+  return out;
+}
+
+JobOutput PlanJobOutput(const Source& S, const TargetLayout& T, const std::string& root, bool in_place) {
+  JobOutput J;
+  const source::JobFiles job = source::JobFiles::FromJson(S.manifest["source"].value("job", nlohmann::json()));
+  if (job.empty()) return J;
+  const std::string folder = std::string(source::kJobFolder) + "/";
+  const int to_world = T.SeqDp() * T.tp * T.pp;
+  if (!in_place)
+    for (const auto& n : job.carried)
+      if (!source::IsRngFile(n)) J.files.emplace_back(n, folder + n);
+  if (job.kind == "hf-trainer" && job.rng_world > 0) {
+    std::vector<std::string> own, copied;
+    for (const auto& [to, from] : source::RngFilesFor(job.rng_world, to_world)) {
+      std::error_code ec;
+      if (in_place && fs::exists(fs::path(root) / to, ec)) continue;
+      J.files.emplace_back(to, folder + from);
+      (to == from ? own : copied).push_back(to == from ? to : to + " <- " + from);
+    }
+    if (!copied.empty())
+      J.notes.push_back("Trainer's RNG files for " + std::to_string(to_world) + " process" + (to_world == 1 ? "" : "es") +
+                        ": a rank the job of " + std::to_string(job.rng_world) + " had keeps its own, another rank r takes "
+                        "rank (r mod " + std::to_string(job.rng_world) + ")'s: " + Joined(copied));
+  }
+  if (!in_place && !job.carried.empty()) {
+    std::vector<std::string> rest;
+    for (const auto& n : job.carried)
+      if (!source::IsRngFile(n)) rest.push_back(n);
+    J.notes.push_back("Trainer's files written beside " + S.manifest["source"].value("tag", std::string()) +
+                      " as they were: " + Joined(rest));
+  }
+  if (!in_place && !job.weights.empty())
+    J.notes.push_back(Joined(job.weights) + " not written: a copy of the weights the tag holds (ucp-reshard ATOMIC "
+                      "--format hf writes them)");
+  const int from_world = S.manifest["source"].value("dp", 1) * S.manifest["source"].value("sp", 1) *
+                         S.manifest["source"].value("tp", 1) * S.manifest["source"].value("pp", 1);
+  if (std::string batch = GlobalBatchNote(S, from_world, to_world); !batch.empty()) J.notes.push_back(batch);
+  return J;
+}
+
+void WriteJobOutput(const Source& S, const JobOutput& J, const std::string& root) {
+  for (const auto& [name, from] : J.files) {
+    const std::string bytes = S.reader->ReadCheckedBytes(from);
+    AtomicFile out(root + "/" + name, Durability::Batch, Digest::None);
+    out.Write(bytes.data(), bytes.size());
+    out.Commit();
+  }
+}
+
+std::string GlobalBatchNote(const Source& S, int from_world, int to_world) {
+  const int64_t micro = ConfigInt(S, "train_micro_batch_size_per_gpu"), accum = ConfigInt(S, "gradient_accumulation_steps");
+  if (from_world == to_world || micro <= 0 || accum <= 0) return "";
+  const int64_t before = micro * accum * from_world, after = micro * accum * to_world;
+  std::string keep;
+  if (before % (accum * to_world) == 0)
+    keep = "per_device_train_batch_size " + std::to_string(before / (accum * to_world));
+  if (before % (micro * to_world) == 0)
+    keep += (keep.empty() ? "" : " or ") + std::string("gradient_accumulation_steps ") + std::to_string(before / (micro * to_world));
+  return "the global batch is per-device batch x gradient accumulation x processes (Trainer fills DeepSpeed's "
+         "train_batch_size with it, and DeepSpeed checks the product): with this job's " + std::to_string(micro) + " x " +
+         std::to_string(accum) + " it is " + std::to_string(after) + " at " + std::to_string(to_world) + " process" +
+         (to_world == 1 ? "" : "es") + ", " + std::to_string(before) + " at the checkpoint's " + std::to_string(from_world) +
+         (keep.empty() ? "; no per-device batch or accumulation keeps it exactly" : "; " + keep + " keeps it") +
+         " (the learning-rate schedule and trainer_state.json go on by steps either way)";
+}
+
+}  // namespace ucp::reshard
