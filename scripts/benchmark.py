@@ -22,6 +22,21 @@ medians and ratios against references measured in the same rounds:
                                      torch 2.6, by ../shared/real-dcp/harness/convert.py: its in-process
                                      time and peak RSS are reported beside the command's wall time);
                                      scripts/make_dcp_fixture.py makes a DCP of a few GB with torch's writer
+  --hf-trainer                       the Hugging Face export of a Trainer + DeepSpeed checkpoint (its
+                                     checkpoint-N/, Hugging Face parameter names) against DeepSpeed's
+                                     zero_to_fp32.py on the same folder: ucp-reshard CKPT -o OUT --format hf
+                                     (convert and export in one command) and ucp-reshard ATOMIC --format hf
+                                     (the export alone), on 1 rank, each command's wall time and peak RSS
+                                     (the process tree's, from wait4) against zero_to_fp32.py's. Without
+                                     --checkpoint, scripts/make_hftrainer_fixture.py's 2.65 GB ZeRO-3
+                                     checkpoint. zero_to_fp32.py needs `import deepspeed`: give the command
+                                     as --zero-to-fp32-cmd, a template with {checkpoint} and {output}, e.g.
+                                     for the Debian trixie chroot of ../shared/real-hftrainer/harness (with
+                                     --work bind-mounted at the same path inside it):
+                                       --zero-to-fp32-cmd "chroot /work/oracle-hf/trixie env -i bash -c '.
+                                       /shared/real-hftrainer/harness/env.sh; python3 {checkpoint}/zero_to_fp32.py
+                                       {checkpoint} {output} --safe_serialization'"
+                                     (goal, issue 43: ucp at least 5x faster, at most 1/8 of its peak RSS)
 Page cache warm (the source is read once before the rounds). Peak RSS per rank and bytes read and
 written come from each tool's --report.
 
@@ -59,9 +74,18 @@ ap.add_argument("--dcp", help="a PyTorch Distributed Checkpoint folder (.metadat
 ap.add_argument("--chroot", help="with --dcp: the Debian trixie chroot with python3-torch >= 2.4, for dcp_to_torch_save")
 ap.add_argument("--mpiexec-args", default="", help="extra mpiexec options for the 2-rank runs, e.g. '--mca pml ucx' (on one node the tools "
                 "choose Open MPI's ob1 themselves unless told otherwise)")
+ap.add_argument("--hf-trainer", action="store_true", help="the Hugging Face export of a Trainer checkpoint against "
+                "zero_to_fp32.py (see above)")
+ap.add_argument("--zero-to-fp32-cmd", help="with --hf-trainer: zero_to_fp32.py's command, {checkpoint} and {output} "
+                "filled in; without it only ucp's side is timed")
 a = ap.parse_args()
 if a.repeat < 5:
     sys.exit("--repeat must be at least 5 (medians of at least 5 paired runs)")
+if a.hf_trainer:
+    sys.path.insert(0, os.path.join(root, "scripts"))
+    import benchmark_hf_export  # noqa: E402
+    benchmark_hf_export.main(a, root)
+    sys.exit(0)
 
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 convert = os.path.join(a.build, "apps", "ucp-convert")

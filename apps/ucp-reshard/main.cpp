@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include "common/command_line.h"
 #include <unistd.h>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "target/target.h"
 
@@ -102,7 +104,9 @@ int main(int argc, char** argv) {
                  "with --format hf: a JSON object of model facts the checkpoint does not hold, by Megatron's argument "
                  "names (hidden_size, num_layers, num_attention_heads, num_key_value_heads, ffn_hidden_size, "
                  "max_position_embeddings, normalization, swiglu, position_embedding_type, layernorm_epsilon, "
-                 "rope_theta); a value the checkpoint's args also give must agree")
+                 "rope_theta); a value the checkpoint's args also give must agree. For a checkpoint whose parameters "
+                 "carry Hugging Face's own names (a Trainer job's): the model's config.json, when the atomic checkpoint "
+                 "carries none (job/config.json); it is written unchanged, with the generation_config.json beside it")
       ->check(CLI::ExistingFile);
   CLI::Option* max_shard_flag = app.add_option("--max-shard-size", o.model.max_file_bytes,
                  "with --format hf: tensor bytes per safetensors file (e.g. 5GB, the default, 500MB; 1000-based as "
@@ -239,8 +243,10 @@ int main(int argc, char** argv) {
     o.model.dtype = t.dtype;
     if (!model_config.empty()) {
       try {
-        std::ifstream in(model_config);
-        o.model.model_config = nlohmann::json::parse(in);
+        const std::optional<std::string> text = ucp::ReadWholeFile(model_config);
+        if (!text) throw ucp::Error("cannot be read");
+        o.model.model_config = nlohmann::json::parse(*text);
+        o.model.model_config_text = *text;
         if (!o.model.model_config.is_object()) throw ucp::Error("not a JSON object");
         o.model.model_config_path = model_config;
       } catch (const std::exception& e) {

@@ -48,7 +48,7 @@ class StoreRows final : public RowSource {
 
 // " (fp32 -> bf16, as --dtype asks)" where the export's dtype is not the source job's.
 std::string PrecisionChange(const Source& S, const ExportPlan& P) {
-  const std::string from = S.manifest["source"].value("dtype", "");
+  const std::string from = P.job_dtype.empty() ? S.manifest["source"].value("dtype", "") : P.job_dtype;
   return from.empty() || from == P.dtype ? "" : " (" + from + " -> " + P.dtype + ", as --dtype asks)";
 }
 

@@ -66,6 +66,7 @@ struct ExportFile {
 
 struct ExportPlan {
   std::string dtype;                // fp32, bf16 or fp16: every tensor's
+  std::string job_dtype;            // what the source job trained in, where the driver knows it better than the manifest
   std::vector<ExportTensor> tensors;
   std::vector<ExportFile> files;
   // Small files rank 0 writes after every rank's files are durable, in order (a model's config),
@@ -83,6 +84,7 @@ struct ExportOptions {
   int64_t max_file_bytes = 5'000'000'000;  // a file holds at most this many tensor bytes (one tensor larger alone)
   nlohmann::json model_config;        // facts the checkpoint does not hold (--model-config), an object
   std::string model_config_path;      // where they came from, for messages
+  std::string model_config_text;      // the file's bytes (a Hugging Face config.json is carried as it is)
 };
 
 // Where a whole-tensor writer takes its values: rows [a, b) of atomic tensor `atom`'s fp32 weights

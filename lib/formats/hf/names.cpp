@@ -1,5 +1,6 @@
 #include "formats/hf/names.h"
 
+#include <algorithm>
 #include <map>
 #include <regex>
 
@@ -276,6 +277,13 @@ std::vector<ExportTensor> LlamaTensors(const reshard::Source& S, const LlamaFact
   if (!made.empty())
     throw refuse(made.begin()->second.source, "gives " + made.begin()->first + ", which this model has no place for");
   return out;
+}
+
+bool TranslatedNaming(const std::vector<std::string>& names) {
+  return std::any_of(names.begin(), names.end(), [](const std::string& n) {
+    const auto slot = SlotOf(n, int64_t{1} << 40);  // any layer count: only the embedding's and stacked names tell
+    return slot && (slot->kind == Slot::Embedding || slot->kind == Slot::Stacked);
+  });
 }
 
 }  // namespace ucp::formats::hf

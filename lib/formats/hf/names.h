@@ -12,6 +12,7 @@
 // The word embedding and the output layer lose their vocabulary padding rows.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "formats/hf/model.h"
@@ -24,5 +25,10 @@ namespace ucp::formats::hf {
 // ucp::Error naming the parameter that has no place in it or whose shape or sub-parameters do not
 // fit, or the tensor no parameter fills.
 std::vector<reshard::ExportTensor> LlamaTensors(const reshard::Source& S, const LlamaFacts& m);
+
+// Whether `names` are in one of the namings above (a word embedding or stacked layers by Megatron's,
+// torchtitan's or Megatron-Core's name): a model this file translates. Names of none of them may be
+// Hugging Face's own (a Trainer job's), which pass through unchanged (own_model.h).
+bool TranslatedNaming(const std::vector<std::string>& names);
 
 }  // namespace ucp::formats::hf

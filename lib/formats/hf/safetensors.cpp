@@ -85,11 +85,12 @@ void WriteSafetensors(const reshard::ExportPlan& P, size_t f, reshard::RowSource
   out.Commit();
 }
 
-std::string SafetensorsIndex(const reshard::ExportPlan& P) {
+std::string SafetensorsIndex(const reshard::ExportPlan& P, int64_t total_parameters) {
   nlohmann::json map = nlohmann::json::object();
   for (const reshard::ExportFile& f : P.files)
     for (int i : f.tensors) map[P.tensors[i].name] = f.name;
   nlohmann::json index = {{"metadata", {{"total_size", P.tensor_bytes()}}}, {"weight_map", map}};
+  if (total_parameters > 0) index["metadata"]["total_parameters"] = total_parameters;  // (keys sorted, as json.dumps(sort_keys=True))
   return index.dump(2) + "\n";
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "target/export_plan.h"
@@ -19,7 +20,8 @@ std::string SafetensorsHeader(const reshard::ExportPlan& P, const reshard::Expor
 // tensor read in runs of rows and converted to the plan's dtype (rounding to nearest even).
 void WriteSafetensors(const reshard::ExportPlan& P, size_t f, reshard::RowSource& rows, const std::string& path);
 
-// model.safetensors.index.json: metadata.total_size (the tensors' bytes) and weight_map.
-std::string SafetensorsIndex(const reshard::ExportPlan& P);
+// model.safetensors.index.json: metadata.total_size (the tensors' bytes) and weight_map; with
+// `total_parameters` > 0 that too, as save_pretrained writes it (the model's parameter count).
+std::string SafetensorsIndex(const reshard::ExportPlan& P, int64_t total_parameters = 0);
 
 }  // namespace ucp::formats::hf
