@@ -156,7 +156,7 @@ if record:
 for flags, expect in ((["--dp", "1", "--tp", "2", "--pp", "1"], "tp=2"), (["--dp", "1", "--tp", "1", "--pp", "2"], "pp=2")):
     out = os.path.join(WORK, "refused", flags[3] + flags[5])
     r = run("ucp-reshard", [atomic, "-o", out, *flags, "--zero-stage", "1"])
-    check(f"refused: {expect}", r.returncode == 1 and expect in r.stderr and "keep their own names" in r.stderr and
+    check(f"refused: {expect}", r.returncode == 1 and expect in r.stderr and "carry their own names" in r.stderr and
           not os.path.exists(out), r.stderr[-600:])
 
 
