@@ -85,6 +85,9 @@ int main(int argc, char** argv) {
                  "converts into OUT/.ucp-scratch-atomic, removed at the end)")
       ->required();
   bool in_place = false;
+  bool no_strict = false;
+  app.add_flag("--no-strict", no_strict, "from a training run's root: convert it despite layout or pattern problems "
+               "(ucp-convert --no-strict; they are printed)");
   ucp::reshard::InPlaceOptions ip;
   app.add_flag("--in-place", in_place,
                "lazy reconfiguration of a checkpoint root (with `latest`, native or atomic): nothing to do if `latest` has "
@@ -266,7 +269,7 @@ int main(int argc, char** argv) {
     ucp::h5::InitializeBeforeMpi();
     auto comm = ucp::shuffle::MakeWorldComm(&argc, &argv);
     if (ucp::reshard::IsCheckpointRoot(o.atomic_dir)) {  // a training run's root: its atomic checkpoint found or made first
-      ip.root = o.atomic_dir, ip.reshard = o, ip.plan_only = o.plan_only, ip.json = o.json;
+      ip.root = o.atomic_dir, ip.strict = !no_strict, ip.reshard = o, ip.plan_only = o.plan_only, ip.json = o.json;
       ip.patterns_dir = ucp::patterns::DefaultPatternsDir(), ip.progress = o.progress;
       return ucp::reshard::RunFromRoot(ip, *comm, std::cout, std::cerr);
     }
@@ -300,7 +303,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     ip.plan_only = o.plan_only, ip.json = o.json;
-    ip.root = o.atomic_dir;
+    ip.root = o.atomic_dir, ip.strict = !no_strict;
     ip.reshard = o;
     ip.patterns_dir = ucp::patterns::DefaultPatternsDir();
     ip.progress = o.progress;
@@ -319,7 +322,7 @@ int main(int argc, char** argv) {
   ucp::h5::InitializeBeforeMpi();  // before MPI_Init: see h5/h5.h
   auto comm = ucp::shuffle::MakeWorldComm(&argc, &argv);
   if (ucp::reshard::IsCheckpointRoot(o.atomic_dir)) {  // a training run's root (a Trainer checkpoint-N): its atomic checkpoint found or made first
-    ip.root = o.atomic_dir, ip.reshard = o, ip.plan_only = o.plan_only, ip.json = o.json;
+    ip.root = o.atomic_dir, ip.strict = !no_strict, ip.reshard = o, ip.plan_only = o.plan_only, ip.json = o.json;
     ip.patterns_dir = ucp::patterns::DefaultPatternsDir(), ip.progress = o.progress;
     return ucp::reshard::RunFromRoot(ip, *comm, std::cout, std::cerr);
   }

@@ -437,7 +437,8 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
         if (!L.job.carried.empty()) std::filesystem::create_directories(o.output + "/" + source::kJobFolder);
         for (const std::string& name : L.job.carried)
           writers.Submit(0, side_file([&, name] {
-            return store::CopyFileAtomically(L.root + "/" + name, o.output, std::string(source::kJobFolder) + "/" + name, side_durability);
+            const std::string& root = L.job.root.empty() ? L.root : L.job.root;
+            return store::CopyFileAtomically(root + "/" + name, o.output, std::string(source::kJobFolder) + "/" + name, side_durability);
           }));
       }
       for (size_t f = 0; f < L.files.size(); ++f)

@@ -34,6 +34,7 @@ struct InPlaceOptions {
   int keep = 0;                // tags written in place kept, the newest; 0: all
   std::string patterns_dir;    // for the conversion, when one is needed
   bool progress = false;
+  bool strict = true;          // the conversion's: --no-strict converts despite layout or pattern problems
   bool plan_only = false;      // say what the step would do (nothing / point back / reuse / convert, then reshard), write nothing
   bool json = false;           // with plan_only: as JSON (schemas/in-place-plan.schema.json)
 };

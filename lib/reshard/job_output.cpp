@@ -1,5 +1,6 @@
 #include "reshard/job_output.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/atomic_file.h"
@@ -42,13 +43,20 @@ JobOutput PlanJobOutput(const Source& S, const TargetLayout& T, const std::strin
     for (const auto& n : job.carried)
       if (!source::IsRngFile(n)) J.files.emplace_back(n, folder + n);
   if (job.kind == "hf-trainer" && job.rng_world > 0) {
-    std::vector<std::string> own, copied;
+    std::vector<std::string> own, copied, lacking;
     for (const auto& [to, from] : source::RngFilesFor(job.rng_world, to_world)) {
       std::error_code ec;
       if (in_place && fs::exists(fs::path(root) / to, ec)) continue;
+      if (std::find(job.carried.begin(), job.carried.end(), from) == job.carried.end()) {  // converted with --no-strict
+        lacking.push_back(to + " (" + from + ")");
+        continue;
+      }
       J.files.emplace_back(to, folder + from);
       (to == from ? own : copied).push_back(to == from ? to : to + " <- " + from);
     }
+    if (!lacking.empty())
+      J.notes.push_back("not written, the source lacks the file it takes: " + Joined(lacking) +
+                        "; Trainer resumes those processes without restoring their RNG state");
     if (!copied.empty())
       J.notes.push_back("Trainer's RNG files for " + std::to_string(to_world) + " process" + (to_world == 1 ? "" : "es") +
                         ": a rank the job of " + std::to_string(job.rng_world) + " had keeps its own, another rank r takes "
@@ -64,6 +72,25 @@ JobOutput PlanJobOutput(const Source& S, const TargetLayout& T, const std::strin
   if (!in_place && !job.weights.empty())
     J.notes.push_back(Joined(job.weights) + " not written: a copy of the weights the tag holds (ucp-reshard ATOMIC "
                       "--format hf writes them)");
+  // What the job itself must change to read these files: its ds_config's stage, its precision.
+  const auto& src = S.manifest["source"];
+  if (T.zero_stage != src.value("zero_stage", T.zero_stage))
+    J.notes.push_back("the files are ZeRO-" + std::to_string(T.zero_stage) + "'s: the job's ds_config must say "
+                      "\"zero_optimization\": {\"stage\": " + std::to_string(T.zero_stage) + "} (it said " +
+                      std::to_string(src.value("zero_stage", 0)) + ")");
+  if (T.dtype != src.value("dtype", T.dtype))
+    J.notes.push_back("the files are " + T.dtype + "'s: the job must train in " + T.dtype +
+                      (T.dtype == "fp32" ? " (TrainingArguments without bf16 / fp16)" : " (TrainingArguments " + T.dtype + "=True)") +
+                      "; it trained in " + src.value("dtype", std::string("?")));
+  // Trainer names the folder after the step it saved; ucp-inspect refuses another name.
+  {
+    fs::path path = fs::path(root).lexically_normal();
+    if (path.filename().empty()) path = path.parent_path();
+    const std::string name = path.filename().string(), want = "checkpoint-" + std::to_string(job.global_step);
+    if (!in_place && job.global_step >= 0 && name.rfind("checkpoint-", 0) == 0 && name != want)
+      J.notes.push_back("the output is named " + name + ", the checkpoint is of step " + std::to_string(job.global_step) +
+                        " (Trainer's name for it: " + want + ")");
+  }
   const int from_world = S.manifest["source"].value("dp", 1) * S.manifest["source"].value("sp", 1) *
                          S.manifest["source"].value("tp", 1) * S.manifest["source"].value("pp", 1);
   if (std::string batch = GlobalBatchNote(S, from_world, to_world); !batch.empty()) J.notes.push_back(batch);

@@ -332,7 +332,7 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
     }
     return choice.chosen >= 0 ? 0 : 1;
   }
-  if (talk && o.planner.gpus > 0) err << kTool << ": layout for " << o.planner.gpus << " GPUs: " << choice.reason << "\n";
+  if (talk && o.planner.gpus > 0) err << kTool << ": layout for " << o.planner.gpus << (o.planner.gpus == 1 ? " GPU: " : " GPUs: ") << choice.reason << "\n";
   if (talk && !choice.job_change.empty()) err << kTool << ": note: " << choice.job_change << "\n";
   if (talk)
     err << kTool << ": " << o.atomic_dir << " (" << S.atoms.size() << " parameters, from dp=" << S.manifest["source"]["dp"]

@@ -31,6 +31,9 @@ struct JobFiles {
   // ucp-reshard --in-place wrote a tag here (a folder holding its marker): `latest` may name that tag,
   // and RNG files it added for a larger world may outnumber the processes of the tag `latest` names.
   bool resharded_in_place = false;
+  // Where they are, when it is not the index's root: the folder around a tag folder given itself.
+  // Not recorded (the manifest's source.path is the folder given).
+  std::string root;
 
   bool empty() const { return kind.empty(); }
   nlohmann::json ToJson() const;  // the manifest's source.job

@@ -159,7 +159,12 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
             Candidate c;
             c.layout = r.base;
             c.layout.dp = dp, c.layout.sp = sp, c.layout.tp = tp, c.layout.pp = pp;
-            c.refused = "the model's layers are not known to ucp (its parameters keep their own names: a plain DeepSpeed "
+            std::string given;
+            for (const auto& [key, value, source] : {std::tuple{"tp", tp, model.source.tp}, std::tuple{"pp", pp, model.source.pp},
+                                                     std::tuple{"sp", sp, model.source.Sp()}})
+              if (value != source && Fixed(r, key)) given += (given.empty() ? "" : " ") + std::string(key) + "=" + std::to_string(value);
+            c.refused = (given.empty() ? std::string() : given + " as given: ") +
+                        "the model's layers are not known to ucp (its parameters keep their own names: a plain DeepSpeed "
                         "engine around a model that is no Megatron GPT): TP, PP and SP stay the source's (tp=" +
                         std::to_string(model.source.tp) + " pp=" + std::to_string(model.source.pp) + " sp=" +
                         std::to_string(model.source.Sp()) + ")";

@@ -207,7 +207,17 @@ void PlaceInModule(Source& S, const std::string& model_path) {
       throw Error(model_path + ": the module holds no parameter '" + a.name + "', which the atomic checkpoint holds: "
                   "the model-states file is not this model's");
     a.module_order = it->second;
+    order.erase(it);
   }
+  // What is left is a buffer (buffer_names) or a parameter no optimizer holds: frozen (a LoRA model's
+  // base weights), whose values the atomic checkpoint does not keep. Refused, never left out unsaid.
+  if (auto buffers = S.model_states.root->Get("buffer_names"); buffers && buffers->IsSequence())
+    for (const auto& b : buffers->AsSequence())
+      if (b->kind == Value::Kind::Str) order.erase(b->s);
+  if (!order.empty())
+    throw Error(model_path + ": the module holds " + std::to_string(order.size()) + " parameter(s) no optimizer state "
+                "covers, e.g. '" + order.begin()->first + "' (frozen: a LoRA model's base weights?); ucp-reshard does not "
+                "carry frozen parameters yet, and a model written without them would load its initial values");
 }
 
 }  // namespace

@@ -13,6 +13,8 @@ Checked against independent ground truth:
   this build (2 ranks write the same bytes as 1); bf16 within 1.5x DeepSpeed's own universal resume there (a stage change: 1.5x what the target layout's own
   uninterrupted run differs by);
 - a target at another ZeRO stage converted back gives the first conversion's tensors bit for bit;
+- --format hf: zero_to_fp32.py's tensors bit for bit (--dtype fp32), and by default (the job's dtype)
+  Trainer's own model.safetensors bit for bit, where it wrote one;
 - RNG files by the documented rule; no Megatron iteration file; `latest` names the tag;
 - refused by name: TP or PP changes (no layer structure known), a folder whose Trainer files disagree
   with DeepSpeed's (a missing rng_state file, trainer_state.json of another step);
@@ -32,6 +34,7 @@ import ds_stubs  # noqa: E402,F401
 from atomic_files import atomic_tensor, same_bytes  # noqa: E402
 from checklist import check, finish, fresh_folder, tool_runner  # noqa: E402
 from compare_shards import compare_roots  # noqa: E402
+from safetensors_reader import read_safetensors  # noqa: E402
 
 BIN, CASE_DIR, WORK, RECORD, MPIEXEC = sys.argv[1:6]
 run = tool_runner(BIN, MPIEXEC)
@@ -87,6 +90,11 @@ check("manifest: a Trainer job, its files carried, the weights copy not",
       job.get("kind") == "hf-trainer" and job.get("files") == [f for f in listed if f not in weights] and
       job.get("weights_not_carried") == weights and job.get("rng_world") == WORLD and job.get("global_step") == 4, json.dumps(job))
 check("carried files byte for byte", all(sha(os.path.join(atomic, "job", f)) == sha(os.path.join(SRC, f)) for f in job.get("files", [])))
+# The tag folder given itself: the Trainer folder around it (its latest names it) is the job's all the same.
+tag_only = os.path.join(WORK, "tag_only")
+r = run("ucp-convert", [os.path.join(SRC, "global_step4"), "-o", tag_only])
+check("convert of global_step4 itself: the Trainer files around it carried too", r.returncode == 0 and
+      json.load(open(os.path.join(tag_only, "ucp_manifest.json")))["source"].get("job") == job, r.stderr[-800:])
 r = run("ucp-inspect", ["--verify", atomic])
 check("inspect --verify", r.returncode == 0, r.stdout[-800:] + r.stderr[-800:])
 
@@ -152,6 +160,29 @@ if record:
           r.returncode == 0 and tree(out) == record[key]["files"] and not os.path.exists(os.path.join(out, ".ucp-scratch-atomic")),
           r.stderr[-1500:])
 
+# --- the Hugging Face export: zero_to_fp32.py's tensors, and Trainer's own model.safetensors -------------
+def tensors(d):
+    out = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            out.update(read_safetensors(os.path.join(d, f)))
+    return out
+
+
+z2f = os.path.join(CASE_DIR, "zero_to_fp32")
+if os.path.isdir(z2f):
+    out = os.path.join(WORK, "hf_fp32")
+    r = run("ucp-reshard", [atomic, "-o", out, "--format", "hf", "--dtype", "fp32"])
+    ours, theirs = (tensors(out), tensors(z2f)) if r.returncode == 0 else ({}, {})
+    check("--format hf --dtype fp32: zero_to_fp32.py's tensors bit for bit", r.returncode == 0 and sorted(ours) == sorted(theirs) and
+          all(same_bytes(ours[k], theirs[k]) for k in theirs), r.stderr[-800:])
+if weights:  # Trainer's own save_pretrained of the model, in the job's dtype
+    out = os.path.join(WORK, "hf_job_dtype")
+    r = run("ucp-reshard", [atomic, "-o", out, "--format", "hf"])
+    ours, theirs = (tensors(out), tensors(SRC)) if r.returncode == 0 else ({}, {})
+    check(f"--format hf: Trainer's own {weights[0]} bit for bit ({CASE['dtype']})", r.returncode == 0 and
+          sorted(ours) == sorted(theirs) and all(same_bytes(ours[k], theirs[k]) for k in theirs), r.stderr[-800:])
+
 # --- refused by name ----------------------------------------------------------------------------------
 for flags, expect in ((["--dp", "1", "--tp", "2", "--pp", "1"], "tp=2"), (["--dp", "1", "--tp", "1", "--pp", "2"], "pp=2")):
     out = os.path.join(WORK, "refused", flags[3] + flags[5])
@@ -167,10 +198,16 @@ def damaged(label, mutate, expect):
     r = run("ucp-convert", [d, "-o", d + ".atomic"])
     check(f"refused: {label}", r.returncode == 1 and all(e in r.stderr for e in expect) and
           not os.path.exists(d + ".atomic/ucp_manifest.json"), r.stderr[-800:])
+    return d
 
 
-damaged("missing_rng", lambda d: os.remove(os.path.join(d, rng_name(WORLD - 1, WORLD))),
-        ["Trainer's RNG files", "missing " + rng_name(WORLD - 1, WORLD)])
+missing = damaged("missing_rng", lambda d: os.remove(os.path.join(d, rng_name(WORLD - 1, WORLD))),
+                  ["Trainer's RNG files", "missing " + rng_name(WORLD - 1, WORLD)])
+# --no-strict (ucp-reshard's conversion from the root): written, the RNG file it lacks said, not invented.
+out = os.path.join(WORK, "no_strict", "checkpoint-4")
+r = run("ucp-reshard", [missing, "-o", out, "--dp", str(WORLD), "--tp", "1", "--pp", "1", "--zero-stage", str(STAGE), "--no-strict"])
+check("--no-strict: written without the RNG file the source lacks, said", r.returncode == 0 and "not written" in r.stderr and
+      not os.path.exists(os.path.join(out, rng_name(WORLD - 1, WORLD))) and os.path.exists(os.path.join(out, "latest")), r.stderr[-800:])
 
 
 def other_step(d):

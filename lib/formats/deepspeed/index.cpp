@@ -740,14 +740,29 @@ namespace {
 // The framework's files beside the tag (source/job_files.h: Hugging Face Trainer's checkpoint-N),
 // checked against DeepSpeed's files and carried by the conversion.
 void TakeJobFiles(SourceIndex& L) {
-  if (L.dir == L.root) return;
-  L.job = source::FindJobFiles(L.root, L.tag);
+  // The tag folder itself given: its root is the folder around it when that one's `latest` names it
+  // (a Trainer checkpoint-N's global_stepN), whose files belong to it just the same.
+  std::string root = L.root;
+  if (L.dir == L.root) {
+    const fs::path parent = fs::path(L.dir).lexically_normal().parent_path();
+    std::error_code ec;
+    std::string named;
+    try {
+      if (fs::exists(parent / "latest", ec)) named = source::ReadLatestTag(parent.string());
+    } catch (const Error&) {
+    }
+    if (named.empty() || named != fs::path(L.dir).lexically_normal().filename().string()) return;
+    root = parent.string();
+  }
+  L.job = source::FindJobFiles(root, L.tag);
   if (L.job.empty()) return;
-  for (auto& p : source::JobFileProblems(L.job, L.root, L.tag, L.dp * L.tp * L.pp, L.iteration)) L.problems.push_back(std::move(p));
+  if (root != L.root) L.job.root = root;
+  for (auto& p : source::JobFileProblems(L.job, root, L.tag, L.dp * L.tp * L.pp, L.iteration)) L.problems.push_back(std::move(p));
   std::string weights;
   for (const auto& w : L.job.weights) weights += (weights.empty() ? "" : ", ") + w;
   L.notes.push_back(std::string(L.job.kind == "hf-trainer" ? "a Hugging Face Trainer checkpoint" : "a Hugging Face model's checkpoint") +
-                    ": its " + std::to_string(L.job.carried.size()) + " files beside " + L.tag + " are carried (job/)" +
+                    (root != L.root ? " (" + root + ", whose latest names this folder)" : "") + ": its " +
+                    std::to_string(L.job.carried.size()) + " files beside " + L.tag + " are carried (job/)" +
                     (weights.empty() ? "" : "; " + weights + " not: a copy of the weights " + L.tag + " holds (--format hf writes it)"));
 }
 

@@ -97,6 +97,12 @@ std::optional<JobConfig> JobConfigOf(const reshard::Source& S, const reshard::Ex
     }
     given = std::move(j);
   }
+  // A --model-config that is no config.json, for a model whose names are Hugging Face's own, says
+  // nothing this export uses: refused, not ignored.
+  if (!o.model_config_path.empty() && !given)
+    throw Error(o.model_config_path + ": --model-config for a model whose parameters carry Hugging Face's names takes "
+                "its config.json (with model_type or architectures); this file has neither" +
+                (carried ? " (the atomic checkpoint carries the job's own config.json: export without --model-config)" : ""));
   if (carried && given && carried->config != given->config)
     throw Error(o.model_config_path + ": --model-config gives a config.json other than the one the atomic checkpoint "
                 "carries from its job (" + carried->from + "): export without --model-config to write the job's own");
