@@ -506,6 +506,12 @@ int RunFromRoot(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out,
   std::string error = Capture([&] {
     current = ReadCurrent(root);
     if (!o.plan_only) RefuseOutputWithin(o.reshard.output, current.dir, "the checkpoint folder");
+    // -o the root itself (or a folder around it): refused as the input it is, before any claim.
+    std::error_code ec;
+    const fs::path out = fs::weakly_canonical(o.reshard.output, ec), in = fs::weakly_canonical(root, ec);
+    if (!o.plan_only && !out.empty() && !in.empty() && std::mismatch(out.begin(), out.end(), in.begin(), in.end()).first == out.end())
+      throw Error(o.reshard.output + ": the output folder " + (out == in ? "is" : "holds") + " the training run's root this run "
+                  "reads (" + root + "): choose another -o, or --in-place to write beside its tag");
     reusable = Reusable(root, current);
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;

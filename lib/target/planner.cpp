@@ -256,9 +256,13 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
   else if (s.Sp() > 1)
     why += ", no SP (the source ran sp=" + std::to_string(s.Sp()) + "; its sequence fits without: --sp " +
            std::to_string(s.Sp()) + " keeps it)";
-  why += ", the least ZeRO communication (ZeRO-" + std::to_string(t.zero_stage) +
-         (t.zero_stage == s.zero_stage ? ", as the source" : "") + "), the smallest TP (tp=" + std::to_string(t.tp) +
-         "): " + HumanBytes(double(c.memory.total())) + " of " + budget + " per GPU";
+  // The stage: as given; else the job's own where its configuration names it (a model whose layers
+  // ucp does not know keeps it); else the least communication that fits.
+  const std::string stage = "ZeRO-" + std::to_string(t.zero_stage);
+  why += Fixed(r, "zero_stage")          ? ", " + stage + " as given"
+         : model.fixed_model_parallel && t.zero_stage == s.zero_stage ? ", the job's own " + stage
+                                        : ", the least ZeRO communication (" + stage + (t.zero_stage == s.zero_stage ? ", as the source" : "") + ")";
+  why += ", the smallest TP (tp=" + std::to_string(t.tp) + "): " + HumanBytes(double(c.memory.total())) + " of " + budget + " per GPU";
   choice.reason = why;
   if (t.Sp() > 1 && t.Sp() != s.Sp())
     choice.job_change = "Ulysses sp=" + std::to_string(t.Sp()) + " changes the training job, not only its files: it must run "
