@@ -757,6 +757,8 @@ void TakeJobFiles(SourceIndex& L) {
   L.job = source::FindJobFiles(root, L.tag);
   if (L.job.empty()) return;
   if (root != L.root) L.job.root = root;
+  // A Hugging Face job runs no Megatron: the notes on Megatron's args and Ulysses degree say nothing of it.
+  std::erase_if(L.notes, [](const std::string& n) { return n.rfind("no Megatron args", 0) == 0 || n.rfind("DP x SP = ", 0) == 0; });
   for (auto& p : source::JobFileProblems(L.job, root, L.tag, L.dp * L.tp * L.pp, L.iteration)) L.problems.push_back(std::move(p));
   std::string weights;
   for (const auto& w : L.job.weights) weights += (weights.empty() ? "" : ", ") + w;
