@@ -26,7 +26,7 @@ struct JobFiles {
   // Model weight files beside the tag (model.safetensors, its shards and index, pytorch_model*.bin):
   // a copy of the weights the tag holds, in the model's dtype. Not carried: `--format hf` writes them.
   std::vector<std::string> weights;
-  int rng_world = 0;  // the processes the rng_state files are of (0: none)
+  int rng_world = 0;  // the processes the rng_state files are of (0: none); the index sets DeepSpeed's world
   int64_t global_step = -1;  // trainer_state.json's global_step (-1: none)
   // ucp-reshard --in-place wrote a tag here (a folder holding its marker): `latest` may name that tag,
   // and RNG files it added for a larger world may outnumber the processes of the tag `latest` names.

@@ -759,7 +759,11 @@ void TakeJobFiles(SourceIndex& L) {
   if (root != L.root) L.job.root = root;
   // A Hugging Face job runs no Megatron: the notes on Megatron's args and Ulysses degree say nothing of it.
   std::erase_if(L.notes, [](const std::string& n) { return n.rfind("no Megatron args", 0) == 0 || n.rfind("DP x SP = ", 0) == 0; });
-  for (auto& p : source::JobFileProblems(L.job, root, L.tag, L.dp * L.tp * L.pp, L.iteration)) L.problems.push_back(std::move(p));
+  const int world = L.dp * L.tp * L.pp;
+  for (auto& p : source::JobFileProblems(L.job, root, L.tag, world, L.iteration)) L.problems.push_back(std::move(p));
+  // The RNG files are of the processes DeepSpeed's files describe: a missing one stays missing (said
+  // where a reshard would take it), others an in-place step added are not this tag's.
+  if (L.job.rng_world > 0) L.job.rng_world = world;
   std::string weights;
   for (const auto& w : L.job.weights) weights += (weights.empty() ? "" : ", ") + w;
   L.notes.push_back(std::string(L.job.kind == "hf-trainer" ? "a Hugging Face Trainer checkpoint" : "a Hugging Face model's checkpoint") +
