@@ -43,7 +43,7 @@ JobOutput PlanJobOutput(const Source& S, const TargetLayout& T, const std::strin
     for (const auto& n : job.carried)
       if (!source::IsRngFile(n)) J.files.emplace_back(n, folder + n);
   if (job.kind == "hf-trainer" && job.rng_world > 0) {
-    std::vector<std::string> own, copied, lacking;
+    std::vector<std::string> copied, lacking;
     for (const auto& [to, from] : source::RngFilesFor(job.rng_world, to_world)) {
       std::error_code ec;
       if (in_place && fs::exists(fs::path(root) / to, ec)) continue;
@@ -52,7 +52,7 @@ JobOutput PlanJobOutput(const Source& S, const TargetLayout& T, const std::strin
         continue;
       }
       J.files.emplace_back(to, folder + from);
-      (to == from ? own : copied).push_back(to == from ? to : to + " <- " + from);
+      if (to != from) copied.push_back(to + " <- " + from);
     }
     if (!lacking.empty())
       J.notes.push_back("not written, the source lacks the file it takes: " + Joined(lacking) +
