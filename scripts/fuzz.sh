@@ -3,6 +3,8 @@
 #
 #   scripts/fuzz.sh NAME SECONDS      NAME: zip unpickle torch_file manifest layout patterns atoms_h5 dcp_metadata
 #   scripts/fuzz.sh all SECONDS       each in turn
+#   scripts/fuzz.sh changed LONG SHORT  each in turn: LONG seconds for the 3 harnesses whose readers
+#                                     changed most recently (git log of the paths below), SHORT for the rest
 #
 # The build (FUZZ_BUILD_DIR, default build-fuzz/) is clang with libFuzzer's coverage, ASan and UBSan
 # over the whole library. Seeds come fresh each run from the real DeepSpeed checkpoints
@@ -17,6 +19,36 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 name="${1:?usage: fuzz.sh NAME|all SECONDS}"
 seconds="${2:?usage: fuzz.sh NAME|all SECONDS}"
 all=(zip unpickle torch_file manifest layout patterns atoms_h5 dcp_metadata)
+# The code each harness's inputs reach first (its reader), for `changed`.
+declare -A reads=(
+  [zip]="lib/pt/zip_archive.cpp lib/pt/zip_archive.h tests/fuzz/fuzz_zip.cpp"
+  [unpickle]="lib/pt/unpickler.cpp lib/pt/unpickler.h lib/pt/value.cpp lib/pt/value.h tests/fuzz/fuzz_unpickle.cpp"
+  [torch_file]="lib/pt tests/fuzz/fuzz_torch_file.cpp"
+  [manifest]="lib/store lib/inspect lib/core/json_schema.cpp schemas tests/fuzz/fuzz_manifest.cpp"
+  [layout]="lib/layout lib/target tests/fuzz/fuzz_layout.cpp"
+  [patterns]="lib/patterns patterns tests/fuzz/fuzz_patterns.cpp"
+  [atoms_h5]="lib/store/atom_store_h5.cpp lib/h5 tests/fuzz/fuzz_atoms_h5.cpp"
+  [dcp_metadata]="lib/formats/dcp tests/fuzz/fuzz_dcp_metadata.cpp"
+)
+if [ "$name" = changed ]; then
+  long="$seconds"
+  short="${3:?usage: fuzz.sh changed LONG SHORT}"
+  ranked="$(for n in "${all[@]}"; do
+    # shellcheck disable=SC2086
+    t="$(git -C "$root" log -1 --format=%ct -- ${reads[$n]} 2>/dev/null || true)"
+    echo "${t:-0} $n"
+  done | sort -rn -k1,1 -s | awk '{print $2}')"
+  echo "fuzz.sh: most recently changed readers first: $(echo $ranked)"
+  status=0
+  i=0
+  for n in $ranked; do
+    s="$short"
+    [ "$i" -lt 3 ] && s="$long"
+    i=$((i + 1))
+    bash "$0" "$n" "$s" || status=1
+  done
+  exit $status
+fi
 if [ "$name" = all ]; then
   status=0
   for n in "${all[@]}"; do bash "$0" "$n" "$seconds" || status=1; done

@@ -17,6 +17,20 @@ import sys
 
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.normpath(os.path.join(here, "..", ".."))
+# The generator and the comparison run in this process: one torch import for ~30 targets, not two each.
+sys.path[:0] = [os.path.join(root, "scripts"), here]
+import compare_shards  # noqa: E402
+import make_fixture  # noqa: E402
+
+
+def generate(argv):
+    """make_fixture.py ARGV, in this process."""
+    saved = sys.argv
+    sys.argv = ["make_fixture.py"] + argv
+    try:
+        make_fixture.main()
+    finally:
+        sys.argv = saved
 ap = argparse.ArgumentParser()
 ap.add_argument("binary")
 ap.add_argument("atomic")
@@ -53,14 +67,15 @@ for k, (dp, tp, pp, zero, dtype) in enumerate(targets):
         failures.append(name)
         print(f"{name} ({ranks} ranks): ucp-reshard exited {p.returncode}: {p.stderr.strip()[:500]}")
         continue
-    subprocess.run([sys.executable, os.path.join(root, "scripts", "make_fixture.py"), gen, "--dp", str(dp),
-                    "--tp", str(tp), "--pp", str(pp), "--zero-stage", str(zero), "--dtype", dtype,
-                    "--family", a.family, "--layers", str(a.layers), "--zero-vocab-padding", "--synced-tied-copies", "--model", model],
-                   check=True, capture_output=True)
-    c = subprocess.run([sys.executable, os.path.join(here, "compare_shards.py"), gen, out], capture_output=True, text=True)
-    print(f"{name} ({ranks} rank{'s' if ranks > 1 else ''}): {c.stdout.strip().splitlines()[-1]}")
-    if c.returncode != 0:
-        print(c.stdout[-3000:])
+    generate([gen, "--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--zero-stage", str(zero), "--dtype", dtype,
+              "--family", a.family, "--layers", str(a.layers), "--zero-vocab-padding", "--synced-tied-copies",
+              "--model", model])
+    found, compared = compare_shards.compare_roots(gen, out)
+    verdict = "OK" if not found else f"{len(found)} problems"
+    print(f"{name} ({ranks} rank{'s' if ranks > 1 else ''}): {out}: {compared} files compared with {gen}: {verdict}")
+    if found:
+        for m in found[:40]:
+            print("FAIL", m)
         failures.append(name)
 print(f"{len(targets)} target layouts, {len(failures)} failures {failures}")
 sys.exit(1 if failures else 0)
