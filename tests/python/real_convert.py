@@ -11,6 +11,9 @@ import os
 import shutil
 import subprocess
 import sys
+import types
+
+import in_process
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -21,6 +24,15 @@ def run(cmd, what):
         print(f"FAIL {what}: exit {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-3000:]}")
         sys.exit(1)
     return r
+
+
+def check_universal(ours, ds_universal, what):
+    """real_universal.py OURS DS_UNIVERSAL --model-states, in this process; its output as r.stdout."""
+    code, output = in_process.run_script(os.path.join(HERE, "real_universal.py"), [ours, ds_universal, "--model-states"])
+    if code != 0:
+        print(f"FAIL {what}: exit {code}\n{output[-3000:]}")
+        sys.exit(1)
+    return types.SimpleNamespace(stdout=output)
 
 
 def without_universal(inspect, convert, src, work, mpiexec, reshard, train_args, nproc):
@@ -239,8 +251,7 @@ def main():
             if store == "hdf5":  # DeepSpeed reads the .pt store: compare through the lossless conversion back
                 compared = os.path.join(work, f"{store}-np{ranks}", "as-pt")
                 run([convert, "--from-atomic", out, "--format", "pt", "-o", compared, "-q"], "ucp-convert --from-atomic")
-            r = run(["/usr/bin/python3", os.path.join(HERE, "real_universal.py"), compared, ds_universal,
-                     "--model-states"], f"{store} np{ranks} against DeepSpeed's universal output")
+            r = check_universal(compared, ds_universal, f"{store} np{ranks} against DeepSpeed's universal output")
             print(f"{store} np{ranks}: {r.stdout.strip()}")
     # Split items: every state tensor over 4 KiB reduced and written in parts by the 3 ranks, into its
     # one file: the same files as one rank writes, byte for byte, and DeepSpeed's tensors.
@@ -265,8 +276,7 @@ def main():
         print(f"FAIL split items: files differ from the 1-rank conversion: {diff[:5]} ({parted} recorded by parts)")
         sys.exit(1)
     run([inspect, "--verify", out], "ucp-inspect --verify of the split conversion (every part's XXH64)")
-    r = run(["/usr/bin/python3", os.path.join(HERE, "real_universal.py"), out, ds_universal, "--model-states"],
-            "split items against DeepSpeed's universal output")
+    r = check_universal(out, ds_universal, "split items against DeepSpeed's universal output")
     # A flipped byte in a file recorded by parts is found, named with the part's byte range.
     victim = next((f for f in json.load(open(os.path.join(out, "ucp_manifest.json")))["files"] if "parts" in f), None)
     if victim:
