@@ -18,19 +18,14 @@ import sys
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.normpath(os.path.join(here, "..", ".."))
 # The generator and the comparison run in this process: one torch import for ~30 targets, not two each.
-sys.path[:0] = [os.path.join(root, "scripts"), here]
 import compare_shards  # noqa: E402
-import make_fixture  # noqa: E402
+import in_process  # noqa: E402
 
 
 def generate(argv):
-    """make_fixture.py ARGV, in this process."""
-    saved = sys.argv
-    sys.argv = ["make_fixture.py"] + argv
-    try:
-        make_fixture.main()
-    finally:
-        sys.argv = saved
+    code, output = in_process.run_script(os.path.join(root, "scripts", "make_fixture.py"), argv)
+    if code != 0:
+        sys.exit(f"make_fixture.py {' '.join(argv)}: exit {code}\n{output[-3000:]}")
 ap = argparse.ArgumentParser()
 ap.add_argument("binary")
 ap.add_argument("atomic")
