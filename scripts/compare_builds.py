@@ -23,8 +23,8 @@ running one build against itself, and is masked (only there):
   first (`Process name: [[31632,1],1]`, when a tool refuses on 2 ranks);
 - in `ucp_manifest.json`: `created` (the time of the conversion);
 - by construction: the work folder (the same for both builds, masked in messages anyway), each build's
-  own folder and its source folder (a build's default patterns folder is compiled in: messages and
-  the manifest name the pattern file used), found by `ucp-inspect --list-patterns`.
+  own folder and its default patterns folder (its source folder's, compiled in: messages and the
+  manifest name the pattern file used), found by `ucp-inspect --list-patterns`.
 Nothing else varied between two runs of one build over every case (`--raw` shows it again).
 Everything else is compared byte for byte. One line per case and step (`same`, or `DIFFERENT:` the first
 differing file), then a summary; exit 1 on any difference, 2 on a usage error. `--quick` takes one case of
@@ -67,11 +67,11 @@ VARYING_TEXT = [
 VARYING_FIELDS = {"ucp_manifest.json": ("created",)}
 
 
-def source_dir_of(build):
-    """The source folder a build was configured from: its default patterns folder's parent, compiled in."""
+def patterns_dir_of(build):
+    """A build's default patterns folder (its source folder's patterns/, compiled in)."""
     r = subprocess.run([os.path.join(build, "apps", "ucp-inspect"), "--list-patterns"], capture_output=True, text=True)
     m = re.search(r"model-family rule files in (.*):", r.stdout)
-    return os.path.dirname(m.group(1)) if m else None
+    return m.group(1) if m else None
 
 
 def find_cases(quick, pattern):
@@ -116,10 +116,10 @@ class Build:
         for app in ("ucp-convert", "ucp-reshard", "ucp-inspect"):
             if not os.access(self.app(app), os.X_OK):
                 raise SystemExit(f"compare_builds.py: {self.app(app)}: not an executable (build {folder} first)")
-        self.source = source_dir_of(self.folder)
+        self.patterns = patterns_dir_of(self.folder)
         self.masks = [(re.escape(os.path.join(work, "run")), "<work>"), (re.escape(self.folder), "<build>")]
-        if self.source:
-            self.masks.append((re.escape(self.source), "<source>"))
+        if self.patterns:
+            self.masks.append((re.escape(self.patterns), "<patterns>"))
 
     def app(self, name):
         return os.path.join(self.folder, "apps", name)
@@ -211,11 +211,11 @@ def run_case(build, work, name, source, targets):
 
 
 def masked_bytes(path, build):
-    """A file's bytes, with the fields that vary between runs of one build blanked, and the build's source
-    folder (the manifest names the pattern file it used) as <source>."""
+    """A file's bytes, with the fields that vary between runs of one build blanked, and the build's
+    patterns folder (the manifest names the pattern file it used) as <patterns>."""
     data = open(path, "rb").read()
-    if build.source:
-        data = data.replace(build.source.encode(), b"<source>")
+    if build.patterns:
+        data = data.replace(build.patterns.encode(), b"<patterns>")
     for field in () if build.raw else VARYING_FIELDS.get(os.path.basename(path), ()):
         data = re.sub(rb'("' + field.encode() + rb'"\s*:\s*)("[^"]*"|-?\d+)', rb"\1<varies>", data)
     return data
