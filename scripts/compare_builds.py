@@ -25,11 +25,16 @@ running one build against itself, and is masked (only there):
 - by construction: the work folder (the same for both builds, masked in messages anyway), each build's
   own folder and its default patterns folder (its source folder's, compiled in: messages and the
   manifest name the pattern file used), found by `ucp-inspect --list-patterns`.
-Nothing else varied between two runs of one build over every case (`--raw` shows it again).
-Everything else is compared byte for byte. One line per case and step (`same`, or `DIFFERENT:` the first
-differing file), then a summary; exit 1 on any difference, 2 on a usage error. `--quick` takes one case of
-each kind. Steps the tools take in a case are the same for both builds: the targets come from the first
-build's manifest, so a manifest that differs is itself reported, not papered over.
+Nothing else varied between two runs of one build over every case (`--raw` masks none of it, to look
+again); everything else is compared byte for byte. The cases are read from the checkout this script lies
+in, the same files for both builds.
+
+Prints one line per case and step (`same`, or `DIFFERENT:` the first differing file, for a text file
+with its first differing line), then a summary (`--json`: the same as one object); exits 1 on any
+difference, 2 when no case or no build's app is found. Both builds take the same steps: the targets come
+from the first build's manifest (a manifest that differs is itself reported). The outputs of a case that differs are
+kept under WORK/a and WORK/b. On this 2-core machine, loaded: about 9 minutes for every case (46),
+2 minutes with `--quick` (one case of each kind).
 """
 import argparse
 import concurrent.futures
@@ -113,9 +118,6 @@ class Build:
 
     def __init__(self, folder, work, raw=False):
         self.folder, self.raw = os.path.abspath(folder), raw
-        for app in ("ucp-convert", "ucp-reshard", "ucp-inspect"):
-            if not os.access(self.app(app), os.X_OK):
-                raise SystemExit(f"compare_builds.py: {self.app(app)}: not an executable (build {folder} first)")
         self.patterns = patterns_dir_of(self.folder)
         self.masks = [(re.escape(os.path.join(work, "run")), "<work>"), (re.escape(self.folder), "<build>")]
         if self.patterns:
@@ -147,6 +149,15 @@ class Build:
         for pattern, label in [] if self.raw else VARYING_TEXT:
             text = pattern.sub(label, text)
         return text
+
+
+def missing_app(build):
+    """Which of a build's apps is not there, said; or None."""
+    for app in ("ucp-convert", "ucp-reshard", "ucp-inspect"):
+        path = os.path.join(build, "apps", app)
+        if not os.access(path, os.X_OK):
+            return f"compare_builds.py: {path}: not an executable (build {build} first)"
+    return None
 
 
 def inspect_all(build, step_dir, folder):
@@ -298,13 +309,17 @@ def main():
     p.add_argument("--raw", action="store_true", help="mask nothing that varies between runs (to find what does: "
                    "give one build twice)")
     args = p.parse_args()
-    work = os.path.abspath(args.work) if args.work else tempfile.mkdtemp(prefix="ucp-compare-")
-    os.makedirs(work, exist_ok=True)
-    builds = [Build(args.baseline, work, args.raw), Build(args.build, work, args.raw)]
     cases = find_cases(args.quick, args.case)
     if not cases:
         print("compare_builds.py: no case found", file=sys.stderr)
         return 2
+    for build in (args.baseline, args.build):
+        if missing_app(build):
+            print(missing_app(build), file=sys.stderr)
+            return 2
+    work = os.path.abspath(args.work) if args.work else tempfile.mkdtemp(prefix="ucp-compare-")
+    os.makedirs(work, exist_ok=True)
+    builds = [Build(args.baseline, work, args.raw), Build(args.build, work, args.raw)]
     rows = []
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         futures = [pool.submit(compare_case, builds, work, name, source, args.keep) for name, source in cases]
