@@ -9,7 +9,7 @@ would the real one, and a small shape converts for real (every tensor zero).
 
     make_sparse_fixture.py OUT --model bloom-176b|gpt3-7b|1t   the paper's shapes and layouts (Table 3)
     make_sparse_fixture.py OUT --layers 4 --hidden 256 --heads 8 --vocab 1000 --tp 2 --pp 2 --dp 2
-    make_sparse_fixture.py OUT --filled ...   every tensor byte written (each float 1.0, bf16 0 and 1.0):
+    make_sparse_fixture.py OUT --filled ...   every tensor byte written (each value 1.0 in its dtype):
                                               a real file of that size, for benchmarks (cp copies it all)
 
 The model is GPT-style as BLOOM is: multi-head attention, a 4h GeLU MLP, LayerNorm with biases, the
@@ -22,6 +22,7 @@ parameter's full shape and pattern, and the files' apparent bytes: what a test c
 """
 import argparse
 import collections
+import functools
 import io
 import json
 import math
@@ -95,7 +96,7 @@ STORAGE_TYPES = {torch.float32: torch.FloatStorage, torch.bfloat16: torch.BFloat
 class Pickler(pickle.Pickler):
     """torch.save's pickle (protocol 2): a tensor is torch._utils._rebuild_tensor_v2 of a storage given
     by persistent id ('storage', <dtype>Storage, key, 'cpu', numel); storages are numbered in the order
-    met. Records: (key, bytes) for real tensors, (key, n) for holes of n bytes."""
+    met. Records: (key, bytes, None) for real tensors, (key, n, dtype) for holes of n bytes."""
 
     def __init__(self, f):
         super().__init__(f, protocol=2)
@@ -105,10 +106,10 @@ class Pickler(pickle.Pickler):
         if isinstance(obj, (Hole, torch.Tensor)):
             key = str(len(self.records))
             if isinstance(obj, Hole):
-                self.records.append((key, obj.nbytes()))
+                self.records.append((key, obj.nbytes(), obj.dtype))
             else:
                 t = obj.detach().contiguous()
-                self.records.append((key, t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""))
+                self.records.append((key, t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"", None))
             shape = tuple(obj.shape)
             stride = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
             return (torch._utils._rebuild_tensor_v2,
@@ -121,25 +122,33 @@ class Pickler(pickle.Pickler):
         return None
 
 
-FILL = None  # --filled: the bytes a hole's data repeats (float32 1.0), written instead of a hole
+FILLED = False  # --filled: a hole's data written, each value 1.0 in its dtype
+
+
+@functools.cache
+def fill_of(dtype):
+    """The bytes a filled hole of `dtype` repeats: 1.0 in that dtype, so that the bf16 weights and their
+    fp32 masters agree (ucp-convert compares the copies a checkpoint stores twice)."""
+    return torch.ones((2 << 20) // torch.empty(0, dtype=dtype).element_size(), dtype=dtype).view(torch.uint8).numpy().tobytes()
 
 
 def save(obj, path):
-    """Writes obj as torch.save would, the holes as holes (or FILL); returns the file's apparent size."""
+    """Writes obj as torch.save would, the holes as holes (or filled); returns the file's apparent size."""
     buf = io.BytesIO()
     p = Pickler(buf)
     p.dump(obj)
     prefix = os.path.splitext(os.path.basename(path))[0]
-    entries = [("data.pkl", buf.getvalue())] + [(f"data/{k}", d) for k, d in p.records] + [("version", b"3\n")]
+    entries = [("data.pkl", buf.getvalue(), None)] + [(f"data/{k}", d, t) for k, d, t in p.records] + [("version", b"3\n", None)]
     central = []
     with open(path + ".tmp", "wb") as f:
-        for name, data in entries:
+        for name, data, dtype in entries:
             name = f"{prefix}/{name}".encode()
             size = data if isinstance(data, int) else len(data)
-            if isinstance(data, int) and FILL:
+            fill = fill_of(dtype) if isinstance(data, int) and FILLED else None
+            if fill:
                 crc = 0
-                for at in range(0, size, len(FILL)):
-                    crc = zlib.crc32(FILL[:min(len(FILL), size - at)], crc)
+                for at in range(0, size, len(fill)):
+                    crc = zlib.crc32(fill[:min(len(fill), size - at)], crc)
             else:
                 crc = crc32_zeros(size) if isinstance(data, int) else zlib.crc32(data)
             offset = f.tell()
@@ -151,9 +160,9 @@ def save(obj, path):
             f.write(struct.pack("<IHHHHHIIIHH", 0x04034B50, 45 if big else 20, 0, 0, 0, 0, crc,
                                 0xFFFFFFFF if big else size, 0xFFFFFFFF if big else size, len(name), len(extra)))
             f.write(name + extra)
-            if isinstance(data, int) and FILL:
-                for at in range(0, size, len(FILL)):
-                    f.write(FILL[:min(len(FILL), size - at)])
+            if fill:
+                for at in range(0, size, len(fill)):
+                    f.write(fill[:min(len(fill), size - at)])
             elif isinstance(data, int):
                 f.seek(size, os.SEEK_CUR)  # the hole
             else:
@@ -198,8 +207,8 @@ def main():
         ap.add_argument(f"--{k}", type=int, help="(overrides --model's)")
     ap.add_argument("--filled", action="store_true", help="write every tensor byte (float32 1.0) instead of holes")
     a = ap.parse_args()
-    global FILL
-    FILL = struct.pack("<f", 1.0) * (2 << 20) if a.filled else None
+    global FILLED
+    FILLED = a.filled
     layers, hidden, heads, vocab, (tp, pp, dp) = MODELS[a.model] if a.model else (None,) * 4 + ((None,) * 3,)
     layers, hidden, heads, vocab = (a.layers or layers, a.hidden or hidden, a.heads or heads, a.vocab or vocab)
     tp, pp, dp = a.tp or tp or 1, a.pp or pp or 1, a.dp or dp or 1
