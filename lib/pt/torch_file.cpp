@@ -11,6 +11,7 @@
 #include "core/atomic_file.h"
 #include "core/buffer_pool.h"
 #include "core/error.h"
+#include "pt/pickle_text.h"
 #include "pt/unpickler.h"
 
 namespace ucp::pt {
@@ -161,6 +162,71 @@ class Pickler {
     Op('t');
     Op('R');
   }
+  // APPENDS of `items` (a list's, a set's, a list subclass's), none for an empty one.
+  void Appends(const std::vector<ValuePtr>& items, int depth) {
+    if (items.empty()) return;
+    Op('(');
+    for (const auto& e : items) Write(*e, depth + 1);
+    Op('e');
+  }
+  void Float(double f) {
+    Op('G');
+    uint64_t bits;
+    std::memcpy(&bits, &f, 8);
+    for (int k = 7; k >= 0; --k) out += static_cast<char>((bits >> (8 * k)) & 0xFF);
+  }
+  // Protocol 2 has no bytes opcode: _codecs.encode(<latin-1 text>, 'latin1').
+  void Bytes(const std::string& bytes) {
+    Global("_codecs", "encode");
+    Op('(');
+    Str(Latin1Text(bytes));
+    Str("latin1");
+    Op('t');
+    Op('R');
+  }
+  void TupleValue(const Value& v, int depth) {
+    if (v.name.empty()) return Tuple(v.items, depth);
+    // torch.Size((...)): the subclass it was read as
+    Global(v.module, v.name);
+    Op('(');
+    Tuple(v.items, depth);
+    Op('t');
+    Op('R');
+  }
+  void Set(const Value& v, int depth) {
+    Global("builtins", "set");
+    Op('(');
+    Op(']');
+    Appends(v.items, depth);
+    Op('t');
+    Op('R');
+  }
+  void DictValue(const Value& v, int depth) {
+    if (!v.name.empty()) {  // collections.OrderedDict(), then its items
+      Global(v.module, v.name);
+      Op(')');
+      Op('R');
+    } else {
+      Op('}');
+    }
+    DictItems(v.dict, depth);
+  }
+  // cls(*args) or cls.__new__(cls, *args), then BUILD with the state; list/dict subclass items after.
+  void Object(const Value& v, int depth) {
+    Global(v.module, v.name);
+    if (v.args) {
+      Tuple(v.args->items, depth);
+    } else {
+      Op(')');
+    }
+    Op(v.via_new ? '\x81' : 'R');
+    Appends(v.items, depth);
+    if (v.dict.size() > 0) DictItems(v.dict, depth);
+    if (v.state) {
+      Write(*v.state, depth + 1);
+      Op('b');
+    }
+  }
   void Write(const Value& v, int depth) {
     if (depth > 1000) throw Error("value nests deeper than 1000 levels");
     using K = Value::Kind;
@@ -173,95 +239,18 @@ class Pickler {
         U32(static_cast<uint32_t>(v.s.size()));
         out += v.s;
         break;
-      case K::Float: {
-        Op('G');
-        uint64_t bits;
-        std::memcpy(&bits, &v.f, 8);
-        for (int k = 7; k >= 0; --k) out += static_cast<char>((bits >> (8 * k)) & 0xFF);
-        break;
-      }
+      case K::Float: Float(v.f); break;
       case K::Str: Str(v.s); break;
-      case K::Bytes: {
-        // Protocol 2 has no bytes opcode: _codecs.encode(<latin-1 text>, 'latin1').
-        std::string text;
-        for (unsigned char c : v.s) {
-          if (c < 0x80) {
-            text += static_cast<char>(c);
-          } else {
-            text += static_cast<char>(0xC0 | (c >> 6));
-            text += static_cast<char>(0x80 | (c & 0x3F));
-          }
-        }
-        Global("_codecs", "encode");
-        Op('(');
-        Str(text);
-        Str("latin1");
-        Op('t');
-        Op('R');
-        break;
-      }
+      case K::Bytes: Bytes(v.s); break;
       case K::List:
         Op(']');
-        if (!v.items.empty()) {
-          Op('(');
-          for (const auto& e : v.items) Write(*e, depth + 1);
-          Op('e');
-        }
+        Appends(v.items, depth);
         break;
-      case K::Tuple:
-        if (!v.name.empty()) {  // torch.Size((...)): the subclass it was read as
-          Global(v.module, v.name);
-          Op('(');
-          Tuple(v.items, depth);
-          Op('t');
-          Op('R');
-        } else {
-          Tuple(v.items, depth);
-        }
-        break;
-      case K::Set:
-        Global("builtins", "set");
-        Op('(');
-        Op(']');
-        if (!v.items.empty()) {
-          Op('(');
-          for (const auto& e : v.items) Write(*e, depth + 1);
-          Op('e');
-        }
-        Op('t');
-        Op('R');
-        break;
-      case K::Dict:
-        if (!v.name.empty()) {  // collections.OrderedDict(), then its items
-          Global(v.module, v.name);
-          Op(')');
-          Op('R');
-        } else {
-          Op('}');
-        }
-        DictItems(v.dict, depth);
-        break;
+      case K::Tuple: TupleValue(v, depth); break;
+      case K::Set: Set(v, depth); break;
+      case K::Dict: DictValue(v, depth); break;
       case K::Global: Global(v.module, v.name); break;
-      case K::Object:
-        // cls(*args) or cls.__new__(cls, *args), then BUILD with the state; list/dict subclass items after.
-        Global(v.module, v.name);
-        if (v.args) {
-          Tuple(v.args->items, depth);
-        } else {
-          Op(')');
-        }
-        Op(v.via_new ? '\x81' : 'R');
-        if (!v.items.empty()) {
-          Op('(');
-          for (const auto& e : v.items) Write(*e, depth + 1);
-          Op('e');
-        }
-        if (v.dict.size() > 0) DictItems(v.dict, depth);
-        if (v.state) {
-          Write(*v.state, depth + 1);
-          Op('b');
-        }
-        break;
+      case K::Object: Object(v, depth); break;
       case K::Tensor: Tensor(*v.tensor); break;
       case K::Storage: throw Error("a bare storage cannot be written; wrap it in a tensor");
     }

@@ -5,6 +5,8 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "pt/pickle_text.h"
+#include "pt/tree_shape.h"
 
 namespace ucp::pt {
 namespace {
@@ -66,17 +68,8 @@ class Machine {
   // names, paths and JSON reports.
   std::string Utf8(uint64_t n) {
     std::string s = Bytes(n);
-    const auto* u = reinterpret_cast<const unsigned char*>(s.data());
-    for (size_t i = 0; i < s.size();) {
-      const unsigned c = u[i];
-      const size_t len = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-      bool ok = len > 0 && i + len <= s.size();
-      for (size_t k = 1; ok && k < len; ++k) ok = (u[i + k] & 0xC0) == 0x80;
-      if (ok && len == 3) ok = !(c == 0xE0 && u[i + 1] < 0xA0);                                   // overlong
-      if (ok && len == 4) ok = !(c == 0xF0 && u[i + 1] < 0x90) && !(c == 0xF4 && u[i + 1] > 0x8F);  // overlong, > U+10FFFF
-      if (!ok) Fail("a str that is not UTF-8 (byte " + std::to_string(i) + " of " + std::to_string(s.size()) + ")");
-      i += len;
-    }
+    if (const size_t bad = FirstNonUtf8Byte(s); bad != std::string_view::npos)
+      Fail("a str that is not UTF-8 (byte " + std::to_string(bad) + " of " + std::to_string(s.size()) + ")");
     return s;
   }
 
@@ -277,20 +270,9 @@ ValuePtr Machine::Reduce(const ValuePtr& callable, const ValuePtr& args) {
   if (m == "_codecs" && n == "encode") {
     // Protocol 2 writes bytes b as _codecs.encode(b.decode('latin1'), 'latin1').
     if (a.empty() || a[0]->kind != Kind::Str) Fail("_codecs.encode expects a str");
-    std::string out;
-    const std::string& s = a[0]->s;
-    for (size_t k = 0; k < s.size(); ++k) {
-      auto c = static_cast<uint8_t>(s[k]);
-      if (c < 0x80) {
-        out.push_back(static_cast<char>(c));
-      } else if ((c & 0xE0) == 0xC0 && k + 1 < s.size()) {
-        out.push_back(static_cast<char>(((c & 0x1F) << 6) | (static_cast<uint8_t>(s[k + 1]) & 0x3F)));
-        ++k;
-      } else {
-        Fail("_codecs.encode: character outside latin-1");
-      }
-    }
-    return Value::Bytes(std::move(out));
+    auto bytes = Latin1Bytes(a[0]->s);
+    if (!bytes) Fail("_codecs.encode: character outside latin-1");
+    return Value::Bytes(std::move(*bytes));
   }
   if (m == "builtins" && n == "bytearray") {
     if (a.empty()) return Value::Bytes("");
@@ -578,61 +560,6 @@ ValuePtr Machine::Run() {
   }
 }
 
-// The longest chain of values from `root` down (1 for a leaf; shared values walked once), and
-// whether a value holds itself, directly or further down (a list appended to itself through the
-// memo, an object whose state is itself): torch.save never writes one, and a walk over it would
-// loop. One iterative depth-first search; it stops at a cycle or once a chain is longer than
-// `limit`, else it lists every value of the tree.
-struct TreeShape {
-  size_t depth = 0;
-  bool cycle = false;
-  std::unordered_set<const Value*> values;  // every value in the tree, when measured whole
-};
-TreeShape Measure(const ValuePtr& root, size_t limit) {
-  if (!root) return {};
-  std::unordered_map<const Value*, size_t> height;  // 0: on the current path; else done, its height
-  struct Frame {
-    const Value* v;
-    std::vector<const Value*> next;
-    size_t at = 0, below = 0;  // next child; the tallest child so far
-  };
-  std::vector<Frame> path;
-  auto enter = [&](const Value* v) {
-    Frame f{v, {}};
-    v->ForEachChild([&](const ValuePtr& c) { if (c) f.next.push_back(c.get()); });
-    height[v] = 0;
-    path.push_back(std::move(f));
-  };
-  enter(root.get());
-  while (!path.empty()) {
-    if (path.size() > limit) return {path.size(), false, {}};
-    Frame& f = path.back();
-    if (f.at == f.next.size()) {
-      size_t h = f.below + 1;
-      height[f.v] = h;
-      path.pop_back();
-      if (path.empty()) {
-        TreeShape whole{h, false, {}};
-        for (const auto& [v, _] : height) whole.values.insert(v);
-        return whole;
-      }
-      path.back().below = std::max(path.back().below, h);
-      continue;
-    }
-    const Value* c = f.next[f.at++];
-    auto it = height.find(c);
-    if (it == height.end()) {
-      enter(c);
-    } else if (it->second == 0) {
-      return {path.size(), true, {}};
-    } else {
-      f.below = std::max(f.below, it->second);
-      if (path.size() + it->second > limit) return {path.size() + it->second, false, {}};
-    }
-  }
-  return {};
-}
-
 }  // namespace
 
 void Machine::Release(const std::unordered_set<const Value*>& keep) {
@@ -650,7 +577,7 @@ ValuePtr Unpickle(std::span<const uint8_t> bytes, const StorageResolver& storage
     machine.Release();
     throw;
   }
-  TreeShape shape = Measure(root, limits.max_nesting);
+  TreeShape shape = MeasureTree(root, limits.max_nesting);
   if (shape.cycle || shape.depth > limits.max_nesting) {
     machine.Release();
     throw Error(shape.cycle ? "pickle holds a cycle (a value inside itself), which torch.save never writes"

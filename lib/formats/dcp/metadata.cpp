@@ -97,6 +97,123 @@ std::string Key(const std::string& fqn, const std::vector<int64_t>& offsets) {
   return k;
 }
 
+// Every class the pickle names, each checked to be one DCP writes: any other is refused by name.
+std::vector<std::string> CheckedClasses(const pt::ValuePtr& root) {
+  std::set<std::string> allowed;
+  for (const char* const* c = kMetadataClasses; *c; ++c) allowed.insert(*c);
+  std::vector<std::string> classes;
+  for (const auto& c : ClassesOf(root)) {
+    if (!allowed.count(c))
+      throw Error("the pickle names class '" + c + "', which is not one a PyTorch Distributed Checkpoint's metadata "
+                  "holds (Megatron-Core's MCoreMetadata and other classes of its own are not read yet): refused, nothing of it is used");
+    classes.push_back(c);
+  }
+  return classes;
+}
+
+// One _StorageInfo(relative_path, offset, length) of `fqn`'s chunk, its fields beyond those three
+// (torch 2.7+'s transforms) listed in `transform_fields` and refused where set.
+Storage StorageOf(const Value& info, const std::string& fqn, std::vector<std::string>& transform_fields) {
+  Storage s;
+  s.relative_path = NeedField(info, "relative_path").AsStr();
+  const int64_t off = NeedField(info, "offset").AsInt(), len = NeedField(info, "length").AsInt();
+  if (off < 0 || len <= 0) throw Error("'" + fqn + "': storage at offset " + std::to_string(off) + " of length " + std::to_string(len));
+  s.offset = static_cast<uint64_t>(off), s.length = static_cast<uint64_t>(len);
+  if (s.relative_path.empty() || s.relative_path.find('/') != std::string::npos || s.relative_path == "." ||
+      s.relative_path == ".." || s.relative_path.find('\0') != std::string::npos)
+    throw Error("'" + fqn + "': storage file '" + s.relative_path + "' is not a plain file name in the checkpoint folder");
+  for (const auto& f : info.state->AsDict().items())
+    if (f.key->kind == Kind::Str && f.key->s != "relative_path" && f.key->s != "offset" && f.key->s != "length") {
+      if (f.value && f.value->kind != Kind::None && !(f.value->IsSequence() && f.value->items.empty()))
+        throw Error("'" + fqn + "': its storage has '" + f.key->s + "' (a transform of the saved bytes, torch 2.7+), "
+                    "which ucp does not undo yet: refused rather than read as raw bytes");
+      if (std::find(transform_fields.begin(), transform_fields.end(), f.key->s) == transform_fields.end())
+        transform_fields.push_back(f.key->s);
+    }
+  return s;
+}
+
+// Where each chunk lies: MetadataIndex(fqn, offset, index) -> _StorageInfo(relative_path, offset, length),
+// by Key(fqn, offset).
+std::map<std::string, Storage> StorageData(const Value& root, std::vector<std::string>& transform_fields) {
+  std::map<std::string, Storage> where;
+  for (const auto& it : NeedField(root, "storage_data").AsDict().items()) {
+    if (!it.key || !IsClass(*it.key, "MetadataIndex") || !it.value || it.value->QualifiedName() != "torch.distributed.checkpoint.filesystem._StorageInfo")
+      throw Error("storage_data maps a " + (it.key ? it.key->TypeName() : "null") + " to a " + (it.value ? it.value->TypeName() : "null") +
+                  ", not a MetadataIndex to a _StorageInfo");
+    const std::string fqn = NeedField(*it.key, "fqn").AsStr();
+    auto offset = Field(*it.key, "offset");
+    const std::vector<int64_t> at = offset && offset->IsSequence() ? IntsOf(*offset, "a MetadataIndex offset") : std::vector<int64_t>{};
+    const Storage s = StorageOf(*it.value, fqn, transform_fields);
+    where[Key(fqn, at)] = s;
+  }
+  return where;
+}
+
+// Each key's original nesting, from planner_data (absent: none).
+std::map<std::string, std::vector<PathPart>> PlannerPaths(const Value& root) {
+  std::map<std::string, std::vector<PathPart>> paths;
+  if (auto planner = Field(root, "planner_data"); planner && planner->kind == Kind::Dict)
+    for (const auto& it : planner->AsDict().items()) {
+      if (!it.key || it.key->kind != Kind::Str || !it.value || !it.value->IsSequence()) continue;
+      std::vector<PathPart> p;
+      for (const auto& part : it.value->items) {
+        if (part && part->kind == Kind::Str) p.push_back({part->s, -1});
+        else if (part && part->kind == Kind::Int && part->i >= 0) p.push_back({"", part->i});
+        else throw Error("planner_data['" + it.key->s + "'] holds a " + (part ? part->TypeName() : "null"));
+      }
+      paths[it.key->s] = std::move(p);
+    }
+  return paths;
+}
+
+// A TensorStorageMetadata's dtype, size and chunks, each chunk inside the tensor and with its
+// storage, the chunks covering every element.
+void ReadTensorItem(const Value& m, const std::map<std::string, Storage>& where, Item& item) {
+  item.tensor = true;
+  item.dtype = DTypeOf(NeedField(m, "properties"));
+  item.size = IntsOf(NeedField(m, "size"), "a tensor size");
+  const int64_t numel = pt::CheckedNumel(item.size);
+  int64_t covered = 0;
+  for (const auto& c : NeedField(m, "chunks").AsSequence()) {
+    if (!c || !IsClass(*c, "ChunkStorageMetadata")) throw Error("a chunk that is not a ChunkStorageMetadata");
+    Chunk chunk{IntsOf(NeedField(*c, "offsets"), "chunk offsets"), IntsOf(NeedField(*c, "sizes"), "chunk sizes")};
+    if (chunk.offsets.size() != item.size.size() || chunk.sizes.size() != item.size.size())
+      throw Error("a chunk of " + std::to_string(chunk.sizes.size()) + " dimensions in a tensor of " + std::to_string(item.size.size()));
+    for (size_t d = 0; d < item.size.size(); ++d)
+      if (chunk.offsets[d] < 0 || chunk.sizes[d] < 0 || chunk.offsets[d] > item.size[d] - chunk.sizes[d])
+        throw Error("chunk at " + pt::ShapeString(chunk.offsets) + " of size " + pt::ShapeString(chunk.sizes) +
+                    " lies outside the tensor's " + pt::ShapeString(item.size));
+    covered += pt::Numel(chunk.sizes);
+    auto s = where.find(Key(item.fqn, chunk.offsets));
+    if (s == where.end()) throw Error("chunk at " + pt::ShapeString(chunk.offsets) + " has no storage_data entry");
+    item.storage.push_back(s->second);
+    item.chunks.push_back(std::move(chunk));
+  }
+  if (covered != numel)
+    throw Error("its chunks hold " + std::to_string(covered) + " elements, the tensor " + pt::ShapeString(item.size) +
+                " has " + std::to_string(numel));
+}
+
+// One state_dict_metadata entry: a bytes item or a tensor, with where its bytes lie.
+Item ItemOf(const pt::Dict::Item& it, const std::map<std::string, Storage>& where) {
+  Item item;
+  item.fqn = it.key->AsStr();
+  WithContext("'" + item.fqn + "'", [&] {
+    const Value& m = *it.value;
+    if (IsClass(m, "BytesStorageMetadata")) {
+      auto s = where.find(Key(item.fqn, {}));
+      if (s == where.end()) throw Error("a bytes item without storage_data");
+      item.storage.push_back(s->second);
+    } else if (IsClass(m, "TensorStorageMetadata")) {
+      ReadTensorItem(m, where, item);
+    } else {
+      throw Error("described by a " + m.TypeName() + ", not a Tensor- or BytesStorageMetadata");
+    }
+  });
+  return item;
+}
+
 }  // namespace
 
 Metadata ReadMetadata(const std::string& path) {
@@ -106,97 +223,15 @@ Metadata ReadMetadata(const std::string& path) {
       throw Error("a persistent id (tensor storage) in the metadata pickle, which DCP never writes");
     });
     Metadata M;
-    std::set<std::string> allowed;
-    for (const char* const* c = kMetadataClasses; *c; ++c) allowed.insert(*c);
-    for (const auto& c : ClassesOf(root)) {
-      if (!allowed.count(c))
-        throw Error("the pickle names class '" + c + "', which is not one a PyTorch Distributed Checkpoint's metadata "
-                    "holds (Megatron-Core's MCoreMetadata and other classes of its own are not read yet): refused, nothing of it is used");
-      M.classes.push_back(c);
-    }
+    M.classes = CheckedClasses(root);
     if (!root || !IsClass(*root, "Metadata")) throw Error("not a torch.distributed.checkpoint Metadata pickle");
     if (!root->state || root->state->kind != Kind::Dict) throw Error("Metadata has no fields");
     for (const auto& it : root->state->AsDict().items()) M.fields.push_back(it.key->kind == Kind::Str ? it.key->s : "?");
     if (auto v = Field(*root, "version"); v && v->kind == Kind::Str) M.version = v->s;
-
-    // Where each chunk lies: MetadataIndex(fqn, offset, index) -> _StorageInfo(relative_path, offset, length).
-    std::map<std::string, Storage> where;
-    for (const auto& it : NeedField(*root, "storage_data").AsDict().items()) {
-      if (!it.key || !IsClass(*it.key, "MetadataIndex") || !it.value || it.value->QualifiedName() != "torch.distributed.checkpoint.filesystem._StorageInfo")
-        throw Error("storage_data maps a " + (it.key ? it.key->TypeName() : "null") + " to a " + (it.value ? it.value->TypeName() : "null") +
-                    ", not a MetadataIndex to a _StorageInfo");
-      const std::string fqn = NeedField(*it.key, "fqn").AsStr();
-      auto offset = Field(*it.key, "offset");
-      const std::vector<int64_t> at = offset && offset->IsSequence() ? IntsOf(*offset, "a MetadataIndex offset") : std::vector<int64_t>{};
-      Storage s;
-      s.relative_path = NeedField(*it.value, "relative_path").AsStr();
-      const int64_t off = NeedField(*it.value, "offset").AsInt(), len = NeedField(*it.value, "length").AsInt();
-      if (off < 0 || len <= 0) throw Error("'" + fqn + "': storage at offset " + std::to_string(off) + " of length " + std::to_string(len));
-      s.offset = static_cast<uint64_t>(off), s.length = static_cast<uint64_t>(len);
-      if (s.relative_path.empty() || s.relative_path.find('/') != std::string::npos || s.relative_path == "." ||
-          s.relative_path == ".." || s.relative_path.find('\0') != std::string::npos)
-        throw Error("'" + fqn + "': storage file '" + s.relative_path + "' is not a plain file name in the checkpoint folder");
-      for (const auto& f : it.value->state->AsDict().items())
-        if (f.key->kind == Kind::Str && f.key->s != "relative_path" && f.key->s != "offset" && f.key->s != "length") {
-          if (f.value && f.value->kind != Kind::None && !(f.value->IsSequence() && f.value->items.empty()))
-            throw Error("'" + fqn + "': its storage has '" + f.key->s + "' (a transform of the saved bytes, torch 2.7+), "
-                        "which ucp does not undo yet: refused rather than read as raw bytes");
-          if (std::find(M.transform_fields.begin(), M.transform_fields.end(), f.key->s) == M.transform_fields.end())
-            M.transform_fields.push_back(f.key->s);
-        }
-      where[Key(fqn, at)] = s;
-    }
-
-    std::map<std::string, std::vector<PathPart>> paths;
-    if (auto planner = Field(*root, "planner_data"); planner && planner->kind == Kind::Dict)
-      for (const auto& it : planner->AsDict().items()) {
-        if (!it.key || it.key->kind != Kind::Str || !it.value || !it.value->IsSequence()) continue;
-        std::vector<PathPart> p;
-        for (const auto& part : it.value->items) {
-          if (part && part->kind == Kind::Str) p.push_back({part->s, -1});
-          else if (part && part->kind == Kind::Int && part->i >= 0) p.push_back({"", part->i});
-          else throw Error("planner_data['" + it.key->s + "'] holds a " + (part ? part->TypeName() : "null"));
-        }
-        paths[it.key->s] = std::move(p);
-      }
-
+    const std::map<std::string, Storage> where = StorageData(*root, M.transform_fields);
+    const std::map<std::string, std::vector<PathPart>> paths = PlannerPaths(*root);
     for (const auto& it : NeedField(*root, "state_dict_metadata").AsDict().items()) {
-      Item item;
-      item.fqn = it.key->AsStr();
-      WithContext("'" + item.fqn + "'", [&] {
-        const Value& m = *it.value;
-        if (IsClass(m, "BytesStorageMetadata")) {
-          auto s = where.find(Key(item.fqn, {}));
-          if (s == where.end()) throw Error("a bytes item without storage_data");
-          item.storage.push_back(s->second);
-        } else if (IsClass(m, "TensorStorageMetadata")) {
-          item.tensor = true;
-          item.dtype = DTypeOf(NeedField(m, "properties"));
-          item.size = IntsOf(NeedField(m, "size"), "a tensor size");
-          const int64_t numel = pt::CheckedNumel(item.size);
-          int64_t covered = 0;
-          for (const auto& c : NeedField(m, "chunks").AsSequence()) {
-            if (!c || !IsClass(*c, "ChunkStorageMetadata")) throw Error("a chunk that is not a ChunkStorageMetadata");
-            Chunk chunk{IntsOf(NeedField(*c, "offsets"), "chunk offsets"), IntsOf(NeedField(*c, "sizes"), "chunk sizes")};
-            if (chunk.offsets.size() != item.size.size() || chunk.sizes.size() != item.size.size())
-              throw Error("a chunk of " + std::to_string(chunk.sizes.size()) + " dimensions in a tensor of " + std::to_string(item.size.size()));
-            for (size_t d = 0; d < item.size.size(); ++d)
-              if (chunk.offsets[d] < 0 || chunk.sizes[d] < 0 || chunk.offsets[d] > item.size[d] - chunk.sizes[d])
-                throw Error("chunk at " + pt::ShapeString(chunk.offsets) + " of size " + pt::ShapeString(chunk.sizes) +
-                            " lies outside the tensor's " + pt::ShapeString(item.size));
-            covered += pt::Numel(chunk.sizes);
-            auto s = where.find(Key(item.fqn, chunk.offsets));
-            if (s == where.end()) throw Error("chunk at " + pt::ShapeString(chunk.offsets) + " has no storage_data entry");
-            item.storage.push_back(s->second);
-            item.chunks.push_back(std::move(chunk));
-          }
-          if (covered != numel)
-            throw Error("its chunks hold " + std::to_string(covered) + " elements, the tensor " + pt::ShapeString(item.size) +
-                        " has " + std::to_string(numel));
-        } else {
-          throw Error("described by a " + m.TypeName() + ", not a Tensor- or BytesStorageMetadata");
-        }
-      });
+      Item item = ItemOf(it, where);
       if (auto p = paths.find(item.fqn); p != paths.end()) item.path = p->second;
       if (!M.by_fqn.emplace(item.fqn, M.items.size()).second) throw Error("'" + item.fqn + "' is listed twice");
       M.items.push_back(std::move(item));

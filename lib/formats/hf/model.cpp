@@ -223,6 +223,133 @@ ModelView ViewOf(const reshard::Source& S) {
   return v;
 }
 
+// What LlamaFactsOf reads the facts from, and what it found unsaid (every fact neither said nor shown
+// by the weights, asked for at once) or read off the weights (said in `notes`).
+struct FactReading {
+  const reshard::Source& S;
+  const Facts& f;
+  bool titan;  // torchtitan's names
+  std::vector<std::string>& notes;
+  std::vector<std::string> missing = {};
+
+  void Need(const char* key) { missing.push_back(key); }
+  int64_t Derived(const char* key, int64_t value, const std::string& how) {
+    notes.push_back(std::string(key) + " is not in the checkpoint's args: " + std::to_string(value) + ", from " + how);
+    return value;
+  }
+};
+
+// The weights whose shapes say a size the args do not.
+struct Weights {
+  const reshard::Atom *up, *down, *qkv, *embed, *key;
+};
+Weights WeightsOf(const reshard::Source& S) {
+  static const std::regex embedding(R"(.*word_embeddings\.weight|^tok_embeddings\.weight)"),
+      up(R"(.*mlp\.dense_h_to_4h\.weight|^layers\.\d+\.feed_forward\.w1\.weight)"),
+      down(R"(.*mlp\.dense_4h_to_h\.weight|^layers\.\d+\.feed_forward\.w2\.weight)"),
+      qkv(R"(.*self_attention\.query_key_value\.weight)"), key(R"(^layers\.\d+\.attention\.wk\.weight)");
+  return {FirstParam(S, up), FirstParam(S, down), FirstParam(S, qkv), FirstParam(S, embedding), FirstParam(S, key)};
+}
+
+// RMSNorm, rotary and SwiGLU: torchtitan's by construction (said in a note), else said or asked for.
+void AskForTheKind(FactReading& r, const Weights& w) {
+  const Facts& f = r.f;
+  if (r.titan) {
+    const std::string norm = f.Str("normalization");
+    const bool rope_said = !f.Str("position_embedding_type").empty() || f.Flag("use_rotary_position_embeddings");
+    if (norm.empty() || !rope_said)
+      r.notes.push_back("torchtitan's Llama names: RMSNorm, rotary and SwiGLU, as its model is built; query and key rows "
+                        "re-ordered from its interleaved rotary pairs to Hugging Face's rotate-half");
+  } else {
+    if (f.Str("normalization").empty()) r.Need("normalization");
+    if (!f.Flag("swiglu") && !(w.up && w.down)) r.Need("swiglu");
+  }
+  const bool rope = r.titan || f.Str("position_embedding_type") == "rope" || f.Flag("use_rotary_position_embeddings").value_or(false);
+  if (!rope) r.Need("position_embedding_type");
+}
+
+// The layer count the parameter names show.
+int64_t LayerCountOfNames(const reshard::Source& S, bool titan) {
+  std::vector<std::string> names;
+  for (const auto& a : S.atoms) names.push_back(a.name);
+  if (!titan) {
+    const auto naming = S.manifest["source"].value("naming", "") == "plain" ? reshard::Naming::Plain : reshard::Naming::Pipe;
+    return reshard::LayerCountOf(names, naming);
+  }
+  static const std::regex layer(R"(^layers\.(\d+)\..*)");
+  int64_t top = -1;
+  std::smatch mm;
+  for (const auto& n : names)
+    if (std::regex_match(n, mm, layer) && mm[1].length() < 9) top = std::max<int64_t>(top, std::stoll(mm[1]));
+  return top + 1;
+}
+
+// The sizes: said, or read off the weights (and said so in a note).
+LlamaFacts SizesOf(FactReading& r, const Weights& w) {
+  const Facts& f = r.f;
+  LlamaFacts m;
+  if (auto v = f.Int("hidden_size")) m.hidden = *v;
+  else if (w.embed && w.embed->shape.size() == 2) m.hidden = r.Derived("hidden_size", w.embed->shape[1], w.embed->name + "'s columns");
+  else r.Need("hidden_size");
+  if (auto v = f.Int("num_layers")) m.layers = *v;
+  else m.layers = r.Derived("num_layers", LayerCountOfNames(r.S, r.titan), "the parameter names");
+  if (auto v = f.Int("num_attention_heads")) m.heads = *v;
+  else r.Need("num_attention_heads");
+  if (auto v = f.Int("kv_channels")) m.head_dim = *v;
+  else if (m.heads > 0) m.head_dim = m.hidden / m.heads;
+  if (auto v = f.Int("num_key_value_heads")) m.kv_heads = *v;
+  else if (f.Flag("group_query_attention").value_or(false)) m.kv_heads = f.Int("num_query_groups").value_or(0);
+  else if (w.qkv && w.qkv->sub_param_sizes.size() == 3 && m.head_dim > 0)
+    m.kv_heads = r.Derived("num_key_value_heads", w.qkv->sub_param_sizes[1] / m.head_dim, w.qkv->name + "'s sub-parameter sizes");
+  else if (w.key && w.key->shape.size() == 2 && m.head_dim > 0 && w.key->shape[0] % m.head_dim == 0)
+    m.kv_heads = r.Derived("num_key_value_heads", w.key->shape[0] / m.head_dim, w.key->name + "'s rows");
+  else m.kv_heads = m.heads;
+  if (auto v = f.Int("ffn_hidden_size")) m.ffn = *v;
+  else if (w.down && w.down->shape.size() == 2) m.ffn = r.Derived("ffn_hidden_size", w.down->shape[1], w.down->name + "'s columns");
+  else r.Need("ffn_hidden_size");
+  if (auto v = f.Int("max_position_embeddings")) m.max_positions = *v;
+  else if (auto s = f.Int("seq_length")) m.max_positions = *s;
+  else r.Need("max_position_embeddings");
+  return m;
+}
+
+// Every fact neither the checkpoint nor --model-config says, asked for at once with an example.
+void RefuseUnsaid(const std::string& dir, const std::vector<std::string>& missing) {
+  if (missing.empty()) return;
+  std::string list, example;
+  for (const std::string& k : missing) {
+    const Key& key = *std::find_if(Keys().begin(), Keys().end(), [&](const Key& x) { return k == x.name; });
+    list += (list.empty() ? "" : ", ") + k + " (" + key.meaning + ")";
+    const std::string value = k == "normalization" ? "\"rmsnorm\"" : k == "position_embedding_type" ? "\"rope\"" :
+                              k == "swiglu" ? "true" : k == "layernorm_epsilon" ? "1e-5" : k == "rope_theta" ? "10000.0" : "...";
+    example += (example.empty() ? "" : ", ") + ("\"" + k + "\": " + value);
+  }
+  throw Error(dir + ": the checkpoint does not say " + list + " (Megatron's args hold them; a plain DeepSpeed engine "
+              "or a PyTorch Distributed Checkpoint saves none): give them in --model-config FILE, a JSON object such as {" +
+              example + "}");
+}
+
+// Tied or not, biases or not: what the parameters are (names.h places each; a layer without one
+// its class expects is refused there).
+void TiesAndBiases(const reshard::Source& S, const Facts& f, LlamaFacts& m) {
+  const std::string dir = S.reader->dir();
+  static const std::regex output(R"(^(language_model\.output_layer|\d+\.lm_head|output|output_layer)\.weight$)"),
+      qkv_bias(R"(.*(query_key_value|linear_qkv)\.bias$)"), dense_bias(R"(.*self_attention\.(dense|linear_proj)\.bias$)"),
+      up_bias(R"(.*(dense_h_to_4h|linear_fc1)\.bias$)"), down_bias(R"(.*(dense_4h_to_h|linear_fc2)\.bias$)");
+  auto has = [&](const std::regex& re) { return FirstParam(S, re) != nullptr; };
+  m.tied = !has(output);
+  if (auto untie = f.Flag("untie_embeddings_and_output_weights"); untie && *untie == m.tied)
+    throw Error(dir + ": untie_embeddings_and_output_weights is " + (*untie ? "true" : "false") + " but the checkpoint " +
+                (m.tied ? "has no output layer of its own" : "has an output layer apart from the word embedding"));
+  m.attention_bias = has(qkv_bias);
+  m.mlp_bias = has(up_bias);
+  if (m.attention_bias != has(dense_bias) || m.mlp_bias != has(down_bias))
+    throw Error(dir + ": biases on some of a block's linear layers only (query_key_value " + (m.attention_bias ? "has" : "has not") +
+                ", dense " + (has(dense_bias) ? "has" : "has not") + "; dense_h_to_4h " + (m.mlp_bias ? "has" : "has not") +
+                ", dense_4h_to_h " + (has(down_bias) ? "has" : "has not") + "): LlamaForCausalLM's attention_bias and "
+                "mlp_bias each cover both");
+}
+
 }  // namespace
 
 void RefuseUnlessLlama(const ModelView& v, const reshard::ExportOptions& o, std::vector<std::string>& notes) {
@@ -305,92 +432,19 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
   const ModelView view = ViewOf(S);
   RefuseUnlessLlama(view, o, notes);
   const Facts f(view, o);
+  FactReading r{S, f, TorchtitanNames(view), notes};
   const std::string dir = S.reader->dir();
-  const bool titan = TorchtitanNames(view);
-  static const std::regex embedding(R"(.*word_embeddings\.weight|^tok_embeddings\.weight)"),
-      up(R"(.*mlp\.dense_h_to_4h\.weight|^layers\.\d+\.feed_forward\.w1\.weight)"),
-      down(R"(.*mlp\.dense_4h_to_h\.weight|^layers\.\d+\.feed_forward\.w2\.weight)"),
-      qkv(R"(.*self_attention\.query_key_value\.weight)"), key(R"(^layers\.\d+\.attention\.wk\.weight)");
-  const reshard::Atom *up_w = FirstParam(S, up), *down_w = FirstParam(S, down), *qkv_w = FirstParam(S, qkv),
-                      *embed = FirstParam(S, embedding), *key_w = FirstParam(S, key);
-  std::vector<std::string> missing;  // every fact neither said nor shown by the weights, asked for at once
-  auto need = [&](const char* key) { missing.push_back(key); };
-  if (titan) {
-    const std::string norm = f.Str("normalization");
-    const bool rope_said = !f.Str("position_embedding_type").empty() || f.Flag("use_rotary_position_embeddings");
-    if (norm.empty() || !rope_said)
-      notes.push_back("torchtitan's Llama names: RMSNorm, rotary and SwiGLU, as its model is built; query and key rows "
-                      "re-ordered from its interleaved rotary pairs to Hugging Face's rotate-half");
-  } else {
-    if (f.Str("normalization").empty()) need("normalization");
-    if (!f.Flag("swiglu") && !(up_w && down_w)) need("swiglu");
-  }
-  const bool rope = titan || f.Str("position_embedding_type") == "rope" || f.Flag("use_rotary_position_embeddings").value_or(false);
-  if (!rope) need("position_embedding_type");
-
-  // The sizes: said, or read off the weights (and said so in a note).
-  LlamaFacts m;
-  auto derived = [&](const char* key, int64_t value, const std::string& how) {
-    notes.push_back(std::string(key) + " is not in the checkpoint's args: " + std::to_string(value) + ", from " + how);
-    return value;
-  };
-  if (auto v = f.Int("hidden_size")) m.hidden = *v;
-  else if (embed && embed->shape.size() == 2) m.hidden = derived("hidden_size", embed->shape[1], embed->name + "'s columns");
-  else need("hidden_size");
-  if (auto v = f.Int("num_layers")) {
-    m.layers = *v;
-  } else {
-    std::vector<std::string> names;
-    for (const auto& a : S.atoms) names.push_back(a.name);
-    if (titan) {
-      static const std::regex layer(R"(^layers\.(\d+)\..*)");
-      int64_t top = -1;
-      std::smatch mm;
-      for (const auto& n : names)
-        if (std::regex_match(n, mm, layer) && mm[1].length() < 9) top = std::max<int64_t>(top, std::stoll(mm[1]));
-      m.layers = derived("num_layers", top + 1, "the parameter names");
-    } else {
-      const auto naming = S.manifest["source"].value("naming", "") == "plain" ? reshard::Naming::Plain : reshard::Naming::Pipe;
-      m.layers = derived("num_layers", reshard::LayerCountOf(names, naming), "the parameter names");
-    }
-  }
-  if (auto v = f.Int("num_attention_heads")) m.heads = *v;
-  else need("num_attention_heads");
-  if (auto v = f.Int("kv_channels")) m.head_dim = *v;
-  else if (m.heads > 0) m.head_dim = m.hidden / m.heads;
-  if (auto v = f.Int("num_key_value_heads")) m.kv_heads = *v;
-  else if (f.Flag("group_query_attention").value_or(false)) m.kv_heads = f.Int("num_query_groups").value_or(0);
-  else if (qkv_w && qkv_w->sub_param_sizes.size() == 3 && m.head_dim > 0)
-    m.kv_heads = derived("num_key_value_heads", qkv_w->sub_param_sizes[1] / m.head_dim, qkv_w->name + "'s sub-parameter sizes");
-  else if (key_w && key_w->shape.size() == 2 && m.head_dim > 0 && key_w->shape[0] % m.head_dim == 0)
-    m.kv_heads = derived("num_key_value_heads", key_w->shape[0] / m.head_dim, key_w->name + "'s rows");
-  else m.kv_heads = m.heads;
-  if (auto v = f.Int("ffn_hidden_size")) m.ffn = *v;
-  else if (down_w && down_w->shape.size() == 2) m.ffn = derived("ffn_hidden_size", down_w->shape[1], down_w->name + "'s columns");
-  else need("ffn_hidden_size");
-  if (auto v = f.Int("max_position_embeddings")) m.max_positions = *v;
-  else if (auto s = f.Int("seq_length")) m.max_positions = *s;
-  else need("max_position_embeddings");
+  const Weights w = WeightsOf(S);
+  AskForTheKind(r, w);
+  LlamaFacts m = SizesOf(r, w);
   // Megatron-DeepSpeed's defaults stand where its args leave a value out (releases without the key);
   // a checkpoint without args at all could be any model: asked for.
   const bool has_args = reshard::ArgOf(S, "num_layers") != nullptr;
   for (const char* key : {"layernorm_epsilon", "rope_theta"})
-    if (!has_args && !f.Get(key)) need(key);
-  if (!missing.empty()) {
-    std::string list, example;
-    for (const std::string& k : missing) {
-      const Key& key = *std::find_if(Keys().begin(), Keys().end(), [&](const Key& x) { return k == x.name; });
-      list += (list.empty() ? "" : ", ") + k + " (" + key.meaning + ")";
-      const std::string value = k == "normalization" ? "\"rmsnorm\"" : k == "position_embedding_type" ? "\"rope\"" :
-                                k == "swiglu" ? "true" : k == "layernorm_epsilon" ? "1e-5" : k == "rope_theta" ? "10000.0" : "...";
-      example += (example.empty() ? "" : ", ") + ("\"" + k + "\": " + value);
-    }
-    throw Error(dir + ": the checkpoint does not say " + list + " (Megatron's args hold them; a plain DeepSpeed engine "
-                "or a PyTorch Distributed Checkpoint saves none): give them in --model-config FILE, a JSON object such as {" +
-                example + "}");
-  }
+    if (!has_args && !f.Get(key)) r.Need(key);
+  RefuseUnsaid(dir, r.missing);
   if (m.hidden <= 0 || m.layers <= 0 || m.heads <= 0 || m.kv_heads <= 0 || m.head_dim <= 0 || m.ffn <= 0 ||
-      m.max_positions <= 0 || m.heads % m.kv_heads != 0 || (titan && m.head_dim % 2 != 0))
+      m.max_positions <= 0 || m.heads % m.kv_heads != 0 || (r.titan && m.head_dim % 2 != 0))
     throw Error(dir + ": the model's sizes do not describe a model: hidden " + std::to_string(m.hidden) + ", " +
                 std::to_string(m.layers) + " layers, " + std::to_string(m.heads) + " heads, " + std::to_string(m.kv_heads) +
                 " key-value heads of " + std::to_string(m.head_dim) + ", FFN " + std::to_string(m.ffn));
@@ -403,29 +457,30 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
   m.norm_eps = f.Number("layernorm_epsilon", 1e-5, notes, "Megatron's default 1e-5");
   m.rope_theta = f.Number("rope_theta", 10000.0, notes, "Megatron's 10000");
   m.vocab = S.vocab;
-  if (m.vocab <= 0 && embed && embed->shape.size() == 2) m.vocab = embed->shape[0];  // no vocabulary padding recorded
-  // Tied or not, biases or not: what the parameters are (names.h places each; a layer without one
-  // its class expects is refused there).
-  static const std::regex output(R"(^(language_model\.output_layer|\d+\.lm_head|output|output_layer)\.weight$)"),
-      qkv_bias(R"(.*(query_key_value|linear_qkv)\.bias$)"), dense_bias(R"(.*self_attention\.(dense|linear_proj)\.bias$)"),
-      up_bias(R"(.*(dense_h_to_4h|linear_fc1)\.bias$)"), down_bias(R"(.*(dense_4h_to_h|linear_fc2)\.bias$)");
-  auto has = [&](const std::regex& re) { return FirstParam(S, re) != nullptr; };
-  m.tied = !has(output);
-  if (auto untie = f.Flag("untie_embeddings_and_output_weights"); untie && *untie == m.tied)
-    throw Error(dir + ": untie_embeddings_and_output_weights is " + (*untie ? "true" : "false") + " but the checkpoint " +
-                (m.tied ? "has no output layer of its own" : "has an output layer apart from the word embedding"));
-  m.attention_bias = has(qkv_bias);
-  m.mlp_bias = has(up_bias);
-  if (m.attention_bias != has(dense_bias) || m.mlp_bias != has(down_bias))
-    throw Error(dir + ": biases on some of a block's linear layers only (query_key_value " + (m.attention_bias ? "has" : "has not") +
-                ", dense " + (has(dense_bias) ? "has" : "has not") + "; dense_h_to_4h " + (m.mlp_bias ? "has" : "has not") +
-                ", dense_4h_to_h " + (has(down_bias) ? "has" : "has not") + "): LlamaForCausalLM's attention_bias and "
-                "mlp_bias each cover both");
+  if (m.vocab <= 0 && w.embed && w.embed->shape.size() == 2) m.vocab = w.embed->shape[0];  // no vocabulary padding recorded
+  TiesAndBiases(S, f, m);
   return m;
 }
 
+namespace {
+// ucp's dtype names and torch's, which config.json says.
+constexpr std::pair<const char*, const char*> kDtypeNames[] = {{"fp32", "float32"}, {"bf16", "bfloat16"}, {"fp16", "float16"}};
+}  // namespace
+
+const char* TorchDtypeName(const std::string& dtype) {
+  for (const auto& [ucp, torch] : kDtypeNames)
+    if (dtype == ucp) return torch;
+  return "float32";
+}
+
+std::string UcpDtypeName(const std::string& torch_name) {
+  for (const auto& [ucp, torch] : kDtypeNames)
+    if (torch_name == torch) return ucp;
+  return "";
+}
+
 std::string LlamaConfigJson(const LlamaFacts& m, const std::string& dtype) {
-  const char* torch_dtype = dtype == "bf16" ? "bfloat16" : dtype == "fp16" ? "float16" : "float32";
+  const char* torch_dtype = TorchDtypeName(dtype);
   nlohmann::ordered_json c = {
       {"architectures", {"LlamaForCausalLM"}},
       {"model_type", "llama"},

@@ -50,6 +50,11 @@ void RefuseUnlessLlama(const ModelView& view, const reshard::ExportOptions& opti
 // taken from Megatron's defaults (no args.layernorm_epsilon, args.rope_theta) is said in `notes`.
 LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& options, std::vector<std::string>& notes);
 
+// config.json's dtype name (torch's) of ucp's fp32, bf16 or fp16 (float32 for another), and ucp's
+// name of torch's float32, bfloat16 or float16 ("" for another).
+const char* TorchDtypeName(const std::string& dtype);
+std::string UcpDtypeName(const std::string& torch_name);
+
 // config.json for `facts`, the weights in `dtype` (fp32, bf16, fp16).
 std::string LlamaConfigJson(const LlamaFacts& facts, const std::string& dtype);
 

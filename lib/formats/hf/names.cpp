@@ -18,28 +18,38 @@ struct Slot {
   std::string key;  // inside the layer: "self_attention.dense.weight"
 };
 
+// The parameters outside the layers, by each naming's name.
+const std::map<std::string, Slot::Kind>& ModelSlots() {
+  static const std::map<std::string, Slot::Kind> slots = {
+      // Megatron-Core's (torch_dist)
+      {"embedding.word_embeddings.weight", Slot::Embedding},
+      {"decoder.final_layernorm.weight", Slot::Norm},
+      {"output_layer.weight", Slot::Output},
+      // torchtitan's Llama (FSDP2 / DTensor checkpoints with its names)
+      {"tok_embeddings.weight", Slot::Embedding},
+      {"norm.weight", Slot::Norm},
+      {"output.weight", Slot::Output},
+      // Megatron-DeepSpeed's GPTModel (the pipeline's tied embedding too)
+      {"language_model.embedding.word_embeddings.weight", Slot::Embedding},
+      {"tied_modules.embed.word_embeddings.weight", Slot::Embedding},
+      {"language_model.encoder.final_layernorm.weight", Slot::Norm},
+      {"language_model.output_layer.weight", Slot::Output},
+  };
+  return slots;
+}
+
 std::optional<Slot> SlotOf(const std::string& name, int64_t layers) {
   static const std::regex plain_layer(R"(^language_model\.encoder\.layers\.(\d+)\.(.+)$)"),
       pipe(R"(^(\d+)\.(.+)$)"), titan_layer(R"(^layers\.(\d+)\.(.+)$)");
   std::smatch m;
-  // Megatron-Core's (torch_dist): the layers stacked in one tensor per key.
-  if (name == "embedding.word_embeddings.weight") return Slot{Slot::Embedding, -1, ""};
-  if (name == "decoder.final_layernorm.weight") return Slot{Slot::Norm, -1, ""};
-  if (name == "output_layer.weight") return Slot{Slot::Output, -1, ""};
+  if (auto it = ModelSlots().find(name); it != ModelSlots().end()) return Slot{it->second, -1, ""};
+  // Megatron-Core's: the layers stacked in one tensor per key.
   if (name.starts_with("decoder.layers.")) return Slot{Slot::Stacked, -1, name.substr(15)};
-  // torchtitan's Llama (FSDP2 / DTensor checkpoints with its names).
-  if (name == "tok_embeddings.weight") return Slot{Slot::Embedding, -1, ""};
-  if (name == "norm.weight") return Slot{Slot::Norm, -1, ""};
-  if (name == "output.weight") return Slot{Slot::Output, -1, ""};
   if (std::regex_match(name, m, titan_layer) && m[1].length() < 9) {
     const int64_t i = std::stoll(m[1]);
     if (i < layers) return Slot{Slot::Layer, i, m[2]};
     return std::nullopt;
   }
-  if (name == "language_model.embedding.word_embeddings.weight" || name == "tied_modules.embed.word_embeddings.weight")
-    return Slot{Slot::Embedding, -1, ""};
-  if (name == "language_model.encoder.final_layernorm.weight") return Slot{Slot::Norm, -1, ""};
-  if (name == "language_model.output_layer.weight") return Slot{Slot::Output, -1, ""};
   if (std::regex_match(name, m, plain_layer)) {
     const int64_t i = std::stoll(m[1]);
     if (i < layers) return Slot{Slot::Layer, i, m[2]};
@@ -55,6 +65,67 @@ std::optional<Slot> SlotOf(const std::string& name, int64_t layers) {
   return std::nullopt;
 }
 
+// A layer's key that is one Hugging Face tensor (the name after model.layers.<i>.), and whether its
+// heads' rotary pairs are interleaved (torchtitan's complex rotary; Hugging Face's rotates halves).
+struct Renamed {
+  std::string name;
+  bool rotary = false;
+};
+const std::map<std::string, Renamed>& RenamedKeys() {
+  static const std::map<std::string, Renamed> keys = {
+      // Megatron-DeepSpeed's
+      {"input_layernorm.weight", {"input_layernorm.weight"}},
+      {"post_attention_layernorm.weight", {"post_attention_layernorm.weight"}},
+      {"self_attention.dense.weight", {"self_attn.o_proj.weight"}},
+      {"self_attention.dense.bias", {"self_attn.o_proj.bias"}},
+      {"mlp.dense_4h_to_h.weight", {"mlp.down_proj.weight"}},
+      {"mlp.dense_4h_to_h.bias", {"mlp.down_proj.bias"}},
+      // torchtitan's: q and k rotate interleaved pairs
+      {"attention_norm.weight", {"input_layernorm.weight"}},
+      {"ffn_norm.weight", {"post_attention_layernorm.weight"}},
+      {"attention.wq.weight", {"self_attn.q_proj.weight", true}},
+      {"attention.wk.weight", {"self_attn.k_proj.weight", true}},
+      {"attention.wv.weight", {"self_attn.v_proj.weight"}},
+      {"attention.wo.weight", {"self_attn.o_proj.weight"}},
+      {"feed_forward.w1.weight", {"mlp.gate_proj.weight"}},
+      {"feed_forward.w3.weight", {"mlp.up_proj.weight"}},
+      {"feed_forward.w2.weight", {"mlp.down_proj.weight"}},
+      // Megatron-Core's: the norms fused into the next linear layer's (TE's names) or apart (its
+      // input_layernorm.weight is Megatron-DeepSpeed's name, above)
+      {"self_attention.linear_qkv.layer_norm_weight", {"input_layernorm.weight"}},
+      {"mlp.linear_fc1.layer_norm_weight", {"post_attention_layernorm.weight"}},
+      {"pre_mlp_layernorm.weight", {"post_attention_layernorm.weight"}},
+      {"self_attention.linear_proj.weight", {"self_attn.o_proj.weight"}},
+      {"self_attention.linear_proj.bias", {"self_attn.o_proj.bias"}},
+      {"mlp.linear_fc2.weight", {"mlp.down_proj.weight"}},
+      {"mlp.linear_fc2.bias", {"mlp.down_proj.bias"}},
+  };
+  return keys;
+}
+
+// How a fused tensor's rows are joined: [q; k; v], [gate; up], or per query group the group's query
+// heads, then its key head, then its value head (Megatron-Core's attention splits each group's rows so).
+enum class Joined { QueryKeyValue, GateUp, PerQueryGroup };
+
+// A layer's fused tensor, by its key without .weight / .bias, and the tensors it is cut into.
+struct Fused {
+  const char* key;
+  std::vector<const char*> names;
+  Joined joined;
+};
+const std::vector<Fused>& FusedKeys() {
+  static const std::vector<Fused> keys = {
+      // Megatron-DeepSpeed's: as its sub-parameter sizes say
+      {"self_attention.query_key_value", {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}, Joined::QueryKeyValue},
+      {"mlp.dense_h_to_4h", {"mlp.gate_proj", "mlp.up_proj"}, Joined::GateUp},
+      // Megatron-Core's: linear_fc1 of a gated MLP is saved [gate; up] whole (its SwiGLU sharded factory
+      // puts each TP rank's gate rows in the first half, its up rows in the second)
+      {"mlp.linear_fc1", {"mlp.gate_proj", "mlp.up_proj"}, Joined::GateUp},
+      {"self_attention.linear_qkv", {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}, Joined::PerQueryGroup},
+  };
+  return keys;
+}
+
 // A layer's Megatron key -> its Hugging Face tensors: the name after model.layers.<i>. and the rows
 // of the fused tensor each takes, as sizes of consecutive row runs (one run: the whole tensor).
 struct Cut {
@@ -67,58 +138,30 @@ struct Cut {
   int64_t group_rows = 0;
 };
 
-std::optional<Cut> CutOf(const std::string& key, const LlamaFacts& m) {
+Cut FusedCut(const Fused& f, const std::string& kind, const LlamaFacts& m) {
   const int64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
-  static const std::map<std::string, std::string> whole = {
-      {"input_layernorm.weight", "input_layernorm.weight"},
-      {"post_attention_layernorm.weight", "post_attention_layernorm.weight"},
-      {"self_attention.dense.weight", "self_attn.o_proj.weight"},
-      {"self_attention.dense.bias", "self_attn.o_proj.bias"},
-      {"mlp.dense_4h_to_h.weight", "mlp.down_proj.weight"},
-      {"mlp.dense_4h_to_h.bias", "mlp.down_proj.bias"},
-  };
-  if (auto it = whole.find(key); it != whole.end()) return Cut{{it->second}, {}};
-  // torchtitan's: q and k rotate interleaved pairs (its complex rotary), Hugging Face's halves.
-  static const std::map<std::string, std::pair<std::string, bool>> titan = {
-      {"attention_norm.weight", {"input_layernorm.weight", false}},
-      {"ffn_norm.weight", {"post_attention_layernorm.weight", false}},
-      {"attention.wq.weight", {"self_attn.q_proj.weight", true}},
-      {"attention.wk.weight", {"self_attn.k_proj.weight", true}},
-      {"attention.wv.weight", {"self_attn.v_proj.weight", false}},
-      {"attention.wo.weight", {"self_attn.o_proj.weight", false}},
-      {"feed_forward.w1.weight", {"mlp.gate_proj.weight", false}},
-      {"feed_forward.w3.weight", {"mlp.up_proj.weight", false}},
-      {"feed_forward.w2.weight", {"mlp.down_proj.weight", false}},
-  };
-  if (auto it = titan.find(key); it != titan.end()) return Cut{{it->second.first}, {}, it->second.second};
-  // Megatron-Core's: the norms fused into the next linear layer's (TE's names) or apart.
-  static const std::map<std::string, std::string> core = {
-      {"self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight"},
-      {"input_layernorm.weight", "input_layernorm.weight"},
-      {"mlp.linear_fc1.layer_norm_weight", "post_attention_layernorm.weight"},
-      {"pre_mlp_layernorm.weight", "post_attention_layernorm.weight"},
-      {"self_attention.linear_proj.weight", "self_attn.o_proj.weight"},
-      {"self_attention.linear_proj.bias", "self_attn.o_proj.bias"},
-      {"mlp.linear_fc2.weight", "mlp.down_proj.weight"},
-      {"mlp.linear_fc2.bias", "mlp.down_proj.bias"},
-  };
-  if (auto it = core.find(key); it != core.end()) return Cut{{it->second}, {}};
-  for (const char* kind : {"weight", "bias"}) {
-    const std::string k = kind;
-    if (key == "self_attention.query_key_value." + k)
-      return Cut{{"self_attn.q_proj." + k, "self_attn.k_proj." + k, "self_attn.v_proj." + k}, {q, kv, kv}};
-    if (key == "mlp.dense_h_to_4h." + k) return Cut{{"mlp.gate_proj." + k, "mlp.up_proj." + k}, {m.ffn, m.ffn}};
-    // Megatron-Core's linear_fc1 of a gated MLP is saved [gate; up] whole (its SwiGLU sharded factory
-    // puts each TP rank's gate rows in the first half, its up rows in the second).
-    if (key == "mlp.linear_fc1." + k) return Cut{{"mlp.gate_proj." + k, "mlp.up_proj." + k}, {m.ffn, m.ffn}};
-    // Megatron-Core's linear_qkv: per query group, the group's query heads, then its key, then its
-    // value (its attention splits each group's rows so): q, k and v each taken group by group.
-    if (key == "self_attention.linear_qkv." + k) {
-      const int64_t per_group = m.heads / m.kv_heads;
-      return Cut{{"self_attn.q_proj." + k, "self_attn.k_proj." + k, "self_attn.v_proj." + k}, {q, kv, kv}, false,
-                 {per_group * m.head_dim, m.head_dim, m.head_dim}, (per_group + 2) * m.head_dim};
-    }
+  Cut cut;
+  for (const char* n : f.names) cut.names.push_back(n + ("." + kind));
+  if (f.joined == Joined::GateUp) {
+    cut.rows = {m.ffn, m.ffn};
+    return cut;
   }
+  cut.rows = {q, kv, kv};
+  if (f.joined == Joined::PerQueryGroup) {  // q, k and v each taken group by group
+    const int64_t per_group = m.heads / m.kv_heads;
+    cut.blocks = {per_group * m.head_dim, m.head_dim, m.head_dim};
+    cut.group_rows = (per_group + 2) * m.head_dim;
+  }
+  return cut;
+}
+
+std::optional<Cut> CutOf(const std::string& key, const LlamaFacts& m) {
+  if (auto it = RenamedKeys().find(key); it != RenamedKeys().end()) return Cut{{it->second.name}, {}, it->second.rotary};
+  const size_t dot = key.rfind('.');
+  const std::string kind = dot == std::string::npos ? "" : key.substr(dot + 1);
+  if (kind != "weight" && kind != "bias") return std::nullopt;
+  for (const Fused& f : FusedKeys())
+    if (key.compare(0, dot, f.key) == 0) return FusedCut(f, kind, m);
   return std::nullopt;
 }
 
@@ -149,134 +192,169 @@ const std::vector<std::string>& LayerOrder() {
   return order;
 }
 
-}  // namespace
+// Where a layer's tensors come from: layer `stacked` of atom `atom` (or all of it, -1).
+struct InLayer {
+  std::string prefix;  // model.layers.<i>.
+  int atom = 0;
+  int64_t stacked = -1;
+  ExportTensor Tensor(const std::string& name, int64_t begin, int64_t end, std::vector<int64_t> shape) const {
+    ExportTensor t{prefix + name, atom, "", begin, end, std::move(shape)};
+    t.layer = stacked;
+    return t;
+  }
+};
 
-std::vector<ExportTensor> LlamaTensors(const reshard::Source& S, const LlamaFacts& m) {
-  const std::string dir = S.reader->dir();
-  std::map<std::string, ExportTensor> made;
-  auto refuse = [&](const std::string& name, const std::string& why) {
-    return Error(dir + ": parameter '" + name + "': " + why);
-  };
-  auto add = [&](const std::string& source, ExportTensor t) {
-    if (made.count(t.name)) throw refuse(source, "a second parameter for " + t.name + " (also '" + made[t.name].source + "')");
-    t.source = source;
-    made.emplace(t.name, std::move(t));
-  };
-  // One layer's tensor(s) from parameter `name` (atomic tensor `atom`; of `stacked` layer of it, or -1):
-  // whole, or cut by rows as the checkpoint fused them.
-  auto PlaceLayer = [&](const std::string& name, int atom, int64_t layer, int64_t stacked, const std::string& key,
-                        const std::vector<int64_t>& shape, const std::vector<int64_t>& sub_param_sizes) {
-    auto expect = [&](std::vector<int64_t> want) {
-      if (shape != want)
-        throw refuse(name, "shape " + Shape(shape) + (stacked >= 0 ? " per layer" : "") + ", but the model's sizes (hidden " +
-                               std::to_string(m.hidden) + ", " + std::to_string(m.heads) + " heads and " + std::to_string(m.kv_heads) +
-                               " key-value heads of " + std::to_string(m.head_dim) + ", FFN " + std::to_string(m.ffn) + ") give " +
-                               Shape(want) + ": check num_attention_heads, num_key_value_heads, kv_channels, ffn_hidden_size");
-    };
-    const auto cut = CutOf(key, m);
-    if (!cut) throw refuse(name, "'" + key + "' is no part of a LlamaForCausalLM layer");
-    const std::string prefix = "model.layers." + std::to_string(layer) + ".";
-    const bool bias = shape.size() == 1;
-    const int64_t cols = bias ? 1 : shape.at(1);
-    auto tensor = [&](const std::string& n, int64_t begin, int64_t end, std::vector<int64_t> s) {
-      ExportTensor t{prefix + n, atom, "", begin, end, std::move(s)};
-      t.layer = stacked;
-      return t;
-    };
-    if (cut->rows.empty()) {
-      expect(WholeShape(cut->names[0], m));
-      ExportTensor t = tensor(cut->names[0], 0, shape[0], shape);
-      if (cut->rotary) t.rotary_head_dim = m.head_dim;
-      add(name, std::move(t));
-      return;
+// The model's tensors as the parameters are placed, by their Hugging Face name: a second parameter
+// for one, a shape the model's sizes do not give, is refused naming the parameter.
+class Placement {
+ public:
+  Placement(std::string dir, const LlamaFacts& m) : dir_(std::move(dir)), m_(m) {}
+
+  // Atom `atom` of the source, `a`, as its slot says.
+  void Place(const reshard::Atom& a, int atom);
+  // LlamaForCausalLM's order; a tensor it needs that no parameter filled is refused.
+  std::vector<ExportTensor> InModelOrder();
+
+ private:
+  Error Refuse(const std::string& name, const std::string& why) const {
+    return Error(dir_ + ": parameter '" + name + "': " + why);
+  }
+  void Add(const std::string& source, ExportTensor t);
+  void Expect(const std::string& name, const std::vector<int64_t>& shape, const std::vector<int64_t>& want, bool per_layer) const;
+  void PlaceEnd(const reshard::Atom& a, int atom, Slot::Kind kind);
+  // One layer's tensor(s) from `a` (of layer `stacked` of it, or -1): whole, or cut by rows as the
+  // checkpoint fused them.
+  void PlaceLayer(const reshard::Atom& a, int atom, int64_t layer, int64_t stacked, const std::string& key,
+                  const std::vector<int64_t>& shape);
+  void PlaceFused(const reshard::Atom& a, const Cut& cut, const std::vector<int64_t>& shape, int64_t cols, const InLayer& in);
+
+  std::string dir_;
+  const LlamaFacts& m_;
+  std::map<std::string, ExportTensor> made_;
+};
+
+void Placement::Add(const std::string& source, ExportTensor t) {
+  if (made_.count(t.name)) throw Refuse(source, "a second parameter for " + t.name + " (also '" + made_[t.name].source + "')");
+  t.source = source;
+  made_.emplace(t.name, std::move(t));
+}
+
+void Placement::Expect(const std::string& name, const std::vector<int64_t>& shape, const std::vector<int64_t>& want,
+                       bool per_layer) const {
+  if (shape != want)
+    throw Refuse(name, "shape " + Shape(shape) + (per_layer ? " per layer" : "") + ", but the model's sizes (hidden " +
+                           std::to_string(m_.hidden) + ", " + std::to_string(m_.heads) + " heads and " + std::to_string(m_.kv_heads) +
+                           " key-value heads of " + std::to_string(m_.head_dim) + ", FFN " + std::to_string(m_.ffn) + ") give " +
+                           Shape(want) + ": check num_attention_heads, num_key_value_heads, kv_channels, ffn_hidden_size");
+}
+
+void Placement::Place(const reshard::Atom& a, int atom) {
+  const auto slot = SlotOf(a.name, m_.layers);
+  if (!slot) throw Refuse(a.name, "has no place in LlamaForCausalLM of " + std::to_string(m_.layers) + " layers");
+  const std::vector<int64_t>& shape = a.shape;
+  switch (slot->kind) {
+    case Slot::Embedding:
+    case Slot::Output:
+    case Slot::Norm: PlaceEnd(a, atom, slot->kind); break;
+    case Slot::Layer: PlaceLayer(a, atom, slot->layer, -1, slot->key, shape); break;
+    case Slot::Stacked: {  // layer i is index i of the leading axis
+      if (shape.size() < 2 || shape[0] != m_.layers)
+        throw Refuse(a.name, "shape " + Shape(shape) + ": a stacked layers' tensor of the model's " + std::to_string(m_.layers) +
+                                 " layers has them on its leading axis");
+      const std::vector<int64_t> per_layer(shape.begin() + 1, shape.end());
+      for (int64_t l = 0; l < m_.layers; ++l) PlaceLayer(a, atom, l, l, slot->key, per_layer);
+      break;
     }
-    // A fused tensor: its rows as the checkpoint joined them.
-    int64_t rows = 0;
-    for (int64_t r : cut->rows) rows += r;
-    expect(bias ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, m.hidden});
-    if (stacked < 0 && sub_param_sizes != cut->rows)  // Megatron-DeepSpeed's: as its sub-parameter sizes say
-      throw refuse(name, sub_param_sizes.empty()
+  }
+}
+
+// The embedding, the output layer (their padding rows past the vocabulary dropped) or the final norm.
+void Placement::PlaceEnd(const reshard::Atom& a, int atom, Slot::Kind kind) {
+  const std::vector<int64_t>& shape = a.shape;
+  if (kind == Slot::Norm) {
+    Expect(a.name, shape, {m_.hidden}, false);
+    Add(a.name, {"model.norm.weight", atom, "", 0, m_.hidden, {m_.hidden}});
+    return;
+  }
+  if (shape.size() != 2 || shape[1] != m_.hidden || shape[0] < m_.vocab)
+    throw Refuse(a.name, "shape " + Shape(shape) + ", expected at least " + std::to_string(m_.vocab) + " rows of " +
+                             std::to_string(m_.hidden));
+  const std::string name = kind == Slot::Embedding ? "model.embed_tokens.weight" : "lm_head.weight";
+  Add(a.name, {name, atom, "", 0, m_.vocab, {m_.vocab, m_.hidden}});
+}
+
+void Placement::PlaceLayer(const reshard::Atom& a, int atom, int64_t layer, int64_t stacked, const std::string& key,
+                           const std::vector<int64_t>& shape) {
+  const auto cut = CutOf(key, m_);
+  if (!cut) throw Refuse(a.name, "'" + key + "' is no part of a LlamaForCausalLM layer");
+  const InLayer in{"model.layers." + std::to_string(layer) + ".", atom, stacked};
+  const int64_t cols = shape.size() == 1 ? 1 : shape.at(1);
+  if (!cut->rows.empty()) return PlaceFused(a, *cut, shape, cols, in);
+  Expect(a.name, shape, WholeShape(cut->names[0], m_), stacked >= 0);
+  ExportTensor t = in.Tensor(cut->names[0], 0, shape[0], shape);
+  if (cut->rotary) t.rotary_head_dim = m_.head_dim;
+  Add(a.name, std::move(t));
+}
+
+// A fused tensor (`cols` columns; a bias: 1): its rows as the checkpoint joined them.
+void Placement::PlaceFused(const reshard::Atom& a, const Cut& cut, const std::vector<int64_t>& shape, int64_t cols,
+                           const InLayer& in) {
+  const bool bias = shape.size() == 1;
+  int64_t rows = 0;
+  for (int64_t r : cut.rows) rows += r;
+  Expect(a.name, shape, bias ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, m_.hidden}, in.stacked >= 0);
+  if (in.stacked < 0 && a.sub_param_sizes != cut.rows)  // Megatron-DeepSpeed's: as its sub-parameter sizes say
+    throw Refuse(a.name, a.sub_param_sizes.empty()
                              ? "the checkpoint does not say how its rows are fused (no sub-parameter shape in its "
                                "universal_checkpoint_info): Megatron models interleave them in more than one way, "
                                "and ucp does not guess"
-                             : "sub-parameter sizes " + Shape(sub_param_sizes) + ", the model's sizes give " + Shape(cut->rows));
-    int64_t at = 0;
-    for (size_t k = 0; k < cut->names.size(); ++k) {
-      std::vector<int64_t> s = bias ? std::vector<int64_t>{cut->rows[k]} : std::vector<int64_t>{cut->rows[k], cols};
-      if (cut->blocks.empty()) {
-        add(name, tensor(cut->names[k], at, at + cut->rows[k], s));
-        at += cut->rows[k];
-        continue;
-      }
-      ExportTensor t = tensor(cut->names[k], at, rows, s);  // blocks[k] rows of each group, from the group's offset
-      t.block = cut->blocks[k], t.stride = cut->group_rows;
-      add(name, std::move(t));
-      at += cut->blocks[k];
+                             : "sub-parameter sizes " + Shape(a.sub_param_sizes) + ", the model's sizes give " + Shape(cut.rows));
+  int64_t at = 0;
+  for (size_t k = 0; k < cut.names.size(); ++k) {
+    std::vector<int64_t> s = bias ? std::vector<int64_t>{cut.rows[k]} : std::vector<int64_t>{cut.rows[k], cols};
+    if (cut.blocks.empty()) {
+      Add(a.name, in.Tensor(cut.names[k], at, at + cut.rows[k], s));
+      at += cut.rows[k];
+      continue;
     }
-  };
-  for (size_t i = 0; i < S.atoms.size(); ++i) {
-    const reshard::Atom& a = S.atoms[i];
-    const auto slot = SlotOf(a.name, m.layers);
-    if (!slot) throw refuse(a.name, "has no place in LlamaForCausalLM of " + std::to_string(m.layers) + " layers");
-    const int atom = static_cast<int>(i);
-    const std::vector<int64_t>& shape = a.shape;
-    auto expect = [&](std::vector<int64_t> want) {
-      if (shape != want)
-        throw refuse(a.name, "shape " + Shape(shape) + ", but the model's sizes (hidden " + std::to_string(m.hidden) + ", " +
-                                 std::to_string(m.heads) + " heads and " + std::to_string(m.kv_heads) + " key-value heads of " +
-                                 std::to_string(m.head_dim) + ", FFN " + std::to_string(m.ffn) + ") give " + Shape(want) +
-                                 ": check num_attention_heads, num_key_value_heads, kv_channels, ffn_hidden_size");
-    };
-    switch (slot->kind) {
-      case Slot::Embedding:
-      case Slot::Output: {
-        if (shape.size() != 2 || shape[1] != m.hidden || shape[0] < m.vocab)
-          throw refuse(a.name, "shape " + Shape(shape) + ", expected at least " + std::to_string(m.vocab) + " rows of " +
-                                   std::to_string(m.hidden));
-        const std::string name = slot->kind == Slot::Embedding ? "model.embed_tokens.weight" : "lm_head.weight";
-        add(a.name, {name, atom, "", 0, m.vocab, {m.vocab, m.hidden}});  // padding rows past the vocabulary dropped
-        break;
-      }
-      case Slot::Norm:
-        expect({m.hidden});
-        add(a.name, {"model.norm.weight", atom, "", 0, m.hidden, {m.hidden}});
-        break;
-      case Slot::Layer:
-        PlaceLayer(a.name, atom, slot->layer, -1, slot->key, shape, a.sub_param_sizes);
-        break;
-      case Slot::Stacked: {  // layer i is index i of the leading axis
-        if (shape.size() < 2 || shape[0] != m.layers)
-          throw refuse(a.name, "shape " + Shape(shape) + ": a stacked layers' tensor of the model's " + std::to_string(m.layers) +
-                                   " layers has them on its leading axis");
-        const std::vector<int64_t> per_layer(shape.begin() + 1, shape.end());
-        for (int64_t l = 0; l < m.layers; ++l) PlaceLayer(a.name, atom, l, l, slot->key, per_layer, a.sub_param_sizes);
-        break;
-      }
-    }
+    ExportTensor t = in.Tensor(cut.names[k], at, rows, s);  // blocks[k] rows of each group, from the group's offset
+    t.block = cut.blocks[k], t.stride = cut.group_rows;
+    Add(a.name, std::move(t));
+    at += cut.blocks[k];
   }
-  // LlamaForCausalLM's order; a tensor it needs that no parameter filled is refused.
+}
+
+std::vector<ExportTensor> Placement::InModelOrder() {
   std::vector<ExportTensor> out;
   auto take = [&](const std::string& name, bool needed) {
-    auto it = made.find(name);
-    if (it == made.end()) {
-      if (needed) throw Error(dir + ": no parameter fills LlamaForCausalLM's " + name);
+    auto it = made_.find(name);
+    if (it == made_.end()) {
+      if (needed) throw Error(dir_ + ": no parameter fills LlamaForCausalLM's " + name);
       return;
     }
     out.push_back(std::move(it->second));
-    made.erase(it);
+    made_.erase(it);
   };
   take("model.embed_tokens.weight", true);
-  for (int64_t i = 0; i < m.layers; ++i)
+  for (int64_t i = 0; i < m_.layers; ++i)
     for (const std::string& key : LayerOrder()) {
       const bool is_bias = key.ends_with(".bias");
-      const bool needed = !is_bias || (key.starts_with("self_attn") ? m.attention_bias : m.mlp_bias);
+      const bool needed = !is_bias || (key.starts_with("self_attn") ? m_.attention_bias : m_.mlp_bias);
       take("model.layers." + std::to_string(i) + "." + key, needed);
     }
   take("model.norm.weight", true);
-  take("lm_head.weight", !m.tied);
-  if (!made.empty())
-    throw refuse(made.begin()->second.source, "gives " + made.begin()->first + ", which this model has no place for");
+  take("lm_head.weight", !m_.tied);
+  if (!made_.empty())
+    throw Refuse(made_.begin()->second.source, "gives " + made_.begin()->first + ", which this model has no place for");
   return out;
+}
+
+}  // namespace
+
+std::vector<ExportTensor> LlamaTensors(const reshard::Source& S, const LlamaFacts& m) {
+  Placement placement(S.reader->dir(), m);
+  for (size_t i = 0; i < S.atoms.size(); ++i) placement.Place(S.atoms[i], static_cast<int>(i));
+  return placement.InModelOrder();
 }
 
 bool TranslatedNaming(const std::vector<std::string>& names) {

@@ -7,6 +7,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "formats/hf/model.h"
 #include "pt/value.h"
 
 namespace ucp::formats::hf {
@@ -15,15 +16,7 @@ using pt::Value;
 
 namespace {
 
-// config.json's dtype names (transformers 5 writes "dtype", 4 wrote "torch_dtype") and ucp's.
-std::string UcpDtype(const std::string& torch_name) {
-  static const std::map<std::string, std::string> names = {{"float32", "fp32"}, {"bfloat16", "bf16"}, {"float16", "fp16"}};
-  auto it = names.find(torch_name);
-  return it == names.end() ? "" : it->second;
-}
-const char* TorchDtype(const std::string& dtype) {
-  return dtype == "bf16" ? "bfloat16" : dtype == "fp16" ? "float16" : "float32";
-}
+// config.json's dtype name (transformers 5 writes "dtype", 4 wrote "torch_dtype").
 std::string ConfigDtype(const json& config) {
   for (const char* key : {"dtype", "torch_dtype"})
     if (config.contains(key) && config[key].is_string()) return config[key].get<std::string>();
@@ -64,6 +57,126 @@ std::string FirstFew(const std::vector<std::string>& names) {
   std::string out;
   for (size_t i = 0; i < names.size() && i < 3; ++i) out += (out.empty() ? "'" : ", '") + names[i] + "'";
   return out + (names.size() > 3 ? " and " + std::to_string(names.size() - 3) + " more" : "");
+}
+
+json ConfigOf(const JobConfig& job) {
+  json config;
+  try {
+    config = json::parse(job.config);
+  } catch (const std::exception& e) {
+    throw Error(job.from + ": not a JSON config.json: " + e.what());
+  }
+  if (!IsHuggingFaceConfig(config))
+    throw Error(job.from + ": not a Hugging Face config.json (it names no model_type and no architectures)");
+  return config;
+}
+
+// architectures[0], else model_type, else "".
+std::string ArchitectureOf(const json& config) {
+  if (config.contains("architectures") && config["architectures"].is_array() && !config["architectures"].empty() &&
+      config["architectures"][0].is_string())
+    return config["architectures"][0].get<std::string>();
+  if (config.contains("model_type") && config["model_type"].is_string()) return config["model_type"].get<std::string>();
+  return "";
+}
+
+pt::ValuePtr ModelStatesEntry(const reshard::Source& S, const char* key) {
+  return S.model_states.root ? S.model_states.root->Get(key) : nullptr;
+}
+
+// What the model-states file says beside the parameters: tensors of the model's state_dict the
+// optimizer does not hold are not in the atomic checkpoint, so they cannot be written.
+void RefuseWhatTheStoreLacks(const reshard::Source& S) {
+  const std::string dir = S.reader->dir();
+  if (const auto buffers = NamesIn(ModelStatesEntry(S, "buffer_names")); !buffers.empty())
+    throw Error(dir + "/" + S.model_file + ": the model has persistent buffers (" + FirstFew(buffers) + "), which the "
+                "atomic checkpoint does not hold (it keeps what the optimizer updates): --format hf does not write "
+                "such a model yet (transformers would load it with those keys missing)");
+  if (const auto frozen = NamesIn(ModelStatesEntry(S, "frozen_param_shapes")); !frozen.empty())
+    throw Error(dir + "/" + S.model_file + ": the model has frozen parameters (" + FirstFew(frozen) + "), which hold "
+                "no optimizer state and so are not in the atomic checkpoint: --format hf does not write such a model yet");
+}
+
+// The dtype: --dtype, else what the job trained in. config.json's own field says it for a
+// Trainer job (the dtype DeepSpeed gave the module); the manifest's is the DeepSpeed config's.
+void ChooseDtype(const reshard::Source& S, const reshard::ExportOptions& o, const JobConfig& job, const json& config,
+                 OwnModel& m, std::vector<std::string>& notes) {
+  const std::string said = ConfigDtype(config), from_config = UcpDtypeName(said);
+  const std::string from_manifest = S.manifest["source"].value("dtype", "");
+  m.job_dtype = !from_config.empty() ? from_config : from_manifest;
+  if (m.job_dtype.empty())
+    throw Error(job.from + ": neither config.json's dtype nor the atomic checkpoint says the dtype the job trained in: give "
+                "--dtype fp32, bf16 or fp16");
+  if (!from_config.empty() && !from_manifest.empty() && from_config != from_manifest)
+    notes.push_back("config.json says dtype " + said + ", the DeepSpeed job trained in " + from_manifest + ": " +
+                    from_config + " by default, as the model's own config says");
+  m.dtype = o.dtype.empty() ? m.job_dtype : o.dtype;
+  m.config = job.config;
+  if (!o.dtype.empty() && m.dtype != from_config) {  // config.json must say what the files hold
+    bool whole = false;
+    m.config = WithDtype(job.config, TorchDtypeName(m.dtype), whole);
+    notes.push_back("config.json's dtype " + (said.empty() ? std::string("(not said)") : said) + " -> " + TorchDtypeName(m.dtype) +
+                    " (--dtype " + o.dtype + ")" +
+                    (whole ? ": the file written again with a dtype field" : "; every other byte as the job wrote it"));
+  }
+}
+
+// The atomic parameters under their own names, and the names tied to them. Ties (DeepSpeed's
+// shared_params: a name that is another parameter, saved once, under the name named_parameters
+// gives first): save_pretrained drops the tied name where the config ties the embeddings, and
+// from_pretrained ties it back; where it does not, the name is written with the values of the one
+// it shares, as zero_to_fp32 writes it, so that the model loads whole.
+void TensorsOf(const reshard::Source& S, const json& config, OwnModel& m, std::vector<std::string>& notes) {
+  const std::string dir = S.reader->dir();
+  const bool ties = config.contains("tie_word_embeddings") && config["tie_word_embeddings"].is_boolean() &&
+                    config["tie_word_embeddings"].get<bool>();
+  std::vector<std::pair<std::string, std::string>> shared;  // (tied name, the parameter it is)
+  if (const auto sp = ModelStatesEntry(S, "shared_params"); sp && sp->kind == Value::Kind::Dict)
+    for (const auto& item : sp->dict.items())
+      if (item.key && item.key->kind == Value::Kind::Str && item.value && item.value->kind == Value::Kind::Str)
+        shared.emplace_back(item.key->s, item.value->s);
+
+  std::map<std::string, int> atom_of;
+  for (size_t i = 0; i < S.atoms.size(); ++i) atom_of[S.atoms[i].name] = static_cast<int>(i);
+  auto tensor = [&](const std::string& name, int atom) {
+    const reshard::Atom& a = S.atoms[atom];
+    reshard::ExportTensor t;
+    t.name = name, t.atom = atom, t.source = a.name, t.shape = a.shape;
+    t.row_begin = 0, t.row_end = a.shape.empty() ? 1 : a.shape[0];
+    return t;
+  };
+  for (const reshard::Atom& a : S.atoms) {
+    m.tensors.push_back(tensor(a.name, atom_of[a.name]));
+    m.parameters += m.tensors.back().numel();
+  }
+  for (const auto& [tied, stored] : shared) {
+    auto it = atom_of.find(stored);
+    if (it == atom_of.end()) throw Error(dir + "/" + S.model_file + ": shared_params says '" + tied + "' is '" + stored +
+                                         "', which is not a parameter of the atomic checkpoint");
+    if (atom_of.count(tied)) continue;  // saved as a parameter of its own: written as such
+    if (ties) {
+      notes.push_back("'" + tied + "' is '" + stored + "' (tie_word_embeddings true): not written, as save_pretrained drops "
+                      "it; from_pretrained ties it back");
+    } else {
+      m.tensors.push_back(tensor(tied, it->second));
+      notes.push_back("'" + tied + "' is '" + stored + "' in the job (DeepSpeed's shared_params) while config.json does not "
+                      "say tie_word_embeddings true: written with its values, as zero_to_fp32 writes it, so that "
+                      "from_pretrained finds it");
+    }
+  }
+}
+
+// The model's order: its state_dict's, as the model-states file's module lists it (the optimizer's
+// groups put the norms after every matrix). Names it does not list keep the atomic checkpoint's order.
+void SortInModelOrder(const reshard::Source& S, std::vector<reshard::ExportTensor>& tensors) {
+  std::map<std::string, size_t> place;
+  if (const auto module = ModelStatesEntry(S, "module"); module && module->kind == Value::Kind::Dict)
+    for (const auto& item : module->dict.items())
+      if (item.key && item.key->kind == Value::Kind::Str) place.emplace(item.key->s, place.size());
+  std::stable_sort(tensors.begin(), tensors.end(), [&](const reshard::ExportTensor& x, const reshard::ExportTensor& y) {
+    auto px = place.find(x.name), py = place.find(y.name);
+    return (px == place.end() ? place.size() : px->second) < (py == place.end() ? place.size() : py->second);
+  });
 }
 
 }  // namespace
@@ -110,107 +223,14 @@ std::optional<JobConfig> JobConfigOf(const reshard::Source& S, const reshard::Ex
 }
 
 OwnModel OwnModelOf(const reshard::Source& S, const reshard::ExportOptions& o, const JobConfig& job, std::vector<std::string>& notes) {
-  const std::string dir = S.reader->dir();
-  json config;
-  try {
-    config = json::parse(job.config);
-  } catch (const std::exception& e) {
-    throw Error(job.from + ": not a JSON config.json: " + e.what());
-  }
-  if (!IsHuggingFaceConfig(config))
-    throw Error(job.from + ": not a Hugging Face config.json (it names no model_type and no architectures)");
+  const json config = ConfigOf(job);
   OwnModel m;
-  if (config.contains("architectures") && config["architectures"].is_array() && !config["architectures"].empty() &&
-      config["architectures"][0].is_string())
-    m.architecture = config["architectures"][0].get<std::string>();
-  else if (config.contains("model_type") && config["model_type"].is_string())
-    m.architecture = config["model_type"].get<std::string>();
-
-  // What the model-states file says beside the parameters: tensors of the model's state_dict the
-  // optimizer does not hold are not in the atomic checkpoint, so they cannot be written.
-  const pt::ValuePtr root = S.model_states.root;
-  auto get = [&](const char* key) { return root ? root->Get(key) : nullptr; };
-  if (const auto buffers = NamesIn(get("buffer_names")); !buffers.empty())
-    throw Error(dir + "/" + S.model_file + ": the model has persistent buffers (" + FirstFew(buffers) + "), which the "
-                "atomic checkpoint does not hold (it keeps what the optimizer updates): --format hf does not write "
-                "such a model yet (transformers would load it with those keys missing)");
-  if (const auto frozen = NamesIn(get("frozen_param_shapes")); !frozen.empty())
-    throw Error(dir + "/" + S.model_file + ": the model has frozen parameters (" + FirstFew(frozen) + "), which hold "
-                "no optimizer state and so are not in the atomic checkpoint: --format hf does not write such a model yet");
-
-  // The dtype: --dtype, else what the job trained in. config.json's own field says it for a
-  // Trainer job (the dtype DeepSpeed gave the module); the manifest's is the DeepSpeed config's.
-  const std::string said = ConfigDtype(config), from_config = UcpDtype(said);
-  const std::string from_manifest = S.manifest["source"].value("dtype", "");
-  m.job_dtype = !from_config.empty() ? from_config : from_manifest;
-  if (m.job_dtype.empty())
-    throw Error(job.from + ": neither config.json's dtype nor the atomic checkpoint says the dtype the job trained in: give "
-                "--dtype fp32, bf16 or fp16");
-  if (!from_config.empty() && !from_manifest.empty() && from_config != from_manifest)
-    notes.push_back("config.json says dtype " + said + ", the DeepSpeed job trained in " + from_manifest + ": " +
-                    from_config + " by default, as the model's own config says");
-  m.dtype = o.dtype.empty() ? m.job_dtype : o.dtype;
-  m.config = job.config;
-  if (!o.dtype.empty() && m.dtype != from_config) {  // config.json must say what the files hold
-    bool whole = false;
-    m.config = WithDtype(job.config, TorchDtype(m.dtype), whole);
-    notes.push_back("config.json's dtype " + (said.empty() ? std::string("(not said)") : said) + " -> " + TorchDtype(m.dtype) +
-                    " (--dtype " + o.dtype + ")" +
-                    (whole ? ": the file written again with a dtype field" : "; every other byte as the job wrote it"));
-  }
+  m.architecture = ArchitectureOf(config);
+  RefuseWhatTheStoreLacks(S);
+  ChooseDtype(S, o, job, config, m, notes);
   m.generation_config = job.generation_config;
-
-  // Ties (DeepSpeed's shared_params: a name that is another parameter, saved once, under the name
-  // named_parameters gives first). save_pretrained drops the tied name where the config ties the
-  // embeddings, and from_pretrained ties it back; where it does not, the name is written with the
-  // values of the one it shares, as zero_to_fp32 writes it, so that the model loads whole.
-  const bool ties = config.contains("tie_word_embeddings") && config["tie_word_embeddings"].is_boolean() &&
-                    config["tie_word_embeddings"].get<bool>();
-  std::vector<std::pair<std::string, std::string>> shared;  // (tied name, the parameter it is)
-  if (const auto sp = get("shared_params"); sp && sp->kind == Value::Kind::Dict)
-    for (const auto& item : sp->dict.items())
-      if (item.key && item.key->kind == Value::Kind::Str && item.value && item.value->kind == Value::Kind::Str)
-        shared.emplace_back(item.key->s, item.value->s);
-
-  std::map<std::string, int> atom_of;
-  for (size_t i = 0; i < S.atoms.size(); ++i) atom_of[S.atoms[i].name] = static_cast<int>(i);
-  auto tensor = [&](const std::string& name, int atom) {
-    const reshard::Atom& a = S.atoms[atom];
-    reshard::ExportTensor t;
-    t.name = name, t.atom = atom, t.source = a.name, t.shape = a.shape;
-    t.row_begin = 0, t.row_end = a.shape.empty() ? 1 : a.shape[0];
-    return t;
-  };
-  for (const reshard::Atom& a : S.atoms) {
-    m.tensors.push_back(tensor(a.name, atom_of[a.name]));
-    m.parameters += m.tensors.back().numel();
-  }
-  for (const auto& [tied, stored] : shared) {
-    auto it = atom_of.find(stored);
-    if (it == atom_of.end()) throw Error(dir + "/" + S.model_file + ": shared_params says '" + tied + "' is '" + stored +
-                                         "', which is not a parameter of the atomic checkpoint");
-    if (atom_of.count(tied)) continue;  // saved as a parameter of its own: written as such
-    if (ties) {
-      notes.push_back("'" + tied + "' is '" + stored + "' (tie_word_embeddings true): not written, as save_pretrained drops "
-                      "it; from_pretrained ties it back");
-    } else {
-      m.tensors.push_back(tensor(tied, it->second));
-      notes.push_back("'" + tied + "' is '" + stored + "' in the job (DeepSpeed's shared_params) while config.json does not "
-                      "say tie_word_embeddings true: written with its values, as zero_to_fp32 writes it, so that "
-                      "from_pretrained finds it");
-    }
-  }
-
-  // The model's order: its state_dict's, as the model-states file's module lists it (the optimizer's
-  // groups put the norms after every matrix). Names it does not list keep the atomic checkpoint's order.
-  std::map<std::string, size_t> place;
-  if (const auto module = get("module"); module && module->kind == Value::Kind::Dict)
-    for (const auto& item : module->dict.items())
-      if (item.key && item.key->kind == Value::Kind::Str) place.emplace(item.key->s, place.size());
-  std::stable_sort(m.tensors.begin(), m.tensors.end(), [&](const reshard::ExportTensor& x, const reshard::ExportTensor& y) {
-    auto px = place.find(x.name), py = place.find(y.name);
-    return (px == place.end() ? place.size() : px->second) < (py == place.end() ? place.size() : py->second);
-  });
+  TensorsOf(S, config, m, notes);
+  SortInModelOrder(S, m.tensors);
   return m;
 }
 
