@@ -40,21 +40,21 @@ constexpr const char* kTempMark = ".tmp-";
 AtomicFile::AtomicFile(std::string path, Durability durability, Digest digest)
     : path_(std::move(path)), durability_(durability), digest_(digest) {
   temp_ = TemporaryName(path_);
-  fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(path_ + ": cannot create " + temp_ + ": " + std::strerror(errno));
+  fd_ = Fd::Open(temp_, O_WRONLY | O_CREAT | O_TRUNC);
+  if (!fd_.open()) throw Error(path_ + ": cannot create " + temp_ + ": " + std::strerror(errno));
   FaultPoint("file-open", path_);
 }
 
 AtomicFile::~AtomicFile() {
-  if (fd_ >= 0) {
-    ::close(fd_);
+  if (fd_.open()) {
+    fd_.Reset();
     ::unlink(temp_.c_str());
   }
 }
 
 void AtomicFile::WriteAll(const char* p, size_t left) {
   while (left > 0) {
-    ssize_t n = ::write(fd_, p, std::min<size_t>(left, 1 << 30));
+    ssize_t n = ::write(fd_.get(), p, std::min<size_t>(left, 1 << 30));
     if (n < 0) {
       if (errno == EINTR) continue;
       throw Error(path_ + ": write failed: " + std::strerror(errno));
@@ -71,7 +71,7 @@ void AtomicFile::FlushBuffer() {
 }
 
 void AtomicFile::Write(const void* data, size_t size) {
-  if (fd_ < 0) throw Error(path_ + ": write after commit");
+  if (!fd_.open()) throw Error(path_ + ": write after commit");
   if (digest_ == Digest::Xxh64) hash_.Update(data, size);
   size_ += size;
   if (buffer_.size() + size > kBufferLimit) FlushBuffer();
@@ -83,10 +83,10 @@ void AtomicFile::Write(const void* data, size_t size) {
 }
 
 bool AtomicFile::Clone(int from_fd) {
-  if (fd_ < 0 || size_ != 0 || !buffer_.empty()) throw Error(path_ + ": internal: a clone into a file already written");
-  if (::ioctl(fd_, FICLONE, from_fd) != 0) return false;
+  if (!fd_.open() || size_ != 0 || !buffer_.empty()) throw Error(path_ + ": internal: a clone into a file already written");
+  if (::ioctl(fd_.get(), FICLONE, from_fd) != 0) return false;
   struct stat st {};
-  if (::fstat(fd_, &st) != 0) throw Error(path_ + ": cannot stat the clone: " + std::strerror(errno));
+  if (::fstat(fd_.get(), &st) != 0) throw Error(path_ + ": cannot stat the clone: " + std::strerror(errno));
   size_ = static_cast<uint64_t>(st.st_size);
   FaultPoint("file-write", path_);
   return true;
@@ -96,20 +96,18 @@ FileDigest AtomicFile::Commit() {
   FlushBuffer();
   FaultPoint("file-written", path_);
   if (durability_ == Durability::Now) {
-    if (::fsync(fd_) != 0) throw Error(path_ + ": fsync failed: " + std::strerror(errno));
+    if (::fsync(fd_.get()) != 0) throw Error(path_ + ": fsync failed: " + std::strerror(errno));
     FaultPoint("file-synced", path_);
   } else {
     // Batch: the file is made durable later, with the others (one sync). Its writeback starts now,
     // on a thread of its own, so that the disk works while the run goes on and that sync finds
     // little left to write.
-    if (int dup = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0); dup >= 0) StartWriteback(dup);
+    if (int dup = ::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0); dup >= 0) StartWriteback(dup);
   }
-  if (::close(fd_) != 0) {
-    fd_ = -1;
+  if (fd_.Close() != 0) {
     ::unlink(temp_.c_str());
     throw Error(path_ + ": close failed: " + std::strerror(errno));
   }
-  fd_ = -1;
   if (::rename(temp_.c_str(), path_.c_str()) != 0) {
     int err = errno;
     ::unlink(temp_.c_str());
@@ -117,11 +115,7 @@ FileDigest AtomicFile::Commit() {
   }
   FaultPoint("file-renamed", path_);
   if (durability_ == Durability::Now) {
-    int dir = ::open(DirName(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir >= 0) {
-      ::fsync(dir);
-      ::close(dir);
-    }
+    if (const Fd dir = Fd::Open(DirName(path_), O_RDONLY | O_DIRECTORY); dir.open()) ::fsync(dir.get());
   }
   return {size_, digest_ == Digest::Xxh64 ? hash_.Digest() : 0};
 }
@@ -142,7 +136,7 @@ class WritebackStarter {
   void Add(int fd, uint64_t offset, uint64_t bytes) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back({fd, offset, bytes});
+      queue_.push_back({Fd(fd), offset, bytes});
       if (!thread_started_) {
         thread_started_ = true;
         std::thread([this] { Run(); }).detach();
@@ -161,12 +155,12 @@ class WritebackStarter {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       cv_.wait(lock, [&] { return !queue_.empty(); });
-      const Range r = queue_.front();
+      Range r = std::move(queue_.front());
       queue_.pop_front();
       busy_ = true;
       lock.unlock();
-      ::sync_file_range(r.fd, static_cast<off_t>(r.offset), static_cast<off_t>(r.bytes), SYNC_FILE_RANGE_WRITE);
-      ::close(r.fd);
+      ::sync_file_range(r.fd.get(), static_cast<off_t>(r.offset), static_cast<off_t>(r.bytes), SYNC_FILE_RANGE_WRITE);
+      r.fd.Reset();
       lock.lock();
       busy_ = false;
       if (queue_.empty()) idle_.notify_all();
@@ -175,7 +169,7 @@ class WritebackStarter {
   std::mutex mu_;
   std::condition_variable cv_, idle_;
   struct Range {
-    int fd;
+    Fd fd;
     uint64_t offset, bytes;  // bytes 0: to the end of the file
   };
   std::deque<Range> queue_;
@@ -188,24 +182,23 @@ void StartWriteback(int fd, uint64_t offset, uint64_t bytes) { WritebackStarter:
 
 void SyncFileSystemOf(const std::string& path) {
   WritebackStarter::Get().Flush();  // its files' descriptors closed, their writeback under way
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(path + ": cannot open to sync its file system: " + std::strerror(errno));
-  const int rc = ::syncfs(fd), err = errno;
-  ::close(fd);
+  Fd fd = Fd::Open(path, O_RDONLY);
+  if (!fd.open()) throw Error(path + ": cannot open to sync its file system: " + std::strerror(errno));
+  const int rc = ::syncfs(fd.get()), err = errno;
+  fd.Reset();
   if (rc != 0) throw Error(path + ": syncing its file system failed: " + std::strerror(err));
   FaultPoint("sync", path);
 }
 
 void CreateSpreadFolder(const std::string& dir) {
   std::filesystem::create_directories(dir);
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw Error(dir + ": cannot open the folder just created: " + std::strerror(errno));
+  const Fd fd = Fd::Open(dir, O_RDONLY | O_DIRECTORY);
+  if (!fd.open()) throw Error(dir + ": cannot open the folder just created: " + std::strerror(errno));
   int flags = 0;  // a hint: a file system that has no such flags, or refuses them, writes as it would anyway
-  if (::ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0 && !(flags & FS_TOPDIR_FL)) {
+  if (::ioctl(fd.get(), FS_IOC_GETFLAGS, &flags) == 0 && !(flags & FS_TOPDIR_FL)) {
     flags |= FS_TOPDIR_FL;
-    (void)::ioctl(fd, FS_IOC_SETFLAGS, &flags);
+    (void)::ioctl(fd.get(), FS_IOC_SETFLAGS, &flags);
   }
-  ::close(fd);
 }
 
 FileDigest WriteFileAtomically(const std::string& path, const std::string& contents) {

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "core/file_descriptor.h"
 #include "core/xxhash64.h"
 
 namespace ucp {
@@ -72,7 +73,7 @@ class AtomicFile {
   std::string path_, temp_;
   Durability durability_;
   Digest digest_;
-  int fd_ = -1;
+  Fd fd_;
   std::string buffer_;
   XxHash64 hash_;
   uint64_t size_ = 0;  // coalesces small writes (headers); large payloads bypass it

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/file_descriptor.h"
 
 namespace ucp {
 
@@ -27,17 +28,9 @@ uint64_t ReadFdBlocks(int fd, const std::string& path, size_t block,
 }
 
 uint64_t ReadFileBlocks(const std::string& path, const std::function<void(const void*, size_t)>& fn) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  try {
-    const uint64_t total = ReadFdBlocks(fd, path, 8 << 20, [&](const void* p, size_t n, uint64_t) { fn(p, n); });
-    ::close(fd);
-    return total;
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
+  const Fd fd = Fd::OpenOrThrow(path, O_RDONLY);
+  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  return ReadFdBlocks(fd.get(), path, 8 << 20, [&](const void* p, size_t n, uint64_t) { fn(p, n); });
 }
 
 }  // namespace ucp

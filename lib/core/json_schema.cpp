@@ -1,9 +1,11 @@
 #include "core/json_schema.h"
 
+#include <algorithm>
 #include <set>
 #include <utility>
 
 #include "core/error.h"
+#include "core/format.h"
 
 namespace ucp {
 
@@ -93,87 +95,117 @@ void JsonSchema::Validate(const json& doc) const {
   if (!why.empty()) throw Error(why);
 }
 
-std::string JsonSchema::Check(const json& s, const json& v, const std::string& where) const {
-  // The message, after the JSON pointer of the value (none for the whole document).
-  auto at = [&](const std::string& why) { return where.empty() ? why : where + ": " + why; };
-  if (s.contains("$ref")) {
-    const std::string ref = s.at("$ref").get<std::string>();
-    const std::string prefix = "#/$defs/";
-    if (ref.rfind(prefix, 0) != 0 || !root_.contains("$defs") || !root_.at("$defs").contains(ref.substr(prefix.size())))
-      throw Error("internal: schema $ref '" + ref + "' is not a local definition");
-    std::string why = Check(root_.at("$defs").at(ref.substr(prefix.size())), v, where);
-    if (!why.empty()) return why;
-  }
+namespace {
+
+// The message, after the JSON pointer of the value (none for the whole document).
+std::string At(const std::string& where, const std::string& why) { return where.empty() ? why : where + ": " + why; }
+
+// What "type", "const" and "enum" refuse, without the value's place; "" when it conforms.
+std::string KindViolation(const json& s, const json& v) {
   if (s.contains("type")) {
     const json& t = s.at("type");
-    bool ok = false;
-    std::string wanted;
-    for (const auto& one : t.is_array() ? t : json::array({t})) {
-      ok = ok || HasType(v, one.get<std::string>());
-      wanted += (wanted.empty() ? "" : " or ") + one.get<std::string>();
-    }
-    if (!ok) return at("expected " + wanted + ", found " + TypeName(v) + " " + Shown(v));
+    const json types = t.is_array() ? t : json::array({t});
+    const bool ok = std::any_of(types.begin(), types.end(), [&](const json& one) { return HasType(v, one.get<std::string>()); });
+    if (!ok)
+      return "expected " + JoinNames(types, " or ", [](const json& one) { return one.get<std::string>(); }) + ", found " +
+             TypeName(v) + " " + Shown(v);
   }
-  if (s.contains("const") && v != s.at("const")) return at("expected " + Shown(s.at("const")) + ", found " + Shown(v));
+  if (s.contains("const") && v != s.at("const")) return "expected " + Shown(s.at("const")) + ", found " + Shown(v);
   if (s.contains("enum")) {
-    bool ok = false;
-    for (const auto& e : s.at("enum")) ok = ok || v == e;
-    if (!ok) return at(Shown(v) + " is not one of " + Shown(s.at("enum")));
+    const json& values = s.at("enum");
+    if (std::find(values.begin(), values.end(), v) == values.end()) return Shown(v) + " is not one of " + Shown(values);
   }
+  return "";
+}
+
+// What "minimum", "maximum" and "minLength" refuse, without the value's place.
+std::string BoundViolation(const json& s, const json& v) {
   if (v.is_number()) {
     if (s.contains("minimum") && AsLongDouble(v) < AsLongDouble(s.at("minimum")))
-      return at(Shown(v) + " is below the minimum " + Shown(s.at("minimum")));
+      return Shown(v) + " is below the minimum " + Shown(s.at("minimum"));
     if (s.contains("maximum") && AsLongDouble(v) > AsLongDouble(s.at("maximum")))
-      return at(Shown(v) + " is above the maximum " + Shown(s.at("maximum")));
+      return Shown(v) + " is above the maximum " + Shown(s.at("maximum"));
   }
-  if (v.is_string()) {
-    const auto& text = v.get_ref<const std::string&>();
-    if (s.contains("minLength") && text.size() < s.at("minLength").get<size_t>())
-      return at("string shorter than " + s.at("minLength").dump() + " characters");
-    if (s.contains("pattern")) {
-      const auto& pattern = s.at("pattern").get_ref<const std::string&>();
-      if (text.size() > kMaxPatternSubject)
-        return at("string of " + std::to_string(text.size()) + " bytes, longer than the " +
-                std::to_string(kMaxPatternSubject) + " allowed");
-      if (!std::regex_search(text, patterns_.at(pattern))) return at(Shown(v) + " does not match " + pattern);
-    }
-  }
-  if (v.is_object()) {
-    if (s.contains("required"))
-      for (const auto& key : s.at("required"))
-        if (!v.contains(key.get<std::string>())) return at("missing key '" + key.get<std::string>() + "'");
-    const json* properties = s.contains("properties") ? &s.at("properties") : nullptr;
-    for (const auto& [key, value] : v.items()) {
-      if (properties && properties->contains(key)) {
-        std::string why = Check(properties->at(key), value, where + "/" + PointerKey(key));
-        if (!why.empty()) return why;
-      } else if (s.contains("additionalProperties")) {
-        return at("unknown key '" + key + "'");
-      }
-    }
-  }
-  if (v.is_array() && s.contains("items"))
-    for (size_t i = 0; i < v.size(); ++i) {
-      std::string why = Check(s.at("items"), v[i], where + "/" + std::to_string(i));
+  if (v.is_string() && s.contains("minLength") && v.get_ref<const std::string&>().size() < s.at("minLength").get<size_t>())
+    return "string shorter than " + s.at("minLength").dump() + " characters";
+  return "";
+}
+
+}  // namespace
+
+std::string JsonSchema::Check(const json& s, const json& v, const std::string& where) const {
+  if (std::string why = CheckRef(s, v, where); !why.empty()) return why;
+  if (std::string why = KindViolation(s, v); !why.empty()) return At(where, why);
+  if (std::string why = BoundViolation(s, v); !why.empty()) return At(where, why);
+  if (std::string why = CheckPattern(s, v); !why.empty()) return At(where, why);
+  if (std::string why = CheckMembers(s, v, where); !why.empty()) return why;
+  if (std::string why = CheckItems(s, v, where); !why.empty()) return why;
+  return CheckOneOf(s, v, where);
+}
+
+std::string JsonSchema::CheckRef(const json& s, const json& v, const std::string& where) const {
+  if (!s.contains("$ref")) return "";
+  const std::string ref = s.at("$ref").get<std::string>();
+  const std::string prefix = "#/$defs/";
+  if (ref.rfind(prefix, 0) != 0 || !root_.contains("$defs") || !root_.at("$defs").contains(ref.substr(prefix.size())))
+    throw Error("internal: schema $ref '" + ref + "' is not a local definition");
+  return Check(root_.at("$defs").at(ref.substr(prefix.size())), v, where);
+}
+
+std::string JsonSchema::CheckPattern(const json& s, const json& v) const {
+  if (!v.is_string() || !s.contains("pattern")) return "";
+  const auto& text = v.get_ref<const std::string&>();
+  const auto& pattern = s.at("pattern").get_ref<const std::string&>();
+  if (text.size() > kMaxPatternSubject)
+    return "string of " + std::to_string(text.size()) + " bytes, longer than the " + std::to_string(kMaxPatternSubject) +
+           " allowed";
+  if (!std::regex_search(text, patterns_.at(pattern))) return Shown(v) + " does not match " + pattern;
+  return "";
+}
+
+std::string JsonSchema::CheckMembers(const json& s, const json& v, const std::string& where) const {
+  if (!v.is_object()) return "";
+  if (s.contains("required"))
+    for (const auto& key : s.at("required"))
+      if (!v.contains(key.get<std::string>())) return At(where, "missing key '" + key.get<std::string>() + "'");
+  const json* properties = s.contains("properties") ? &s.at("properties") : nullptr;
+  for (const auto& [key, value] : v.items()) {
+    if (properties && properties->contains(key)) {
+      std::string why = Check(properties->at(key), value, where + "/" + PointerKey(key));
       if (!why.empty()) return why;
+    } else if (s.contains("additionalProperties")) {
+      return At(where, "unknown key '" + key + "'");
     }
-  if (s.contains("oneOf")) {
-    // With none matched, the message is the first alternative's of v's type: the one meant.
-    int matched = 0;
-    std::string first, first_of_type;
-    for (const auto& alternative : s.at("oneOf")) {
-      std::string why = Check(alternative, v, where);
-      if (why.empty()) {
-        ++matched;
-        continue;
-      }
-      if (first.empty()) first = why;
-      const bool typed = alternative.contains("type") && alternative.at("type").is_string();
-      if (first_of_type.empty() && typed && HasType(v, alternative.at("type").get<std::string>())) first_of_type = why;
-    }
-    if (matched == 0) return first_of_type.empty() ? first : first_of_type;
-    if (matched > 1) return at("matches " + std::to_string(matched) + " of the alternatives, where one is allowed");
   }
+  return "";
+}
+
+std::string JsonSchema::CheckItems(const json& s, const json& v, const std::string& where) const {
+  if (!v.is_array() || !s.contains("items")) return "";
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::string why = Check(s.at("items"), v[i], where + "/" + std::to_string(i));
+    if (!why.empty()) return why;
+  }
+  return "";
+}
+
+std::string JsonSchema::CheckOneOf(const json& s, const json& v, const std::string& where) const {
+  if (!s.contains("oneOf")) return "";
+  // With none matched, the message is the first alternative's of v's type: the one meant.
+  int matched = 0;
+  std::string first, first_of_type;
+  for (const auto& alternative : s.at("oneOf")) {
+    std::string why = Check(alternative, v, where);
+    if (why.empty()) {
+      ++matched;
+      continue;
+    }
+    if (first.empty()) first = why;
+    const bool typed = alternative.contains("type") && alternative.at("type").is_string();
+    if (first_of_type.empty() && typed && HasType(v, alternative.at("type").get<std::string>())) first_of_type = why;
+  }
+  if (matched == 0) return first_of_type.empty() ? first : first_of_type;
+  if (matched > 1) return At(where, "matches " + std::to_string(matched) + " of the alternatives, where one is allowed");
   return "";
 }
 

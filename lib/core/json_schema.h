@@ -30,6 +30,12 @@ class JsonSchema {
  private:
   // The first violation of `schema` by `v` at `where`, or "" when `v` conforms.
   std::string Check(const nlohmann::json& schema, const nlohmann::json& v, const std::string& where) const;
+  // Check's steps, each of the keywords of one idea, each the first violation or "".
+  std::string CheckRef(const nlohmann::json& schema, const nlohmann::json& v, const std::string& where) const;
+  std::string CheckPattern(const nlohmann::json& schema, const nlohmann::json& v) const;  // without `where`
+  std::string CheckMembers(const nlohmann::json& schema, const nlohmann::json& v, const std::string& where) const;
+  std::string CheckItems(const nlohmann::json& schema, const nlohmann::json& v, const std::string& where) const;
+  std::string CheckOneOf(const nlohmann::json& schema, const nlohmann::json& v, const std::string& where) const;
   void Compile(const nlohmann::json& schema);
 
   nlohmann::json root_;

@@ -15,6 +15,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/fault_point.h"
+#include "core/file_descriptor.h"
 #include "core/format.h"
 #include "core/process.h"
 
@@ -66,10 +67,10 @@ OutputLock::OutputLock(const std::string& dir, const std::string& tool, std::str
   // (link(2) fails if the name exists: the exclusive step).
   const std::string mine = TemporaryName(path_);
   {
-    const int fd = ::open(mine.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw Error(dir + ": cannot write its lock " + mine + ": " + std::strerror(errno));
-    const bool ok = ::write(fd, content_.data(), content_.size()) == static_cast<ssize_t>(content_.size());
-    ::close(fd);
+    Fd fd = Fd::Open(mine, O_WRONLY | O_CREAT | O_TRUNC);
+    if (!fd.open()) throw Error(dir + ": cannot write its lock " + mine + ": " + std::strerror(errno));
+    const bool ok = ::write(fd.get(), content_.data(), content_.size()) == static_cast<ssize_t>(content_.size());
+    fd.Reset();
     if (!ok) {
       ::unlink(mine.c_str());
       throw Error(dir + ": cannot write its lock " + mine);
@@ -82,10 +83,9 @@ OutputLock::OutputLock(const std::string& dir, const std::string& tool, std::str
       return;
     }
     if (errno == EPERM || errno == ENOTSUP || errno == ENOSYS) {  // a file system without hard links
-      const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-      if (fd >= 0) {
-        const bool ok = ::write(fd, content_.data(), content_.size()) == static_cast<ssize_t>(content_.size());
-        ::close(fd);
+      if (Fd fd = Fd::Open(path_, O_WRONLY | O_CREAT | O_EXCL); fd.open()) {
+        const bool ok = ::write(fd.get(), content_.data(), content_.size()) == static_cast<ssize_t>(content_.size());
+        fd.Reset();
         if (!ok) {
           ::unlink(mine.c_str());
           throw Error(dir + ": cannot write its lock " + path_);

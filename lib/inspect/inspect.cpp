@@ -30,11 +30,8 @@ std::string Reason(const patterns::ParamPattern& p) {
   return p.match->key + " '" + p.match->rule + "' (" + src + ")";
 }
 
-}  // namespace
-
-json InspectReport(const std::string& dir, const InspectOptions& options) {
-  source::SourceIndex L = formats::IndexSource(dir, {.verify_storage_crc = options.verify});
-  json r;
+// What the layout says of itself: format, framework, degrees, ZeRO stage, dtype, tag.
+void AddLayout(const source::SourceIndex& L, json& r) {
   r["ucp_inspect_version"] = 1;
   r["kind"] = "source";
   r["path"] = L.root;
@@ -52,21 +49,26 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
   r["iteration"] = L.iteration;
   r["naming"] = L.naming;
   if (!L.job.empty()) r["job"] = L.job.ToJson();  // the framework's files beside the tag (Trainer's)
-  if (options.verify && L.errors.empty()) {  // what --verify read: every zip record of every file, CRC-32 checked
-    int64_t records = 0, bytes = 0;
-    for (const auto& f : L.files)
-      for (const auto& c : f.checksummed) records += 1, bytes += static_cast<int64_t>(c.size);
-    r["verified"] = {{"zip_records", records}, {"bytes", bytes},
-                     {"weight_copies", static_cast<int64_t>(L.weight_copies.size())}};
-    // and every value stored twice, as ucp-convert compares it before it writes anything: files that
-    // read whole but disagree are a problem of the checkpoint (exit 1), damage an error (exit 2)
-    try {
-      const auto one = shuffle::MakeLocalComm();
-      if (const std::string why = map::CheckWeightCopies(L, *one, AvailableCores()); !why.empty()) L.problems.insert(L.problems.begin(), why);
-    } catch (const std::exception& e) {
-      L.errors.push_back(e.what());
-    }
+}
+
+// What --verify read: every zip record of every file, CRC-32 checked; and every value stored twice,
+// as ucp-convert compares it before it writes anything: files that read whole but disagree are a
+// problem of the checkpoint (exit 1), damage an error (exit 2).
+json VerifyStoredTwice(source::SourceIndex& L) {
+  int64_t records = 0, bytes = 0;
+  for (const auto& f : L.files)
+    for (const auto& c : f.checksummed) records += 1, bytes += static_cast<int64_t>(c.size);
+  json verified = {{"zip_records", records}, {"bytes", bytes}, {"weight_copies", static_cast<int64_t>(L.weight_copies.size())}};
+  try {
+    const auto one = shuffle::MakeLocalComm();
+    if (const std::string why = map::CheckWeightCopies(L, *one, AvailableCores()); !why.empty()) L.problems.insert(L.problems.begin(), why);
+  } catch (const std::exception& e) {
+    L.errors.push_back(e.what());
   }
+  return verified;
+}
+
+json FilesJson(const source::SourceIndex& L) {
   json files = json::array();
   for (const auto& f : L.files) {
     json e = {{"name", f.name}, {"kind", f.kind}, {"tp", f.tp}};
@@ -76,90 +78,172 @@ json InspectReport(const std::string& dir, const InspectOptions& options) {
     if (f.expert >= 0) e["expert"] = f.expert;
     files.push_back(e);
   }
-  r["files"] = files;
-  json errors = L.errors, problems = L.problems, notes = L.notes;
+  return files;
+}
+
+// The checkpoint's own rules (universal_checkpoint_info): whether present, and which variant.
+json CheckpointInfoJson(const source::SourceIndex& L, const patterns::ModelPatterns* M) {
+  json uc = {{"present", L.universal_checkpoint_info != nullptr}};
+  if (!M || !M->checkpoint_rules) return uc;
+  const auto& cr = *M->checkpoint_rules;
+  uc["version"] = cr.version ? json(*cr.version) : json(nullptr);
+  uc["has_sub_param_shard_widths"] = !cr.shard_widths.empty();
+  uc["original_vocab_size"] = cr.original_vocab_size ? json(*cr.original_vocab_size) : json(nullptr);
+  uc["padded_vocab_size"] = cr.padded_vocab_size ? json(*cr.padded_vocab_size) : json(nullptr);
+  std::string variant = cr.version ? "universal-checkpoint " + json(*cr.version).dump() : "unversioned";
+  variant += cr.shard_widths.empty() ? ", no sub_param_shard_widths" : ", with sub_param_shard_widths";
+  if (cr.sub_params.empty()) variant += ", no sub-parameter rules";
+  uc["variant"] = variant;
+  return uc;
+}
+
+std::optional<std::regex> ParamsFilter(const std::string& params_regex) {
+  if (params_regex.empty()) return std::nullopt;
+  try {
+    return std::regex(params_regex);
+  } catch (const std::regex_error& e) {
+    throw Error("--params '" + params_regex + "': invalid regular expression: " + e.what());
+  }
+}
+
+// One parameter's line of the report: its shapes, pattern here and under TP > 1, and why.
+json ParamJson(const source::SourceIndex& L, const patterns::ParamPattern& p, const source::ParamRecord& rec, int64_t numel) {
+  json local = json::object();
+  for (const auto& [t, s] : rec.tp_shape) local[std::to_string(t)] = s;
+  json e = {{"name", p.name},
+            {"shape", p.full_shape},
+            {"local_shapes", local},
+            {"numel", numel},
+            {"dtype", L.dtype},
+            {"group", rec.group},
+            {"stages", rec.stages},
+            {"pattern", rec.WholeOverTp() ? std::string("Expert") : std::string(patterns::PatternName(p.here))},
+            {"model_pattern", patterns::PatternName(p.model_pattern)},
+            {"reason", Reason(p)},
+            {"vocab", p.vocab},
+            {"vocab_padding_rows", p.vocab_padding_rows},
+            {"pp_replicated", p.pp_replicated},
+            {"bytes_atomic", numel * 4 * 3}};
+  if (p.match) e["rule"] = {{"key", p.match->key}, {"pattern", p.match->rule}, {"source", p.match->source}};
+  if (!p.sub_param_sizes.empty()) e["sub_param_sizes"] = p.sub_param_sizes;
+  if (rec.expert >= 0) {
+    e["expert"] = {{"id", rec.expert}, {"ep_rank", rec.ep_rank}};
+    e["reason"] = "expert " + std::to_string(rec.expert) + ", whole on expert-parallel rank " + std::to_string(rec.ep_rank) +
+                  " of " + std::to_string(L.ep) + ", at every TP degree (DeepSpeed "
+                  "splits no expert over TP without expert tensor parallelism); with it: " + Reason(p);
+  }
+  if (rec.fused_experts > 0) {
+    const int64_t local_experts = rec.fused_experts / std::max(1, L.ep);
+    e["fused_experts"] = rec.fused_experts;
+    e["reason"] = "the " + std::to_string(rec.fused_experts) + " experts of an MoE layer fused along dim 0 (DeepSpeed's "
+                  "AutoEP): expert-parallel rank R of " + std::to_string(L.ep) + " holds experts [R*" +
+                  std::to_string(local_experts) + ", (R+1)*" + std::to_string(local_experts) + ")";
+  }
+  return e;
+}
+
+// The parameters' lines (those --params selects) and the totals over all of them.
+void AddParams(const source::SourceIndex& L, const patterns::ModelPatterns& M, const std::optional<std::regex>& filter,
+               json& r) {
   json params = json::array();
   int64_t total_numel = 0, vocab_rows = 0;
-  json uc = {{"present", L.universal_checkpoint_info != nullptr}};
-  json family = nullptr;
-  if (L.errors.empty()) {
-    patterns::ResolveOptions ro{options.pattern_files, options.patterns_dir};
-    patterns::ModelPatterns M = patterns::ResolvePatterns(L, ro);
-    for (const auto& p : M.problems) problems.push_back(p);
-    for (const auto& n : M.notes) notes.push_back(n);
-    if (M.checkpoint_rules) {
-      const auto& cr = *M.checkpoint_rules;
-      uc["version"] = cr.version ? json(*cr.version) : json(nullptr);
-      uc["has_sub_param_shard_widths"] = !cr.shard_widths.empty();
-      uc["original_vocab_size"] = cr.original_vocab_size ? json(*cr.original_vocab_size) : json(nullptr);
-      uc["padded_vocab_size"] = cr.padded_vocab_size ? json(*cr.padded_vocab_size) : json(nullptr);
-      std::string variant = cr.version ? "universal-checkpoint " + json(*cr.version).dump() : "unversioned";
-      variant += cr.shard_widths.empty() ? ", no sub_param_shard_widths" : ", with sub_param_shard_widths";
-      if (cr.sub_params.empty()) variant += ", no sub-parameter rules";
-      uc["variant"] = variant;
-    }
-    if (M.family) family = {{"name", M.family->family}, {"source", M.family->source}, {"explicit", M.family_explicit}};
-    std::optional<std::regex> filter;
-    if (!options.params_regex.empty()) {
-      try {
-        filter.emplace(options.params_regex);
-      } catch (const std::regex_error& e) {
-        throw Error("--params '" + options.params_regex + "': invalid regular expression: " + e.what());
-      }
-    }
-    for (size_t k = 0; k < M.params.size(); ++k) {
-      const auto& p = M.params[k];
-      const source::ParamRecord& rec = *L.Find(p.name);
-      int64_t numel = 1;
-      for (int64_t d : p.full_shape) numel *= d;
-      total_numel += numel;
-      vocab_rows += p.vocab_padding_rows;
-      if (filter && !std::regex_search(p.name, *filter)) continue;
-      json local = json::object();
-      for (const auto& [t, s] : rec.tp_shape) local[std::to_string(t)] = s;
-      json e = {{"name", p.name},
-                {"shape", p.full_shape},
-                {"local_shapes", local},
-                {"numel", numel},
-                {"dtype", L.dtype},
-                {"group", rec.group},
-                {"stages", rec.stages},
-                {"pattern", rec.WholeOverTp() ? std::string("Expert") : std::string(patterns::PatternName(p.here))},
-                {"model_pattern", patterns::PatternName(p.model_pattern)},
-                {"reason", Reason(p)},
-                {"vocab", p.vocab},
-                {"vocab_padding_rows", p.vocab_padding_rows},
-                {"pp_replicated", p.pp_replicated},
-                {"bytes_atomic", numel * 4 * 3}};
-      if (p.match) e["rule"] = {{"key", p.match->key}, {"pattern", p.match->rule}, {"source", p.match->source}};
-      if (!p.sub_param_sizes.empty()) e["sub_param_sizes"] = p.sub_param_sizes;
-      if (rec.expert >= 0) {
-        e["expert"] = {{"id", rec.expert}, {"ep_rank", rec.ep_rank}};
-        e["reason"] = "expert " + std::to_string(rec.expert) + ", whole on expert-parallel rank " +
-                      std::to_string(rec.ep_rank) + " of " + std::to_string(L.ep) + ", at every TP degree (DeepSpeed "
-                      "splits no expert over TP without expert tensor parallelism); with it: " + Reason(p);
-      }
-      if (rec.fused_experts > 0) {
-        const int64_t local = rec.fused_experts / std::max(1, L.ep);
-        e["fused_experts"] = rec.fused_experts;
-        e["reason"] = "the " + std::to_string(rec.fused_experts) + " experts of an MoE layer fused along dim 0 (DeepSpeed's "
-                      "AutoEP): expert-parallel rank R of " + std::to_string(L.ep) + " holds experts [R*" +
-                      std::to_string(local) + ", (R+1)*" + std::to_string(local) + ")";
-      }
-      params.push_back(e);
-    }
+  for (const auto& p : M.params) {
+    const source::ParamRecord& rec = *L.Find(p.name);
+    int64_t numel = 1;
+    for (int64_t d : p.full_shape) numel *= d;
+    total_numel += numel;
+    vocab_rows += p.vocab_padding_rows;
+    if (filter && !std::regex_search(p.name, *filter)) continue;
+    params.push_back(ParamJson(L, p, rec, numel));
   }
-  r["universal_checkpoint_info"] = uc;
-  r["family"] = family;
   r["params"] = params;
   r["padding"] = {{"zero_elements", L.zero_padding_elements}, {"vocab_rows", vocab_rows}};
   r["totals"] = {{"params", L.params.size()}, {"numel", total_numel}, {"bytes_atomic", total_numel * 12}};
+}
+
+}  // namespace
+
+json InspectReport(const std::string& dir, const InspectOptions& options) {
+  source::SourceIndex L = formats::IndexSource(dir, {.verify_storage_crc = options.verify});
+  json r;
+  AddLayout(L, r);
+  if (options.verify && L.errors.empty()) r["verified"] = VerifyStoredTwice(L);
+  r["files"] = FilesJson(L);
+  json errors = L.errors, problems = L.problems, notes = L.notes;
+  std::optional<patterns::ModelPatterns> M;
+  if (L.errors.empty()) {
+    M = patterns::ResolvePatterns(L, {options.pattern_files, options.patterns_dir});
+    for (const auto& p : M->problems) problems.push_back(p);
+    for (const auto& n : M->notes) notes.push_back(n);
+    AddParams(L, *M, ParamsFilter(options.params_regex), r);
+  } else {
+    AddParams(L, patterns::ModelPatterns{}, std::nullopt, r);
+  }
+  r["universal_checkpoint_info"] = CheckpointInfoJson(L, M ? &*M : nullptr);
+  r["family"] = M && M->family ? json{{"name", M->family->family}, {"source", M->family->source}, {"explicit", M->family_explicit}}
+                               : json(nullptr);
   r["errors"] = errors;
   r["problems"] = problems;
   r["notes"] = notes;
   r["strict"] = options.strict;
   r["ok"] = errors.empty() && (problems.empty() || !options.strict);
   return r;
+}
+
+// The report as text: the layout, then one line per parameter, then totals and notes.
+void PrintReport(const json& r, std::ostream& out) {
+  out << "checkpoint   " << r["path"].get<std::string>()
+      << (r["tag"].get<std::string>().empty() ? "" : "  (tag " + r["tag"].get<std::string>() + ")") << "\n"
+      << "format       " << r["format"].get<std::string>() << "  (ucp-inspect --list-formats)\n"
+      << "framework    " << r["framework"].get<std::string>() << "  ("
+      << (r["ds_version"].get<std::string>().empty() ? "" : "DeepSpeed " + r["ds_version"].get<std::string>() + ", ")
+      << r["naming"].get<std::string>() << " naming)\n";
+  out << "layout       " << r["layout"].get<std::string>() << "\n";
+  out << "iteration    " << r["iteration"] << "\n";
+  if (r.contains("job")) {
+    const auto& job = r["job"];
+    const std::string weights = JoinNames(job["weights_not_carried"], " ", [](const json& w) { return w.get<std::string>(); });
+    out << "job          " << (job["kind"] == "hf-trainer" ? "Hugging Face Trainer" : "Hugging Face model") << ": "
+        << job["files"].size() << " files beside the tag, carried" << (weights.empty() ? "" : "; " + weights + " not (a copy of the weights)")
+        << (job["rng_world"].get<int>() > 0 ? "; RNG files of " + job["rng_world"].dump() + " processes" : "") << "\n";
+  }
+  const auto& uc = r["universal_checkpoint_info"];
+  out << "uc info      " << (uc["present"].get<bool>() ? uc.value("variant", "present") : "absent") << "\n";
+  out << "model rules  "
+      << (r["family"].is_null() ? std::string("none")
+                                : r["family"]["name"].get<std::string>() + " (" + r["family"]["source"].get<std::string>() + ")")
+      << "\n";
+  // The file grid: one line per kind.
+  std::map<std::string, int> kinds;
+  for (const auto& f : r["files"]) kinds[f["kind"].get<std::string>()]++;
+  out << "files        ";
+  for (const auto& [k, n] : kinds) out << n << " " << k << "  ";
+  out << "\n\n";
+  size_t w = NameWidth(r["params"]);
+  out << std::left << std::setw(w + 2) << "parameter" << std::setw(14) << "shape" << std::setw(11) << "pattern"
+      << std::setw(11) << "under TP>1" << std::setw(11) << "size" << "rule\n";
+  for (const auto& p : r["params"]) {
+    std::string shape = CompactShape(p["shape"]);
+    std::string rule = p["reason"].get<std::string>();
+    if (p["vocab_padding_rows"].get<int64_t>() > 0)
+      rule += "; vocab padding " + p["vocab_padding_rows"].dump() + " rows";
+    if (p.contains("sub_param_sizes")) rule += "; sub-params " + p["sub_param_sizes"].dump();
+    out << std::setw(w + 2) << p["name"].get<std::string>() << std::setw(14) << shape << std::setw(11)
+        << p["pattern"].get<std::string>() << std::setw(11) << p["model_pattern"].get<std::string>() << std::setw(11)
+        << HumanBytes(p["bytes_atomic"].get<double>()) << rule << "\n";
+  }
+  if (!r["errors"].empty())  // the sizes below would count only what read: say nothing false
+    out << "\n" << r["totals"]["params"] << " parameters; sizes unknown: the checkpoint did not read whole (errors below)\n";
+  else
+    out << "\n" << r["totals"]["params"] << " parameters, " << r["totals"]["numel"] << " elements, atomic size "
+        << HumanBytes(r["totals"]["bytes_atomic"].get<double>()) << "; padding: " << r["padding"]["zero_elements"]
+        << " ZeRO elements, " << r["padding"]["vocab_rows"] << " vocabulary rows\n";
+  for (const auto& n : r["notes"]) out << "note: " << n.get<std::string>() << "\n";
+  if (r.contains("verified"))
+    out << "verified: " << r["verified"]["zip_records"] << " zip records ("
+        << HumanBytes(r["verified"]["bytes"].get<double>()) << ") of " << r["files"].size()
+        << " files read whole, every CRC-32 as the zip directory records it; " << r["verified"]["weight_copies"]
+        << " weights of the model compared with their fp32 masters\n";
 }
 
 int RunInspect(const std::string& dir, const InspectOptions& options, std::ostream& out, std::ostream& err) {
@@ -177,63 +261,8 @@ int RunInspect(const std::string& dir, const InspectOptions& options, std::ostre
     return 2;
   }
   int code = !r["errors"].empty() ? 2 : (!r["problems"].empty() && options.strict ? 1 : 0);
-  if (options.json) {
-    out << r.dump(1, ' ', false, json::error_handler_t::replace) << "\n";
-  } else {
-    out << "checkpoint   " << r["path"].get<std::string>()
-        << (r["tag"].get<std::string>().empty() ? "" : "  (tag " + r["tag"].get<std::string>() + ")") << "\n"
-        << "format       " << r["format"].get<std::string>() << "  (ucp-inspect --list-formats)\n"
-        << "framework    " << r["framework"].get<std::string>() << "  ("
-        << (r["ds_version"].get<std::string>().empty() ? "" : "DeepSpeed " + r["ds_version"].get<std::string>() + ", ")
-        << r["naming"].get<std::string>() << " naming)\n";
-    out << "layout       " << r["layout"].get<std::string>() << "\n";
-    out << "iteration    " << r["iteration"] << "\n";
-    if (r.contains("job")) {
-      const auto& job = r["job"];
-      std::string weights;
-      for (const auto& w : job["weights_not_carried"]) weights += " " + w.get<std::string>();
-      out << "job          " << (job["kind"] == "hf-trainer" ? "Hugging Face Trainer" : "Hugging Face model") << ": "
-          << job["files"].size() << " files beside the tag, carried" << (weights.empty() ? "" : ";" + weights + " not (a copy of the weights)")
-          << (job["rng_world"].get<int>() > 0 ? "; RNG files of " + job["rng_world"].dump() + " processes" : "") << "\n";
-    }
-    const auto& uc = r["universal_checkpoint_info"];
-    out << "uc info      " << (uc["present"].get<bool>() ? uc.value("variant", "present") : "absent") << "\n";
-    out << "model rules  "
-        << (r["family"].is_null() ? std::string("none")
-                                  : r["family"]["name"].get<std::string>() + " (" + r["family"]["source"].get<std::string>() + ")")
-        << "\n";
-    // The file grid: one line per kind.
-    std::map<std::string, int> kinds;
-    for (const auto& f : r["files"]) kinds[f["kind"].get<std::string>()]++;
-    out << "files        ";
-    for (const auto& [k, n] : kinds) out << n << " " << k << "  ";
-    out << "\n\n";
-    size_t w = NameWidth(r["params"]);
-    out << std::left << std::setw(w + 2) << "parameter" << std::setw(14) << "shape" << std::setw(11) << "pattern"
-        << std::setw(11) << "under TP>1" << std::setw(11) << "size" << "rule\n";
-    for (const auto& p : r["params"]) {
-      std::string shape = CompactShape(p["shape"]);
-      std::string rule = p["reason"].get<std::string>();
-      if (p["vocab_padding_rows"].get<int64_t>() > 0)
-        rule += "; vocab padding " + p["vocab_padding_rows"].dump() + " rows";
-      if (p.contains("sub_param_sizes")) rule += "; sub-params " + p["sub_param_sizes"].dump();
-      out << std::setw(w + 2) << p["name"].get<std::string>() << std::setw(14) << shape << std::setw(11)
-          << p["pattern"].get<std::string>() << std::setw(11) << p["model_pattern"].get<std::string>() << std::setw(11)
-          << HumanBytes(p["bytes_atomic"].get<double>()) << rule << "\n";
-    }
-    if (!r["errors"].empty())  // the sizes below would count only what read: say nothing false
-      out << "\n" << r["totals"]["params"] << " parameters; sizes unknown: the checkpoint did not read whole (errors below)\n";
-    else
-      out << "\n" << r["totals"]["params"] << " parameters, " << r["totals"]["numel"] << " elements, atomic size "
-          << HumanBytes(r["totals"]["bytes_atomic"].get<double>()) << "; padding: " << r["padding"]["zero_elements"]
-          << " ZeRO elements, " << r["padding"]["vocab_rows"] << " vocabulary rows\n";
-    for (const auto& n : r["notes"]) out << "note: " << n.get<std::string>() << "\n";
-    if (r.contains("verified"))
-      out << "verified: " << r["verified"]["zip_records"] << " zip records ("
-          << HumanBytes(r["verified"]["bytes"].get<double>()) << ") of " << r["files"].size()
-          << " files read whole, every CRC-32 as the zip directory records it; " << r["verified"]["weight_copies"]
-          << " weights of the model compared with their fp32 masters\n";
-  }
+  if (options.json) out << r.dump(1, ' ', false, json::error_handler_t::replace) << "\n";
+  else PrintReport(r, out);
   for (const auto& e : r["errors"]) err << "ucp-inspect: error: " << e.get<std::string>() << "\n";
   for (const auto& p : r["problems"])
     err << "ucp-inspect: " << (options.strict ? "error" : "warning") << ": " << p.get<std::string>() << "\n";

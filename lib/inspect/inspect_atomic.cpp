@@ -31,20 +31,11 @@ json AtomicReport(const std::string& dir, const InspectOptions& options) {
   return WithContext(dir + "/" + store::kManifestName, [&] { return ReportOf(dir, m, options); });
 }
 
-json ReportOf(const std::string& dir, const json& m, const InspectOptions& options) {
-  json r;
-  r["ucp_inspect_version"] = 1;
-  r["kind"] = "atomic";
-  r["path"] = dir;
-  r["format_version"] = m.value("format_version", json());
-  r["created"] = m.value("created", json());
-  r["ucp_version"] = m.value("ucp_version", json());
-  const store::StoreKind kind = WithContext(dir + "/" + store::kManifestName, [&] { return store::StoreOf(m); });
-  r["store"] = std::string(store::StoreName(kind));
-  r["source"] = m.value("source", json());
-  r["family"] = m.value("family", json());
-  r["deepspeed_universal"] = m.value("deepspeed_universal", false);
-  std::regex filter(options.params_regex.empty() ? ".*" : options.params_regex);
+namespace {
+
+// The parameters --params selects, each with the bytes its files (or its share of atoms.h5) hold.
+json ParamsJson(const json& m, const std::string& params_regex) {
+  std::regex filter(params_regex.empty() ? ".*" : params_regex);
   json params = json::array();
   std::map<std::string, uint64_t> sizes;
   for (const auto& f : m.at("files")) sizes[f.at("path").get<std::string>()] = f.at("bytes").get<uint64_t>();
@@ -60,11 +51,11 @@ json ReportOf(const std::string& dir, const json& m, const InspectOptions& optio
               {"split_dim_known", p.value("split_dim_known", json())}, {"vocab", p.value("vocab", json())}, {"bytes", bytes}};
     params.push_back(q);
   }
-  r["params"] = params;
-  r["totals"] = m.value("totals", json());
-  json problems = json::array();
-  std::set<std::string> listed;
-  for (const auto& f : m.at("files")) listed.insert(f.at("path").get<std::string>());
+  return params;
+}
+
+// What the manifest names but does not list: a parameter's storage entry or file, atoms.h5.
+void CheckListing(const json& m, store::StoreKind kind, const std::set<std::string>& listed, json& problems) {
   for (const auto& p : m.at("params")) {
     if (!p.contains(kind == store::StoreKind::Pt ? "files" : "hdf5"))
       problems.push_back("parameter '" + p.at("name").get<std::string>() + "': no '" +
@@ -78,54 +69,88 @@ json ReportOf(const std::string& dir, const json& m, const InspectOptions& optio
   }
   if (kind == store::StoreKind::Hdf5 && !listed.count(store::kAtomsH5))
     problems.push_back(std::string(store::kAtomsH5) + " is not in the manifest's file list");
-  json verify = nullptr;
-  if (options.verify) {
-    int64_t checked = 0, bytes = 0;
-    for (const auto& f : m.at("files")) {
-      store::FileRecord rec = store::FileRecord::FromJson(f);
-      std::string why;
-      if (!store::Verify(dir, rec, &why)) problems.push_back(rec.path + ": " + why);
-      ++checked;
-      bytes += static_cast<int64_t>(rec.bytes);
+}
+
+// Each dataset's bytes through HDF5, against the XXH64 atoms.h5 and the manifest record for it;
+// returns how many were checked.
+int64_t CheckDatasets(const std::string& dir, const json& m, json& problems) {
+  int64_t datasets = 0;
+  std::string error = shuffle::Capture([&] {
+    auto reader = store::AtomReader::Open(dir);
+    for (const auto& p : reader->params()) {
+      for (int s = 0; s < plan::kStates; ++s) {
+        auto state = static_cast<plan::State>(s);
+        std::string name(plan::StateName(state)), where = std::string(store::kAtomsH5) + ": /" + p.name + "/" + name;
+        std::string got = HexDigest(reader->TensorDigest(p.name, state));
+        std::string attr = store::RecordedDatasetDigest(*reader, p.name, state);
+        std::string listed_digest = m.at("params").at(static_cast<size_t>(&p - &reader->params()[0])).at("hdf5").at("xxh64").value(name, "");
+        if (got != attr || got != listed_digest)
+          problems.push_back(where + ": xxh64 " + got + ", the file's attribute says " + attr + ", the manifest says " +
+                             listed_digest);
+        ++datasets;
+      }
+      reader->Forget(p.name);
     }
-    for (const auto& e : fs::recursive_directory_iterator(dir)) {
-      if (!e.is_regular_file()) continue;
-      std::string rel = fs::relative(e.path(), dir).string();
-      if (rel != store::kManifestName && !listed.count(rel)) problems.push_back(rel + ": not listed in the manifest");
-    }
-    int64_t datasets = 0;
-    // HDF5 1.10 trusts what it reads from a file: atoms.h5 is opened only once its XXH64 matches.
-    const bool h5_intact = std::none_of(problems.begin(), problems.end(), [](const json& p) {
-      return p.get<std::string>().rfind(std::string(store::kAtomsH5) + ":", 0) == 0;
-    });
-    if (kind == store::StoreKind::Hdf5 && !h5_intact) {
-      problems.push_back(std::string(store::kAtomsH5) + ": datasets not checked: the file does not match the manifest, "
-                         "and HDF5 does not guard against damaged files");
-    } else if (kind == store::StoreKind::Hdf5) {
-      // Each dataset's bytes through HDF5, against the XXH64 atoms.h5 and the manifest record.
-      std::string error = shuffle::Capture([&] {
-        auto reader = store::AtomReader::Open(dir);
-        for (const auto& p : reader->params()) {
-          for (int s = 0; s < plan::kStates; ++s) {
-            auto state = static_cast<plan::State>(s);
-            std::string name(plan::StateName(state)), where = std::string(store::kAtomsH5) + ": /" + p.name + "/" + name;
-            std::string got = HexDigest(reader->TensorDigest(p.name, state));
-            std::string attr = store::RecordedDatasetDigest(*reader, p.name, state);
-            std::string listed_digest = m.at("params").at(static_cast<size_t>(&p - &reader->params()[0])).at("hdf5").at("xxh64").value(name, "");
-            if (got != attr || got != listed_digest)
-              problems.push_back(where + ": xxh64 " + got + ", the file's attribute says " + attr + ", the manifest says " +
-                                 listed_digest);
-            ++datasets;
-          }
-          reader->Forget(p.name);
-        }
-      });
-      if (!error.empty()) problems.push_back(error);
-    }
-    verify = {{"files_checked", checked}, {"bytes_checked", bytes}};
-    if (kind == store::StoreKind::Hdf5) verify["datasets_checked"] = datasets;
+  });
+  if (!error.empty()) problems.push_back(error);
+  return datasets;
+}
+
+// --verify: every listed file against its record (store::Verify), every file on disk listed, and in
+// the HDF5 store every dataset.
+json VerifyFolder(const std::string& dir, const json& m, store::StoreKind kind, const std::set<std::string>& listed,
+                  json& problems) {
+  int64_t checked = 0, bytes = 0;
+  for (const auto& f : m.at("files")) {
+    store::FileRecord rec = store::FileRecord::FromJson(f);
+    std::string why;
+    if (!store::Verify(dir, rec, &why)) problems.push_back(rec.path + ": " + why);
+    ++checked;
+    bytes += static_cast<int64_t>(rec.bytes);
   }
-  r["verify"] = verify;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::string rel = fs::relative(e.path(), dir).string();
+    if (rel != store::kManifestName && !listed.count(rel)) problems.push_back(rel + ": not listed in the manifest");
+  }
+  int64_t datasets = 0;
+  // HDF5 1.10 trusts what it reads from a file: atoms.h5 is opened only once its XXH64 matches.
+  const bool h5_intact = std::none_of(problems.begin(), problems.end(), [](const json& p) {
+    return p.get<std::string>().rfind(std::string(store::kAtomsH5) + ":", 0) == 0;
+  });
+  if (kind == store::StoreKind::Hdf5 && !h5_intact) {
+    problems.push_back(std::string(store::kAtomsH5) + ": datasets not checked: the file does not match the manifest, "
+                       "and HDF5 does not guard against damaged files");
+  } else if (kind == store::StoreKind::Hdf5) {
+    datasets = CheckDatasets(dir, m, problems);
+  }
+  json verify = {{"files_checked", checked}, {"bytes_checked", bytes}};
+  if (kind == store::StoreKind::Hdf5) verify["datasets_checked"] = datasets;
+  return verify;
+}
+
+}  // namespace
+
+json ReportOf(const std::string& dir, const json& m, const InspectOptions& options) {
+  json r;
+  r["ucp_inspect_version"] = 1;
+  r["kind"] = "atomic";
+  r["path"] = dir;
+  r["format_version"] = m.value("format_version", json());
+  r["created"] = m.value("created", json());
+  r["ucp_version"] = m.value("ucp_version", json());
+  const store::StoreKind kind = WithContext(dir + "/" + store::kManifestName, [&] { return store::StoreOf(m); });
+  r["store"] = std::string(store::StoreName(kind));
+  r["source"] = m.value("source", json());
+  r["family"] = m.value("family", json());
+  r["deepspeed_universal"] = m.value("deepspeed_universal", false);
+  r["params"] = ParamsJson(m, options.params_regex);
+  r["totals"] = m.value("totals", json());
+  json problems = json::array();
+  std::set<std::string> listed;
+  for (const auto& f : m.at("files")) listed.insert(f.at("path").get<std::string>());
+  CheckListing(m, kind, listed, problems);
+  r["verify"] = options.verify ? VerifyFolder(dir, m, kind, listed, problems) : json(nullptr);
   r["problems"] = problems;
   r["ok"] = problems.empty();
   return r;

@@ -40,20 +40,13 @@ Mapper::Mapper(const source::SourceIndex& L, const plan::ConvertPlan& plan, int 
 
 int Mapper::OpenFd(const source::SourceIndex& L, int file) {
   auto it = fds_.find(file);
-  if (it != fds_.end()) return it->second.fd;
-  Fd d;
+  if (it != fds_.end()) return it->second.fd.get();
+  File d;
   d.path = L.dir + "/" + L.files[file].name;
-  d.fd = ::open(d.path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (d.fd < 0) throw Error(d.path + ": cannot open: " + std::strerror(errno));
-  ::posix_fadvise(d.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  d.fd = Fd::OpenOrThrow(d.path, O_RDONLY);
+  ::posix_fadvise(d.fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   d.checked.assign(L.files[file].checksummed.size(), false);
-  fds_.emplace(file, d);
-  return d.fd;
-}
-
-Mapper::~Mapper() {
-  for (auto& [k, d] : fds_)
-    if (d.fd >= 0) ::close(d.fd);
+  return fds_.emplace(file, std::move(d)).first->second.fd.get();
 }
 
 void Mapper::Read(const plan::Piece& piece, plan::State state, int64_t offset, int64_t numel, uint8_t* dst,
@@ -71,12 +64,12 @@ void Mapper::Read(const plan::Piece& piece, plan::State state, int64_t offset, i
   if (first + static_cast<uint64_t>(numel) > t.numel)
     throw fail("elements [" + std::to_string(first) + ", " + std::to_string(first + numel) +
                ") lie outside its flat partition of " + std::to_string(t.numel));
-  const Fd& d = fds_.at(t.file);
+  const File& d = fds_.at(t.file);
   const std::string in = t.file == piece.file ? "" : " (its bytes are in " + d.path + ")";
   uint64_t pos = t.file_offset + first * 4, left = static_cast<uint64_t>(numel) * 4;
   CheckRecords(t.file, pos, left, o.where + ": parameter '" + param + "' " + std::string(plan::StateName(state)));
   while (left > 0) {
-    ssize_t n = ::pread(d.fd, dst, std::min<uint64_t>(left, 1u << 30), static_cast<off_t>(pos));
+    ssize_t n = ::pread(d.fd.get(), dst, std::min<uint64_t>(left, 1u << 30), static_cast<off_t>(pos));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw fail(std::string("read failed: ") + std::strerror(errno) + in);
     if (n == 0) throw fail("the file ends at byte " + std::to_string(pos) + ", inside the tensor (truncated?)" + in);
@@ -86,7 +79,7 @@ void Mapper::Read(const plan::Piece& piece, plan::State state, int64_t offset, i
 }
 
 void Mapper::CheckRecords(int file, uint64_t pos, uint64_t len, const std::string& context) {
-  Fd& d = fds_.at(file);
+  File& d = fds_.at(file);
   const auto& ranges = layout_.files[file].checksummed;
   if (ranges.empty()) throw Error(context + ": " + d.path + " lists no checksummed record: its bytes cannot be checked");
   uint64_t covered = pos;
@@ -105,11 +98,11 @@ void Mapper::CheckRecords(int file, uint64_t pos, uint64_t len, const std::strin
 }
 
 uint32_t Mapper::CrcOf(int file, uint64_t begin, uint64_t end, const std::string& record) {
-  const Fd& d = fds_.at(file);
+  const File& d = fds_.at(file);
   std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(end - begin, uint64_t{8} << 20)));
   uint32_t crc = 0;
   for (uint64_t at = begin; at < end;) {
-    ssize_t n = ::pread(d.fd, buf.data(), static_cast<size_t>(std::min<uint64_t>(buf.size(), end - at)), static_cast<off_t>(at));
+    ssize_t n = ::pread(d.fd.get(), buf.data(), static_cast<size_t>(std::min<uint64_t>(buf.size(), end - at)), static_cast<off_t>(at));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw Error(d.path + ": record '" + record + "': read failed: " + std::strerror(errno));
     if (n == 0) throw Error(d.path + ": record '" + record + "': the file ends inside it (truncated?)");

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/file_descriptor.h"
 #include "plan/convert_plan.h"
 #include "source/source_index.h"
 
@@ -20,7 +21,6 @@ class Mapper {
   // Opens and indexes the files of `layout` that `plan` maps on `rank`; throws ucp::Error naming
   // the file and its rank coordinates.
   Mapper(const source::SourceIndex& layout, const plan::ConvertPlan& plan, int rank);
-  ~Mapper();
   Mapper(const Mapper&) = delete;
   Mapper& operator=(const Mapper&) = delete;
 
@@ -48,8 +48,8 @@ class Mapper {
     std::string where;  // "path (pp=, tp=, dp=)", for errors
     std::vector<std::array<Tensor, plan::kStates>> groups;
   };
-  struct Fd {
-    int fd = -1;
+  struct File {  // open for pread
+    Fd fd;
     std::string path;
     std::vector<bool> checked;  // per ShardFile::checksummed record
   };
@@ -64,7 +64,7 @@ class Mapper {
   const plan::ConvertPlan& plan_;
   const int rank_;
   std::map<int, Open> files_;
-  std::map<int, Fd> fds_;  // every file a mapped file's tensors lie in: itself, and others it names
+  std::map<int, File> fds_;  // every file a mapped file's tensors lie in: itself, and others it names
   uint64_t bytes_read_ = 0;
 };
 

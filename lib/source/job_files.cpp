@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "source/source_index.h"
 
 namespace ucp::source {
@@ -116,15 +117,10 @@ std::vector<std::string> JobFileProblems(const JobFiles& job, const std::string&
     const int r = RankOfRngFile(n);
     if (((r == -1 && world != 1) || (r >= 0 && (world == 1 || r >= world))) && !job.resharded_in_place) extra.push_back(n);
   }
-  auto listed = [](const std::vector<std::string>& names) {
-    std::string s;
-    for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
-    return s;
-  };
   if (!missing.empty() || !extra.empty())
     problems.push_back(root + ": Trainer's RNG files are not those of the checkpoint's " + std::to_string(world) +
-                       " process" + (world == 1 ? "" : "es") + (missing.empty() ? "" : ": missing " + listed(missing)) +
-                       (extra.empty() ? "" : std::string(missing.empty() ? ":" : ";") + " of another job: " + listed(extra)) +
+                       " process" + (world == 1 ? "" : "es") + (missing.empty() ? "" : ": missing " + JoinNames(missing)) +
+                       (extra.empty() ? "" : std::string(missing.empty() ? ":" : ";") + " of another job: " + JoinNames(extra)) +
                        (extra.empty() ? " (deleted, or not copied with the folder?)" : " (the folder mixes files of two saves?)"));
   if (job.global_step >= 0) {
     const std::string step = std::to_string(job.global_step);

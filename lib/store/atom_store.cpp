@@ -9,6 +9,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "core/mapped_file.h"
 #include "core/xxhash64.h"
 #include "store/universal_folder.h"
@@ -68,12 +69,9 @@ std::vector<std::pair<std::string, std::string>> StoreDescriptions() {
 }
 
 StoreKind StoreFromName(const std::string& name) {
-  std::string known;
-  for (const auto& e : kStores) {
+  for (const auto& e : kStores)
     if (name == e.name) return e.kind;
-    known += std::string(known.empty() ? "" : ", ") + e.name;
-  }
-  throw Error("unknown store '" + name + "' (known: " + known + ")");
+  throw Error("unknown store '" + name + "' (known: " + JoinNames(kStores, ", ", &StoreEntry::name) + ")");
 }
 
 StoreKind StoreOf(const nlohmann::json& manifest) {

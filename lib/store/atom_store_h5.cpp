@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/fault_point.h"
+#include "core/file_descriptor.h"
 #include "core/xxhash64.h"
 #include "h5/h5.h"
 #include "shuffle/agree.h"
@@ -36,11 +37,11 @@ constexpr const char* kLayoutName = "ucp-atoms-h5";
 constexpr const char* kUniversal = "universal.";
 
 void FsyncPath(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) throw Error(path + ": cannot open to fsync: " + std::strerror(errno));
-  int rc = ::fsync(fd);
+  Fd fd = Fd::Open(path, directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (!fd.open()) throw Error(path + ": cannot open to fsync: " + std::strerror(errno));
+  int rc = ::fsync(fd.get());
   int e = errno;
-  ::close(fd);
+  fd.Reset();
   if (rc != 0) throw Error(path + ": fsync failed: " + std::strerror(e));
 }
 
@@ -354,10 +355,10 @@ class H5Writer final : public AtomWriter {
   // fallocate(2) of [0, bytes): blocks taken now, or ENOSPC now. A file system that cannot
   // (EOPNOTSUPP) writes without the reservation.
   static void Reserve(const std::string& path, int64_t bytes) {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) throw Error(path + ": cannot open to reserve its space: " + std::strerror(errno));
-    const int rc = bytes > 0 ? ::fallocate(fd, 0, 0, bytes) : 0, err = errno;
-    ::close(fd);
+    Fd fd = Fd::Open(path, O_WRONLY);
+    if (!fd.open()) throw Error(path + ": cannot open to reserve its space: " + std::strerror(errno));
+    const int rc = bytes > 0 ? ::fallocate(fd.get(), 0, 0, bytes) : 0, err = errno;
+    fd.Reset();
     if (rc != 0 && err != EOPNOTSUPP && err != ENOSYS)
       throw Error(path + ": cannot reserve " + std::to_string(bytes) + " bytes for the HDF5 store: " + std::strerror(err));
   }

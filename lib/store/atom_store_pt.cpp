@@ -15,6 +15,7 @@
 #include "core/commit.h"
 #include "core/error.h"
 #include "core/fault_point.h"
+#include "core/file_descriptor.h"
 #include "core/mapped_file.h"
 #include "core/names.h"
 #include "core/xxhash64.h"
@@ -181,12 +182,12 @@ class PtWriter final : public AtomWriter {
       std::lock_guard<std::mutex> lock(split_mu_);
       split_temps_.insert(path);
     }
-    Fd fd(path, O_WRONLY | O_CREAT);
+    PositionedFile fd(path, O_WRONLY | O_CREAT);
     fd.WriteAt(bytes, size, at);
     FaultPoint("part-written", path);
     // Its bytes start for the disk now, as a whole file's do when it is renamed into place: the
     // file is finished only after the rounds, and left till then they would all wait for the sync.
-    if (const int dup = ::fcntl(fd.fd, F_DUPFD_CLOEXEC, 0); dup >= 0) StartWriteback(dup, at, size);
+    if (const int dup = ::fcntl(fd.fd.get(), F_DUPFD_CLOEXEC, 0); dup >= 0) StartWriteback(dup, at, size);
     fd.Close();
     return {pt::Crc32(0, {bytes, static_cast<size_t>(size)}), XxHash64::Of(bytes, static_cast<size_t>(size))};
   }
@@ -197,7 +198,7 @@ class PtWriter final : public AtomWriter {
     const std::string rel = StateRelPath(name, state), path = dir_ + "/" + rel;
     const pt::TorchFileFrame f = Frame(s, crc);
     const std::string temp = SharedTemporaryName(path);
-    Fd fd(temp, O_WRONLY);
+    PositionedFile fd(temp, O_WRONLY);
     fd.WriteAt(reinterpret_cast<const uint8_t*>(f.head.data()), f.head.size(), 0);
     fd.WriteAt(reinterpret_cast<const uint8_t*>(f.tail.data()), f.tail.size(), f.head.size() + f.data_size);
     fd.Close();
@@ -241,29 +242,22 @@ class PtWriter final : public AtomWriter {
   std::mutex split_mu_;
   std::set<std::string> split_temps_;  // the part-written files this rank wrote into
 
-  // A file descriptor for positioned writes, closed (and checked) by Close or on destruction.
-  struct Fd {
-    Fd(const std::string& p, int flags) : path(p), fd(::open(p.c_str(), flags | O_CLOEXEC, 0644)) {
-      if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
-    }
-    ~Fd() {
-      if (fd >= 0) ::close(fd);
-    }
+  // A file for positioned writes, closed (and the close checked) by Close, or on destruction.
+  struct PositionedFile {
+    PositionedFile(const std::string& p, int flags) : path(p), fd(Fd::OpenOrThrow(p, flags)) {}
     void WriteAt(const uint8_t* p, uint64_t n, uint64_t at) {
       while (n > 0) {
-        const ssize_t w = ::pwrite(fd, p, std::min<uint64_t>(n, 1u << 30), static_cast<off_t>(at));
+        const ssize_t w = ::pwrite(fd.get(), p, std::min<uint64_t>(n, 1u << 30), static_cast<off_t>(at));
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) throw Error(path + ": write failed: " + (w < 0 ? std::strerror(errno) : "no progress"));
         p += w, n -= static_cast<uint64_t>(w), at += static_cast<uint64_t>(w);
       }
     }
     void Close() {
-      const int r = ::close(fd);
-      fd = -1;
-      if (r != 0) throw Error(path + ": close failed: " + std::strerror(errno));
+      if (fd.Close() != 0) throw Error(path + ": close failed: " + std::strerror(errno));
     }
     std::string path;
-    int fd;
+    Fd fd;
   };
 
   StoreCommit Commit() override {

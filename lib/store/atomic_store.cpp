@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/file_blocks.h"
 #include "core/fault_point.h"
+#include "core/file_descriptor.h"
 #include "core/format.h"
 #include "core/json_schema.h"
 #include "core/mapped_file.h"
@@ -291,12 +292,8 @@ bool SameVersion(const struct stat& a, const struct stat& b) {
 
 FileRecord CopyFileAtomically(const std::string& from, const std::string& to_dir, const std::string& rel,
                               Durability durability, const std::vector<source::ChecksummedRange>& records) {
-  const int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
-  if (in < 0) throw Error(from + ": cannot open: " + std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{in};
+  const Fd file = Fd::OpenOrThrow(from, O_RDONLY);
+  const int in = file.get();
   struct stat before {};
   if (::fstat(in, &before) != 0) throw Error(from + ": cannot stat: " + std::strerror(errno));
   ::posix_fadvise(in, 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -378,18 +375,14 @@ void Journal::Remove(const std::string& out_dir) { fs::remove_all(out_dir + "/" 
 
 Journal::Journal(const std::string& out_dir, int rank) {
   std::string path = out_dir + "/" + kJournalDir + "/rank-" + std::to_string(rank) + ".jsonl";
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(path + ": cannot open the journal: " + std::strerror(errno));
-}
-
-Journal::~Journal() {
-  if (fd_ >= 0) ::close(fd_);
+  fd_ = Fd::Open(path, O_WRONLY | O_CREAT | O_APPEND);
+  if (!fd_.open()) throw Error(path + ": cannot open the journal: " + std::strerror(errno));
 }
 
 void Journal::Append(const FileRecord& r) {
   std::string line = r.ToJson().dump() + "\n";
   std::lock_guard<std::mutex> lock(mu_);
-  if (::write(fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+  if (::write(fd_.get(), line.data(), line.size()) != static_cast<ssize_t>(line.size()))
     throw Error("journal write failed: " + std::string(std::strerror(errno)));
   FaultPoint("journal", r.path);
 }

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/atomic_file.h"
+#include "core/file_descriptor.h"
 #include "patterns/resolve.h"
 #include "plan/convert_plan.h"
 #include "pt/value.h"
@@ -124,11 +125,10 @@ class Journal {
   static void Remove(const std::string& out_dir);
 
   Journal(const std::string& out_dir, int rank);
-  ~Journal();
   void Append(const FileRecord& record);  // thread-safe
 
  private:
-  int fd_ = -1;
+  Fd fd_;
   std::mutex mu_;
 };
 

@@ -90,42 +90,51 @@ std::string TagOf(const std::string& dir, const Value& model_states) {
   return tag;
 }
 
-}  // namespace
-
-bool IsDeepSpeedUniversal(const std::string& dir) {
-  std::error_code ec;
-  return !fs::exists(dir + "/" + kManifestName, ec) && !IsUnfinishedConversion(dir) &&
-         fs::is_regular_file(dir + "/" + kOptimizerState, ec) && !ModelFilesOf(dir).empty();
-}
-
-nlohmann::json DescribeDeepSpeedUniversal(const std::string& dir) {
-  const std::vector<ModelFile> model_files = ModelFilesOf(dir);
-  if (model_files.empty())
-    throw Error(dir + ": no mp_rank_*_model_states.pt beside zero/: not a DeepSpeed universal checkpoint folder");
-  const bool zero3 = model_files.front().zero3;
-  // Every model-states file read whole, each zip record's CRC-32 checked: a reshard carries them.
-  std::map<std::string, pt::TorchFile> read;
-  auto model = [&](const ModelFile& f) -> const Value& {
-    auto it = read.find(f.name);
-    if (it == read.end())
-      it = read.emplace(f.name, pt::ReadTorchFile(dir + "/" + f.name, {.verify_pickle_crc = true, .verify_storage_crc = true}))
+// The model-states files, each read whole once with every zip record's CRC-32 checked: a reshard
+// carries them.
+class ModelStates {
+ public:
+  ModelStates(std::string dir, std::vector<ModelFile> files) : dir_(std::move(dir)), files_(std::move(files)) {
+    if (files_.empty())
+      throw Error(dir_ + ": no mp_rank_*_model_states.pt beside zero/: not a DeepSpeed universal checkpoint folder");
+  }
+  const std::vector<ModelFile>& files() const { return files_; }
+  bool zero3() const { return files_.front().zero3; }
+  const Value& RootOf(const ModelFile& f) {
+    auto it = read_.find(f.name);
+    if (it == read_.end())
+      it = read_.emplace(f.name, pt::ReadTorchFile(dir_ + "/" + f.name, {.verify_pickle_crc = true, .verify_storage_crc = true}))
                .first;
     return *it->second.root;
-  };
-  const std::string first = dir + "/" + model_files.front().name;
-  const Value& root = model(model_files.front());
+  }
 
-  // Zero/: one folder per parameter.
+ private:
+  std::string dir_;
+  std::vector<ModelFile> files_;
+  std::map<std::string, pt::TorchFile> read_;
+};
+
+// zero/: one folder per parameter, sorted by name.
+std::vector<std::string> ParamFolders(const std::string& dir) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir + "/zero"))
     if (e.is_directory()) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   if (names.empty()) throw Error(dir + "/zero: no parameter folder");
+  return names;
+}
 
+void RefuseMixtureOfExperts(const std::string& dir, const Value& root, const std::vector<std::string>& names) {
   if (root.Get("num_experts") || root.Get("ds_autoep_layers") ||
       std::any_of(names.begin(), names.end(), [](const std::string& n) { return n.find("deepspeed_experts.") != std::string::npos; }))
     throw Error(dir + ": a Mixture-of-Experts universal checkpoint: ucp reads DeepSpeed's universal folders of dense "
                 "models only; convert the source checkpoint with ucp-convert");
+}
+
+// The layout, from rank 0's model-states file (`first` names it in errors): degrees, ZeRO stage,
+// dtypes, optimizer, Megatron's model facts and the checkpoint's own rules.
+source::SourceIndex LayoutOf(const std::string& dir, const std::string& first, const Value& root,
+                             const std::vector<std::string>& names, bool zero3) {
   source::SourceIndex L;
   L.format = "deepspeed-universal";
   L.root = L.dir = dir;
@@ -156,16 +165,23 @@ nlohmann::json DescribeDeepSpeedUniversal(const std::string& dir) {
     if (auto info = root.Get("universal_checkpoint_info"); info && info->kind != Value::Kind::None)
       L.universal_checkpoint_info = info;
   });
+  return L;
+}
 
-  // Each parameter's optimizer group, order and stages from param_shapes: per stage (TP rank 0's
-  // model-states file; under ZeRO-3 DP rank 0's, whose shapes are the full ones) and group.
+// Each parameter's optimizer group, order and stages from param_shapes: per stage (TP rank 0's
+// model-states file; under ZeRO-3 DP rank 0's, whose shapes are the full ones) and group, added to
+// L.params; returns the shape param_shapes lists for each. Each parameter has its folder and each
+// folder its parameter.
+std::map<std::string, std::vector<int64_t>> ReadParamShapes(const std::string& dir, ModelStates& models,
+                                                            const std::vector<std::string>& names, source::SourceIndex& L) {
   std::map<std::string, size_t> index;
   std::map<std::string, std::vector<int64_t>> listed_shape;
-  for (const ModelFile& f : model_files) {
+  const bool zero3 = models.zero3();
+  for (const ModelFile& f : models.files()) {
     if (zero3 ? f.dp != 0 : f.mp % L.tp != 0) continue;
     const int stage = zero3 ? 0 : f.mp / L.tp;
     const std::string path = dir + "/" + f.name;
-    const Value* shapes = At(model(f), {"param_shapes"});
+    const Value* shapes = At(models.RootOf(f), {"param_shapes"});
     if (!shapes || (shapes->kind != Value::Kind::List && shapes->kind != Value::Kind::Tuple))
       throw Error(path + ": no param_shapes list: the parameters' optimizer groups are unknown");
     WithContext(path + ": param_shapes", [&] {
@@ -189,46 +205,60 @@ nlohmann::json DescribeDeepSpeedUniversal(const std::string& dir) {
   for (const auto& p : L.params)
     if (!std::binary_search(names.begin(), names.end(), p.name))
       throw Error(dir + "/zero: no folder for parameter '" + p.name + "', which param_shapes lists");
+  return listed_shape;
+}
 
-  // Shapes from each fp32.pt (its pickle only): the dict's 'param'; DeepSpeed's bare ZeRO-3 form
-  // (a 1-D tensor, vocabulary padding kept) takes param_shapes' full shape.
-  std::map<std::string, FileRecord> files;
-  auto record = [&](const std::string& rel) {
+// The shape of `p` from its fp32.pt (its pickle only): the dict's 'param'; DeepSpeed's bare ZeRO-3
+// form (a 1-D tensor, vocabulary padding kept) takes param_shapes' full shape, `listed`.
+void TakeFp32Shape(const std::string& dir, const std::vector<int64_t>& listed, source::ParamRecord& p) {
+  const std::string rel = StateRelPath(p.name, plan::State::Fp32);
+  const pt::TorchFile f = pt::ReadTorchFile(dir + "/" + rel);
+  WithContext(dir + "/" + rel, [&] {
+    const bool bare = f.root->kind == Value::Kind::Tensor;
+    auto v = bare ? f.root : f.root->Get("param");
+    if (!v || v->kind != Value::Kind::Tensor) throw Error("no 'param' tensor");
+    p.tp_shape[0] = bare ? listed : v->AsTensor().shape;
+    if (bare && static_cast<int64_t>(v->AsTensor().numel()) < pt::Numel(p.tp_shape[0]))
+      throw Error("a 1-D tensor of " + std::to_string(v->AsTensor().numel()) + " elements for a parameter of shape " +
+                  pt::ShapeString(p.tp_shape[0]));
+  });
+}
+
+// The manifest's file list: each file by its size, checked by its zip's CRC-32s.
+class FileList {
+ public:
+  explicit FileList(std::string dir) : dir_(std::move(dir)) {}
+  void Add(const std::string& rel) {
     std::error_code ec;
-    const auto size = fs::file_size(dir + "/" + rel, ec);
-    if (ec) throw Error(dir + "/" + rel + ": missing");
+    const auto size = fs::file_size(dir_ + "/" + rel, ec);
+    if (ec) throw Error(dir_ + "/" + rel + ": missing");
     FileRecord r;
     r.path = rel, r.bytes = size, r.zip_crc32 = true;
-    files[rel] = r;
-  };
-  for (auto& p : L.params) {
-    const std::string rel = StateRelPath(p.name, plan::State::Fp32);
-    const pt::TorchFile f = pt::ReadTorchFile(dir + "/" + rel);
-    WithContext(dir + "/" + rel, [&] {
-      const bool bare = f.root->kind == Value::Kind::Tensor;
-      auto v = bare ? f.root : f.root->Get("param");
-      if (!v || v->kind != Value::Kind::Tensor) throw Error("no 'param' tensor");
-      p.tp_shape[0] = bare ? listed_shape.at(p.name) : v->AsTensor().shape;
-      if (bare && static_cast<int64_t>(v->AsTensor().numel()) < pt::Numel(p.tp_shape[0]))
-        throw Error("a 1-D tensor of " + std::to_string(v->AsTensor().numel()) + " elements for a parameter of shape " +
-                    pt::ShapeString(p.tp_shape[0]));
-    });
-    for (int s = 0; s < plan::kStates; ++s) record(StateRelPath(p.name, static_cast<plan::State>(s)));
-    if (fs::exists(dir + "/" + StepRelPath(p.name))) record(StepRelPath(p.name));
+    files_[rel] = r;
   }
-  record(kOptimizerState);
-  for (const ModelFile& f : model_files) {
-    record(f.name);
+  const std::map<std::string, FileRecord>& files() const { return files_; }
+
+ private:
+  std::string dir_;
+  std::map<std::string, FileRecord> files_;
+};
+
+// The model-states files as the index's carried shard files.
+void AddModelFiles(const ModelStates& models, FileList& files, source::SourceIndex& L) {
+  const bool zero3 = models.zero3();
+  for (const ModelFile& f : models.files()) {
+    files.Add(f.name);
     source::ShardFile sf;
     sf.name = f.name, sf.kind = zero3 ? "zero3_model_states" : "model_states", sf.carried = true;
     sf.pp = zero3 ? 0 : f.mp / L.tp, sf.tp = zero3 ? 0 : f.mp % L.tp, sf.dp = f.dp;
     L.files.push_back(sf);
   }
+}
 
-  // Patterns as ucp-convert resolves them, over the joined tensors (a TP=1 view: the shapes are whole).
-  source::SourceIndex whole = L;
-  whole.tp = 1;
-  const patterns::ModelPatterns M = patterns::ResolvePatterns(whole, {.pattern_files = {}, .patterns_dir = patterns::DefaultPatternsDir()});
+// The manifest's parameters, with their patterns as ucp-convert resolves them over the joined
+// tensors (a TP=1 view: the shapes are whole).
+nlohmann::json ParamsJson(const std::string& dir, const source::SourceIndex& L, const patterns::ModelPatterns& M,
+                          const std::map<std::string, FileRecord>& files) {
   if (!M.problems.empty()) throw Error(dir + ": " + M.problems.front());
   nlohmann::json params = nlohmann::json::array();
   for (size_t k = 0; k < L.params.size(); ++k) {
@@ -246,7 +276,38 @@ nlohmann::json DescribeDeepSpeedUniversal(const std::string& dir) {
     entry["files"] = stored;
     params.push_back(entry);
   }
-  nlohmann::json m = AssembleManifest("pt", SourceJson(L, M), FamilyJson(M), params, files);
+  return params;
+}
+
+}  // namespace
+
+bool IsDeepSpeedUniversal(const std::string& dir) {
+  std::error_code ec;
+  return !fs::exists(dir + "/" + kManifestName, ec) && !IsUnfinishedConversion(dir) &&
+         fs::is_regular_file(dir + "/" + kOptimizerState, ec) && !ModelFilesOf(dir).empty();
+}
+
+nlohmann::json DescribeDeepSpeedUniversal(const std::string& dir) {
+  ModelStates models(dir, ModelFilesOf(dir));
+  const ModelFile& first = models.files().front();
+  const Value& root = models.RootOf(first);
+  const std::vector<std::string> names = ParamFolders(dir);
+  RefuseMixtureOfExperts(dir, root, names);
+  source::SourceIndex L = LayoutOf(dir, dir + "/" + first.name, root, names, models.zero3());
+  const auto listed_shape = ReadParamShapes(dir, models, names, L);
+  FileList files(dir);
+  for (auto& p : L.params) {
+    TakeFp32Shape(dir, listed_shape.at(p.name), p);
+    for (int s = 0; s < plan::kStates; ++s) files.Add(StateRelPath(p.name, static_cast<plan::State>(s)));
+    if (fs::exists(dir + "/" + StepRelPath(p.name))) files.Add(StepRelPath(p.name));
+  }
+  files.Add(kOptimizerState);
+  AddModelFiles(models, files, L);
+  source::SourceIndex whole = L;
+  whole.tp = 1;
+  const patterns::ModelPatterns M = patterns::ResolvePatterns(whole, {.pattern_files = {}, .patterns_dir = patterns::DefaultPatternsDir()});
+  const nlohmann::json params = ParamsJson(dir, L, M, files.files());
+  nlohmann::json m = AssembleManifest("pt", SourceJson(L, M), FamilyJson(M), params, files.files());
   m["checksum"] = "zip-crc32";
   m["deepspeed_universal"] = true;
   return m;
