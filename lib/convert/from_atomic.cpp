@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "convert/convert.h"
+#include "convert/steps.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/format.h"
@@ -51,6 +52,101 @@ void RefuseDeepSpeedUniversal(const std::string& dir) {
               " -o OUT ... reads it directly; to get a ucp atomic checkpoint, ucp-convert the tag it came from");
 }
 
+// Step 1: the source's manifest, keys and steps, and the writer's list of every parameter.
+std::unique_ptr<store::AtomReader> OpenSource(const ConvertOptions& o, std::vector<store::AtomSpec>& specs) {
+  if (o.output.empty()) throw Error("an output folder is required (-o OUT)");
+  RefuseOutputWithin(o.output, o.from_atomic, "the --from-atomic folder");
+  auto reader = store::AtomReader::Open(o.from_atomic);
+  for (const auto& p : reader->params()) {
+    specs.push_back({p.name, p.shape, p.meta, reader->ReadUniversalKeys(p.name), reader->ReadStep(p.name), p.split_dim});
+    reader->Forget(p.name);
+  }
+  return reader;
+}
+
+// Step 2 (rank 0): the output folder, by the rules of a conversion from a source; locked first.
+std::unique_ptr<OutputFolder> ClaimFolder(const ConvertOptions& o, std::string* lock_note) {
+  auto folder = std::make_unique<OutputFolder>(o.output, "ucp-convert", store::AtomicFolderMarkers(), lock_note);
+  folder->RequireEmpty(o.force, store::AtomicFolderContents());
+  CreateSpreadFolder(o.output + "/zero");  // a folder per parameter
+  return folder;
+}
+
+// The files a parameter's manifest entry lists, each as the manifest's file list says.
+void VerifyFilesOf(const ConvertOptions& o, const std::map<std::string, store::FileRecord>& listed, const nlohmann::json& entry) {
+  if (!entry.contains("files")) return;
+  for (const auto& [key, rel] : entry.at("files").items()) {
+    auto it = listed.find(rel.get<std::string>());
+    std::string why = "not in the manifest's file list";
+    if (it == listed.end() || !store::Verify(o.from_atomic, it->second, &why))
+      throw Error(o.from_atomic + "/" + rel.get<std::string>() + ": " + why);
+  }
+}
+
+// A state read from atoms.h5, against the XXH64 its manifest entry gives.
+void CheckHdf5Digest(const ConvertOptions& o, const nlohmann::json& entry, const std::string& param, plan::State state,
+                     const float* data, int64_t numel) {
+  if (!entry.contains("hdf5")) return;
+  std::string name(plan::StateName(state));
+  std::string got = HexDigest(XxHash64::Of(data, 4 * static_cast<size_t>(numel)));
+  std::string want = entry.at("hdf5").at("xxh64").at(name).get<std::string>();
+  if (got != want)
+    throw Error(o.from_atomic + "/" + store::kAtomsH5 + ": /" + param + "/" + name + ": xxh64 " + got + ", the manifest says " + want);
+}
+
+// Step 3: this rank's parameters (`owner`), one whole tensor at a time, checked against the
+// source's checksums before it is written anywhere. Returns the tensor bytes written.
+int64_t CopyOwned(const ConvertOptions& o, store::AtomReader& reader, store::AtomWriter& writer, const std::vector<int>& owner,
+                  int rank, std::vector<store::FileRecord>& records) {
+  std::map<std::string, store::FileRecord> listed;
+  for (const auto& f : reader.manifest().at("files")) listed[f.at("path").get<std::string>()] = store::FileRecord::FromJson(f);
+  int64_t written = 0;
+  std::vector<float> buf;
+  for (size_t k = 0; k < reader.params().size(); ++k) {
+    if (owner[k] != rank) continue;
+    const auto& p = reader.params()[k];
+    const auto& entry = reader.manifest().at("params").at(k);
+    VerifyFilesOf(o, listed, entry);
+    buf.resize(static_cast<size_t>(std::max<int64_t>(p.numel, 1)));
+    for (int s = 0; s < plan::kStates; ++s) {
+      auto state = static_cast<plan::State>(s);
+      reader.ReadAll(p.name, state, buf.data());
+      CheckHdf5Digest(o, entry, p.name, state, buf.data(), p.numel);
+      for (auto& r : writer.Write(p.name, state, buf.data())) records.push_back(r);
+      written += 4 * p.numel;
+    }
+    reader.Forget(p.name);
+  }
+  return written;
+}
+
+// Step 4 (rank 0): the non-tensor files copied, the manifest last, latest_universal for the .pt store.
+void CommitCopy(const ConvertOptions& o, store::StoreKind kind, const store::AtomReader& reader, const store::StoreCommit& committed,
+                const std::vector<std::string>& gathered, OutputFolder& folder) {
+  std::map<std::string, store::FileRecord> files;
+  AddGathered(gathered, files);
+  for (const auto& r : committed.files) files[r.path] = r;
+  for (const auto& f : NonTensorFiles(reader)) {
+    std::string why;
+    if (!store::Verify(o.from_atomic, f, &why)) throw Error(o.from_atomic + "/" + f.path + ": " + why);
+    fs::create_directories(fs::path(o.output + "/" + f.path).parent_path());
+    files[f.path] = store::CopyFileAtomically(o.from_atomic + "/" + f.path, o.output, f.path);
+  }
+  nlohmann::json params = nlohmann::json::array();
+  for (const auto& p : reader.params()) {
+    nlohmann::json e = p.meta;
+    e.update(committed.storage.at(p.name));
+    params.push_back(e);
+  }
+  const auto& m = reader.manifest();
+  auto manifest = store::AssembleManifest(std::string(store::StoreName(kind)), m.at("source"), m.at("family"), params, files);
+  // latest_universal where DeepSpeed's universal load reads it: the .pt store of a checkpoint it resumes, in
+  // its tag's checkpoint root.
+  auto latest = store::PointsLatestUniversal(o.output, manifest) ? store::StageLatestUniversal(o.output) : nullptr;
+  folder.Mark({manifest.dump(1) + "\n"});  // the commit point (core/commit.h, step 4)
+  if (latest) latest->Commit();
+}
+
 }  // namespace
 
 int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
@@ -72,28 +168,17 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
   std::vector<store::AtomSpec> specs;
   error = Capture([&] {
     kind = store::StoreFromName(o.format);
-    if (o.output.empty()) throw Error("an output folder is required (-o OUT)");
-    RefuseOutputWithin(o.output, o.from_atomic, "the --from-atomic folder");
-    reader = store::AtomReader::Open(o.from_atomic);
-    for (const auto& p : reader->params()) {
-      specs.push_back({p.name, p.shape, p.meta, reader->ReadUniversalKeys(p.name), reader->ReadStep(p.name), p.split_dim});
-      reader->Forget(p.name);
-    }
+    reader = OpenSource(o, specs);
   });
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   if (talk)
     err << "ucp-convert: " << o.from_atomic << ": " << store::StoreName(reader->store()) << " store, "
         << reader->params().size() << " parameters -> " << o.output << " (" << o.format << "); " << comm.name() << "\n";
 
-  // 2. Rank 0: the output folder, by the rules of a conversion from a source; locked first.
+  // 2. Rank 0: the output folder.
   std::unique_ptr<OutputFolder> folder;
   std::string lock_note;
-  error = rank == 0 ? Capture([&] {
-    folder = std::make_unique<OutputFolder>(o.output, "ucp-convert", store::AtomicFolderMarkers(), &lock_note);
-    folder->RequireEmpty(o.force, store::AtomicFolderContents());
-    CreateSpreadFolder(o.output + "/zero");  // a folder per parameter
-  })
-                    : "";
+  error = rank == 0 ? Capture([&] { folder = ClaimFolder(o, &lock_note); }) : "";
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   if (talk && !lock_note.empty()) err << "ucp-convert: note: " << lock_note << "\n";
 
@@ -107,77 +192,17 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
   const auto owner = plan::AssignLpt(weights, ranks);
   std::vector<store::FileRecord> records;
   int64_t written = 0;
-  error = Capture([&] {
-    // What is read is checked against the source's checksums before it is written anywhere.
-    std::map<std::string, store::FileRecord> listed;
-    for (const auto& f : reader->manifest().at("files")) listed[f.at("path").get<std::string>()] = store::FileRecord::FromJson(f);
-    std::vector<float> buf;
-    for (size_t k = 0; k < reader->params().size(); ++k) {
-      if (owner[k] != rank) continue;
-      const auto& p = reader->params()[k];
-      const auto& entry = reader->manifest().at("params").at(k);
-      if (entry.contains("files"))
-        for (const auto& [key, rel] : entry.at("files").items()) {
-          auto it = listed.find(rel.get<std::string>());
-          std::string why = "not in the manifest's file list";
-          if (it == listed.end() || !store::Verify(o.from_atomic, it->second, &why))
-            throw Error(o.from_atomic + "/" + rel.get<std::string>() + ": " + why);
-        }
-      buf.resize(static_cast<size_t>(std::max<int64_t>(p.numel, 1)));
-      for (int s = 0; s < plan::kStates; ++s) {
-        auto state = static_cast<plan::State>(s);
-        reader->ReadAll(p.name, state, buf.data());
-        if (entry.contains("hdf5")) {
-          std::string name(plan::StateName(state));
-          std::string got = HexDigest(XxHash64::Of(buf.data(), 4 * static_cast<size_t>(p.numel)));
-          std::string want = entry.at("hdf5").at("xxh64").at(name).get<std::string>();
-          if (got != want)
-            throw Error(o.from_atomic + "/" + store::kAtomsH5 + ": /" + p.name + "/" + name + ": xxh64 " + got +
-                        ", the manifest says " + want);
-        }
-        for (auto& r : writer->Write(p.name, state, buf.data())) records.push_back(r);
-        written += 4 * p.numel;
-      }
-      reader->Forget(p.name);
-    }
-  });
+  error = Capture([&] { written = CopyOwned(o, *reader, *writer, owner, rank, records); });
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   store::StoreCommit committed;
   error = Capture([&] { committed = writer->Commit(); });
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
 
   // 4. Rank 0: the non-tensor files, the manifest last, latest_universal for the .pt store.
-  nlohmann::json mine = nlohmann::json::array();
-  for (const auto& r : records) mine.push_back(r.ToJson());
-  auto gathered = comm.GatherToRoot(mine.dump());
+  auto gathered = GatherRecords(comm, records);
   std::array<int64_t, 2> totals = {static_cast<int64_t>(reader->bytes_read()), written};
   comm.AllreduceSum(totals);
-  error = rank == 0 ? Capture([&] {
-    std::map<std::string, store::FileRecord> files;
-    for (const auto& g : gathered)
-      for (const auto& r : nlohmann::json::parse(g)) files[r.at("path").get<std::string>()] = store::FileRecord::FromJson(r);
-    for (const auto& r : committed.files) files[r.path] = r;
-    for (const auto& f : NonTensorFiles(*reader)) {
-      std::string why;
-      if (!store::Verify(o.from_atomic, f, &why)) throw Error(o.from_atomic + "/" + f.path + ": " + why);
-      fs::create_directories(fs::path(o.output + "/" + f.path).parent_path());
-      files[f.path] = store::CopyFileAtomically(o.from_atomic + "/" + f.path, o.output, f.path);
-    }
-    nlohmann::json params = nlohmann::json::array();
-    for (const auto& p : reader->params()) {
-      nlohmann::json e = p.meta;
-      e.update(committed.storage.at(p.name));
-      params.push_back(e);
-    }
-    const auto& m = reader->manifest();
-    auto manifest = store::AssembleManifest(std::string(store::StoreName(kind)), m.at("source"), m.at("family"), params, files);
-    // latest_universal where DeepSpeed's universal load reads it: the .pt store of a checkpoint it resumes, in
-    // its tag's checkpoint root.
-    auto latest = store::PointsLatestUniversal(o.output, manifest) ? store::StageLatestUniversal(o.output) : nullptr;
-    folder->Mark({manifest.dump(1) + "\n"});  // the commit point (core/commit.h, step 4)
-    if (latest) latest->Commit();
-  })
-                    : "";
+  error = rank == 0 ? Capture([&] { CommitCopy(o, kind, *reader, committed, gathered, *folder); }) : "";
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   if (talk) {
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

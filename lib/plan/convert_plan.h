@@ -171,6 +171,10 @@ struct ConvertPlan {
 // (AssignMappers); 0: none; < 0: automatic, the same size.
 ConvertPlan MakeConvertPlan(const source::SourceIndex& layout, const patterns::ModelPatterns& patterns, int ranks,
                             int64_t buffer_bytes, int64_t split_above = 0, int64_t cut_above = 0);
+// One parameter's plan (plan/param_plan.cpp): its copies in stream order, Place copies first, each
+// with the blocks its split dimension joins at. Throws saying why its shapes do not join.
+ParamPlan PlanParam(const source::SourceIndex& layout, const patterns::ModelPatterns& patterns, int index,
+                    const patterns::ParamPattern& pattern);
 // The automatic split size: a quarter of an even share of the bytes written per rank (an item of
 // more would leave its rank's load lumpy), at most 1 GiB (a part is in memory twice while it is
 // written), at least 64 MiB (smaller parts cost more in completing their files than they balance).
