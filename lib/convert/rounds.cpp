@@ -144,7 +144,11 @@ void Rounds::FinishUpto(int64_t upto) {
     auto write = [this, i, data = std::move(data)]() { Write(i, data.get()); };
     // A store whose writes must stay on this thread (HDF5 over MPI-IO) writes here.
     if (writer_.concurrent()) Timed(c_.wait, [&] { writers_.Submit(4 * it.out_numel, std::move(write)); });
-    else write(), c_.bytes_written += 4 * it.out_numel;
+    else {
+      write();
+      std::lock_guard<std::mutex> lock(out_.mu);  // the writer threads add their side files' bytes meanwhile
+      c_.bytes_written += 4 * it.out_numel;
+    }
   }
 }
 
