@@ -287,8 +287,9 @@ void Placement::PlaceLayer(const reshard::Atom& a, int atom, int64_t layer, int6
                            const std::vector<int64_t>& shape) {
   const auto cut = CutOf(key, m_);
   if (!cut) throw Refuse(a.name, "'" + key + "' is no part of a LlamaForCausalLM layer");
+  if (shape.empty()) throw Refuse(a.name, "shape [] (a scalar), but every tensor of a layer has rows");
   const InLayer in{"model.layers." + std::to_string(layer) + ".", atom, stacked};
-  const int64_t cols = shape.size() == 1 ? 1 : shape.at(1);
+  const int64_t cols = shape.size() == 1 ? 1 : shape[1];
   if (!cut->rows.empty()) return PlaceFused(a, *cut, shape, cols, in);
   Expect(a.name, shape, WholeShape(cut->names[0], m_), stacked >= 0);
   ExportTensor t = in.Tensor(cut->names[0], 0, shape[0], shape);
