@@ -4,6 +4,7 @@
 #include <span>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "store/atom_store.h"
 
 namespace ucp::formats {
@@ -25,12 +26,10 @@ std::span<const TargetDriver* const> Targets() {
 }  // namespace
 
 const TargetDriver& FindTarget(std::string_view name) {
-  std::string known;
-  for (const TargetDriver* d : Targets()) {
+  for (const TargetDriver* d : Targets())
     if (name == d->name) return *d;
-    known += (known.empty() ? "" : ", ") + std::string(d->name);
-  }
-  throw Error("unknown target format '" + std::string(name) + "' (known: " + known + ")");
+  throw Error("unknown target format '" + std::string(name) + "' (known: " +
+              JoinNames(Targets(), ", ", [](const TargetDriver* d) { return std::string(d->name); }) + ")");
 }
 
 namespace {
@@ -46,9 +45,8 @@ std::string WhatWasMeant(const std::string& dir, bool formats) {
         if (d->probe(child.path().string()))
           return child.path().string() + " is a " + d->name + " checkpoint: give that folder";
   if (!formats) return "";
-  std::string known;
-  for (const SourceDriver* d : Sources()) known += (known.empty() ? "" : "; ") + std::string(d->name) + ": " + d->files;
-  return "the formats ucp reads, by their files: " + known;
+  return "the formats ucp reads, by their files: " +
+         JoinNames(Sources(), "; ", [](const SourceDriver* d) { return std::string(d->name) + ": " + d->files; });
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "core/mapped_file.h"
 #include "formats/dcp/megatron_core.h"
 #include "formats/dcp/metadata.h"
@@ -258,8 +259,7 @@ class Parameters {
   static const Item* Moment(const std::map<std::string, const Item*>& states, int s) {
     auto it = states.find(kStateNames[s]);
     if (it != states.end()) return it->second;
-    std::string kept;
-    for (const auto& [n, i] : states) kept += (kept.empty() ? "" : ", ") + n;
+    const std::string kept = JoinNames(states, ", ", [](const auto& state) { return state.first; });
     throw Error("no optimizer state '" + std::string(kStateNames[s]) + "' (ucp reads Adam's exp_avg and exp_avg_sq; this "
                 "optimizer keeps " + kept + ")");
   }
@@ -327,8 +327,7 @@ class Parameters {
 // What the files show of the writer and of the sharding, as notes for ucp-inspect.
 void Describe(const Metadata& M, const std::map<std::string, const Item*>& model, const std::vector<std::string>& order,
               const std::vector<std::string>& frozen, SourceIndex& L) {
-  std::string fields;
-  for (const auto& f : M.fields) fields += (fields.empty() ? "" : ", ") + f;
+  const std::string fields = JoinNames(M.fields);
   L.notes.push_back("PyTorch Distributed Checkpoint in " + std::to_string(L.files.size()) + " data file" +
                     (L.files.size() == 1 ? "" : "s") + "; Metadata fields: " + fields +
                     (M.version ? "; version " + *M.version : "; no version field (torch 2.6 and earlier)"));
@@ -387,8 +386,7 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
                   std::to_string(pt::StepValue(*step)) + "), and Megatron saves no parameter's group: which step is whose is unknown");
   if (!mc.steps.empty())
     for (size_t g = 0; g < std::max<size_t>(groups, 1); ++g) L.steps[{0, 0, static_cast<int>(g)}] = mc.steps[0];
-  std::string keys;
-  for (const auto& k : mc.common_keys) keys += (keys.empty() ? "" : ", ") + k;
+  std::string keys = JoinNames(mc.common_keys);
   if (keys.empty()) keys = "nothing";
   if (!mc.has_iteration) L.notes.push_back("common.pt holds no iteration: the atomic checkpoint records iteration 0");
   if (mc.steps.empty() && mc.param_groups)

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "pt/torch_file.h"
 
 namespace ucp::formats::dcp {
@@ -80,9 +81,8 @@ MegatronCore ReadMegatronCore(const std::string& dir) {
       torch_state = optimizer->Get("optimizer");
       if (!torch_state) throw Error("optimizer.param_state_sharding_type without optimizer.optimizer");
     } else if (!optimizer->Get("param_groups")) {
-      std::string keys;
-      if (optimizer->kind == Value::Kind::Dict)
-        for (const auto& it : optimizer->AsDict().items()) keys += (keys.empty() ? "" : ", ") + pt::ScalarKey(*it.key);
+      const std::string keys = optimizer->kind != Value::Kind::Dict ? std::string()
+                               : JoinNames(optimizer->AsDict().items(), ", ", [](const auto& it) { return pt::ScalarKey(*it.key); });
       throw Error("optimizer holds " + keys + ", not param_groups: several chained optimizers (Megatron's expert and dense "
                   "ones) are not read yet");
     }

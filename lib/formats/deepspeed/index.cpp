@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "formats/deepspeed/coverage.h"
 #include "formats/deepspeed/experts.h"
 #include "formats/deepspeed/model_states.h"
@@ -72,8 +73,7 @@ void TakeJobFiles(SourceIndex& L) {
   // The RNG files are of the processes DeepSpeed's files describe: a missing one stays missing (said
   // where a reshard would take it), others an in-place step added are not this tag's.
   if (L.job.rng_world > 0) L.job.rng_world = world;
-  std::string weights;
-  for (const auto& w : L.job.weights) weights += (weights.empty() ? "" : ", ") + w;
+  const std::string weights = JoinNames(L.job.weights);
   L.notes.push_back(std::string(L.job.kind == "hf-trainer" ? "a Hugging Face Trainer checkpoint" : "a Hugging Face model's checkpoint") +
                     (root != L.root ? " (" + root + ", whose latest names this folder)" : "") + ": its " +
                     std::to_string(L.job.carried.size()) + " files beside " + L.tag + " are carried (job/)" +

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "formats/deepspeed/index.h"
 
 namespace ucp::deepspeed {
@@ -45,8 +46,7 @@ std::string Disagreement(const std::string& dir, const Repeated& r) {
   if (common == odd)
     for (auto it = r.files_by_value.begin(); it != r.files_by_value.end(); ++it)
       if (it != odd) common = it;
-  std::string names;
-  for (const auto& n : odd->second) names += (names.empty() ? "" : ", ") + n;
+  const std::string names = JoinNames(odd->second);
   return dir + ": " + names + (odd->second.size() == 1 ? " records " : " record ") + r.what + " = " + odd->first + " where " +
          std::to_string(common->second.size()) + " other file(s) (" + common->second.front() + (common->second.size() > 1 ? ", ..." : "") +
          ") record " + common->first + ": a file of another save, step or run is mixed into this tag (every file of one "

@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "pt/value.h"
 #include "target/naming.h"
 
@@ -98,8 +99,7 @@ class Facts {
       auto k = std::find_if(Keys().begin(), Keys().end(), [&](const Key& x) { return key == x.name; });
       if (k == Keys().end()) {
         const std::string near = Closest(key);
-        std::string known;
-        for (const Key& x : Keys()) known += (known.empty() ? "" : ", ") + std::string(x.name);
+        const std::string known = JoinNames(Keys(), ", ", [](const Key& x) { return std::string(x.name); });
         throw Error(o.model_config_path + ": unknown model fact '" + key + "'" + (near.empty() ? "" : " (did you mean '" + near + "'?)") +
                     "; the facts, by Megatron's argument names (torchtitan's ModelArgs and Hugging Face's config names "
                     "are read too: n_heads, norm_eps, max_seq_len, rms_norm_eps, ...): " + known);
@@ -421,8 +421,7 @@ void RefuseUnlessLlama(const ModelView& v, const reshard::ExportOptions& o, std:
     throw Error(dir + ": a GPT-2-shaped model (LayerNorm, learned positions, GeLU): ucp-reshard --format hf does not "
                 "write GPT2LMHeadModel yet (its fused QKV layout and transposed Conv1D weights have no real checkpoint "
                 "to be checked against here); it writes LlamaForCausalLM." + next);
-  std::string all;
-  for (const auto& d : differs) all += (all.empty() ? "" : "; ") + d;
+  const std::string all = JoinNames(differs, "; ");
   throw Error(dir + ": not a model transformers has a class for: " + all + ". ucp-reshard --format hf writes "
               "LlamaForCausalLM (RMSNorm, rotary, SwiGLU); it does not guess another architecture, and no other "
               "class is written yet." + next);
@@ -449,8 +448,7 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
                 std::to_string(m.layers) + " layers, " + std::to_string(m.heads) + " heads, " + std::to_string(m.kv_heads) +
                 " key-value heads of " + std::to_string(m.head_dim) + ", FFN " + std::to_string(m.ffn));
   if (const auto trusted = f.OnTrust(); !trusted.empty()) {
-    std::string all;
-    for (const auto& t : trusted) all += (all.empty() ? "" : ", ") + t;
+    const std::string all = JoinNames(trusted);
     notes.push_back("taken on trust from --model-config, as nothing in the checkpoint records them to check against (a "
                     "wrong value, a head count above all, still loads in transformers and computes other logits): " + all);
   }
