@@ -572,21 +572,17 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
 }
 
 ModelFacts ModelFactsOf(const Source& S) {
-  ModelFacts m;
-  m.layers = S.layers;
-  m.fixed_model_parallel = S.naming == Naming::Module;
-  auto arg = [&](const char* key) -> int64_t {
+  ModelFacts m = ShapeFactsOf([&](const char* key) -> int64_t {
     const Value* v = ArgOf(S, key);
     return v && v->is(Value::Kind::Int) ? v->AsInt() : 0;
-  };
-  m.heads = arg("num_attention_heads"), m.kv_heads = arg("num_key_value_heads"), m.ffn = arg("ffn_hidden_size");
-  m.hidden = arg("hidden_size"), m.seq_length = arg("seq_length"), m.micro_batch = arg("micro_batch_size");
+  });
+  m.layers = S.layers;
+  m.fixed_model_parallel = S.naming == Naming::Module;
   // Megatron: --recompute-granularity full (recompute_granularity), earlier --checkpoint-activations.
   const Value* granularity = ArgOf(S, "recompute_granularity");
   const Value* checkpointing = ArgOf(S, "checkpoint_activations");
   m.full_recompute = (granularity && granularity->is(Value::Kind::Str) && granularity->s == "full") ||
                      (checkpointing && checkpointing->is(Value::Kind::Bool) && checkpointing->b);
-  if (m.kv_heads == 0) m.kv_heads = m.heads;
   const json& src = S.manifest["source"];
   m.source.dp = src.value("dp", 1), m.source.sp = src.value("sp", 1), m.source.tp = src.value("tp", 1), m.source.pp = src.value("pp", 1);
   m.source.zero_stage = src.value("zero_stage", 1), m.source.dtype = ResolvedDtype({}, src);
