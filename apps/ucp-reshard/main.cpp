@@ -1,35 +1,22 @@
-// ucp-reshard: flags only; the work is ucp::reshard::RunReshard.
+// ucp-reshard: flags only; the work is ucp::reshard::RunCommand (reshard/command.h): the flags
+// checked against the mode, then the mode run.
 #include <CLI/CLI.hpp>
-#include <algorithm>
-#include <fstream>
 #include <iostream>
-#include <optional>
+#include <vector>
 
 #include "common/command_line.h"
 #include <unistd.h>
 
-#include "core/atomic_file.h"
-#include "core/error.h"
-#include "target/target.h"
-
-#include "patterns/rules.h"
-#include "reshard/in_place.h"
-#include "reshard/reshard.h"
 #include "h5/h5.h"
+#include "reshard/command.h"
 #include "shuffle/comm.h"
+#include "target/target.h"
 
 namespace {
 
-// A layout flag: its value goes into `flags` under its key in a --layout file.
-template <typename T>
-CLI::Option* LayoutFlag(CLI::App& app, nlohmann::json& flags, const char* name, const char* key, const std::string& help) {
-  return app.add_option_function<T>(name, [&flags, key](const T& v) { flags[key] = v; }, help);
-}
+using ucp::reshard::ReshardCommand;
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{
+constexpr const char* kDescription =
       "ucp-reshard: an atomic checkpoint to the native shard files of a new layout.\n\n"
       "Reads an atomic checkpoint written by ucp-convert and writes OUT/latest, OUT/global_stepN/ with\n"
       "the files DeepSpeed / Megatron-DeepSpeed write for the target layout, so the job relaunches with its\n"
@@ -68,7 +55,8 @@ int main(int argc, char** argv) {
       "  ucp-reshard ckpt/atomic --dp 2 --tp 2 --pp 1 --zero-stage 2 --dtype fp16 --plan-only --json\n"
       "  ucp-reshard ckpt/atomic -o new_ckpt --layout target.json --dp 8\n"
       "  mpirun -np 2 ucp-reshard ckpt/atomic -o hf_model --format hf [--dtype bf16] [--max-shard-size 5GB]\n"
-      "  ucp-reshard ckpt/atomic --gpus 96 --gpus-per-node 4 --gpu-memory 40G --plan-only\n"      "  ucp-reshard ckpt/atomic -o new_ckpt --dp 1 --sp 4 --tp 1 --pp 1 --zero-stage 1   Ulysses SP=4\n"
+      "  ucp-reshard ckpt/atomic --gpus 96 --gpus-per-node 4 --gpu-memory 40G --plan-only\n"
+      "  ucp-reshard ckpt/atomic -o new_ckpt --dp 1 --sp 4 --tp 1 --pp 1 --zero-stage 1   Ulysses SP=4\n"
       "  ucp-reshard ckpt/atomic --gpus 64 --seq-length 131072 --recompute full --plan-only   SP where the sequence needs it\n"
       "  mpirun -np 8 ucp-reshard /ckpt/run1 --in-place --gpus 96 --keep 2    in a job script, before training\n"
       "  ucp-reshard out/checkpoint-500 -o out4/checkpoint-500 --gpus 4   a Trainer checkpoint for 4 processes\n"
@@ -80,35 +68,43 @@ int main(int argc, char** argv) {
       "+ optimizer states (per ZeRO stage) + activations (estimated from sequence length, micro-batch, hidden size,\n"
       "heads and layers over TP x SP, Korthikanti et al. 2023, where known; else an allowance); among those that\n"
       "fit: the source's TP and PP first, then the fewest stages, the smallest SP, the least ZeRO communication,\n"
-      "the smallest TP."};
-  ucp::reshard::ReshardOptions o;
-  auto& t = o.target;
-  app.add_option("atomic", o.atomic_dir,
+      "the smallest TP.";
+
+// A layout flag: its value goes into `flags` under its key in a --layout file.
+template <typename T>
+CLI::Option* LayoutFlag(CLI::App& app, nlohmann::json& flags, const char* name, const char* key, const std::string& help) {
+  return app.add_option_function<T>(name, [&flags, key](const T& v) { flags[key] = v; }, help);
+}
+
+// What to read, the mode and where to write. Returns --keep, which only --in-place takes.
+CLI::Option* AddInputFlags(CLI::App& app, ReshardCommand& c) {
+  app.add_option("atomic", c.options.atomic_dir,
                  "atomic checkpoint folder (with ucp_manifest.json) or DeepSpeed's universal folder; with --in-place or "
                  "--format hf, also the training run's checkpoint root (with `latest`: --in-place finds or makes its "
                  "atomic checkpoint beside the tag; --format hf reads ucp's there when it matches the tag, else "
                  "converts into OUT/.ucp-scratch-atomic, removed at the end)")
       ->required();
-  bool in_place = false;
-  bool no_strict = false;
-  app.add_flag("--no-strict", no_strict, "from a training run's root: convert it despite layout or pattern problems "
+  app.add_flag("--no-strict", c.no_strict, "from a training run's root: convert it despite layout or pattern problems "
                "(ucp-convert --no-strict; they are printed)");
-  ucp::reshard::InPlaceOptions ip;
-  app.add_flag("--in-place", in_place,
+  app.add_flag("--in-place", c.in_place_mode,
                "lazy reconfiguration of a checkpoint root (with `latest`, native or atomic): nothing to do if `latest` has "
                "the target layout; else convert it (or reuse ROOT/<tag>_universal when it holds the same files), "
                "reshard into ROOT/<tag>_dp.._tp.._pp.._z.._<dtype> (_sp.. after dp with Ulysses SP) and point `latest` at it; the "
                "old tag stays");
-  CLI::Option* keep_flag = app.add_option("--keep", ip.keep, "with --in-place: keep at most this many tags written in place, the newest (default: all)")
+  CLI::Option* keep = app.add_option("--keep", c.in_place.keep, "with --in-place: keep at most this many tags written in place, the newest (default: all)")
       ->check(CLI::Range(1, 1 << 20));
-  app.add_option("-o,--output", o.output, "checkpoint folder to write (gets `latest` and global_stepN/; with --format hf, "
+  app.add_option("-o,--output", c.options.output, "checkpoint folder to write (gets `latest` and global_stepN/; with --format hf, "
                  "the model's files)");
-  app.add_option("--format", o.format,
+  app.add_option("--format", c.options.format,
                  "what to write: deepspeed (the default: a training layout's native files) or hf (a Hugging Face "
                  "transformers model: config.json and safetensors, for from_pretrained; no layout flags)")
       ->transform(CLI::IsMember({"deepspeed", "hf"}, CLI::ignore_case));
-  std::string model_config;
-  CLI::Option* model_config_flag = app.add_option("--model-config", model_config,
+  return keep;
+}
+
+// --format hf's own flags, returned to be refused by name with any other format.
+std::vector<CLI::Option*> AddModelFlags(CLI::App& app, ReshardCommand& c) {
+  CLI::Option* model_config = app.add_option("--model-config", c.model_config,
                  "with --format hf: a JSON object of model facts the checkpoint does not hold, by Megatron's argument "
                  "names (hidden_size, num_layers, num_attention_heads, num_key_value_heads, ffn_hidden_size, "
                  "max_position_embeddings, normalization, swiglu, position_embedding_type, layernorm_epsilon, "
@@ -116,63 +112,74 @@ int main(int argc, char** argv) {
                  "carry Hugging Face's own names (a Trainer job's): the model's config.json, when the atomic checkpoint "
                  "carries none (job/config.json); it is written unchanged, with the generation_config.json beside it")
       ->check(CLI::ExistingFile);
-  CLI::Option* max_shard_flag = app.add_option("--max-shard-size", o.model.max_file_bytes,
+  CLI::Option* max_shard = app.add_option("--max-shard-size", c.options.model.max_file_bytes,
                  "with --format hf: tensor bytes per safetensors file (e.g. 5GB, the default, 500MB; 1000-based as "
                  "Hugging Face counts); a larger tensor gets a file of its own")
       ->transform(CLI::AsSizeValue(true))
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 50));
-  std::string layout_file;
-  CLI::Option* layout_flag = app.add_option("--layout", layout_file, "target layout as JSON (schemas/layout.schema.json); flags override it")
+  return {model_config, max_shard};
+}
+
+// The target layout: --layout FILE, and one flag per layout key over it. Returns --layout.
+CLI::Option* AddLayoutFlags(CLI::App& app, ReshardCommand& c) {
+  CLI::Option* layout = app.add_option("--layout", c.layout_file, "target layout as JSON (schemas/layout.schema.json); flags override it")
       ->check(CLI::ExistingFile);
-  // Flags given on the command line, applied over the layout file as one more layout object.
-  nlohmann::json flags = nlohmann::json::object();
-  LayoutFlag<int>(app, flags, "--dp", "dp", "data-parallel degree (required, here or in --layout)")->check(ucp::apps::AtLeast(1));
-  LayoutFlag<int>(app, flags, "--tp", "tp", "tensor-parallel degree (required, here or in --layout)")->check(ucp::apps::AtLeast(1));
-  LayoutFlag<int>(app, flags, "--pp", "pp", "pipeline-parallel degree (required, here or in --layout)")->check(ucp::apps::AtLeast(1));
-  LayoutFlag<int>(app, flags, "--sp", "sp",
+  LayoutFlag<int>(app, c.layout_flags, "--dp", "dp", "data-parallel degree (required, here or in --layout)")->check(ucp::apps::AtLeast(1));
+  LayoutFlag<int>(app, c.layout_flags, "--tp", "tp", "tensor-parallel degree (required, here or in --layout)")->check(ucp::apps::AtLeast(1));
+  LayoutFlag<int>(app, c.layout_flags, "--pp", "pp", "pipeline-parallel degree (required, here or in --layout)")->check(ucp::apps::AtLeast(1));
+  LayoutFlag<int>(app, c.layout_flags, "--sp", "sp",
        "DeepSpeed Ulysses sequence-parallel degree: each of the --dp replicas runs on sp ranks (GPUs = dp x sp x tp x "
        "pp), ZeRO partitions span dp x sp ranks; it divides the query heads per TP rank and the sequence length, "
        "pp=1 (default: the source's, from its Megatron args, else 1)")->check(ucp::apps::AtLeast(1));
-  LayoutFlag<int>(app, flags, "--zero-stage", "zero_stage",
+  LayoutFlag<int>(app, c.layout_flags, "--zero-stage", "zero_stage",
        "ZeRO stage: 0 (without ZeRO: bf16 with DeepSpeed's BF16 optimizer; a Mixture-of-Experts model in fp32 with its "
        "torch optimizer, the state in expp_rank files), 1, 2, or 3 (pp=1) (required, here or in --layout)")
       ->check(CLI::Range(0, 3));
-  LayoutFlag<int>(app, flags, "--ep", "ep",
+  LayoutFlag<int>(app, c.layout_flags, "--ep", "ep",
        "Mixture of Experts: the expert-parallel degree of the target job (DeepSpeed's ep_size), dividing --dp x --tp "
        "and each MoE layer's expert count, at least --tp (default: the source's)")->check(ucp::apps::AtLeast(1));
-  LayoutFlag<std::string>(app, flags, "--dtype", "dtype", "training dtype: fp16, bf16 or fp32 (default: the source job's; another is said as \"fp32 -> bf16\")")
+  LayoutFlag<std::string>(app, c.layout_flags, "--dtype", "dtype", "training dtype: fp16, bf16 or fp32 (default: the source job's; another is said as \"fp32 -> bf16\")")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
-  LayoutFlag<std::string>(app, flags, "--grad-accum-dtype", "grad_accum_dtype",
+  LayoutFlag<std::string>(app, c.layout_flags, "--grad-accum-dtype", "grad_accum_dtype",
        "the dtype gradients accumulate in (DeepSpeed's data_types.grad_accum_dtype); with --dtype bf16 --zero-stage 1, "
        "fp32 writes DeepSpeed's BF16 optimizer files, bf16 ZeRO's. Default: the source's")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
-  LayoutFlag<std::string>(app, flags, "--ds-version", "ds_version",
+  LayoutFlag<std::string>(app, c.layout_flags, "--ds-version", "ds_version",
        "the DeepSpeed release the resumed job runs (e.g. 0.14.5), where the checkpoint does not record it or the job "
        "runs another: it decides what changed between releases that no file shows (Mixture of Experts: the scale of "
        "an expert's Adam moments, expp_rank files under ZeRO). Default: the source's")
       ->check(CLI::Validator(
           [](std::string& v) { return ucp::reshard::IsReleaseVersion(v) ? std::string() : "not a release such as 0.14.5"; },
           "RELEASE"));
-  LayoutFlag<std::string>(app, flags, "--partition-method", "partition_method",
+  LayoutFlag<std::string>(app, c.layout_flags, "--partition-method", "partition_method",
        "pipeline partitioning as DeepSpeed computes it: type:REGEX (default type:transformer, as Megatron-DeepSpeed), "
        "uniform, parameters, or explicit layer-spec boundaries such as 0,4,9");
-  LayoutFlag<std::string>(app, flags, "--model", "model",
+  LayoutFlag<std::string>(app, c.layout_flags, "--model", "model",
        "the target model: pipe (a DeepSpeed PipelineModule: layer_* files, GPTModelPipe names) or plain (not one: "
        "weights under `module` of mp_rank_XX_model_states.pt, GPTModel names); default the source's, pp>1 always "
        "pipe, ZeRO-3 always plain")
       ->check(CLI::IsMember({"pipe", "plain"}));
-  LayoutFlag<int64_t>(app, flags, "--make-vocab-size-divisible-by", "make_vocab_size_divisible_by",
+  LayoutFlag<int64_t>(app, c.layout_flags, "--make-vocab-size-divisible-by", "make_vocab_size_divisible_by",
        "vocabulary padding multiple per TP rank (default: the source's)")->check(ucp::apps::AtLeast(1));
-  CLI::Option* share_flag = app.add_option("--share-buffer", o.share_bytes,
+  return layout;
+}
+
+// The exchange of the pieces several target ranks need; returned, as only a layout's run has one.
+std::vector<CLI::Option*> AddExchangeFlags(CLI::App& app, ReshardCommand& c) {
+  CLI::Option* share = app.add_option("--share-buffer", c.options.share_bytes,
                  "memory per rank for pieces several target ranks need (TP-replicated parameters, the tied "
                  "embedding), read once and sent over MPI (e.g. 64M, 1G; default 256M; 0: each reads its own)")
       ->transform(CLI::AsSizeValue(false))
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 44));
-  CLI::Option* buffer_flag = app.add_option("--buffer", o.exchange_round_bytes,
+  CLI::Option* buffer = app.add_option("--buffer", c.options.exchange_round_bytes,
                  "bytes each rank sends (and receives) per round of that exchange (e.g. 64K, 16M; default 8M)")
       ->transform(CLI::AsSizeValue(false))
       ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
-  auto& g = o.planner;
+  return {share, buffer};
+}
+
+// --gpus: the layout chosen by the planner, and the facts it weighs.
+void AddPlannerFlags(CLI::App& app, ucp::reshard::PlannerRequest& g) {
   CLI::Option* gpus_flag = app.add_option("--gpus", g.gpus,
                  "choose the layout for this many GPUs instead of giving --dp/--tp/--pp/--zero-stage (those given "
                  "are kept): the valid layouts, their memory per GPU, and the preferred one that fits; with "
@@ -205,6 +212,10 @@ int main(int argc, char** argv) {
                  "or none (default: the checkpoint's args, else none)")
       ->check(CLI::IsMember({"full", "none"}))
       ->needs(gpus_flag);
+}
+
+// What a run prints, and what it may replace.
+void AddRunFlags(CLI::App& app, ucp::reshard::ReshardOptions& o) {
   app.add_flag("--plan-only", o.plan_only,
                "print which rank writes what and the bytes it reads (with --gpus: the layouts considered); no data read");
   app.add_flag("--json", o.json, "with --plan-only: as JSON (with --in-place: schemas/in-place-plan.schema.json)");
@@ -213,123 +224,33 @@ int main(int argc, char** argv) {
                "and a `latest` naming a tag it did not write, is refused by name");
   app.add_option("--report", o.report_path, "write a JSON report: seconds, bytes read per rank, peak RSS");
   app.add_flag("-q,--quiet", o.quiet, "print errors only");
+}
+
+// The names of the flags among `flags` that the command line gave, in that order.
+std::vector<std::string> NamesGiven(const std::vector<CLI::Option*>& flags) {
+  std::vector<std::string> names;
+  for (CLI::Option* flag : flags)
+    if (flag->count() > 0) names.push_back(flag->get_name());
+  return names;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{kDescription};
+  ReshardCommand c;
+  CLI::Option* keep = AddInputFlags(app, c);
+  const std::vector<CLI::Option*> hf_only = AddModelFlags(app, c);
+  CLI::Option* layout = AddLayoutFlags(app, c);
+  const std::vector<CLI::Option*> exchange = AddExchangeFlags(app, c);
+  AddPlannerFlags(app, c.options.planner);
+  AddRunFlags(app, c.options);
   if (auto status = ucp::apps::ParseCommandLine(app, argc, argv, "ucp-reshard")) return *status;
-  std::vector<std::string> given;
-  try {  // a --layout file that is not a layout: refused as input (exit 1)
-    if (!layout_file.empty()) t = ucp::reshard::ReadLayoutFile(layout_file, t, &given);
-  } catch (const ucp::Error& e) {
-    std::cerr << "ucp-reshard: error: " << e.what() << "\n";
-    return 1;
-  }
-  try {  // flags that name a layout wrongly: a command-line error
-    t = ucp::reshard::ApplyLayout(flags, t, "the command line", &given);
-  } catch (const ucp::Error& e) {
-    std::cerr << "ucp-reshard: error: " << e.what() << "\n";
-    return ucp::apps::kCommandLineError;
-  }
-  ip.given = given;
-  if (o.format == "hf") {
-    // A model has no layout: only the precision is the user's to choose.
-    for (CLI::Option* layout_only : {layout_flag, keep_flag, share_flag, buffer_flag})
-      if (layout_only->count() > 0) {
-        std::cerr << "ucp-reshard: error: --format hf writes a model of whole tensors: no " << layout_only->get_name()
-                  << " (only --dtype, --max-shard-size, --model-config)\n";
-        return ucp::apps::kCommandLineError;
-      }
-    for (const auto& key : given)
-      if (key != "dtype") {
-        std::string flag_name = key;
-        std::replace(flag_name.begin(), flag_name.end(), '_', '-');
-        std::cerr << "ucp-reshard: error: --format hf writes a model of whole tensors: no --" << flag_name
-                  << " (only --dtype, --max-shard-size, --model-config)\n";
-        return ucp::apps::kCommandLineError;
-      }
-    if (in_place || g.gpus > 0) {
-      std::cerr << "ucp-reshard: error: --format hf writes a model into -o OUT: no " << (in_place ? "--in-place" : "--gpus") << "\n";
-      return ucp::apps::kCommandLineError;
-    }
-    o.model.dtype = t.dtype;
-    if (!model_config.empty()) {
-      try {
-        const std::optional<std::string> text = ucp::ReadWholeFile(model_config);
-        if (!text) throw ucp::Error("cannot be read");
-        o.model.model_config = nlohmann::json::parse(*text);
-        o.model.model_config_text = *text;
-        if (!o.model.model_config.is_object()) throw ucp::Error("not a JSON object");
-        o.model.model_config_path = model_config;
-      } catch (const std::exception& e) {
-        std::cerr << "ucp-reshard: error: " << model_config << ": not a JSON object of model facts: " << e.what() << "\n";
-        return 1;
-      }
-    }
-    if (!o.plan_only && o.output.empty()) {
-      std::cerr << "ucp-reshard: error: an output folder is required (-o OUT), or --plan-only\n";
-      return ucp::apps::kCommandLineError;
-    }
-    if (o.json && !o.plan_only) {
-      std::cerr << "ucp-reshard: error: --json goes with --plan-only\n";
-      return ucp::apps::kCommandLineError;
-    }
-    o.progress = ::isatty(STDERR_FILENO);
-    ucp::h5::InitializeBeforeMpi();
-    auto comm = ucp::shuffle::MakeWorldComm(&argc, &argv);
-    if (ucp::reshard::IsCheckpointRoot(o.atomic_dir)) {  // a training run's root: its atomic checkpoint found or made first
-      ip.root = o.atomic_dir, ip.strict = !no_strict, ip.reshard = o, ip.plan_only = o.plan_only, ip.json = o.json;
-      ip.patterns_dir = ucp::patterns::DefaultPatternsDir(), ip.progress = o.progress;
-      return ucp::reshard::RunFromRoot(ip, *comm, std::cout, std::cerr);
-    }
-    return ucp::reshard::RunReshard(o, *comm, std::cout, std::cerr);
-  }
-  for (CLI::Option* only_hf : {model_config_flag, max_shard_flag})
-    if (only_hf->count() > 0) {
-      std::cerr << "ucp-reshard: error: " << only_hf->get_name() << " goes with --format hf\n";
-      return ucp::apps::kCommandLineError;
-    }
-  if (g.gpus > 0) {
-    g.base = t;
-    for (const char* key : {"dp", "sp", "tp", "pp", "zero_stage"})
-      if (std::find(given.begin(), given.end(), key) != given.end()) g.fixed.push_back(key);
-  } else if (auto missing = ucp::reshard::MissingLayoutKeys(given); !missing.empty()) {
-    std::string key = missing.front(), flag_name = key;
-    std::replace(flag_name.begin(), flag_name.end(), '_', '-');
-    std::cerr << "ucp-reshard: error: no " << key << ": give --" << flag_name << " or \"" << key
-              << "\" in a --layout file, or --gpus N to choose the layout\n";
-    return ucp::apps::kCommandLineError;
-  }
-  if (o.json && !o.plan_only) {
-    std::cerr << "ucp-reshard: error: --json goes with --plan-only (a run prints its summary as text; --report FILE "
-                 "writes it as JSON)\n";
-    return ucp::apps::kCommandLineError;
-  }
-  o.progress = ::isatty(STDERR_FILENO);
-  if (in_place) {
-    if (!o.output.empty() || o.force) {
-      std::cerr << "ucp-reshard: error: --in-place writes beside the checkpoint it reads: no -o or --force\n";
-      return 2;
-    }
-    ip.plan_only = o.plan_only, ip.json = o.json;
-    ip.root = o.atomic_dir, ip.strict = !no_strict;
-    ip.reshard = o;
-    ip.patterns_dir = ucp::patterns::DefaultPatternsDir();
-    ip.progress = o.progress;
-    ucp::h5::InitializeBeforeMpi();
-    auto comm = ucp::shuffle::MakeWorldComm(&argc, &argv);
-    return ucp::reshard::RunInPlace(ip, *comm, std::cout, std::cerr);
-  }
-  if (ip.keep > 0) {
-    std::cerr << "ucp-reshard: error: --keep only applies with --in-place\n";
-    return 2;
-  }
-  if (!o.plan_only && o.output.empty()) {
-    std::cerr << "ucp-reshard: error: an output folder is required (-o OUT), or --plan-only\n";
-    return 2;
-  }
+  c.layout_only_given = NamesGiven({layout, keep, exchange[0], exchange[1]});
+  c.hf_only_given = NamesGiven(hf_only);
+  if (auto status = ucp::reshard::SettleCommand(c, std::cerr)) return *status;
+  c.options.progress = ::isatty(STDERR_FILENO);
   ucp::h5::InitializeBeforeMpi();  // before MPI_Init: see h5/h5.h
   auto comm = ucp::shuffle::MakeWorldComm(&argc, &argv);
-  if (ucp::reshard::IsCheckpointRoot(o.atomic_dir)) {  // a training run's root (a Trainer checkpoint-N): its atomic checkpoint found or made first
-    ip.root = o.atomic_dir, ip.strict = !no_strict, ip.reshard = o, ip.plan_only = o.plan_only, ip.json = o.json;
-    ip.patterns_dir = ucp::patterns::DefaultPatternsDir(), ip.progress = o.progress;
-    return ucp::reshard::RunFromRoot(ip, *comm, std::cout, std::cerr);
-  }
-  return ucp::reshard::RunReshard(o, *comm, std::cout, std::cerr);
+  return ucp::reshard::RunCommand(c, *comm, std::cout, std::cerr);
 }

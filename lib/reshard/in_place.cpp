@@ -14,6 +14,7 @@
 #include "core/output_lock.h"
 #include "formats/registry.h"
 #include "reshard/claim.h"
+#include "reshard/latest_tag.h"
 #include "shuffle/agree.h"
 #include "source/source_index.h"
 #include "store/atomic_store.h"
@@ -27,113 +28,6 @@ namespace fs = std::filesystem;
 using shuffle::AnyFailed;
 using shuffle::Capture;
 constexpr const char* kTool = "ucp-reshard";
-
-nlohmann::json ReadJsonFile(const std::string& path) {
-  const std::optional<std::string> text = ReadWholeFile(path);
-  if (!text) throw Error(path + ": cannot read");
-  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw Error(path + ": not a JSON object");
-  return j;
-}
-
-// A JSON object file read leniently, for what decides only whether to reuse or remove: a file that
-// is missing or malformed reads as an empty object.
-nlohmann::json ReadJsonLeniently(const std::string& path) {
-  nlohmann::json j = nlohmann::json::parse(ReadWholeFile(path).value_or(""), nullptr, false);
-  return j.is_object() ? j : nlohmann::json::object();
-}
-
-// A string field, or "" when it is absent or not a string.
-std::string StringField(const nlohmann::json& j, const char* key) {
-  const auto it = j.find(key);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
-}
-
-// What `latest` names, as far as the in-place step needs it.
-struct Current {
-  std::string tag, dir;
-  std::string kind;            // "native", "resharded" (a tag this step wrote) or "atomic"
-  bool layout_known = false;   // not for an atomic checkpoint
-  TargetLayout layout;         // dp, tp, pp, zero_stage, dtype, model (naming)
-  std::string source_tag;      // the tag new folders are named after
-  std::string atomic;          // the atomic checkpoint that may serve (folder name in the root)
-  // `atomic` is DeepSpeed's own universal folder that the resharded tag `latest` names was written from
-  // (by an earlier ucp): read-only. A native tag's is never reused (see not_reused).
-  bool deepspeed_universal = false;
-  std::string not_reused;      // why ROOT/<tag>_universal is left as it is (one sentence), or ""
-};
-
-// The layout a native tag's files record.
-TargetLayout LayoutOf(const source::SourceIndex& L) {
-  TargetLayout t;
-  t.dp = L.DataParallel(), t.sp = L.sp, t.tp = L.tp, t.pp = L.pp, t.zero_stage = L.zero_stage;
-  t.dtype = L.dtype, t.model = L.naming;
-  t.grad_accum_dtype = GradAccumDtypeOf(L.grad_accum_dtype, L.optimizer, L.zero_stage, L.dtype);
-  if (L.moe) t.ep = L.ep;
-  t.ds_version = L.ds_version;
-  return t;
-}
-
-Current ReadCurrent(const std::string& root) {
-  Current c;
-  const std::string latest = root + "/latest";
-  if (!fs::exists(latest)) throw Error(root + ": no `latest` file: --in-place takes the checkpoint root a training run saves into");
-  c.tag = source::ReadLatestTag(root);
-  c.dir = root + "/" + c.tag;
-  if (!fs::is_directory(c.dir)) throw Error(latest + " names '" + c.tag + "', which is not a folder of " + root);
-  if (fs::exists(c.dir + "/" + store::kManifestName)) {
-    const nlohmann::json m = ReadJsonFile(c.dir + "/" + store::kManifestName);
-    c.kind = "atomic", c.atomic = c.tag;
-    c.source_tag = WithContext(c.dir + "/" + store::kManifestName, [&] { return m.at("source").at("tag").get<std::string>(); });
-    RequirePlainName(c.source_tag, c.dir + "/" + store::kManifestName + ": source.tag");
-    return c;
-  }
-  c.layout_known = true;
-  if (fs::exists(c.dir + "/" + source::kReshardMarker)) {
-    const std::string path = c.dir + "/" + source::kReshardMarker;
-    const nlohmann::json m = ReadJsonFile(path);
-    WithContext(path, [&] {
-      c.kind = "resharded";
-      c.source_tag = m.at("source_tag").get<std::string>();
-      c.atomic = m.at("atomic").get<std::string>();
-      std::vector<std::string> given;
-      c.layout = ApplyLayout(m.at("layout"), TargetLayout{}, path, &given);
-      c.layout.model = m.at("naming").get<std::string>();
-    });
-    RequirePlainName(c.source_tag, path + ": source_tag");
-    RequirePlainName(c.atomic, path + ": atomic");
-    // written from DeepSpeed's own universal folder, which it reused as it is: reused again
-    c.deepspeed_universal = store::IsDeepSpeedUniversal(root + "/" + c.atomic);
-    return c;
-  }
-  const source::SourceIndex L = formats::IndexSource(c.dir);
-  if (!L.errors.empty()) throw Error(L.errors.front());
-  c.kind = "native", c.source_tag = c.tag, c.atomic = c.tag + "_universal";
-  // ROOT/<tag>_universal that ucp did not write is the user's: never converted into, never replaced,
-  // never reused: DeepSpeed's own (ds_to_universal.py) records nothing of the files it read, so
-  // whether it holds the tag's values now (not those of a save since) cannot be shown. ucp converts
-  // beside it, into an atomic checkpoint whose manifest records the tag's fingerprint.
-  const std::string theirs = root + "/" + c.atomic;
-  // ucp's: its manifest, its journal, or its lock (a conversion killed before its journal), or empty.
-  const bool ucps = fs::exists(theirs + "/" + store::kManifestName) || fs::exists(theirs + "/" + store::kJournalDir) ||
-                    fs::exists(theirs + "/" + OutputLock::kFileName) || (fs::is_directory(theirs) && fs::is_empty(theirs));
-  if (fs::exists(theirs) && !ucps) {
-    c.atomic = c.tag + "_ucp_universal";
-    c.not_reused = theirs + (store::IsDeepSpeedUniversal(theirs)
-                                 ? " is DeepSpeed's universal checkpoint, which records nothing of the files it was made "
-                                   "from (" + c.tag + " may have been saved again since): not reused, left as it is"
-                                 : " is not ucp's: left as it is");
-  }
-  c.layout = LayoutOf(L);
-  return c;
-}
-
-std::string Describe(const TargetLayout& t) { return t.Degrees() + " " + t.dtype; }
-
-// "<tag> (<layout>, <kind>)": how messages name the checkpoint `latest` names.
-std::string Was(const Current& c) {
-  return c.tag + " (" + (c.layout_known ? Describe(c.layout) + ", " : "") + c.kind + ")";
-}
 
 // Whether `current` has every key given beside --gpus (dp, sp, tp, pp, zero_stage, and the
 // precision: dtype, grad_accum_dtype) as `target` names it.
@@ -159,20 +53,6 @@ bool Same(const TargetLayout& current, const TargetLayout& target) {
          (target.model.empty() || target.model == current.model) && (target.ep == 0 || target.ep == std::max(1, current.ep)) &&
          (target.grad_accum_dtype.empty() || target.bf16_optimizer() == current.bf16_optimizer()) &&
          (target.ds_version.empty() || target.ds_version == current.ds_version);
-}
-
-// Whether the atomic checkpoint ROOT/<name> is complete and was converted from `current`'s files.
-bool Reusable(const std::string& root, const Current& current) {
-  const std::string dir = root + "/" + current.atomic;
-  const std::string manifest = dir + "/" + store::kManifestName;
-  if (current.deepspeed_universal) return true;  // what the resharded tag was written from (ReadCurrent)
-  if (!fs::exists(manifest) || fs::exists(dir + "/" + store::kJournalDir)) return false;
-  if (current.kind != "native") return true;  // the atomic checkpoint a resharded tag was written from
-  const nlohmann::json m = ReadJsonLeniently(manifest);
-  const auto src = m.find("source");
-  if (src == m.end() || !src->is_object()) return false;
-  const std::string fingerprint = StringField(*src, "fingerprint");
-  return !fingerprint.empty() && fingerprint == source::FolderFingerprint(current.dir);
 }
 
 // The target the step writes, resolved in one place for the dry run and the step: what the user
@@ -218,7 +98,7 @@ struct StepPlan {
 // Whether `t` is the layout of the native tag a resharded `current` was made from, and that tag is
 // unchanged since (its fingerprint now is the one the atomic checkpoint's manifest, `job`, recorded
 // when it was converted from it): then `latest` can name that tag again, and nothing is written.
-bool ReturnsToSource(const std::string& root, const Current& current, const Target& t, const nlohmann::json& job) {
+bool ReturnsToSource(const std::string& root, const LatestTag& current, const Target& t, const nlohmann::json& job) {
   const std::string dir = root + "/" + current.source_tag, fingerprint = StringField(job, "fingerprint");
   if (current.kind != "resharded" || StringField(job, "tag") != current.source_tag || fingerprint.empty() ||
       !fs::is_directory(dir) || fs::exists(dir + "/" + source::kReshardMarker) || source::FolderFingerprint(dir) != fingerprint)
@@ -229,7 +109,7 @@ bool ReturnsToSource(const std::string& root, const Current& current, const Targ
   return L.errors.empty() && Same(LayoutOf(L), want);
 }
 
-StepPlan PlanStep(const InPlaceOptions& o, const std::string& root, const Current& current, TargetLayout target) {
+StepPlan PlanStep(const InPlaceOptions& o, const std::string& root, const LatestTag& current, TargetLayout target) {
   StepPlan p;
   p.reuse = Reusable(root, current);
   const std::string atomic = root + "/" + current.atomic;
@@ -279,36 +159,9 @@ int64_t FolderBytes(const std::string& dir) {
   return n;
 }
 
-// What the reshard after a conversion would refuse, refused before the conversion is done for
-// nothing: a model the target format refuses; of the `target` layout (nullptr: not known yet), a TP
-// degree the model's heads or FFN width do not divide and an SP layout UlyssesRefusal refuses.
-// Throws ucp::Error in the reshard's words.
-void RefuseBeforeConversion(const Current& current, const TargetLayout* target, const InPlaceOptions& o) {
-  const source::SourceIndex L = formats::IndexSource(current.dir);
-  // A target that judges the model itself (a model export) says now what it would refuse after.
-  if (const formats::TargetDriver& d = formats::FindTarget(o.reshard.format); d.check_source) d.check_source(L, o.reshard.model);
-  if (!target) return;
-  std::vector<std::string> names;
-  for (const auto& p : L.params) names.push_back(p.name);
-  if (L.naming == "plain" && !names.empty() && !GptModelNames(names)) {  // a plain engine around another model
-    if (const std::string why = ModuleLayoutRefusal(*target, L.tp, L.sp, names.front()); !why.empty()) throw Error("target " + why);
-    return;
-  }
-  ModelFacts facts;
-  facts.heads = std::max<int64_t>(0, L.Fact("num_attention_heads"));
-  facts.kv_heads = std::max<int64_t>(0, L.Fact("num_key_value_heads"));
-  facts.ffn = std::max<int64_t>(0, L.Fact("ffn_hidden_size"));
-  facts.seq_length = std::max<int64_t>(0, L.Fact("seq_length"));
-  if (const std::string why = ModelTpRefusal(facts, target->tp); !why.empty()) throw Error("target " + why);
-  // The Ulysses rules Validate applies after the conversion (the source's SP unless --sp).
-  const int sp = target->sp > 0 ? target->sp : L.sp;
-  if (const std::string why = UlyssesRefusal(facts, target->tp, sp, target->pp, target->model == "pipe", L.moe); !why.empty())
-    throw Error("target " + why);
-}
-
 // What the step would refuse, refused by the dry run in its words: from the atomic checkpoint it
 // would reuse, the whole reshard plan (MakePlan validates); before a conversion, the model's names and heads.
-void RefuseAsTheStepWould(const InPlaceOptions& o, const std::string& atomic, const Current& current, const StepPlan& p) {
+void RefuseAsTheStepWould(const InPlaceOptions& o, const std::string& atomic, const LatestTag& current, const StepPlan& p) {
   if (p.reuse && p.known && !p.nothing && !p.point_back) {
     const Source S = LoadSource(atomic);
     MakePlan(S, ResolveModel(S, p.target.layout), 1, 0);
@@ -324,7 +177,7 @@ std::string ActionOf(bool nothing_to_do, const StepPlan& p) {
 }
 
 // The dry run's text: what the step would do, from its plan `j`.
-void PrintPlanText(const nlohmann::json& j, const std::string& root, const Current& current, const StepPlan& p,
+void PrintPlanText(const nlohmann::json& j, const std::string& root, const LatestTag& current, const StepPlan& p,
                    const std::string& why, std::ostream& out) {
   const std::string action = j["action"];
   const std::string atomic = root + "/" + current.atomic;
@@ -350,7 +203,7 @@ void PrintPlanText(const nlohmann::json& j, const std::string& root, const Curre
 
 // --in-place --plan-only: what the step would do (PlanStep, as the step plans it), from the
 // metadata alone; nothing written.
-int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& current, const TargetLayout& target,
+int PrintPlan(const InPlaceOptions& o, const std::string& root, const LatestTag& current, const TargetLayout& target,
               bool nothing_to_do, std::ostream& out, std::ostream& err) {
   nlohmann::json j = {{"root", root}, {"latest", current.tag}, {"kind", current.kind}};
   j["current_layout"] = current.layout_known ? current.layout.ToJson() : nlohmann::json(nullptr);
@@ -398,21 +251,11 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const Current& c
   return j["fits"].get<bool>() ? 0 : 1;
 }
 
-// The conversion of the tag `latest` names into `output`, a folder of ucp's (--force: what a killed
-// run left there goes).
-convert::ConvertOptions ConversionInto(const std::string& output, const InPlaceOptions& o, const Current& current) {
-  convert::ConvertOptions c;
-  // From the root, whose `latest` names it: the framework's files beside the tag (Trainer's) travel too.
-  c.source = fs::path(current.dir).parent_path().string(), c.output = output, c.force = true;
-  c.patterns_dir = o.patterns_dir, c.quiet = o.reshard.quiet, c.progress = o.progress, c.strict = o.strict;
-  return c;
-}
-
 // The atomic checkpoint of the tag `latest` names: ROOT/<current.atomic>, reused when it holds what
 // the tag holds now (a lock its converter, killed after its manifest, left there removed), else
 // converted into it (refused first when the step after it would refuse the layout `refuse`, where
 // not nullptr). Collective; empty when it failed (the lowest failing rank said why).
-std::string AtomicOfTag(const InPlaceOptions& o, const std::string& root, const Current& current, const TargetLayout* refuse,
+std::string AtomicOfTag(const InPlaceOptions& o, const std::string& root, const LatestTag& current, const TargetLayout* refuse,
                         shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
   const bool talk = comm.rank() == 0 && !o.reshard.quiet;
   bool reuse = false;
@@ -439,7 +282,7 @@ std::string AtomicOfTag(const InPlaceOptions& o, const std::string& root, const 
 
 // `latest` names the job's own tag again (StepPlan::point_back), under the root's lock; nothing
 // else is written (the iteration file, where there is one, names the same step).
-int PointBack(const InPlaceOptions& o, const std::string& root, const Current& current, const StepPlan& p,
+int PointBack(const InPlaceOptions& o, const std::string& root, const LatestTag& current, const StepPlan& p,
               shuffle::Comm& comm, std::ostream& err) {
   const std::string error = comm.rank() == 0 ? Capture([&] {
     OutputFolder folder(root, kTool, {"latest"});
@@ -465,7 +308,7 @@ void RefuseForeignScratch(const std::string& scratch) {
 // -o OUT from a training run's root: the scratch atomic checkpoint OUT/.ucp-scratch-atomic made
 // for the run, then `reshard` run from it, then the scratch removed whatever the outcome (with OUT
 // itself where the run created it and it is left empty). Collective.
-int ReshardThroughScratch(const InPlaceOptions& o, const Current& current, ReshardOptions r, shuffle::Comm& comm,
+int ReshardThroughScratch(const InPlaceOptions& o, const LatestTag& current, ReshardOptions r, shuffle::Comm& comm,
                           std::ostream& out, std::ostream& err) {
   const bool talk = comm.rank() == 0 && !o.reshard.quiet;
   const std::string scratch = r.output + "/" + kScratchAtomic;
@@ -493,6 +336,41 @@ int ReshardThroughScratch(const InPlaceOptions& o, const Current& current, Resha
   return code;
 }
 
+// Step 3's reshard: from the atomic checkpoint beside the tag into ROOT/<target tag>, with the
+// marker naming where it came from.
+ReshardOptions ReshardInPlace(const InPlaceOptions& o, const std::string& root, const LatestTag& current, const Target& target) {
+  ReshardOptions r = o.reshard;
+  r.atomic_dir = root + "/" + current.atomic, r.output = root, r.in_place = true;
+  r.planner = PlannerRequest{};
+  r.target = target.layout;
+  r.output_tag = target.tag;
+  r.marker = {{"tool", kTool}, {"ucp_version", UCP_VERSION}, {"created", OutputTimestamp()},
+              {"source_tag", current.source_tag}, {"atomic", current.atomic}, {"layout", target.layout.ToJson()},
+              {"naming", target.naming}};
+  return r;
+}
+
+// Step 5, once `latest` names the new tag: --keep N removes the older tags written in place; then
+// how to roll back is said (the tag `latest` named, unless --keep removed it). Collective.
+int KeepNewest(const InPlaceOptions& o, const std::string& root, const LatestTag& current, const Target& target,
+               shuffle::Comm& comm, std::ostream& err) {
+  const bool talk = comm.rank() == 0 && !o.reshard.quiet;
+  std::string rollback = current.tag;
+  const std::string error = comm.rank() == 0 ? Capture([&] {
+    if (o.keep <= 0) return;
+    for (const auto& name : Removable(root, target.tag, o.keep)) {
+      if (talk) err << kTool << ": --keep " << o.keep << ": `latest` names " << target.tag << " already; removing " << root << "/" << name << "\n";
+      fs::remove_all(root + "/" + name);
+      if (name == rollback) rollback = current.source_tag;
+    }
+  }) : "";
+  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (talk)
+    err << kTool << ": " << root << "/latest now names " << target.tag << " (" << Describe(target.layout) << "); to roll back, "
+        << "write " << rollback << " into it\n";
+  return 0;
+}
+
 }  // namespace
 
 bool IsCheckpointRoot(const std::string& dir) {
@@ -501,10 +379,10 @@ bool IsCheckpointRoot(const std::string& dir) {
 
 int RunFromRoot(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
   const std::string root = fs::path(o.root).lexically_normal().string();
-  Current current;
+  LatestTag current;
   bool reusable = false;
   std::string error = Capture([&] {
-    current = ReadCurrent(root);
+    current = ReadLatest(root);
     if (!o.plan_only) RefuseOutputWithin(o.reshard.output, current.dir, "the checkpoint folder");
     // -o the root itself (or a folder around it): refused as the input it is, before any claim.
     std::error_code ec;
@@ -550,11 +428,11 @@ std::string InPlaceTag(const std::string& source_tag, const TargetLayout& t) {
 int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
   const bool talk = comm.rank() == 0 && !o.reshard.quiet;
   const std::string root = fs::path(o.root).lexically_normal().string();
-  Current current;
+  LatestTag current;
   TargetLayout target = o.reshard.target;
   bool nothing_to_do = false;
   std::string error = Capture([&] {
-    current = ReadCurrent(root);
+    current = ReadLatest(root);
     if (!current.layout_known) return;
     if (std::find(o.given.begin(), o.given.end(), "dtype") == o.given.end())
       target.dtype = current.layout.dtype;  // the training dtype stays unless --dtype says
@@ -597,14 +475,7 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
   }
   if (plan.point_back) return PointBack(o, root, current, plan, comm, err);
 
-  ReshardOptions r = o.reshard;
-  r.atomic_dir = root + "/" + current.atomic, r.output = root, r.in_place = true;
-  r.planner = PlannerRequest{};
-  r.target = plan.target.layout;
-  r.output_tag = plan.target.tag;
-  r.marker = {{"tool", kTool}, {"ucp_version", UCP_VERSION}, {"created", OutputTimestamp()},
-              {"source_tag", current.source_tag}, {"atomic", current.atomic}, {"layout", plan.target.layout.ToJson()},
-              {"naming", plan.target.naming}};
+  const ReshardOptions r = ReshardInPlace(o, root, current, plan.target);
   if (r.output_tag == current.tag) {
     if (talk) err << kTool << ": error: " << current.tag << " is named after the target layout but is not it\n";
     return 1;
@@ -617,20 +488,7 @@ int RunInPlace(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out, 
           << "ucp-convert " << current.dir << " -o " << r.atomic_dir << " --force\n";
     return 1;
   }
-  std::string rollback = current.tag;  // the tag `latest` named, unless --keep removed it
-  error = comm.rank() == 0 ? Capture([&] {
-    if (o.keep <= 0) return;
-    for (const auto& name : Removable(root, r.output_tag, o.keep)) {
-      if (talk) err << kTool << ": --keep " << o.keep << ": `latest` names " << r.output_tag << " already; removing " << root << "/" << name << "\n";
-      fs::remove_all(root + "/" + name);
-      if (name == rollback) rollback = current.source_tag;
-    }
-  }) : "";
-  if (AnyFailed(comm, error, err, kTool)) return 1;
-  if (talk)
-    err << kTool << ": " << root << "/latest now names " << r.output_tag << " (" << Describe(plan.target.layout) << "); to roll back, "
-        << "write " << rollback << " into it\n";
-  return 0;
+  return KeepNewest(o, root, current, plan.target, comm, err);
 }
 
 }  // namespace ucp::reshard

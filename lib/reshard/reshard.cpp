@@ -282,6 +282,259 @@ std::string ExpertMomentScaling(const Source& S, const TargetLayout& T) {
          "x in the target's " + job(TargetRelease(S, T), T.zero_stage, to_ep) + " (README, Mixture of Experts)";
 }
 
+// What a reshard works from: the atomic checkpoint, the target and the plan.
+struct Resharding {
+  Source S;
+  TargetLayout T;
+  LayoutChoice choice;  // with --gpus: the planner's
+  Plan P;               // not made for --gpus --plan-only (the layout chosen, not the work of writing it)
+  std::string tag;      // the source's, the target's folder name
+};
+
+// The atomic checkpoint loaded, the target layout resolved (chosen with --gpus) and the plan made.
+// Throws ucp::Error.
+Resharding PlanReshard(const ReshardOptions& o, int ranks) {
+  Resharding R;
+  if (!o.plan_only && !o.in_place) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
+  RefuseNonAtomicInput(o.atomic_dir);
+  R.S = LoadSource(o.atomic_dir);
+  WithContext(o.atomic_dir + "/" + store::kManifestName, [&] {
+    R.tag = R.S.manifest.at("source").at("tag").get<std::string>();
+    RequirePlainName(R.tag, "source.tag");
+  });
+  R.T = o.target;
+  if (o.planner.gpus > 0) {
+    R.choice = ChooseFor(R.S, o.planner);
+    if (R.choice.chosen < 0 && !o.plan_only) throw Error(R.choice.reason);
+    if (R.choice.chosen >= 0) R.T = R.choice.candidates[R.choice.chosen].layout;
+    if (o.plan_only) return R;
+  }
+  R.T = ResolveModel(R.S, R.T);
+  R.P = MakePlan(R.S, R.T, ranks, o.share_bytes);
+  return R;
+}
+
+// Rank 0's account of the run about to start: the layout chosen, from what to what, and what it
+// changes beyond moving values.
+void SayWhatIsDone(const ReshardOptions& o, const Resharding& R, const shuffle::Comm& comm, std::ostream& err) {
+  const Source& S = R.S;
+  const TargetLayout& T = R.T;
+  const Plan& P = R.P;
+  if (o.planner.gpus > 0) err << kTool << ": layout for " << o.planner.gpus << (o.planner.gpus == 1 ? " GPU: " : " GPUs: ") << R.choice.reason << "\n";
+  if (!R.choice.job_change.empty()) err << kTool << ": note: " << R.choice.job_change << "\n";
+  err << kTool << ": " << o.atomic_dir << " (" << S.atoms.size() << " parameters, from dp=" << S.manifest["source"]["dp"]
+      << (S.manifest["source"].value("sp", 1) > 1 ? " sp=" + S.manifest["source"]["sp"].dump() : "") << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"]
+      << (S.moe ? " ep=" + std::to_string(S.ep) : "") << ") to " << T.Describe(DdpBf16Wrapper(S, T)) << PrecisionChange(S, T)
+      << "; " << P.units.size()
+      << (T.zero_stage == 3 ? " (model-parallel, DP) ranks' files" : P.units.size() == 1 ? " model-parallel rank" : " model-parallel ranks")
+      << " on " << comm.name() << "\n";
+  if (ExpertMomentRatio(S, T) != 1.0) err << kTool << ": " << ExpertMomentScaling(S, T) << "\n";
+  if (P.padded_vocab > 0 && T.vocab_divisible_by <= 0 && S.divisible_by <= 0 && T.tp != S.tp)
+    err << kTool << ": note: the checkpoint has no args.make_vocab_size_divisible_by; " << DerivedDivisibleBy(S)
+        << " fits its padded_vocab_size " << S.padded_vocab << " at tp=" << S.tp << ", so the vocabulary is padded to "
+        << P.padded_vocab << " rows (--make-vocab-size-divisible-by to choose)\n";
+}
+
+// --plan-only as text: the stages, each unit's rank, reads and files, the pieces read once.
+void PrintPlanText(const Plan& P, const json& j, std::ostream& out) {
+  out << "stages (layer specs): ";
+  for (size_t s = 0; s + 1 < P.parts.size(); ++s) out << "[" << P.parts[s] << ", " << P.parts[s + 1] << ") ";
+  out << "\n";
+  for (const auto& u : j["units"])
+    out << "  pp=" << u["pp"] << " tp=" << u["tp"] << (u["dp"] >= 0 ? " dp=" + u["dp"].dump() : "") << " rank "
+        << u["rank"] << ": " << u["params"].size() << " parameters, reads "
+        << HumanBytes(u["bytes_read"].get<double>()) << ", writes " << u["optimizer_files"] << " optimizer file"
+        << (u["optimizer_files"] == 1 ? "\n" : "s\n");
+  int64_t across = 0;
+  for (const auto& sp : j["shared"]) across += sp["ranks"].size() > 1;
+  out << "  " << j["shared"].size() << " pieces needed by several units read once (" << across
+      << " of them sent to other ranks)\n";
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "reads %.3fx the atomic tensor bytes (%s of %s)\n", j["read_ratio"].get<double>(),
+                HumanBytes(j["bytes_read"].get<double>()).c_str(), HumanBytes(j["atomic_bytes"].get<double>()).c_str());
+  out << buf;
+}
+
+// The output folder of a run, claimed (core/commit.h, step 1): its markers are Megatron's iteration
+// file and `latest`, the commit point; it is refused when it holds something, unless --force (then
+// `latest` goes first, then what it named, and what killed runs left). In place, `latest` keeps
+// naming the checkpoint it named until the new one is complete.
+struct Claimed {
+  std::string tag, dir;  // the target's tag, and its folder
+  JobOutput job;         // the training framework's files beside the tag (Trainer's checkpoint-N), listed in the claim
+  std::unique_ptr<ClaimedOutput> claim;  // rank 0's
+};
+
+// Claims the output for R (collective). False when it failed (the lowest failing rank said why).
+bool ClaimTarget(const ReshardOptions& o, const Resharding& R, shuffle::Comm& comm, std::ostream& err, Claimed& c) {
+  const int rank = comm.rank();
+  const bool talk = rank == 0 && !o.quiet;
+  c.tag = o.output_tag.empty() ? R.tag : o.output_tag;
+  c.dir = o.output + "/" + c.tag;
+  c.job = PlanJobOutput(R.S, R.T, o.output, o.in_place);
+  std::vector<std::string> writes = {c.tag};
+  for (const auto& n : c.job.names()) writes.push_back(n);
+  if (talk)
+    for (const auto& note : c.job.notes) err << kTool << ": note: " << note << "\n";
+  // --force clears a complete checkpoint at the claim; a .pt store's atoms are otherwise checked as
+  // they are read, after it: checked first (the ranks share the files), so that a damaged input
+  // leaves the old output as it was.
+  if (!o.in_place && o.force && fs::exists(o.output + "/latest")) {
+    const std::string error = Capture([&] { VerifyAtomsShare(o.atomic_dir, rank, comm.size()); });
+    if (AnyFailed(comm, error, err, kTool)) return false;
+  }
+  std::string lock_note;
+  const std::string error = rank == 0 ? Capture([&] {
+    if (o.in_place) {
+      auto folder = std::make_unique<OutputFolder>(o.output, kTool, std::vector<std::string>{kIterationFile, "latest"}, &lock_note);
+      fs::remove_all(c.dir);  // what a killed run left: `latest` never named it
+      // the root, its markers and its other tags are the training run's: only the tag folder is this run's
+      c.claim = std::make_unique<ClaimedOutput>(std::move(folder), writes, false, false);
+    } else {
+      c.claim = ClaimOutput(o.output, o.atomic_dir, o.force, {kIterationFile, "latest"}, writes, "DeepSpeed checkpoint " + c.tag, &lock_note);
+    }
+    fs::create_directories(c.dir);
+  }) : "";
+  if (AnyFailed(comm, error, err, kTool)) return false;
+  if (talk && !lock_note.empty()) err << kTool << ": note: " << lock_note << "\n";
+  return true;
+}
+
+// Seconds since the last call: where this rank's time goes.
+class Lap {
+ public:
+  double operator()() {
+    const auto now = std::chrono::steady_clock::now();
+    return std::chrono::duration<double>(now - std::exchange(last_, now)).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
+
+// This rank's units written into `dir` from the pieces `held` (and the store), rank 0's progress
+// line on the way; the reads' and the writes' seconds into `seconds`. Throws ucp::Error.
+struct UnitsWritten {
+  int64_t bytes = 0, files = 0;
+  int64_t planned = 0;  // the atomic bytes the plan has this rank read for them
+};
+UnitsWritten WriteUnits(const ReshardOptions& o, const Resharding& R, const formats::TargetDriver& driver, HeldPieces& held,
+                        const std::string& dir, int rank, double* read_seconds) {
+  const Plan& P = R.P;
+  const bool talk = rank == 0 && !o.quiet;
+  int64_t my_bytes = 0;  // the atomic bytes of this rank's units, for rank 0's progress line
+  for (size_t k = 0; k < P.units.size(); ++k) my_bytes += P.owner[k] == rank ? P.units[k].bytes : 0;
+  ProgressLine progress(kTool, talk && o.progress, my_bytes);
+  UnitsWritten w;
+  ScratchBytes arena;
+  int64_t done = 0;
+  for (size_t k = 0; k < P.units.size(); ++k) {
+    if (P.owner[k] != rank) continue;
+    UnitSlices slices(R.S, held, P.units[k]);
+    const UnitFiles wrote = driver.write_unit(R.S, R.T, P, P.units[k], slices, dir, arena);
+    *read_seconds += slices.read_seconds();
+    w.bytes += wrote.bytes, w.files += wrote.files;
+    held.Done(P.units[k]);
+    w.planned += P.units[k].bytes;
+    progress.Update(done += P.units[k].bytes);
+  }
+  progress.Update(done, true);
+  return w;
+}
+
+// Every rank's share of the writing, up to the one sync: the shared pieces read by one rank each,
+// exchanged and held until their last unit is done, then this rank's units, then (rank 0) the job's
+// files. Collective. Returns this rank's record for the report, or nothing when it failed (the
+// claim taken back).
+std::optional<json> WriteTarget(const ReshardOptions& o, const Resharding& R, const formats::TargetDriver& driver,
+                                const Claimed& c, shuffle::Comm& comm, std::ostream& err) {
+  const int rank = comm.rank();
+  std::string error;
+  auto failed = [&] { return AnyFailedAbandoning(comm, error, err, c.claim.get()); };
+  json seconds = json::object();
+  Lap lap;
+  HeldPieces held(R.S, R.P, rank);
+  error = Capture([&] { held.ReadMine(); });
+  seconds["read_shared"] = lap();
+  if (failed()) return std::nullopt;
+  std::pair<int64_t, int64_t> exchanged{0, 0};
+  error = Capture([&] { exchanged = held.Exchange(comm, o.exchange_round_bytes); });
+  seconds["exchange"] = lap();
+  if (failed()) return std::nullopt;
+  int64_t planned = 0;
+  for (const auto& sp : R.P.shared) planned += sp.reader == rank ? sp.bytes : 0;
+  double unit_reads = 0;
+  UnitsWritten w;
+  error = Capture([&] { w = WriteUnits(o, R, driver, held, c.dir, rank, &unit_reads); });
+  planned += w.planned;
+  const double units = lap();
+  seconds["read"] = unit_reads, seconds["write"] = units - unit_reads;
+  // The shard files were written without an fsync each: one sync of the file system makes them
+  // durable together, on every rank, before rank 0 writes `latest` (core/commit.h, step 3).
+  if (error.empty() && rank == 0) error = Capture([&] { WriteJobOutput(R.S, c.job, o.output); });
+  if (error.empty()) error = Capture([&] { Seal(c.dir); });
+  seconds["sync"] = lap();
+  if (failed()) return std::nullopt;
+  // Bytes read as the store counts them: the slabs asked for, and what storage delivered for them
+  // (HDF5 reads whole chunks).
+  return json{{"rank", rank}, {"bytes_read", static_cast<int64_t>(R.S.reader->storage_bytes_read())},
+              {"slab_bytes", static_cast<int64_t>(R.S.reader->bytes_read())}, {"planned_bytes", planned},
+              {"bytes_written", w.bytes}, {"files_written", w.files},
+              {"exchange_rounds", exchanged.first}, {"exchange_bytes_sent", exchanged.second}, {"seconds", seconds},
+              {"peak_rss_bytes", PeakRssBytes()}};
+}
+
+// Step 4, `latest` last (rank 0): a run killed before it leaves no checkpoint DeepSpeed would load
+// (in place: `latest` still names the checkpoint it named). In place, the iteration file is kept
+// only where the training run keeps one. Throws ucp::Error.
+void CommitTarget(const ReshardOptions& o, const Resharding& R, const Claimed& c) {
+  if (o.in_place) WriteFileAtomically(c.dir + "/" + source::kReshardMarker, o.marker.dump(1) + "\n");
+  std::optional<std::string> iteration = std::to_string(R.S.manifest["source"]["iteration"].get<int64_t>());
+  if (o.in_place && !fs::exists(o.output + "/" + kIterationFile)) iteration.reset();
+  if (R.S.naming == Naming::Module) iteration.reset();  // Megatron's file: a plain engine's job keeps none
+  c.claim->folder().Mark({iteration, c.tag});
+}
+
+// Rank 0: the --report file and the summary line. False when the report cannot be written.
+bool ReportReshard(const ReshardOptions& o, const Resharding& R, const std::vector<std::string>& stats, int ranks,
+                   std::chrono::steady_clock::time_point t0, std::ostream& err) {
+  const RankTotals t = SumRanks(stats);
+  const int64_t total = t.bytes_read, peak = t.peak_rss;
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double ratio = R.P.needed_bytes ? static_cast<double>(total) / static_cast<double>(R.P.needed_bytes) : 1.0;
+  if (!WriteReport(o.report_path, {{"atomic", o.atomic_dir}, {"store", store::StoreName(R.S.reader->store())}, {"output", o.output},
+                                       {"ranks", ranks}, {"seconds", secs}, {"bytes_read", total}, {"atomic_bytes", R.P.needed_bytes},
+                                       {"read_ratio", ratio}, {"bytes_written", t.bytes_written}, {"per_rank", t.per_rank}}, err, kTool)) return false;
+  if (!o.quiet) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%s: wrote %s: read %s (%.3fx the atomic tensors) in %.2fs, peak RSS %s per rank\n",
+                  kTool, o.output.c_str(), HumanBytes(double(total)).c_str(), ratio, secs, HumanBytes(double(peak)).c_str());
+    err << buf;
+  }
+  return true;
+}
+
+// --plan-only: the layout chosen (with --gpus), or the plan of the files; rank 0 prints it.
+int PrintPlanOnly(const ReshardOptions& o, const Resharding& R, int rank, int ranks, std::ostream& out) {
+  if (o.planner.gpus > 0) {  // the layout chosen, not the work of writing it
+    if (rank == 0) {
+      if (o.json)
+        out << R.choice.ToJson(o.planner).dump(1) << "\n";
+      else
+        R.choice.Print(out, o.planner);
+    }
+    return R.choice.chosen >= 0 ? 0 : 1;
+  }
+  if (rank == 0) {
+    json j = PlanJson(R.S, R.T, R.P, ranks);
+    if (o.json)
+      out << j.dump(1) << "\n";
+    else
+      PrintPlanText(R.P, j, out);
+  }
+  return 0;
+}
+
 }  // namespace
 
 LayoutChoice ChooseLayoutFor(const std::string& atomic_dir, const PlannerRequest& request) {
@@ -292,11 +545,6 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   const int rank = comm.rank(), ranks = comm.size();
   const bool talk = rank == 0 && !o.quiet;
   const auto t0 = std::chrono::steady_clock::now();
-  Source S;
-  Plan P;
-  TargetLayout T;
-  LayoutChoice choice;
-  std::string tag;  // the source's, the target's folder name
   const formats::TargetDriver* target_driver = nullptr;
   std::string error = Capture([&] { target_driver = &formats::FindTarget(o.format); });
   if (AnyFailed(comm, error, err, kTool)) return 1;
@@ -304,192 +552,21 @@ int RunReshard(const ReshardOptions& o, shuffle::Comm& comm, std::ostream& out, 
   error = rank == 0 && !o.plan_only ? Capture([&] { store::CheckAtomsH5Whole(o.atomic_dir); }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;
   if (target_driver->plan_export) return RunExport(o, *target_driver, comm, out, err);
-  error = Capture([&] {
-    if (!o.plan_only && !o.in_place) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
-    RefuseNonAtomicInput(o.atomic_dir);
-    S = LoadSource(o.atomic_dir);
-    WithContext(o.atomic_dir + "/" + store::kManifestName, [&] {
-      tag = S.manifest.at("source").at("tag").get<std::string>();
-      RequirePlainName(tag, "source.tag");
-    });
-    T = o.target;
-    if (o.planner.gpus > 0) {
-      choice = ChooseFor(S, o.planner);
-      if (choice.chosen < 0 && !o.plan_only) throw Error(choice.reason);
-      if (choice.chosen >= 0) T = choice.candidates[choice.chosen].layout;
-      if (o.plan_only) return;
-    }
-    T = ResolveModel(S, T);
-    P = MakePlan(S, T, ranks, o.share_bytes);
-  });
+  Resharding R;
+  error = Capture([&] { R = PlanReshard(o, ranks); });
   if (AnyFailed(comm, error, err, kTool)) return 1;
-  if (o.planner.gpus > 0 && o.plan_only) {  // the layout chosen, not the work of writing it
-    if (rank == 0) {
-      if (o.json)
-        out << choice.ToJson(o.planner).dump(1) << "\n";
-      else
-        choice.Print(out, o.planner);
-    }
-    return choice.chosen >= 0 ? 0 : 1;
-  }
-  if (talk && o.planner.gpus > 0) err << kTool << ": layout for " << o.planner.gpus << (o.planner.gpus == 1 ? " GPU: " : " GPUs: ") << choice.reason << "\n";
-  if (talk && !choice.job_change.empty()) err << kTool << ": note: " << choice.job_change << "\n";
-  if (talk)
-    err << kTool << ": " << o.atomic_dir << " (" << S.atoms.size() << " parameters, from dp=" << S.manifest["source"]["dp"]
-        << (S.manifest["source"].value("sp", 1) > 1 ? " sp=" + S.manifest["source"]["sp"].dump() : "") << " tp=" << S.manifest["source"]["tp"] << " pp=" << S.manifest["source"]["pp"]
-        << (S.moe ? " ep=" + std::to_string(S.ep) : "") << ") to " << T.Describe(DdpBf16Wrapper(S, T)) << PrecisionChange(S, T)
-        << "; " << P.units.size()
-        << (T.zero_stage == 3 ? " (model-parallel, DP) ranks' files" : P.units.size() == 1 ? " model-parallel rank" : " model-parallel ranks")
-        << " on " << comm.name() << "\n";
-  if (talk && ExpertMomentRatio(S, T) != 1.0) err << kTool << ": " << ExpertMomentScaling(S, T) << "\n";
-  if (talk && P.padded_vocab > 0 && T.vocab_divisible_by <= 0 && S.divisible_by <= 0 && T.tp != S.tp)
-    err << kTool << ": note: the checkpoint has no args.make_vocab_size_divisible_by; " << DerivedDivisibleBy(S)
-        << " fits its padded_vocab_size " << S.padded_vocab << " at tp=" << S.tp << ", so the vocabulary is padded to "
-        << P.padded_vocab << " rows (--make-vocab-size-divisible-by to choose)\n";
-  if (o.plan_only) {
-    if (rank == 0) {
-      json j = PlanJson(S, T, P, ranks);
-      if (o.json) {
-        out << j.dump(1) << "\n";
-      } else {
-        out << "stages (layer specs): ";
-        for (size_t s = 0; s + 1 < P.parts.size(); ++s) out << "[" << P.parts[s] << ", " << P.parts[s + 1] << ") ";
-        out << "\n";
-        for (const auto& u : j["units"])
-          out << "  pp=" << u["pp"] << " tp=" << u["tp"] << (u["dp"] >= 0 ? " dp=" + u["dp"].dump() : "") << " rank "
-              << u["rank"] << ": " << u["params"].size() << " parameters, reads "
-              << HumanBytes(u["bytes_read"].get<double>()) << ", writes " << u["optimizer_files"] << " optimizer file"
-              << (u["optimizer_files"] == 1 ? "\n" : "s\n");
-        int64_t across = 0;
-        for (const auto& sp : j["shared"]) across += sp["ranks"].size() > 1;
-        out << "  " << j["shared"].size() << " pieces needed by several units read once (" << across
-            << " of them sent to other ranks)\n";
-        char buf[128];
-        std::snprintf(buf, sizeof buf, "reads %.3fx the atomic tensor bytes (%s of %s)\n", j["read_ratio"].get<double>(),
-                      HumanBytes(j["bytes_read"].get<double>()).c_str(), HumanBytes(j["atomic_bytes"].get<double>()).c_str());
-        out << buf;
-      }
-    }
-    return 0;
-  }
-
-  // The output folder, claimed (core/commit.h, step 1): its markers are Megatron's iteration file
-  // and `latest`, the commit point; it is refused when it holds something, unless --force (then
-  // `latest` goes first, then what it named, and what killed runs left). In place, `latest` keeps
-  // naming the checkpoint it named until the new one is complete.
-  const std::string out_tag = o.output_tag.empty() ? tag : o.output_tag;
-  const std::string dir = o.output + "/" + out_tag;
-  // The training framework's files beside the tag (Trainer's checkpoint-N), listed in the claim.
-  const JobOutput job = PlanJobOutput(S, T, o.output, o.in_place);
-  std::vector<std::string> writes = {out_tag};
-  for (const auto& n : job.names()) writes.push_back(n);
-  if (talk)
-    for (const auto& note : job.notes) err << kTool << ": note: " << note << "\n";
-  // --force clears a complete checkpoint at the claim; a .pt store's atoms are otherwise checked as
-  // they are read, after it: checked first (the ranks share the files), so that a damaged input
-  // leaves the old output as it was.
-  if (!o.in_place && o.force && fs::exists(o.output + "/latest")) {
-    error = Capture([&] { VerifyAtomsShare(o.atomic_dir, rank, comm.size()); });
-    if (AnyFailed(comm, error, err, kTool)) return 1;
-  }
-  std::unique_ptr<ClaimedOutput> claim;
-  std::string lock_note;
-  error = rank == 0 ? Capture([&] {
-    if (o.in_place) {
-      auto folder = std::make_unique<OutputFolder>(o.output, kTool, std::vector<std::string>{kIterationFile, "latest"}, &lock_note);
-      fs::remove_all(dir);  // what a killed run left: `latest` never named it
-      // the root, its markers and its other tags are the training run's: only the tag folder is this run's
-      claim = std::make_unique<ClaimedOutput>(std::move(folder), writes, false, false);
-    } else {
-      claim = ClaimOutput(o.output, o.atomic_dir, o.force, {kIterationFile, "latest"}, writes, "DeepSpeed checkpoint " + out_tag, &lock_note);
-    }
-    fs::create_directories(dir);
-  }) : "";
-  if (AnyFailed(comm, error, err, kTool)) return 1;
+  if (o.planner.gpus > 0 && o.plan_only) return PrintPlanOnly(o, R, rank, ranks, out);
+  if (talk) SayWhatIsDone(o, R, comm, err);
+  if (o.plan_only) return PrintPlanOnly(o, R, rank, ranks, out);
+  Claimed claimed;
+  if (!ClaimTarget(o, R, comm, err, claimed)) return 1;
   // From here a failure takes back what this run made.
-  auto failed = [&] { return AnyFailedAbandoning(comm, error, err, claim.get()); };
-  if (talk && !lock_note.empty()) err << kTool << ": note: " << lock_note << "\n";
-
-  // Where this rank's time goes: the shared pieces read and exchanged, the units' reads (while
-  // their files are written) and the rest of writing them, the one sync.
-  json seconds = json::object();
-  auto lap = [last = std::chrono::steady_clock::now()]() mutable {
-    const auto now = std::chrono::steady_clock::now();
-    return std::chrono::duration<double>(now - std::exchange(last, now)).count();
-  };
-  // The shared pieces first: read by one rank each, exchanged, held until their last unit is done.
-  HeldPieces held(S, P, rank);
-  error = Capture([&] { held.ReadMine(); });
-  seconds["read_shared"] = lap();
-  if (failed()) return 1;
-  std::pair<int64_t, int64_t> exchanged{0, 0};
-  error = Capture([&] { exchanged = held.Exchange(comm, o.exchange_round_bytes); });
-  seconds["exchange"] = lap();
-  if (failed()) return 1;
-  int64_t planned = 0;
-  for (const auto& sp : P.shared) planned += sp.reader == rank ? sp.bytes : 0;
-  double unit_reads = 0;
-  int64_t bytes_written = 0, files_written = 0;
-  int64_t my_bytes = 0;  // the atomic bytes of this rank's units, for rank 0's progress line
-  for (size_t k = 0; k < P.units.size(); ++k) my_bytes += P.owner[k] == rank ? P.units[k].bytes : 0;
-  ProgressLine progress(kTool, talk && o.progress, my_bytes);
-  error = Capture([&] {
-    ScratchBytes arena;
-    int64_t done = 0;
-    for (size_t k = 0; k < P.units.size(); ++k) {
-      if (P.owner[k] != rank) continue;
-      UnitSlices slices(S, held, P.units[k]);
-      const UnitFiles wrote = target_driver->write_unit(S, T, P, P.units[k], slices, dir, arena);
-      unit_reads += slices.read_seconds();
-      bytes_written += wrote.bytes, files_written += wrote.files;
-      held.Done(P.units[k]);
-      planned += P.units[k].bytes;
-      progress.Update(done += P.units[k].bytes);
-    }
-    progress.Update(done, true);
-  });
-  const double units = lap();
-  seconds["read"] = unit_reads, seconds["write"] = units - unit_reads;
-  // The shard files were written without an fsync each: one sync of the file system makes them
-  // durable together, on every rank, before rank 0 writes `latest` (core/commit.h, step 3).
-  if (error.empty() && rank == 0) error = Capture([&] { WriteJobOutput(S, job, o.output); });
-  if (error.empty()) error = Capture([&] { Seal(dir); });
-  seconds["sync"] = lap();
-  if (failed()) return 1;
-  // Bytes read as the store counts them: the slabs asked for, and what storage delivered for them
-  // (HDF5 reads whole chunks).
-  json mine = {{"rank", rank}, {"bytes_read", static_cast<int64_t>(S.reader->storage_bytes_read())},
-               {"slab_bytes", static_cast<int64_t>(S.reader->bytes_read())}, {"planned_bytes", planned},
-               {"bytes_written", bytes_written}, {"files_written", files_written},
-               {"exchange_rounds", exchanged.first}, {"exchange_bytes_sent", exchanged.second}, {"seconds", seconds},
-               {"peak_rss_bytes", PeakRssBytes()}};
-  auto stats = comm.GatherToRoot(mine.dump());
-  error = rank == 0 ? Capture([&] {
-    // Step 4, `latest` last: a run killed before it leaves no checkpoint DeepSpeed would load (in
-    // place: `latest` still names the checkpoint it named). In place, the iteration file is kept
-    // only where the training run keeps one.
-    if (o.in_place) WriteFileAtomically(dir + "/" + source::kReshardMarker, o.marker.dump(1) + "\n");
-    std::optional<std::string> iteration = std::to_string(S.manifest["source"]["iteration"].get<int64_t>());
-    if (o.in_place && !fs::exists(o.output + "/" + kIterationFile)) iteration.reset();
-    if (S.naming == Naming::Module) iteration.reset();  // Megatron's file: a plain engine's job keeps none
-    claim->folder().Mark({iteration, out_tag});
-  }) : "";
+  const std::optional<json> mine = WriteTarget(o, R, *target_driver, claimed, comm, err);
+  if (!mine) return 1;
+  auto stats = comm.GatherToRoot(mine->dump());
+  error = rank == 0 ? Capture([&] { CommitTarget(o, R, claimed); }) : "";
   if (AnyFailed(comm, error, err, kTool)) return 1;  // not taken back: the commit point may be written
-  if (rank == 0) {
-    const RankTotals t = SumRanks(stats);
-    const int64_t total = t.bytes_read, peak = t.peak_rss;
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    double ratio = P.needed_bytes ? static_cast<double>(total) / static_cast<double>(P.needed_bytes) : 1.0;
-    if (!WriteReport(o.report_path, {{"atomic", o.atomic_dir}, {"store", store::StoreName(S.reader->store())}, {"output", o.output},
-                                         {"ranks", ranks}, {"seconds", secs}, {"bytes_read", total}, {"atomic_bytes", P.needed_bytes},
-                                         {"read_ratio", ratio}, {"bytes_written", t.bytes_written}, {"per_rank", t.per_rank}}, err, kTool)) return 1;
-    if (talk) {
-      char buf[256];
-      std::snprintf(buf, sizeof buf, "%s: wrote %s: read %s (%.3fx the atomic tensors) in %.2fs, peak RSS %s per rank\n",
-                    kTool, o.output.c_str(), HumanBytes(double(total)).c_str(), ratio, secs, HumanBytes(double(peak)).c_str());
-      err << buf;
-    }
-  }
+  if (rank == 0 && !ReportReshard(o, R, stats, ranks, t0, err)) return 1;
   return 0;
 }
 

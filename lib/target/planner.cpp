@@ -90,6 +90,14 @@ std::string UlyssesRefusal(const ModelFacts& m, int tp, int sp, int pp, bool pip
   return ModelSpRefusal(m, tp, sp);
 }
 
+ModelFacts ShapeFactsOf(const std::function<int64_t(const char*)>& arg) {
+  ModelFacts m;
+  m.heads = arg("num_attention_heads"), m.kv_heads = arg("num_key_value_heads"), m.ffn = arg("ffn_hidden_size");
+  m.hidden = arg("hidden_size"), m.seq_length = arg("seq_length"), m.micro_batch = arg("micro_batch_size");
+  if (m.kv_heads == 0) m.kv_heads = m.heads;
+  return m;
+}
+
 nlohmann::json ActivationModel::ToJson() const {
   return {{"seq_length", seq_length}, {"micro_batch_size", micro_batch}, {"hidden_size", hidden}, {"num_attention_heads", heads},
           {"num_layers", layers}, {"recompute", full_recompute ? "full" : "none"},
@@ -133,75 +141,116 @@ MemoryEstimate EstimateMemory(const TargetLayout& t, const std::vector<int64_t>&
   return m;
 }
 
-LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request, const LoadOf& load) {
-  PlannerRequest r = request;
-  if (r.base.dtype.empty()) r.base.dtype = model.source.dtype;  // every candidate in the job's precision unless --dtype says
-  if (r.gpus < 1) throw Error("--gpus must be at least 1");
-  if (r.gpus_per_node < 1) throw Error("--gpus-per-node must be at least 1");
-  LayoutChoice choice;
-  choice.activation = ActivationModelOf(model, r);
-  ModelFacts facts = model;
-  facts.seq_length = choice.activation.seq_length;
-  const bool estimated = choice.activation.known() && r.activation_memory < 0;
-  std::vector<Candidate> valid, refused;
+namespace {
+
+// Whether the activations are estimated from the model (its facts known, no --activation-memory
+// given), else the allowance stands for them.
+bool EstimatesActivations(const ActivationModel& a, const PlannerRequest& r) { return a.known() && r.activation_memory < 0; }
+
+// The degrees of one layout: dp x sp x tp x pp = the GPUs.
+struct Degrees {
+  int dp, sp, tp, pp;
+};
+
+// Every way to cut the GPUs into degrees the degrees given allow, TP outermost, then SP, then PP.
+std::vector<Degrees> DegreesFor(const PlannerRequest& r) {
+  std::vector<Degrees> all;
   for (int tp = 1; tp <= r.gpus; ++tp) {
     if (r.gpus % tp || (Fixed(r, "tp") && tp != r.base.tp)) continue;
-    const std::string tp_no = TpRefusal(model, r, tp);
     for (int sp = 1; sp <= r.gpus / tp; ++sp) {
       if ((r.gpus / tp) % sp || (Fixed(r, "sp") && sp != r.base.Sp())) continue;
       for (int pp = 1; pp <= r.gpus / tp / sp; ++pp) {
         if ((r.gpus / tp / sp) % pp || (Fixed(r, "pp") && pp != r.base.pp)) continue;
-        const std::string sp_no = UlyssesRefusal(facts, tp, sp, pp, r.base.model == "pipe", false);
         const int dp = r.gpus / tp / sp / pp;
         if (Fixed(r, "dp") && dp != r.base.dp) continue;
-        if (model.fixed_model_parallel && (tp != model.source.tp || sp != model.source.Sp() || pp != model.source.pp)) {
-          if (Fixed(r, "tp") || Fixed(r, "pp") || Fixed(r, "sp")) {  // asked for: said why not
-            Candidate c;
-            c.layout = r.base;
-            c.layout.dp = dp, c.layout.sp = sp, c.layout.tp = tp, c.layout.pp = pp;
-            std::string given;
-            for (const auto& [key, value, source] : {std::tuple{"tp", tp, model.source.tp}, std::tuple{"pp", pp, model.source.pp},
-                                                     std::tuple{"sp", sp, model.source.Sp()}})
-              if (value != source && Fixed(r, key)) given += (given.empty() ? "" : " ") + std::string(key) + "=" + std::to_string(value);
-            c.refused = (given.empty() ? std::string() : given + " as given: ") +
-                        "the model's layers are not known to ucp (its parameters keep their own names: a plain DeepSpeed "
-                        "engine around a model that is no Megatron GPT): TP, PP and SP stay the source's (tp=" +
-                        std::to_string(model.source.tp) + " pp=" + std::to_string(model.source.pp) + " sp=" +
-                        std::to_string(model.source.Sp()) + ")";
-            refused.push_back(std::move(c));
-          }
-          continue;
-        }
-        for (int z = 0; z <= 3; ++z) {
-          if (Fixed(r, "zero_stage") && z != r.base.zero_stage) continue;
-          if ((z == 0 && r.base.dtype != "bf16") || (z >= 2 && pp > 1)) continue;  // DeepSpeed runs none of these
-          Candidate c;
-          c.layout = r.base;
-          c.layout.dp = dp, c.layout.sp = sp, c.layout.tp = tp, c.layout.pp = pp, c.layout.zero_stage = z;
-          if (!tp_no.empty()) {
-            c.refused = tp_no;
-          } else if (!sp_no.empty()) {
-            c.refused = sp_no;
-          } else if (pp > model.layers && !model.fixed_model_parallel) {
-            c.refused = "pp=" + std::to_string(pp) + " exceeds the " + std::to_string(model.layers) + " layers";
-          } else {
-            const int64_t activations =
-                estimated ? ActivationBytes(choice.activation, tp, sp, DtypeBytes(c.layout.dtype)) : r.activations();
-            try {
-              for (const auto& unit : load(c.layout)) {
-                MemoryEstimate m = EstimateMemory(c.layout, unit, activations);
-                if (m.total() > c.memory.total()) c.memory = m;
-              }
-              c.fits = c.memory.total() <= r.gpu_memory;
-            } catch (const Error& e) {
-              c.refused = e.what();
-            }
-          }
-          (c.refused.empty() ? valid : refused).push_back(std::move(c));
-        }
+        all.push_back({dp, sp, tp, pp});
       }
     }
   }
+  return all;
+}
+
+TargetLayout LayoutAt(const PlannerRequest& r, const Degrees& d) {
+  TargetLayout t = r.base;
+  t.dp = d.dp, t.sp = d.sp, t.tp = d.tp, t.pp = d.pp;
+  return t;
+}
+
+// A model whose layers ucp does not know keeps the source's TP, PP and SP: other degrees, refused
+// with the reason (the ones the user gave named).
+Candidate KeptModelParallel(const ModelFacts& model, const PlannerRequest& r, const Degrees& d) {
+  Candidate c;
+  c.layout = LayoutAt(r, d);
+  std::string given;
+  for (const auto& [key, value, source] : {std::tuple{"tp", d.tp, model.source.tp}, std::tuple{"pp", d.pp, model.source.pp},
+                                           std::tuple{"sp", d.sp, model.source.Sp()}})
+    if (value != source && Fixed(r, key)) given += (given.empty() ? "" : " ") + std::string(key) + "=" + std::to_string(value);
+  c.refused = (given.empty() ? std::string() : given + " as given: ") +
+              "the model's layers are not known to ucp (its parameters keep their own names: a plain DeepSpeed "
+              "engine around a model that is no Megatron GPT): TP, PP and SP stay the source's (tp=" +
+              std::to_string(model.source.tp) + " pp=" + std::to_string(model.source.pp) + " sp=" +
+              std::to_string(model.source.Sp()) + ")";
+  return c;
+}
+
+// What the candidates are weighed with: the model, its facts at the planned sequence length, the
+// activation model, and the per-rank loads of a layout.
+struct Weighing {
+  const ModelFacts& model;
+  ModelFacts facts;  // the model's, at the sequence length the activations are estimated for
+  const PlannerRequest& r;
+  const ActivationModel& activation;
+  const LoadOf& load;
+};
+
+// The memory per GPU of layout c (its most loaded rank) and whether it fits; or why the model
+// cannot take it (the load throws the plan's refusal).
+void Weigh(Candidate& c, const Weighing& w) {
+  const int64_t activations = EstimatesActivations(w.activation, w.r)
+                                  ? ActivationBytes(w.activation, c.layout.tp, c.layout.Sp(), DtypeBytes(c.layout.dtype))
+                                  : w.r.activations();
+  try {
+    for (const auto& unit : w.load(c.layout)) {
+      MemoryEstimate m = EstimateMemory(c.layout, unit, activations);
+      if (m.total() > c.memory.total()) c.memory = m;
+    }
+    c.fits = c.memory.total() <= w.r.gpu_memory;
+  } catch (const Error& e) {
+    c.refused = e.what();
+  }
+}
+
+// The layouts of degrees `d`, one per ZeRO stage DeepSpeed runs there, each weighed or refused.
+void AddCandidates(const Degrees& d, const Weighing& w, std::vector<Candidate>& valid, std::vector<Candidate>& refused) {
+  const ModelFacts& model = w.model;
+  const PlannerRequest& r = w.r;
+  if (model.fixed_model_parallel && (d.tp != model.source.tp || d.sp != model.source.Sp() || d.pp != model.source.pp)) {
+    if (Fixed(r, "tp") || Fixed(r, "pp") || Fixed(r, "sp")) refused.push_back(KeptModelParallel(model, r, d));  // asked for: said why not
+    return;
+  }
+  const std::string tp_no = TpRefusal(model, r, d.tp);
+  const std::string sp_no = UlyssesRefusal(w.facts, d.tp, d.sp, d.pp, r.base.model == "pipe", false);
+  for (int z = 0; z <= 3; ++z) {
+    if (Fixed(r, "zero_stage") && z != r.base.zero_stage) continue;
+    if ((z == 0 && r.base.dtype != "bf16") || (z >= 2 && d.pp > 1)) continue;  // DeepSpeed runs none of these
+    Candidate c;
+    c.layout = LayoutAt(r, d);
+    c.layout.zero_stage = z;
+    if (!tp_no.empty())
+      c.refused = tp_no;
+    else if (!sp_no.empty())
+      c.refused = sp_no;
+    else if (d.pp > model.layers && !model.fixed_model_parallel)
+      c.refused = "pp=" + std::to_string(d.pp) + " exceeds the " + std::to_string(model.layers) + " layers";
+    else
+      Weigh(c, w);
+    (c.refused.empty() ? valid : refused).push_back(std::move(c));
+  }
+}
+
+// The valid layouts by preference: fitting first, the source's TP and PP, the fewest stages, the
+// smallest SP, the least ZeRO communication, the smallest TP, the least memory.
+void RankCandidates(std::vector<Candidate>& valid, const ModelFacts& model) {
   const TargetLayout& s = model.source;
   auto key = [&](const Candidate& c) {
     const TargetLayout& t = c.layout;
@@ -212,43 +261,41 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
                            ZeroCommunication(t.zero_stage), other_stage, t.tp, c.memory.total());
   };
   std::stable_sort(valid.begin(), valid.end(), [&](const Candidate& a, const Candidate& b) { return key(a) < key(b); });
-  choice.candidates = valid;
-  choice.candidates.insert(choice.candidates.end(), refused.begin(), refused.end());
+}
 
-  const std::string budget = HumanBytes(static_cast<double>(r.gpu_memory));
-  if (valid.empty()) {
-    choice.reason = "no layout of this model takes " + std::to_string(r.gpus) + " GPU" + (r.gpus > 1 ? "s" : "") +
-                    (refused.empty() ? " with the degrees given" + FixedProduct(r) : ": " + refused.front().refused);
-    return choice;
-  }
-  if (!valid.front().fits) {
-    auto least = std::min_element(valid.begin(), valid.end(), [](const Candidate& a, const Candidate& b) {
-      return a.memory.total() < b.memory.total();
-    });
-    const MemoryEstimate& m = least->memory;
-    choice.reason = "no layout fits " + std::to_string(r.gpus) + " GPU" + (r.gpus > 1 ? "s" : "") + " of " + budget + ": the smallest, " +
-                    least->layout.Degrees() + ", needs " + HumanBytes(double(m.total())) + " per GPU (weights " +
-                    HumanBytes(double(m.weights)) + ", gradients " + HumanBytes(double(m.gradients)) + ", optimizer " +
-                    HumanBytes(double(m.optimizer)) + (estimated ? ", activations " : ", activation allowance ") +
-                    HumanBytes(double(m.activations)) + ")";
-    return choice;
-  }
-  choice.chosen = 0;
+std::string Gpus(int n) { return std::to_string(n) + " GPU" + (n > 1 ? "s" : ""); }
+
+// Why no layout fits: the smallest, and what it needs.
+std::string NoneFits(const std::vector<Candidate>& valid, const PlannerRequest& r, bool estimated, const std::string& budget) {
+  auto least = std::min_element(valid.begin(), valid.end(), [](const Candidate& a, const Candidate& b) {
+    return a.memory.total() < b.memory.total();
+  });
+  const MemoryEstimate& m = least->memory;
+  return "no layout fits " + Gpus(r.gpus) + " of " + budget + ": the smallest, " + least->layout.Degrees() + ", needs " +
+         HumanBytes(double(m.total())) + " per GPU (weights " + HumanBytes(double(m.weights)) + ", gradients " +
+         HumanBytes(double(m.gradients)) + ", optimizer " + HumanBytes(double(m.optimizer)) +
+         (estimated ? ", activations " : ", activation allowance ") + HumanBytes(double(m.activations)) + ")";
+}
+
+// Why the chosen layout's TP and PP: the source's, else why not the source's.
+std::string WhyTpPp(const LayoutChoice& choice, const TargetLayout& t, const TargetLayout& s, const PlannerRequest& r) {
+  if (t.tp == s.tp && t.pp == s.pp) return "keeps the source's tp=" + std::to_string(s.tp) + " pp=" + std::to_string(s.pp);
+  auto same = std::find_if(choice.candidates.begin(), choice.candidates.end(),
+                           [&](const Candidate& o) { return o.layout.tp == s.tp && o.layout.pp == s.pp; });
+  return "the source's tp=" + std::to_string(s.tp) + " pp=" + std::to_string(s.pp) +
+         (same == choice.candidates.end() && (Fixed(r, "tp") || Fixed(r, "pp")) ? " is not among the degrees given"
+          : same == choice.candidates.end() ? " cannot take " + Gpus(r.gpus)
+          : !same->refused.empty()        ? " is refused: " + same->refused
+                                          : " does not fit (" + HumanBytes(double(same->memory.total())) + " per GPU at best)") +
+         "; then the fewest pipeline stages (pp=" + std::to_string(t.pp) + ")";
+}
+
+// Why the chosen layout, the first candidate: its TP and PP, its SP, its ZeRO stage, its TP size.
+std::string WhyChosen(const LayoutChoice& choice, const ModelFacts& model, const PlannerRequest& r, const std::string& budget) {
   const Candidate& c = choice.candidates[0];
   const TargetLayout& t = c.layout;
-  std::string why;
-  if (t.tp == s.tp && t.pp == s.pp) {
-    why = "keeps the source's tp=" + std::to_string(s.tp) + " pp=" + std::to_string(s.pp);
-  } else {
-    auto same = std::find_if(choice.candidates.begin(), choice.candidates.end(),
-                             [&](const Candidate& o) { return o.layout.tp == s.tp && o.layout.pp == s.pp; });
-    why = "the source's tp=" + std::to_string(s.tp) + " pp=" + std::to_string(s.pp) +
-          (same == choice.candidates.end() && (Fixed(r, "tp") || Fixed(r, "pp")) ? " is not among the degrees given"
-           : same == choice.candidates.end() ? " cannot take " + std::to_string(r.gpus) + " GPU" + (r.gpus > 1 ? "s" : "")
-           : !same->refused.empty()        ? " is refused: " + same->refused
-                                           : " does not fit (" + HumanBytes(double(same->memory.total())) + " per GPU at best)") +
-          "; then the fewest pipeline stages (pp=" + std::to_string(t.pp) + ")";
-  }
+  const TargetLayout& s = model.source;
+  std::string why = WhyTpPp(choice, t, s, r);
   if (Fixed(r, "sp"))
     why += ", sp=" + std::to_string(t.Sp()) + " as given";
   else if (t.Sp() > 1)
@@ -263,16 +310,53 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
          : model.fixed_model_parallel && t.zero_stage == s.zero_stage ? ", the job's own " + stage
                                         : ", the least ZeRO communication (" + stage + (t.zero_stage == s.zero_stage ? ", as the source" : "") + ")";
   why += ", the smallest TP (tp=" + std::to_string(t.tp) + "): " + HumanBytes(double(c.memory.total())) + " of " + budget + " per GPU";
-  choice.reason = why;
-  if (t.Sp() > 1 && t.Sp() != s.Sp())
-    choice.job_change = "Ulysses sp=" + std::to_string(t.Sp()) + " changes the training job, not only its files: it must run "
-                        "with DeepSpeed Ulysses sequence parallelism of degree " + std::to_string(t.Sp()) + " (the source ran " +
-                        (s.Sp() > 1 ? "sp=" + std::to_string(s.Sp()) : "none") + "); give --sp " + std::to_string(std::max(1, s.Sp())) +
-                        " to keep it" + (s.Sp() > 1 ? "" : " out");
+  return why;
+}
+
+// What a chosen Ulysses degree changes in the training job itself, or "".
+std::string JobChange(const TargetLayout& t, const TargetLayout& s) {
+  if (t.Sp() <= 1 || t.Sp() == s.Sp()) return "";
+  return "Ulysses sp=" + std::to_string(t.Sp()) + " changes the training job, not only its files: it must run "
+         "with DeepSpeed Ulysses sequence parallelism of degree " + std::to_string(t.Sp()) + " (the source ran " +
+         (s.Sp() > 1 ? "sp=" + std::to_string(s.Sp()) : "none") + "); give --sp " + std::to_string(std::max(1, s.Sp())) +
+         " to keep it" + (s.Sp() > 1 ? "" : " out");
+}
+
+}  // namespace
+
+LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request, const LoadOf& load) {
+  PlannerRequest r = request;
+  if (r.base.dtype.empty()) r.base.dtype = model.source.dtype;  // every candidate in the job's precision unless --dtype says
+  if (r.gpus < 1) throw Error("--gpus must be at least 1");
+  if (r.gpus_per_node < 1) throw Error("--gpus-per-node must be at least 1");
+  LayoutChoice choice;
+  choice.activation = ActivationModelOf(model, r);
+  Weighing w{model, model, r, choice.activation, load};
+  w.facts.seq_length = choice.activation.seq_length;
+  std::vector<Candidate> valid, refused;
+  for (const Degrees& d : DegreesFor(r)) AddCandidates(d, w, valid, refused);
+  RankCandidates(valid, model);
+  choice.candidates = valid;
+  choice.candidates.insert(choice.candidates.end(), refused.begin(), refused.end());
+
+  const std::string budget = HumanBytes(static_cast<double>(r.gpu_memory));
+  if (valid.empty()) {
+    choice.reason = "no layout of this model takes " + Gpus(r.gpus) +
+                    (refused.empty() ? " with the degrees given" + FixedProduct(r) : ": " + refused.front().refused);
+    return choice;
+  }
+  if (!valid.front().fits) {
+    choice.reason = NoneFits(valid, r, EstimatesActivations(choice.activation, r), budget);
+    return choice;
+  }
+  choice.chosen = 0;
+  choice.reason = WhyChosen(choice, model, r, budget);
+  choice.job_change = JobChange(choice.candidates[0].layout, model.source);
   return choice;
 }
 
 nlohmann::json LayoutChoice::ToJson(const PlannerRequest& r) const {
+  const bool estimated = EstimatesActivations(activation, r);
   nlohmann::json list = nlohmann::json::array(), no = nlohmann::json::array();
   for (const auto& c : candidates) {
     if (c.refused.empty())
@@ -283,8 +367,8 @@ nlohmann::json LayoutChoice::ToJson(const PlannerRequest& r) const {
   return {{"gpus", r.gpus},
           {"gpus_per_node", r.gpus_per_node},
           {"gpu_memory", r.gpu_memory},
-          {"activation_memory", activation.known() && r.activation_memory < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.activations())},
-          {"activation_model", activation.known() && r.activation_memory < 0 ? activation.ToJson() : nlohmann::json(nullptr)},
+          {"activation_memory", estimated ? nlohmann::json(nullptr) : nlohmann::json(r.activations())},
+          {"activation_model", estimated ? activation.ToJson() : nlohmann::json(nullptr)},
           {"chosen", chosen >= 0 ? candidates[chosen].layout.ToJson() : nlohmann::json(nullptr)},
           {"reason", reason},
           {"job_change", job_change.empty() ? nlohmann::json(nullptr) : nlohmann::json(job_change)},
@@ -293,7 +377,7 @@ nlohmann::json LayoutChoice::ToJson(const PlannerRequest& r) const {
 }
 
 void LayoutChoice::Print(std::ostream& out, const PlannerRequest& r, size_t shown) const {
-  const bool estimated = activation.known() && r.activation_memory < 0;
+  const bool estimated = EstimatesActivations(activation, r);
   const ActivationModel& a = activation;
   out << "layouts for " << r.gpus << " GPU" << (r.gpus > 1 ? "s" : "") << " (" << r.gpus_per_node << " per node, "
       << HumanBytes(double(r.gpu_memory)) << " each; activations "

@@ -62,6 +62,12 @@ struct ModelFacts {
   TargetLayout source;                       // the source's degrees, ZeRO stage and dtype
 };
 
+// A model's shape facts (heads, key-value heads, FFN width, hidden size, sequence length,
+// micro-batch) by Megatron's argument names, `arg` giving 0 for one the checkpoint does not say;
+// the key-value heads are the heads where it does not say (no grouped-query attention). The one
+// builder of them, whether the args come from an atomic checkpoint or from a source's index.
+ModelFacts ShapeFactsOf(const std::function<int64_t(const char*)>& arg);
+
 struct PlannerRequest {
   int gpus = 0;
   int gpus_per_node = 8;

@@ -1,0 +1,128 @@
+#include "reshard/command.h"
+
+#include <algorithm>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "patterns/rules.h"
+#include "target/target.h"
+
+namespace ucp::reshard {
+namespace {
+
+constexpr int kCommandLineError = 2;  // every command-line error's, as apps/common/command_line.h says
+
+int Refuse(std::ostream& err, const std::string& why, int status = kCommandLineError) {
+  err << "ucp-reshard: error: " << why << "\n";
+  return status;
+}
+
+// "grad-accum-dtype" for the layout key "grad_accum_dtype": the flag that gives it, without its "--".
+std::string FlagOf(std::string key) {
+  std::replace(key.begin(), key.end(), '_', '-');
+  return key;
+}
+
+// The target layout: the --layout file's (a file that is not a layout: refused as input, exit 1),
+// then the flags' over it (flags that name a layout wrongly: a command-line error). The keys either
+// gives go to c.in_place.given.
+std::optional<int> ReadLayout(ReshardCommand& c, std::ostream& err) {
+  TargetLayout& t = c.options.target;
+  std::vector<std::string>& given = c.in_place.given;
+  try {
+    if (!c.layout_file.empty()) t = ReadLayoutFile(c.layout_file, t, &given);
+  } catch (const Error& e) {
+    return Refuse(err, e.what(), 1);
+  }
+  try {
+    t = ApplyLayout(c.layout_flags, t, "the command line", &given);
+  } catch (const Error& e) {
+    return Refuse(err, e.what());
+  }
+  return std::nullopt;
+}
+
+// --model-config FILE: a JSON object, kept as parsed and as written (a model's own config.json is
+// written unchanged).
+std::optional<int> ReadModelConfig(ExportOptions& m, const std::string& path, std::ostream& err) {
+  try {
+    const std::optional<std::string> text = ReadWholeFile(path);
+    if (!text) throw Error("cannot be read");
+    m.model_config = nlohmann::json::parse(*text);
+    m.model_config_text = *text;
+    if (!m.model_config.is_object()) throw Error("not a JSON object");
+    m.model_config_path = path;
+  } catch (const std::exception& e) {
+    return Refuse(err, path + ": not a JSON object of model facts: " + e.what(), 1);
+  }
+  return std::nullopt;
+}
+
+// --format hf: a model has no layout, only the precision is the user's to choose.
+std::optional<int> SettleModelExport(ReshardCommand& c, std::ostream& err) {
+  ReshardOptions& o = c.options;
+  const std::string no_layout = "--format hf writes a model of whole tensors: no ";
+  const std::string only = " (only --dtype, --max-shard-size, --model-config)";
+  if (!c.layout_only_given.empty()) return Refuse(err, no_layout + c.layout_only_given.front() + only);
+  for (const auto& key : c.in_place.given)
+    if (key != "dtype") return Refuse(err, no_layout + "--" + FlagOf(key) + only);
+  if (c.in_place_mode || o.planner.gpus > 0)
+    return Refuse(err, std::string("--format hf writes a model into -o OUT: no ") + (c.in_place_mode ? "--in-place" : "--gpus"));
+  o.model.dtype = o.target.dtype;
+  if (!c.model_config.empty())
+    if (auto status = ReadModelConfig(o.model, c.model_config, err)) return status;
+  if (!o.plan_only && o.output.empty()) return Refuse(err, "an output folder is required (-o OUT), or --plan-only");
+  if (o.json && !o.plan_only) return Refuse(err, "--json goes with --plan-only");
+  return std::nullopt;
+}
+
+// A training layout (DeepSpeed's files): every degree given, or --gpus to choose them (the degrees
+// given then stay fixed).
+std::optional<int> SettleTrainingLayout(ReshardCommand& c, std::ostream& err) {
+  ReshardOptions& o = c.options;
+  if (!c.hf_only_given.empty()) return Refuse(err, c.hf_only_given.front() + " goes with --format hf");
+  const std::vector<std::string>& given = c.in_place.given;
+  if (o.planner.gpus > 0) {
+    o.planner.base = o.target;
+    for (const char* key : {"dp", "sp", "tp", "pp", "zero_stage"})
+      if (std::find(given.begin(), given.end(), key) != given.end()) o.planner.fixed.push_back(key);
+  } else if (auto missing = MissingLayoutKeys(given); !missing.empty()) {
+    const std::string& key = missing.front();
+    return Refuse(err, "no " + key + ": give --" + FlagOf(key) + " or \"" + key + "\" in a --layout file, or --gpus N to "
+                  "choose the layout");
+  }
+  if (o.json && !o.plan_only)
+    return Refuse(err, "--json goes with --plan-only (a run prints its summary as text; --report FILE writes it as JSON)");
+  if (c.in_place_mode) {
+    if (!o.output.empty() || o.force) return Refuse(err, "--in-place writes beside the checkpoint it reads: no -o or --force");
+    return std::nullopt;
+  }
+  if (c.in_place.keep > 0) return Refuse(err, "--keep only applies with --in-place");
+  if (!o.plan_only && o.output.empty()) return Refuse(err, "an output folder is required (-o OUT), or --plan-only");
+  return std::nullopt;
+}
+
+// --in-place, or a run from a training run's root: the options of either.
+InPlaceOptions FromRoot(const ReshardCommand& c) {
+  InPlaceOptions ip = c.in_place;
+  const ReshardOptions& o = c.options;
+  ip.root = o.atomic_dir, ip.strict = !c.no_strict, ip.reshard = o, ip.plan_only = o.plan_only, ip.json = o.json;
+  ip.patterns_dir = patterns::DefaultPatternsDir(), ip.progress = o.progress;
+  return ip;
+}
+
+}  // namespace
+
+std::optional<int> SettleCommand(ReshardCommand& c, std::ostream& err) {
+  if (auto status = ReadLayout(c, err)) return status;
+  return c.options.format == "hf" ? SettleModelExport(c, err) : SettleTrainingLayout(c, err);
+}
+
+int RunCommand(const ReshardCommand& c, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
+  if (c.in_place_mode) return RunInPlace(FromRoot(c), comm, out, err);
+  // A training run's root (a Trainer checkpoint-N): its atomic checkpoint found or made first.
+  if (IsCheckpointRoot(c.options.atomic_dir)) return RunFromRoot(FromRoot(c), comm, out, err);
+  return RunReshard(c.options, comm, out, err);
+}
+
+}  // namespace ucp::reshard
