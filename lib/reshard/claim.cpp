@@ -8,6 +8,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "core/names.h"
 #include "core/output_lock.h"
 #include "shuffle/agree.h"
@@ -33,12 +34,6 @@ bool HoldsNothing(const std::string& output) {
   for (const auto& e : fs::directory_iterator(output, ec))
     if (!NotContents(e.path().filename().string())) return false;
   return true;
-}
-
-std::string Listed(const std::vector<std::string>& names) {
-  std::string all;
-  for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
-  return all;
 }
 
 // `names` with the commit points first: a folder stops looking complete before what they name goes.
@@ -86,9 +81,9 @@ void RefuseUnlisted(const std::string& output, const std::vector<std::string>& l
     if (name != kClaimFile && !NotContents(name) && !ours.count(name)) foreign.push_back(name);
   }
   std::sort(foreign.begin(), foreign.end());
-  const std::string lists = std::string(" (its ") + kClaimFile + " lists " + (listed.empty() ? "nothing" : Listed(listed)) + ")";
+  const std::string lists = std::string(" (its ") + kClaimFile + " lists " + (listed.empty() ? "nothing" : JoinNames(listed)) + ")";
   if (!foreign.empty())
-    throw Error(output + ": --force replaces only what ucp-reshard wrote there" + lists + ", and " + Listed(foreign) +
+    throw Error(output + ": --force replaces only what ucp-reshard wrote there" + lists + ", and " + JoinNames(foreign) +
                 (foreign.size() == 1 ? " is" : " are") + " not among it (a training run may have saved into this folder "
                 "since): move " + (foreign.size() == 1 ? "it" : "them") + " away, or choose another -o");
   if (!ours.count("latest")) return;

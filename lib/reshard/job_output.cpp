@@ -5,6 +5,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "pt/value.h"
 #include "source/job_files.h"
 
@@ -12,12 +13,6 @@ namespace ucp::reshard {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string Joined(const std::vector<std::string>& names) {
-  std::string s;
-  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
-  return s;
-}
 
 int64_t ConfigInt(const Source& S, const char* key) {
   auto cfg = S.model_states.root ? S.model_states.root->Get("ds_config") : nullptr;
@@ -55,22 +50,22 @@ JobOutput PlanJobOutput(const Source& S, const TargetLayout& T, const std::strin
       if (to != from) copied.push_back(to + " <- " + from);
     }
     if (!lacking.empty())
-      J.notes.push_back("not written, the source lacks the file it takes: " + Joined(lacking) +
+      J.notes.push_back("not written, the source lacks the file it takes: " + JoinNames(lacking) +
                         "; Trainer resumes those processes without restoring their RNG state");
     if (!copied.empty())
       J.notes.push_back("Trainer's RNG files for " + std::to_string(to_world) + " process" + (to_world == 1 ? "" : "es") +
                         ": a rank the job of " + std::to_string(job.rng_world) + " had keeps its own, another rank r takes "
-                        "rank (r mod " + std::to_string(job.rng_world) + ")'s: " + Joined(copied));
+                        "rank (r mod " + std::to_string(job.rng_world) + ")'s: " + JoinNames(copied));
   }
   if (!in_place && !job.carried.empty()) {
     std::vector<std::string> rest;
     for (const auto& n : job.carried)
       if (!source::IsRngFile(n)) rest.push_back(n);
     J.notes.push_back("Trainer's files written beside " + S.manifest["source"].value("tag", std::string()) +
-                      " as they were: " + Joined(rest));
+                      " as they were: " + JoinNames(rest));
   }
   if (!in_place && !job.weights.empty())
-    J.notes.push_back(Joined(job.weights) + " not written: a copy of the weights the tag holds (ucp-reshard ATOMIC "
+    J.notes.push_back(JoinNames(job.weights) + " not written: a copy of the weights the tag holds (ucp-reshard ATOMIC "
                       "--format hf writes them)");
   // What the job itself must change to read these files: its ds_config's stage, its precision.
   const auto& src = S.manifest["source"];
