@@ -15,7 +15,7 @@ LAYERS = [
     "core", "pt", "h5", "shuffle",
     "source",            # the neutral index every source driver produces
     "patterns", "plan", "map", "union", "store",
-    "target",            # the target layout, model naming, the reshard plan (UcpInfo)
+    "layout",            # the target layout, model naming, the reshard plan (UcpInfo)
     "formats/driver.h",  # the source and target driver interfaces
     "formats/deepspeed",  # one folder per format: its source and target drivers
     "formats/hf",        # Hugging Face: safetensors models (a target)

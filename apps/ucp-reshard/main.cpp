@@ -10,7 +10,7 @@
 #include "h5/h5.h"
 #include "reshard/command.h"
 #include "shuffle/comm.h"
-#include "target/target.h"
+#include "layout/target.h"
 
 namespace {
 

@@ -9,8 +9,8 @@
 
 #include "core/buffer_pool.h"
 #include "source/source_index.h"
-#include "target/export_plan.h"
-#include "target/reshard_plan.h"
+#include "layout/export_plan.h"
+#include "layout/reshard_plan.h"
 
 namespace ucp::formats {
 

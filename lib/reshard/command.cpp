@@ -5,7 +5,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "patterns/rules.h"
-#include "target/target.h"
+#include "layout/target.h"
 
 namespace ucp::reshard {
 namespace {

@@ -18,7 +18,7 @@
 #include "shuffle/agree.h"
 #include "store/atomic_store.h"
 #include "store/universal_folder.h"
-#include "target/reshard_plan.h"
+#include "layout/reshard_plan.h"
 
 namespace ucp::reshard {
 using nlohmann::json;

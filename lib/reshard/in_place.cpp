@@ -19,7 +19,7 @@
 #include "source/source_index.h"
 #include "store/atomic_store.h"
 #include "store/universal_folder.h"
-#include "target/reshard_plan.h"
+#include "layout/reshard_plan.h"
 
 namespace ucp::reshard {
 namespace {

@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "target/reshard_plan.h"
-#include "target/target.h"
+#include "layout/reshard_plan.h"
+#include "layout/target.h"
 
 namespace ucp::reshard {
 

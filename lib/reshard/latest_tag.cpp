@@ -10,8 +10,8 @@
 #include "formats/registry.h"
 #include "store/atomic_store.h"
 #include "store/universal_folder.h"
-#include "target/planner.h"
-#include "target/reshard_plan.h"
+#include "layout/planner.h"
+#include "layout/reshard_plan.h"
 
 namespace ucp::reshard {
 

@@ -10,7 +10,7 @@
 #include "convert/convert.h"
 #include "reshard/in_place.h"
 #include "source/source_index.h"
-#include "target/target.h"
+#include "layout/target.h"
 
 namespace ucp::reshard {
 

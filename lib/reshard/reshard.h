@@ -8,9 +8,9 @@
 #include <ostream>
 #include <string>
 
-#include "target/export_plan.h"
-#include "target/planner.h"
-#include "target/target.h"
+#include "layout/export_plan.h"
+#include "layout/planner.h"
+#include "layout/target.h"
 #include "shuffle/comm.h"
 
 namespace ucp::reshard {

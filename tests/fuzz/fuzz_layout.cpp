@@ -2,7 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz_support.h"
-#include "target/target.h"
+#include "layout/target.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   return ucp::fuzz::Run([&] {

@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/names.h"
 #include "patterns/rules.h"
-#include "target/naming.h"
+#include "layout/naming.h"
 #include "store/atomic_store.h"
 
 using namespace ucp;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "target/planner.h"
+#include "layout/planner.h"
 
 using namespace ucp;
 using namespace ucp::reshard;

@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "target/reshard_plan.h"
+#include "layout/reshard_plan.h"
 #include "test_support.h"
 
 using namespace ucp;

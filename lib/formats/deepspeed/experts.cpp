@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "formats/deepspeed/coverage.h"
 #include "formats/deepspeed/torch_optimizer.h"
-#include "target/naming.h"
+#include "layout/naming.h"
 
 namespace ucp::deepspeed {
 using pt::Value;

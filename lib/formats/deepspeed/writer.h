@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/buffer_pool.h"
-#include "target/reshard_plan.h"
+#include "layout/reshard_plan.h"
 
 namespace ucp::deepspeed {
 

@@ -13,8 +13,8 @@
 
 #include "core/buffer_pool.h"
 #include "pt/value.h"
-#include "target/naming.h"
-#include "target/reshard_plan.h"
+#include "layout/naming.h"
+#include "layout/reshard_plan.h"
 
 namespace ucp::deepspeed {
 

@@ -4,7 +4,7 @@
 
 #include "core/error.h"
 #include "formats/deepspeed/index.h"
-#include "target/naming.h"
+#include "layout/naming.h"
 
 namespace ucp::deepspeed {
 using pt::Value;

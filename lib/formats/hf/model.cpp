@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "pt/value.h"
-#include "target/naming.h"
+#include "layout/naming.h"
 
 namespace ucp::formats::hf {
 using nlohmann::json;

@@ -13,9 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "target/export_plan.h"
+#include "layout/export_plan.h"
 #include "pt/value.h"
-#include "target/reshard_plan.h"
+#include "layout/reshard_plan.h"
 
 namespace ucp::formats::hf {
 

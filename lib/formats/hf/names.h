@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "formats/hf/model.h"
-#include "target/export_plan.h"
-#include "target/reshard_plan.h"
+#include "layout/export_plan.h"
+#include "layout/reshard_plan.h"
 
 namespace ucp::formats::hf {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "target/export_plan.h"
+#include "layout/export_plan.h"
 
 namespace ucp::formats::hf {
 

@@ -1,4 +1,4 @@
-#include "target/export_plan.h"
+#include "layout/export_plan.h"
 
 #include <algorithm>
 

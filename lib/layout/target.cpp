@@ -1,4 +1,4 @@
-#include "target/target.h"
+#include "layout/target.h"
 
 #include <algorithm>
 #include <cstdio>

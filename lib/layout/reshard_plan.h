@@ -17,9 +17,9 @@
 #include "patterns/rules.h"
 #include "plan/convert_plan.h"
 #include "pt/torch_file.h"
-#include "target/naming.h"
-#include "target/planner.h"
-#include "target/target.h"
+#include "layout/naming.h"
+#include "layout/planner.h"
+#include "layout/target.h"
 #include "store/atom_store.h"
 
 namespace ucp::reshard {

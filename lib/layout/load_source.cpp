@@ -2,7 +2,7 @@
 // carried model-states and args files, optimizer state and atoms; the naming of its parameters
 // (GPTModelPipe, GPTModel, or a plain engine's own module), its layer count, Mixture-of-Experts
 // facts and ZeRO-3 param groups, each checked against the files that record them.
-#include "target/reshard_plan.h"
+#include "layout/reshard_plan.h"
 
 #include <algorithm>
 #include <map>

@@ -1,6 +1,6 @@
 // The reshard plan (reshard_plan.h): the target's pipeline stages, each unit's TP pieces of the atoms, the
 // checks of a target layout against the model, the pieces several units share, and the plan as JSON.
-#include "target/reshard_plan.h"
+#include "layout/reshard_plan.h"
 
 #include <algorithm>
 #include <map>

@@ -1,4 +1,4 @@
-#include "target/planner.h"
+#include "layout/planner.h"
 
 #include <algorithm>
 #include <cmath>

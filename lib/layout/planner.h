@@ -47,7 +47,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "target/target.h"
+#include "layout/target.h"
 
 namespace ucp::reshard {
 

@@ -1,4 +1,4 @@
-#include "target/naming.h"
+#include "layout/naming.h"
 
 #include <algorithm>
 #include <cctype>
