@@ -53,6 +53,12 @@ def check(lib):
             if folder is None:
                 errors.append(f"lib/{rel}: in no layer (add its folder to LAYERS in {sys.argv[0]})")
                 continue
+            parts = rel.split(os.sep)
+            if parts[0] == "formats" and len(parts) > 2 and "/".join(parts[:2]) not in LAYERS:
+                # else it would pass as formats/ itself, and nothing would keep other folders off its headers
+                errors.append(f"lib/{rel}: format folder formats/{parts[1]} is in no layer "
+                              f"(add it to LAYERS in {sys.argv[0]}, beside the other format folders)")
+                continue
             with open(os.path.join(lib, rel), encoding="utf-8") as f:
                 includes = INCLUDE.findall(f.read())
             graph[rel] = [i for i in includes if os.path.exists(os.path.join(lib, i))]
@@ -93,6 +99,7 @@ def self_test():
         "header of format folder": {"convert/c.cpp": '#include "formats/deepspeed/d.h"', "formats/deepspeed/d.h": ""},
         "include cycle": {"core/x.h": '#include "core/y.h"', "core/y.h": '#include "core/x.h"'},
         "in no layer": {"elsewhere/z.cpp": ""},
+        "format folder formats/newfmt is in no layer": {"formats/newfmt/index.h": ""},
     }
     failed = 0
     for expect, files in cases.items():

@@ -4,13 +4,14 @@
 #include <iostream>
 #include <vector>
 
-#include "common/command_line.h"
 #include <unistd.h>
 
+#include "common/command_line.h"
+#include "formats/registry.h"
 #include "h5/h5.h"
+#include "layout/target.h"
 #include "reshard/command.h"
 #include "shuffle/comm.h"
-#include "layout/target.h"
 
 namespace {
 
@@ -98,7 +99,7 @@ CLI::Option* AddInputFlags(CLI::App& app, ReshardCommand& c) {
   app.add_option("--format", c.options.format,
                  "what to write: deepspeed (the default: a training layout's native files) or hf (a Hugging Face "
                  "transformers model: config.json and safetensors, for from_pretrained; no layout flags)")
-      ->transform(CLI::IsMember({"deepspeed", "hf"}, CLI::ignore_case));
+      ->transform(CLI::IsMember(ucp::formats::TargetNames(), CLI::ignore_case));
   return keep;
 }
 

@@ -1,7 +1,7 @@
 // The two interfaces a format implements (ADIOS2's engines, TensorStore's drivers): a source driver
 // turns a checkpoint folder into the neutral SourceIndex that plan, map, union and store work on; a
 // target driver writes either the shard files of a training layout, unit by unit of the reshard plan,
-// or a model of whole tensors, file by file of the export plan it makes (target/export_plan.h). A
+// or a model of whole tensors, file by file of the export plan it makes (layout/export_plan.h). A
 // format's folder (formats/<name>/) defines its rows in its driver.cpp; formats/registry.h lists them.
 #pragma once
 
@@ -29,7 +29,7 @@ struct TargetDriver {
   const char* name;
   const char* description;
   const char* files;  // the file names it writes
-  // A training layout (DeepSpeed): the files of one unit of the reshard plan (target/reshard_plan.h)
+  // A training layout (DeepSpeed): the files of one unit of the reshard plan (layout/reshard_plan.h)
   // into `dir`, values from `slices`; no fsync of its own (the caller syncs once, then commits with
   // `latest`). Null for a model target.
   reshard::UnitFiles (*write_unit)(const reshard::Source& S, const reshard::TargetLayout& T, const reshard::Plan& P,

@@ -25,6 +25,12 @@ std::span<const TargetDriver* const> Targets() {
 
 }  // namespace
 
+std::vector<std::string> TargetNames() {
+  std::vector<std::string> names;
+  for (const TargetDriver* d : Targets()) names.emplace_back(d->name);
+  return names;
+}
+
 const TargetDriver& FindTarget(std::string_view name) {
   for (const TargetDriver* d : Targets())
     if (name == d->name) return *d;

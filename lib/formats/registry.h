@@ -1,11 +1,14 @@
 // The formats ucp reads and writes, in one table each (ADIOS2's engine table; the interfaces are in
-// formats/driver.h). Adding a format is a folder under formats/ and a row in each table of
-// registry.cpp; `ucp-inspect --list-formats` prints the rows.
+// formats/driver.h). Adding a format: a folder under formats/ with its driver (declared in driver.h),
+// its row in the table of registry.cpp it belongs to (sources, targets), its files in
+// lib/CMakeLists.txt and its folder in scripts/check_layers.py's LAYERS; `ucp-inspect --list-formats`
+// prints the rows (tests/README.md says which tests to copy).
 #pragma once
 
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -23,6 +26,8 @@ const SourceDriver* ProbeSource(const std::string& dir);
 
 // The target driver called `name`; throws ucp::Error listing the known ones.
 const TargetDriver& FindTarget(std::string_view name);
+// The target drivers' names, in the table's order (ucp-reshard's --format choices).
+std::vector<std::string> TargetNames();
 
 // Every driver, for `ucp-inspect --list-formats`.
 nlohmann::json FormatsJson();

@@ -1,5 +1,5 @@
 // ucp-reshard to a model of whole tensors (--format hf): the target driver's export plan
-// (target/export_plan.h) carried out. Files are spread over the MPI ranks by bytes, each written
+// (layout/export_plan.h) carried out. Files are spread over the MPI ranks by bytes, each written
 // whole by one rank, tensor by tensor in runs of rows read from the atomic store (memory per rank:
 // one run); then one sync, the side files (config.json), and the driver's marker last (the index),
 // the commit point. The folder is claimed like every -o folder (reshard/claim.h).
