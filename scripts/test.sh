@@ -5,8 +5,8 @@
 # 30 s each for the three whose readers changed last, 8 s for the others.
 #
 #   bash scripts/test.sh            everything (CI: .ci/run)
-#   bash scripts/test.sh --quick    the inner loop: build and ctest without the kill-anywhere, layout
-#                                   matrix and reassembly tests (about 60% of the test time), no sanitizer or fuzzing pass
+#   bash scripts/test.sh --quick    the inner loop: build and ctest without the tests labelled slow
+#                                   (kill-anywhere, layout matrix, reassembly), no sanitizer or fuzzing pass
 # The wall time of each phase is printed at the end, whether it passed or not.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
