@@ -34,8 +34,7 @@ std::vector<std::string> TargetNames() {
 const TargetDriver& FindTarget(std::string_view name) {
   for (const TargetDriver* d : Targets())
     if (name == d->name) return *d;
-  throw Error("unknown target format '" + std::string(name) + "' (known: " +
-              JoinNames(Targets(), ", ", [](const TargetDriver* d) { return std::string(d->name); }) + ")");
+  throw Error("unknown target format '" + std::string(name) + "' (known: " + JoinNames(TargetNames()) + ")");
 }
 
 namespace {
