@@ -98,7 +98,7 @@ void SayPlanned(const ConvertOptions& o, const Planned& x, const std::string& co
 // Files mixed from other saves, ranks or runs pass every CRC-32: each rank compares the masters of
 // its share of the data files.
 void RequireWeightCopiesAgree(const ConvertOptions& o, const source::SourceIndex& L, shuffle::Comm& comm) {
-  const std::string why = map::CheckWeightCopies(L, comm, o.threads > 0 ? o.threads : AvailableCores());
+  const std::string why = map::CheckWeightCopies(L, comm, ThreadsOf(o));
   if (!why.empty()) throw Error(o.source + ": " + why + "; nothing was converted");
 }
 

@@ -259,7 +259,7 @@ int64_t TotalStreamBytes(const ConvertPlan& plan) {
 
 bool MapShuffleWrite(const ConvertOptions& o, const Planned& x, shuffle::Comm& comm, std::ostream& err, RankOutput& out) {
   const bool talk = comm.rank() == 0 && !o.quiet;
-  out.threads = o.threads > 0 ? o.threads : AvailableCores();
+  out.threads = ThreadsOf(o);
   const int64_t total_stream = TotalStreamBytes(x.plan);
   ProgressLine progress("ucp-convert", talk && o.progress, total_stream);
   {

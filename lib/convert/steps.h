@@ -28,6 +28,9 @@
 
 namespace ucp::convert {
 
+// The threads a rank writes (and checks weight copies) with: --threads, else its cores.
+inline int ThreadsOf(const ConvertOptions& o) { return o.threads > 0 ? o.threads : AvailableCores(); }
+
 using Clock = std::chrono::steady_clock;
 inline double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
