@@ -80,6 +80,8 @@ const std::map<std::string, Renamed>& RenamedKeys() {
       {"self_attention.dense.bias", {"self_attn.o_proj.bias"}},
       {"mlp.dense_4h_to_h.weight", {"mlp.down_proj.weight"}},
       {"mlp.dense_4h_to_h.bias", {"mlp.down_proj.bias"}},
+      // DeepSpeed MoE's gate (Mixtral's router)
+      {"mlp.deepspeed_moe.gate.wg.weight", {"block_sparse_moe.gate.weight"}},
       // torchtitan's: q and k rotate interleaved pairs
       {"attention_norm.weight", {"input_layernorm.weight"}},
       {"ffn_norm.weight", {"post_attention_layernorm.weight"}},
@@ -136,7 +138,25 @@ struct Cut {
   // taking blocks[k] rows of every group, in order; else each takes its `rows` in turn.
   std::vector<int64_t> blocks = {};
   int64_t group_rows = 0;
+  // The rows' layout is the module's own whatever the checkpoint records (a DeepSpeed MoE expert's
+  // [gate; up]: ParallelMLP's SwiGLU halves, the expert never split by TP): sub-parameter sizes,
+  // where the checkpoint has them, must agree.
+  bool own_layout = false;
 };
+
+// A DeepSpeed MoE expert's tensors (mlp.deepspeed_moe.experts.deepspeed_experts.<E>.<key>) as
+// Mixtral's (block_sparse_moe.experts.<E>.<names>): w1 the gate, w3 the up projection, w2 the down.
+struct ExpertKey {
+  const char* key;
+  std::vector<const char*> names;
+};
+const std::vector<ExpertKey>& ExpertKeys() {
+  static const std::vector<ExpertKey> keys = {
+      {"dense_h_to_4h.weight", {"w1.weight", "w3.weight"}},
+      {"dense_4h_to_h.weight", {"w2.weight"}},
+  };
+  return keys;
+}
 
 Cut FusedCut(const Fused& f, const std::string& kind, const LlamaFacts& m) {
   const int64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
@@ -156,6 +176,18 @@ Cut FusedCut(const Fused& f, const std::string& kind, const LlamaFacts& m) {
 }
 
 std::optional<Cut> CutOf(const std::string& key, const LlamaFacts& m) {
+  static const std::regex expert(R"(^mlp\.deepspeed_moe\.experts\.deepspeed_experts\.(\d+)\.(.+)$)");
+  std::smatch e;
+  if (std::regex_match(key, e, expert) && e[1].length() < 9 && std::stoll(e[1]) < m.experts) {
+    for (const ExpertKey& k : ExpertKeys()) {
+      if (e[2] != k.key) continue;
+      Cut cut;
+      for (const char* n : k.names) cut.names.push_back("block_sparse_moe.experts." + e[1].str() + "." + n);
+      if (cut.names.size() == 2) cut.rows = {m.ffn, m.ffn}, cut.own_layout = true;
+      return cut;
+    }
+    return std::nullopt;
+  }
   if (auto it = RenamedKeys().find(key); it != RenamedKeys().end()) return Cut{{it->second.name}, {}, it->second.rotary};
   const size_t dot = key.rfind('.');
   const std::string kind = dot == std::string::npos ? "" : key.substr(dot + 1);
@@ -173,6 +205,8 @@ std::vector<int64_t> WholeShape(const std::string& name, const LlamaFacts& m) {
   if (name == "self_attn.q_proj.weight") return {q, m.hidden};
   if (name == "self_attn.k_proj.weight" || name == "self_attn.v_proj.weight") return {kv, m.hidden};
   if (name == "mlp.gate_proj.weight" || name == "mlp.up_proj.weight") return {m.ffn, m.hidden};
+  if (name == "block_sparse_moe.gate.weight") return {m.experts, m.hidden};
+  if (name.ends_with(".w2.weight")) return {m.hidden, m.ffn};  // an expert's down projection
   return {m.hidden};  // the norms, the biases of o_proj and down_proj
 }
 
@@ -304,7 +338,7 @@ void Placement::PlaceFused(const reshard::Atom& a, const Cut& cut, const std::ve
   int64_t rows = 0;
   for (int64_t r : cut.rows) rows += r;
   Expect(a.name, shape, bias ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, m_.hidden}, in.stacked >= 0);
-  if (in.stacked < 0 && a.sub_param_sizes != cut.rows)  // Megatron-DeepSpeed's: as its sub-parameter sizes say
+  if (in.stacked < 0 && a.sub_param_sizes != cut.rows && !(cut.own_layout && a.sub_param_sizes.empty()))  // Megatron-DeepSpeed's: as its sub-parameter sizes say
     throw Refuse(a.name, a.sub_param_sizes.empty()
                              ? "the checkpoint does not say how its rows are fused (no sub-parameter shape in its "
                                "universal_checkpoint_info): Megatron models interleave them in more than one way, "
@@ -337,8 +371,14 @@ std::vector<ExportTensor> Placement::InModelOrder() {
     made_.erase(it);
   };
   take("model.embed_tokens.weight", true);
+  std::vector<std::string> layer_order;  // a sparse MoE block in place of the MLP (Mixtral)
+  for (const std::string& key : LayerOrder())
+    if (m_.experts == 0 || !key.starts_with("mlp.")) layer_order.push_back(key);
+  if (m_.experts > 0) layer_order.push_back("block_sparse_moe.gate.weight");
+  for (int64_t e = 0; e < m_.experts; ++e)
+    for (const char* w : {"w1", "w2", "w3"}) layer_order.push_back("block_sparse_moe.experts." + std::to_string(e) + "." + w + ".weight");
   for (int64_t i = 0; i < m_.layers; ++i)
-    for (const std::string& key : LayerOrder()) {
+    for (const std::string& key : layer_order) {
       const bool is_bias = key.ends_with(".bias");
       const bool needed = !is_bias || (key.starts_with("self_attn") ? m_.attention_bias : m_.mlp_bias);
       take("model.layers." + std::to_string(i) + "." + key, needed);
