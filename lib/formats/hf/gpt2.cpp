@@ -96,7 +96,7 @@ std::vector<std::string> Differences(const ModelView& v, const Facts& f) {
   if (FirstOf(v, R"(^(decoder\.layers|embedding)\..*)"))
     differs.push_back("Megatron-Core's names (decoder.layers.*, embedding.*): GPT-2 is written from Megatron-DeepSpeed's "
                       "GPTModel and GPTModelPipe names only");
-  if (v.moe || ArgSet(v, "num_moe_experts")) differs.push_back("Mixture of Experts (GPT2LMHeadModel: dense)");
+  if (v.moe || ArgSet(v, "num_moe_experts")) differs.push_back("Mixture-of-Experts layers (DeepSpeed MoE experts; GPT2LMHeadModel is dense)");
   for (const char* key : {"apply_residual_connection_post_layernorm", "apply_layernorm_1p", "qk_layernorm"})
     if (ArgSet(v, key)) differs.push_back(std::string(key) + " set in the checkpoint's args");
   return differs;
