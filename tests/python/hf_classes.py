@@ -10,12 +10,12 @@ sha256 of every file it read).
 gpt2_tiny: the model's tensors are held as Megatron-DeepSpeed holds them (Conv1D weights transposed
 to Linear's [out, in]; c_attn's [q; k; v] columns as ParallelAttention's head-by-head rows [q_i; k_i;
 v_i]); scripts/make_fixture.py --weights-from shards exactly those into a DeepSpeed checkpoint (TP 2,
-DP 2, ZeRO-1, vocabulary padding), ucp-convert makes the atomic checkpoint, ucp-reshard --format hf
-exports it. Checked:
+DP 2, ZeRO-1, vocabulary padding; and GPTModelPipe's names over 2 stages), ucp-convert makes the atomic
+checkpoint, ucp-reshard --format hf exports it. Checked:
 - every tensor of the export equals the model's own, bit for bit, under its own name (lm_head tied,
   not written, as save_pretrained writes it); config.json says the model's sizes and activation;
 - the export's files are the bytes transformers loaded (exports.json: nothing missing or unexpected,
-  logits equal to the model's own); 2 ranks write the same bytes as 1;
+  logits equal to the model's own); 2 ranks write the same bytes as 1, and so does the pipeline's naming;
 - a checkpoint that does not say which GeLU it computed is refused asking for bias_gelu_fusion;
   with the fused tanh kernel (bias_gelu_fusion true) the activation is "gelu_new", said in a note.
 
@@ -146,6 +146,15 @@ if MPIEXEC:
     same = r.returncode == 0 and r1.returncode == 0 and sorted(os.listdir(two)) == sorted(os.listdir(one + "_cut")) and all(
         sha256(os.path.join(two, f)) == sha256(os.path.join(one + "_cut", f)) for f in os.listdir(two) if not f.startswith("."))
     check("2 ranks, files cut at 20KB: the same bytes as 1 rank", same, r.stderr[-400:] + r1.stderr[-400:])
+
+# The same weights under GPTModelPipe's names (tied_modules.embed.*, <spec>.*), over 2 pipeline stages.
+pipe_ckpt, pipe_atomic, pipe_out = (os.path.join(WORK, f"{name}_pipe_{x}") for x in ("ds", "atomic", "hf"))
+r = subprocess.run([sys.executable, FIXTURE, pipe_ckpt, "--family", "gpt", "--pp", "2", "--zero-stage", "1", "--dtype", "fp32",
+                    "--weights-from", weights], capture_output=True, text=True)
+r = r if r.returncode else run("ucp-convert", [pipe_ckpt, "-o", pipe_atomic, "-q", "--force"])
+r = r if r.returncode else run("ucp-reshard", [pipe_atomic, "-o", pipe_out, "--format", "hf", "--model-config", facts, "--force"])
+check("GPTModelPipe names over 2 stages: the same bytes", r.returncode == 0 and all(
+    sha256(os.path.join(pipe_out, f)) == sha256(os.path.join(one, f)) for f in os.listdir(one) if not f.startswith(".")), r.stderr[-400:])
 
 
 def load_ds(path):

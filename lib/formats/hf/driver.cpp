@@ -31,34 +31,40 @@ std::string ShardName(int i, int n) {
   return name;
 }
 
-// A model ucp translates (Megatron's, torchtitan's, Megatron-Core's names): LlamaForCausalLM, its
-// config.json written from the facts, the index always (the commit point).
-reshard::ExportPlan PlanLlama(const reshard::Source& S, const reshard::ExportOptions& o) {
-  reshard::ExportPlan P;
-  P.dtype = o.dtype.empty() ? reshard::ResolvedDtype({}, S.manifest["source"]) : o.dtype;
-  const hf::LlamaFacts m = hf::LlamaFactsOf(S, o, P.notes);
-  P.model = "LlamaForCausalLM";
-  P.tensors = hf::LlamaTensors(S, m);
+// The files of a translated model once its tensors are placed: cut by --max-shard-size, its
+// config.json, the index last (the commit point).
+void FinishTranslated(reshard::ExportPlan& P, const reshard::ExportOptions& o, std::string config) {
   P.files = reshard::CutIntoFiles(P, o.max_file_bytes, ShardName);
   SizeFiles(P);
-  P.side_files.emplace_back("config.json", hf::LlamaConfigJson(m, P.dtype));
+  P.side_files.emplace_back("config.json", std::move(config));
   P.marker = kIndexName;
   P.marker_text = hf::SafetensorsIndex(P);
+}
+
+std::string TranslatedDtype(const reshard::Source& S, const reshard::ExportOptions& o) {
+  return o.dtype.empty() ? reshard::ResolvedDtype({}, S.manifest["source"]) : o.dtype;
+}
+
+// A model ucp translates (Megatron's, torchtitan's, Megatron-Core's names): LlamaForCausalLM (or
+// MixtralForCausalLM with DeepSpeed MoE experts), its config.json written from the facts.
+reshard::ExportPlan PlanLlama(const reshard::Source& S, const reshard::ExportOptions& o) {
+  reshard::ExportPlan P;
+  P.dtype = TranslatedDtype(S, o);
+  const hf::LlamaFacts m = hf::LlamaFactsOf(S, o, P.notes);
+  P.model = m.experts > 0 ? "MixtralForCausalLM" : "LlamaForCausalLM";
+  P.tensors = hf::LlamaTensors(S, m);
+  FinishTranslated(P, o, hf::LlamaConfigJson(m, P.dtype));
   return P;
 }
 
 // A GPT-shaped model (learned positions): GPT2LMHeadModel, its config.json written from the facts.
 reshard::ExportPlan PlanGpt2(const reshard::Source& S, const reshard::ExportOptions& o) {
   reshard::ExportPlan P;
-  P.dtype = o.dtype.empty() ? reshard::ResolvedDtype({}, S.manifest["source"]) : o.dtype;
+  P.dtype = TranslatedDtype(S, o);
   const hf::Gpt2Facts m = hf::Gpt2FactsOf(S, o, P.notes);
   P.model = "GPT2LMHeadModel";
   P.tensors = hf::Gpt2Tensors(S, m);
-  P.files = reshard::CutIntoFiles(P, o.max_file_bytes, ShardName);
-  SizeFiles(P);
-  P.side_files.emplace_back("config.json", hf::Gpt2ConfigJson(m, P.dtype));
-  P.marker = kIndexName;
-  P.marker_text = hf::SafetensorsIndex(P);
+  FinishTranslated(P, o, hf::Gpt2ConfigJson(m, P.dtype));
   return P;
 }
 

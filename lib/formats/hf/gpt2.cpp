@@ -157,12 +157,6 @@ Gpt2Facts Gpt2FactsOf(const reshard::Source& S, const reshard::ExportOptions& o,
 
 namespace {
 
-std::string ShapeText(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 // One parameter as its GPT-2 tensor: the shape Megatron holds it in (checked), the rows, a transpose.
 class Gpt2Placement {
  public:
@@ -195,8 +189,8 @@ std::vector<int64_t> Gpt2Placement::MegatronShape(const std::string& key) const 
 
 void Gpt2Placement::Add(const reshard::Atom& a, ExportTensor t, const std::vector<int64_t>& want) {
   if (a.shape != want)
-    throw Refuse(a.name, "shape " + ShapeText(a.shape) + ", but the model's sizes (hidden " + std::to_string(m_.hidden) + ", " +
-                             std::to_string(m_.heads) + " heads, FFN " + std::to_string(m_.ffn) + ") give " + ShapeText(want));
+    throw Refuse(a.name, "shape " + pt::ShapeString(a.shape) + ", but the model's sizes (hidden " + std::to_string(m_.hidden) + ", " +
+                             std::to_string(m_.heads) + " heads, FFN " + std::to_string(m_.ffn) + ") give " + pt::ShapeString(want));
   if (made_.count(t.name)) throw Refuse(a.name, "a second parameter for " + t.name + " (also '" + made_[t.name].source + "')");
   t.source = a.name;
   made_.emplace(t.name, std::move(t));
@@ -212,7 +206,7 @@ void Gpt2Placement::Place(const reshard::Atom& a, int atom) {
   if (auto it = ModelKeys().find(name); it != ModelKeys().end()) {
     const bool wte = it->second == "transformer.wte.weight", wpe = it->second == "transformer.wpe.weight";
     if (wte && (a.shape.size() != 2 || a.shape[0] < m_.vocab || a.shape[1] != h))
-      throw Refuse(a.name, "shape " + ShapeText(a.shape) + ", expected at least " + std::to_string(m_.vocab) + " rows of " + std::to_string(h));
+      throw Refuse(a.name, "shape " + pt::ShapeString(a.shape) + ", expected at least " + std::to_string(m_.vocab) + " rows of " + std::to_string(h));
     const int64_t rows = wte ? m_.vocab : wpe ? m_.positions : h;  // the vocabulary padding rows dropped
     const std::vector<int64_t> shape = wte || wpe ? std::vector<int64_t>{rows, h} : std::vector<int64_t>{h};
     return Add(a, {it->second, atom, "", 0, rows, shape}, wte ? a.shape : shape);
@@ -233,7 +227,7 @@ void Gpt2Placement::PlaceBlock(const reshard::Atom& a, int atom, int64_t layer, 
     const int64_t h = m_.hidden, hd = m_.hidden / m_.heads;
     if (a.sub_param_sizes.empty()) t.part_rows = h, t.part_step = hd, t.block = hd, t.stride = 3 * hd;
     else if (a.sub_param_sizes != std::vector<int64_t>{h, h, h})
-      throw Refuse(a.name, "sub-parameter sizes " + ShapeText(a.sub_param_sizes) + ", but GPT-2's attention has q, k and v of " +
+      throw Refuse(a.name, "sub-parameter sizes " + pt::ShapeString(a.sub_param_sizes) + ", but GPT-2's attention has q, k and v of " +
                                std::to_string(h) + " rows each");
   }
   Add(a, std::move(t), want);

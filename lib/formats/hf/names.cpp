@@ -210,12 +210,6 @@ std::vector<int64_t> WholeShape(const std::string& name, const LlamaFacts& m) {
   return {m.hidden};  // the norms, the biases of o_proj and down_proj
 }
 
-std::string Shape(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 // Each layer's tensors in the order LlamaForCausalLM holds them.
 const std::vector<std::string>& LayerOrder() {
   static const std::vector<std::string> order = {
@@ -276,10 +270,10 @@ void Placement::Add(const std::string& source, ExportTensor t) {
 void Placement::Expect(const std::string& name, const std::vector<int64_t>& shape, const std::vector<int64_t>& want,
                        bool per_layer) const {
   if (shape != want)
-    throw Refuse(name, "shape " + Shape(shape) + (per_layer ? " per layer" : "") + ", but the model's sizes (hidden " +
+    throw Refuse(name, "shape " + pt::ShapeString(shape) + (per_layer ? " per layer" : "") + ", but the model's sizes (hidden " +
                            std::to_string(m_.hidden) + ", " + std::to_string(m_.heads) + " heads and " + std::to_string(m_.kv_heads) +
                            " key-value heads of " + std::to_string(m_.head_dim) + ", FFN " + std::to_string(m_.ffn) + ") give " +
-                           Shape(want) + ": check num_attention_heads, num_key_value_heads, kv_channels, ffn_hidden_size");
+                           pt::ShapeString(want) + ": check num_attention_heads, num_key_value_heads, kv_channels, ffn_hidden_size");
 }
 
 void Placement::Place(const reshard::Atom& a, int atom) {
@@ -293,7 +287,7 @@ void Placement::Place(const reshard::Atom& a, int atom) {
     case Slot::Layer: PlaceLayer(a, atom, slot->layer, -1, slot->key, shape); break;
     case Slot::Stacked: {  // layer i is index i of the leading axis
       if (shape.size() < 2 || shape[0] != m_.layers)
-        throw Refuse(a.name, "shape " + Shape(shape) + ": a stacked layers' tensor of the model's " + std::to_string(m_.layers) +
+        throw Refuse(a.name, "shape " + pt::ShapeString(shape) + ": a stacked layers' tensor of the model's " + std::to_string(m_.layers) +
                                  " layers has them on its leading axis");
       const std::vector<int64_t> per_layer(shape.begin() + 1, shape.end());
       for (int64_t l = 0; l < m_.layers; ++l) PlaceLayer(a, atom, l, l, slot->key, per_layer);
@@ -311,7 +305,7 @@ void Placement::PlaceEnd(const reshard::Atom& a, int atom, Slot::Kind kind) {
     return;
   }
   if (shape.size() != 2 || shape[1] != m_.hidden || shape[0] < m_.vocab)
-    throw Refuse(a.name, "shape " + Shape(shape) + ", expected at least " + std::to_string(m_.vocab) + " rows of " +
+    throw Refuse(a.name, "shape " + pt::ShapeString(shape) + ", expected at least " + std::to_string(m_.vocab) + " rows of " +
                              std::to_string(m_.hidden));
   const std::string name = kind == Slot::Embedding ? "model.embed_tokens.weight" : "lm_head.weight";
   Add(a.name, {name, atom, "", 0, m_.vocab, {m_.vocab, m_.hidden}});
@@ -343,7 +337,7 @@ void Placement::PlaceFused(const reshard::Atom& a, const Cut& cut, const std::ve
                              ? "the checkpoint does not say how its rows are fused (no sub-parameter shape in its "
                                "universal_checkpoint_info): Megatron models interleave them in more than one way, "
                                "and ucp does not guess"
-                             : "sub-parameter sizes " + Shape(a.sub_param_sizes) + ", the model's sizes give " + Shape(cut.rows));
+                             : "sub-parameter sizes " + pt::ShapeString(a.sub_param_sizes) + ", the model's sizes give " + pt::ShapeString(cut.rows));
   int64_t at = 0;
   for (size_t k = 0; k < cut.names.size(); ++k) {
     std::vector<int64_t> s = bias ? std::vector<int64_t>{cut.rows[k]} : std::vector<int64_t>{cut.rows[k], cols};
