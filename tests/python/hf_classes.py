@@ -28,11 +28,14 @@ llama --moe-layers 0,1, 8 steps), its model_facts.json the harness's settings by
   vocabulary padding dropped; config.json says MixtralForCausalLM with 4 experts, 2 per token;
 - transformers loaded exactly these files and its logits equal the harness model's own (DeepSpeed's
   load_checkpoint, harness_logits.json) within 1e-5 (exports.json);
-- the gate settings unsaid are asked for; top-1, token dropping, sampled second experts refused by name.
+- the gate settings unsaid are asked for; top-1, token dropping, sampled second experts refused by name;
+  mixtral_dense_ds0195 (the same harness, --moe-layers 1 of 2: layer 0 dense) is refused naming its
+  dense layer, from the run's root before a conversion.
 """
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -237,4 +240,14 @@ check(f"{name}: transformers loaded ucp's export, no key missing or unexpected",
 check(f"{name}: transformers' logits equal the harness model's within 1e-5", rec.get("max_abs_diff", 1) < 1e-5, str(rec.get("max_abs_diff")))
 files = {f: sha256(os.path.join(one, f)) for f in sorted(os.listdir(one)) if f.endswith((".json", ".safetensors")) and not f.startswith(".")}
 check(f"{name}: the export's files are the bytes transformers read", files == rec.get("files"), f"{files} vs {rec.get('files')}")
+
+# Layer 0 dense, layer 1 MoE (train.py --moe-layers 1): Mixtral has no dense layer; refused by name
+# from the training run's root, before anything is converted.
+root = os.path.join(WORK, "dense_mix_root")
+shutil.rmtree(root, ignore_errors=True)
+shutil.copytree(os.path.join(DATA, "mixtral_dense_ds0195", "ckpt"), root)
+out = os.path.join(WORK, "dense_mix_hf")
+r = run("ucp-reshard", [root, "-o", out, "--format", "hf", "--model-config", given])
+check("a dense layer among MoE ones: refused naming it, before converting", r.returncode == 1 and "dense MLP layers" in r.stderr and
+      "layer index 0" in r.stderr and not os.path.exists(out) and sorted(os.listdir(root)) == ["global_step1", "latest"], r.stderr[-500:])
 finish("hf_classes")
