@@ -253,6 +253,8 @@ def main():
     ap.add_argument("--scale", type=int, default=1, help="multiply hidden size (for benchmarks)")
     ap.add_argument("--zero-vocab-padding", action="store_true",
                     help="fill vocabulary padding rows with zeros (as a reshard re-pads) instead of noise")
+    ap.add_argument("--weights-from", metavar="FILE.pt",
+                    help="the fp32 weights: a torch.save'd {GPTModel name: full tensor} (a real model's) instead of drawn ones")
     ap.add_argument("--average-norms", action="store_true",
                     help="input layer norms differ per TP rank and are averaged (parameter_to_average_patterns)")
     a = ap.parse_args()
@@ -286,6 +288,15 @@ def main():
     # bf16 with ZeRO stage 0 or 1 runs DeepSpeed's BF16_Optimizer (under PP it is the only choice).
     bf16_optimizer = bf16 and a.zero_stage in (0, 1)
     truth = draw_truth(model, a.seed)
+    if a.weights_from:  # a known model's weights (Adam's moments stay drawn)
+        given = torch.load(a.weights_from)
+        for name, state in truth.items():
+            w = given.pop(model.plain_name(name))
+            if tuple(w.shape) != tuple(state["fp32"].shape):
+                ap.error(f"{a.weights_from}: {model.plain_name(name)} is {tuple(w.shape)}, the model's {tuple(state['fp32'].shape)}")
+            state["fp32"] = w.float().contiguous()
+        if given:
+            ap.error(f"{a.weights_from}: {sorted(given)[0]} is no parameter of the fixture's model")
     shapes = {n: s for n, s, _, _ in model.params()}
     patterns = {n: p for n, _, p, _ in model.params()}
     pad = model.padded_vocab(a.tp) - model.vocab

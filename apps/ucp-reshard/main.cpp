@@ -47,8 +47,9 @@ constexpr const char* kDescription =
       "  {\"dp\": 4, \"tp\": 2, \"pp\": 2, \"zero_stage\": 1, \"dtype\": \"bf16\", \"partition_method\": [0, 4, 7]}\n"
       "with flags overriding the file's values.\n\n"
       "--format hf writes a Hugging Face transformers model instead (config.json, safetensors files, the index last):\n"
-      "LlamaForCausalLM, fused QKV and SwiGLU tensors split as the checkpoint records them, vocabulary padding\n"
-      "removed, in the source job's dtype unless --dtype; no layout flags. A model no transformers class\n"
+      "LlamaForCausalLM, MixtralForCausalLM (every MLP a top-2 DeepSpeed MoE layer) or GPT2LMHeadModel (learned\n"
+      "positions, LayerNorm, GeLU; Conv1D weights transposed), fused QKV and SwiGLU tensors split as the checkpoint\n"
+      "records them, vocabulary padding removed, in the source job's dtype unless --dtype; no layout flags. A model no transformers class\n"
       "describes exactly is refused by name; facts the checkpoint lacks come from --model-config FILE.\n\n"
       "Exit status: 0 done; 1 refused or failed (the reason names the parameter or file); 2 bad command line.\n\n"
       "Examples:\n"
@@ -109,7 +110,8 @@ std::vector<CLI::Option*> AddModelFlags(CLI::App& app, ReshardCommand& c) {
                  "with --format hf: a JSON object of model facts the checkpoint does not hold, by Megatron's argument "
                  "names (hidden_size, num_layers, num_attention_heads, num_key_value_heads, ffn_hidden_size, "
                  "max_position_embeddings, normalization, swiglu, position_embedding_type, layernorm_epsilon, "
-                 "rope_theta); a value the checkpoint's args also give must agree. For a checkpoint whose parameters "
+                 "rope_theta; GPT-2: bias_gelu_fusion, openai_gelu; Mixtral: topk, moe_token_dropping, "
+                 "moe_top2_2nd_expert_sampling); a value the checkpoint's args also give must agree. For a checkpoint whose parameters "
                  "carry Hugging Face's own names (a Trainer job's): the model's config.json, when the atomic checkpoint "
                  "carries none (job/config.json); it is written unchanged, with the generation_config.json beside it")
       ->check(CLI::ExistingFile);

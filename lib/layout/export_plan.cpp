@@ -49,6 +49,11 @@ std::vector<ExportFile> CutIntoFiles(const ExportPlan& P, int64_t max_bytes,
 
 void ToTargetRowOrder(const ExportTensor& t, const float* in, float* out, int64_t n, int64_t per_row) {
   const int64_t d = t.rotary_head_dim;
+  if (t.transposed) {  // selected row i, column j -> target row j, column i
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < per_row; ++j) out[j * n + i] = in[i * per_row + j];
+    return;
+  }
   if (d <= 0) {
     std::copy(in, in + n * per_row, out);
     return;
@@ -69,6 +74,8 @@ nlohmann::json ExportPlanJson(const ExportPlan& P, const std::vector<int>& owner
       if (t.rotary_head_dim > 0) tensors.back()["rotary_head_dim"] = t.rotary_head_dim;
       if (t.layer >= 0) tensors.back()["layer"] = t.layer;
       if (t.block > 0) tensors.back()["rows_in_blocks"] = {{"block", t.block}, {"stride", t.stride}};
+      if (t.part_rows > 0) tensors.back()["rows_in_parts"] = {{"rows", t.part_rows}, {"step", t.part_step}};
+      if (t.transposed) tensors.back()["transposed"] = true;
     }
     files.push_back({{"name", P.files[f].name}, {"bytes", P.files[f].bytes}, {"rank", owner.at(f)}, {"tensors", tensors}});
   }

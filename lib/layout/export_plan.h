@@ -35,13 +35,34 @@ struct ExportTensor {
   // projection): the atomic tensor's rotary pairs interleaved (2i, 2i + 1: Meta's and torchtitan's
   // rotary) become the target's halves (i, i + d/2: Hugging Face's rotate-half). 0: rows as they are.
   int64_t rotary_head_dim = 0;
+  // > 0: the rows come in parts of `part_rows` each, part k's taken (by the block rule) from
+  // row_begin + k * part_step: a fused [q; k; v] tensor whose atomic rows interleave head by head
+  // (Megatron's [heads, 3, head_dim]) is q's rows of every head, then k's, then v's.
+  int64_t part_rows = 0, part_step = 0;
+  // The target (2-D) is the transpose of the rows selected: shape [columns, rows selected] (a
+  // Conv1D weight, GPT-2's, is [in, out], a Linear's transpose). Written from the tensor's rows whole.
+  bool transposed = false;
   int64_t numel() const;
   int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
+  // The rows selected from the atomic tensor (ForEachAtomRun's range): the target's rows, or its
+  // columns when it is transposed.
+  int64_t source_rows() const { return transposed ? shape.at(1) : rows(); }
 };
 
-// The atomic rows that target rows [a, b) of `t` are, as runs in order: fn(first atomic row, rows).
+// The atomic rows that selected rows [a, b) of `t` are (source_rows()), as runs in order:
+// fn(first atomic row, rows).
 template <class Fn>
 void ForEachAtomRun(const ExportTensor& t, int64_t a, int64_t b, Fn&& fn) {
+  if (t.part_rows > 0) {  // part by part, each from its own first row
+    for (int64_t r = a; r < b;) {
+      const int64_t part = r / t.part_rows, end = std::min(b, (part + 1) * t.part_rows);
+      ExportTensor one = t;
+      one.part_rows = 0, one.row_begin = t.row_begin + part * t.part_step;
+      ForEachAtomRun(one, r - part * t.part_rows, end - part * t.part_rows, fn);
+      r = end;
+    }
+    return;
+  }
   if (t.block <= 0) {
     if (b > a) fn(t.row_begin + a, b - a);
     return;
@@ -54,7 +75,9 @@ void ForEachAtomRun(const ExportTensor& t, int64_t a, int64_t b, Fn&& fn) {
 }
 
 // Rows [0, n) of the target tensor `t` from the same rows of the atomic tensor in its order (`in`,
-// `per_row` values each; n a multiple of t.rotary_head_dim where that is set) into `out`.
+// `per_row` values each; n a multiple of t.rotary_head_dim where that is set) into `out`. A
+// transposed tensor: `in` is every selected row (n = source_rows(), per_row its columns), `out` the
+// whole target.
 void ToTargetRowOrder(const ExportTensor& t, const float* in, float* out, int64_t n, int64_t per_row);
 
 // One file of the target: its tensors in the order their bytes lie in it.

@@ -135,8 +135,9 @@ shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
 
 if not llama_shaped():
-    # What the weights show (norm biases, a position table) refuses it before any fact is asked for.
-    refused("a GPT-style model", [], ["normalization 'layernorm'", "LlamaForCausalLM", "learned absolute position",
+    # What the weights show refuses it before any fact is asked for.
+    # GPT-2's class takes learned positions and LayerNorm, but not the case's GQA and SwiGLU.
+    refused("a GPT-style model", [], ["GPT2LMHeadModel", "grouped-query attention", "SwiGLU", "LlamaForCausalLM",
                                       "fp32.pt"])
     # From a training run's root with nothing to reuse: refused before a conversion is made for nothing.
     root = os.path.join(WORK, "root")

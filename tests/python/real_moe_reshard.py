@@ -370,7 +370,8 @@ def main():
             else:
                 flags += [k, v]
         print("refused:", refused(reshard, atomic, work, flags, needle)[:110])
-    # No Hugging Face class is written for DeepSpeed's MoE experts (issue 30): refused by name.
+    # These GPT-shaped MoE models fit no class (GPT2LMHeadModel is dense; MixtralForCausalLM needs RMSNorm,
+    # rotary, every layer MoE): refused by name.
     print("refused:", refused(reshard, atomic, work, ["--format", "hf"], "Mixture-of-Experts")[:110])
     print("ok")
 

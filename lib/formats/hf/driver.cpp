@@ -1,10 +1,12 @@
-// The Hugging Face format's row of the registry (formats/registry.h): a target, LlamaForCausalLM in
-// safetensors (model.h which class and its config.json, names.h its tensors, safetensors.h its files),
+// The Hugging Face format's row of the registry (formats/registry.h): a target, LlamaForCausalLM or
+// MixtralForCausalLM in safetensors (model.h which class and its config.json, names.h its tensors,
+// mixtral.h the MoE gate), GPT2LMHeadModel (gpt2.h), safetensors.h the files,
 // or a model whose parameters already carry Hugging Face's names, as it is (own_model.h).
 #include <cstdio>
 
 #include "core/error.h"
 #include "formats/driver.h"
+#include "formats/hf/gpt2.h"
 #include "formats/hf/model.h"
 #include "formats/hf/names.h"
 #include "formats/hf/own_model.h"
@@ -29,19 +31,40 @@ std::string ShardName(int i, int n) {
   return name;
 }
 
-// A model ucp translates (Megatron's, torchtitan's, Megatron-Core's names): LlamaForCausalLM, its
-// config.json written from the facts, the index always (the commit point).
-reshard::ExportPlan PlanLlama(const reshard::Source& S, const reshard::ExportOptions& o) {
-  reshard::ExportPlan P;
-  P.dtype = o.dtype.empty() ? reshard::ResolvedDtype({}, S.manifest["source"]) : o.dtype;
-  const hf::LlamaFacts m = hf::LlamaFactsOf(S, o, P.notes);
-  P.model = "LlamaForCausalLM";
-  P.tensors = hf::LlamaTensors(S, m);
+// The files of a translated model once its tensors are placed: cut by --max-shard-size, its
+// config.json, the index last (the commit point).
+void FinishTranslated(reshard::ExportPlan& P, const reshard::ExportOptions& o, std::string config) {
   P.files = reshard::CutIntoFiles(P, o.max_file_bytes, ShardName);
   SizeFiles(P);
-  P.side_files.emplace_back("config.json", hf::LlamaConfigJson(m, P.dtype));
+  P.side_files.emplace_back("config.json", std::move(config));
   P.marker = kIndexName;
   P.marker_text = hf::SafetensorsIndex(P);
+}
+
+std::string TranslatedDtype(const reshard::Source& S, const reshard::ExportOptions& o) {
+  return o.dtype.empty() ? reshard::ResolvedDtype({}, S.manifest["source"]) : o.dtype;
+}
+
+// A model ucp translates (Megatron's, torchtitan's, Megatron-Core's names): LlamaForCausalLM (or
+// MixtralForCausalLM with DeepSpeed MoE experts), its config.json written from the facts.
+reshard::ExportPlan PlanLlama(const reshard::Source& S, const reshard::ExportOptions& o) {
+  reshard::ExportPlan P;
+  P.dtype = TranslatedDtype(S, o);
+  const hf::LlamaFacts m = hf::LlamaFactsOf(S, o, P.notes);
+  P.model = m.experts > 0 ? "MixtralForCausalLM" : "LlamaForCausalLM";
+  P.tensors = hf::LlamaTensors(S, m);
+  FinishTranslated(P, o, hf::LlamaConfigJson(m, P.dtype));
+  return P;
+}
+
+// A GPT-shaped model (learned positions): GPT2LMHeadModel, its config.json written from the facts.
+reshard::ExportPlan PlanGpt2(const reshard::Source& S, const reshard::ExportOptions& o) {
+  reshard::ExportPlan P;
+  P.dtype = TranslatedDtype(S, o);
+  const hf::Gpt2Facts m = hf::Gpt2FactsOf(S, o, P.notes);
+  P.model = "GPT2LMHeadModel";
+  P.tensors = hf::Gpt2Tensors(S, m);
+  FinishTranslated(P, o, hf::Gpt2ConfigJson(m, P.dtype));
   return P;
 }
 
@@ -79,7 +102,7 @@ reshard::ExportPlan PlanHuggingFace(const reshard::Source& S, const reshard::Exp
       throw Error(o.model_config_path + ": a Hugging Face config.json, but the parameters carry " + (names.empty() ? "no" : "Megatron's or torchtitan's names ('" + names.front() + "')") +
                   ", which ucp-reshard --format hf translates into LlamaForCausalLM's and writes the config.json of: give "
                   "--model-config the facts the checkpoint lacks by Megatron's argument names instead (see --help)");
-    return PlanLlama(S, o);
+    return hf::Gpt2Shaped(hf::ViewOf(S)) ? PlanGpt2(S, o) : PlanLlama(S, o);
   }
   if (auto job = hf::JobConfigOf(S, o)) return PlanOwnModel(S, o, *job);
   throw Error(S.reader->dir() + ": the parameters ('" + (names.empty() ? std::string("none") : names.front()) + "', ...) are named "
@@ -105,7 +128,8 @@ void CheckHuggingFaceSource(const source::SourceIndex& L, const reshard::ExportO
   }
   if (!hf::TranslatedNaming(names)) return;  // Hugging Face's own names: the model's config.json decides, after the conversion
   std::vector<std::string> notes;
-  hf::RefuseUnlessLlama(v, o, notes);
+  if (hf::Gpt2Shaped(v)) hf::RefuseUnlessGpt2(v, o, notes);
+  else hf::RefuseUnlessLlama(v, o, notes);
 }
 
 }  // namespace
@@ -113,8 +137,10 @@ void CheckHuggingFaceSource(const source::SourceIndex& L, const reshard::ExportO
 const TargetDriver& HuggingFaceTarget() {
   static constexpr TargetDriver driver = {"hf",
      "Hugging Face transformers models (ucp-reshard --format hf): LlamaForCausalLM (RMSNorm, rotary, SwiGLU, "
-     "grouped-query attention, optional biases, tied or untied output layer) in safetensors, fused QKV and SwiGLU "
-     "tensors split as the checkpoint's sub-parameter shapes say, vocabulary padding removed; or any model whose "
+     "grouped-query attention, optional biases, tied or untied output layer), MixtralForCausalLM (the same, every MLP "
+     "a top-2 DeepSpeed MoE layer) or GPT2LMHeadModel (LayerNorm, learned positions, GeLU, Conv1D weights transposed) "
+     "in safetensors, fused QKV and SwiGLU tensors split as the checkpoint's sub-parameter shapes say, vocabulary "
+     "padding removed; or any model whose "
      "parameters carry Hugging Face's own names (a Trainer job's), as save_pretrained writes it, with the job's config.json; "
      "fp32 weights in the source's dtype unless --dtype; loaded by from_pretrained",
      "config.json, generation_config.json (a Trainer job's), model.safetensors or model-NNNNN-of-NNNNN.safetensors, "

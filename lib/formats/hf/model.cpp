@@ -1,4 +1,6 @@
 #include "formats/hf/model.h"
+#include "formats/hf/facts.h"
+#include "formats/hf/mixtral.h"
 
 #include <algorithm>
 #include <map>
@@ -16,177 +18,6 @@ using pt::Value;
 
 namespace {
 
-// The facts a model's export needs, by Megatron's argument names, and the JSON type each takes: the
-// keys --model-config may give (any other is refused: a misspelt key would otherwise be a default).
-enum class Type { Int, Number, Bool, String };
-struct Key {
-  const char* name;
-  Type type;
-  const char* meaning;
-};
-const std::vector<Key>& Keys() {
-  static const std::vector<Key> keys = {
-      {"hidden_size", Type::Int, "hidden size"},
-      {"num_layers", Type::Int, "transformer layers"},
-      {"num_attention_heads", Type::Int, "query heads"},
-      {"num_key_value_heads", Type::Int, "key-value heads (grouped-query attention)"},
-      {"group_query_attention", Type::Bool, "grouped-query attention (with num_query_groups)"},
-      {"num_query_groups", Type::Int, "key-value heads (with group_query_attention)"},
-      {"kv_channels", Type::Int, "head dimension"},
-      {"ffn_hidden_size", Type::Int, "FFN width"},
-      {"max_position_embeddings", Type::Int, "longest sequence the model was trained for"},
-      {"seq_length", Type::Int, "training sequence length (when max_position_embeddings is not said)"},
-      {"normalization", Type::String, "rmsnorm or layernorm"},
-      {"swiglu", Type::Bool, "SwiGLU MLP (true) or GeLU (false)"},
-      {"position_embedding_type", Type::String, "rope or learned_absolute"},
-      {"use_rotary_position_embeddings", Type::Bool, "rotary position embeddings"},
-      {"rotary_percent", Type::Number, "share of each head rotated"},
-      {"layernorm_epsilon", Type::Number, "the norms' epsilon"},
-      {"rope_theta", Type::Number, "rotary base"},
-      {"untie_embeddings_and_output_weights", Type::Bool, "an output layer apart from the word embedding"},
-  };
-  return keys;
-}
-
-bool OfType(const json& v, Type t) {
-  switch (t) {
-    case Type::Int: return v.is_number_integer();
-    case Type::Number: return v.is_number();
-    case Type::Bool: return v.is_boolean();
-    case Type::String: return v.is_string();
-  }
-  return false;
-}
-const char* TypeName(Type t) {
-  return t == Type::Int ? "an integer" : t == Type::Number ? "a number" : t == Type::Bool ? "true or false" : "a string";
-}
-
-// The known key closest to a misspelt one (edit distance at most 3), or "".
-std::string Closest(const std::string& key) {
-  std::string best;
-  size_t best_d = 4;
-  for (const Key& k : Keys()) {
-    const std::string n = k.name;
-    std::vector<size_t> row(n.size() + 1);
-    for (size_t j = 0; j <= n.size(); ++j) row[j] = j;
-    for (size_t i = 1; i <= key.size(); ++i) {
-      size_t diag = row[0];
-      row[0] = i;
-      for (size_t j = 1; j <= n.size(); ++j) {
-        const size_t up = row[j];
-        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (key[i - 1] == n[j - 1] ? 0 : 1)});
-        diag = up;
-      }
-    }
-    if (row[n.size()] < best_d) best_d = row[n.size()], best = n;
-  }
-  return best;
-}
-
-// One model fact by its Megatron name: the checkpoint's args.<key>, or --model-config's; both given
-// must agree. nullopt where neither says it.
-class Facts {
- public:
-  Facts(const ModelView& v, const reshard::ExportOptions& o) : v_(v), o_(o) {
-    if (!o.model_config.is_object()) return;
-    for (const auto& item : o.model_config.items()) {
-      const std::string given = item.key();
-      const std::string key = Canonical(given);
-      if (key != given && o.model_config.contains(key))
-        throw Error(o.model_config_path + ": both " + given + " and " + key + " are given: they name the same fact");
-      if (key != given) config_[key] = item.value();
-      const json& value = item.value();
-      auto k = std::find_if(Keys().begin(), Keys().end(), [&](const Key& x) { return key == x.name; });
-      if (k == Keys().end()) {
-        const std::string near = Closest(key);
-        const std::string known = JoinNames(Keys(), ", ", [](const Key& x) { return std::string(x.name); });
-        throw Error(o.model_config_path + ": unknown model fact '" + key + "'" + (near.empty() ? "" : " (did you mean '" + near + "'?)") +
-                    "; the facts, by Megatron's argument names (torchtitan's ModelArgs and Hugging Face's config names "
-                    "are read too: n_heads, norm_eps, max_seq_len, rms_norm_eps, ...): " + known);
-      }
-      if (!value.is_null() && !OfType(value, k->type))
-        throw Error(o.model_config_path + ": " + key + " is " + value.dump() + ", not " + TypeName(k->type) + " (" + k->meaning + ")");
-      Get(k->name);  // a value the checkpoint's args also give must agree: refused now, not after a conversion
-    }
-  }
-
-  std::optional<json> Get(const char* key) const {
-    std::optional<json> from_args;
-    if (const Value* v = v_.arg ? v_.arg(key) : nullptr) {
-      switch (v->kind) {
-        case Value::Kind::Bool: from_args = v->b; break;
-        case Value::Kind::Int: from_args = v->i; break;
-        case Value::Kind::Float: from_args = v->f; break;
-        case Value::Kind::Str: from_args = v->s; break;
-        default: break;  // None: not said
-      }
-    }
-    std::optional<json> from_file;
-    if (config_.contains(key) && !config_[key].is_null()) from_file = config_[key];
-    else if (o_.model_config.is_object() && o_.model_config.contains(key) && !o_.model_config[key].is_null())
-      from_file = o_.model_config[key];
-    if (from_args && from_file && !Same(*from_args, *from_file))
-      throw Error(o_.model_config_path + ": " + key + " is " + from_file->dump() + " but the checkpoint's args say " +
-                  from_args->dump() + " (" + v_.args_file + ")");
-    return from_args ? from_args : from_file;
-  }
-  // The facts --model-config gives that the checkpoint's args do not hold ("name value", as given):
-  // taken on trust, as nothing in the files records them to compare with.
-  std::vector<std::string> OnTrust() const {
-    std::vector<std::string> trusted;
-    if (!o_.model_config.is_object()) return trusted;
-    for (const auto& item : o_.model_config.items()) {
-      const Value* a = v_.arg ? v_.arg(Canonical(item.key()).c_str()) : nullptr;
-      if (!item.value().is_null() && (!a || a->kind == Value::Kind::None)) trusted.push_back(item.key() + " " + item.value().dump());
-    }
-    return trusted;
-  }
-  std::optional<int64_t> Int(const char* key) const {
-    auto v = Get(key);
-    if (v && !v->is_number_integer()) throw Error(Where(key) + ": " + key + " is " + v->dump() + ", not an integer");
-    return v ? std::optional<int64_t>(v->get<int64_t>()) : std::nullopt;
-  }
-  std::optional<bool> Flag(const char* key) const {
-    auto v = Get(key);
-    return v && v->is_boolean() ? std::optional<bool>(v->get<bool>()) : std::nullopt;
-  }
-  std::string Str(const char* key) const {
-    auto v = Get(key);
-    return v && v->is_string() ? v->get<std::string>() : "";
-  }
-  double Number(const char* key, double otherwise, std::vector<std::string>& notes, const char* why) const {
-    auto v = Get(key);
-    if (!v) {
-      notes.push_back(std::string(key) + " is not in the checkpoint's args: " + why);
-      return otherwise;
-    }
-    if (!v->is_number()) throw Error(Where(key) + ": " + key + " is " + v->dump() + ", not a number");
-    return v->get<double>();
-  }
-
- private:
-  static bool Same(const json& a, const json& b) {
-    if (a.is_number() && b.is_number()) return a.get<double>() == b.get<double>();
-    return a == b;
-  }
-  std::string Where(const char* key) const {
-    return v_.arg && v_.arg(key) ? v_.args_file + ": args" : o_.model_config_path;
-  }
-  // The Megatron name of a fact given by torchtitan's ModelArgs name or Hugging Face's config name;
-  // a name of neither is returned as it is.
-  static std::string Canonical(const std::string& key) {
-    static const std::map<std::string, std::string> aliases = {
-        {"dim", "hidden_size"}, {"n_layers", "num_layers"}, {"num_hidden_layers", "num_layers"},
-        {"n_heads", "num_attention_heads"}, {"n_kv_heads", "num_key_value_heads"}, {"head_dim", "kv_channels"},
-        {"ffn_hidden", "ffn_hidden_size"}, {"intermediate_size", "ffn_hidden_size"},
-        {"max_seq_len", "max_position_embeddings"}, {"norm_eps", "layernorm_epsilon"}, {"rms_norm_eps", "layernorm_epsilon"}};
-    auto it = aliases.find(key);
-    return it == aliases.end() ? key : it->second;
-  }
-  const ModelView& v_;
-  const reshard::ExportOptions& o_;
-  json config_ = json::object();  // the facts --model-config gave by another name, under Megatron's
-};
 
 const reshard::Atom* FirstParam(const reshard::Source& S, const std::regex& re) {
   for (const auto& a : S.atoms)
@@ -208,20 +39,6 @@ bool TorchtitanNames(const ModelView& v) {
   return embedding && layer;
 }
 
-ModelView ViewOf(const reshard::Source& S) {
-  ModelView v;
-  v.dir = S.reader->dir();
-  v.args_file = S.reader->dir() + "/" + (S.model_states.root ? S.model_file : S.args_file_name);
-  v.arg = [&S](const char* key) {  // Megatron-DeepSpeed's name, else Megatron-LM's for the same fact
-    static const std::map<std::string, const char*> megatron_lm = {{"layernorm_epsilon", "norm_epsilon"}, {"rope_theta", "rotary_base"}};
-    const Value* v = reshard::ArgOf(S, key);
-    auto other = megatron_lm.find(key);
-    return v || other == megatron_lm.end() ? v : reshard::ArgOf(S, other->second);
-  };
-  v.moe = S.manifest["source"].value("moe", false);
-  for (const auto& a : S.atoms) v.params.emplace_back(a.name, a.shape);
-  return v;
-}
 
 // What LlamaFactsOf reads the facts from, and what it found unsaid (every fact neither said nor shown
 // by the weights, asked for at once) or read off the weights (said in `notes`).
@@ -245,8 +62,8 @@ struct Weights {
 };
 Weights WeightsOf(const reshard::Source& S) {
   static const std::regex embedding(R"(.*word_embeddings\.weight|^tok_embeddings\.weight)"),
-      up(R"(.*mlp\.dense_h_to_4h\.weight|^layers\.\d+\.feed_forward\.w1\.weight)"),
-      down(R"(.*mlp\.dense_4h_to_h\.weight|^layers\.\d+\.feed_forward\.w2\.weight)"),
+      up(R"(.*mlp\.(deepspeed_moe\.experts\.deepspeed_experts\.\d+\.)?dense_h_to_4h\.weight|^layers\.\d+\.feed_forward\.w1\.weight)"),
+      down(R"(.*mlp\.(deepspeed_moe\.experts\.deepspeed_experts\.\d+\.)?dense_4h_to_h\.weight|^layers\.\d+\.feed_forward\.w2\.weight)"),
       qkv(R"(.*self_attention\.query_key_value\.weight)"), key(R"(^layers\.\d+\.attention\.wk\.weight)");
   return {FirstParam(S, up), FirstParam(S, down), FirstParam(S, qkv), FirstParam(S, embedding), FirstParam(S, key)};
 }
@@ -313,22 +130,6 @@ LlamaFacts SizesOf(FactReading& r, const Weights& w) {
   return m;
 }
 
-// Every fact neither the checkpoint nor --model-config says, asked for at once with an example.
-void RefuseUnsaid(const std::string& dir, const std::vector<std::string>& missing) {
-  if (missing.empty()) return;
-  std::string list, example;
-  for (const std::string& k : missing) {
-    const Key& key = *std::find_if(Keys().begin(), Keys().end(), [&](const Key& x) { return k == x.name; });
-    list += (list.empty() ? "" : ", ") + k + " (" + key.meaning + ")";
-    const std::string value = k == "normalization" ? "\"rmsnorm\"" : k == "position_embedding_type" ? "\"rope\"" :
-                              k == "swiglu" ? "true" : k == "layernorm_epsilon" ? "1e-5" : k == "rope_theta" ? "10000.0" : "...";
-    example += (example.empty() ? "" : ", ") + ("\"" + k + "\": " + value);
-  }
-  throw Error(dir + ": the checkpoint does not say " + list + " (Megatron's args hold them; a plain DeepSpeed engine "
-              "or a PyTorch Distributed Checkpoint saves none): give them in --model-config FILE, a JSON object such as {" +
-              example + "}");
-}
-
 // Tied or not, biases or not: what the parameters are (names.h places each; a layer without one
 // its class expects is refused there).
 void TiesAndBiases(const reshard::Source& S, const Facts& f, LlamaFacts& m) {
@@ -352,15 +153,27 @@ void TiesAndBiases(const reshard::Source& S, const Facts& f, LlamaFacts& m) {
 
 }  // namespace
 
+ModelView ViewOf(const reshard::Source& S) {
+  ModelView v;
+  v.dir = S.reader->dir();
+  v.args_file = S.reader->dir() + "/" + (S.model_states.root ? S.model_file : S.args_file_name);
+  v.arg = [&S](const char* key) {  // Megatron-DeepSpeed's name, else Megatron-LM's for the same fact
+    static const std::map<std::string, const char*> megatron_lm = {{"layernorm_epsilon", "norm_epsilon"}, {"rope_theta", "rotary_base"}};
+    const Value* v = reshard::ArgOf(S, key);
+    auto other = megatron_lm.find(key);
+    return v || other == megatron_lm.end() ? v : reshard::ArgOf(S, other->second);
+  };
+  v.moe = S.manifest["source"].value("moe", false);
+  for (const auto& a : S.atoms) v.params.emplace_back(a.name, a.shape);
+  return v;
+}
+
 void RefuseUnlessLlama(const ModelView& v, const reshard::ExportOptions& o, std::vector<std::string>& notes) {
   const Facts f(v, o);
   const std::string& dir = v.dir;
-  if (v.moe)
-    throw Error(dir + ": a Mixture-of-Experts model (DeepSpeed MoE experts): ucp-reshard --format hf writes dense "
-                "LlamaForCausalLM models; the Mixtral layout is not written yet");
   static const std::regex positions(R"(.*position_embeddings\.weight)"),
-      norm_bias(R"(.*(layernorm|^\d+)\.bias|.*\.layer_norm_bias)"), up(R"(.*mlp\.dense_h_to_4h\.weight)"),
-      down(R"(.*mlp\.dense_4h_to_h\.weight)");
+      norm_bias(R"(.*(layernorm|^\d+)\.bias|.*\.layer_norm_bias)"), up(R"(.*mlp\.(deepspeed_moe\.experts\.deepspeed_experts\.\d+\.)?dense_h_to_4h\.weight)"),
+      down(R"(.*mlp\.(deepspeed_moe\.experts\.deepspeed_experts\.\d+\.)?dense_4h_to_h\.weight)");
   const auto* bias_on_norm = FirstParam(v, norm_bias);
   const bool learned = FirstParam(v, positions) != nullptr;
   const auto *up_w = FirstParam(v, up), *down_w = FirstParam(v, down);
@@ -413,18 +226,16 @@ void RefuseUnlessLlama(const ModelView& v, const reshard::ExportOptions& o, std:
   for (const auto& [key, plain] : {std::pair<const char*, const char*>{"rope_type", "rope"}, {"softmax_type", "vanilla"}})
     if (const Value* a = v.arg ? v.arg(key) : nullptr; a && a->kind == Value::Kind::Str && a->s != plain)
       differs.push_back(std::string(key) + " '" + a->s + "' in the checkpoint's args (LlamaForCausalLM: " + plain + ")");
+  if (v.moe) {  // DeepSpeed MoE layers: MixtralForCausalLM's sparse blocks, if their gate computes Mixtral's router
+    std::vector<std::string> unsaid;  // (asked for by LlamaFactsOf, with the sizes)
+    MixtralDifferences(v, f, differs, unsaid);
+  }
   if (differs.empty()) return;
   const std::string next = " ucp-convert's atomic checkpoint holds its fp32 weights, one file per parameter (zero/<name>/fp32.pt).";
-  // GPT-2's shape (LayerNorm, learned positions, GeLU, one key-value head per query head) is said as such.
-  auto kv = f.Get("num_key_value_heads"), q = f.Get("num_attention_heads");
-  if (norm == "layernorm" && learned && swiglu && !*swiglu && (!kv || !q || *kv == *q))
-    throw Error(dir + ": a GPT-2-shaped model (LayerNorm, learned positions, GeLU): ucp-reshard --format hf does not "
-                "write GPT2LMHeadModel yet (its fused QKV layout and transposed Conv1D weights have no real checkpoint "
-                "to be checked against here); it writes LlamaForCausalLM." + next);
   const std::string all = JoinNames(differs, "; ");
   throw Error(dir + ": not a model transformers has a class for: " + all + ". ucp-reshard --format hf writes "
-              "LlamaForCausalLM (RMSNorm, rotary, SwiGLU); it does not guess another architecture, and no other "
-              "class is written yet." + next);
+              "LlamaForCausalLM (RMSNorm, rotary, SwiGLU; MixtralForCausalLM with every MLP a top-2 DeepSpeed MoE) and, for models with learned positions, GPT2LMHeadModel; it "
+              "does not guess another architecture." + next);
 }
 
 LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& o, std::vector<std::string>& notes) {
@@ -435,7 +246,12 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
   const std::string dir = S.reader->dir();
   const Weights w = WeightsOf(S);
   AskForTheKind(r, w);
+  if (view.moe) {
+    std::vector<std::string> differs;  // (none: RefuseUnlessLlama refused them)
+    MixtralDifferences(view, f, differs, r.missing);
+  }
   LlamaFacts m = SizesOf(r, w);
+  if (view.moe) MoeSizesOf(view, f, m);
   // Megatron-DeepSpeed's defaults stand where its args leave a value out (releases without the key);
   // a checkpoint without args at all could be any model: asked for.
   const bool has_args = reshard::ArgOf(S, "num_layers") != nullptr;
@@ -500,6 +316,12 @@ std::string LlamaConfigJson(const LlamaFacts& m, const std::string& dtype) {
       {"vocab_size", m.vocab},
       {"torch_dtype", torch_dtype},
   };
+  if (m.experts > 0) {  // MixtralForCausalLM: the same with sparse MoE blocks (and no biases)
+    c["architectures"] = {"MixtralForCausalLM"}, c["model_type"] = "mixtral";
+    c.erase("attention_bias"), c.erase("mlp_bias");
+    c["num_local_experts"] = m.experts, c["num_experts_per_tok"] = m.experts_per_token;
+    c["router_jitter_noise"] = 0.0, c["output_router_logits"] = false, c["sliding_window"] = nullptr;
+  }
   return c.dump(2) + "\n";
 }
 

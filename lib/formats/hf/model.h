@@ -25,6 +25,8 @@ struct LlamaFacts {
   int64_t hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0, max_positions = 0;
   double norm_eps = 1e-5, rope_theta = 10000.0;
   bool tied = false, attention_bias = false, mlp_bias = false;
+  // > 0: MixtralForCausalLM, every MLP a sparse MoE block of `experts` (ffn each), `experts_per_token` per token.
+  int64_t experts = 0, experts_per_token = 0;
 };
 
 // What the class is judged by, from either side of a conversion: parameter names with a shape each
@@ -37,6 +39,9 @@ struct ModelView {
   bool moe = false;
   std::vector<std::pair<std::string, std::vector<int64_t>>> params;
 };
+
+// The view of an atomic checkpoint's model (its parameters, its carried Megatron args).
+ModelView ViewOf(const reshard::Source& S);
 
 // Refuses, naming every difference, a model LlamaForCausalLM does not compute (by what the weights
 // show or the args and --model-config say), and a --model-config with an unknown key or a value of
@@ -55,7 +60,8 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
 const char* TorchDtypeName(const std::string& dtype);
 std::string UcpDtypeName(const std::string& torch_name);
 
-// config.json for `facts`, the weights in `dtype` (fp32, bf16, fp16).
+// config.json for `facts` (LlamaForCausalLM, or MixtralForCausalLM with experts), the weights in `dtype`
+// (fp32, bf16, fp16).
 std::string LlamaConfigJson(const LlamaFacts& facts, const std::string& dtype);
 
 }  // namespace ucp::formats::hf

@@ -80,6 +80,8 @@ const std::map<std::string, Renamed>& RenamedKeys() {
       {"self_attention.dense.bias", {"self_attn.o_proj.bias"}},
       {"mlp.dense_4h_to_h.weight", {"mlp.down_proj.weight"}},
       {"mlp.dense_4h_to_h.bias", {"mlp.down_proj.bias"}},
+      // DeepSpeed MoE's gate (Mixtral's router)
+      {"mlp.deepspeed_moe.gate.wg.weight", {"block_sparse_moe.gate.weight"}},
       // torchtitan's: q and k rotate interleaved pairs
       {"attention_norm.weight", {"input_layernorm.weight"}},
       {"ffn_norm.weight", {"post_attention_layernorm.weight"}},
@@ -136,7 +138,25 @@ struct Cut {
   // taking blocks[k] rows of every group, in order; else each takes its `rows` in turn.
   std::vector<int64_t> blocks = {};
   int64_t group_rows = 0;
+  // The rows' layout is the module's own whatever the checkpoint records (a DeepSpeed MoE expert's
+  // [gate; up]: ParallelMLP's SwiGLU halves, the expert never split by TP): sub-parameter sizes,
+  // where the checkpoint has them, must agree.
+  bool own_layout = false;
 };
+
+// A DeepSpeed MoE expert's tensors (mlp.deepspeed_moe.experts.deepspeed_experts.<E>.<key>) as
+// Mixtral's (block_sparse_moe.experts.<E>.<names>): w1 the gate, w3 the up projection, w2 the down.
+struct ExpertKey {
+  const char* key;
+  std::vector<const char*> names;
+};
+const std::vector<ExpertKey>& ExpertKeys() {
+  static const std::vector<ExpertKey> keys = {
+      {"dense_h_to_4h.weight", {"w1.weight", "w3.weight"}},
+      {"dense_4h_to_h.weight", {"w2.weight"}},
+  };
+  return keys;
+}
 
 Cut FusedCut(const Fused& f, const std::string& kind, const LlamaFacts& m) {
   const int64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
@@ -156,6 +176,18 @@ Cut FusedCut(const Fused& f, const std::string& kind, const LlamaFacts& m) {
 }
 
 std::optional<Cut> CutOf(const std::string& key, const LlamaFacts& m) {
+  static const std::regex expert(R"(^mlp\.deepspeed_moe\.experts\.deepspeed_experts\.(\d+)\.(.+)$)");
+  std::smatch e;
+  if (std::regex_match(key, e, expert) && e[1].length() < 9 && std::stoll(e[1]) < m.experts) {
+    for (const ExpertKey& k : ExpertKeys()) {
+      if (e[2] != k.key) continue;
+      Cut cut;
+      for (const char* n : k.names) cut.names.push_back("block_sparse_moe.experts." + e[1].str() + "." + n);
+      if (cut.names.size() == 2) cut.rows = {m.ffn, m.ffn}, cut.own_layout = true;
+      return cut;
+    }
+    return std::nullopt;
+  }
   if (auto it = RenamedKeys().find(key); it != RenamedKeys().end()) return Cut{{it->second.name}, {}, it->second.rotary};
   const size_t dot = key.rfind('.');
   const std::string kind = dot == std::string::npos ? "" : key.substr(dot + 1);
@@ -173,13 +205,9 @@ std::vector<int64_t> WholeShape(const std::string& name, const LlamaFacts& m) {
   if (name == "self_attn.q_proj.weight") return {q, m.hidden};
   if (name == "self_attn.k_proj.weight" || name == "self_attn.v_proj.weight") return {kv, m.hidden};
   if (name == "mlp.gate_proj.weight" || name == "mlp.up_proj.weight") return {m.ffn, m.hidden};
+  if (name == "block_sparse_moe.gate.weight") return {m.experts, m.hidden};
+  if (name.ends_with(".w2.weight")) return {m.hidden, m.ffn};  // an expert's down projection
   return {m.hidden};  // the norms, the biases of o_proj and down_proj
-}
-
-std::string Shape(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
 }
 
 // Each layer's tensors in the order LlamaForCausalLM holds them.
@@ -242,10 +270,10 @@ void Placement::Add(const std::string& source, ExportTensor t) {
 void Placement::Expect(const std::string& name, const std::vector<int64_t>& shape, const std::vector<int64_t>& want,
                        bool per_layer) const {
   if (shape != want)
-    throw Refuse(name, "shape " + Shape(shape) + (per_layer ? " per layer" : "") + ", but the model's sizes (hidden " +
+    throw Refuse(name, "shape " + pt::ShapeString(shape) + (per_layer ? " per layer" : "") + ", but the model's sizes (hidden " +
                            std::to_string(m_.hidden) + ", " + std::to_string(m_.heads) + " heads and " + std::to_string(m_.kv_heads) +
                            " key-value heads of " + std::to_string(m_.head_dim) + ", FFN " + std::to_string(m_.ffn) + ") give " +
-                           Shape(want) + ": check num_attention_heads, num_key_value_heads, kv_channels, ffn_hidden_size");
+                           pt::ShapeString(want) + ": check num_attention_heads, num_key_value_heads, kv_channels, ffn_hidden_size");
 }
 
 void Placement::Place(const reshard::Atom& a, int atom) {
@@ -259,7 +287,7 @@ void Placement::Place(const reshard::Atom& a, int atom) {
     case Slot::Layer: PlaceLayer(a, atom, slot->layer, -1, slot->key, shape); break;
     case Slot::Stacked: {  // layer i is index i of the leading axis
       if (shape.size() < 2 || shape[0] != m_.layers)
-        throw Refuse(a.name, "shape " + Shape(shape) + ": a stacked layers' tensor of the model's " + std::to_string(m_.layers) +
+        throw Refuse(a.name, "shape " + pt::ShapeString(shape) + ": a stacked layers' tensor of the model's " + std::to_string(m_.layers) +
                                  " layers has them on its leading axis");
       const std::vector<int64_t> per_layer(shape.begin() + 1, shape.end());
       for (int64_t l = 0; l < m_.layers; ++l) PlaceLayer(a, atom, l, l, slot->key, per_layer);
@@ -277,7 +305,7 @@ void Placement::PlaceEnd(const reshard::Atom& a, int atom, Slot::Kind kind) {
     return;
   }
   if (shape.size() != 2 || shape[1] != m_.hidden || shape[0] < m_.vocab)
-    throw Refuse(a.name, "shape " + Shape(shape) + ", expected at least " + std::to_string(m_.vocab) + " rows of " +
+    throw Refuse(a.name, "shape " + pt::ShapeString(shape) + ", expected at least " + std::to_string(m_.vocab) + " rows of " +
                              std::to_string(m_.hidden));
   const std::string name = kind == Slot::Embedding ? "model.embed_tokens.weight" : "lm_head.weight";
   Add(a.name, {name, atom, "", 0, m_.vocab, {m_.vocab, m_.hidden}});
@@ -304,12 +332,12 @@ void Placement::PlaceFused(const reshard::Atom& a, const Cut& cut, const std::ve
   int64_t rows = 0;
   for (int64_t r : cut.rows) rows += r;
   Expect(a.name, shape, bias ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, m_.hidden}, in.stacked >= 0);
-  if (in.stacked < 0 && a.sub_param_sizes != cut.rows)  // Megatron-DeepSpeed's: as its sub-parameter sizes say
+  if (in.stacked < 0 && a.sub_param_sizes != cut.rows && !(cut.own_layout && a.sub_param_sizes.empty()))  // Megatron-DeepSpeed's: as its sub-parameter sizes say
     throw Refuse(a.name, a.sub_param_sizes.empty()
                              ? "the checkpoint does not say how its rows are fused (no sub-parameter shape in its "
                                "universal_checkpoint_info): Megatron models interleave them in more than one way, "
                                "and ucp does not guess"
-                             : "sub-parameter sizes " + Shape(a.sub_param_sizes) + ", the model's sizes give " + Shape(cut.rows));
+                             : "sub-parameter sizes " + pt::ShapeString(a.sub_param_sizes) + ", the model's sizes give " + pt::ShapeString(cut.rows));
   int64_t at = 0;
   for (size_t k = 0; k < cut.names.size(); ++k) {
     std::vector<int64_t> s = bias ? std::vector<int64_t>{cut.rows[k]} : std::vector<int64_t>{cut.rows[k], cols};
@@ -337,8 +365,14 @@ std::vector<ExportTensor> Placement::InModelOrder() {
     made_.erase(it);
   };
   take("model.embed_tokens.weight", true);
+  std::vector<std::string> layer_order;  // a sparse MoE block in place of the MLP (Mixtral)
+  for (const std::string& key : LayerOrder())
+    if (m_.experts == 0 || !key.starts_with("mlp.")) layer_order.push_back(key);
+  if (m_.experts > 0) layer_order.push_back("block_sparse_moe.gate.weight");
+  for (int64_t e = 0; e < m_.experts; ++e)
+    for (const char* w : {"w1", "w2", "w3"}) layer_order.push_back("block_sparse_moe.experts." + std::to_string(e) + "." + w + ".weight");
   for (int64_t i = 0; i < m_.layers; ++i)
-    for (const std::string& key : LayerOrder()) {
+    for (const std::string& key : layer_order) {
       const bool is_bias = key.ends_with(".bias");
       const bool needed = !is_bias || (key.starts_with("self_attn") ? m_.attention_bias : m_.mlp_bias);
       take("model.layers." + std::to_string(i) + "." + key, needed);

@@ -56,16 +56,17 @@ void WriteSafetensors(const reshard::ExportPlan& P, size_t f, reshard::RowSource
   std::vector<uint16_t> half;
   for (int i : file.tensors) {
     const reshard::ExportTensor& t = P.tensors[i];
-    const int64_t rows_total = t.rows();
+    const int64_t rows_total = t.source_rows();  // the atomic rows taken (a transposed tensor's columns)
     if (rows_total <= 0) continue;
     const int64_t per_row = t.numel() / rows_total;
     const int64_t block = std::max<int64_t>(1, t.rotary_head_dim);  // whole heads when they are re-ordered
-    const int64_t step = std::max<int64_t>(1, kChunkFloats / std::max<int64_t>(1, per_row) / block) * block;
+    const int64_t step = t.transposed ? rows_total  // every row at once: one tensor's values, transposed
+                                      : std::max<int64_t>(1, kChunkFloats / std::max<int64_t>(1, per_row) / block) * block;
     for (int64_t r = 0; r < rows_total; r += step) {
       const int64_t n = std::min(step, rows_total - r);
       values.resize(static_cast<size_t>(n * per_row));
       rows.ReadRows(t, r, r + n, per_row, values.data());
-      if (t.rotary_head_dim > 0) {
+      if (t.rotary_head_dim > 0 || t.transposed) {
         ordered.resize(values.size());
         reshard::ToTargetRowOrder(t, values.data(), ordered.data(), n, per_row);
         values.swap(ordered);
