@@ -267,7 +267,7 @@ class H5Writer final : public AtomWriter {
       for (const auto& s : specs_) {
         h5::Group g = file_.CreateGroup(s.name);
         auto chunk = ChunkShape(s.shape, s.split_dim, s.meta.value("sub_param_sizes", std::vector<int64_t>{}));
-        for (int k = 0; k < plan::kStates; ++k)
+        for (int k = 0; k < StatesOf(s); ++k)
           g.CreateFloatDataset(std::string(plan::StateName(static_cast<plan::State>(k))), s.shape, chunk);
       }
       // Every block the file will use, taken now (rank 0), while a full disk is one clear error
@@ -327,7 +327,7 @@ class H5Writer final : public AtomWriter {
         SetUniversalAttributes(g, s.keys);
         if (s.step) SetStepAttributes(g, *s.step);
         nlohmann::json xx;
-        for (int k = 0; k < plan::kStates; ++k) {
+        for (int k = 0; k < StatesOf(s); ++k) {
           std::string state(plan::StateName(static_cast<plan::State>(k)));
           if (!digests.contains(s.name) || !digests[s.name].contains(state))
             throw Error(temp_ + ": internal: no rank wrote /" + s.name + "/" + state);
