@@ -64,13 +64,17 @@ std::unique_ptr<store::AtomReader> OpenSource(const ConvertOptions& o, std::vect
   return reader;
 }
 
+}  // namespace
+
 // Step 2 (rank 0): the output folder, by the rules of a conversion from a source; locked first.
-std::unique_ptr<OutputFolder> ClaimFolder(const ConvertOptions& o, std::string* lock_note) {
+std::unique_ptr<OutputFolder> ClaimAtomicFolder(const ConvertOptions& o, std::string* lock_note) {
   auto folder = std::make_unique<OutputFolder>(o.output, "ucp-convert", store::AtomicFolderMarkers(), lock_note);
   folder->RequireEmpty(o.force, store::AtomicFolderContents());
   CreateSpreadFolder(o.output + "/zero");  // a folder per parameter
   return folder;
 }
+
+namespace {
 
 // The files a parameter's manifest entry lists, each as the manifest's file list says.
 void VerifyFilesOf(const ConvertOptions& o, const std::map<std::string, store::FileRecord>& listed, const nlohmann::json& entry) {
@@ -178,7 +182,7 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
   // 2. Rank 0: the output folder.
   std::unique_ptr<OutputFolder> folder;
   std::string lock_note;
-  error = rank == 0 ? Capture([&] { folder = ClaimFolder(o, &lock_note); }) : "";
+  error = rank == 0 ? Capture([&] { folder = ClaimAtomicFolder(o, &lock_note); }) : "";
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   if (talk && !lock_note.empty()) err << "ucp-convert: note: " << lock_note << "\n";
 
