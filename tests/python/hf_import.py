@@ -27,6 +27,7 @@ import h5py
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ds_stubs  # noqa: E402,F401 - DeepSpeed classes the state files pickle (SubparamShape)
 from atomic_files import same_bytes  # noqa: E402
 from checklist import check, finish, fresh_folder, refused_when_damaged, tool_runner  # noqa: E402
 from safetensors_reader import read_safetensors  # noqa: E402
