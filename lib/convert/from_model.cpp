@@ -141,17 +141,10 @@ int RunConvertFromModel(const ConvertOptions& o, const formats::SourceDriver& dr
     return 0;
   }
 
-  // 2. Rank 0: the output folder.
+  // 2-3. Rank 0: the output folder; the writer (collective); then each rank's parameters.
   std::unique_ptr<OutputFolder> folder;
-  std::string lock_note;
-  error = rank == 0 ? Capture([&] { folder = ClaimAtomicFolder(o, &lock_note); }) : "";
-  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
-  if (talk && !lock_note.empty()) err << "ucp-convert: note: " << lock_note << "\n";
-
-  // 3. The writer (collective), then each rank's parameters.
   std::unique_ptr<store::AtomWriter> writer;
-  error = Capture([&] { writer = store::AtomWriter::Create(x.kind, o.output, specs, comm); });
-  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+  if (!ClaimAndOpenWriter(o, x.kind, specs, comm, err, folder, writer)) return 1;
   std::vector<store::FileRecord> records;
   int64_t written = 0;
   error = Capture([&] { written = WriteOwned(driver, x, *writer, owner, rank, records); });

@@ -79,9 +79,11 @@ void RequireWeightCopiesAgree(const ConvertOptions& o, const source::SourceIndex
 // The step a parameter's step.pt holds (its group's, as the source keeps it); nullptr: no step.pt.
 pt::ValuePtr StepOf(const source::SourceIndex& L, const plan::ParamPlan& P);
 
-// Rank 0: an atomic checkpoint's output folder claimed, locked, emptied by --force's rule, with its
-// zero/ folder (from_atomic.cpp; a model's import claims it the same way).
-std::unique_ptr<OutputFolder> ClaimAtomicFolder(const ConvertOptions& o, std::string* lock_note);
+// Rank 0 claims the output folder (locked, emptied by --force's rule, its zero/ folder made), then every
+// rank opens the store's writer of `specs` (collective): the start of a run that writes whole tensors
+// (from_atomic.cpp; a model's import, from_model.cpp). False when a rank failed (said on `err`).
+bool ClaimAndOpenWriter(const ConvertOptions& o, store::StoreKind kind, const std::vector<store::AtomSpec>& specs, shuffle::Comm& comm,
+                        std::ostream& err, std::unique_ptr<OutputFolder>& folder, std::unique_ptr<store::AtomWriter>& writer);
 
 // 2. The output folder and the resume decision (output_folder.cpp).
 struct OutputClaim {

@@ -87,7 +87,7 @@ TEST_CASE("the import inverts the export's table: every row once, fused rows fro
   c.architecture = "LlamaForCausalLM";
   c.llama = {16, 2, 4, 2, 4, 24, 50, 64, 1e-5, 10000.0, false, true, false};
   const ImportModel M = ImportModelOf(c, "model");
-  CHECK(M.atoms.size() == 2 + 2 * 7 + 1);  // embedding, 7 per layer (qkv bias, dense bias), final norm, output
+  CHECK(M.atoms.size() == 3 + 2 * 8);  // embedding, final norm, output; 8 per layer (6, and the qkv and dense biases)
   for (const auto& a : M.atoms) CHECK(!a.fills.empty());
   const auto qkv = std::find_if(M.atoms.begin(), M.atoms.end(), [](const ImportAtom& a) {
     return a.name == "language_model.encoder.layers.1.self_attention.query_key_value.weight";
