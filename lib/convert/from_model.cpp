@@ -159,8 +159,17 @@ int RunConvertFromModel(const ConvertOptions& o, const formats::SourceDriver& dr
   comm.AllreduceSum(totals);
   error = rank == 0 ? Capture([&] { CommitImport(o, x, specs, committed, gathered, *folder); }) : "";
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (rank == 0 && !o.report_path.empty()) {  // --report: what the run wrote, in the keys of a conversion's report
+    const nlohmann::json report = {{"source", o.source}, {"output", o.output}, {"ranks", ranks}, {"weights_only", true},
+                                   {"parameters", specs.size()}, {"bytes_written", totals[0]}, {"phases_seconds", {{"total", secs}}}};
+    error = Capture([&] { WriteFileAtomically(o.report_path, report.dump(1) + "\n"); });
+    if (!error.empty()) {
+      err << "ucp-convert: error: " << error << "\n";
+      return 1;
+    }
+  }
   if (talk) {
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     char buf[256];
     std::snprintf(buf, sizeof buf, "ucp-convert: wrote %s (%s store): %zu parameters, weights only, %s written in %.2fs\n",
                   o.output.c_str(), o.format.c_str(), specs.size(), HumanBytes(double(totals[0])).c_str(), secs);
