@@ -16,7 +16,7 @@ not; biases; head_dim other than hidden / heads; sharded) on 1 and 2 ranks, both
   byte (read by safetensors_reader.py);
 - damaged inputs refused by name, rc != 0, no manifest: header length past the cap and past the file,
   overlapping offsets, a hole, dtype I64, a tensor the index puts elsewhere, one it lacks, total_size,
-  a missing shard, a truncated file, rope_scaling.
+  a missing shard, a truncated file, rope_scaling, another class, a tied lm_head.weight saved unequal.
 """
 import json
 import os
@@ -234,6 +234,10 @@ def damaged_cases(fp32_src, sharded_src):
          lambda j: j["weight_map"].pop("model.norm.weight")), ["model.norm.weight", "weight_map"]),
         ("index total_size", sharded_src, lambda d: edit_json(os.path.join(d, "model.safetensors.index.json"),
          lambda j: j["metadata"].update(total_size=j["metadata"]["total_size"] + 2)), ["total_size"]),
+        ("another class", fp32_src, lambda d: edit_json(os.path.join(d, "config.json"),
+                                                        lambda j: j.update(architectures=["GPT2LMHeadModel"])),
+         ["config.json", "GPT2LMHeadModel"]),
+        ("tied output layer differs", sharded_src, add_lm_head, ["lm_head.weight", "tie_word_embeddings"]),
         ("missing shard", sharded_src, lambda d: os.remove(os.path.join(d, "model-00002-of-00003.safetensors")),
          ["model-00002-of-00003.safetensors"]),
     ]
@@ -250,6 +254,19 @@ def hole_before(tensor):
                 e["data_offsets"] = [x + 8 for x in e["data_offsets"]]
         return pack(h, data[:at] + b"\0" * 8 + data[at:])
     return change
+
+
+def add_lm_head(d):
+    """A tied model's lm_head.weight saved after all, but not equal to the embedding it is tied to."""
+    index_path = os.path.join(d, "model.safetensors.index.json")
+    index = json.load(open(index_path))
+    shard = index["weight_map"]["model.embed_tokens.weight"]
+    t = read_safetensors(os.path.join(d, shard))
+    t["lm_head.weight"] = t["model.embed_tokens.weight"] + 1
+    write_safetensors(os.path.join(d, shard), t)
+    index["weight_map"]["lm_head.weight"] = shard
+    index["metadata"]["total_size"] += t["lm_head.weight"].numel() * t["lm_head.weight"].element_size()
+    json.dump(index, open(index_path, "w"))
 
 
 def edit_json(path, change):
