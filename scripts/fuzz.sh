@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds one libFuzzer harness (tests/fuzz/fuzz_NAME.cpp) and runs it for SECONDS.
 #
-#   scripts/fuzz.sh NAME SECONDS      NAME: zip unpickle torch_file manifest layout patterns atoms_h5 dcp_metadata
+#   scripts/fuzz.sh NAME SECONDS      NAME: zip unpickle torch_file manifest layout patterns atoms_h5 dcp_metadata safetensors
 #   scripts/fuzz.sh all SECONDS       each in turn
 #   scripts/fuzz.sh changed LONG SHORT  each in turn: LONG seconds for the 3 harnesses whose readers
 #                                     changed most recently (git log of the paths below), SHORT for the rest
@@ -18,7 +18,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 name="${1:?usage: fuzz.sh NAME|all SECONDS}"
 seconds="${2:?usage: fuzz.sh NAME|all SECONDS}"
-all=(zip unpickle torch_file manifest layout patterns atoms_h5 dcp_metadata)
+all=(zip unpickle torch_file manifest layout patterns atoms_h5 dcp_metadata safetensors)
 # The code each harness's inputs reach first (its reader), for `changed`.
 declare -A reads=(
   [zip]="lib/pt/zip_archive.cpp lib/pt/zip_archive.h tests/fuzz/fuzz_zip.cpp"
@@ -29,6 +29,7 @@ declare -A reads=(
   [patterns]="lib/patterns patterns tests/fuzz/fuzz_patterns.cpp"
   [atoms_h5]="lib/store/atom_store_h5.cpp lib/h5 tests/fuzz/fuzz_atoms_h5.cpp"
   [dcp_metadata]="lib/formats/dcp tests/fuzz/fuzz_dcp_metadata.cpp"
+  [safetensors]="lib/formats/hf/safetensors_read.cpp lib/formats/hf/import_config.cpp lib/formats/hf/import_driver.cpp tests/fuzz/fuzz_safetensors.cpp"
 )
 if [ "$name" = changed ]; then
   long="$seconds"
@@ -101,6 +102,9 @@ for i, path in enumerate(sys.stdin.read().split()):
     dcp="$root/../shared/real-dcp/cases"
     for f in "$dcp"/*/checkpoint/.metadata; do cp "$f" "$seeds/$((seed_n++))-metadata"; done
     export UCP_FUZZ_DCP="$(dirname "$(ls "$dcp"/*/checkpoint/.metadata | head -1)")" ;;
+  safetensors)  # tests/data/real-hf's files and indexes (transformers' own), the hf_import test's models
+    while read -r f; do add "$f"; done < <(find "$root/tests/data/real-hf" "$work/hf_import/models" \( -name '*.safetensors' -o \
+      -name 'model.safetensors.index.json' \) -size -256k 2>/dev/null | first_lines 40) ;;
   atoms_h5)
     h5="$(find "$work" -name atoms.h5 -path '*/h5/universal/*' -size -1M 2>/dev/null | first_lines 1)"
     [ -n "$h5" ] || h5="$(find "$work" -name atoms.h5 -path '*/damaged/good/*' 2>/dev/null | first_lines 1)"

@@ -17,8 +17,8 @@
 namespace {
 
 constexpr const char* kAbout =
-    "ucp-convert: a DeepSpeed / Megatron-DeepSpeed checkpoint, or a PyTorch Distributed Checkpoint,\n"
-    "to an atomic checkpoint.\n\n"
+    "ucp-convert: a DeepSpeed / Megatron-DeepSpeed checkpoint, a PyTorch Distributed Checkpoint, or a\n"
+    "Hugging Face model, to an atomic checkpoint.\n\n"
     "Reads the checkpoint saved under any ZeRO-1/2/3 x TP x PP layout (fp16 or bf16, BF16 optimizer\n"
     "included) and writes one fp32 tensor per parameter and state, free of ranks, degrees and padding,\n"
     "in DeepSpeed's universal layout: OUT/zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt,\n"
@@ -39,7 +39,13 @@ constexpr const char* kAbout =
     "Megatron-Core's torch_dist checkpoints (the iter_NNNNNNN folder: metadata.json, common.pt, .metadata)\n"
     "are read the same way: layers stacked in one tensor per key, the optimizer's fp32 masters as the\n"
     "weights (DistributedOptimizer saved fully_reshardable), the step and param groups from common.pt,\n"
-    "which is carried for ucp-reshard --format hf to read Megatron's args from.\n\n"
+    "which is carried for ucp-reshard --format hf to read Megatron's args from.\n"
+    "A Hugging Face model folder (save_pretrained: config.json and model.safetensors, or shards with\n"
+    "model.safetensors.index.json; LlamaForCausalLM, F32/BF16/F16) is imported weights only: each\n"
+    "parameter under Megatron-DeepSpeed's name (fused query_key_value and dense_h_to_4h), fp32 alone\n"
+    "(no exp_avg, exp_avg_sq or step), a synthesized mp_rank_00_model_states.pt (Megatron's args,\n"
+    "universal_checkpoint_info), config.json carried as job/config.json. safetensors has no checksum:\n"
+    "its structure is checked, and the XXH64 of what is written is recorded.\n\n"
     "--format hdf5 writes the tensors into one HDF5 file instead, OUT/atoms.h5 (a group per parameter,\n"
     "datasets fp32 / exp_avg / exp_avg_sq, metadata as attributes; schemas/atoms-h5.schema.json),\n"
     "written by all ranks at once through MPI-IO. ucp-inspect reads either store; DeepSpeed reads\n"

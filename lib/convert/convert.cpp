@@ -3,6 +3,7 @@
 #include "convert/convert.h"
 
 #include "convert/steps.h"
+#include "formats/registry.h"
 #include "shuffle/agree.h"
 
 namespace ucp::convert {
@@ -10,6 +11,9 @@ using shuffle::AnyFailed;
 using shuffle::Capture;
 
 int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
+  // A model of whole tensors (Hugging Face's) has no partitions to map: its own run.
+  if (const formats::SourceDriver* d = formats::ProbeSource(o.source); d && d->read_param)
+    return RunConvertFromModel(o, *d, comm, out, err);
   const int rank = comm.rank();
   const bool talk = rank == 0 && !o.quiet;
   Phases phases;

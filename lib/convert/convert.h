@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/driver.h"
 #include "shuffle/comm.h"
 
 namespace ucp::convert {
@@ -33,6 +34,11 @@ struct ConvertOptions {
 // Exit codes: 0 done, 1 failed (every rank returns the same code; the lowest failing rank prints
 // the reason, naming file, rank coordinates and parameter).
 int RunConvert(const ConvertOptions& options, shuffle::Comm& comm, std::ostream& out, std::ostream& err);
+
+// A model of whole tensors (a Hugging Face model folder, the driver's read_param): its weights as a
+// weights-only atomic checkpoint (from_model.cpp). RunConvert hands such a source here.
+int RunConvertFromModel(const ConvertOptions& options, const formats::SourceDriver& driver, shuffle::Comm& comm,
+                        std::ostream& out, std::ostream& err);
 
 // --from-atomic: an atomic checkpoint of either store to `options.format`, tensors byte for byte,
 // the non-tensor files copied, parameters spread over the ranks by bytes. Same exit codes and the

@@ -65,12 +65,26 @@ std::unique_ptr<store::AtomReader> OpenSource(const ConvertOptions& o, std::vect
 }
 
 // Step 2 (rank 0): the output folder, by the rules of a conversion from a source; locked first.
-std::unique_ptr<OutputFolder> ClaimFolder(const ConvertOptions& o, std::string* lock_note) {
+std::unique_ptr<OutputFolder> ClaimAtomicFolder(const ConvertOptions& o, std::string* lock_note) {
   auto folder = std::make_unique<OutputFolder>(o.output, "ucp-convert", store::AtomicFolderMarkers(), lock_note);
   folder->RequireEmpty(o.force, store::AtomicFolderContents());
   CreateSpreadFolder(o.output + "/zero");  // a folder per parameter
   return folder;
 }
+
+}  // namespace
+
+bool ClaimAndOpenWriter(const ConvertOptions& o, store::StoreKind kind, const std::vector<store::AtomSpec>& specs, shuffle::Comm& comm,
+                        std::ostream& err, std::unique_ptr<OutputFolder>& folder, std::unique_ptr<store::AtomWriter>& writer) {
+  std::string lock_note;
+  std::string error = comm.rank() == 0 ? Capture([&] { folder = ClaimAtomicFolder(o, &lock_note); }) : "";
+  if (AnyFailed(comm, error, err, "ucp-convert")) return false;
+  if (comm.rank() == 0 && !o.quiet && !lock_note.empty()) err << "ucp-convert: note: " << lock_note << "\n";
+  error = Capture([&] { writer = store::AtomWriter::Create(kind, o.output, specs, comm); });
+  return !AnyFailed(comm, error, err, "ucp-convert");
+}
+
+namespace {
 
 // The files a parameter's manifest entry lists, each as the manifest's file list says.
 void VerifyFilesOf(const ConvertOptions& o, const std::map<std::string, store::FileRecord>& listed, const nlohmann::json& entry) {
@@ -175,17 +189,11 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
     err << "ucp-convert: " << o.from_atomic << ": " << store::StoreName(reader->store()) << " store, "
         << reader->params().size() << " parameters -> " << o.output << " (" << o.format << "); " << comm.name() << "\n";
 
-  // 2. Rank 0: the output folder.
+  // 2-3. Rank 0: the output folder; the writer (collective); then each rank's parameters, one whole
+  // tensor at a time.
   std::unique_ptr<OutputFolder> folder;
-  std::string lock_note;
-  error = rank == 0 ? Capture([&] { folder = ClaimFolder(o, &lock_note); }) : "";
-  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
-  if (talk && !lock_note.empty()) err << "ucp-convert: note: " << lock_note << "\n";
-
-  // 3. The writer (collective), then each rank's parameters, one whole tensor at a time.
   std::unique_ptr<store::AtomWriter> writer;
-  error = Capture([&] { writer = store::AtomWriter::Create(kind, o.output, specs, comm); });
-  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+  if (!ClaimAndOpenWriter(o, kind, specs, comm, err, folder, writer)) return 1;
   // Which rank writes each parameter: by bytes, longest first, the same answer on every rank.
   std::vector<int64_t> weights;
   for (const auto& p : reader->params()) weights.push_back(p.numel + 1);

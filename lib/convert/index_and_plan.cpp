@@ -58,7 +58,7 @@ void NoteSplitAbove(const ConvertOptions& o, bool parts, int plan_ranks, Planned
 
 }  // namespace
 
-Planned IndexAndPlan(const ConvertOptions& o, int ranks) {
+Planned IndexAndResolve(const ConvertOptions& o) {
   Planned x;
   x.kind = store::StoreFromName(o.format);
   if (x.kind == store::StoreKind::Hdf5 && o.resume)
@@ -72,6 +72,12 @@ Planned IndexAndPlan(const ConvertOptions& o, int ranks) {
   x.M = patterns::ResolvePatterns(L, {o.pattern_files, o.patterns_dir});
   if (o.strict && !x.M.problems.empty())
     throw Error(FirstFault(x.M.problems, o.source + ": pattern problems (--no-strict to convert anyway)", o.source));
+  return x;
+}
+
+Planned IndexAndPlan(const ConvertOptions& o, int ranks) {
+  Planned x = IndexAndResolve(o);
+  const auto& L = x.L;
   const bool parts = store::WritesParts(x.kind, L.zero_stage);
   const int plan_ranks = o.plan_ranks > 0 ? o.plan_ranks : ranks;
   NoteSplitAbove(o, parts, plan_ranks, x);

@@ -70,12 +70,20 @@ struct Planned {
 };
 // Throws saying the first fault of the source, its patterns or its plan.
 Planned IndexAndPlan(const ConvertOptions& o, int ranks);
+// The index and the patterns alone (no plan): what a model source (from_model.cpp) needs.
+Planned IndexAndResolve(const ConvertOptions& o);
 // Rank 0's lines on what was indexed, its notes and (--no-strict) its problems.
 void SayPlanned(const ConvertOptions& o, const Planned& x, const std::string& comm_name, std::ostream& err);
 // What the checkpoint stores twice agrees; throws saying where it does not. Every rank, its share.
 void RequireWeightCopiesAgree(const ConvertOptions& o, const source::SourceIndex& L, shuffle::Comm& comm);
 // The step a parameter's step.pt holds (its group's, as the source keeps it); nullptr: no step.pt.
 pt::ValuePtr StepOf(const source::SourceIndex& L, const plan::ParamPlan& P);
+
+// Rank 0 claims the output folder (locked, emptied by --force's rule, its zero/ folder made), then every
+// rank opens the store's writer of `specs` (collective): the start of a run that writes whole tensors
+// (from_atomic.cpp; a model's import, from_model.cpp). False when a rank failed (said on `err`).
+bool ClaimAndOpenWriter(const ConvertOptions& o, store::StoreKind kind, const std::vector<store::AtomSpec>& specs, shuffle::Comm& comm,
+                        std::ostream& err, std::unique_ptr<OutputFolder>& folder, std::unique_ptr<store::AtomWriter>& writer);
 
 // 2. The output folder and the resume decision (output_folder.cpp).
 struct OutputClaim {

@@ -23,6 +23,11 @@ struct SourceDriver {
   // The neutral index; throws ucp::Error when `dir` is not this format at all, records every other
   // finding in the index's errors / problems / notes.
   source::SourceIndex (*index)(const std::string& dir, const source::IndexOptions& options);
+  // A model of whole tensors (Hugging Face's safetensors), not flat optimizer partitions: parameter
+  // `param` of the index (SourceIndex::params) read whole, as fp32, into dst (its full shape's
+  // elements); ucp-convert writes them as they are (convert/from_model.cpp), weights only. Null for
+  // a training checkpoint, whose index lists fragments.
+  void (*read_param)(const source::SourceIndex& L, int param, float* dst);
 };
 
 struct TargetDriver {
@@ -50,6 +55,7 @@ struct TargetDriver {
 // list them.
 const SourceDriver& DeepSpeedSource();
 const SourceDriver& DcpSource();
+const SourceDriver& HuggingFaceSource();
 const TargetDriver& DeepSpeedTarget();
 const TargetDriver& HuggingFaceTarget();
 

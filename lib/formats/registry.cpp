@@ -13,9 +13,11 @@ namespace {
 // The tables: one row per format folder, each defined there (formats/<name>/driver.cpp). A source's
 // place is the order probes are tried in, the most specific names first: a DCP folder may hold .pt
 // files too (Megatron-Core's common.pt), which DeepSpeed's probe accepts. The last, the broadest,
-// indexes a folder no probe accepts, so that its error says what is missing.
+// indexes a folder no probe accepts, so that its error says what is missing. A Hugging Face model
+// folder (config.json and safetensors, no `latest`) comes before DeepSpeed's, whose Trainer
+// checkpoint-N holds those files beside `latest`.
 std::span<const SourceDriver* const> Sources() {
-  static const SourceDriver* const table[] = {&DcpSource(), &DeepSpeedSource()};
+  static const SourceDriver* const table[] = {&DcpSource(), &HuggingFaceSource(), &DeepSpeedSource()};
   return table;
 }
 std::span<const TargetDriver* const> Targets() {

@@ -107,6 +107,10 @@ std::optional<std::regex> ParamsFilter(const std::string& params_regex) {
 }
 
 // One parameter's line of the report: its shapes, pattern here and under TP > 1, and why.
+// The fp32 tensors an atomic checkpoint keeps per parameter: the weights and Adam's two moments, or
+// the weights alone from a model without optimizer state (a Hugging Face model: optimizer "none").
+int64_t AtomicStates(const source::SourceIndex& L) { return L.optimizer == "none" ? 1 : 3; }
+
 json ParamJson(const source::SourceIndex& L, const patterns::ParamPattern& p, const source::ParamRecord& rec, int64_t numel) {
   json local = json::object();
   for (const auto& [t, s] : rec.tp_shape) local[std::to_string(t)] = s;
@@ -123,7 +127,7 @@ json ParamJson(const source::SourceIndex& L, const patterns::ParamPattern& p, co
             {"vocab", p.vocab},
             {"vocab_padding_rows", p.vocab_padding_rows},
             {"pp_replicated", p.pp_replicated},
-            {"bytes_atomic", numel * 4 * 3}};
+            {"bytes_atomic", numel * 4 * AtomicStates(L)}};
   if (p.match) e["rule"] = {{"key", p.match->key}, {"pattern", p.match->rule}, {"source", p.match->source}};
   if (!p.sub_param_sizes.empty()) e["sub_param_sizes"] = p.sub_param_sizes;
   if (rec.expert >= 0) {
@@ -158,7 +162,7 @@ void AddParams(const source::SourceIndex& L, const patterns::ModelPatterns& M, c
   }
   r["params"] = params;
   r["padding"] = {{"zero_elements", L.zero_padding_elements}, {"vocab_rows", vocab_rows}};
-  r["totals"] = {{"params", L.params.size()}, {"numel", total_numel}, {"bytes_atomic", total_numel * 12}};
+  r["totals"] = {{"params", L.params.size()}, {"numel", total_numel}, {"bytes_atomic", total_numel * 4 * AtomicStates(L)}};
 }
 
 }  // namespace

@@ -67,7 +67,8 @@ struct Source {
   std::string model_file;       // its name in the atomic checkpoint
   pt::TorchFile args_file;      // the carried file of Megatron's args DeepSpeed does not load (manifest source.args_file), if any
   std::string args_file_name;
-  pt::TorchFile optimizer;      // zero/optimizer_state.pt
+  pt::TorchFile optimizer;      // zero/optimizer_state.pt (none when weights_only)
+  bool weights_only = false;    // fp32 weights alone, no optimizer state (manifest source.weights_only)
   Naming naming = Naming::Pipe;
   int layers = 0;
   bool untied = false;              // the output layer is its own (Llama-style), not the tied word embedding

@@ -56,14 +56,6 @@ class Files {
   std::map<int, std::shared_ptr<MappedFile>> open_;
 };
 
-float HalfToFloat(uint16_t h) {
-  const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-  const float sign = (h & 0x8000) ? -1.0f : 1.0f;
-  if (exponent == 0) return sign * std::ldexp(static_cast<float>(mantissa), -24);
-  if (exponent == 31) return mantissa ? NAN : sign * INFINITY;
-  return sign * std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
-}
-
 // How far a copy is from its master: the elements whose bits differ from the rounded master, and
 // the largest difference between the copy's value and the master's.
 struct Difference {
@@ -91,9 +83,7 @@ void Compare(const float* master, const uint8_t* copy, pt::DType dtype, int64_t 
       uint16_t bits;
       std::memcpy(&bits, copy + 2 * i, 2);
       differs = bits != rounded[i];
-      const uint32_t wide = uint32_t{bits} << 16;
-      if (dtype == pt::DType::BF16) std::memcpy(&value, &wide, 4);
-      else value = HalfToFloat(bits);
+      value = dtype == pt::DType::BF16 ? pt::Bf16ToFp32(bits) : pt::Fp16ToFp32(bits);
     }
     if (!differs) continue;
     ++d.elements;

@@ -46,4 +46,28 @@ void Fp32ToFp16(const float* in, uint16_t* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = Fp32ToFp16(in[i]);
 }
 
+float Bf16ToFp32(uint16_t bits) {
+  const uint32_t wide = uint32_t{bits} << 16;
+  float f;
+  std::memcpy(&f, &wide, 4);
+  return f;
+}
+
+float Fp16ToFp32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0x1f) bits = sign | 0x7f800000u | (mant << 13);  // infinity, NaN (payload kept)
+  else if (exp != 0) bits = sign | ((exp + 112) << 23) | (mant << 13);
+  else if (mant == 0) bits = sign;
+  else {  // subnormal: normalized in fp32
+    int shift = 0;
+    uint32_t m = mant;
+    while (!(m & 0x400)) m <<= 1, ++shift;
+    bits = sign | (uint32_t(113 - shift) << 23) | ((m & 0x3ff) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 }  // namespace ucp::pt

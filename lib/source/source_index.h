@@ -133,6 +133,7 @@ struct SourceIndex {
   // The non-sharded optimizer state (zero/optimizer_state.pt: param_groups, ...) where the driver
   // reads it itself; nullptr: taken from the optimizer file at (pp=0, tp=0, dp=0), as DeepSpeed's is.
   pt::ValuePtr optimizer_state;
+  pt::ValuePtr model_states;                   // a model source's (Hugging Face's) synthesized rank-0 model-states file, carried
   std::shared_ptr<const void> keep_alive;      // what the values above point into
   int64_t zero_padding_elements = 0;           // alignment padding over all data files
   std::vector<std::string> errors;    // unreadable, malformed or unsupported input: always fatal

@@ -157,7 +157,10 @@ struct AtomSpec {
   UniversalKeys keys;
   pt::ValuePtr step;  // written with the fp32 state; nullptr: the parameter has no step
   int split_dim = -1;  // chooses the HDF5 chunk shape
+  bool weights_only = false;  // fp32 only: no exp_avg / exp_avg_sq (a model imported without its optimizer)
 };
+// The states a parameter's store holds: fp32, exp_avg and exp_avg_sq, or fp32 alone (weights only).
+inline int StatesOf(const AtomSpec& s) { return s.weights_only ? 1 : plan::kStates; }
 
 // What a commit leaves for the manifest (complete on rank 0 only).
 struct StoreCommit {

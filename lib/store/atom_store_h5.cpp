@@ -211,6 +211,7 @@ class H5Reader final : public AtomReader {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     auto& d = open_[{p.name, static_cast<int>(state)}];
     if (d) return d;
+    const std::string recorded = RecordedInManifest(p.name, state);  // refuses a state a weights-only one lacks
     auto ds = std::make_shared<Open>();
     ds->dataset = file_.OpenGroup(p.name).OpenDataset(std::string(plan::StateName(state)));
     const std::string where = ds->dataset.file() + ": " + ds->dataset.path();
@@ -221,7 +222,6 @@ class H5Reader final : public AtomReader {
     ds->chunk = ds->dataset.ChunkShape();
     // The dataset against the manifest's XXH64 of it, read whole the first time it is opened, before
     // any of its bytes is used: a damaged atom is refused naming the parameter and state, never resharded.
-    const std::string recorded = RecordedInManifest(p.name, state);
     const uint64_t digest = DigestBySlabs(p.shape, [&](std::span<const int64_t> a, std::span<const int64_t> n, float* to) {
       ds->dataset.ReadSlab(a, n, to);
     });
@@ -238,11 +238,14 @@ class H5Reader final : public AtomReader {
     if (recorded_.empty())
       for (const auto& p : manifest().at("params"))
         WithContext(dir() + "/" + kManifestName + ": parameter '" + p.at("name").get<std::string>() + "'", [&] {
-          for (int s = 0; s < plan::kStates; ++s)
-            recorded_[{p.at("name").get<std::string>(), s}] =
-                p.at("hdf5").at("xxh64").at(std::string(plan::StateName(static_cast<plan::State>(s)))).get<std::string>();
+          for (int s = 0; s < plan::kStates; ++s)  // a weights-only checkpoint's has fp32 alone
+            if (const std::string state(plan::StateName(static_cast<plan::State>(s))); s == 0 || p.at("hdf5").at("xxh64").contains(state))
+              recorded_[{p.at("name").get<std::string>(), s}] = p.at("hdf5").at("xxh64").at(state).get<std::string>();
         });
-    return recorded_.at({name, static_cast<int>(state)});
+    auto it = recorded_.find({name, static_cast<int>(state)});
+    if (it == recorded_.end())
+      throw Error(dir() + ": parameter '" + name + "' has no " + std::string(plan::StateName(state)) + ": the checkpoint holds weights only");
+    return it->second;
   }
   std::map<std::pair<std::string, int>, std::string> recorded_;  // filled on first use, under mu_
 
@@ -267,7 +270,7 @@ class H5Writer final : public AtomWriter {
       for (const auto& s : specs_) {
         h5::Group g = file_.CreateGroup(s.name);
         auto chunk = ChunkShape(s.shape, s.split_dim, s.meta.value("sub_param_sizes", std::vector<int64_t>{}));
-        for (int k = 0; k < plan::kStates; ++k)
+        for (int k = 0; k < StatesOf(s); ++k)
           g.CreateFloatDataset(std::string(plan::StateName(static_cast<plan::State>(k))), s.shape, chunk);
       }
       // Every block the file will use, taken now (rank 0), while a full disk is one clear error
@@ -327,7 +330,7 @@ class H5Writer final : public AtomWriter {
         SetUniversalAttributes(g, s.keys);
         if (s.step) SetStepAttributes(g, *s.step);
         nlohmann::json xx;
-        for (int k = 0; k < plan::kStates; ++k) {
+        for (int k = 0; k < StatesOf(s); ++k) {
           std::string state(plan::StateName(static_cast<plan::State>(k)));
           if (!digests.contains(s.name) || !digests[s.name].contains(state))
             throw Error(temp_ + ": internal: no rank wrote /" + s.name + "/" + state);

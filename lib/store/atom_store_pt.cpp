@@ -34,8 +34,9 @@ class PtReader final : public AtomReader {
     WithContext(dir + "/" + kManifestName, [&] {
       for (const auto& p : this->manifest().at("params")) {
         auto& f = files_[p.at("name").get<std::string>()];
-        for (int s = 0; s < plan::kStates; ++s)
-          f[s] = p.at("files").at(std::string(plan::StateName(static_cast<plan::State>(s)))).get<std::string>();
+        for (int s = 0; s < plan::kStates; ++s)  // a weights-only checkpoint's has fp32 alone
+          if (const std::string state(plan::StateName(static_cast<plan::State>(s))); s == 0 || p.at("files").contains(state))
+            f[s] = p.at("files").at(state).get<std::string>();
         if (p.at("files").contains("step")) f[plan::kStates] = p.at("files").at("step").get<std::string>();
         for (const auto& path : f)
           if (!path.empty()) RequirePlainRelativePath(path, "file of parameter '" + p.at("name").get<std::string>() + "'");
@@ -85,6 +86,7 @@ class PtReader final : public AtomReader {
     std::optional<UniversalKeys> keys;
     for (int s = 0; s < plan::kStates; ++s) {
       auto state = static_cast<plan::State>(s);
+      if (files_.at(name)[s].empty()) continue;  // weights only
       std::string path = dir() + "/" + files_.at(name)[s];
       auto file = Tensor(p, state);
       UniversalKeys k = WithContext(path, [&] { return UniversalKeysOfStateFile(*file->root, p.shape); });
@@ -113,6 +115,9 @@ class PtReader final : public AtomReader {
       if (it != open_.end()) return it->second;
     }
     const std::string rel = files_.at(p.name)[static_cast<int>(state)];
+    if (rel.empty())
+      throw Error(dir() + ": parameter '" + p.name + "' has no " + std::string(plan::StateName(state)) +
+                  ": the checkpoint holds weights only");
     const std::string path = dir() + "/" + rel;
     auto file = std::make_shared<pt::TorchFile>(
         ReadCheckedFile(rel, "parameter '" + p.name + "' " + std::string(plan::StateName(state))));
@@ -268,7 +273,7 @@ class PtWriter final : public AtomWriter {
     c.storage = nlohmann::json::object();
     for (const auto& s : specs_) {
       nlohmann::json f;
-      for (int k = 0; k < plan::kStates; ++k)
+      for (int k = 0; k < StatesOf(s); ++k)
         f[std::string(plan::StateName(static_cast<plan::State>(k)))] = StateRelPath(s.name, static_cast<plan::State>(k));
       if (s.step) f["step"] = StepRelPath(s.name);
       c.storage[s.name] = {{"files", f}};

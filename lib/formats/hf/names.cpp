@@ -387,7 +387,8 @@ std::vector<ExportTensor> Placement::InModelOrder() {
 }  // namespace
 
 std::vector<ExportTensor> LlamaTensors(const reshard::Source& S, const LlamaFacts& m) {
-  Placement placement(S.reader->dir(), m);
+  // The import (import_model.h) builds the table from names and shapes alone: no store, its folder in the manifest.
+  Placement placement(S.reader ? S.reader->dir() : S.manifest.value("dir", std::string()), m);
   for (size_t i = 0; i < S.atoms.size(); ++i) placement.Place(S.atoms[i], static_cast<int>(i));
   return placement.InModelOrder();
 }

@@ -1,0 +1,181 @@
+// ucp-convert of a model of whole tensors (a Hugging Face model folder: formats/driver.h,
+// SourceDriver::read_param): no flat optimizer partitions to map and shuffle, so the import is the
+// export pipeline backwards (reshard/export.h). Every rank indexes the folder and resolves the
+// patterns; the parameters are spread over the ranks by bytes (largest first, to the least loaded);
+// each rank reads its parameters whole from the driver and writes them through the store's
+// AtomWriter, fp32 only (weights only); rank 0 writes the synthesized model-states file, carries the
+// job's files (config.json, ...) byte for byte, and commits the manifest last. Memory per rank: the
+// largest parameter, and one source tensor beside it.
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "convert/convert.h"
+#include "convert/steps.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/format.h"
+#include "core/output_lock.h"
+#include "formats/registry.h"
+#include "plan/convert_plan.h"
+#include "pt/torch_file.h"
+#include "shuffle/agree.h"
+#include "store/universal_folder.h"
+
+namespace ucp::convert {
+using shuffle::AnyFailed;
+using shuffle::Capture;
+
+namespace {
+
+// The file the import synthesizes: what a Megatron-DeepSpeed save of TP = PP = 1 names rank 0's.
+constexpr const char* kModelStates = "mp_rank_00_model_states.pt";
+
+// Step 1, every rank: the writer's list of every parameter, each as a conversion describes it.
+std::vector<store::AtomSpec> SpecsOf(const Planned& x) {
+  std::vector<store::AtomSpec> specs;
+  for (size_t i = 0; i < x.L.params.size(); ++i) {
+    const auto& pat = x.M.params[i];
+    plan::ParamPlan P;
+    P.index = static_cast<int>(i);
+    P.name = pat.name;
+    P.full_shape = pat.full_shape;
+    P.full_numel = pt::Numel(pat.full_shape);
+    P.copies.resize(1);  // read once, whole
+    store::ParamRelDir(P.name);  // every name must be a safe folder name
+    store::AtomSpec s{P.name, P.full_shape, store::ParamMetaJson(x.L, pat, P), store::UniversalKeysOf(pat), nullptr,
+                      pat.split_dim()};
+    s.weights_only = true;
+    specs.push_back(std::move(s));
+  }
+  return specs;
+}
+
+// Step 3, every rank: its parameters, one whole tensor at a time. Returns the bytes written.
+int64_t WriteOwned(const formats::SourceDriver& driver, const Planned& x, store::AtomWriter& writer, const std::vector<int>& owner,
+                   int rank, std::vector<store::FileRecord>& records) {
+  int64_t written = 0;
+  std::vector<float> buf;
+  for (size_t i = 0; i < writer.specs().size(); ++i) {
+    if (owner[i] != rank) continue;
+    const auto& s = writer.specs()[i];
+    const int64_t numel = pt::Numel(s.shape);
+    buf.assign(static_cast<size_t>(std::max<int64_t>(numel, 1)), 0.0f);
+    driver.read_param(x.L, static_cast<int>(i), buf.data());
+    for (auto& r : writer.Write(s.name, plan::State::Fp32, buf.data())) records.push_back(r);
+    written += 4 * numel;
+  }
+  return written;
+}
+
+// Step 4, rank 0: the model-states file, the job's files, the manifest last.
+void CommitImport(const ConvertOptions& o, const Planned& x, const std::vector<store::AtomSpec>& specs,
+                  const store::StoreCommit& committed, const std::vector<std::string>& gathered, OutputFolder& folder) {
+  std::map<std::string, store::FileRecord> files;
+  AddGathered(gathered, files);
+  for (const auto& r : committed.files) files[r.path] = r;
+  const auto d = pt::WriteTorchFile(o.output + "/" + kModelStates, *x.L.model_states);
+  files[kModelStates] = {kModelStates, d.size, d.xxh64};
+  if (!x.L.job.carried.empty()) std::filesystem::create_directories(o.output + "/" + source::kJobFolder);
+  for (const std::string& name : x.L.job.carried) {  // byte for byte, as the index read them
+    const std::string rel = std::string(source::kJobFolder) + "/" + name;
+    files[rel] = store::CopyFileAtomically(x.L.root + "/" + name, o.output, rel);
+  }
+  nlohmann::json params = nlohmann::json::array();
+  for (const auto& s : specs) {
+    nlohmann::json e = s.meta;
+    e.update(committed.storage.at(s.name));
+    params.push_back(e);
+  }
+  nlohmann::json source = store::SourceJson(x.L, x.M);
+  source["model_states"] = kModelStates;
+  source["weights_only"] = true;
+  auto manifest = store::AssembleManifest(std::string(store::StoreName(x.kind)), source, store::FamilyJson(x.M), params, files);
+  folder.Mark({manifest.dump(1) + "\n"});  // the commit point (core/commit.h, step 4)
+}
+
+// --plan-only: which rank writes which parameter.
+void PrintPlan(const ConvertOptions& o, const std::vector<store::AtomSpec>& specs, const std::vector<int>& owner, std::ostream& out) {
+  nlohmann::json j = nlohmann::json::array();
+  for (size_t i = 0; i < specs.size(); ++i)
+    j.push_back({{"name", specs[i].name}, {"shape", specs[i].shape}, {"rank", owner[i]}});
+  if (o.json) {
+    out << nlohmann::json{{"params", j}}.dump(1) << "\n";
+    return;
+  }
+  for (const auto& p : j) out << "rank " << p["rank"].get<int>() << "  " << p["name"].get<std::string>() << " " << p["shape"].dump() << "\n";
+}
+
+}  // namespace
+
+int RunConvertFromModel(const ConvertOptions& o, const formats::SourceDriver& driver, shuffle::Comm& comm, std::ostream& out,
+                        std::ostream& err) {
+  const int rank = comm.rank(), ranks = o.plan_ranks > 0 ? o.plan_ranks : comm.size();
+  const bool talk = rank == 0 && !o.quiet;
+  const auto t0 = std::chrono::steady_clock::now();
+
+  // 1. Every rank: the index, the patterns, each parameter's spec and writer (by bytes, largest first).
+  Planned x;
+  std::vector<store::AtomSpec> specs;
+  std::string error = Capture([&] {
+    if (o.output.empty() && !o.plan_only) throw Error("an output folder is required (-o OUT)");
+    if (o.resume) throw Error("--resume: an import writes each tensor whole in one pass; rerun with --force");
+    x = IndexAndResolve(o);
+    specs = SpecsOf(x);
+    if (!o.output.empty()) RefuseOutputWithin(o.output, o.source, "the model folder");
+  });
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+  std::vector<int64_t> weights;
+  for (const auto& s : specs) weights.push_back(pt::Numel(s.shape) + 1);
+  const auto owner = plan::AssignLpt(weights, ranks);
+  if (talk) {
+    err << "ucp-convert: " << x.L.framework << " model " << o.source << " (" << x.L.dtype << "): " << specs.size()
+        << " parameters, weights only -> " << (o.plan_only ? "(plan)" : o.output + " (" + o.format + ")") << "; "
+        << (o.plan_ranks > 0 ? "planned for " + std::to_string(o.plan_ranks) + " MPI ranks (--ranks)" : comm.name()) << "\n";
+    for (const auto* list : {&x.L.notes, &x.M.notes})
+      for (const auto& n : *list) err << "ucp-convert: note: " << n << "\n";
+  }
+  if (o.plan_only) {
+    if (rank == 0) PrintPlan(o, specs, owner, out);
+    return 0;
+  }
+
+  // 2-3. Rank 0: the output folder; the writer (collective); then each rank's parameters.
+  std::unique_ptr<OutputFolder> folder;
+  std::unique_ptr<store::AtomWriter> writer;
+  if (!ClaimAndOpenWriter(o, x.kind, specs, comm, err, folder, writer)) return 1;
+  std::vector<store::FileRecord> records;
+  int64_t written = 0;
+  error = Capture([&] { written = WriteOwned(driver, x, *writer, owner, rank, records); });
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+  store::StoreCommit committed;
+  error = Capture([&] { committed = writer->Commit(); });
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+
+  // 4. Rank 0: the side files and the manifest last.
+  auto gathered = GatherRecords(comm, records);
+  std::array<int64_t, 1> totals = {written};
+  comm.AllreduceSum(totals);
+  error = rank == 0 ? Capture([&] { CommitImport(o, x, specs, committed, gathered, *folder); }) : "";
+  if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (rank == 0 && !o.report_path.empty()) {  // --report: what the run wrote, in the keys of a conversion's report
+    const nlohmann::json report = {{"source", o.source}, {"output", o.output}, {"ranks", ranks}, {"weights_only", true},
+                                   {"parameters", specs.size()}, {"bytes_written", totals[0]}, {"phases_seconds", {{"total", secs}}}};
+    error = Capture([&] { WriteFileAtomically(o.report_path, report.dump(1) + "\n"); });
+    if (!error.empty()) {
+      err << "ucp-convert: error: " << error << "\n";
+      return 1;
+    }
+  }
+  if (talk) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "ucp-convert: wrote %s (%s store): %zu parameters, weights only, %s written in %.2fs\n",
+                  o.output.c_str(), o.format.c_str(), specs.size(), HumanBytes(double(totals[0])).c_str(), secs);
+    err << buf;
+  }
+  return 0;
+}
+
+}  // namespace ucp::convert

@@ -1,0 +1,25 @@
+// A Hugging Face model folder's config.json, read as the facts of the class ucp imports from it.
+// The class is said by `architectures` (else `model_type`); a class ucp does not import, or a
+// setting Megatron's model cannot compute (rope_scaling, an activation other than SiLU, ...), is
+// refused by name: the atomic checkpoint would load and compute something else.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "formats/hf/model.h"
+
+namespace ucp::formats::hf {
+
+struct HfConfig {
+  std::string path;          // dir/config.json, for messages
+  std::string architecture;  // "LlamaForCausalLM"
+  std::string dtype;         // ucp's name of config.json's dtype / torch_dtype; "" where it says none
+  LlamaFacts llama;
+  std::vector<std::string> notes;  // facts taken from the class's defaults
+};
+
+// Throws ucp::Error naming config.json and the key.
+HfConfig ReadHfConfig(const std::string& dir);
+
+}  // namespace ucp::formats::hf
