@@ -34,7 +34,7 @@ class PtReader final : public AtomReader {
     WithContext(dir + "/" + kManifestName, [&] {
       for (const auto& p : this->manifest().at("params")) {
         auto& f = files_[p.at("name").get<std::string>()];
-        for (int s = 0; s < plan::kStates; ++s)
+        for (int s = 0; s < states(); ++s)
           f[s] = p.at("files").at(std::string(plan::StateName(static_cast<plan::State>(s)))).get<std::string>();
         if (p.at("files").contains("step")) f[plan::kStates] = p.at("files").at("step").get<std::string>();
         for (const auto& path : f)
@@ -83,7 +83,7 @@ class PtReader final : public AtomReader {
   UniversalKeys ReadUniversalKeys(const std::string& name) override {
     const AtomParam& p = param(name);
     std::optional<UniversalKeys> keys;
-    for (int s = 0; s < plan::kStates; ++s) {
+    for (int s = 0; s < states(); ++s) {
       auto state = static_cast<plan::State>(s);
       std::string path = dir() + "/" + files_.at(name)[s];
       auto file = Tensor(p, state);
