@@ -309,7 +309,7 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
   P.embedding_stage = stage_of(1);
   int groups = 0;
   for (const auto& a : S.atoms) groups = std::max(groups, a.group + 1);
-  if (auto pg = S.optimizer.root->Get("param_groups")) groups = std::max<int>(groups, static_cast<int>(pg->AsSequence().size()));
+  if (auto pg = S.optimizer.root ? S.optimizer.root->Get("param_groups") : nullptr) groups = std::max<int>(groups, static_cast<int>(pg->AsSequence().size()));
   for (int s = 0; s < T.pp; ++s) {
     bool any = false;
     for (int t = 0; t < T.tp; ++t) {
@@ -394,6 +394,7 @@ LayoutChoice ChooseFor(const Source& S, const PlannerRequest& request) {
 // bf16 wrapper's state is in the model-states file); else one per DP rank.
 namespace {
 int OptimizerFilesOf(const Source& S, const TargetLayout& T, const Unit& u) {
+  if (T.no_optimizer) return 0;
   if (u.dp >= 0) return 1;
   if (TorchOptimizerTarget(S, T) && !S.moe) return 0;
   if (TorchOptimizerTarget(S, T)) {  // the expp_rank files this TP rank saves (ExpertGroups)
