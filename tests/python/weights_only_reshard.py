@@ -17,6 +17,7 @@ ds_to_universal's). Checked:
   optimizer's files converted back with ucp-convert: fp32 equal to the weights bit for bit, exp_avg and
   exp_avg_sq zero, step 0; each optimizer file's param_groups as torch's AdamW lists them, lr, betas, eps
   and weight decay from the config (none for the group of norms);
+- --format hf: the same files as from the full atomic checkpoint;
 - --no-optimizer: no optimizer file, the model files byte-identical to the fresh optimizer's run, and at
   TP=1 without a pipeline each weight of `module` equal to the atomic weight (rounded as torch rounds to
   bf16).
@@ -146,6 +147,18 @@ def check_refusals(full, wo):
             ["ucp_manifest.json", "optimizer"])
 
 
+def check_model_export(full, wo):
+    """--format hf works as for any atomic checkpoint: the same files as from the checkpoint with its moments."""
+    outs = [os.path.join(work, "hf-" + k) for k in ("weights-only", "full")]
+    for src, out in zip((wo, full), outs):
+        r = run("ucp-reshard", [src, "-o", out, "--format", "hf", "-q"])
+        check(f"--format hf from {os.path.basename(src)}", r.returncode == 0, r.stderr[-500:])
+    names = sorted(os.listdir(outs[0])) if os.path.isdir(outs[0]) else []
+    same = names and names == sorted(os.listdir(outs[1])) and all(
+        open(os.path.join(outs[0], n), "rb").read() == open(os.path.join(outs[1], n), "rb").read() for n in names)
+    check("--format hf: the same files from the weights-only checkpoint", bool(same), str(names))
+
+
 def check_param_groups(name, out):
     files = glob.glob(os.path.join(out, "global_step0", "*_optim_states.pt"))
     check(f"{name}: optimizer files written", bool(files), out)
@@ -219,6 +232,7 @@ def main():
     full, wo = prepare()
     check_folder(full, wo)
     check_refusals(full, wo)
+    check_model_export(full, wo)
     weights = atoms(wo)
     for name, (flags, no_optimizer) in LAYOUTS.items():
         fresh = check_fresh(name, flags, wo, weights)
