@@ -116,6 +116,9 @@ def check_folder(full, wo):
     j = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
     check("inspect --json --verify", r.returncode == 0 and j.get("weights_only") is True and j.get("ok") is True,
           r.stdout[-400:] + r.stderr)
+    inspect_schema = json.load(open(os.path.join(schemas, "inspect-atomic.schema.json")))
+    errors = [e.message for e in jsonschema.Draft202012Validator(inspect_schema).iter_errors(j)]
+    check("inspect --json valid", not errors, "; ".join(errors[:3]))
     r = run("ucp-inspect", [full, "--json"])
     check("inspect --json of a full checkpoint", json.loads(r.stdout).get("weights_only") is False, r.stdout[-200:])
     r = run("ucp-convert", ["--from-atomic", wo, "-o", os.path.join(work, "h5"), "--format", "hdf5"])
