@@ -232,12 +232,12 @@ std::string ModuleLayoutRefusal(const TargetLayout& T, int source_tp, int source
 
 int64_t Zero3Piece(int64_t numel, int dp) { return (numel + dp - 1) / dp; }
 
-int64_t AtomicBytes(const UnitParam& u, const Atom& a) {
+int64_t AtomicBytes(const UnitParam& u, const Atom& a, int states) {
   const int64_t full = pt::Numel(a.shape);
   int64_t have = 0;
   plan::ForEachJoinedRun(u.copy, u.joined_shape, u.begin, u.end,
                          [&](int64_t, int64_t joined, int64_t n) { have += std::clamp<int64_t>(full - joined, 0, n); });
-  return 4 * plan::kStates * have;
+  return 4 * states * have;
 }
 
 std::string SourceRelease(const Source& S, const TargetLayout& T) {
@@ -295,7 +295,7 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
     int64_t n = PieceOf(S, T, static_cast<int>(k), 0).local_numel;
     spec_numel.at(S.atoms[k].spec()) += n;
     if (S.atoms[k].tied()) spec_numel.at(head) += n;
-    P.needed_bytes += 4 * plan::kStates * pt::Numel(S.atoms[k].shape);
+    P.needed_bytes += 4 * StatesRead(S) * pt::Numel(S.atoms[k].shape);
   }
   // A module's parameters have no layer specs: one stage holds them all, under their own names.
   const bool module = S.naming == Naming::Module;
@@ -335,7 +335,7 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
             up.begin = std::min(up.local_numel, d * piece), up.end = std::min(up.local_numel, up.begin + piece);
           }
         }
-        for (const auto& up : part.params) part.bytes += AtomicBytes(up, S.atoms[up.atom]);
+        for (const auto& up : part.params) part.bytes += AtomicBytes(up, S.atoms[up.atom], StatesRead(S));
         P.units.push_back(std::move(part));
       }
     }
@@ -351,7 +351,7 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
   ShareRepeatedPieces(P, ranks, share_budget);
   for (auto& sp : P.shared) {
     const UnitParam& up = P.units[sp.unit].params[sp.param];
-    sp.bytes = AtomicBytes(up, S.atoms[up.atom]);
+    sp.bytes = AtomicBytes(up, S.atoms[up.atom], StatesRead(S));
     for (const auto& [u, k] : sp.users) P.units[u].bytes -= sp.bytes;
   }
   return P;

@@ -148,8 +148,11 @@ std::string ModuleLayoutRefusal(const TargetLayout& T, int source_tp, int source
 int64_t Zero3Piece(int64_t numel, int dp);
 
 // The atomic bytes a unit's piece copies: the elements it reads that are not vocabulary padding,
-// in every state.
-int64_t AtomicBytes(const UnitParam& u, const Atom& a);
+// in each of the `states` it reads (StatesRead).
+int64_t AtomicBytes(const UnitParam& u, const Atom& a, int states = plan::kStates);
+// The states a reshard reads from the store: fp32 alone from a weights-only source (its moments are
+// zeros, read from nowhere), else all three.
+inline int StatesRead(const Source& S) { return S.weights_only ? 1 : plan::kStates; }
 
 // The target's model: GPTModel (not a PipelineModule, plain names) or GPTModelPipe, as resolved by
 // ResolveModel.

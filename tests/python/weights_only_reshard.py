@@ -179,10 +179,15 @@ def check_param_groups(name, out):
 
 def check_fresh(name, flags, wo, weights):
     out = os.path.join(work, name, "fresh")
-    r = run("ucp-reshard", [wo, "-o", out, "--optimizer-config", os.path.join(work, "ds_config.json")] + flags, ranks=2)
+    report = os.path.join(work, name, "report.json")
+    r = run("ucp-reshard", [wo, "-o", out, "--optimizer-config", os.path.join(work, "ds_config.json"), "--report", report]
+            + flags, ranks=2)
     check(f"{name}: fresh optimizer written", r.returncode == 0 and "fresh optimizer" in r.stderr, r.stderr[-800:])
     if r.returncode != 0:
         return None
+    rep = json.load(open(report))
+    check(f"{name}: report: a fresh optimizer, the weights read once", rep.get("optimizer") == "fresh" and
+          rep["bytes_read"] == rep["atomic_bytes"] == 4 * sum(t.numel() for t in weights.values()), str(rep)[:300])
     check_param_groups(name, out)
     back = os.path.join(work, name, "back")
     r = run("ucp-convert", [out, "-o", back, "-q"])
