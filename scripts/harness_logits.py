@@ -14,8 +14,9 @@ folder holding it, read-only, and the harness's /work/shared). tp x pp x dp proc
 the harness's launch.py (gloo, CPU). The batch: token ids of shape [2, seq] drawn from torch.Generator(--seed),
 the same on every DP rank; the logits are the model's over the real vocabulary (the first --vocab columns),
 as fp32, written (with the batch, the layout and the load flags) by the rank that holds the last stage's
-TP rank 0 of DP rank 0. --train-steps N then trains N steps as train.py does (its batches from step 0, its
-WarmupLR schedule) and reports the DP-mean loss of each.
+TP rank 0 of DP rank 0. --train-steps N then trains N steps as train.py does (the harness's batch_for from
+step 0, 2 samples per DP rank; its WarmupLR schedule and clipping) and reports the DP-mean loss of each.
+The bind mounts it makes under the chroot stay (umount them when done).
 
 The JSON: {"layout": ..., "load": ..., "ids": [[...]], "logits": [[[...]]], "losses": [...], "ckpt_sha256": {file: sha256}}
 (the sha256 of every file of the loaded tag, which DeepSpeed read).
