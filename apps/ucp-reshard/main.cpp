@@ -217,6 +217,23 @@ void AddPlannerFlags(CLI::App& app, ucp::reshard::PlannerRequest& g) {
       ->needs(gpus_flag);
 }
 
+// The optimizer files of a training layout: none, or a weights-only checkpoint's fresh optimizer.
+void AddOptimizerFlags(CLI::App& app, ReshardCommand& c) {
+  app.add_flag("--no-optimizer", c.no_optimizer,
+               "write the model's files only (model-states and layer files, the weights in the training dtype), no "
+               "optimizer files: for a job that loads the module alone (DeepSpeed's "
+               "load_checkpoint(load_optimizer_states=False) or load_module_only=True; Megatron-DeepSpeed's --finetune: "
+               "its --no-load-optim does not reach DeepSpeed). Any atomic "
+               "checkpoint; not with ZeRO-3 (whose weights live in the optimizer files), --format hf or --in-place");
+  app.add_option("--optimizer-config", c.options.optimizer_config,
+                 "a weights-only atomic checkpoint (a Hugging Face model's): the optimizer a DeepSpeed job starts with, "
+                 "fp32 masters = the weights, exp_avg = exp_avg_sq = 0, step 0, its param_groups' lr, betas, eps and "
+                 "weight_decay from FILE: a DeepSpeed ds_config.json with an \"optimizer\" block, or that block "
+                 "({\"type\": \"AdamW\", \"params\": {...}}); the groups of biases and norms get no weight decay. A "
+                 "weights-only checkpoint needs it or --no-optimizer")
+      ->check(CLI::ExistingFile);
+}
+
 // What a run prints, and what it may replace.
 void AddRunFlags(CLI::App& app, ucp::reshard::ReshardOptions& o) {
   app.add_flag("--plan-only", o.plan_only,
@@ -247,6 +264,7 @@ int main(int argc, char** argv) {
   CLI::Option* layout = AddLayoutFlags(app, c);
   const std::vector<CLI::Option*> exchange = AddExchangeFlags(app, c);
   AddPlannerFlags(app, c.options.planner);
+  AddOptimizerFlags(app, c);
   AddRunFlags(app, c.options);
   if (auto status = ucp::apps::ParseCommandLine(app, argc, argv, "ucp-reshard")) return *status;
   c.layout_only_given = NamesGiven({layout, keep, exchange[0], exchange[1]});

@@ -45,7 +45,7 @@ json ParamsJson(const json& m, const std::string& params_regex) {
     if (p.contains("files"))
       for (const auto& [state, path] : p.at("files").items()) bytes += sizes.count(path) ? sizes[path] : 0;
     else
-      bytes = 4 * plan::kStates * p.at("numel").get<uint64_t>();  // the tensors inside atoms.h5
+      bytes = 4 * (m.at("source").value("weights_only", false) ? 1 : plan::kStates) * p.at("numel").get<uint64_t>();  // atoms.h5
     json q = {{"name", p.at("name")}, {"shape", p.value("shape", json())}, {"pattern", p.value("pattern", json())},
               {"pattern_in_source", p.value("pattern_in_source", json())}, {"split_dim", p.value("split_dim", json())},
               {"split_dim_known", p.value("split_dim_known", json())}, {"vocab", p.value("vocab", json())}, {"bytes", bytes}};
@@ -78,7 +78,7 @@ int64_t CheckDatasets(const std::string& dir, const json& m, json& problems) {
   std::string error = shuffle::Capture([&] {
     auto reader = store::AtomReader::Open(dir);
     for (const auto& p : reader->params()) {
-      for (int s = 0; s < plan::kStates; ++s) {
+      for (int s = 0; s < reader->states(); ++s) {
         auto state = static_cast<plan::State>(s);
         std::string name(plan::StateName(state)), where = std::string(store::kAtomsH5) + ": /" + p.name + "/" + name;
         std::string got = HexDigest(reader->TensorDigest(p.name, state));
@@ -144,6 +144,7 @@ json ReportOf(const std::string& dir, const json& m, const InspectOptions& optio
   r["source"] = m.value("source", json());
   r["family"] = m.value("family", json());
   r["deepspeed_universal"] = m.value("deepspeed_universal", false);
+  r["weights_only"] = m.at("source").value("weights_only", false);
   r["params"] = ParamsJson(m, options.params_regex);
   r["totals"] = m.value("totals", json());
   json problems = json::array();
@@ -194,7 +195,9 @@ int RunInspectAtomic(const std::string& dir, const InspectOptions& options, std:
     text
         << "model rules        "
         << (r["family"].is_null() ? std::string("none") : r["family"]["name"].get<std::string>()) << "\n"
-        << "store              " << r["store"].get<std::string>() << "\n"
+        << "store              " << r["store"].get<std::string>()
+        << (r["weights_only"].get<bool>() ? "  (weights only: no optimizer state; ucp-reshard writes a fresh optimizer or none)" : "")
+        << "\n"
         << "contents           " << r["totals"]["params"] << " parameters, " << r["totals"]["files"] << " files, "
         << r["totals"]["bytes"] << " bytes\n\n";
     size_t w = NameWidth(r["params"]);

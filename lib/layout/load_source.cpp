@@ -132,7 +132,7 @@ Source LoadAtomic(const std::string& dir) {
     RequirePlainName(args, dir + "/ucp_manifest.json: source.args_file");
     S.args_file = S.reader->ReadCheckedFile(args), S.args_file_name = args;
   }
-  S.weights_only = S.manifest["source"].value("weights_only", false);
+  S.weights_only = S.reader->weights_only();
   if (!S.weights_only) S.optimizer = S.reader->ReadCheckedFile("zero/optimizer_state.pt");
   S.tp = S.manifest["source"].value("tp", 1);
   if (const Value* d = ArgOf(S, "make_vocab_size_divisible_by")) S.divisible_by = d->AsInt();

@@ -232,12 +232,12 @@ std::string ModuleLayoutRefusal(const TargetLayout& T, int source_tp, int source
 
 int64_t Zero3Piece(int64_t numel, int dp) { return (numel + dp - 1) / dp; }
 
-int64_t AtomicBytes(const UnitParam& u, const Atom& a) {
+int64_t AtomicBytes(const UnitParam& u, const Atom& a, int states) {
   const int64_t full = pt::Numel(a.shape);
   int64_t have = 0;
   plan::ForEachJoinedRun(u.copy, u.joined_shape, u.begin, u.end,
                          [&](int64_t, int64_t joined, int64_t n) { have += std::clamp<int64_t>(full - joined, 0, n); });
-  return 4 * plan::kStates * have;
+  return 4 * states * have;
 }
 
 std::string SourceRelease(const Source& S, const TargetLayout& T) {
@@ -295,7 +295,7 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
     int64_t n = PieceOf(S, T, static_cast<int>(k), 0).local_numel;
     spec_numel.at(S.atoms[k].spec()) += n;
     if (S.atoms[k].tied()) spec_numel.at(head) += n;
-    P.needed_bytes += 4 * plan::kStates * pt::Numel(S.atoms[k].shape);
+    P.needed_bytes += 4 * StatesRead(S) * pt::Numel(S.atoms[k].shape);
   }
   // A module's parameters have no layer specs: one stage holds them all, under their own names.
   const bool module = S.naming == Naming::Module;
@@ -309,7 +309,7 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
   P.embedding_stage = stage_of(1);
   int groups = 0;
   for (const auto& a : S.atoms) groups = std::max(groups, a.group + 1);
-  if (auto pg = S.optimizer.root->Get("param_groups")) groups = std::max<int>(groups, static_cast<int>(pg->AsSequence().size()));
+  if (auto pg = S.optimizer.root ? S.optimizer.root->Get("param_groups") : nullptr) groups = std::max<int>(groups, static_cast<int>(pg->AsSequence().size()));
   for (int s = 0; s < T.pp; ++s) {
     bool any = false;
     for (int t = 0; t < T.tp; ++t) {
@@ -335,7 +335,7 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
             up.begin = std::min(up.local_numel, d * piece), up.end = std::min(up.local_numel, up.begin + piece);
           }
         }
-        for (const auto& up : part.params) part.bytes += AtomicBytes(up, S.atoms[up.atom]);
+        for (const auto& up : part.params) part.bytes += AtomicBytes(up, S.atoms[up.atom], StatesRead(S));
         P.units.push_back(std::move(part));
       }
     }
@@ -351,7 +351,7 @@ Plan MakePlan(const Source& S, const TargetLayout& T, int ranks, int64_t share_b
   ShareRepeatedPieces(P, ranks, share_budget);
   for (auto& sp : P.shared) {
     const UnitParam& up = P.units[sp.unit].params[sp.param];
-    sp.bytes = AtomicBytes(up, S.atoms[up.atom]);
+    sp.bytes = AtomicBytes(up, S.atoms[up.atom], StatesRead(S));
     for (const auto& [u, k] : sp.users) P.units[u].bytes -= sp.bytes;
   }
   return P;
@@ -394,6 +394,7 @@ LayoutChoice ChooseFor(const Source& S, const PlannerRequest& request) {
 // bf16 wrapper's state is in the model-states file); else one per DP rank.
 namespace {
 int OptimizerFilesOf(const Source& S, const TargetLayout& T, const Unit& u) {
+  if (T.no_optimizer) return 0;
   if (u.dp >= 0) return 1;
   if (TorchOptimizerTarget(S, T) && !S.moe) return 0;
   if (TorchOptimizerTarget(S, T)) {  // the expp_rank files this TP rank saves (ExpertGroups)

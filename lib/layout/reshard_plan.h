@@ -67,8 +67,11 @@ struct Source {
   std::string model_file;       // its name in the atomic checkpoint
   pt::TorchFile args_file;      // the carried file of Megatron's args DeepSpeed does not load (manifest source.args_file), if any
   std::string args_file_name;
-  pt::TorchFile optimizer;      // zero/optimizer_state.pt (none when weights_only)
-  bool weights_only = false;    // fp32 weights alone, no optimizer state (manifest source.weights_only)
+  pt::TorchFile optimizer;      // zero/optimizer_state.pt; of a weights-only source, the fresh optimizer's (FreshOptimizer)
+  // A weights-only source (the manifest's source.weights_only): fp32 weights alone. Its Adam moments
+  // read as zeros and its groups' steps as 0 (ReadLocal, UnitWeights::GroupStep), its param_groups come
+  // from --optimizer-config (FreshOptimizer); or the target has no optimizer files (--no-optimizer).
+  bool weights_only = false;
   Naming naming = Naming::Pipe;
   int layers = 0;
   bool untied = false;              // the output layer is its own (Llama-style), not the tied word embedding
@@ -145,8 +148,11 @@ std::string ModuleLayoutRefusal(const TargetLayout& T, int source_tp, int source
 int64_t Zero3Piece(int64_t numel, int dp);
 
 // The atomic bytes a unit's piece copies: the elements it reads that are not vocabulary padding,
-// in every state.
-int64_t AtomicBytes(const UnitParam& u, const Atom& a);
+// in each of the `states` it reads (StatesRead).
+int64_t AtomicBytes(const UnitParam& u, const Atom& a, int states = plan::kStates);
+// The states a reshard reads from the store: fp32 alone from a weights-only source (its moments are
+// zeros, read from nowhere), else all three.
+inline int StatesRead(const Source& S) { return S.weights_only ? 1 : plan::kStates; }
 
 // The target's model: GPTModel (not a PipelineModule, plain names) or GPTModelPipe, as resolved by
 // ResolveModel.
@@ -182,6 +188,27 @@ bool TorchOptimizerTarget(const Source& S, const TargetLayout& T);
 // expert-parallel ranks (experts split in ep equal runs of global ids), and its id there.
 int EpRankOf(const Source& S, const Atom& a, int ep);
 int LocalExpertId(const Source& S, const Atom& a, int ep);
+
+// A weights-only source's optimizer (Source::weights_only), as a DeepSpeed job starting from the
+// weights has one (fresh_optimizer.cpp): S.optimizer made the zero/optimizer_state.pt such a source
+// lacks, its param_groups as torch's Adam / AdamW state_dict lists them, one per group of the atoms,
+// from `block`, the "optimizer" block of a DeepSpeed config ({"type": "Adam" | "AdamW", "params":
+// {"lr", "betas", "eps", "weight_decay"}}, torch's defaults for what it omits); a group of 1-D
+// parameters alone (biases and norms) without weight decay, as Megatron's. The keys of each group are
+// those the torch of DeepSpeed `release`'s job writes (0.19 and later: torch 2.x's `differentiable`
+// and `fused` too). A null `block`: no param_groups (--no-optimizer). Throws ucp::Error naming `what`
+// (the file) and the key.
+void FreshOptimizer(Source& S, const nlohmann::json& block, const std::string& release, const std::string& what);
+// The optimizer the target gets (--optimizer-config's `block` from `config_file`, --no-optimizer in
+// T.no_optimizer): the source's; a weights-only source's fresh one (FreshOptimizer); or none. Throws
+// ucp::Error for a combination that makes no sense (naming the flags): no block nor --no-optimizer for a
+// weights-only source, a block for a source with optimizer state, --no-optimizer at ZeRO-3.
+void SettleOptimizer(Source& S, const TargetLayout& T, const nlohmann::json& block, const std::string& config_file);
+// What the target's optimizer files hold, for a run's account and report: "carried", "fresh" or "none".
+std::string OptimizerOf(const Source& S, const TargetLayout& T);
+// The "optimizer" block of --optimizer-config's JSON: a DeepSpeed config holding one, or the block
+// itself. Throws ucp::Error naming `what` (the file).
+nlohmann::json OptimizerBlockOf(const nlohmann::json& config, const std::string& what);
 
 // The plan of `T` (its model resolved) for `ranks` MPI ranks, sharing pieces while each rank holds
 // at most `share_budget` bytes of them. Throws ucp::Error for a target DeepSpeed would refuse or

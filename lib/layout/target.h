@@ -34,6 +34,12 @@ struct TargetLayout {
   // differs from the source's: it decides what changed between releases and no file shows, the scale
   // of an expert's Adam moments and the expp_rank files under ZeRO. Empty: the source's release.
   std::string ds_version;
+  // --no-optimizer: the model's files only (model-states, layer and expert files, the weights in the
+  // training dtype), no optimizer files; for a job that loads the module alone (DeepSpeed's
+  // load_checkpoint(load_optimizer_states=False) or load_module_only=True; Megatron-DeepSpeed's
+  // --finetune, whose --no-load-optim does not reach DeepSpeed). Not under
+  // ZeRO-3, whose weights live in the optimizer files. Not part of a --layout file.
+  bool no_optimizer = false;
 
   int Sp() const { return sp > 0 ? sp : 1; }
   // The sequence-data-parallel degree, DP x SP: the ranks ZeRO partitions over, numbering the files.

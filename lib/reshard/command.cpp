@@ -5,6 +5,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "patterns/rules.h"
+#include "layout/reshard_plan.h"
 #include "layout/target.h"
 
 namespace ucp::reshard {
@@ -54,6 +55,39 @@ std::optional<int> ReadModelConfig(ExportOptions& m, const std::string& path, st
     m.model_config_path = path;
   } catch (const std::exception& e) {
     return Refuse(err, path + ": not a JSON object of model facts: " + e.what(), 1);
+  }
+  return std::nullopt;
+}
+
+// --no-optimizer and --optimizer-config: the target's optimizer files, none or a fresh optimizer's
+// (its "optimizer" block read here: a file that holds none, refused as input, exit 1). Only for a
+// new training layout: a model export has no optimizer, and --in-place keeps the run's own.
+std::optional<int> SettleOptimizerFlags(ReshardCommand& c, std::ostream& err) {
+  ReshardOptions& o = c.options;
+  const bool config = !o.optimizer_config.empty();
+  if (!c.no_optimizer && !config) return std::nullopt;
+  const std::string flag = c.no_optimizer ? "--no-optimizer" : "--optimizer-config";
+  if (c.no_optimizer && config) return Refuse(err, "--no-optimizer writes no optimizer files: no --optimizer-config");
+  if (o.format == "hf") return Refuse(err, flag + ": --format hf writes a model, which has no optimizer");
+  if (c.in_place_mode)
+    return Refuse(err, flag + ": --in-place continues the training run as it is, its optimizer too: reshard into -o OUT");
+  const auto& given = c.in_place.given;
+  if (c.no_optimizer && o.target.zero_stage == 3 && std::find(given.begin(), given.end(), "zero_stage") != given.end())
+    return Refuse(err, "--no-optimizer with --zero-stage 3: ZeRO-3 keeps the weights in the optimizer files");
+  o.target.no_optimizer = c.no_optimizer;
+  if (!config) return std::nullopt;
+  try {
+    const std::optional<std::string> text = ReadWholeFile(o.optimizer_config);
+    if (!text) throw Error(o.optimizer_config + ": cannot be read");
+    nlohmann::json parsed;
+    try {
+      parsed = nlohmann::json::parse(*text);
+    } catch (const std::exception& e) {
+      throw Error(o.optimizer_config + ": not JSON: " + e.what());
+    }
+    o.optimizer_block = OptimizerBlockOf(parsed, o.optimizer_config);
+  } catch (const Error& e) {
+    return Refuse(err, std::string("--optimizer-config: ") + e.what(), 1);
   }
   return std::nullopt;
 }
@@ -115,6 +149,7 @@ InPlaceOptions FromRoot(const ReshardCommand& c) {
 
 std::optional<int> SettleCommand(ReshardCommand& c, std::ostream& err) {
   if (auto status = ReadLayout(c, err)) return status;
+  if (auto status = SettleOptimizerFlags(c, err)) return status;
   return c.options.format == "hf" ? SettleModelExport(c, err) : SettleTrainingLayout(c, err);
 }
 

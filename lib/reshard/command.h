@@ -30,6 +30,9 @@ struct ReshardCommand {
   // Given flags that only a layout takes (--layout, --keep, --share-buffer, --buffer), and that
   // only --format hf takes (--model-config, --max-shard-size), by name, in that order.
   std::vector<std::string> layout_only_given, hf_only_given;
+  // --no-optimizer (options.target.no_optimizer), --optimizer-config FILE (options.optimizer_config):
+  // a training layout's only, each given on its own.
+  bool no_optimizer = false;
 };
 
 // Reads the --layout file and applies the layout flags over it, and checks the flags against the

@@ -67,7 +67,8 @@ constexpr const char* kIterationFile = "latest_checkpointed_iteration.txt";
 // --- reading --------------------------------------------------------------------------------
 
 // Local elements [a, b) of a TP piece, state s, into dst: a hyperslab read of the atomic tensor per
-// run of whole rows; rows past the atomic tensor (vocabulary padding) are zeros.
+// run of whole rows; rows past the atomic tensor (vocabulary padding) are zeros, and so are the Adam
+// moments of a weights-only source (the one place that reads them): a fresh optimizer's.
 void ReadLocal(const Source& S, const UnitParam& up, int s, int64_t a, int64_t b, float* dst) {
   const Atom& atom = S.atoms[up.atom];
   plan::ForEachJoinedSlab(up.copy, a, b, [&](const std::vector<int64_t>& start, std::vector<int64_t> count, int64_t local) {
@@ -78,7 +79,8 @@ void ReadLocal(const Source& S, const UnitParam& up, int s, int64_t a, int64_t b
       std::memset(to + keep * row, 0, static_cast<size_t>((count[0] - keep) * row) * 4);
       count[0] = keep, n = keep * row;
     }
-    if (n > 0) S.reader->ReadSlab(atom.name, static_cast<plan::State>(s), start, count, to);
+    if (n > 0 && s > 0 && S.weights_only) std::memset(to, 0, static_cast<size_t>(n) * 4);  // a fresh optimizer's moments
+    else if (n > 0) S.reader->ReadSlab(atom.name, static_cast<plan::State>(s), start, count, to);
   });
 }
 
@@ -207,7 +209,7 @@ class UnitSlices final : public SliceSource {
   void ReadAligned(size_t k, int s, int64_t a, int64_t b, float* dst) {
     const UnitParam& up = U_.params[k];
     const auto& shape = up.copy.shape;
-    if (shape.empty() || shape[0] == 0) return ReadLocal(S_, up, s, a, b, dst);
+    if (shape.empty() || shape[0] == 0 || (s > 0 && S_.weights_only)) return ReadLocal(S_, up, s, a, b, dst);
     const int64_t inner = up.local_numel / shape[0];
     const auto block = S_.reader->ReadBlock(S_.atoms[up.atom].name, static_cast<plan::State>(s));
     if (block.empty()) return ReadLocal(S_, up, s, a, b, dst);  // a store without blocks reads any range as cheaply
@@ -300,6 +302,8 @@ Resharding PlanReshard(const ReshardOptions& o, int ranks) {
   R.S = LoadSource(o.atomic_dir);
   WithContext(o.atomic_dir + "/" + store::kManifestName, [&] {
     R.tag = R.S.manifest.at("source").at("tag").get<std::string>();
+    // A Hugging Face model's weights have no tag: DeepSpeed's own for the iteration (global_step0).
+    if (R.tag.empty() && R.S.weights_only) R.tag = "global_step" + std::to_string(R.S.manifest.at("source").value("iteration", 0));
     RequirePlainName(R.tag, "source.tag");
   });
   R.T = o.target;
@@ -310,6 +314,7 @@ Resharding PlanReshard(const ReshardOptions& o, int ranks) {
     if (o.plan_only) return R;
   }
   R.T = ResolveModel(R.S, R.T);
+  SettleOptimizer(R.S, R.T, o.optimizer_block, o.optimizer_config);
   R.P = MakePlan(R.S, R.T, ranks, o.share_bytes);
   return R;
 }
@@ -328,6 +333,12 @@ void SayWhatIsDone(const ReshardOptions& o, const Resharding& R, const shuffle::
       << "; " << P.units.size()
       << (T.zero_stage == 3 ? " (model-parallel, DP) ranks' files" : P.units.size() == 1 ? " model-parallel rank" : " model-parallel ranks")
       << " on " << comm.name() << "\n";
+  if (T.no_optimizer)
+    err << kTool << ": the model's files only (--no-optimizer): no optimizer files; load them with "
+        << "load_checkpoint(load_optimizer_states=False) or load_module_only=True (Megatron-DeepSpeed: --finetune)\n";
+  else if (S.weights_only)
+    err << kTool << ": a fresh optimizer (weights only in " << o.atomic_dir << "): fp32 masters = the weights, exp_avg = "
+        << "exp_avg_sq = 0, step 0, param_groups from " << o.optimizer_config << "\n";
   if (ExpertMomentRatio(S, T) != 1.0) err << kTool << ": " << ExpertMomentScaling(S, T) << "\n";
   if (P.padded_vocab > 0 && T.vocab_divisible_by <= 0 && S.divisible_by <= 0 && T.tp != S.tp)
     err << kTool << ": note: the checkpoint has no args.make_vocab_size_divisible_by; " << DerivedDivisibleBy(S)
@@ -504,7 +515,7 @@ bool ReportReshard(const ReshardOptions& o, const Resharding& R, const std::vect
   double ratio = R.P.needed_bytes ? static_cast<double>(total) / static_cast<double>(R.P.needed_bytes) : 1.0;
   if (!WriteReport(o.report_path, {{"atomic", o.atomic_dir}, {"store", store::StoreName(R.S.reader->store())}, {"output", o.output},
                                        {"ranks", ranks}, {"seconds", secs}, {"bytes_read", total}, {"atomic_bytes", R.P.needed_bytes},
-                                       {"read_ratio", ratio}, {"bytes_written", t.bytes_written}, {"per_rank", t.per_rank}}, err, kTool)) return false;
+                                       {"read_ratio", ratio}, {"bytes_written", t.bytes_written}, {"optimizer", OptimizerOf(R.S, R.T)}, {"per_rank", t.per_rank}}, err, kTool)) return false;
   if (!o.quiet) {
     char buf[256];
     std::snprintf(buf, sizeof buf, "%s: wrote %s: read %s (%.3fx the atomic tensors) in %.2fs, peak RSS %s per rank\n",

@@ -20,6 +20,10 @@ struct ReshardOptions {
   TargetLayout target;
   std::string format = "deepspeed";  // the target driver (formats/registry.h) that writes the files
   ExportOptions model;                // a model target's (--format hf): dtype, file size, --model-config
+  // A weights-only source's fresh optimizer: the "optimizer" block of --optimizer-config (null: none
+  // given), and the file it came from. target.no_optimizer (--no-optimizer) writes none.
+  nlohmann::json optimizer_block;
+  std::string optimizer_config;
   bool plan_only = false, json = false, quiet = false, force = false;
   bool progress = false;  // a live progress line on rank 0 (the app sets it when stderr is a terminal)
   // Pieces several units need (TP-replicated parameters, the tied embedding) are read once and

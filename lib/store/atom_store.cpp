@@ -134,6 +134,7 @@ std::unique_ptr<AtomReader> AtomReader::Open(const std::string& dir) {
 AtomReader::AtomReader(StoreKind store, std::string dir, nlohmann::json manifest)
     : store_(store), dir_(std::move(dir)), manifest_(std::move(manifest)) {
   WithContext(dir_ + "/" + kManifestName, [&] {
+    weights_only_ = manifest_.at("source").value("weights_only", false);
     for (const auto& p : manifest_.at("params")) {
       AtomParam a;
       a.name = p.at("name").get<std::string>();
@@ -208,6 +209,9 @@ void AtomReader::CheckSlab(const AtomParam& p, plan::State state, std::span<cons
   auto fail = [&](const std::string& why) {
     throw Error(dir_ + ": parameter '" + p.name + "' " + std::string(plan::StateName(state)) + ": slab " + why);
   };
+  if (weights_only_ && state != plan::State::Fp32)
+    throw Error(dir_ + ": parameter '" + p.name + "' " + std::string(plan::StateName(state)) + ": the atomic checkpoint "
+                "holds weights only (its manifest's source.weights_only): no Adam moments to read");
   if (start.size() != p.shape.size() || count.size() != p.shape.size())
     fail("of rank " + std::to_string(start.size()) + "/" + std::to_string(count.size()) + " for a tensor of shape " +
          pt::ShapeString(p.shape));

@@ -90,6 +90,12 @@ class AtomReader {
   const nlohmann::json& manifest() const { return manifest_; }
   const std::vector<AtomParam>& params() const { return params_; }
   const AtomParam& param(const std::string& name) const;  // throws naming the parameter
+  // A weights-only atomic checkpoint (the manifest's source.weights_only: a Hugging Face model's
+  // weights): its parameters have fp32 only, no Adam moments, no step, no zero/optimizer_state.pt.
+  // Reading a moment of one throws ucp::Error naming the parameter.
+  bool weights_only() const { return weights_only_; }
+  // The states a parameter holds: fp32 alone in a weights-only checkpoint, else all three.
+  int states() const { return weights_only_ ? 1 : plan::kStates; }
 
   // The hyperslab [start, start + count) of one parameter's state (fp32) into dst, row-major in
   // the slab's shape (prod(count) floats). start and count have the parameter's rank (empty for a
@@ -141,6 +147,7 @@ class AtomReader {
 
  private:
   StoreKind store_;
+  bool weights_only_ = false;
   std::string dir_;
   nlohmann::json manifest_;
   std::vector<AtomParam> params_;

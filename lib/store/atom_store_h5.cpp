@@ -186,6 +186,7 @@ class H5Reader final : public AtomReader {
   }
 
   std::vector<int64_t> ReadBlock(const std::string& name, plan::State state) override {
+    if (weights_only() && state != plan::State::Fp32) return {};  // no such dataset: ReadSlab says why
     return Dataset(param(name), state)->chunk;
   }
 
@@ -238,9 +239,9 @@ class H5Reader final : public AtomReader {
     if (recorded_.empty())
       for (const auto& p : manifest().at("params"))
         WithContext(dir() + "/" + kManifestName + ": parameter '" + p.at("name").get<std::string>() + "'", [&] {
-          for (int s = 0; s < plan::kStates; ++s)  // a weights-only checkpoint's has fp32 alone
-            if (const std::string state(plan::StateName(static_cast<plan::State>(s))); s == 0 || p.at("hdf5").at("xxh64").contains(state))
-              recorded_[{p.at("name").get<std::string>(), s}] = p.at("hdf5").at("xxh64").at(state).get<std::string>();
+          for (int s = 0; s < states(); ++s)
+            recorded_[{p.at("name").get<std::string>(), s}] =
+                p.at("hdf5").at("xxh64").at(std::string(plan::StateName(static_cast<plan::State>(s)))).get<std::string>();
         });
     auto it = recorded_.find({name, static_cast<int>(state)});
     if (it == recorded_.end())

@@ -34,9 +34,8 @@ class PtReader final : public AtomReader {
     WithContext(dir + "/" + kManifestName, [&] {
       for (const auto& p : this->manifest().at("params")) {
         auto& f = files_[p.at("name").get<std::string>()];
-        for (int s = 0; s < plan::kStates; ++s)  // a weights-only checkpoint's has fp32 alone
-          if (const std::string state(plan::StateName(static_cast<plan::State>(s))); s == 0 || p.at("files").contains(state))
-            f[s] = p.at("files").at(state).get<std::string>();
+        for (int s = 0; s < states(); ++s)
+          f[s] = p.at("files").at(std::string(plan::StateName(static_cast<plan::State>(s)))).get<std::string>();
         if (p.at("files").contains("step")) f[plan::kStates] = p.at("files").at("step").get<std::string>();
         for (const auto& path : f)
           if (!path.empty()) RequirePlainRelativePath(path, "file of parameter '" + p.at("name").get<std::string>() + "'");
@@ -84,9 +83,8 @@ class PtReader final : public AtomReader {
   UniversalKeys ReadUniversalKeys(const std::string& name) override {
     const AtomParam& p = param(name);
     std::optional<UniversalKeys> keys;
-    for (int s = 0; s < plan::kStates; ++s) {
+    for (int s = 0; s < states(); ++s) {
       auto state = static_cast<plan::State>(s);
-      if (files_.at(name)[s].empty()) continue;  // weights only
       std::string path = dir() + "/" + files_.at(name)[s];
       auto file = Tensor(p, state);
       UniversalKeys k = WithContext(path, [&] { return UniversalKeysOfStateFile(*file->root, p.shape); });

@@ -9,11 +9,13 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "core/atomic_file.h"
@@ -463,4 +465,45 @@ TEST_CASE("store: the folder of parameter folders is created, again too, and mar
   }
   std::ofstream(root / "file") << "x";
   CHECK_THROWS(CreateSpreadFolder((root / "file" / "zero").string()));
+}
+
+TEST_CASE("store: a weights-only checkpoint (issue 44) reads its weights and refuses its moments by name", "[store]") {
+  auto cases = Cases();
+  for (StoreKind kind : {StoreKind::Pt, StoreKind::Hdf5}) {
+    fs::path dir = StoreDir(kind, "weights-only");
+    WriteStore(kind, dir, cases);
+    // The weights-only form of the manifest, as ucp-convert HF_FOLDER writes one: fp32 alone, no step.
+    auto m = nlohmann::json::parse(*ReadWholeFile((dir / store::kManifestName).string()));
+    m["source"]["weights_only"] = true;
+    m["source"]["optimizer"] = "none";
+    std::set<std::string> dropped;
+    for (auto& p : m["params"]) {
+      if (kind == StoreKind::Hdf5) {
+        p["hdf5"]["xxh64"].erase("exp_avg"), p["hdf5"]["xxh64"].erase("exp_avg_sq"), p["hdf5"]["step"] = false;
+        continue;
+      }
+      for (const char* state : {"exp_avg", "exp_avg_sq", "step"})
+        if (p["files"].contains(state)) dropped.insert(p["files"][state].get<std::string>()), p["files"].erase(state);
+    }
+    auto& files = m["files"];
+    files.erase(std::remove_if(files.begin(), files.end(), [&](const auto& f) { return dropped.count(f["path"]); }), files.end());
+    for (const auto& rel : dropped) fs::remove(dir / rel);
+    WriteFileAtomically((dir / store::kManifestName).string(), m.dump(1));
+    auto reader = store::AtomReader::Open(dir.string());
+    CHECK(reader->weights_only());
+    for (const auto& c : cases) {
+      std::vector<float> got(static_cast<size_t>(pt::Numel(c.shape)));
+      reader->ReadAll(c.name, plan::State::Fp32, got.data());
+      CHECK(SameBytes(got, c.data[0]));
+      CHECK(reader->ReadStep(c.name) == nullptr);
+      CHECK(reader->ReadBlock(c.name, plan::State::ExpAvg).empty());
+      CHECK_THROWS_WITH(reader->ReadAll(c.name, plan::State::ExpAvgSq, got.data()),
+                        Catch::Contains("'" + c.name + "' exp_avg_sq") && Catch::Contains("weights only"));
+    }
+    // A manifest that says weights only yet lists a moment is refused by the schema.
+    if (kind == StoreKind::Pt) m["params"][0]["files"]["exp_avg"] = "zero/x/exp_avg.pt";
+    else m["params"][0]["hdf5"]["xxh64"]["exp_avg"] = "0123456789abcdef";
+    WriteFileAtomically((dir / store::kManifestName).string(), m.dump(1));
+    CHECK_THROWS(store::AtomReader::Open(dir.string()));
+  }
 }

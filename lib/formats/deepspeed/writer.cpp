@@ -9,8 +9,8 @@ using namespace reshard;
 
 // The files of a unit, in the order they read its values: under ZeRO-3 its DP rank's optimizer
 // file, then its model-states file; else the optimizer files of every DP rank (or, without ZeRO,
-// the torch optimizer's), which fill the training-dtype weights on the way, then the files those
-// weights go in: expert files and a plain module's model-states file, or a pipeline's layer files
+// the torch optimizer's), which fill the training-dtype weights on the way (--no-optimizer: those
+// weights alone), then the files those weights go in: expert files and a plain module's model-states file, or a pipeline's layer files
 // and its model-states file.
 UnitFiles WriteUnit(const Source& S, const TargetLayout& T, const Plan& P, const Unit& U, SliceSource& slices,
                     const std::string& dir, ScratchBytes& arena) {
@@ -24,7 +24,8 @@ UnitFiles WriteUnit(const Source& S, const TargetLayout& T, const Plan& P, const
   }
   weights.ReserveTrainingDtype(arena);
   pt::ValuePtr torch_optimizer;
-  if (unit.TorchOptimizer()) torch_optimizer = WriteTorchOptimizerFiles(unit, weights, files);
+  if (T.no_optimizer) weights.FillTrainingDtype();  // (ZeRO-3 is refused: its weights are in the optimizer files)
+  else if (unit.TorchOptimizer()) torch_optimizer = WriteTorchOptimizerFiles(unit, weights, files);
   else
     for (int d = 0; d < T.SeqDp(); ++d) WriteZeroOptimizerFile(unit, weights, files, d);
   if (NamingOf(T) == Naming::Plain) {

@@ -136,6 +136,16 @@ void UnitWeights::Fill(size_t k, int s, int64_t a, int64_t b, float* dst) {
   }
 }
 
+void UnitWeights::FillTrainingDtype() {
+  constexpr int64_t kRun = int64_t{1} << 20;  // floats read at a time
+  std::vector<float> run;
+  for (size_t k = 0; k < u_.U.params.size(); ++k)
+    for (int64_t a = 0, n = u_.U.params[k].local_numel; a < n; a += kRun) {
+      run.resize(static_cast<size_t>(std::min(kRun, n - a)));
+      Fill(k, 0, a, a + static_cast<int64_t>(run.size()), run.data());
+    }
+}
+
 ValuePtr UnitWeights::FlatState(std::vector<Segment> segs, int64_t len, int s) {
   return pt::ProducedTensor(pt::DType::F32, {len}, [this, segs = std::move(segs), s](uint64_t off, uint64_t size, uint8_t* dst) {
     const int64_t a = static_cast<int64_t>(off / 4), b = static_cast<int64_t>((off + size) / 4);
@@ -153,6 +163,10 @@ ValuePtr UnitWeights::FlatState(std::vector<Segment> segs, int64_t len, int s) {
 }
 
 ValuePtr UnitWeights::GroupStep(int g) {
+  if (u_.S.weights_only) {  // a fresh optimizer's step: torch's Adam keeps it as a 0-dim float32 tensor
+    auto zero = std::make_shared<float>(0.0f);
+    return pt::OwnedTensor(zero, zero.get(), pt::DType::F32, {});
+  }
   for (const auto& a : u_.S.atoms)
     if (a.group == g && a.has_step) {
       auto it = steps_.find(g);

@@ -73,13 +73,17 @@ class UnitWeights {
   // copies (Fill) are the model's weights.
   void ReadWhole(bool fp32_masters);
 
+  // Without optimizer files (TargetLayout::no_optimizer): the training-dtype weights made from the
+  // fp32 weights, read a run at a time, with nothing else.
+  void FillTrainingDtype();
   // Local elements [a, b) of unit param k, state s, into dst (float32), from the slice source; fp32
   // also to the layer files' weights.
   void Fill(size_t k, int s, int64_t a, int64_t b, float* dst);
   // A flat float32 ZeRO tensor of `len` elements, produced while its file is written: the segments'
   // elements of state `s`, zeros elsewhere (alignment padding). Nothing of it is held in memory.
   pt::ValuePtr FlatState(std::vector<Segment> segs, int64_t len, int s);
-  // Group g's step, read once from the first of its parameters that has one.
+  // Group g's step, read once from the first of its parameters that has one; 0 for a weights-only
+  // source's fresh optimizer.
   pt::ValuePtr GroupStep(int g);
 
   // Unit param k's training-dtype weights (ReserveTrainingDtype), in its shape.
