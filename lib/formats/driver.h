@@ -52,5 +52,6 @@ const SourceDriver& DeepSpeedSource();
 const SourceDriver& DcpSource();
 const TargetDriver& DeepSpeedTarget();
 const TargetDriver& HuggingFaceTarget();
+const TargetDriver& DcpTarget();
 
 }  // namespace ucp::formats

@@ -8,8 +8,14 @@ namespace ucp::reshard {
 
 int64_t ExportTensor::numel() const {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : box_sizes.empty() ? shape : box_sizes) n *= d;
   return n;
+}
+
+ExportTensor RowsAsTensor(std::string name, int atom, int64_t begin, int64_t end, std::vector<int64_t> shape) {
+  ExportTensor t;
+  t.name = std::move(name), t.atom = atom, t.row_begin = begin, t.row_end = end, t.shape = std::move(shape);
+  return t;
 }
 
 int64_t ExportPlan::tensor_bytes() const {
@@ -21,7 +27,7 @@ int64_t ExportPlan::tensor_bytes() const {
 
 void RowSource::ReadRows(const ExportTensor& t, int64_t a, int64_t b, int64_t per_row, float* dst) {
   ForEachAtomRun(t, a, b, [&](int64_t row, int64_t n) {
-    Read(t.atom, t.layer, row, row + n, dst);
+    Read(t.atom, t.layer, t.state, row, row + n, dst);
     dst += n * per_row;
   });
 }
@@ -55,8 +61,11 @@ void ToTargetRowOrder(const ExportTensor& t, const float* in, float* out, int64_
   }
   for (int64_t head = 0; head < n; head += d)
     for (int64_t i = 0; i < d / 2; ++i)
-      for (int64_t j = 0; j < 2; ++j)  // atomic row 2i + j of the head is the target's row j * d/2 + i
-        std::copy(in + (head + 2 * i + j) * per_row, in + (head + 2 * i + j + 1) * per_row, out + (head + j * (d / 2) + i) * per_row);
+      for (int64_t j = 0; j < 2; ++j) {  // atomic row 2i + j of the head is the target's row j * d/2 + i (or back)
+        const int64_t pair = head + 2 * i + j, half = head + j * (d / 2) + i;
+        const int64_t from = t.rotary_to_pairs ? half : pair, to = t.rotary_to_pairs ? pair : half;
+        std::copy(in + from * per_row, in + (from + 1) * per_row, out + to * per_row);
+      }
 }
 
 nlohmann::json ExportPlanJson(const ExportPlan& P, const std::vector<int>& owner) {
@@ -69,6 +78,10 @@ nlohmann::json ExportPlanJson(const ExportPlan& P, const std::vector<int>& owner
       if (t.rotary_head_dim > 0) tensors.back()["rotary_head_dim"] = t.rotary_head_dim;
       if (t.layer >= 0) tensors.back()["layer"] = t.layer;
       if (t.block > 0) tensors.back()["rows_in_blocks"] = {{"block", t.block}, {"stride", t.stride}};
+      if (t.rotary_to_pairs) tensors.back()["rotary_to_pairs"] = true;
+      if (t.state > 0) tensors.back()["state"] = t.state == 1 ? "exp_avg" : "exp_avg_sq";
+      if (!t.box_sizes.empty()) tensors.back()["box"] = {{"offsets", t.box_offsets}, {"sizes", t.box_sizes}};
+      if (t.atom < 0) tensors.back()["bytes"] = t.payload.size();
     }
     files.push_back({{"name", P.files[f].name}, {"bytes", P.files[f].bytes}, {"rank", owner.at(f)}, {"tensors", tensors}});
   }
