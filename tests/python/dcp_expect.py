@@ -19,7 +19,7 @@ def same(a, b):
 
 def atom(atomic, name, state):
     """An atomic tensor's state as the pt store holds it (DeepSpeed's universal files: {"param": tensor, ...})."""
-    v = torch.load(os.path.join(atomic, "zero", name, state + ".pt"))
+    v = torch.load(os.path.join(atomic, "zero", name, state + ".pt"), weights_only=False)  # SubparamShape
     return v["param"] if isinstance(v, dict) else v
 
 
@@ -75,7 +75,7 @@ def expected_from_megatron(atomic, cfg):
         step = atom(atomic, name, "step")
         tensors[f"optim.state.{k}.step"] = torch.tensor(float(step), dtype=torch.float32)
     group_of = {p["name"]: p.get("group", 0) for p in manifest["params"]}
-    groups = torch.load(os.path.join(atomic, "zero", "optimizer_state.pt"))["param_groups"]
+    groups = torch.load(os.path.join(atomic, "zero", "optimizer_state.pt"), weights_only=False)["param_groups"]
     keys = ["attention.wq", "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1", "feed_forward.w2",
             "feed_forward.w3", "attention_norm", "ffn_norm"]  # torchtitan's TransformerBlock, in its state-dict order
     order = ["model.tok_embeddings.weight"] + [f"model.layers.{i}.{k}.weight" for i in range(cfg["num_layers"]) for k in keys] + \
@@ -90,10 +90,13 @@ def expected_from_megatron(atomic, cfg):
 
 
 def flat(tree, prefix=""):
+    """A nested state dict's leaves by their dotted keys, lists of dicts (param groups) by index."""
     out = {}
     for k, v in tree.items():
         if isinstance(v, dict):
             out.update(flat(v, prefix + str(k) + "."))
+        elif isinstance(v, list) and v and all(isinstance(g, dict) for g in v):
+            out.update(flat({str(i): g for i, g in enumerate(v)}, prefix + str(k) + "."))
         else:
             out[prefix + str(k)] = v
     return out

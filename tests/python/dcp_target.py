@@ -111,7 +111,7 @@ def check_record(mesh, folder):
           str(sorted(f for f in now if now[f] != rec["sha256"].get(f))))
     n, o = rec["expected_tensors"], rec["expected_options"]
     ok = (rec["dcp_to_torch_save_tensors_equal"] == n and rec["dcp_to_torch_save_options_equal"] == o
-          and rec["loaded_tensors_equal"] == n and rec["max_abs_logit_difference"] <= 1e-5)
+          and rec["loaded_tensors_equal"] == n and rec["loaded_options_equal"] == o and rec["max_abs_logit_difference"] <= 1e-5)
     check(f"DeepSpeed -> DCP {mesh}: torch's dcp_to_torch_save and dcp.load found every tensor ({n}) and option ({o}) equal, "
           f"logits within 1e-5 ({rec['max_abs_logit_difference']:.2e})", ok, json.dumps(rec)[:600])
 
