@@ -12,7 +12,11 @@ from the atomic checkpoint of the real DeepSpeed Llama case:
 A JSON record: per folder the sha256 of every file torch read, the counts and the largest logit
 difference; tests/python/dcp_target.py checks ucp's output against it in CI.
 
-    python3 dcp_real_check.py ATOMIC CASE_DIR REF_LOGITS.json HARNESS_DIR OUT.json DCP_DIR:MESH...
+    python3 dcp_real_check.py ATOMIC CASE_DIR REF_LOGITS.json HARNESS_DIR OUT.json DCP_DIR:MESH[:DCP_CASE]...
+
+The real DCP cases (../shared/real-dcp/cases/fsdp2_dp2, tp2) converted by ucp-convert and written back
+by ucp-reshard on their own mesh (DCP_DIR:MESH:DCP_CASE) are checked the same way against torch's own
+reference.pt and the logits of the case's model (tiny_llama.py, reference.pt's weights, one process).
 """
 import hashlib
 import json
@@ -75,9 +79,31 @@ def worker(rank, world, folder, mesh, cfg, harness, groups, out):
     dist.destroy_process_group()
 
 
-def check_folder(atomic, cfg, ref_logits, harness, folder, mesh):
+def titan_config(args):
+    """Megatron's names of the facts, from the real-dcp case's model_args (tiny_llama.ModelArgs)."""
+    return {"hidden_size": args["dim"], "num_layers": args["n_layers"], "num_attention_heads": args["n_heads"],
+            "num_key_value_heads": args["n_kv_heads"], "ffn_hidden_size": args["ffn_hidden"], "vocab_size": args["vocab_size"],
+            "layernorm_epsilon": args["norm_eps"], "rope_theta": args["rope_theta"], "max_position_embeddings": args["max_seq_len"]}
+
+
+def reference_of_dcp_case(case_dir, harness):
+    """A real DCP case's tensors and options (torch's own reference.pt) and its model's logits (tiny_llama.py, one process)."""
+    sys.path.insert(0, harness)
+    import tiny_llama
+    ref = torch.load(os.path.join(case_dir, "reference.pt"), weights_only=False)
+    cfg = titan_config(json.load(open(os.path.join(case_dir, "layout.json")))["info"]["model_args"])
+    model = tiny_llama.Transformer(tiny_llama.ModelArgs(**json.load(open(os.path.join(case_dir, "layout.json")))["info"]["model_args"]))
+    model.load_state_dict(ref["model"])
+    with torch.no_grad():
+        logits = model(IDS).tolist()
+    everything = flat(ref)
+    want_t = {k: v for k, v in everything.items() if isinstance(v, torch.Tensor)}
+    want_o = {k: v for k, v in everything.items() if not isinstance(v, torch.Tensor)}
+    return cfg, want_t, want_o, logits
+
+
+def check_folder(want_t, want_o, cfg, ref_logits, harness, folder, mesh):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-    want_t, want_o = expected_from_megatron(atomic, cfg)
     rec = {"mesh": mesh, "sha256": sha256s(folder)}
     with tempfile.TemporaryDirectory() as tmp:
         dcp_to_torch_save(folder, os.path.join(tmp, "full.pt"))
@@ -105,17 +131,24 @@ def check_folder(atomic, cfg, ref_logits, harness, folder, mesh):
 
 
 def main():
+    """Each DCP_DIR:MESH is checked against the DeepSpeed case's atomic tensors; DCP_DIR:MESH:CASE (a real
+    DCP case written back) against that case's reference.pt and its own model's logits."""
     atomic, case, ref_json, harness, out = sys.argv[1:6]
-    cfg = json.load(open(os.path.join(case, "model_config.json")))
+    ds_cfg = json.load(open(os.path.join(case, "model_config.json")))
     ref = json.load(open(ref_json))
-    ref_logits = ref["logits"] if isinstance(ref, dict) else ref
-    record = {"torch": torch.__version__, "atomic_manifest_sha256": hashlib.sha256(open(os.path.join(atomic, "ucp_manifest.json"), "rb").read()).hexdigest(),
-              "folders": {}}
+    ds_logits = ref["logits"] if isinstance(ref, dict) else ref
+    ds_t, ds_o = expected_from_megatron(atomic, ds_cfg)
+    record = {"torch": torch.__version__, "folders": {}}
     for spec in sys.argv[6:]:
-        folder, mesh = spec.rsplit(":", 1)
-        rec = check_folder(atomic, cfg, ref_logits, harness, folder, mesh)
+        folder, mesh, *dcp_case = spec.split(":")
+        if dcp_case:
+            cfg, want_t, want_o, logits = reference_of_dcp_case(dcp_case[0], harness)
+            label = os.path.basename(dcp_case[0]) + " " + mesh
+        else:
+            cfg, want_t, want_o, logits, label = ds_cfg, ds_t, ds_o, ds_logits, mesh
+        rec = check_folder(want_t, want_o, cfg, logits, harness, folder, mesh)
         print(json.dumps(rec))
-        record["folders"][mesh] = rec
+        record["folders"][label] = rec
     with open(out, "w") as f:
         json.dump(record, f, indent=1)
 

@@ -4,7 +4,8 @@
 #
 #   scripts/dcp_real_check.sh WORK [BUILD_DIR]      WORK: a scratch folder under /work/scratch
 #
-# 1. ucp-convert the real DeepSpeed Llama case, ucp-reshard it to DCP on dp=1, dp=2 and tp=2;
+# 1. ucp-convert the real DeepSpeed Llama case, ucp-reshard it to DCP on dp=1, dp=2 and tp=2; the
+#    real DCP cases (FSDP2 dp=2, TP 2) converted and written back on their own mesh;
 # 2. the reference logits: tests/python/harness_logits.py (host torch, the DeepSpeed harness's model);
 # 3. in the chroot: dcp_to_torch_save, then dcp.load into torchtitan's Llama on each mesh;
 # 4. the record -> tests/data/dcp-target/real_reader.json (dcp_target.py checks ucp's output against it).
@@ -33,6 +34,13 @@ for mesh in dp=1 dp=2 tp=2; do
   out="$WORK/dcp-${mesh/=/}"
   mpirun --oversubscribe -np 2 "$BUILD/apps/ucp-reshard" "$WORK/atomic" -o "$out" --format dcp --mesh "$mesh" --quiet
   specs+=("$out:$mesh")
+done
+for c in fsdp2_dp2:dp=2 tp2:tp=2; do  # the real DCP cases, converted and written back on their own mesh
+  name=${c%%:*}; mesh=${c#*:}
+  mpirun --oversubscribe -np 2 "$BUILD/apps/ucp-convert" "/work/shared/real-dcp/cases/$name/checkpoint" -o "$WORK/$name-atomic" --quiet
+  mpirun --oversubscribe -np 2 "$BUILD/apps/ucp-reshard" "$WORK/$name-atomic" -o "$WORK/$name-dcp" --format dcp --mesh "$mesh" \
+    --model-config "$REPO/tests/data/hf/dcp_$name/model_config.json" --quiet
+  specs+=("$WORK/$name-dcp:$mesh:/work/shared/real-dcp/cases/$name")
 done
 /usr/bin/python3 "$REPO/tests/python/harness_logits.py" "$CASE" --out "$WORK/reference_logits.json"
 chroot $CH env -i bash -c ". /opt/hf/hfenv.sh; cd $WORK && OMP_NUM_THREADS=1 python3 $REPO/scripts/dcp_real_check.py \

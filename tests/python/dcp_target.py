@@ -17,8 +17,9 @@ placed; the ranges must tile each file), never by ucp alone:
   are the boxes the mesh gives (torch.chunk's pieces; on dp=48 the trailing ranks' boxes are empty); 2 ranks write the same bytes as 1; ucp-convert
   reads the DCP folder back to the same tensors;
 - the real DCP cases (FSDP2 dp=2, TP 2) converted and written back on their own mesh: every tensor
-  and every param-group option equals torch's own files' (reference.pt), the same keys, the same
-  chunks;
+  and every param-group option equals torch's own files' (reference.pt), the same keys in the same
+  order, the same chunks, each item in the file torch put it in; RECORD says torch 2.6 loaded these
+  very files (their sha256) into the case's model on its mesh, logits equal to its own;
 - RECORD (tests/data/dcp-target/real_reader.json, scripts/dcp_real_check.sh): torch 2.6's own reader
   read ucp's DCP of the DeepSpeed case on each mesh (dcp_to_torch_save, and dcp.load into torchtitan's
   Llama on that mesh with gloo); the files ucp writes now must be those files, byte for byte (their
@@ -97,22 +98,23 @@ def check_objects(label, got, want):
     check(f"{label}: every param-group option as saved ({len(want)})", not bad, str([(k, got.get(k), want[k]) for k in bad[:3]]))
 
 
-def check_record(mesh, folder):
+def check_record(label, folder, what):
     """The files torch 2.6's own reader read (RECORD) are the files ucp wrote now, and it found them right."""
+    mesh = label
     if not os.path.isfile(RECORD):
         check("the real reader's record exists", False, RECORD)
         return
     rec = json.load(open(RECORD))["folders"].get(mesh)
     if rec is None:
-        check(f"DeepSpeed -> DCP {mesh}: in the real reader's record", False, RECORD)
+        check(f"{what}: in the real reader's record", False, RECORD)
         return
     now = {f: hashlib.sha256(b).hexdigest() for f, b in files_of(folder).items()}
-    check(f"DeepSpeed -> DCP {mesh}: the files torch 2.6 read, byte for byte", now == rec["sha256"],
+    check(f"{what}: the files torch 2.6 read, byte for byte", now == rec["sha256"],
           str(sorted(f for f in now if now[f] != rec["sha256"].get(f))))
     n, o = rec["expected_tensors"], rec["expected_options"]
     ok = (rec["dcp_to_torch_save_tensors_equal"] == n and rec["dcp_to_torch_save_options_equal"] == o
           and rec["loaded_tensors_equal"] == n and rec["loaded_options_equal"] == o and rec["max_abs_logit_difference"] <= 1e-5)
-    check(f"DeepSpeed -> DCP {mesh}: torch's dcp_to_torch_save and dcp.load found every tensor ({n}) and option ({o}) equal, "
+    check(f"{what}: torch's dcp_to_torch_save and dcp.load found every tensor ({n}) and option ({o}) equal, "
           f"logits within 1e-5 ({rec['max_abs_logit_difference']:.2e})", ok, json.dumps(rec)[:600])
 
 
@@ -137,7 +139,7 @@ def from_deepspeed():
               sorted(f"__{i}_0.distcp" for i in range(n)), str(sorted(os.listdir(out))))
         got_t, got_o, md = read_dcp(out)
         if mesh != "dp=48":
-            check_record(mesh, out)
+            check_record(mesh, out, f"DeepSpeed -> DCP {mesh}")
         check_tensors(f"DeepSpeed -> DCP {mesh}", got_t, want_t)
         check_objects(f"DeepSpeed -> DCP {mesh}", got_o, want_o)
         check_chunks(f"DeepSpeed -> DCP {mesh}", md, mesh)
@@ -164,7 +166,7 @@ def from_dcp():
         atomic = os.path.join(WORK, "dcp", case, "atomic")
         r = run("ucp-convert", [src, "-o", atomic], ranks=2)
         check(f"real DCP {case}: converts", r.returncode == 0, r.stderr[-2000:])
-        out = os.path.join(WORK, "dcp", case, "dcp")
+        out = os.path.join(WORK, "dcp", case + "-dcp")  # the name scripts/dcp_real_check.sh gives it: .metadata records it
         facts = os.path.join(DCP_FACTS, "dcp_" + case, "model_config.json")
         r = run("ucp-reshard", [atomic, "-o", out, "--format", "dcp", "--mesh", mesh, "--model-config", facts], ranks=2)
         check(f"real DCP {case}: written back as DCP on {mesh}", r.returncode == 0, r.stderr[-2000:])
@@ -172,6 +174,7 @@ def from_dcp():
             continue
         ref = flat(torch.load(os.path.join(DCP_CASES, case, "reference.pt")))
         got_t, got_o, md = read_dcp(out)
+        check_record(f"{case} {mesh}", out, f"real DCP {case} -> DCP")
         _, theirs_o, theirs_md = read_dcp(src)
         check_tensors(f"real DCP {case} -> DCP", got_t, {k: v for k, v in ref.items() if isinstance(v, torch.Tensor)})
         check_objects(f"real DCP {case} -> DCP", got_o, theirs_o)
