@@ -24,6 +24,9 @@ placed; the ranges must tile each file), never by ucp alone:
   read ucp's DCP of the DeepSpeed case on each mesh (dcp_to_torch_save, and dcp.load into torchtitan's
   Llama on that mesh with gloo); the files ucp writes now must be those files, byte for byte (their
   sha256), and the record must say every tensor and option was equal and the logits agreed;
+- Megatron-Core's Llama (tests/data/real-mcore/llama_tp2: stacked layers, per-query-group QKV) on tp=2:
+  the DCP's weights equal ucp's Hugging Face export of it (hf_mcore checks that against transformers'
+  logits), renamed, q and k rows re-ordered;
 - refusals by name, nothing written: dp and tp together, an unknown mesh dimension, --dtype bf16,
   --max-shard-size, a GPT-style model (LayerNorm), a DeepSpeed layout flag.
 """
@@ -36,8 +39,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklist import check, finish, fresh_folder, tool_runner  # noqa: E402
-from dcp_expect import atom, expected_from_megatron, flat, same  # noqa: E402
+from dcp_expect import atom, expected_from_megatron, flat, same, to_pairs  # noqa: E402
 from dcp_files import read_dcp  # noqa: E402
+from safetensors_reader import read_safetensors  # noqa: E402
 
 BIN, DS_CASE, DCP_CASES, DCP_FACTS, RECORD, WORK = sys.argv[1:7]
 MPIEXEC = sys.argv[7] if len(sys.argv) > 7 else None
@@ -186,6 +190,39 @@ def from_dcp():
         check(f"real DCP {case} -> DCP: every item in the file torch put it in", where(md) == where(theirs_md))
 
 
+def from_megatron_core(mcore_case):
+    """Megatron-Core's stacked layers (per-query-group QKV) through both targets of the same translation:
+    the DCP's weights equal the Hugging Face export's (itself checked against transformers' logits by
+    hf_mcore), renamed, q and k rows from rotate-half to torchtitan's interleaved pairs."""
+    atomic, hf, out = (os.path.join(WORK, "mcore", x) for x in ("atomic", "hf", "dcp"))
+    r = run("ucp-convert", [os.path.join(mcore_case, "checkpoint"), "-o", atomic])
+    check("a Megatron-Core Llama converts", r.returncode == 0, r.stderr[-1000:])
+    r1 = run("ucp-reshard", [atomic, "-o", hf, "--format", "hf"])
+    r2 = run("ucp-reshard", [atomic, "-o", out, "--format", "dcp", "--mesh", "tp=2"], ranks=2)
+    check("Megatron-Core -> hf and -> DCP tp=2: written", r1.returncode == 0 and r2.returncode == 0, (r1.stderr + r2.stderr)[-1500:])
+    if r1.returncode or r2.returncode:
+        return
+    weights = {}
+    for f in sorted(os.listdir(hf)):
+        if f.endswith(".safetensors"):
+            weights.update(read_safetensors(os.path.join(hf, f)))
+    cfg = json.load(open(os.path.join(hf, "config.json")))
+    hd = cfg["hidden_size"] // cfg["num_attention_heads"]
+    names = {"self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk", "self_attn.v_proj": "attention.wv",
+             "self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1", "mlp.up_proj": "feed_forward.w3",
+             "mlp.down_proj": "feed_forward.w2", "input_layernorm": "attention_norm", "post_attention_layernorm": "ffn_norm"}
+    want = {"model.tok_embeddings.weight": weights["model.embed_tokens.weight"], "model.norm.weight": weights["model.norm.weight"],
+            "model.output.weight": weights["lm_head.weight"]}
+    for k, v in weights.items():
+        parts = k.split(".")
+        if parts[1] == "layers":
+            key = f"model.layers.{parts[2]}.{names['.'.join(parts[3:-1])]}.weight"
+            want[key] = to_pairs(v, hd) if parts[4] in ("q_proj", "k_proj") else v
+    got, _, _ = read_dcp(out)
+    got_model = {k: v for k, v in got.items() if k.startswith("model.")}
+    check_tensors("Megatron-Core -> DCP tp=2 (weights, against the hf export)", got_model, want)
+
+
 def refused(label, args, expect, ranks=1):
     out = os.path.join(WORK, "refused", label.replace(" ", "_"))
     r = run("ucp-reshard", args + ["-o", out], ranks=ranks)
@@ -211,5 +248,6 @@ def refusals():
 
 from_deepspeed()
 from_dcp()
+from_megatron_core(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "real-mcore", "llama_tp2"))
 refusals()
 finish("dcp_target")
