@@ -25,9 +25,9 @@ int64_t ExportPlan::tensor_bytes() const {
   return total;
 }
 
-void RowSource::ReadRows(const ExportTensor& t, int64_t a, int64_t b, int64_t per_row, float* dst) {
+void RowSource::ReadRows(const ExportTensor& t, int64_t a, int64_t b, int64_t per_row, float* dst, int64_t c0, int64_t c1) {
   ForEachAtomRun(t, a, b, [&](int64_t row, int64_t n) {
-    Read(t.atom, t.layer, t.state, row, row + n, dst);
+    Read(t.atom, t.layer, t.state, row, row + n, c0, c1, dst);
     dst += n * per_row;
   });
 }

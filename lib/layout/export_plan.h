@@ -105,13 +105,14 @@ struct ExportOptions {
 
 // Where a whole-tensor writer takes its values: rows [a, b) of atomic tensor `atom`'s state `state`
 // (ExportTensor::state; 0 the fp32 weights) of its layer `layer` where it stacks layers
-// (ExportTensor::layer; else -1).
+// (ExportTensor::layer; else -1), columns [c0, c1) of each (c1 < 0: all of them).
 class RowSource {
  public:
   virtual ~RowSource() = default;
-  virtual void Read(int atom, int64_t layer, int state, int64_t a, int64_t b, float* dst) = 0;
-  // Target rows [a, b) of `t` (ForEachAtomRun), `per_row` values each, into dst.
-  void ReadRows(const ExportTensor& t, int64_t a, int64_t b, int64_t per_row, float* dst);
+  virtual void Read(int atom, int64_t layer, int state, int64_t a, int64_t b, int64_t c0, int64_t c1, float* dst) = 0;
+  // Target rows [a, b) of `t` (ForEachAtomRun), `per_row` values each, into dst; or of each row only
+  // columns [c0, c1) (a DCP chunk of a column-sharded tensor), per_row then being c1 - c0.
+  void ReadRows(const ExportTensor& t, int64_t a, int64_t b, int64_t per_row, float* dst, int64_t c0 = 0, int64_t c1 = -1);
 };
 
 // The bytes of `dtype` per element (4 or 2); throws ucp::Error for another name.

@@ -12,8 +12,8 @@ using reshard::ExportTensor;
 
 namespace {
 
-// The box's values: the target rows it spans (whole heads where rows are re-ordered), in the
-// target's row order, then its columns.
+// The box's values: its rows' columns read as they are; where rows are re-ordered, the whole heads
+// its rows span, re-ordered, then its rows and columns cut from them.
 std::vector<float> BoxValues(const ExportTensor& t, reshard::RowSource& rows) {
   const bool matrix = t.shape.size() == 2;
   const int64_t r0 = t.box_offsets.at(0), n = t.box_sizes.at(0);
@@ -21,6 +21,10 @@ std::vector<float> BoxValues(const ExportTensor& t, reshard::RowSource& rows) {
   const int64_t c0 = matrix ? t.box_offsets[1] : 0, cols = matrix ? t.box_sizes[1] : 1;
   std::vector<float> box(static_cast<size_t>(n * cols));
   if (n == 0 || cols == 0) return box;
+  if (t.rotary_head_dim <= 0) {
+    rows.ReadRows(t, r0, r0 + n, cols, box.data(), c0, matrix ? c0 + cols : -1);
+    return box;
+  }
   const int64_t d = std::max<int64_t>(1, t.rotary_head_dim);
   const int64_t a = r0 / d * d, b = (r0 + n + d - 1) / d * d;  // whole heads
   std::vector<float> in(static_cast<size_t>((b - a) * per_row)), out;
