@@ -35,6 +35,11 @@ from dcp_expect import expected_from_megatron, flat, same  # noqa: E402
 IDS = (torch.arange(2 * 16).view(2, 16) * 37 + 11) % 300  # harness_logits.py's batch
 
 
+def degrees(mesh):
+    """{"dp": N, "tp": M} of "dp=N", "tp=M" or "dp=N,tp=M"."""
+    return {k: int(v) for k, v in (p.split("=") for p in mesh.split(","))}
+
+
 def sha256s(folder):
     return {f: hashlib.sha256(open(os.path.join(folder, f), "rb").read()).hexdigest()
             for f in sorted(os.listdir(folder)) if f.endswith(".distcp") or f == ".metadata"}
@@ -55,13 +60,14 @@ def worker(rank, world, folder, mesh, cfg, harness, groups, out):
                                 vocab_size=cfg["vocab_size"], norm_eps=cfg["layernorm_epsilon"], rope_theta=cfg["rope_theta"],
                                 max_seq_len=cfg["max_position_embeddings"])
     model = tiny_llama.Transformer(args)
-    kind, n = mesh.split("=")
-    dev_mesh = init_device_mesh("cpu", (int(n),), mesh_dim_names=(kind,))
-    if kind == "tp":
-        gen_dcp.tp_plan_and_apply(model, dev_mesh)
-    else:
+    degree = degrees(mesh)
+    names = tuple(k for k in ("dp", "tp") if k in degree)
+    dev_mesh = init_device_mesh("cpu", tuple(degree[k] for k in names), mesh_dim_names=names)
+    if "tp" in degree:  # torchtitan's order: TP inside, then FSDP2 over dp
+        gen_dcp.tp_plan_and_apply(model, dev_mesh["tp"] if len(names) > 1 else dev_mesh)
+    if "dp" in degree:
         gen_dcp.cpu_stream_backport()
-        gen_dcp.fsdp_apply(model, dev_mesh, False)
+        gen_dcp.fsdp_apply(model, dev_mesh["dp"] if len(names) > 1 else dev_mesh, False)
     named = dict(model.named_parameters())
     opt = torch.optim.AdamW([{"params": [named[p] for p in g["params"]], **{k: v for k, v in g.items() if k != "params"}} for g in groups])
     model_sd, optim_sd = get_state_dict(model, opt)
@@ -115,7 +121,10 @@ def check_folder(want_t, want_o, cfg, ref_logits, harness, folder, mesh):
         for g in range(1 + max(int(k.split(".")[2]) for k in want_o)):
             groups.append({k.split(".", 3)[3]: v for k, v in want_o.items() if k.startswith(f"optim.param_groups.{g}.")})
         out = os.path.join(tmp, "loaded.pt")
-        mp.spawn(worker, args=(int(mesh.split("=")[1]), folder, mesh, cfg, harness, groups, out), nprocs=int(mesh.split("=")[1]))
+        world = 1
+        for n in degrees(mesh).values():
+            world *= n
+        mp.spawn(worker, args=(world, folder, mesh, cfg, harness, groups, out), nprocs=world)
         loaded = torch.load(out, weights_only=False)
     groups_now = flat({"optim": {"param_groups": loaded["optim"]["param_groups"]}})
     rec["loaded_options_equal"] = sum(groups_now.get(k) == v for k, v in want_o.items())

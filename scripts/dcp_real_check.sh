@@ -4,7 +4,8 @@
 #
 #   scripts/dcp_real_check.sh WORK [BUILD_DIR]      WORK: a scratch folder under /work/scratch
 #
-# 1. ucp-convert the real DeepSpeed Llama case, ucp-reshard it to DCP on dp=1, dp=2 and tp=2; the
+# 1. ucp-convert the real DeepSpeed Llama case, ucp-reshard it to DCP on dp=1, dp=2, tp=2 and
+#    dp=2,tp=2 (FSDP2 over TP, 4 processes); the
 #    real DCP cases (FSDP2 dp=2, TP 2) converted and written back on their own mesh;
 # 2. the reference logits: tests/python/harness_logits.py (host torch, the DeepSpeed harness's model);
 # 3. in the chroot: dcp_to_torch_save, then dcp.load into torchtitan's Llama on each mesh;
@@ -30,8 +31,8 @@ done
 rm -rf "$WORK" && mkdir -p "$WORK"
 mpirun --oversubscribe -np 2 "$BUILD/apps/ucp-convert" "$CASE/ckpt" -o "$WORK/atomic" --quiet
 specs=()
-for mesh in dp=1 dp=2 tp=2; do
-  out="$WORK/dcp-${mesh/=/}"
+for mesh in dp=1 dp=2 tp=2 dp=2,tp=2; do
+  out="$WORK/dcp-$(echo "$mesh" | tr -d = | tr , -)"
   mpirun --oversubscribe -np 2 "$BUILD/apps/ucp-reshard" "$WORK/atomic" -o "$out" --format dcp --mesh "$mesh" --quiet
   specs+=("$out:$mesh")
 done

@@ -51,7 +51,7 @@ constexpr const char* kDescription =
       "removed, in the source job's dtype unless --dtype; no layout flags. A model no transformers class\n"
       "describes exactly is refused by name; facts the checkpoint lacks come from --model-config FILE.\n\n"
       "--format dcp writes a PyTorch Distributed Checkpoint of torchtitan's Llama (.metadata last, __R_0.distcp per\n"
-      "rank of --mesh dp=N or tp=M): {\"model\", \"optim\"} as get_state_dict gives them, weights, exp_avg, exp_avg_sq,\n"
+      "rank of --mesh dp=N, tp=M or dp=N,tp=M): {\"model\", \"optim\"} as get_state_dict gives them, weights, exp_avg, exp_avg_sq,\n"
       "step and param groups, for torch.distributed.checkpoint.load; the same models as --format hf, no biases, untied.\n\n"
       "Exit status: 0 done; 1 refused or failed (the reason names the parameter or file); 2 bad command line.\n\n"
       "Examples:\n"
@@ -130,10 +130,10 @@ std::vector<CLI::Option*> AddModelFlags(CLI::App& app, ReshardCommand& c) {
 // --format dcp's own flag, returned to be refused by name with any other format.
 CLI::Option* AddMeshFlag(CLI::App& app, ReshardCommand& c) {
   return app.add_option("--mesh", c.options.model.mesh,
-                        "with --format dcp: the torchtitan mesh to write for: dp=N (FSDP2, every parameter Shard(0)) or "
+                        "with --format dcp: the torchtitan mesh to write for: dp=N (FSDP2, every parameter Shard(0)), "
                         "tp=M (torchtitan's tensor-parallel plan: Shard(0) for wq, wk, wv, w1, w3, tok_embeddings, output, "
-                        "Shard(1) for wo and w2, norms replicated); default dp=1. dp and tp together are refused (not "
-                        "written yet)");
+                        "Shard(1) for wo and w2, norms replicated) or dp=N,tp=M (FSDP2 over TP, rank = d * M + t); "
+                        "default dp=1");
 }
 
 // The target layout: --layout FILE, and one flag per layout key over it. Returns --layout.

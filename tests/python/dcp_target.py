@@ -57,22 +57,39 @@ fresh_folder(WORK)
 
 
 
+def piece(idx, parts, k):
+    """torch.chunk's piece k of the indices `idx`, as (first index, count); past the last piece an empty
+    one at the end of `idx`."""
+    pieces = idx.chunk(parts)
+    if k < len(pieces):
+        return pieces[k]
+    return idx[len(idx):]  # empty
+
+
+def span(idx, end):
+    return (int(idx[0]) if len(idx) else end, len(idx))
+
+
 def expected_chunks(mesh, fqn, shape):
-    """The boxes torch's DCP records for `fqn` on `mesh`: torch.chunk's pieces of the sharded dimension
-    in rank order, a rank past the last piece an empty box at the dimension's end."""
-    kind, n = mesh.split("=")
-    n = int(n)
-    if kind == "tp" and (fqn.endswith("_norm.weight") or fqn == "norm.weight"):
-        return [(tuple([0] * len(shape)), tuple(shape))]
-    dim = 1 if kind == "tp" and (fqn.endswith("attention.wo.weight") or fqn.endswith("feed_forward.w2.weight")) else 0
-    pieces = torch.arange(shape[dim]).chunk(n)
+    """The boxes torch's DCP records for `fqn` on `mesh` ("dp=N", "tp=M", "dp=N,tp=M"; rank r is (r // tp,
+    r % tp)): torchtitan's TP plan's piece of rank t (rows or columns), then FSDP2's piece d of its rows,
+    each torch.chunk's; the boxes without repeats (a norm's is the same on every rank of a TP group)."""
+    degree = dict((k, int(v)) for k, v in (p.split("=") for p in mesh.split(",")))
+    dp, tp = degree.get("dp", 1), degree.get("tp", 1)
+    norm = fqn.endswith("_norm.weight") or fqn == "norm.weight"
+    tp_dim = -1 if norm else 1 if fqn.endswith("attention.wo.weight") or fqn.endswith("feed_forward.w2.weight") else 0
     boxes = []
-    for r in range(n):
-        off, size = [0] * len(shape), list(shape)
-        off[dim] = int(pieces[r][0]) if r < len(pieces) else shape[dim]
-        size[dim] = len(pieces[r]) if r < len(pieces) else 0
-        boxes.append((tuple(off), tuple(size)))
-    return boxes
+    for r in range(dp * tp):
+        d, t = divmod(r, tp)
+        idx = [torch.arange(n) for n in shape]
+        if tp_dim >= 0:
+            idx[tp_dim] = piece(idx[tp_dim], tp, t)
+        rows = piece(idx[0], dp, d)
+        first, count = span(rows, int(idx[0][-1]) + 1 if len(idx[0]) else 0)
+        box = ((first,) + tuple(span(i, 0)[0] for i in idx[1:]), (count,) + tuple(len(i) for i in idx[1:]))
+        if box not in boxes:
+            boxes.append(box)
+    return sorted(boxes)
 
 
 def check_chunks(label, md, mesh):
@@ -81,7 +98,7 @@ def check_chunks(label, md, mesh):
         if type(entry).__name__ != "TensorStorageMetadata" or key.endswith(".step"):
             continue
         fqn = key[len("model."):] if key.startswith("model.") else key[len("optim.state."):].rsplit(".", 1)[0]
-        got = [(tuple(c.offsets), tuple(c.sizes)) for c in entry.chunks]
+        got = sorted((tuple(c.offsets), tuple(c.sizes)) for c in entry.chunks)
         if got != expected_chunks(mesh, fqn, tuple(entry.size)):
             bad.append(key)
     check(f"{label}: every tensor's chunks are the boxes {mesh} gives", not bad, str(bad[:3]))
@@ -132,13 +149,15 @@ def from_deepspeed():
     r = run("ucp-convert", [os.path.join(DS_CASE, "ckpt"), "-o", atomic], ranks=2)
     check("the DeepSpeed Llama case converts", r.returncode == 0, r.stderr[-2000:])
     want_t, want_o = expected_from_megatron(atomic, cfg)
-    for mesh, ranks in [("dp=1", 1), ("dp=2", 2), ("tp=2", 2), ("dp=48", 2)]:  # dp=48: trailing ranks with empty shards
-        out = os.path.join(WORK, "ds", "dcp-" + mesh.replace("=", ""))
+    for mesh, ranks in [("dp=1", 1), ("dp=2", 2), ("tp=2", 2), ("dp=2,tp=2", 2), ("dp=48", 2)]:  # dp=48: trailing ranks with empty shards
+        out = os.path.join(WORK, "ds", "dcp-" + mesh.replace("=", "").replace(",", "-"))
         r = run("ucp-reshard", [atomic, "-o", out, "--format", "dcp", "--mesh", mesh], ranks=ranks)
         check(f"DeepSpeed -> DCP {mesh}: written", r.returncode == 0, r.stderr[-2000:])
         if r.returncode:
             continue
-        n = int(mesh.split("=")[1])
+        n = 1
+        for part in mesh.split(","):
+            n *= int(part.split("=")[1])
         check(f"DeepSpeed -> DCP {mesh}: one file per mesh rank", sorted(f for f in os.listdir(out) if f.endswith(".distcp")) ==
               sorted(f"__{i}_0.distcp" for i in range(n)), str(sorted(os.listdir(out))))
         got_t, got_o, md = read_dcp(out)
@@ -234,7 +253,7 @@ def refused(label, args, expect, ranks=1):
 def refusals():
     atomic = os.path.join(WORK, "ds", "atomic")
     dcp = ["--format", "dcp"]
-    refused("dp and tp together", [atomic, *dcp, "--mesh", "dp=2,tp=2"], ["--mesh", "dp=2,tp=2", "FSDP2 over tensor parallelism"])
+    refused("a mesh dimension given twice", [atomic, *dcp, "--mesh", "dp=2,dp=4"], ["--mesh", "dp given twice"])
     refused("a mesh dimension other than dp and tp", [atomic, *dcp, "--mesh", "pp=2"], ["--mesh", "'pp=2'"])
     refused("bf16", [atomic, *dcp, "--dtype", "bf16"], ["--dtype bf16", "fp32"])
     refused("--max-shard-size", [atomic, *dcp, "--max-shard-size", "1MB"], ["--max-shard-size", "--format hf"])

@@ -18,9 +18,9 @@ const SourceDriver& DcpSource() {
 
 const TargetDriver& DcpTarget() {
   static constexpr TargetDriver driver = {"dcp",
-     "PyTorch Distributed Checkpoint for torchtitan's Llama (ucp-reshard --format dcp --mesh dp=N | tp=M): the files "
+     "PyTorch Distributed Checkpoint for torchtitan's Llama (ucp-reshard --format dcp --mesh dp=N | tp=M | dp=N,tp=M): the files "
      "torch.distributed.checkpoint.save writes of get_state_dict(model, optimizer) on that mesh, FSDP2 Shard(0) over dp "
-     "or torchtitan's tensor-parallel plan over tp; weights, Adam's exp_avg / exp_avg_sq and step per parameter, the "
+     "and / or torchtitan's tensor-parallel plan over tp; weights, Adam's exp_avg / exp_avg_sq and step per parameter, the "
      "param groups; Megatron-DeepSpeed's fused QKV and SwiGLU tensors split and renamed, q and k rows re-ordered to "
      "torchtitan's rotary; fp32; loaded by torch.distributed.checkpoint.load",
      "__R_0.distcp (one per mesh rank), .metadata (written last)", nullptr, dcp::PlanDcp, dcp::WriteDcpFile, nullptr};

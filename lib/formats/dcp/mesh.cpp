@@ -1,5 +1,6 @@
 #include "formats/dcp/mesh.h"
 
+#include <algorithm>
 #include <regex>
 
 #include "core/error.h"
@@ -32,15 +33,13 @@ Mesh ParseMesh(const std::string& text) {
     if (comma == std::string::npos) break;
     at = comma + 1;
   }
-  if (m.dp > 1 && m.tp > 1)
-    throw Error("--mesh '" + text + "': FSDP2 over tensor parallelism (dp and tp both above 1) is not written yet: "
-                "its parameters are strided DTensor shards (_StridedShard) whose saved chunks ucp has not checked "
-                "against torch's; give dp=N or tp=M");
   return m;
 }
 
-int ShardDim(const Mesh& mesh, const std::string& fqn) {
-  if (mesh.tp == 1) return 0;  // FSDP2: every parameter on dimension 0 (one rank: the whole tensor)
+namespace {
+
+// The dimension torchtitan's TP plan shards `fqn` on: 0 (colwise), 1 (rowwise: wo, w2), -1 (the norms).
+int TpShardDim(const std::string& fqn) {
   static const std::regex rowwise(R"(^layers\.\d+\.(attention\.wo|feed_forward\.w2)\.weight$)"),
       norm(R"(^(norm|layers\.\d+\.(attention_norm|ffn_norm))\.weight$)");
   if (std::regex_match(fqn, rowwise)) return 1;
@@ -48,16 +47,25 @@ int ShardDim(const Mesh& mesh, const std::string& fqn) {
   return 0;
 }
 
-std::vector<Box> BoxesOf(const Mesh& mesh, int dim, const std::vector<int64_t>& shape) {
-  const Box whole{std::vector<int64_t>(shape.size(), 0), shape};
-  if (dim < 0) return {whole};
-  if (static_cast<size_t>(dim) >= shape.size()) throw Error("internal: shard dimension " + std::to_string(dim) + " of a " + std::to_string(shape.size()) + "-d tensor");
-  const int64_t parts = mesh.ranks(), n = shape[dim], chunk = (n + parts - 1) / parts;
-  std::vector<Box> boxes(static_cast<size_t>(parts), whole);
-  for (int64_t r = 0; r < parts; ++r) {
-    const int64_t start = std::min(n, chunk * r);  // torch.chunk: ceil-sized, the trailing ranks fewer or none
-    boxes[r].offsets[dim] = start;
-    boxes[r].sizes[dim] = std::min(n, start + chunk) - start;
+// Piece k of `parts` of the box on `dim`, torch.chunk's: ceil-sized, the trailing ones fewer or none.
+void Chunk(Box& b, size_t dim, int64_t parts, int64_t k) {
+  const int64_t n = b.sizes.at(dim), chunk = (n + parts - 1) / parts, start = std::min(n, chunk * k);
+  b.offsets[dim] += start;
+  b.sizes[dim] = std::min(n, start + chunk) - start;
+}
+
+}  // namespace
+
+std::vector<Box> BoxesOf(const Mesh& mesh, const std::string& fqn, const std::vector<int64_t>& shape) {
+  const int tp_dim = TpShardDim(fqn);
+  if (static_cast<size_t>(std::max(tp_dim, 0)) >= shape.size())
+    throw Error("internal: " + fqn + ": a " + std::to_string(shape.size()) + "-d tensor sharded on dimension " + std::to_string(tp_dim));
+  std::vector<Box> boxes;
+  for (int64_t r = 0; r < mesh.ranks(); ++r) {
+    Box b{std::vector<int64_t>(shape.size(), 0), shape};
+    if (tp_dim >= 0) Chunk(b, static_cast<size_t>(tp_dim), mesh.tp, r % mesh.tp);
+    Chunk(b, 0, mesh.dp, r / mesh.tp);  // FSDP2 over this rank's piece
+    boxes.push_back(std::move(b));
   }
   return boxes;
 }

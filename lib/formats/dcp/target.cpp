@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 
 #include "core/error.h"
 #include "core/xxhash64.h"
@@ -54,15 +55,15 @@ std::vector<TitanTensor> TitanTensors(const reshard::Source& S, const reshard::E
   return out;
 }
 
-// One key of the state dict: a tensor's boxes (one: written once, by the rank DCP's planner picks)
-// or a bytes item; a step or a bytes item carries its torch.save file.
+// One key of the state dict: a tensor's box on each rank (none: a step or a bytes item, the same on
+// every rank, carrying its torch.save file).
 struct Item {
   std::string key;
   ValuePtr path;  // planner_data
   ExportTensor data;
   std::vector<Box> boxes;
   bool bytes = false;
-  int owner = -1;
+  Box on(int64_t rank) const { return boxes.empty() ? Box{} : boxes.at(rank); }
 };
 
 ValuePtr Path(std::vector<ValuePtr> parts) {
@@ -75,7 +76,7 @@ Item TensorItem(const Mesh& mesh, const TitanTensor& t, const std::string& key, 
   Item it;
   it.key = key, it.path = std::move(path), it.data = t.rows;
   it.data.name = key, it.data.state = state;
-  it.boxes = BoxesOf(mesh, ShardDim(mesh, t.fqn), t.rows.shape);
+  it.boxes = BoxesOf(mesh, t.fqn, t.rows.shape);
   return it;
 }
 
@@ -84,7 +85,6 @@ Item PayloadItem(const std::string& key, ValuePtr path, const Value& value, bool
   it.key = key, it.path = std::move(path);
   it.data.name = key, it.data.payload = pt::TorchFileBytes(value);
   it.bytes = bytes;
-  if (!bytes) it.boxes = {Box{}};  // a 0-d tensor
   return it;
 }
 
@@ -152,25 +152,40 @@ std::vector<Item> StateDictItems(const reshard::Source& S, const Mesh& mesh, con
   return items;
 }
 
+// A write item: a key and its chunk's offsets (a bytes item's: none).
+using WriteIndex = std::pair<std::string, std::vector<int64_t>>;
+
+// DCP's size of an item (dedup_save_plans): a chunk's bytes, a bytes item (or an empty chunk) 1.
 int64_t StorageSize(const Item& it, const Box& box) {
-  if (it.bytes) return 1;  // DCP counts a bytes item as 1
   int64_t n = 4;
   for (int64_t d : box.sizes) n *= d;
-  return n;
+  return it.bytes || n == 0 ? 1 : n;
 }
 
-// dedup_save_plans: every rank plans every replicated item; each goes to the rank with the fewest
-// bytes planned so far (the lowest of equals), rank 0's items counted in its plan's order first.
-void AssignReplicated(std::vector<Item>& items, int64_t ranks) {
-  std::vector<int64_t> size(static_cast<size_t>(ranks), 0);
-  for (Item& it : items) {
-    if (!it.bytes && it.boxes.size() > 1) {
-      size[0] += StorageSize(it, it.boxes[0]);
-      continue;
+// dedup_save_plans: every rank plans its items; an item several ranks plan (a step, a bytes item, a
+// norm's chunk on a TP group's ranks) goes to the one with the fewest bytes planned so far (the
+// lowest of equals), the items taken as rank 0's plan lists them, then rank 1's new ones, ...
+std::map<WriteIndex, int> AssignOwners(const std::vector<Item>& items, int64_t ranks) {
+  std::vector<std::pair<WriteIndex, const Item*>> order;
+  std::map<WriteIndex, std::vector<int>> planned;
+  for (int r = 0; r < ranks; ++r)
+    for (const Item& it : items) {
+      WriteIndex w{it.key, it.on(r).offsets};
+      auto [at, fresh] = planned.try_emplace(w);
+      if (fresh) order.emplace_back(w, &it);
+      at->second.push_back(r);
     }
-    it.owner = static_cast<int>(std::min_element(size.begin(), size.end()) - size.begin());
-    size[it.owner] += StorageSize(it, it.boxes.empty() ? Box{} : it.boxes[0]);
+  std::vector<int64_t> size(static_cast<size_t>(ranks), 0);
+  std::map<WriteIndex, int> owner;
+  for (const auto& [w, it] : order) {
+    const std::vector<int>& rs = planned[w];
+    int best = rs.front();
+    for (int r : rs)
+      if (size[r] < size[best]) best = r;
+    owner[w] = best;
+    size[best] += StorageSize(*it, it->on(best));
   }
+  return owner;
 }
 
 // A save_id in the form of a UUID, from the atomic tensors (their manifest entries, checksums
@@ -193,15 +208,15 @@ int64_t FramedLength(const ExportTensor& t) {
 }
 
 // Rank r's file: its items, bytes first, then tensors, in plan order; each an export tensor.
-void LayFile(const std::vector<Item>& items, int r, reshard::ExportPlan& P, SavedCheckpoint& c) {
+void LayFile(const std::vector<Item>& items, const std::map<WriteIndex, int>& owner, int r, reshard::ExportPlan& P, SavedCheckpoint& c) {
   reshard::ExportFile file;
   file.name = "__" + std::to_string(r) + "_0.distcp";
   std::vector<SavedItem>& saved = c.items.emplace_back();
   std::vector<int>& order = c.file_order.emplace_back();
   std::vector<const Item*> of;  // per saved item, its key's
   for (const Item& it : items) {
-    if (it.boxes.size() <= 1 && it.owner != r) continue;  // a replicated item another rank writes
-    const Box box = it.bytes ? Box{} : it.boxes.size() > 1 ? it.boxes[r] : it.boxes[0];
+    const Box box = it.on(r);
+    if (owner.at({it.key, box.offsets}) != r) continue;  // another rank saves it
     saved.push_back({it.key, it.bytes, it.data.shape, box.offsets, box.sizes, file.name});
     of.push_back(&it);
   }
@@ -236,10 +251,10 @@ reshard::ExportPlan PlanDcp(const reshard::Source& S, const reshard::ExportOptio
   const bool optimizer = !S.manifest["source"].value("weights_only", false);
   if (!optimizer) P.notes.push_back("the atomic checkpoint holds weights only: the model's keys alone are written");
   std::vector<Item> items = StateDictItems(S, mesh, tensors, optimizer);
-  AssignReplicated(items, mesh.ranks());
+  const std::map<WriteIndex, int> owner = AssignOwners(items, mesh.ranks());
   SavedCheckpoint c;
   for (const Item& it : items) c.planner_data.emplace_back(it.key, it.path);
-  for (int64_t r = 0; r < mesh.ranks(); ++r) LayFile(items, static_cast<int>(r), P, c);
+  for (int64_t r = 0; r < mesh.ranks(); ++r) LayFile(items, owner, static_cast<int>(r), P, c);
   c.checkpoint_id = std::filesystem::path(o.output).lexically_normal().filename().string();  // the folder's name
   if (c.checkpoint_id.empty()) c.checkpoint_id = std::filesystem::path(o.output).lexically_normal().parent_path().filename().string();
   c.save_id = SaveId(S, mesh);

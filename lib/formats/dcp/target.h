@@ -1,4 +1,4 @@
-// The DCP target (ucp-reshard --format dcp --mesh dp=N | tp=M): an atomic checkpoint of a Llama-shaped
+// The DCP target (ucp-reshard --format dcp --mesh dp=N | tp=M | dp=N,tp=M): an atomic checkpoint of a Llama-shaped
 // model as the files torch.distributed.checkpoint.save writes for torchtitan's Llama on that mesh,
 // `{"model": ..., "optim": ...}` as get_state_dict gives them:
 //   model.<fqn>                                   each rank's box of the weight (mesh.h)
