@@ -51,12 +51,16 @@ constexpr const char* kDescription =
       "positions, LayerNorm, GeLU; Conv1D weights transposed), fused QKV and SwiGLU tensors split as the checkpoint\n"
       "records them, vocabulary padding removed, in the source job's dtype unless --dtype; no layout flags. A model no transformers class\n"
       "describes exactly is refused by name; facts the checkpoint lacks come from --model-config FILE.\n\n"
+      "--format dcp writes a PyTorch Distributed Checkpoint of torchtitan's Llama (.metadata last, __R_0.distcp per\n"
+      "rank of --mesh dp=N, tp=M or dp=N,tp=M): {\"model\", \"optim\"} as get_state_dict gives them, weights, exp_avg, exp_avg_sq,\n"
+      "step and param groups, for torch.distributed.checkpoint.load; the same models as --format hf, no biases, untied.\n\n"
       "Exit status: 0 done; 1 refused or failed (the reason names the parameter or file); 2 bad command line.\n\n"
       "Examples:\n"
       "  mpirun -np 4 ucp-reshard ckpt/atomic -o new_ckpt --dp 4 --tp 2 --pp 2 --zero-stage 1 --dtype bf16\n"
       "  ucp-reshard ckpt/atomic --dp 2 --tp 2 --pp 1 --zero-stage 2 --dtype fp16 --plan-only --json\n"
       "  ucp-reshard ckpt/atomic -o new_ckpt --layout target.json --dp 8\n"
       "  mpirun -np 2 ucp-reshard ckpt/atomic -o hf_model --format hf [--dtype bf16] [--max-shard-size 5GB]\n"
+      "  ucp-reshard ckpt/atomic -o titan_ckpt --format dcp --mesh dp=8       for torchtitan on 8 ranks (FSDP2)\n"
       "  ucp-reshard ckpt/atomic --gpus 96 --gpus-per-node 4 --gpu-memory 40G --plan-only\n"
       "  ucp-reshard ckpt/atomic -o new_ckpt --dp 1 --sp 4 --tp 1 --pp 1 --zero-stage 1   Ulysses SP=4\n"
       "  ucp-reshard ckpt/atomic --gpus 64 --seq-length 131072 --recompute full --plan-only   SP where the sequence needs it\n"
@@ -98,8 +102,10 @@ CLI::Option* AddInputFlags(CLI::App& app, ReshardCommand& c) {
   app.add_option("-o,--output", c.options.output, "checkpoint folder to write (gets `latest` and global_stepN/; with --format hf, "
                  "the model's files)");
   app.add_option("--format", c.options.format,
-                 "what to write: deepspeed (the default: a training layout's native files) or hf (a Hugging Face "
-                 "transformers model: config.json and safetensors, for from_pretrained; no layout flags)")
+                 "what to write: deepspeed (the default: a training layout's native files), hf (a Hugging Face "
+                 "transformers model: config.json and safetensors, for from_pretrained; no layout flags) or dcp (a "
+                 "PyTorch Distributed Checkpoint of torchtitan's Llama with its optimizer state, for "
+                 "torch.distributed.checkpoint.load on the --mesh given)")
       ->transform(CLI::IsMember(ucp::formats::TargetNames(), CLI::ignore_case));
   return keep;
 }
@@ -107,7 +113,7 @@ CLI::Option* AddInputFlags(CLI::App& app, ReshardCommand& c) {
 // --format hf's own flags, returned to be refused by name with any other format.
 std::vector<CLI::Option*> AddModelFlags(CLI::App& app, ReshardCommand& c) {
   CLI::Option* model_config = app.add_option("--model-config", c.model_config,
-                 "with --format hf: a JSON object of model facts the checkpoint does not hold, by Megatron's argument "
+                 "with --format hf or dcp: a JSON object of model facts the checkpoint does not hold, by Megatron's argument "
                  "names (hidden_size, num_layers, num_attention_heads, num_key_value_heads, ffn_hidden_size, "
                  "max_position_embeddings, normalization, swiglu, position_embedding_type, layernorm_epsilon, "
                  "rope_theta; GPT-2: bias_gelu_fusion, openai_gelu; Mixtral: topk, moe_token_dropping, "
@@ -121,6 +127,15 @@ std::vector<CLI::Option*> AddModelFlags(CLI::App& app, ReshardCommand& c) {
       ->transform(CLI::AsSizeValue(true))
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 50));
   return {model_config, max_shard};
+}
+
+// --format dcp's own flag, returned to be refused by name with any other format.
+CLI::Option* AddMeshFlag(CLI::App& app, ReshardCommand& c) {
+  return app.add_option("--mesh", c.options.model.mesh,
+                        "with --format dcp: the torchtitan mesh to write for: dp=N (FSDP2, every parameter Shard(0)), "
+                        "tp=M (torchtitan's tensor-parallel plan: Shard(0) for wq, wk, wv, w1, w3, tok_embeddings, output, "
+                        "Shard(1) for wo and w2, norms replicated) or dp=N,tp=M (FSDP2 over TP, rank = d * M + t); "
+                        "default dp=1");
 }
 
 // The target layout: --layout FILE, and one flag per layout key over it. Returns --layout.
@@ -261,6 +276,7 @@ int main(int argc, char** argv) {
   ReshardCommand c;
   CLI::Option* keep = AddInputFlags(app, c);
   const std::vector<CLI::Option*> hf_only = AddModelFlags(app, c);
+  CLI::Option* mesh = AddMeshFlag(app, c);
   CLI::Option* layout = AddLayoutFlags(app, c);
   const std::vector<CLI::Option*> exchange = AddExchangeFlags(app, c);
   AddPlannerFlags(app, c.options.planner);
@@ -269,6 +285,7 @@ int main(int argc, char** argv) {
   if (auto status = ucp::apps::ParseCommandLine(app, argc, argv, "ucp-reshard")) return *status;
   c.layout_only_given = NamesGiven({layout, keep, exchange[0], exchange[1]});
   c.hf_only_given = NamesGiven(hf_only);
+  c.dcp_only_given = NamesGiven({mesh});
   if (auto status = ucp::reshard::SettleCommand(c, std::cerr)) return *status;
   c.options.progress = ::isatty(STDERR_FILENO);
   ucp::h5::InitializeBeforeMpi();  // before MPI_Init: see h5/h5.h

@@ -58,5 +58,6 @@ const SourceDriver& DcpSource();
 const SourceDriver& HuggingFaceSource();
 const TargetDriver& DeepSpeedTarget();
 const TargetDriver& HuggingFaceTarget();
+const TargetDriver& DcpTarget();
 
 }  // namespace ucp::formats

@@ -21,7 +21,7 @@ std::span<const SourceDriver* const> Sources() {
   return table;
 }
 std::span<const TargetDriver* const> Targets() {
-  static const TargetDriver* const table[] = {&DeepSpeedTarget(), &HuggingFaceTarget()};
+  static const TargetDriver* const table[] = {&DeepSpeedTarget(), &HuggingFaceTarget(), &DcpTarget()};
   return table;
 }
 

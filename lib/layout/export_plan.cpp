@@ -8,8 +8,14 @@ namespace ucp::reshard {
 
 int64_t ExportTensor::numel() const {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : box_sizes.empty() ? shape : box_sizes) n *= d;
   return n;
+}
+
+ExportTensor RowsAsTensor(std::string name, int atom, int64_t begin, int64_t end, std::vector<int64_t> shape) {
+  ExportTensor t;
+  t.name = std::move(name), t.atom = atom, t.row_begin = begin, t.row_end = end, t.shape = std::move(shape);
+  return t;
 }
 
 int64_t ExportPlan::tensor_bytes() const {
@@ -19,9 +25,9 @@ int64_t ExportPlan::tensor_bytes() const {
   return total;
 }
 
-void RowSource::ReadRows(const ExportTensor& t, int64_t a, int64_t b, int64_t per_row, float* dst) {
+void RowSource::ReadRows(const ExportTensor& t, int64_t a, int64_t b, int64_t per_row, float* dst, int64_t c0, int64_t c1) {
   ForEachAtomRun(t, a, b, [&](int64_t row, int64_t n) {
-    Read(t.atom, t.layer, row, row + n, dst);
+    Read(t.atom, t.layer, t.state, row, row + n, c0, c1, dst);
     dst += n * per_row;
   });
 }
@@ -60,8 +66,11 @@ void ToTargetRowOrder(const ExportTensor& t, const float* in, float* out, int64_
   }
   for (int64_t head = 0; head < n; head += d)
     for (int64_t i = 0; i < d / 2; ++i)
-      for (int64_t j = 0; j < 2; ++j)  // atomic row 2i + j of the head is the target's row j * d/2 + i
-        std::copy(in + (head + 2 * i + j) * per_row, in + (head + 2 * i + j + 1) * per_row, out + (head + j * (d / 2) + i) * per_row);
+      for (int64_t j = 0; j < 2; ++j) {  // atomic row 2i + j of the head is the target's row j * d/2 + i (or back)
+        const int64_t pair = head + 2 * i + j, half = head + j * (d / 2) + i;
+        const int64_t from = t.rotary_to_pairs ? half : pair, to = t.rotary_to_pairs ? pair : half;
+        std::copy(in + from * per_row, in + (from + 1) * per_row, out + to * per_row);
+      }
 }
 
 nlohmann::json ExportPlanJson(const ExportPlan& P, const std::vector<int>& owner) {
@@ -76,6 +85,10 @@ nlohmann::json ExportPlanJson(const ExportPlan& P, const std::vector<int>& owner
       if (t.block > 0) tensors.back()["rows_in_blocks"] = {{"block", t.block}, {"stride", t.stride}};
       if (t.part_rows > 0) tensors.back()["rows_in_parts"] = {{"rows", t.part_rows}, {"step", t.part_step}};
       if (t.transposed) tensors.back()["transposed"] = true;
+      if (t.rotary_to_pairs) tensors.back()["rotary_to_pairs"] = true;
+      if (t.state > 0) tensors.back()["state"] = t.state == 1 ? "exp_avg" : "exp_avg_sq";
+      if (!t.box_sizes.empty()) tensors.back()["box"] = {{"offsets", t.box_offsets}, {"sizes", t.box_sizes}};
+      if (t.atom < 0) tensors.back()["bytes"] = t.payload.size();
     }
     files.push_back({{"name", P.files[f].name}, {"bytes", P.files[f].bytes}, {"rank", owner.at(f)}, {"tensors", tensors}});
   }

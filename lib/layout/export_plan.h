@@ -42,12 +42,25 @@ struct ExportTensor {
   // The target (2-D) is the transpose of the rows selected: shape [columns, rows selected] (a
   // Conv1D weight, GPT-2's, is [in, out], a Linear's transpose). Written from the tensor's rows whole.
   bool transposed = false;
-  int64_t numel() const;
+  // With rotary_head_dim: the other way, the atomic tensor's halves become the target's interleaved
+  // pairs (Megatron's rotate-half to torchtitan's).
+  bool rotary_to_pairs = false;
+  // The atomic tensor's state the values are: 0 the fp32 weights, 1 exp_avg, 2 exp_avg_sq (plan::State).
+  int state = 0;
+  // Non-empty: the item is the box of the target tensor (`shape`) at these offsets, of these sizes
+  // (a DCP chunk: one rank's shard); every dimension given.
+  std::vector<int64_t> box_offsets, box_sizes;
+  // atom < 0: the item is these bytes as they are (a DCP bytes item's or a step's torch.save file).
+  std::string payload;
+  int64_t numel() const;  // the box's, where there is one
   int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
   // The rows selected from the atomic tensor (ForEachAtomRun's range): the target's rows, or its
   // columns when it is transposed.
   int64_t source_rows() const { return transposed ? shape.at(1) : rows(); }
 };
+
+// Rows [begin, end) of atom `atom` as the target's tensor `name` of `shape`, every other field its default.
+ExportTensor RowsAsTensor(std::string name, int atom, int64_t begin, int64_t end, std::vector<int64_t> shape);
 
 // The atomic rows that selected rows [a, b) of `t` are (source_rows()), as runs in order:
 // fn(first atomic row, rows).
@@ -75,9 +88,9 @@ void ForEachAtomRun(const ExportTensor& t, int64_t a, int64_t b, Fn&& fn) {
 }
 
 // Rows [0, n) of the target tensor `t` from the same rows of the atomic tensor in its order (`in`,
-// `per_row` values each; n a multiple of t.rotary_head_dim where that is set) into `out`. A
-// transposed tensor: `in` is every selected row (n = source_rows(), per_row its columns), `out` the
-// whole target.
+// `per_row` values each; n a multiple of t.rotary_head_dim where that is set) into `out`; rotary
+// pairs interleaved to halves, or halves to pairs (rotary_to_pairs). A transposed tensor: `in` is
+// every selected row (n = source_rows(), per_row its columns), `out` the whole target.
 void ToTargetRowOrder(const ExportTensor& t, const float* in, float* out, int64_t n, int64_t per_row);
 
 // One file of the target: its tensors in the order their bytes lie in it.
@@ -108,16 +121,20 @@ struct ExportOptions {
   nlohmann::json model_config;        // facts the checkpoint does not hold (--model-config), an object
   std::string model_config_path;      // where they came from, for messages
   std::string model_config_text;      // the file's bytes (a Hugging Face config.json is carried as it is)
+  std::string mesh;                   // --mesh (DCP): "dp=N" or "tp=M"; empty: one rank
+  std::string output;                 // -o as given, for a target that records it (DCP's checkpoint_id)
 };
 
-// Where a whole-tensor writer takes its values: rows [a, b) of atomic tensor `atom`'s fp32 weights
-// (of its layer `layer` where it stacks layers, ExportTensor::layer; else -1).
+// Where a whole-tensor writer takes its values: rows [a, b) of atomic tensor `atom`'s state `state`
+// (ExportTensor::state; 0 the fp32 weights) of its layer `layer` where it stacks layers
+// (ExportTensor::layer; else -1), columns [c0, c1) of each (c1 < 0: all of them).
 class RowSource {
  public:
   virtual ~RowSource() = default;
-  virtual void Read(int atom, int64_t layer, int64_t a, int64_t b, float* dst) = 0;
-  // Target rows [a, b) of `t` (ForEachAtomRun), `per_row` values each, into dst.
-  void ReadRows(const ExportTensor& t, int64_t a, int64_t b, int64_t per_row, float* dst);
+  virtual void Read(int atom, int64_t layer, int state, int64_t a, int64_t b, int64_t c0, int64_t c1, float* dst) = 0;
+  // Target rows [a, b) of `t` (ForEachAtomRun), `per_row` values each, into dst; or of each row only
+  // columns [c0, c1) (a DCP chunk of a column-sharded tensor), per_row then being c1 - c0.
+  void ReadRows(const ExportTensor& t, int64_t a, int64_t b, int64_t per_row, float* dst, int64_t c0 = 0, int64_t c1 = -1);
 };
 
 // The bytes of `dtype` per element (4 or 2); throws ucp::Error for another name.

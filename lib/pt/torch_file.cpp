@@ -483,40 +483,66 @@ TorchFileFrame FrameTorchFile(const Value& root, uint32_t crc) {
   return f;
 }
 
+namespace {
+
+// The archive of a pickled tree: its records in torch.save's order, each tensor's bytes streamed
+// into `zip` (a produced one in chunks, with its CRC after it).
+void AddRecords(ZipWriter& zip, const Pickler& pickler) {
+  const std::string& prefix = kArchive;
+  AddHead(zip, pickler.out);
+  // Produced tensors pass through this buffer, kept by the thread from file to file: its pages
+  // are faulted in once per run, not once per file.
+  thread_local ScratchBytes chunk;
+  for (size_t k = 0; k < pickler.tensors.size(); ++k) {
+    const TensorView& t = *pickler.tensors[k];
+    const std::string entry = prefix + "data/" + std::to_string(k);
+    if (t.storage->produce) {  // produced once, in chunks, and streamed with its CRC after it
+      const uint64_t step = std::min<uint64_t>(t.nbytes(), kProduceChunk);
+      uint8_t* buf = chunk.Reserve(static_cast<size_t>(step));
+      zip.Add(entry, t.nbytes(), std::nullopt, [&](const auto& sink) {
+        for (uint64_t at = 0; at < t.nbytes(); at += step) {
+          const uint64_t n = std::min<uint64_t>(step, t.nbytes() - at);
+          t.storage->produce(at, n, buf);
+          sink(buf, static_cast<size_t>(n));
+        }
+      });
+      continue;
+    }
+    uint32_t crc = 0;
+    ForEachRun(t, [&](const uint8_t* p, size_t n) { crc = Crc32(crc, {p, n}); });
+    zip.Add(entry, t.nbytes(), crc, [&](const auto& sink) { ForEachRun(t, sink); });
+  }
+  zip.AddBytes(prefix + "version", "3\n");
+  zip.Finish();
+}
+
+}  // namespace
+
 FileDigest WriteTorchFile(const std::string& path, const Value& root, Durability durability, Digest digest) {
   return WithContext(path, [&] {
     Pickler pickler;
     pickler.Dump(root);
     AtomicFile file(path, durability, digest);
     ZipWriter zip([&](const uint8_t* p, size_t n) { file.Write(p, n); });
-    const std::string& prefix = kArchive;
-    AddHead(zip, pickler.out);
-    // Produced tensors pass through this buffer, kept by the thread from file to file: its pages
-    // are faulted in once per run, not once per file.
-    thread_local ScratchBytes chunk;
-    for (size_t k = 0; k < pickler.tensors.size(); ++k) {
-      const TensorView& t = *pickler.tensors[k];
-      const std::string entry = prefix + "data/" + std::to_string(k);
-      if (t.storage->produce) {  // produced once, in chunks, and streamed with its CRC after it
-        const uint64_t step = std::min<uint64_t>(t.nbytes(), kProduceChunk);
-        uint8_t* buf = chunk.Reserve(static_cast<size_t>(step));
-        zip.Add(entry, t.nbytes(), std::nullopt, [&](const auto& sink) {
-          for (uint64_t at = 0; at < t.nbytes(); at += step) {
-            const uint64_t n = std::min<uint64_t>(step, t.nbytes() - at);
-            t.storage->produce(at, n, buf);
-            sink(buf, static_cast<size_t>(n));
-          }
-        });
-        continue;
-      }
-      uint32_t crc = 0;
-      ForEachRun(t, [&](const uint8_t* p, size_t n) { crc = Crc32(crc, {p, n}); });
-      zip.Add(entry, t.nbytes(), crc, [&](const auto& sink) { ForEachRun(t, sink); });
-    }
-    zip.AddBytes(prefix + "version", "3\n");
-    zip.Finish();
+    AddRecords(zip, pickler);
     return file.Commit();
   });
+}
+
+std::string TorchFileBytes(const Value& root) {
+  Pickler pickler;
+  pickler.Dump(root);
+  std::string out;
+  ZipWriter zip([&](const uint8_t* p, size_t n) { out.append(reinterpret_cast<const char*>(p), n); });
+  AddRecords(zip, pickler);
+  return out;
+}
+
+std::string PickleData(const Value& root) {
+  Pickler pickler;
+  pickler.Dump(root);
+  if (!pickler.tensors.empty()) throw Error("internal: a pickle of data alone holds no tensor");
+  return pickler.out;
 }
 
 }  // namespace ucp::pt

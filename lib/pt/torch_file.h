@@ -50,6 +50,12 @@ struct TorchFileFrame {
 };
 TorchFileFrame FrameTorchFile(const Value& root, uint32_t crc);
 
+// The torch.save file of `root` as bytes in memory (small values: a DCP bytes item, a step).
+std::string TorchFileBytes(const Value& root);
+
+// A pickle (protocol 2) of a tree without tensors: data for pickle.load (DCP's .metadata).
+std::string PickleData(const Value& root);
+
 // The pickle alone (tensors become persistent ids 0, 1, ... in order of appearance), for tests.
 std::string PickleForTesting(const Value& root);
 

@@ -69,6 +69,8 @@ std::optional<int> SettleOptimizerFlags(ReshardCommand& c, std::ostream& err) {
   const std::string flag = c.no_optimizer ? "--no-optimizer" : "--optimizer-config";
   if (c.no_optimizer && config) return Refuse(err, "--no-optimizer writes no optimizer files: no --optimizer-config");
   if (o.format == "hf") return Refuse(err, flag + ": --format hf writes a model, which has no optimizer");
+  if (o.format == "dcp")
+    return Refuse(err, flag + ": --format dcp writes the optimizer state the atomic checkpoint holds (none of a weights-only one)");
   if (c.in_place_mode)
     return Refuse(err, flag + ": --in-place continues the training run as it is, its optimizer too: reshard into -o OUT");
   const auto& given = c.in_place.given;
@@ -92,17 +94,23 @@ std::optional<int> SettleOptimizerFlags(ReshardCommand& c, std::ostream& err) {
   return std::nullopt;
 }
 
-// --format hf: a model has no layout, only the precision is the user's to choose.
+// --format hf and dcp: a model has no DeepSpeed layout, only the precision is the user's to choose
+// (and DCP's mesh).
 std::optional<int> SettleModelExport(ReshardCommand& c, std::ostream& err) {
   ReshardOptions& o = c.options;
-  const std::string no_layout = "--format hf writes a model of whole tensors: no ";
-  const std::string only = " (only --dtype, --max-shard-size, --model-config)";
+  const bool dcp = o.format == "dcp";
+  const std::string no_layout = "--format " + o.format + (dcp ? " writes torchtitan's sharding of whole tensors (--mesh): no " : " writes a model of whole tensors: no ");
+  const std::string only = dcp ? " (only --mesh, --dtype fp32, --model-config)" : " (only --dtype, --max-shard-size, --model-config)";
   if (!c.layout_only_given.empty()) return Refuse(err, no_layout + c.layout_only_given.front() + only);
   for (const auto& key : c.in_place.given)
     if (key != "dtype") return Refuse(err, no_layout + "--" + FlagOf(key) + only);
   if (c.in_place_mode || o.planner.gpus > 0)
-    return Refuse(err, std::string("--format hf writes a model into -o OUT: no ") + (c.in_place_mode ? "--in-place" : "--gpus"));
+    return Refuse(err, "--format " + o.format + " writes into -o OUT: no " + (c.in_place_mode ? "--in-place" : "--gpus"));
+  for (const std::string& flag : c.hf_only_given)
+    if (dcp && flag != "--model-config") return Refuse(err, flag + " goes with --format hf");
+  if (!dcp && !c.dcp_only_given.empty()) return Refuse(err, c.dcp_only_given.front() + " goes with --format dcp");
   o.model.dtype = o.target.dtype;
+  o.model.output = o.output;
   if (!c.model_config.empty())
     if (auto status = ReadModelConfig(o.model, c.model_config, err)) return status;
   if (!o.plan_only && o.output.empty()) return Refuse(err, "an output folder is required (-o OUT), or --plan-only");
@@ -115,6 +123,7 @@ std::optional<int> SettleModelExport(ReshardCommand& c, std::ostream& err) {
 std::optional<int> SettleTrainingLayout(ReshardCommand& c, std::ostream& err) {
   ReshardOptions& o = c.options;
   if (!c.hf_only_given.empty()) return Refuse(err, c.hf_only_given.front() + " goes with --format hf");
+  if (!c.dcp_only_given.empty()) return Refuse(err, c.dcp_only_given.front() + " goes with --format dcp");
   const std::vector<std::string>& given = c.in_place.given;
   if (o.planner.gpus > 0) {
     o.planner.base = o.target;
@@ -150,7 +159,8 @@ InPlaceOptions FromRoot(const ReshardCommand& c) {
 std::optional<int> SettleCommand(ReshardCommand& c, std::ostream& err) {
   if (auto status = ReadLayout(c, err)) return status;
   if (auto status = SettleOptimizerFlags(c, err)) return status;
-  return c.options.format == "hf" ? SettleModelExport(c, err) : SettleTrainingLayout(c, err);
+  const bool model = c.options.format == "hf" || c.options.format == "dcp";
+  return model ? SettleModelExport(c, err) : SettleTrainingLayout(c, err);
 }
 
 int RunCommand(const ReshardCommand& c, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {

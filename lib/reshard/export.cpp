@@ -29,17 +29,18 @@ namespace {
 
 constexpr const char* kTool = "ucp-reshard";
 
-// Rows of an atomic tensor's fp32 weights, read from the store (each atom checked on first use).
+// Rows of an atomic tensor's state, read from the store (each atom checked on first use).
 class StoreRows final : public RowSource {
  public:
   explicit StoreRows(const Source& S) : S_(S) {}
-  void Read(int atom, int64_t layer, int64_t a, int64_t b, float* dst) override {
+  void Read(int atom, int64_t layer, int state, int64_t a, int64_t b, int64_t c0, int64_t c1, float* dst) override {
     const Atom& at = S_.atoms.at(atom);
     std::vector<int64_t> start(at.shape.size(), 0), count = at.shape;
     const size_t d = layer >= 0 ? 1 : 0;  // the rows' dimension
     if (layer >= 0) start.at(0) = layer, count.at(0) = 1;
     if (count.size() > d) start[d] = a, count[d] = b - a;
-    S_.reader->ReadSlab(at.name, plan::State::Fp32, start, count, dst);
+    if (c1 >= 0 && count.size() > d + 1) start[d + 1] = c0, count[d + 1] = c1 - c0;
+    S_.reader->ReadSlab(at.name, static_cast<plan::State>(state), start, count, dst);
   }
 
  private:

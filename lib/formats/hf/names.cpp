@@ -71,37 +71,48 @@ struct Renamed {
   std::string name;
   bool rotary = false;
 };
-const std::map<std::string, Renamed>& RenamedKeys() {
-  static const std::map<std::string, Renamed> keys = {
-      // Megatron-DeepSpeed's
-      {"input_layernorm.weight", {"input_layernorm.weight"}},
-      {"post_attention_layernorm.weight", {"post_attention_layernorm.weight"}},
-      {"self_attention.dense.weight", {"self_attn.o_proj.weight"}},
-      {"self_attention.dense.bias", {"self_attn.o_proj.bias"}},
-      {"mlp.dense_4h_to_h.weight", {"mlp.down_proj.weight"}},
-      {"mlp.dense_4h_to_h.bias", {"mlp.down_proj.bias"}},
-      // DeepSpeed MoE's gate (Mixtral's router)
-      {"mlp.deepspeed_moe.gate.wg.weight", {"block_sparse_moe.gate.weight"}},
-      // torchtitan's: q and k rotate interleaved pairs
-      {"attention_norm.weight", {"input_layernorm.weight"}},
-      {"ffn_norm.weight", {"post_attention_layernorm.weight"}},
+// torchtitan's Llama layer keys, in its TransformerBlock's state-dict order, and their Hugging Face
+// names: q and k rotate interleaved pairs. The one table both ways (RenamedKeys, TorchtitanName).
+const std::vector<std::pair<std::string, Renamed>>& TitanKeys() {
+  static const std::vector<std::pair<std::string, Renamed>> keys = {
       {"attention.wq.weight", {"self_attn.q_proj.weight", true}},
       {"attention.wk.weight", {"self_attn.k_proj.weight", true}},
       {"attention.wv.weight", {"self_attn.v_proj.weight"}},
       {"attention.wo.weight", {"self_attn.o_proj.weight"}},
       {"feed_forward.w1.weight", {"mlp.gate_proj.weight"}},
-      {"feed_forward.w3.weight", {"mlp.up_proj.weight"}},
       {"feed_forward.w2.weight", {"mlp.down_proj.weight"}},
-      // Megatron-Core's: the norms fused into the next linear layer's (TE's names) or apart (its
-      // input_layernorm.weight is Megatron-DeepSpeed's name, above)
-      {"self_attention.linear_qkv.layer_norm_weight", {"input_layernorm.weight"}},
-      {"mlp.linear_fc1.layer_norm_weight", {"post_attention_layernorm.weight"}},
-      {"pre_mlp_layernorm.weight", {"post_attention_layernorm.weight"}},
-      {"self_attention.linear_proj.weight", {"self_attn.o_proj.weight"}},
-      {"self_attention.linear_proj.bias", {"self_attn.o_proj.bias"}},
-      {"mlp.linear_fc2.weight", {"mlp.down_proj.weight"}},
-      {"mlp.linear_fc2.bias", {"mlp.down_proj.bias"}},
+      {"feed_forward.w3.weight", {"mlp.up_proj.weight"}},
+      {"attention_norm.weight", {"input_layernorm.weight"}},
+      {"ffn_norm.weight", {"post_attention_layernorm.weight"}},
   };
+  return keys;
+}
+
+const std::map<std::string, Renamed>& RenamedKeys() {
+  static const std::map<std::string, Renamed> keys = [] {
+    std::map<std::string, Renamed> k = {
+        // Megatron-DeepSpeed's
+        {"input_layernorm.weight", {"input_layernorm.weight"}},
+        {"post_attention_layernorm.weight", {"post_attention_layernorm.weight"}},
+        {"self_attention.dense.weight", {"self_attn.o_proj.weight"}},
+        {"self_attention.dense.bias", {"self_attn.o_proj.bias"}},
+        {"mlp.dense_4h_to_h.weight", {"mlp.down_proj.weight"}},
+        {"mlp.dense_4h_to_h.bias", {"mlp.down_proj.bias"}},
+        // DeepSpeed MoE's gate (Mixtral's router)
+        {"mlp.deepspeed_moe.gate.wg.weight", {"block_sparse_moe.gate.weight"}},
+        // Megatron-Core's: the norms fused into the next linear layer's (TE's names) or apart (its
+        // input_layernorm.weight is Megatron-DeepSpeed's name, above)
+        {"self_attention.linear_qkv.layer_norm_weight", {"input_layernorm.weight"}},
+        {"mlp.linear_fc1.layer_norm_weight", {"post_attention_layernorm.weight"}},
+        {"pre_mlp_layernorm.weight", {"post_attention_layernorm.weight"}},
+        {"self_attention.linear_proj.weight", {"self_attn.o_proj.weight"}},
+        {"self_attention.linear_proj.bias", {"self_attn.o_proj.bias"}},
+        {"mlp.linear_fc2.weight", {"mlp.down_proj.weight"}},
+        {"mlp.linear_fc2.bias", {"mlp.down_proj.bias"}},
+    };
+    for (const auto& [key, renamed] : TitanKeys()) k.emplace(key, renamed);  // torchtitan's
+    return k;
+  }();
   return keys;
 }
 
@@ -226,7 +237,7 @@ struct InLayer {
   int atom = 0;
   int64_t stacked = -1;
   ExportTensor Tensor(const std::string& name, int64_t begin, int64_t end, std::vector<int64_t> shape) const {
-    ExportTensor t{prefix + name, atom, "", begin, end, std::move(shape)};
+    ExportTensor t = reshard::RowsAsTensor(prefix + name, atom, begin, end, std::move(shape));
     t.layer = stacked;
     return t;
   }
@@ -301,14 +312,14 @@ void Placement::PlaceEnd(const reshard::Atom& a, int atom, Slot::Kind kind) {
   const std::vector<int64_t>& shape = a.shape;
   if (kind == Slot::Norm) {
     Expect(a.name, shape, {m_.hidden}, false);
-    Add(a.name, {"model.norm.weight", atom, "", 0, m_.hidden, {m_.hidden}});
+    Add(a.name, reshard::RowsAsTensor("model.norm.weight", atom, 0, m_.hidden, {m_.hidden}));
     return;
   }
   if (shape.size() != 2 || shape[1] != m_.hidden || shape[0] < m_.vocab)
     throw Refuse(a.name, "shape " + pt::ShapeString(shape) + ", expected at least " + std::to_string(m_.vocab) + " rows of " +
                              std::to_string(m_.hidden));
   const std::string name = kind == Slot::Embedding ? "model.embed_tokens.weight" : "lm_head.weight";
-  Add(a.name, {name, atom, "", 0, m_.vocab, {m_.vocab, m_.hidden}});
+  Add(a.name, reshard::RowsAsTensor(name, atom, 0, m_.vocab, {m_.vocab, m_.hidden}));
 }
 
 void Placement::PlaceLayer(const reshard::Atom& a, int atom, int64_t layer, int64_t stacked, const std::string& key,
@@ -391,6 +402,21 @@ std::vector<ExportTensor> LlamaTensors(const reshard::Source& S, const LlamaFact
   Placement placement(S.reader ? S.reader->dir() : S.manifest.value("dir", std::string()), m);
   for (size_t i = 0; i < S.atoms.size(); ++i) placement.Place(S.atoms[i], static_cast<int>(i));
   return placement.InModelOrder();
+}
+
+std::optional<TitanName> TorchtitanName(const std::string& hf_name) {
+  const int64_t keys = static_cast<int64_t>(TitanKeys().size()), end = int64_t{1} << 40;
+  if (hf_name == "model.embed_tokens.weight") return TitanName{"tok_embeddings.weight", false, -1};
+  if (hf_name == "model.norm.weight") return TitanName{"norm.weight", false, end};
+  if (hf_name == "lm_head.weight") return TitanName{"output.weight", false, end + 1};
+  static const std::regex layer(R"(^model\.layers\.(\d{1,8})\.(.+)$)");
+  std::smatch m;
+  if (!std::regex_match(hf_name, m, layer)) return std::nullopt;
+  for (int64_t k = 0; k < keys; ++k) {
+    const auto& [key, renamed] = TitanKeys()[k];
+    if (renamed.name == m[2].str()) return TitanName{"layers." + m[1].str() + "." + key, renamed.rotary, std::stoll(m[1]) * keys + k};
+  }
+  return std::nullopt;
 }
 
 bool TranslatedNaming(const std::vector<std::string>& names) {

@@ -12,6 +12,7 @@
 // The word embedding and the output layer lose their vocabulary padding rows.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,16 @@ namespace ucp::formats::hf {
 // ucp::Error naming the parameter that has no place in it or whose shape or sub-parameters do not
 // fit, or the tensor no parameter fills.
 std::vector<reshard::ExportTensor> LlamaTensors(const reshard::Source& S, const LlamaFacts& m);
+
+// torchtitan's Llama name of a LlamaForCausalLM tensor ("model.layers.3.self_attn.q_proj.weight" ->
+// "layers.3.attention.wq.weight"), and whether its heads' rotary pairs are interleaved there (q and
+// k: torchtitan's complex rotary); nullopt for a tensor torchtitan's Llama has no place for (a bias).
+struct TitanName {
+  std::string name;
+  bool rotary = false;
+  int64_t order = 0;  // its place in torchtitan's state dict (the embedding, each layer's keys, the norm, the output)
+};
+std::optional<TitanName> TorchtitanName(const std::string& hf_name);
 
 // Whether `names` are in one of the namings above (a word embedding or stacked layers by Megatron's,
 // torchtitan's or Megatron-Core's name): a model this file translates. Names of none of them may be

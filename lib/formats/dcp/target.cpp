@@ -1,0 +1,266 @@
+#include "formats/dcp/target.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "core/error.h"
+#include "core/xxhash64.h"
+#include "formats/dcp/mesh.h"
+#include "formats/dcp/metadata_writer.h"
+#include "formats/hf/model.h"
+#include "formats/hf/names.h"
+#include "pt/torch_file.h"
+
+namespace ucp::formats::dcp {
+using pt::Value;
+using pt::ValuePtr;
+using reshard::ExportTensor;
+
+namespace {
+
+// A tensor of torchtitan's Llama: its fqn, where its rows come from, its optimizer group, its place
+// in the model's state dict.
+struct TitanTensor {
+  std::string fqn;
+  ExportTensor rows;
+  int group = 0;
+  int64_t order = 0;
+};
+
+// The Hugging Face target's tensors under torchtitan's names, q and k rows in torchtitan's order.
+std::vector<TitanTensor> TitanTensors(const reshard::Source& S, const reshard::ExportOptions& o, std::vector<std::string>& notes) {
+  const std::string dir = S.reader->dir();
+  const hf::LlamaFacts m = [&] {
+    try {
+      return hf::LlamaFactsOf(S, o, notes);
+    } catch (const Error& e) {  // its terms are LlamaForCausalLM's: torchtitan's Llama is the same model
+      throw Error(std::string("--format dcp writes torchtitan's Llama, the model --format hf writes as LlamaForCausalLM: ") + e.what());
+    }
+  }();
+  if (m.tied)
+    throw Error(dir + ": the output layer is the word embedding (tied): torchtitan's Llama has an output.weight of its own");
+  std::vector<TitanTensor> out;
+  for (ExportTensor t : hf::LlamaTensors(S, m)) {
+    const auto titan = hf::TorchtitanName(t.name);
+    if (!titan) throw Error(dir + ": parameter '" + t.source + "': its " + t.name + " has no place in torchtitan's Llama (no biases)");
+    if (t.rotary_head_dim > 0)
+      t.rotary_head_dim = 0;  // torchtitan's own rows (a torchtitan source): as they are
+    else if (titan->rotary)
+      t.rotary_head_dim = m.head_dim, t.rotary_to_pairs = true;  // Megatron's rotate-half to interleaved pairs
+    out.push_back({titan->name, t, S.atoms.at(t.atom).group, titan->order});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const TitanTensor& a, const TitanTensor& b) { return a.order < b.order; });
+  return out;
+}
+
+// One key of the state dict: a tensor's box on each rank (none: a step or a bytes item, the same on
+// every rank, carrying its torch.save file).
+struct Item {
+  std::string key;
+  ValuePtr path;  // planner_data
+  ExportTensor data;
+  std::vector<Box> boxes;
+  bool bytes = false;
+  Box on(int64_t rank) const { return boxes.empty() ? Box{} : boxes.at(rank); }
+};
+
+ValuePtr Path(std::vector<ValuePtr> parts) {
+  auto t = Value::Make(Value::Kind::Tuple);
+  t->items = std::move(parts);
+  return t;
+}
+
+Item TensorItem(const Mesh& mesh, const TitanTensor& t, const std::string& key, ValuePtr path, int state) {
+  Item it;
+  it.key = key, it.path = std::move(path), it.data = t.rows;
+  it.data.name = key, it.data.state = state;
+  it.boxes = BoxesOf(mesh, t.fqn, t.rows.shape);
+  return it;
+}
+
+Item PayloadItem(const std::string& key, ValuePtr path, const Value& value, bool bytes) {
+  Item it;
+  it.key = key, it.path = std::move(path);
+  it.data.name = key, it.data.payload = pt::TorchFileBytes(value);
+  it.bytes = bytes;
+  return it;
+}
+
+// optim.state.<fqn>.step: the atomic tensor's step as torch's Adam keeps it (a 0-d float32 tensor).
+Item StepItem(const reshard::Source& S, const TitanTensor& t) {
+  const std::string& name = S.atoms.at(t.rows.atom).name;
+  if (!S.atoms.at(t.rows.atom).has_step) throw Error(S.reader->dir() + ": parameter '" + name + "' has no step");
+  auto value = std::make_shared<float>(static_cast<float>(pt::StepValue(*S.reader->ReadStep(name))));
+  auto tensor = pt::OwnedTensor(value, value.get(), pt::DType::F32, {});
+  const std::string key = "optim.state." + t.fqn + ".step";
+  return PayloadItem(key, Path({Value::Str("optim"), Value::Str("state"), Value::Str(t.fqn), Value::Str("step")}), *tensor, false);
+}
+
+// torch 2.6 AdamW's options past those every Adam has, with its defaults: a group saved without
+// them (DeepSpeed's) gets them, since DCP's load asks for every key the model's optimizer has.
+const std::vector<std::pair<std::string, ValuePtr>>& AdamDefaults() {
+  static const std::vector<std::pair<std::string, ValuePtr>> d = {
+      {"amsgrad", Value::Bool(false)}, {"foreach", Value::None()}, {"maximize", Value::Bool(false)},
+      {"capturable", Value::Bool(false)}, {"differentiable", Value::Bool(false)}, {"fused", Value::None()}};
+  return d;
+}
+
+// optim.param_groups.<g>.<option>: each group's options as saved (torch's defaults added), then
+// `params`, the fqns of the group's tensors.
+void ParamGroupItems(const reshard::Source& S, const std::vector<TitanTensor>& tensors, std::vector<Item>& items) {
+  const ValuePtr groups = S.optimizer.root ? S.optimizer.root->Get("param_groups") : nullptr;
+  if (!groups || !groups->IsSequence()) throw Error(S.reader->dir() + "/zero/optimizer_state.pt: no param_groups list");
+  for (size_t g = 0; g < groups->items.size(); ++g) {
+    const Value& group = *groups->items[g];
+    std::vector<std::pair<std::string, ValuePtr>> options;
+    for (const auto& kv : group.AsDict().items())
+      if (kv.key->kind == Value::Kind::Str && kv.key->s != "params") options.emplace_back(kv.key->s, kv.value);
+    for (const auto& [name, value] : AdamDefaults())
+      if (!group.Get(name)) options.emplace_back(name, value);
+    auto params = Value::Make(Value::Kind::List);
+    for (const TitanTensor& t : tensors)
+      if (t.group == static_cast<int>(g)) params->items.push_back(Value::Str(t.fqn));
+    options.emplace_back("params", params);
+    for (const auto& [name, value] : options) {
+      const std::string key = "optim.param_groups." + std::to_string(g) + "." + name;
+      items.push_back(PayloadItem(key, Path({Value::Str("optim"), Value::Str("param_groups"), Value::Int(static_cast<int64_t>(g)), Value::Str(name)}), *value, true));
+    }
+  }
+}
+
+// The state dict's keys in get_state_dict's order: the model's, then each parameter's step and
+// moments, group by group, then the param groups.
+std::vector<Item> StateDictItems(const reshard::Source& S, const Mesh& mesh, const std::vector<TitanTensor>& tensors, bool optimizer) {
+  std::vector<Item> items;
+  for (const TitanTensor& t : tensors)
+    items.push_back(TensorItem(mesh, t, "model." + t.fqn, Path({Value::Str("model"), Value::Str(t.fqn)}), 0));
+  if (!optimizer) return items;
+  std::vector<const TitanTensor*> order;
+  for (const TitanTensor& t : tensors) order.push_back(&t);
+  std::stable_sort(order.begin(), order.end(), [](const TitanTensor* a, const TitanTensor* b) { return a->group < b->group; });
+  for (const TitanTensor* t : order) {
+    items.push_back(StepItem(S, *t));
+    for (int state : {1, 2}) {
+      const std::string name = state == 1 ? "exp_avg" : "exp_avg_sq";
+      items.push_back(TensorItem(mesh, *t, "optim.state." + t->fqn + "." + name,
+                                 Path({Value::Str("optim"), Value::Str("state"), Value::Str(t->fqn), Value::Str(name)}), state));
+    }
+  }
+  ParamGroupItems(S, tensors, items);
+  return items;
+}
+
+// A write item: a key and its chunk's offsets (a bytes item's: none).
+using WriteIndex = std::pair<std::string, std::vector<int64_t>>;
+
+// DCP's size of an item (dedup_save_plans): a chunk's bytes, a bytes item (or an empty chunk) 1.
+int64_t StorageSize(const Item& it, const Box& box) {
+  int64_t n = 4;
+  for (int64_t d : box.sizes) n *= d;
+  return it.bytes || n == 0 ? 1 : n;
+}
+
+// dedup_save_plans: every rank plans its items; an item several ranks plan (a step, a bytes item, a
+// norm's chunk on a TP group's ranks) goes to the one with the fewest bytes planned so far (the
+// lowest of equals), the items taken as rank 0's plan lists them, then rank 1's new ones, ...
+std::map<WriteIndex, int> AssignOwners(const std::vector<Item>& items, int64_t ranks) {
+  std::vector<std::pair<WriteIndex, const Item*>> order;
+  std::map<WriteIndex, std::vector<int>> planned;
+  for (int r = 0; r < ranks; ++r)
+    for (const Item& it : items) {
+      WriteIndex w{it.key, it.on(r).offsets};
+      auto [at, fresh] = planned.try_emplace(w);
+      if (fresh) order.emplace_back(w, &it);
+      at->second.push_back(r);
+    }
+  std::vector<int64_t> size(static_cast<size_t>(ranks), 0);
+  std::map<WriteIndex, int> owner;
+  for (const auto& [w, it] : order) {
+    const std::vector<int>& rs = planned[w];
+    int best = rs.front();
+    for (int r : rs)
+      if (size[r] < size[best]) best = r;
+    owner[w] = best;
+    size[best] += StorageSize(*it, it->on(best));
+  }
+  return owner;
+}
+
+// A save_id in the form of a UUID, from the atomic tensors (their manifest entries, checksums
+// included) and the mesh: the same bytes each run, wherever the folders are.
+std::string SaveId(const reshard::Source& S, const Mesh& mesh) {
+  const std::string what = S.manifest["params"].dump() + mesh.text();
+  const uint64_t a = XxHash64::Of(what.data(), what.size()), b = XxHash64::Of(what.data(), what.size(), a);
+  char id[40];
+  std::snprintf(id, sizeof id, "%08x-%04x-4%03x-%04x-%012llx", static_cast<unsigned>(a >> 32), static_cast<unsigned>((a >> 16) & 0xFFFF),
+                static_cast<unsigned>(a & 0xFFF), static_cast<unsigned>(0x8000 | ((b >> 48) & 0x3FFF)),
+                static_cast<unsigned long long>(b & 0xFFFFFFFFFFFFull));
+  return id;
+}
+
+// A tensor item's torch.save file: its size (the frame's does not depend on the CRC).
+int64_t FramedLength(const ExportTensor& t) {
+  auto tensor = pt::ProducedTensor(pt::DType::F32, t.box_sizes, [](uint64_t, uint64_t, uint8_t*) {});
+  const pt::TorchFileFrame frame = pt::FrameTorchFile(*tensor, 0);
+  return static_cast<int64_t>(frame.head.size() + frame.data_size + frame.tail.size());
+}
+
+// Rank r's file: its items, bytes first, then tensors, in plan order; each an export tensor.
+void LayFile(const std::vector<Item>& items, const std::map<WriteIndex, int>& owner, int r, reshard::ExportPlan& P, SavedCheckpoint& c) {
+  reshard::ExportFile file;
+  file.name = "__" + std::to_string(r) + "_0.distcp";
+  std::vector<SavedItem>& saved = c.items.emplace_back();
+  std::vector<int>& order = c.file_order.emplace_back();
+  std::vector<const Item*> of;  // per saved item, its key's
+  for (const Item& it : items) {
+    const Box box = it.on(r);
+    if (owner.at({it.key, box.offsets}) != r) continue;  // another rank saves it
+    saved.push_back({it.key, it.bytes, it.data.shape, box.offsets, box.sizes, file.name});
+    of.push_back(&it);
+  }
+  for (int pass = 0; pass < 2; ++pass)  // bytes items first
+    for (size_t k = 0; k < saved.size(); ++k)
+      if (saved[k].bytes == (pass == 0)) order.push_back(static_cast<int>(k));
+  int64_t at = 0;
+  for (int k : order) {
+    SavedItem& s = saved[k];
+    ExportTensor t = of[k]->data;
+    if (t.payload.empty()) t.box_offsets = s.offsets, t.box_sizes = s.sizes;
+    s.offset = at;
+    s.length = t.payload.empty() ? FramedLength(t) : static_cast<int64_t>(t.payload.size());
+    at += s.length;
+    file.tensors.push_back(static_cast<int>(P.tensors.size()));
+    P.tensors.push_back(std::move(t));
+  }
+  file.bytes = at;
+  P.files.push_back(std::move(file));
+}
+
+}  // namespace
+
+reshard::ExportPlan PlanDcp(const reshard::Source& S, const reshard::ExportOptions& o) {
+  const Mesh mesh = ParseMesh(o.mesh);
+  if (!o.dtype.empty() && o.dtype != "fp32")
+    throw Error("--dtype " + o.dtype + ": --format dcp writes fp32 (torchtitan's FSDP2 and tensor parallelism keep fp32 parameters and moments)");
+  reshard::ExportPlan P;
+  P.dtype = "fp32";
+  P.model = "torchtitan Llama on " + mesh.text();
+  const std::vector<TitanTensor> tensors = TitanTensors(S, o, P.notes);
+  const bool optimizer = !S.manifest["source"].value("weights_only", false);
+  if (!optimizer) P.notes.push_back("the atomic checkpoint holds weights only: the model's keys alone are written");
+  std::vector<Item> items = StateDictItems(S, mesh, tensors, optimizer);
+  const std::map<WriteIndex, int> owner = AssignOwners(items, mesh.ranks());
+  SavedCheckpoint c;
+  for (const Item& it : items) c.planner_data.emplace_back(it.key, it.path);
+  for (int64_t r = 0; r < mesh.ranks(); ++r) LayFile(items, owner, static_cast<int>(r), P, c);
+  c.checkpoint_id = std::filesystem::path(o.output).lexically_normal().filename().string();  // the folder's name
+  if (c.checkpoint_id.empty()) c.checkpoint_id = std::filesystem::path(o.output).lexically_normal().parent_path().filename().string();
+  c.save_id = SaveId(S, mesh);
+  P.marker = ".metadata";
+  P.marker_text = MetadataPickle(c);
+  return P;
+}
+
+}  // namespace ucp::formats::dcp
