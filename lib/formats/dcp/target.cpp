@@ -188,10 +188,11 @@ std::map<WriteIndex, int> AssignOwners(const std::vector<Item>& items, int64_t r
   return owner;
 }
 
-// A save_id in the form of a UUID, from the atomic tensors (their manifest entries, checksums
-// included) and the mesh: the same bytes each run, wherever the folders are.
+// A save_id in the form of a UUID, from the atomic checkpoint's files (the manifest's list: relative
+// paths, sizes, checksums) and the mesh: the same bytes each run, wherever the folders and the
+// pattern files are (a parameter's manifest entry names its rule's file by its path).
 std::string SaveId(const reshard::Source& S, const Mesh& mesh) {
-  const std::string what = S.manifest["params"].dump() + mesh.text();
+  const std::string what = S.manifest["files"].dump() + mesh.text();
   const uint64_t a = XxHash64::Of(what.data(), what.size()), b = XxHash64::Of(what.data(), what.size(), a);
   char id[40];
   std::snprintf(id, sizeof id, "%08x-%04x-4%03x-%04x-%012llx", static_cast<unsigned>(a >> 32), static_cast<unsigned>((a >> 16) & 0xFFFF),
