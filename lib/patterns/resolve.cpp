@@ -100,13 +100,21 @@ void DetectFamily(const source::SourceIndex& L, const std::string& patterns_dir,
     M.notes.push_back("no model family in " + patterns_dir + " fits these parameter names");
 }
 
-// Rules that match no parameter: a problem in the checkpoint's rules or in files the user gave, a
-// note in an auto-detected family (a rule for a variant this model is not). Also the widths that
-// DeepSpeed >= 0.4 requires for sub-parameter rules.
+// Rules that match no parameter: a problem in files the user gave, and in the checkpoint's rules when
+// none of them matches (rules of another model, or of another naming); a note in an auto-detected
+// family, and in the checkpoint's rules when others of them match: a rule for a variant this model
+// lacks (Megatron-DeepSpeed names the dense MLP's [gate; up] rule in a model whose every MLP is a
+// Mixture of Experts). Also the widths that DeepSpeed >= 0.4 requires for sub-parameter rules.
 void ReportUnusedRules(const source::SourceIndex& L, ModelPatterns& M) {
-  if (M.checkpoint_rules)
-    for (const auto& r : UnmatchedRules(*M.checkpoint_rules, L))
-      M.problems.push_back("checkpoint rule " + r + " matches no parameter");
+  if (M.checkpoint_rules) {
+    size_t unmatched = 0;
+    const size_t matched = CountMatched(*M.checkpoint_rules, L, &unmatched);
+    for (const auto& r : UnmatchedRules(*M.checkpoint_rules, L)) {
+      if (matched == 0) M.problems.push_back("checkpoint rule " + r + " matches no parameter (nor does any other of its rules)");
+      else M.notes.push_back("checkpoint rule " + r + " matches no parameter (its other rules match " +
+                             std::to_string(matched) + "): a variant this model lacks");
+    }
+  }
   if (M.family) {
     for (const auto& r : UnmatchedRules(*M.family, L)) {
       if (M.family_explicit) M.problems.push_back("rule " + r + " of " + M.family->source + " matches no parameter");
