@@ -32,6 +32,9 @@ JobOutput PlanJobOutput(const Source& S, const TargetLayout& T, const std::strin
   JobOutput J;
   const source::JobFiles job = source::JobFiles::FromJson(S.manifest["source"].value("job", nlohmann::json()));
   if (job.empty()) return J;
+  // A Hugging Face model imported weights only: its config.json describes the model, not a training
+  // job, and a training layout is not its job's folder (--format hf writes it back with the model).
+  if (S.weights_only) return J;
   const std::string folder = std::string(source::kJobFolder) + "/";
   const int to_world = T.SeqDp() * T.tp * T.pp;
   if (!in_place)
