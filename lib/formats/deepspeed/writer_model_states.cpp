@@ -90,6 +90,9 @@ void PutOwnRngState(const TargetUnit& u, Value& root, pt::TorchFile& own) {
 // The world sizes DeepSpeed records, and (DeepSpeed >= 0.19.5) the model-parallel degrees, which
 // its checkpoint readers trust.
 void PutParallelDegrees(const TargetUnit& u, Value& root) {
+  // One save's files repeat one release: with --ds-version, the optimizer files' (ucp-convert refuses a
+  // tag whose files disagree); else the carried file's, which the optimizer files repeat.
+  if (!u.T.ds_version.empty()) SetItem(root, "ds_version", Value::Str(u.T.ds_version));
   SetItem(root, "dp_world_size", Value::Int(u.T.SeqDp()));  // DeepSpeed's seq_dp_world_size
   SetItem(root, "mp_world_size", Value::Int(u.T.tp * u.T.pp));
   if (auto dims = root.Get("checkpoint_parallel_dimensions"); dims && dims->kind == Value::Kind::Dict) {
