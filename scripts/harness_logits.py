@@ -7,7 +7,7 @@ and DeepSpeed 0.19.5 at /opt/ds0195):
 
     scripts/harness_logits.py CKPT_DIR --tp 2 --pp 1 --dp 2 --zero 1 --dtype fp32 --arch llama \\
         [--hidden 64 --layers 4 --heads 4 --kv-heads 2 --ffn 128 --vocab 300 --seq 32] \\
-        [--no-load-optimizer-states] [--load-module-only] [--train-steps 3] [--out OUT.json]
+        [--no-load-optimizer-states] [--no-load-lr-scheduler-states] [--load-module-only] [--train-steps 3] [--out OUT.json]
 
 CKPT_DIR (with `latest`) must be visible inside the chroot at the same path (this script bind-mounts the
 folder holding it, read-only, and the harness's /work/shared). tp x pp x dp processes run under
@@ -45,6 +45,8 @@ def parse(argv=None):
     p.add_argument("--arch", choices=["gpt", "llama"], default="llama")
     p.add_argument("--grad-accum-dtype", choices=["fp32", "bf16"], default=None)
     p.add_argument("--no-load-optimizer-states", action="store_true")
+    p.add_argument("--no-load-lr-scheduler-states", action="store_true",
+                   help="a checkpoint with no scheduler state (a weights-only import's): the job's scheduler starts afresh")
     p.add_argument("--load-module-only", action="store_true")
     p.add_argument("--out", default=None)
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
@@ -215,6 +217,7 @@ def inner(args):
     torch.manual_seed(1234)  # the initial weights are overwritten by the load
     engine, cfg = build_engine(args, common, models, ps, dp, world)
     path, _ = engine.load_checkpoint(args.ckpt, load_optimizer_states=not args.no_load_optimizer_states,
+                                     load_lr_scheduler_states=not args.no_load_lr_scheduler_states,
                                      load_module_only=args.load_module_only)
     assert path is not None, f"nothing loaded from {args.ckpt}"
     ids = torch.randint(0, args.vocab, (2, args.seq), generator=torch.Generator().manual_seed(args.seed))
@@ -226,6 +229,7 @@ def inner(args):
         tag = open(os.path.join(args.ckpt, "latest")).read().strip()
         report = {"layout": {k: getattr(args, k) for k in ("tp", "pp", "dp", "zero", "dtype", "arch")},
                   "load": {"load_optimizer_states": not args.no_load_optimizer_states,
+                           "load_lr_scheduler_states": not args.no_load_lr_scheduler_states,
                            "load_module_only": args.load_module_only, "path": path, "global_steps": engine.global_steps},
                   "ids": ids.tolist(), "logits": logits.tolist(), "losses": losses,
                   "ckpt_sha256": sha256_of(os.path.join(args.ckpt, tag))}
