@@ -37,6 +37,10 @@ medians and ratios against references measured in the same rounds:
                                        /shared/real-hftrainer/harness/env.sh; python3 {checkpoint}/zero_to_fp32.py
                                        {checkpoint} {output} --safe_serialization'"
                                      (goal, issue 43: ucp at least 5x faster, at most 1/8 of its peak RSS)
+  --hf-import                        a generated 2 GiB Hugging Face Llama (scripts/make_hf_fixture.py) imported:
+                                     ucp-convert MODEL, then ucp-reshard to TP=2 PP=2 (--no-optimizer), on 1
+                                     and 2 ranks, each against cp -r && sync of the bytes it writes, and each
+                                     rank's peak RSS against the largest tensor (benchmark_hf_import.py)
 Page cache warm (the source is read once before the rounds). Peak RSS per rank and bytes read and
 written come from each tool's --report.
 
@@ -78,9 +82,16 @@ ap.add_argument("--hf-trainer", action="store_true", help="the Hugging Face expo
                 "zero_to_fp32.py (see above)")
 ap.add_argument("--zero-to-fp32-cmd", help="with --hf-trainer: zero_to_fp32.py's command, {checkpoint} and {output} "
                 "filled in; without it only ucp's side is timed")
+ap.add_argument("--hf-import", action="store_true", help="a generated 2 GiB Hugging Face model imported to TP=2 PP=2 "
+                "(see benchmark_hf_import.py)")
 a = ap.parse_args()
 if a.repeat < 5:
     sys.exit("--repeat must be at least 5 (medians of at least 5 paired runs)")
+if a.hf_import:
+    sys.path.insert(0, os.path.join(root, "scripts"))
+    import benchmark_hf_import  # noqa: E402
+    benchmark_hf_import.main(a, root)
+    sys.exit(0)
 if a.hf_trainer:
     sys.path.insert(0, os.path.join(root, "scripts"))
     import benchmark_hf_export  # noqa: E402
