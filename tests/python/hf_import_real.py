@@ -1,5 +1,5 @@
 """ucp-convert of Hugging Face models transformers itself made (tests/data/real-hf/llama_*: save_pretrained of
-a small LlamaConfig, fp32, bf16 with tied embeddings, fp32 in shards), checked against what transformers
+a small LlamaConfig, fp32, bf16 with tied embeddings, fp32 in shards; gpt2_tiny, mixtral_tiny), checked against what transformers
 showed when scripts/hf_import_real.py ran it (tests/data/real-hf/checks.json; CI cannot run transformers).
 
 Usage: hf_import_real.py BIN_DIR DATA WORK [MPIEXEC]
@@ -43,7 +43,8 @@ def main():
     fresh_folder(WORK)
     with open(os.path.join(DATA, "checks.json")) as f:
         checks = json.load(f)
-    check("models recorded", sorted(checks) == sorted(n for n in os.listdir(DATA) if n.startswith("llama_")), str(sorted(checks)))
+    made = sorted(n for n in os.listdir(DATA) if n.startswith("llama_") or n in ("gpt2_tiny", "mixtral_tiny"))
+    check("models recorded", sorted(checks) == made, str(sorted(checks)))
     for name, rec in sorted(checks.items()):
         src = os.path.join(DATA, name)
         got = {f: sha256(os.path.join(src, f)) for f in rec["source_files"]}

@@ -11,6 +11,7 @@
 #include "formats/hf/import_model.h"
 #include "formats/hf/import_states.h"
 #include "formats/hf/safetensors_read.h"
+#include "layout/naming.h"
 
 namespace ucp::formats {
 namespace hf {
@@ -39,17 +40,18 @@ void CheckTensors(const ImportSource& s, std::vector<std::string>& notes) {
     const std::string where = s.model.dir + "/" + s.model.files[at.first].name + ": tensor '" + name + "'";
     auto it = wanted.find(name);
     if (it == wanted.end()) {
-      if (name == "lm_head.weight" && s.config.llama.tied && s.model.where.count("model.embed_tokens.weight")) {
-        const StTensor& e = s.model.Tensor("model.embed_tokens.weight");
-        const auto& fe = s.model.files[s.model.where.at("model.embed_tokens.weight").first];
+      const std::string embed = s.config.EmbeddingName();
+      if (name == "lm_head.weight" && s.config.Tied() && s.model.where.count(embed)) {
+        const StTensor& e = s.model.Tensor(embed);
+        const auto& fe = s.model.files[s.model.where.at(embed).first];
         const auto& fl = s.model.files[at.first];
         if (e.end - e.begin == st.end - st.begin && e.dtype == st.dtype &&
             std::memcmp(fe.map->bytes().data() + fe.header.data_start + e.begin, fl.map->bytes().data() + fl.header.data_start + st.begin,
                         st.end - st.begin) == 0) {
-          notes.push_back(where + ": the tied output layer, equal to model.embed_tokens.weight: not imported (tie_word_embeddings)");
+          notes.push_back(where + ": the tied output layer, equal to " + embed + ": not imported (tie_word_embeddings)");
           continue;
         }
-        throw Error(where + ": tie_word_embeddings is true, but it differs from model.embed_tokens.weight");
+        throw Error(where + ": tie_word_embeddings is true, but it differs from " + embed);
       }
       throw Error(where + ": no place for it in " + s.config.architecture + " of config.json's sizes");
     }
@@ -79,6 +81,7 @@ std::string DtypeOf(const ImportSource& s, std::vector<std::string>& notes) {
 void FillIndex(const ImportSource& s, const std::string& dir, source::SourceIndex& L) {
   L.format = "hf", L.root = dir, L.dir = dir, L.framework = "hf", L.optimizer = "none", L.naming = "plain";
   L.job.kind = "hf";
+  L.moe = s.config.llama.experts > 0, L.ep = 1;
   for (const char* name : {"config.json", "generation_config.json"})
     if (std::error_code ec; fs::is_regular_file(dir + "/" + name, ec)) L.job.carried.push_back(name);
   for (const auto& f : s.model.files) {
@@ -89,6 +92,7 @@ void FillIndex(const ImportSource& s, const std::string& dir, source::SourceInde
   for (const auto& a : s.M.atoms) {
     source::ParamRecord p;
     p.name = a.name, p.group = a.group, p.tp_shape[0] = a.shape, p.stages = {0};
+    if (auto e = reshard::ExpertOf(a.name)) p.expert = static_cast<int>(e->id), p.ep_rank = 0;  // Mixtral's experts, all on the one EP rank
     L.params.push_back(p);
   }
   L.model_states = ImportModelStates(s.config, s.M, L.dtype);
@@ -128,7 +132,7 @@ void ReadParam(const source::SourceIndex& L, int param, float* dst) {
 const SourceDriver& HuggingFaceSource() {
   static constexpr SourceDriver driver = {"hf",
      "a Hugging Face model folder (save_pretrained: config.json and safetensors, one file or shards with their "
-     "index): LlamaForCausalLM, F32, BF16 or F16 weights, imported as Megatron-DeepSpeed's parameters, weights only",
+     "index): LlamaForCausalLM, GPT2LMHeadModel, MixtralForCausalLM, F32, BF16 or F16 weights, imported as Megatron-DeepSpeed's parameters, weights only",
      "config.json, model.safetensors or model.safetensors.index.json and its shards", hf::LooksLikeModel, hf::IndexModel,
      hf::ReadParam};
   return driver;
