@@ -217,7 +217,7 @@ def main():
     atomic = check_import("gpt2_tiny", gpt2_src, gpt2_truth(hf, c), 2, True)
     if atomic:
         round_trip("gpt2_tiny", atomic, hf, "fp32")
-        through_deepspeed("gpt2_tiny", atomic, hf, "fp32", ["--tp", "2", "--dp", "1", "--pp", "1", "--zero-stage", "1"])
+        through_deepspeed("gpt2_tiny", atomic, hf, "fp32", ["--tp", "2", "--dp", "2", "--pp", "1", "--zero-stage", "1"])
     for seed, (dtype, shards) in enumerate((("fp32", 1), ("bf16", 3))):
         src = os.path.join(WORK, "models", f"gpt2_{dtype}")
         c, t = make_gpt2(src, dtype, shards, seed)
