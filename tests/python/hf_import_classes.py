@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds_stubs  # noqa: E402,F401 - DeepSpeed classes the state files pickle
 from atomic_files import same_bytes  # noqa: E402
 from checklist import check, finish, fresh_folder, refused_when_damaged, tool_runner  # noqa: E402
-from safetensors_reader import read_safetensors  # noqa: E402
+from safetensors_reader import read_model_folder as tensors_of  # noqa: E402
 from safetensors_writer import write_safetensors  # noqa: E402
 
 BIN, DATA, WORK = sys.argv[1:4]
@@ -39,14 +39,6 @@ MPIEXEC = sys.argv[4] if len(sys.argv) > 4 else None
 run = tool_runner(BIN, MPIEXEC)
 OPTIMIZER = {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}}
 L = "language_model.encoder.layers."
-
-
-def tensors_of(d):
-    out = {}
-    for f in sorted(os.listdir(d)):
-        if f.endswith(".safetensors"):
-            out.update(read_safetensors(os.path.join(d, f)))
-    return out
 
 
 def gpt2_truth(hf, c):

@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from atomic_files import same_bytes  # noqa: E402
 from checklist import check, finish, fresh_folder, tool_runner  # noqa: E402
-from safetensors_reader import read_safetensors  # noqa: E402
+from safetensors_reader import read_model_folder as tensors_of  # noqa: E402
 
 BIN, DATA, WORK = sys.argv[1:4]
 MPIEXEC = sys.argv[4] if len(sys.argv) > 4 else None
@@ -29,14 +29,6 @@ DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 def sha256(path):
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
-
-
-def tensors_of(d):
-    out = {}
-    for f in sorted(os.listdir(d)):
-        if f.endswith(".safetensors"):
-            out.update(read_safetensors(os.path.join(d, f)))
-    return out
 
 
 def main():
