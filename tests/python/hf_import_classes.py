@@ -18,6 +18,8 @@ Checked:
 - HF -> ucp-convert -> ucp-reshard --format hf: the same safetensors tensors byte for byte;
 - HF -> ucp -> a DeepSpeed layout with a fresh optimizer (--optimizer-config; GPT-2 TP 2 DP 2 ZeRO-1,
   Mixtral DP 2 with EP 1 and EP 2) -> ucp-convert -> --format hf: the same tensors byte for byte;
+- GPT-2 as older transformers saved it (GPT2Model's names without "transformer.", the causal-mask
+  buffers attn.bias / attn.masked_bias) imports to the same parameters;
 - config.json settings Megatron's model cannot compute are refused by name.
 """
 import json
@@ -114,6 +116,19 @@ def make_gpt2(d, dtype, shards, seed):
     return c, t
 
 
+def old_style_gpt2(src, d):
+    """The folder `src` as older transformers saved GPT-2 (the hub's gpt2): GPT2Model's names, without
+    "transformer.", and each block's causal-mask buffers attn.bias and attn.masked_bias."""
+    fresh_folder(d)
+    shutil.copy(os.path.join(src, "config.json"), d)
+    t = {k[len("transformer."):]: v for k, v in tensors_of(src).items()}
+    n = json.load(open(os.path.join(src, "config.json")))["n_positions"]
+    for i in range(json.load(open(os.path.join(src, "config.json")))["n_layer"]):
+        t[f"h.{i}.attn.bias"] = torch.tril(torch.ones(n, n)).view(1, 1, n, n)
+        t[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    write_safetensors(os.path.join(d, "model.safetensors"), t)
+
+
 def atomic_of(out):
     m = json.load(open(os.path.join(out, "ucp_manifest.json")))
     return m, {p["name"]: torch.load(os.path.join(out, p["files"]["fp32"]))["param"] for p in m["params"]}
@@ -205,17 +220,22 @@ def main():
     fresh_folder(WORK)
     json.dump(OPTIMIZER, open(os.path.join(WORK, "optimizer.json"), "w"))
     gpt2_src = os.path.join(DATA, "gpt2_tiny")
-    c, hf = json.load(open(os.path.join(gpt2_src, "config.json"))), tensors_of(gpt2_src)
-    atomic = check_import("gpt2_tiny", gpt2_src, gpt2_truth(hf, c), 2, True)
+    tiny_c, tiny = json.load(open(os.path.join(gpt2_src, "config.json"))), tensors_of(gpt2_src)
+    atomic = check_import("gpt2_tiny", gpt2_src, gpt2_truth(tiny, tiny_c), 2, True)
     if atomic:
-        round_trip("gpt2_tiny", atomic, hf, "fp32")
-        through_deepspeed("gpt2_tiny", atomic, hf, "fp32", ["--tp", "2", "--dp", "2", "--pp", "1", "--zero-stage", "1"])
+        round_trip("gpt2_tiny", atomic, tiny, "fp32")
+        through_deepspeed("gpt2_tiny", atomic, tiny, "fp32", ["--tp", "2", "--dp", "2", "--pp", "1", "--zero-stage", "1"])
     for seed, (dtype, shards) in enumerate((("fp32", 1), ("bf16", 3))):
         src = os.path.join(WORK, "models", f"gpt2_{dtype}")
         c, t = make_gpt2(src, dtype, shards, seed)
         atomic = check_import(f"gpt2 generated {dtype} x{shards}", src, gpt2_truth(t, c), 1 + seed, True)
         if atomic:
             round_trip(f"gpt2 generated {dtype} x{shards}", atomic, t, dtype)
+    old = os.path.join(WORK, "models", "gpt2_old_style")
+    old_style_gpt2(gpt2_src, old)
+    atomic = check_import("gpt2 old-style names and mask buffers", old, gpt2_truth(tiny, tiny_c), 2, True)
+    if atomic:
+        round_trip("gpt2 old-style names and mask buffers", atomic, tiny, "fp32")
     mixtral_src = os.path.join(DATA, "mixtral_tiny")
     c, hf = json.load(open(os.path.join(mixtral_src, "config.json"))), tensors_of(mixtral_src)
     atomic = check_import("mixtral_tiny", mixtral_src, mixtral_truth(hf, c), 2, False)

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <regex>
 
 #include "core/error.h"
 #include "formats/driver.h"
@@ -22,6 +23,7 @@ struct ImportSource {
   HfConfig config;
   StModel model;
   ImportModel M;
+  std::map<std::string, std::string> stored;  // a table tensor's name -> the name the files hold it under
 };
 
 bool LooksLikeModel(const std::string& dir) {
@@ -30,15 +32,33 @@ bool LooksLikeModel(const std::string& dir) {
          (fs::is_regular_file(dir + "/model.safetensors", ec) || fs::is_regular_file(dir + "/model.safetensors.index.json", ec));
 }
 
+// A file tensor's name in the table; "" for one that is no parameter. GPT-2 as older transformers
+// saved it (the hub's gpt2): GPT2Model's names without "transformer.", and the attention's causal
+// mask buffers attn.bias and attn.masked_bias, which the model computes rather than loads.
+std::string TableName(const HfConfig& c, const std::string& name) {
+  if (!c.Gpt2()) return name;
+  static const std::regex buffer(R"(^(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)$)"), base(R"(^(wte|wpe|h\.\d+|ln_f)\..+$)");
+  if (std::regex_match(name, buffer)) return "";
+  return std::regex_match(name, base) ? "transformer." + name : name;
+}
+
 // Every tensor of the files has its place in the table, with the table's shape; a tied model's
 // lm_head.weight, if saved, must equal the embedding (it is not imported).
-void CheckTensors(const ImportSource& s, std::vector<std::string>& notes) {
+void CheckTensors(ImportSource& s, std::vector<std::string>& notes) {
   std::map<std::string, const reshard::ExportTensor*> wanted;
   for (const auto& t : s.M.tensors) wanted[t.name] = &t;
+  int buffers = 0;
   for (const auto& [name, at] : s.model.where) {
     const StTensor& st = s.model.Tensor(name);
     const std::string where = s.model.dir + "/" + s.model.files[at.first].name + ": tensor '" + name + "'";
-    auto it = wanted.find(name);
+    const std::string table = TableName(s.config, name);
+    if (table.empty()) {
+      if (!buffers++) notes.push_back(where + " (and the like): GPT-2's causal-mask buffers, not parameters: not imported");
+      continue;
+    }
+    if (table != name && s.model.where.count(table)) throw Error(where + ": the model holds it twice, also as '" + table + "'");
+    if (table != name) s.stored[table] = name;
+    auto it = wanted.find(table);
     if (it == wanted.end()) {
       const std::string embed = s.config.EmbeddingName();
       if (name == "lm_head.weight" && s.config.Tied() && s.model.where.count(embed)) {
@@ -123,7 +143,10 @@ source::SourceIndex IndexModel(const std::string& dir, const source::IndexOption
 
 void ReadParam(const source::SourceIndex& L, int param, float* dst) {
   const auto& s = *std::static_pointer_cast<const ImportSource>(L.keep_alive);
-  FillAtom(s.M, static_cast<size_t>(param), [&](const reshard::ExportTensor& t, float* buf) { s.model.ReadFp32(t.name, buf); }, dst);
+  FillAtom(s.M, static_cast<size_t>(param), [&](const reshard::ExportTensor& t, float* buf) {
+    const auto stored = s.stored.find(t.name);
+    s.model.ReadFp32(stored == s.stored.end() ? t.name : stored->second, buf);
+  }, dst);
 }
 
 }  // namespace
