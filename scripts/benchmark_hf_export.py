@@ -42,15 +42,8 @@ def tensors_equal(a_dir, b_dir):
 
 def same_tensors(a_dir, b_dir):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "python"))
-    from safetensors_reader import read_safetensors  # noqa: E402
-
-    def read(d):
-        out = {}
-        for f in sorted(os.listdir(d)):
-            if f.endswith(".safetensors"):
-                out.update(read_safetensors(os.path.join(d, f)))
-        return out
-    a, b = read(a_dir), read(b_dir)
+    from safetensors_reader import read_model_folder  # noqa: E402
+    a, b = read_model_folder(a_dir), read_model_folder(b_dir)
     import torch
     return sorted(a) == sorted(b) and all(torch.equal(a[k].view(torch.int32), b[k].view(torch.int32)) for k in a)
 

@@ -9,7 +9,7 @@
   BIN_DIR    where ucp-convert and ucp-reshard are (build/apps/...: one folder holding both, or give the
              build's bin folder).
 
-For each tests/data/real-hf/llama_*: ucp-convert it (2 ranks) to a weights-only atomic checkpoint, ucp-reshard
+For each tests/data/real-hf/llama_*, gpt2_tiny and mixtral_tiny: ucp-convert it (2 ranks) to a weights-only atomic checkpoint, ucp-reshard
 that --format hf --dtype <the model's>, then in the chroot AutoModelForCausalLM.from_pretrained of the export
 (tests/hf/transformers_check.py --pair, tolerance 0): its logits against transformers' own of the source model.
 Writes tests/data/real-hf/checks.json: per model, the sha256 of the source's files and of the export's files
@@ -85,6 +85,12 @@ def export(bin_dir, src, scratch, name):
     return out
 
 
+def imported_models():
+    """The models transformers made that the import reads: llama_* (tests/hf/make_llama_models.py), gpt2_tiny and
+    mixtral_tiny (scripts/hf_classes_oracle.py make)."""
+    return sorted(n for n in os.listdir(DATA) if n.startswith("llama_") or n in ("gpt2_tiny", "mixtral_tiny"))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("bin_dir")
@@ -99,7 +105,7 @@ def main():
     tools = os.path.join(scratch, "tools")
     os.makedirs(tools, exist_ok=True)
     shutil.copy(os.path.join(ROOT, "tests", "hf", "transformers_check.py"), tools)
-    names = sorted(n for n in os.listdir(DATA) if n.startswith("llama_"))
+    names = imported_models()
     pairs, record = [], {}
     for name in names:
         src = os.path.join(DATA, name)

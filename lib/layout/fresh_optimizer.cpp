@@ -130,8 +130,15 @@ void FreshOptimizer(Source& S, const json& block, const std::string& release, co
     for (const Atom& atom : S.atoms) matrices[static_cast<size_t>(atom.group)] = matrices[static_cast<size_t>(atom.group)] || atom.shape.size() >= 2;
     auto list = Value::Make(Value::Kind::List);
     const bool torch2_keys = !release.empty() && !ReleaseBefore(release, 0, 19, 0);
-    for (int g = 0; g < groups; ++g)
+    for (int g = 0; g < groups; ++g) {
       list->items.push_back(GroupOf(a, matrices[static_cast<size_t>(g)] ? a.weight_decay : 0.0, torch2_keys, g));
+      // DeepSpeed's expert groups (split_params_into_different_moe_groups_for_optimizer): 'moe' and the
+      // expert-parallel group's name, which the writer sets to the target's 'ep_size_<ep>'.
+      if (S.moe && static_cast<size_t>(g) < S.expert_group.size() && S.expert_group[static_cast<size_t>(g)]) {
+        SetItem(*list->items.back(), "name", Value::Str("ep_size_" + std::to_string(S.ep)));
+        SetItem(*list->items.back(), "moe", Value::Bool(true));
+      }
+    }
     SetItem(*root, "param_groups", list);
   }
   S.optimizer = pt::TorchFile{nullptr, "", root};

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 def check(export, reference, tolerance):
     with open(reference) as f:
         ref = json.load(f)
-    ids = torch.tensor(ref["ids"])
+    ids = torch.tensor(ref["ids"] if "ids" in ref else ref["batch"])  # (scripts/hf_classes_oracle.py's models say "batch")
     want = torch.tensor(ref["logits"], dtype=torch.float32)
     model, info = AutoModelForCausalLM.from_pretrained(export, output_loading_info=True)
     model.eval()

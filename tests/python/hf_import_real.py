@@ -1,5 +1,5 @@
 """ucp-convert of Hugging Face models transformers itself made (tests/data/real-hf/llama_*: save_pretrained of
-a small LlamaConfig, fp32, bf16 with tied embeddings, fp32 in shards), checked against what transformers
+a small LlamaConfig, fp32, bf16 with tied embeddings, fp32 in shards; gpt2_tiny, mixtral_tiny), checked against what transformers
 showed when scripts/hf_import_real.py ran it (tests/data/real-hf/checks.json; CI cannot run transformers).
 
 Usage: hf_import_real.py BIN_DIR DATA WORK [MPIEXEC]
@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from atomic_files import same_bytes  # noqa: E402
 from checklist import check, finish, fresh_folder, tool_runner  # noqa: E402
-from safetensors_reader import read_safetensors  # noqa: E402
+from safetensors_reader import read_model_folder as tensors_of  # noqa: E402
 
 BIN, DATA, WORK = sys.argv[1:4]
 MPIEXEC = sys.argv[4] if len(sys.argv) > 4 else None
@@ -31,19 +31,12 @@ def sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def tensors_of(d):
-    out = {}
-    for f in sorted(os.listdir(d)):
-        if f.endswith(".safetensors"):
-            out.update(read_safetensors(os.path.join(d, f)))
-    return out
-
-
 def main():
     fresh_folder(WORK)
     with open(os.path.join(DATA, "checks.json")) as f:
         checks = json.load(f)
-    check("models recorded", sorted(checks) == sorted(n for n in os.listdir(DATA) if n.startswith("llama_")), str(sorted(checks)))
+    made = sorted(n for n in os.listdir(DATA) if n.startswith("llama_") or n in ("gpt2_tiny", "mixtral_tiny"))
+    check("models recorded", sorted(checks) == made, str(sorted(checks)))
     for name, rec in sorted(checks.items()):
         src = os.path.join(DATA, name)
         got = {f: sha256(os.path.join(src, f)) for f in rec["source_files"]}

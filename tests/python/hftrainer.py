@@ -34,7 +34,7 @@ import ds_stubs  # noqa: E402,F401
 from atomic_files import atomic_tensor, same_bytes  # noqa: E402
 from checklist import check, finish, fresh_folder, tool_runner  # noqa: E402
 from compare_shards import compare_roots  # noqa: E402
-from safetensors_reader import read_safetensors  # noqa: E402
+from safetensors_reader import read_model_folder as tensors  # noqa: E402
 
 BIN, CASE_DIR, WORK, RECORD, MPIEXEC = sys.argv[1:6]
 run = tool_runner(BIN, MPIEXEC)
@@ -161,14 +161,6 @@ if record:
           r.stderr[-1500:])
 
 # --- the Hugging Face export: zero_to_fp32.py's tensors, and Trainer's own model.safetensors -------------
-def tensors(d):
-    out = {}
-    for f in sorted(os.listdir(d)):
-        if f.endswith(".safetensors"):
-            out.update(read_safetensors(os.path.join(d, f)))
-    return out
-
-
 z2f = os.path.join(CASE_DIR, "zero_to_fp32")
 if os.path.isdir(z2f):
     out = os.path.join(WORK, "hf_fp32")

@@ -1,6 +1,7 @@
 """A safetensors reader written here for the tests (the format's rules, every field checked), so that an
 export is read by something other than the code that wrote it."""
 import json
+import os
 import struct
 
 import torch
@@ -35,4 +36,13 @@ def read_safetensors(path):
         assert a == at, f"{path}: a gap or overlap at byte {a}"
         at = b
     assert at == len(body), f"{path}: {len(body) - at} bytes after the last tensor"
+    return out
+
+
+def read_model_folder(d):
+    """{name: tensor} of every *.safetensors file in folder `d` (a model, one file or its shards)."""
+    out = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            out.update(read_safetensors(os.path.join(d, f)))
     return out

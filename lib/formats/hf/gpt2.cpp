@@ -251,7 +251,8 @@ std::vector<ExportTensor> Gpt2Placement::InModelOrder() {
 }  // namespace
 
 std::vector<ExportTensor> Gpt2Tensors(const reshard::Source& S, const Gpt2Facts& m) {
-  Gpt2Placement placement(S.reader->dir(), m);
+  // The import (import_model.h) builds the table from names and shapes alone: no store, its folder in the manifest.
+  Gpt2Placement placement(S.reader ? S.reader->dir() : S.manifest.value("dir", std::string()), m);
   for (size_t i = 0; i < S.atoms.size(); ++i) placement.Place(S.atoms[i], static_cast<int>(i));
   return placement.InModelOrder();
 }

@@ -115,9 +115,53 @@ LlamaFacts LlamaOf(const Keys& k) {
   return m;
 }
 
+// MixtralForCausalLM: Llama's facts and the sparse MoE blocks, whose router DeepSpeed's top-2 gate
+// computes only with two experts per token and no jitter; no sliding window in Megatron's attention.
+void MixtralOf(const Keys& k, LlamaFacts& m) {
+  m.experts = k.Int("num_local_experts");
+  m.experts_per_token = k.Int("num_experts_per_tok", 2);
+  if (m.experts_per_token != 2)
+    throw Error(k.path() + ": num_experts_per_tok " + std::to_string(m.experts_per_token) +
+                ": DeepSpeed's MoE gate computes Mixtral's router for top-2 only");
+  if (m.experts < 2) throw Error(k.path() + ": num_local_experts " + std::to_string(m.experts) + ": top-2 routing needs two experts or more");
+  if (const double jitter = k.Number("router_jitter_noise", 0.0); jitter != 0.0)
+    throw Error(k.path() + ": router_jitter_noise " + json(jitter).dump() + ": DeepSpeed's gate adds no jitter; ucp imports 0 only");
+  if (const json* w = k.Get("sliding_window"))
+    throw Error(k.path() + ": sliding_window " + w->dump() + ": Megatron-DeepSpeed's attention has no sliding window; ucp imports null only");
+}
+
+// GPT2LMHeadModel: Megatron's GPT with LayerNorm, learned positions, a GeLU MLP and tied embeddings.
+Gpt2Facts Gpt2Of(const Keys& k) {
+  Gpt2Facts m;
+  m.hidden = k.Int("n_embd");
+  m.layers = k.Int("n_layer");
+  m.heads = k.Int("n_head");
+  m.ffn = k.Int("n_inner", 4 * m.hidden);  // None: 4 x n_embd
+  m.positions = k.Int("n_positions");
+  m.vocab = k.Int("vocab_size");
+  m.norm_eps = k.Number("layer_norm_epsilon", 1e-5);
+  m.activation = k.Str("activation_function", "gelu_new");
+  if (m.activation != "gelu" && m.activation != "gelu_new")
+    throw Error(k.path() + ": activation_function '" + m.activation + "': Megatron computes F.gelu (\"gelu\") or its tanh "
+                "approximation (openai_gelu, \"gelu_new\") only");
+  if (!k.Flag("tie_word_embeddings", true))
+    throw Error(k.path() + ": tie_word_embeddings false: GPT2LMHeadModel as Megatron's GPT-2 ties the output layer to the word embedding");
+  if (!k.Flag("scale_attn_weights", true))
+    throw Error(k.path() + ": scale_attn_weights false: Megatron's attention always scales by 1/sqrt(head_dim)");
+  for (const char* key : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"})
+    if (k.Flag(key, false)) throw Error(k.path() + ": " + key + " true: Megatron's attention does not compute it");
+  if (k.Flag("add_cross_attention", false)) throw Error(k.path() + ": add_cross_attention true: a decoder-only GPT has none");
+  if (m.hidden <= 0 || m.layers <= 0 || m.heads <= 0 || m.hidden % m.heads != 0 || m.ffn <= 0 || m.positions <= 0 || m.vocab <= 0)
+    throw Error(k.path() + ": the sizes describe no GPT-2 model: n_embd " + std::to_string(m.hidden) + ", n_layer " +
+                std::to_string(m.layers) + ", n_head " + std::to_string(m.heads) + ", n_inner " + std::to_string(m.ffn) +
+                ", n_positions " + std::to_string(m.positions) + ", vocab_size " + std::to_string(m.vocab));
+  return m;
+}
+
 // The class: architectures[0], else model_type's class. One table for every class ucp imports.
 std::string ArchitectureOf(const Keys& k) {
-  static const std::pair<const char*, const char*> kByModelType[] = {{"llama", "LlamaForCausalLM"}};
+  static const std::pair<const char*, const char*> kByModelType[] = {
+      {"llama", "LlamaForCausalLM"}, {"mixtral", "MixtralForCausalLM"}, {"gpt2", "GPT2LMHeadModel"}};
   if (const json* a = k.Get("architectures")) {
     if (!a->is_array() || a->size() != 1 || !(*a)[0].is_string()) throw k.Bad("architectures", *a, "a list of one class name");
     return (*a)[0].get<std::string>();
@@ -139,9 +183,14 @@ HfConfig ReadHfConfig(const std::string& dir) {
   if (j.is_discarded() || !j.is_object()) throw Error(c.path + ": no JSON object");
   const Keys k(j, c.path, c.notes);
   c.architecture = ArchitectureOf(k);
-  if (c.architecture != "LlamaForCausalLM")
-    throw Error(c.path + ": architectures ['" + c.architecture + "']: ucp imports LlamaForCausalLM");
-  c.llama = LlamaOf(k);
+  if (c.architecture == "GPT2LMHeadModel") {
+    c.gpt2 = Gpt2Of(k);
+  } else if (c.architecture == "LlamaForCausalLM" || c.architecture == "MixtralForCausalLM") {
+    c.llama = LlamaOf(k);
+    if (c.architecture == "MixtralForCausalLM") MixtralOf(k, c.llama);
+  } else {
+    throw Error(c.path + ": architectures ['" + c.architecture + "']: ucp imports LlamaForCausalLM, MixtralForCausalLM and GPT2LMHeadModel");
+  }
   const std::string torch_dtype = k.Str("dtype", k.Str("torch_dtype"));
   c.dtype = UcpDtypeName(torch_dtype);
   if (!torch_dtype.empty() && c.dtype.empty())

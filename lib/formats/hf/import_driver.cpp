@@ -5,12 +5,14 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <regex>
 
 #include "core/error.h"
 #include "formats/driver.h"
 #include "formats/hf/import_model.h"
 #include "formats/hf/import_states.h"
 #include "formats/hf/safetensors_read.h"
+#include "layout/naming.h"
 
 namespace ucp::formats {
 namespace hf {
@@ -21,6 +23,7 @@ struct ImportSource {
   HfConfig config;
   StModel model;
   ImportModel M;
+  std::map<std::string, std::string> stored;  // a table tensor's name -> the name the files hold it under
 };
 
 bool LooksLikeModel(const std::string& dir) {
@@ -29,27 +32,46 @@ bool LooksLikeModel(const std::string& dir) {
          (fs::is_regular_file(dir + "/model.safetensors", ec) || fs::is_regular_file(dir + "/model.safetensors.index.json", ec));
 }
 
+// A file tensor's name in the table; "" for one that is no parameter. GPT-2 as older transformers
+// saved it (the hub's gpt2): GPT2Model's names without "transformer.", and the attention's causal
+// mask buffers attn.bias and attn.masked_bias, which the model computes rather than loads.
+std::string TableName(const HfConfig& c, const std::string& name) {
+  if (!c.Gpt2()) return name;
+  static const std::regex buffer(R"(^(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)$)"), base(R"(^(wte|wpe|h\.\d+|ln_f)\..+$)");
+  if (std::regex_match(name, buffer)) return "";
+  return std::regex_match(name, base) ? "transformer." + name : name;
+}
+
 // Every tensor of the files has its place in the table, with the table's shape; a tied model's
 // lm_head.weight, if saved, must equal the embedding (it is not imported).
-void CheckTensors(const ImportSource& s, std::vector<std::string>& notes) {
+void CheckTensors(ImportSource& s, std::vector<std::string>& notes) {
   std::map<std::string, const reshard::ExportTensor*> wanted;
   for (const auto& t : s.M.tensors) wanted[t.name] = &t;
+  int buffers = 0;
   for (const auto& [name, at] : s.model.where) {
     const StTensor& st = s.model.Tensor(name);
     const std::string where = s.model.dir + "/" + s.model.files[at.first].name + ": tensor '" + name + "'";
-    auto it = wanted.find(name);
+    const std::string table = TableName(s.config, name);
+    if (table.empty()) {
+      if (!buffers++) notes.push_back(where + " (and the like): GPT-2's causal-mask buffers, not parameters: not imported");
+      continue;
+    }
+    if (table != name && s.model.where.count(table)) throw Error(where + ": the model holds it twice, also as '" + table + "'");
+    if (table != name) s.stored[table] = name;
+    auto it = wanted.find(table);
     if (it == wanted.end()) {
-      if (name == "lm_head.weight" && s.config.llama.tied && s.model.where.count("model.embed_tokens.weight")) {
-        const StTensor& e = s.model.Tensor("model.embed_tokens.weight");
-        const auto& fe = s.model.files[s.model.where.at("model.embed_tokens.weight").first];
+      const std::string embed = s.config.EmbeddingName();
+      if (name == "lm_head.weight" && s.config.Tied() && s.model.where.count(embed)) {
+        const StTensor& e = s.model.Tensor(embed);
+        const auto& fe = s.model.files[s.model.where.at(embed).first];
         const auto& fl = s.model.files[at.first];
         if (e.end - e.begin == st.end - st.begin && e.dtype == st.dtype &&
             std::memcmp(fe.map->bytes().data() + fe.header.data_start + e.begin, fl.map->bytes().data() + fl.header.data_start + st.begin,
                         st.end - st.begin) == 0) {
-          notes.push_back(where + ": the tied output layer, equal to model.embed_tokens.weight: not imported (tie_word_embeddings)");
+          notes.push_back(where + ": the tied output layer, equal to " + embed + ": not imported (tie_word_embeddings)");
           continue;
         }
-        throw Error(where + ": tie_word_embeddings is true, but it differs from model.embed_tokens.weight");
+        throw Error(where + ": tie_word_embeddings is true, but it differs from " + embed);
       }
       throw Error(where + ": no place for it in " + s.config.architecture + " of config.json's sizes");
     }
@@ -79,6 +101,7 @@ std::string DtypeOf(const ImportSource& s, std::vector<std::string>& notes) {
 void FillIndex(const ImportSource& s, const std::string& dir, source::SourceIndex& L) {
   L.format = "hf", L.root = dir, L.dir = dir, L.framework = "hf", L.optimizer = "none", L.naming = "plain";
   L.job.kind = "hf";
+  L.moe = s.config.llama.experts > 0, L.ep = 1;
   for (const char* name : {"config.json", "generation_config.json"})
     if (std::error_code ec; fs::is_regular_file(dir + "/" + name, ec)) L.job.carried.push_back(name);
   for (const auto& f : s.model.files) {
@@ -89,6 +112,7 @@ void FillIndex(const ImportSource& s, const std::string& dir, source::SourceInde
   for (const auto& a : s.M.atoms) {
     source::ParamRecord p;
     p.name = a.name, p.group = a.group, p.tp_shape[0] = a.shape, p.stages = {0};
+    if (auto e = reshard::ExpertOf(a.name)) p.expert = static_cast<int>(e->id), p.ep_rank = 0;  // Mixtral's experts, all on the one EP rank
     L.params.push_back(p);
   }
   L.model_states = ImportModelStates(s.config, s.M, L.dtype);
@@ -119,7 +143,10 @@ source::SourceIndex IndexModel(const std::string& dir, const source::IndexOption
 
 void ReadParam(const source::SourceIndex& L, int param, float* dst) {
   const auto& s = *std::static_pointer_cast<const ImportSource>(L.keep_alive);
-  FillAtom(s.M, static_cast<size_t>(param), [&](const reshard::ExportTensor& t, float* buf) { s.model.ReadFp32(t.name, buf); }, dst);
+  FillAtom(s.M, static_cast<size_t>(param), [&](const reshard::ExportTensor& t, float* buf) {
+    const auto stored = s.stored.find(t.name);
+    s.model.ReadFp32(stored == s.stored.end() ? t.name : stored->second, buf);
+  }, dst);
 }
 
 }  // namespace
@@ -128,7 +155,7 @@ void ReadParam(const source::SourceIndex& L, int param, float* dst) {
 const SourceDriver& HuggingFaceSource() {
   static constexpr SourceDriver driver = {"hf",
      "a Hugging Face model folder (save_pretrained: config.json and safetensors, one file or shards with their "
-     "index): LlamaForCausalLM, F32, BF16 or F16 weights, imported as Megatron-DeepSpeed's parameters, weights only",
+     "index): LlamaForCausalLM, GPT2LMHeadModel, MixtralForCausalLM, F32, BF16 or F16 weights, imported as Megatron-DeepSpeed's parameters, weights only",
      "config.json, model.safetensors or model.safetensors.index.json and its shards", hf::LooksLikeModel, hf::IndexModel,
      hf::ReadParam};
   return driver;

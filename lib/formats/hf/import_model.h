@@ -2,9 +2,10 @@
 // (the "plain" naming, as a real Megatron-DeepSpeed Llama save names them), shapes, optimizer groups
 // and sub-parameter sizes, and for each parameter the Hugging Face tensors its rows come from. The
 // rows are found by inverting the export's own table (names.h: the tensors `--format hf` cuts from
-// these parameters), so one table serves both directions; the inversion reads only the export's
-// tensor description (atom, rows, blocks), whatever class made it, and checks that every row of
-// every parameter is filled exactly once.
+// these parameters: LlamaTensors for Llama and Mixtral, Gpt2Tensors for GPT-2), so one table serves
+// both directions; the inversion reads only the export's tensor description (atom, rows, blocks,
+// parts, transposed: a Conv1D weight's columns are the parameter's rows), whatever class made it,
+// and checks that every row of every parameter is filled exactly once.
 #pragma once
 
 #include <cstdint>
