@@ -204,6 +204,13 @@ def sha256_of(folder):
     return out
 
 
+def files_differing(root, recorded):
+    """The files of the tag root/latest names whose sha256 is not `recorded`'s ({file: sha256}), and those
+    only one side has: what a CI test reports when ucp no longer writes the bytes a real reader read."""
+    got = sha256_of(os.path.join(root, open(os.path.join(root, "latest")).read().strip()))
+    return sorted(set(got) ^ set(recorded)) + [f for f in got if got[f] != recorded.get(f, got[f])], len(got)
+
+
 def inner(args):
     sys.path.insert(0, HARNESS)
     import common  # noqa: E402  (the harness's: env defaults, gloo patches)

@@ -17,7 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
-from harness_logits import sha256_of  # noqa: E402  (the record's own hash of a tag's files)
+from harness_logits import files_differing, sha256_of  # noqa: E402  (the record's own hash of a tag's files)
 from checklist import check, finish, tool_runner  # noqa: E402
 from weights_only import make_weights_only  # noqa: E402
 
@@ -54,9 +54,8 @@ def check_bytes():
         check(f"{name}: resharded", r.returncode == 0, r.stderr[-600:])
         if r.returncode != 0:
             continue
-        got = sha256_of(os.path.join(out, open(os.path.join(out, "latest")).read().strip()))
-        differ = sorted(set(got) ^ set(row["ckpt_sha256"])) + [f for f in got if got[f] != row["ckpt_sha256"].get(f, got[f])]
-        check(f"{name}: the bytes DeepSpeed read ({len(got)} files)", not differ, str(differ))
+        differ, n = files_differing(out, row["ckpt_sha256"])
+        check(f"{name}: the bytes DeepSpeed read ({n} files)", not differ, str(differ))
 
 
 check_record()
