@@ -67,6 +67,7 @@ std::unique_ptr<store::AtomReader> OpenSource(const ConvertOptions& o, std::vect
 // Step 2 (rank 0): the output folder, by the rules of a conversion from a source; locked first.
 std::unique_ptr<OutputFolder> ClaimAtomicFolder(const ConvertOptions& o, std::string* lock_note) {
   auto folder = std::make_unique<OutputFolder>(o.output, "ucp-convert", store::AtomicFolderMarkers(), lock_note);
+  RefuseForeignForce(o, *folder);
   folder->RequireEmpty(o.force, store::AtomicFolderContents());
   CreateSpreadFolder(o.output + "/zero");  // a folder per parameter
   return folder;

@@ -75,16 +75,7 @@ void PrepareOutput(const ConvertOptions& o, const source::SourceIndex& L, const 
     *resume = Resume::Yes;
     RemoveTemporaries(o.output);  // files the killed run was writing: never renamed, never complete
   } else {
-    // --force replaces only what ucp wrote: a universal checkpoint without ucp's manifest or
-    // journal (DeepSpeed's ds_to_universal.py output) is never cleared.
-    if (o.force && !(*folder)->Empty() && !journal && store::IsDeepSpeedUniversal(o.output))
-      throw Error(o.output + ": holds a universal checkpoint ucp did not write (zero/ without " +
-                  std::string(store::kManifestName) + ", as DeepSpeed's ds_to_universal.py writes it): --force "
-                  "replaces only what ucp wrote; choose another -o");
-    if (o.force && !(*folder)->Empty() && !fs::exists(o.output + "/" + store::kJournalDir) &&
-        !store::IsAtomicCheckpoint(o.output) && !HoldsOnlyLeftovers(o.output))
-      throw Error(o.output + ": not written by ucp (no " + std::string(store::kManifestName) + " or journal, and files "
-                  "of its own): --force replaces only what ucp wrote; remove it yourself or choose another -o");
+    RefuseForeignForce(o, **folder);
     (*folder)->RequireEmpty(o.force, store::AtomicFolderContents(),
                             "use --resume to finish an interrupted conversion or --force to overwrite it");
   }
@@ -160,6 +151,20 @@ std::optional<int> ClaimOutput(const ConvertOptions& o, Planned& x, shuffle::Com
   claim.done.assign(x.plan.params.size() * plan::kStates, 0);
   if (static_cast<Resume>(flag) == Resume::Yes && !SkipVerified(o, x, comm, err, fingerprint, claim)) return 1;
   return std::nullopt;
+}
+
+void RefuseForeignForce(const ConvertOptions& o, const OutputFolder& folder) {
+  if (!o.force || folder.Empty()) return;
+  // --force replaces only what ucp wrote: a universal checkpoint without ucp's manifest or
+  // journal (DeepSpeed's ds_to_universal.py output) is never cleared.
+  const bool run_json = fs::exists(o.output + "/" + store::kJournalDir + "/run.json");
+  if (!run_json && store::IsDeepSpeedUniversal(o.output))
+    throw Error(o.output + ": holds a universal checkpoint ucp did not write (zero/ without " +
+                std::string(store::kManifestName) + ", as DeepSpeed's ds_to_universal.py writes it): --force "
+                "replaces only what ucp wrote; choose another -o");
+  if (!fs::exists(o.output + "/" + store::kJournalDir) && !store::IsAtomicCheckpoint(o.output) && !HoldsOnlyLeftovers(o.output))
+    throw Error(o.output + ": not written by ucp (no " + std::string(store::kManifestName) + " or journal, and files "
+                "of its own): --force replaces only what ucp wrote; remove it yourself or choose another -o");
 }
 
 }  // namespace ucp::convert

@@ -79,6 +79,10 @@ void RequireWeightCopiesAgree(const ConvertOptions& o, const source::SourceIndex
 // The step a parameter's step.pt holds (its group's, as the source keeps it); nullptr: no step.pt.
 pt::ValuePtr StepOf(const source::SourceIndex& L, const plan::ParamPlan& P);
 
+// --force on a non-empty -o: refused unless ucp wrote what is there (its manifest or journal, or only
+// leftovers of a killed run); a universal checkpoint DeepSpeed wrote is never cleared. Rank 0, claiming.
+void RefuseForeignForce(const ConvertOptions& o, const OutputFolder& folder);
+
 // Rank 0 claims the output folder (locked, emptied by --force's rule, its zero/ folder made), then every
 // rank opens the store's writer of `specs` (collective): the start of a run that writes whole tensors
 // (from_atomic.cpp; a model's import, from_model.cpp). False when a rank failed (said on `err`).

@@ -296,6 +296,15 @@ def main():
     r = run("ucp-inspect", [sources["fp32 gqa untied"]])
     check("ucp-inspect describes the model folder", r.returncode == 0 and "hf" in r.stdout + r.stderr, r.stdout[-800:] + r.stderr[-800:])
     damaged_cases(sources["fp32 gqa untied"], sources["bf16 mha tied sharded"])
+    # --force replaces only what ucp wrote, from this source as from any
+    mine = os.path.join(WORK, "mine")
+    os.makedirs(os.path.join(mine, "zero"), exist_ok=True)
+    for f in ("notes.txt", os.path.join("zero", "keep.txt")):
+        open(os.path.join(mine, f), "w").write("the user's\n")
+    r = run("ucp-convert", [sources["fp32 gqa untied"], "-o", mine, "--force"])
+    check("--force on a folder ucp did not write: refused, the user's files kept", r.returncode != 0 and
+          "not written by ucp" in r.stderr and os.path.exists(os.path.join(mine, "zero", "keep.txt")) and
+          not os.path.exists(os.path.join(mine, "ucp_manifest.json")), r.stderr[-600:])
     finish("hf_import")
 
 
