@@ -259,6 +259,8 @@ def refusals():
     refused("--max-shard-size", [atomic, *dcp, "--max-shard-size", "1MB"], ["--max-shard-size", "--format hf"])
     refused("--mesh with hf", [atomic, "--format", "hf", "--mesh", "dp=2"], ["--mesh", "--format dcp"])
     refused("a DeepSpeed layout flag", [atomic, *dcp, "--tp", "2"], ["--tp", "--mesh"])
+    # the real Llama case has 4 query heads and 2 key-value heads: tp=4 would cut heads
+    refused("tp not dividing the heads", [atomic, *dcp, "--mesh", "tp=4"], ["--mesh tp=4", "does not divide", "2 key-value heads"])
     gpt = os.path.join(WORK, "gpt", "atomic")
     r = run("ucp-convert", [os.path.join(os.path.dirname(DS_CASE), "tp2_pp2_dp2_zero1_fp32", "ckpt"), "-o", gpt], ranks=2)
     check("a GPT-style case converts", r.returncode == 0, r.stderr[-1000:])

@@ -30,7 +30,8 @@ struct TitanTensor {
 };
 
 // The Hugging Face target's tensors under torchtitan's names, q and k rows in torchtitan's order.
-std::vector<TitanTensor> TitanTensors(const reshard::Source& S, const reshard::ExportOptions& o, std::vector<std::string>& notes) {
+std::vector<TitanTensor> TitanTensors(const reshard::Source& S, const reshard::ExportOptions& o, const Mesh& mesh,
+                                      std::vector<std::string>& notes) {
   const std::string dir = S.reader->dir();
   const hf::LlamaFacts m = [&] {
     try {
@@ -41,6 +42,10 @@ std::vector<TitanTensor> TitanTensors(const reshard::Source& S, const reshard::E
   }();
   if (m.tied)
     throw Error(dir + ": the output layer is the word embedding (tied): torchtitan's Llama has an output.weight of its own");
+  if (m.heads % mesh.tp != 0 || m.kv_heads % mesh.tp != 0)  // its attention splits by heads; torch would cut rows anywhere
+    throw Error("--mesh " + mesh.text() + ": tp=" + std::to_string(mesh.tp) + " does not divide the model's " +
+                std::to_string(m.heads) + " query heads and " + std::to_string(m.kv_heads) +
+                " key-value heads: torchtitan's tensor parallelism gives each rank whole heads");
   std::vector<TitanTensor> out;
   for (ExportTensor t : hf::LlamaTensors(S, m)) {
     const auto titan = hf::TorchtitanName(t.name);
@@ -248,7 +253,7 @@ reshard::ExportPlan PlanDcp(const reshard::Source& S, const reshard::ExportOptio
   reshard::ExportPlan P;
   P.dtype = "fp32";
   P.model = "torchtitan Llama on " + mesh.text();
-  const std::vector<TitanTensor> tensors = TitanTensors(S, o, P.notes);
+  const std::vector<TitanTensor> tensors = TitanTensors(S, o, mesh, P.notes);
   const bool optimizer = !S.manifest["source"].value("weights_only", false);
   if (!optimizer) P.notes.push_back("the atomic checkpoint holds weights only: the model's keys alone are written");
   std::vector<Item> items = StateDictItems(S, mesh, tensors, optimizer);
