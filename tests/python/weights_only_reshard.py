@@ -234,6 +234,12 @@ def check_no_optimizer(name, flags, wo, weights, fresh):
                                                             torch.count_nonzero(module[n][want.shape[0]:]) > 0):
                 bad.append(n)
         check(f"{name}: module weights = the atomic weights", not bad and len(module) == len(weights), bad[:3])
+    # ucp reads a DeepSpeed tag through its optimizer files: one reason, naming the way back
+    back = os.path.join(work, name, "no-optimizer-back")
+    r = run("ucp-convert", [out, "-o", back])
+    check(f"{name}: ucp-convert of the --no-optimizer tag refused by name", r.returncode != 0 and
+          "no optimizer states file" in r.stderr and "--no-optimizer" in r.stderr and
+          not os.path.exists(os.path.join(back, "ucp_manifest.json")), r.stderr[-800:])
 
 
 def main():

@@ -125,6 +125,16 @@ void CheckLayerFiles(SourceIndex& L) {
 void CheckFileGrid(SourceIndex& L, const FileNames& names, bool zero3_files, bool optimizer_files) {
   std::set<std::string> present;
   for (const auto& f : L.files) present.insert(f.name);
+  const bool any_optimizer = std::any_of(L.files.begin(), L.files.end(), [](const ShardFile& f) {
+    return KindOf(f) == FileKind::ZeroOptimizer || KindOf(f) == FileKind::ExpertOptimizer;
+  });
+  if (optimizer_files && !any_optimizer) {  // one reason, not a missing file per rank
+    L.errors.push_back("no optimizer states file (" + OptimStatesFileName(names.any_bf16_prefix ? "bf16_" : "", 0, 0) +
+                       ", ...): ucp reads a DeepSpeed checkpoint's weights from its optimizer files, the fp32 masters; "
+                       "this tag holds the model's files alone (ucp-reshard --no-optimizer writes such a tag, for "
+                       "--finetune): convert the atomic checkpoint it was made from instead");
+    return;
+  }
   std::string prefix = names.any_bf16_prefix ? "bf16_" : "";
   auto expect = [&](const std::string& name, const std::string& what) {
     if (!present.count(name)) L.problems.push_back("missing rank file " + name + " (" + what + ")");
