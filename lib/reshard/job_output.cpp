@@ -32,9 +32,6 @@ JobOutput PlanJobOutput(const Source& S, const TargetLayout& T, const std::strin
   JobOutput J;
   const source::JobFiles job = source::JobFiles::FromJson(S.manifest["source"].value("job", nlohmann::json()));
   if (job.empty()) return J;
-  // A Hugging Face model imported weights only: its config.json describes the model, not a training
-  // job, and a training layout is not its job's folder (--format hf writes it back with the model).
-  if (S.weights_only) return J;
   const std::string folder = std::string(source::kJobFolder) + "/";
   const int to_world = T.SeqDp() * T.tp * T.pp;
   if (!in_place)
@@ -64,14 +61,20 @@ JobOutput PlanJobOutput(const Source& S, const TargetLayout& T, const std::strin
     std::vector<std::string> rest;
     for (const auto& n : job.carried)
       if (!source::IsRngFile(n)) rest.push_back(n);
-    J.notes.push_back("Trainer's files written beside " + S.manifest["source"].value("tag", std::string()) +
-                      " as they were: " + JoinNames(rest));
+    // (a Hugging Face model's config.json goes with its weights: ucp-convert of this root carries it on,
+    // and --format hf writes it back)
+    const std::string whose = job.kind == "hf-trainer" ? "Trainer's files" : "the model's files";
+    const std::string tag = S.manifest["source"].value("tag", std::string());
+    J.notes.push_back(whose + " written beside " + (tag.empty() ? std::string("the new tag") : tag) + " as they were: " +
+                      JoinNames(rest));
   }
   if (!in_place && !job.weights.empty())
     J.notes.push_back(JoinNames(job.weights) + " not written: a copy of the weights the tag holds (ucp-reshard ATOMIC "
                       "--format hf writes them)");
-  // What the job itself must change to read these files: its ds_config's stage, its precision.
+  // What the job itself must change to read these files: its ds_config's stage, its precision (a
+  // model imported has no job yet to change).
   const auto& src = S.manifest["source"];
+  if (S.weights_only) return J;
   if (T.zero_stage != src.value("zero_stage", T.zero_stage))
     J.notes.push_back("the files are ZeRO-" + std::to_string(T.zero_stage) + "'s: the job's ds_config must say "
                       "\"zero_optimization\": {\"stage\": " + std::to_string(T.zero_stage) + "} (it said " +

@@ -41,6 +41,9 @@ def round_trip(label, layout_dir, src):
         want[k].dtype != got[k].dtype or want[k].shape != got[k].shape or
         want[k].contiguous().view(-1).view(torch.uint8).tolist() != got[k].contiguous().view(-1).view(torch.uint8).tolist())]
     check(f"{label}: HF -> ucp -> layout -> ucp -> HF gives the model's {len(want)} tensors byte for byte", not differ, str(differ))
+    same = [f for f in ("config.json", "generation_config.json") if os.path.exists(os.path.join(src, f)) and
+            open(os.path.join(src, f), "rb").read() == open(os.path.join(hf, f), "rb").read()]
+    check(f"{label}: and its own config.json and generation_config.json, byte for byte", len(same) == 2, str(same))
 
 bindir, models, work, record_path = sys.argv[1:5]
 run = tool_runner(bindir)

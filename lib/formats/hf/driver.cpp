@@ -31,9 +31,31 @@ std::string ShardName(int i, int n) {
   return name;
 }
 
-// The files of a translated model once its tensors are placed: cut by --max-shard-size, its
-// config.json, the index last (the commit point).
-void FinishTranslated(reshard::ExportPlan& P, const reshard::ExportOptions& o, std::string config) {
+// The files as save_pretrained writes them: one model.safetensors (no index) up to --max-shard-size,
+// its config.json the commit point (from_pretrained reads it first); else model-0000i-of-0000N.safetensors
+// and the index with total_parameters and total_size, the commit point.
+void FinishSavePretrained(reshard::ExportPlan& P, const reshard::ExportOptions& o, const hf::JobConfig& job, int64_t parameters) {
+  P.files = reshard::CutIntoFiles(P, o.max_file_bytes, [](int i, int n) { return n == 1 ? std::string("model.safetensors") : ShardName(i, n); });
+  SizeFiles(P);
+  if (!job.generation_config.empty()) P.side_files.emplace_back("generation_config.json", job.generation_config);
+  if (P.files.size() == 1) {
+    P.marker = "config.json", P.marker_text = job.config;
+  } else {
+    P.side_files.emplace_back("config.json", job.config);
+    P.marker = kIndexName, P.marker_text = hf::SafetensorsIndex(P, parameters);
+  }
+}
+
+// The files of a translated model once its tensors are placed: with the model's own config.json where
+// the atomic checkpoint carries it (hf::CarriedConfigFor), as save_pretrained writes them; else cut by
+// --max-shard-size into model-0000i-of-0000N.safetensors, config.json from the facts, the index last.
+void FinishTranslated(const reshard::Source& S, reshard::ExportPlan& P, const reshard::ExportOptions& o, std::string config) {
+  if (auto carried = hf::CarriedConfigFor(S, P.model, config, P.dtype, P.notes)) {
+    int64_t parameters = 0;
+    for (const auto& t : P.tensors) parameters += t.numel();
+    FinishSavePretrained(P, o, *carried, parameters);
+    return;
+  }
   P.files = reshard::CutIntoFiles(P, o.max_file_bytes, ShardName);
   SizeFiles(P);
   P.side_files.emplace_back("config.json", std::move(config));
@@ -53,7 +75,7 @@ reshard::ExportPlan PlanLlama(const reshard::Source& S, const reshard::ExportOpt
   const hf::LlamaFacts m = hf::LlamaFactsOf(S, o, P.notes);
   P.model = m.experts > 0 ? "MixtralForCausalLM" : "LlamaForCausalLM";
   P.tensors = hf::LlamaTensors(S, m);
-  FinishTranslated(P, o, hf::LlamaConfigJson(m, P.dtype));
+  FinishTranslated(S, P, o, hf::LlamaConfigJson(m, P.dtype));
   return P;
 }
 
@@ -64,7 +86,7 @@ reshard::ExportPlan PlanGpt2(const reshard::Source& S, const reshard::ExportOpti
   const hf::Gpt2Facts m = hf::Gpt2FactsOf(S, o, P.notes);
   P.model = "GPT2LMHeadModel";
   P.tensors = hf::Gpt2Tensors(S, m);
-  FinishTranslated(P, o, hf::Gpt2ConfigJson(m, P.dtype));
+  FinishTranslated(S, P, o, hf::Gpt2ConfigJson(m, P.dtype));
   return P;
 }
 
@@ -81,15 +103,7 @@ reshard::ExportPlan PlanOwnModel(const reshard::Source& S, const reshard::Export
   P.job_dtype = m.job_dtype;
   P.model = m.architecture;
   P.tensors = std::move(m.tensors);
-  P.files = reshard::CutIntoFiles(P, o.max_file_bytes, [](int i, int n) { return n == 1 ? std::string("model.safetensors") : ShardName(i, n); });
-  SizeFiles(P);
-  if (!m.generation_config.empty()) P.side_files.emplace_back("generation_config.json", m.generation_config);
-  if (P.files.size() == 1) {
-    P.marker = "config.json", P.marker_text = m.config;
-  } else {
-    P.side_files.emplace_back("config.json", m.config);
-    P.marker = kIndexName, P.marker_text = hf::SafetensorsIndex(P, m.parameters);
-  }
+  FinishSavePretrained(P, o, {m.config, m.generation_config, job.from, job.generation_from}, m.parameters);
   return P;
 }
 

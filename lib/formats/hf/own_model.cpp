@@ -222,6 +222,35 @@ std::optional<JobConfig> JobConfigOf(const reshard::Source& S, const reshard::Ex
   return carried ? carried : given;
 }
 
+std::optional<JobConfig> CarriedConfigFor(const reshard::Source& S, const std::string& architecture,
+                                          const std::string& from_facts, const std::string& dtype,
+                                          std::vector<std::string>& notes) {
+  std::optional<JobConfig> job = JobConfigOf(S, {});
+  if (!job) return std::nullopt;
+  const json carried = ConfigOf(*job), facts = json::parse(from_facts);
+  if (ArchitectureOf(carried) != architecture) {
+    notes.push_back(job->from + " is a " + ArchitectureOf(carried) + "'s config.json: config.json written from the facts");
+    return std::nullopt;
+  }
+  for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                          "intermediate_size", "vocab_size", "num_local_experts", "n_embd", "n_layer", "n_head",
+                          "n_inner", "n_positions", "tie_word_embeddings"})
+    if (carried.contains(key) && facts.contains(key) && carried[key] != facts[key]) {
+      notes.push_back(job->from + " says " + key + " " + carried[key].dump() + ", the checkpoint's model " +
+                      facts[key].dump() + ": config.json written from the facts");
+      return std::nullopt;
+    }
+  const std::string torch_name = TorchDtypeName(dtype);
+  if (ConfigDtype(carried) != torch_name) {
+    bool whole = false;
+    job->config = WithDtype(job->config, torch_name, whole);
+    notes.push_back("the carried config.json's dtype set to " + torch_name);
+  }
+  notes.push_back("config.json" + std::string(job->generation_config.empty() ? "" : " and generation_config.json") +
+                  " as the model carried them (" + job->from + ")");
+  return job;
+}
+
 OwnModel OwnModelOf(const reshard::Source& S, const reshard::ExportOptions& o, const JobConfig& job, std::vector<std::string>& notes) {
   const json config = ConfigOf(job);
   OwnModel m;

@@ -35,6 +35,16 @@ struct JobConfig {
 // Both given and different: refused, naming both.
 std::optional<JobConfig> JobConfigOf(const reshard::Source& S, const reshard::ExportOptions& options);
 
+// The config.json an atomic checkpoint carries (job/config.json: a Hugging Face model imported, or a
+// DeepSpeed layout made from one with its config.json beside `latest`), for a model ucp translates:
+// used when it names `architecture` and its sizes agree with `from_facts` (the config.json the facts
+// give), its bytes kept (token ids, dropout, transformers' own spelling), its dtype field(s) set to
+// `dtype` where they say another; with the generation_config.json carried beside it. nullopt
+// otherwise (the caller writes `from_facts`); a carried one of another model is said in `notes`.
+std::optional<JobConfig> CarriedConfigFor(const reshard::Source& S, const std::string& architecture,
+                                          const std::string& from_facts, const std::string& dtype,
+                                          std::vector<std::string>& notes);
+
 struct OwnModel {
   std::string architecture;  // architectures[0], else model_type: for messages
   std::string dtype;         // the export's: --dtype, else config.json's, else the job's as the manifest records it
