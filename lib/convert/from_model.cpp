@@ -16,6 +16,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/format.h"
+#include "core/process.h"
 #include "core/output_lock.h"
 #include "formats/registry.h"
 #include "plan/convert_plan.h"
@@ -160,9 +161,15 @@ int RunConvertFromModel(const ConvertOptions& o, const formats::SourceDriver& dr
   error = rank == 0 ? Capture([&] { CommitImport(o, x, specs, committed, gathered, *folder); }) : "";
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Each rank's own (its bytes written, its peak RSS), gathered for --report on every rank alike.
+  const std::vector<std::string> per = comm.GatherToRoot(
+      nlohmann::json{{"rank", rank}, {"bytes_written", written}, {"peak_rss_bytes", PeakRssBytes()}}.dump());
   if (rank == 0 && !o.report_path.empty()) {  // --report: what the run wrote, in the keys of a conversion's report
+    nlohmann::json per_rank = nlohmann::json::array();
+    for (const auto& p : per) per_rank.push_back(nlohmann::json::parse(p));
     const nlohmann::json report = {{"source", o.source}, {"output", o.output}, {"ranks", ranks}, {"weights_only", true},
-                                   {"parameters", specs.size()}, {"bytes_written", totals[0]}, {"phases_seconds", {{"total", secs}}}};
+                                   {"parameters", specs.size()}, {"bytes_written", totals[0]}, {"per_rank", per_rank},
+                                   {"phases_seconds", {{"total", secs}}}};
     error = Capture([&] { WriteFileAtomically(o.report_path, report.dump(1) + "\n"); });
     if (!error.empty()) {
       err << "ucp-convert: error: " << error << "\n";

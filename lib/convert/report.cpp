@@ -1,24 +1,17 @@
 // Step 5 of a conversion, the report: each rank's counts and seconds gathered on rank 0, --report's
 // JSON, the notes of what the union saw, and the summary line.
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <cstdio>
 
 #include "convert/steps.h"
 #include "core/atomic_file.h"
 #include "core/format.h"
+#include "core/process.h"
 #include "shuffle/agree.h"
 
 namespace ucp::convert {
 
 namespace {
-
-int64_t PeakRss() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
-}
 
 // Every rank's stats, their notes apart, and the sums the summary says.
 struct Totals {
@@ -45,7 +38,7 @@ nlohmann::json RankStats(int rank, const RankOutput& out) {
   const Counters& c = out.c;
   return {{"rank", rank}, {"bytes_read", c.bytes_read}, {"bytes_sent", c.bytes_sent},
           {"bytes_received", c.bytes_received}, {"bytes_read_in_place", c.bytes_in_place}, {"max_round_bytes", c.max_round_bytes}, {"bytes_written", c.bytes_written},
-          {"files_written", c.files_written}, {"seconds", c.SecondsJson()}, {"peak_rss_bytes", PeakRss()}, {"threads", out.threads},
+          {"files_written", c.files_written}, {"seconds", c.SecondsJson()}, {"peak_rss_bytes", PeakRssBytes()}, {"threads", out.threads},
           {"notes", out.divergences}};
 }
 

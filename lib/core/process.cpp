@@ -1,5 +1,7 @@
 #include "core/process.h"
 
+#include <sys/resource.h>
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -44,6 +46,12 @@ bool ProcessGone(long pid, const std::string& start_ticks) {
   if (fields.empty()) return false;  // no /proc: alive as far as can be told
   if (fields[0] == "Z" || fields[0] == "X") return true;
   return !start_ticks.empty() && fields.size() >= 20 && fields[19] != start_ticks;
+}
+
+int64_t PeakRssBytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
 }
 
 }  // namespace ucp

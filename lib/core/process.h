@@ -1,6 +1,7 @@
 // Whether a process named in a file (an output lock, a temporary's name) still runs.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -16,5 +17,8 @@ std::string StartTicks(long pid);
 // nothing any more; in a container nothing may ever reap it), or, when `start_ticks` is given, a
 // process started at another time (the pid was reused).
 bool ProcessGone(long pid, const std::string& start_ticks = "");
+
+// This process's peak resident set so far, in bytes (getrusage's ru_maxrss): each tool's --report.
+int64_t PeakRssBytes();
 
 }  // namespace ucp

@@ -1,19 +1,11 @@
 #include "reshard/rank_totals.h"
 
-#include <sys/resource.h>
-
 #include <algorithm>
 
 #include "core/atomic_file.h"
 #include "shuffle/agree.h"
 
 namespace ucp::reshard {
-
-int64_t PeakRssBytes() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
-}
 
 RankTotals SumRanks(const std::vector<std::string>& gathered) {
   RankTotals t;

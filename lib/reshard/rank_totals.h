@@ -9,10 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-namespace ucp::reshard {
+#include "core/process.h"  // PeakRssBytes, each rank's
 
-// This process's peak resident set, in bytes.
-int64_t PeakRssBytes();
+namespace ucp::reshard {
 
 struct RankTotals {
   int64_t bytes_read = 0, bytes_written = 0, peak_rss = 0;  // sums; the largest peak
