@@ -6,22 +6,18 @@
 // AtomWriter, fp32 only (weights only); rank 0 writes the synthesized model-states file, carries the
 // job's files (config.json, ...) byte for byte, and commits the manifest last. Memory per rank: the
 // largest parameter, and one source tensor beside it.
-#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <memory>
-#include <mutex>
 
 #include "convert/convert.h"
 #include "convert/steps.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/format.h"
-#include "core/output_lock.h"
 #include "core/process.h"
-#include "core/task_pool.h"
+#include "core/output_lock.h"
 #include "formats/registry.h"
 #include "plan/convert_plan.h"
 #include "pt/torch_file.h"
@@ -57,32 +53,20 @@ std::vector<store::AtomSpec> SpecsOf(const Planned& x) {
   return specs;
 }
 
-// Step 3, every rank: its parameters, each read whole (16-bit values widened) on this thread and
-// written by the writer threads (the store's Write, where it may run on several at once), the tensors
-// in flight capped at the largest one's bytes: memory stays within two tensors. Returns the bytes written.
-int64_t WriteOwned(const ConvertOptions& o, const formats::SourceDriver& driver, const Planned& x, store::AtomWriter& writer,
-                   const std::vector<int>& owner, int rank, std::vector<store::FileRecord>& records) {
-  int64_t written = 0, largest = 0;
-  for (size_t i = 0; i < writer.specs().size(); ++i)
-    if (owner[i] == rank) largest = std::max<int64_t>(largest, 4 * pt::Numel(writer.specs()[i].shape));
-  std::mutex mu;  // records
-  TaskPool pool(writer.concurrent() ? ThreadsOf(o) : 1, std::max<int64_t>(largest, 1));
+// Step 3, every rank: its parameters, one whole tensor at a time. Returns the bytes written.
+int64_t WriteOwned(const formats::SourceDriver& driver, const Planned& x, store::AtomWriter& writer, const std::vector<int>& owner,
+                   int rank, std::vector<store::FileRecord>& records) {
+  int64_t written = 0;
+  std::vector<float> buf;
   for (size_t i = 0; i < writer.specs().size(); ++i) {
     if (owner[i] != rank) continue;
     const auto& s = writer.specs()[i];
     const int64_t numel = pt::Numel(s.shape);
-    auto buf = std::make_shared<std::vector<float>>(static_cast<size_t>(std::max<int64_t>(numel, 1)), 0.0f);
-    driver.read_param(x.L, static_cast<int>(i), buf->data());
-    auto write = [&writer, &records, &mu, &s, buf] {
-      auto r = writer.Write(s.name, plan::State::Fp32, buf->data());
-      std::lock_guard<std::mutex> lock(mu);
-      records.insert(records.end(), r.begin(), r.end());
-    };
-    if (writer.concurrent()) pool.Submit(4 * numel, write);
-    else write();  // HDF5: from the thread that started MPI
+    buf.assign(static_cast<size_t>(std::max<int64_t>(numel, 1)), 0.0f);
+    driver.read_param(x.L, static_cast<int>(i), buf.data());
+    for (auto& r : writer.Write(s.name, plan::State::Fp32, buf.data())) records.push_back(r);
     written += 4 * numel;
   }
-  pool.Drain();
   return written;
 }
 
@@ -164,7 +148,7 @@ int RunConvertFromModel(const ConvertOptions& o, const formats::SourceDriver& dr
   if (!ClaimAndOpenWriter(o, x.kind, specs, comm, err, folder, writer)) return 1;
   std::vector<store::FileRecord> records;
   int64_t written = 0;
-  error = Capture([&] { written = WriteOwned(o, driver, x, *writer, owner, rank, records); });
+  error = Capture([&] { written = WriteOwned(driver, x, *writer, owner, rank, records); });
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   store::StoreCommit committed;
   error = Capture([&] { committed = writer->Commit(); });
