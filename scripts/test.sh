@@ -51,7 +51,7 @@ fi
 # runs, at the idle scheduling class: ctest's tests wait on process start-up, fsync and each other
 # for much of their time, and the compiler takes only the cycles they leave.
 asan="$build-asan"
-fuzz_harnesses=(fuzz_zip fuzz_unpickle fuzz_torch_file fuzz_manifest fuzz_layout fuzz_patterns fuzz_atoms_h5 fuzz_dcp_metadata)
+fuzz_harnesses=(fuzz_zip fuzz_unpickle fuzz_torch_file fuzz_manifest fuzz_layout fuzz_patterns fuzz_atoms_h5 fuzz_dcp_metadata fuzz_safetensors)
 CC=clang CXX=clang++ cmake -S "$root" -B "$asan" -DUCP_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_C_FLAGS_DEBUG="-O1 -g" -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" > "$asan.configure.log" 2>&1 \
   || { cat "$asan.configure.log"; exit 1; }

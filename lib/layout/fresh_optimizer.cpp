@@ -39,7 +39,9 @@ AdamParams ParamsOf(const json& block, const std::string& what) {
   if (!params.is_object()) throw Error(what + ": optimizer.params is not an object");
   // DeepSpeed's own Adam flags choose its implementation, not the state: accepted, not written.
   static const std::set<std::string> ignored = {"torch_adam", "adam_w_mode", "bias_correction", "fused", "foreach"};
-  for (const auto& [key, v] : params.items()) {
+  for (const auto& item : params.items()) {
+    const std::string& key = item.key();  // (not a structured binding: clang 14 cannot capture one)
+    const json& v = item.value();
     auto number = [&]() {
       if (!v.is_number()) throw Error(what + ": optimizer.params." + key + " is not a number");
       return v.get<double>();
