@@ -12,7 +12,9 @@ import sys
 
 # Lowest first: a folder may include its own files and those of folders before it.
 LAYERS = [
-    "core", "pt", "h5", "shuffle",
+    "core", "pt", "h5",
+    "safetensors",       # the safetensors container read (Hugging Face's weights, wherever they sit)
+    "shuffle",
     "source",            # the neutral index every source driver produces
     "patterns", "plan", "map", "union", "store",
     "layout",            # the target layout, model naming, the reshard plan (UcpInfo)

@@ -29,7 +29,7 @@ declare -A reads=(
   [patterns]="lib/patterns patterns tests/fuzz/fuzz_patterns.cpp"
   [atoms_h5]="lib/store/atom_store_h5.cpp lib/h5 tests/fuzz/fuzz_atoms_h5.cpp"
   [dcp_metadata]="lib/formats/dcp tests/fuzz/fuzz_dcp_metadata.cpp"
-  [safetensors]="lib/formats/hf/safetensors_read.cpp lib/formats/hf/import_config.cpp lib/formats/hf/import_driver.cpp tests/fuzz/fuzz_safetensors.cpp"
+  [safetensors]="lib/safetensors/read.cpp lib/formats/hf/import_config.cpp lib/formats/hf/import_driver.cpp tests/fuzz/fuzz_safetensors.cpp"
 )
 if [ "$name" = changed ]; then
   long="$seconds"

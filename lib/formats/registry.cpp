@@ -1,9 +1,11 @@
 #include "formats/registry.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <span>
 
 #include "core/error.h"
+#include "core/atomic_file.h"
 #include "core/format.h"
 #include "store/atom_store.h"
 
@@ -41,22 +43,56 @@ const TargetDriver& FindTarget(std::string_view name) {
 
 namespace {
 
+// How new a checkpoint folder is, to choose among several: Trainer's trainer_state.json global_step,
+// else the last number in the folder's name (checkpoint-500, global_step500, iter_0000500), else -1.
+int64_t Newness(const std::filesystem::path& dir) {
+  try {
+    if (const auto text = ReadWholeFile((dir / "trainer_state.json").string())) {
+      const auto state = nlohmann::json::parse(*text);
+      if (state.is_object() && state.contains("global_step") && state["global_step"].is_number_integer())
+        return state["global_step"].get<int64_t>();
+    }
+  } catch (const std::exception&) {  // a damaged state: its name still counts
+  }
+  const std::string name = dir.filename().string();
+  const size_t end = name.find_last_of("0123456789");
+  if (end == std::string::npos) return -1;
+  const size_t begin = name.find_last_not_of("0123456789", end) + 1;
+  return end - begin < 15 ? std::stoll(name.substr(begin, end - begin + 1)) : -1;
+}
+
 // For a folder that is no checkpoint: the folder below it that is one (the one the user meant), else
 // with `formats` the files each format looks for; empty for a path that is no folder.
 std::string WhatWasMeant(const std::string& dir, bool formats) {
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) return "";
-  for (const auto& child : std::filesystem::directory_iterator(dir, ec))
-    if (child.is_directory(ec))
-      for (const SourceDriver* d : Sources())
-        if (d->probe(child.path().string()))
-          return child.path().string() + " is a " + d->name + " checkpoint: give that folder";
+  if (std::string below = CheckpointBelow(dir); !below.empty()) return below;
   if (!formats) return "";
   return "the formats ucp reads, by their files: " +
          JoinNames(Sources(), "; ", [](const SourceDriver* d) { return std::string(d->name) + ": " + d->files; });
 }
 
 }  // namespace
+
+std::string CheckpointBelow(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return "";
+  std::vector<std::pair<fs::path, const SourceDriver*>> found;
+  for (const auto& child : fs::directory_iterator(dir, ec))
+    if (child.is_directory(ec))
+      for (const SourceDriver* d : Sources())
+        if (d->probe(child.path().string())) {
+          found.emplace_back(child.path(), d);
+          break;
+        }
+  if (found.empty()) return "";
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    const int64_t na = Newness(a.first), nb = Newness(b.first);
+    return na != nb ? na < nb : a.first < b.first;
+  });
+  const auto& [newest, driver] = found.back();
+  return newest.string() + " is a " + driver->name + " checkpoint" +
+         (found.size() > 1 ? " (the newest of " + std::to_string(found.size()) + " here)" : "") + ": give that folder";
+}
 
 const SourceDriver* ProbeSource(const std::string& dir) {
   for (const SourceDriver* d : Sources())
@@ -71,11 +107,12 @@ source::SourceIndex IndexSource(const std::string& dir, const source::IndexOptio
   const SourceDriver* driver = probed ? probed : Sources().back();
   try {
     source::SourceIndex L = driver->index(dir, options);
-    if (!L.errors.empty() && L.params.empty())
+    // A folder some format took for its own is that checkpoint: a folder below it is no better guess.
+    if (!L.errors.empty() && L.params.empty() && !probed)
       if (std::string meant = WhatWasMeant(dir, false); !meant.empty()) L.errors.push_back(dir + ": " + meant);
     return L;
   } catch (const Error& e) {
-    const std::string meant = WhatWasMeant(dir, probed == nullptr);
+    const std::string meant = probed ? "" : WhatWasMeant(dir, true);
     throw Error(std::string(e.what()) + (meant.empty() ? "" : "; " + meant));
   }
 }

@@ -21,6 +21,11 @@ namespace ucp::formats {
 // (the broadest, DeepSpeed) indexes it anyway, so that its error says what is missing.
 source::SourceIndex IndexSource(const std::string& dir, const source::IndexOptions& options = {});
 
+// For a folder that is no checkpoint (a Trainer output_dir, a run's directory): the sub-folder that is
+// one, the newest where several are (Trainer's trainer_state.json global_step, else the number in its
+// name), said as "DIR/checkpoint-500 is a deepspeed checkpoint: give that folder"; "" when none is.
+std::string CheckpointBelow(const std::string& dir);
+
 // The source driver whose probe accepts `dir` (its names only), or nullptr.
 const SourceDriver* ProbeSource(const std::string& dir);
 

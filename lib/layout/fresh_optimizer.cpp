@@ -113,9 +113,9 @@ void SettleOptimizer(Source& S, const TargetLayout& T, const json& block, const 
     throw Error(dir + ": a weights-only atomic checkpoint (no Adam moments, no step): give --optimizer-config FILE "
                 "for a fresh optimizer (moments zero, step 0, the file's lr, betas, eps, weight_decay) or "
                 "--no-optimizer for the model's files alone");
-  // The release the target's files are for, as the writer decides it (DsVersion: else 0.14.5).
+  // The release the target's files are for, as the writer decides it (DsVersion: else kDefaultRelease).
   const std::string release = T.ds_version.empty() ? S.manifest["source"].value("ds_version", "") : T.ds_version;
-  FreshOptimizer(S, T.no_optimizer ? json() : block, release.empty() ? "0.14.5" : release, config_file);
+  FreshOptimizer(S, T.no_optimizer ? json() : block, release.empty() ? kDefaultRelease : release, config_file);
 }
 
 std::string OptimizerOf(const Source& S, const TargetLayout& T) {

@@ -290,6 +290,17 @@ std::string WhyTpPp(const LayoutChoice& choice, const TargetLayout& t, const Tar
          "; then the fewest pipeline stages (pp=" + std::to_string(t.pp) + ")";
 }
 
+// Where the memory the choice weighed came from: the card's (--gpu-memory, 80G unless given) and the
+// activations' (estimated from the model, or an allowance).
+std::string MemoryAssumed(const LayoutChoice& choice, const PlannerRequest& r) {
+  const bool default_card = r.gpu_memory == PlannerRequest{}.gpu_memory;
+  return std::string(" (") + (default_card ? "--gpu-memory's default, an 80 GB card: give yours" : "--gpu-memory") + "; activations " +
+         (EstimatesActivations(choice.activation, r)
+              ? "estimated from the model's sequence length and micro-batch"
+              : HumanBytes(double(r.activations())) + " set aside, --activation-memory" +
+                    (r.activation_memory < 0 ? "'s default, a quarter of the card" : "")) + ")";
+}
+
 // Why the chosen layout, the first candidate: its TP and PP, its SP, its ZeRO stage, its TP size.
 std::string WhyChosen(const LayoutChoice& choice, const ModelFacts& model, const PlannerRequest& r, const std::string& budget) {
   const Candidate& c = choice.candidates[0];
@@ -309,7 +320,8 @@ std::string WhyChosen(const LayoutChoice& choice, const ModelFacts& model, const
   why += Fixed(r, "zero_stage")          ? ", " + stage + " as given"
          : model.fixed_model_parallel && t.zero_stage == s.zero_stage ? ", the job's own " + stage
                                         : ", the least ZeRO communication (" + stage + (t.zero_stage == s.zero_stage ? ", as the source" : "") + ")";
-  why += ", the smallest TP (tp=" + std::to_string(t.tp) + "): " + HumanBytes(double(c.memory.total())) + " of " + budget + " per GPU";
+  why += ", the smallest TP (tp=" + std::to_string(t.tp) + "): " + HumanBytes(double(c.memory.total())) + " of " + budget + " per GPU" +
+         MemoryAssumed(choice, r);
   return why;
 }
 

@@ -167,6 +167,9 @@ TargetLayout ResolveModel(const Source& S, TargetLayout T);
 // is written for (TargetLayout::ds_version): each the other where only one is known, else empty.
 std::string SourceRelease(const Source& S, const TargetLayout& T);
 std::string TargetRelease(const Source& S, const TargetLayout& T);
+// The release a layout is written for where neither says one (a weights-only import, no
+// --ds-version): its files record it as their ds_version, which DeepSpeed requires to be non-empty.
+inline constexpr const char* kDefaultRelease = "0.14.5";
 
 // Mixture of Experts: how many times the mean gradient an expert's gradient is in a job of `ep`
 // expert-parallel ranks at ZeRO stage `zero` under DeepSpeed `release` (see the definition).

@@ -31,8 +31,10 @@ class Files {
  public:
   explicit Files(const SourceIndex& L) : L_(L) {}
   void Read(int file, uint64_t offset, size_t n, void* dst) { At(file).ReadAt(offset, n, dst); }
-  // Checks the zip CRC-32 of every record that bytes [pos, pos + len) of `file` lie in.
+  // Checks the zip CRC-32 of every record that bytes [pos, pos + len) of `file` lie in (a copy file
+  // outside the shard folder, safetensors, has none).
   void CheckRecords(int file, uint64_t pos, uint64_t len) {
+    if (static_cast<size_t>(file) >= L_.files.size()) return;
     for (const auto& r : L_.files[static_cast<size_t>(file)].checksummed) {
       if (r.offset + r.size <= pos || r.offset >= pos + len) continue;
       uint32_t crc = 0;
@@ -49,7 +51,8 @@ class Files {
  private:
   const MappedFile& At(int file) {
     auto& m = open_[file];
-    if (!m) m = MappedFile::Open(L_.dir + "/" + L_.files[static_cast<size_t>(file)].name);
+    if (!m) m = MappedFile::Open(static_cast<size_t>(file) < L_.files.size() ? L_.dir + "/" + L_.files[static_cast<size_t>(file)].name
+                                                                          : L_.copy_files[static_cast<size_t>(file) - L_.files.size()]);
     return *m;
   }
   const SourceIndex& L_;
@@ -108,9 +111,15 @@ double Largest(const Verdicts& v, int file) {
   return d;
 }
 
+// A file's name in the shard folder, or a copy file's path.
+std::string NameOf(const SourceIndex& L, int file) {
+  const auto f = static_cast<size_t>(file);
+  return f < L.files.size() ? L.files[f].name : L.copy_files[f - L.files.size()];
+}
+
 std::string Names(const SourceIndex& L, const std::vector<int>& files) {
   std::string s;
-  for (size_t i = 0; i < files.size() && i < 3; ++i) s += (i ? ", " : "") + L.files[static_cast<size_t>(files[i])].name;
+  for (size_t i = 0; i < files.size() && i < 3; ++i) s += (i ? ", " : "") + NameOf(L, files[i]);
   return s + (files.size() > 3 ? ", ... (" + std::to_string(files.size()) + " files)" : "");
 }
 
@@ -150,7 +159,12 @@ std::string Message(const SourceIndex& L, const Verdicts& v) {
   std::snprintf(largest, sizeof largest, "%.3g", Largest(v, first));
   const std::string example = "'" + L.params[static_cast<size_t>(At(v, first, kWorstParam) - 1)].name + "' by up to " + largest;
   std::string s;
-  if (!odd_weights.empty()) {
+  const int outside = static_cast<int>(L.files.size());  // the first copy file outside the shard folder
+  if (!both_weights.empty() && both_weights.front() >= outside) {
+    s = "the fp32 master weights in " + L.dir + "/" + Names(L, both_data) + " disagree with " + Names(L, both_weights) +
+        ", the copy of every weight gathered when the checkpoint was saved (" + example + "): the optimizer files are "
+        "swapped between DP ranks or renamed, or they and the weights are of different saves";
+  } else if (!odd_weights.empty()) {
     s = "the model's own weights in " + L.dir + "/" + Names(L, odd_weights) + " disagree with the fp32 master weights of " +
         "every optimizer file that holds them (" + Names(L, data_of[odd_weights.front()]) + "; " + example +
         "), not one of them equal, while the other weight files there agree: " + (odd_weights.size() > 1 ? "these files are" : "this file is") + " the odd one";
@@ -162,7 +176,7 @@ std::string Message(const SourceIndex& L, const Verdicts& v) {
         "their contents cannot tell which";
   } else {
     s = "the fp32 master weights in " + source::FileWhere(L, first) + " disagree with the model's own weights in " +
-        L.files[static_cast<size_t>(At(v, first, kWorstWeightFile) - 1)].name + " (" + std::to_string(At(v, first, kParams)) +
+        NameOf(L, static_cast<int>(At(v, first, kWorstWeightFile) - 1)) + " (" + std::to_string(At(v, first, kParams)) +
         " parameter(s), " + std::to_string(At(v, first, kElements)) + " element(s); " + example + ")" +
         (odd_data.size() > 1 ? ", and so do those of " + Names(L, {odd_data.begin() + 1, odd_data.end()}) : "") +
         ": " + (odd_data.size() > 1 ? "these files are" : "this file is") + " the odd one";
@@ -232,7 +246,7 @@ std::string CheckWeightCopies(const SourceIndex& L, shuffle::Comm& comm, int thr
   }
   // Every rank reaches the sum below, whatever it found: a damaged record is thrown after it.
   std::string damage;
-  Verdicts v(L.files.size() * kFields + 1, 0);
+  Verdicts v((L.files.size() + L.copy_files.size()) * kFields + 1, 0);
   try {
     const std::vector<Difference> diff = CompareUnits(L, units, threads);
     for (size_t u = 0; u < units.size();) {
@@ -264,7 +278,7 @@ std::string CheckWeightCopies(const SourceIndex& L, shuffle::Comm& comm, int thr
   if (!damage.empty()) throw Error(damage);
   if (v.back() > 0) return "";  // another rank found damage: its error says it
   for (size_t f = 0; f < L.files.size(); ++f)
-    if (At(v, static_cast<int>(f), kElements) > 0) return Message(L, v);
+    if (At(v, static_cast<int>(f), kElements) > 0) return Message(L, v);  // a data file's elements: the copy files' add none
   return "";
 }
 

@@ -15,6 +15,7 @@ void RefuseNonAtomicInput(const std::string& dir) {
                 "): finish it with ucp-convert SOURCE -o " + dir + " --resume, then reshard it");
   std::error_code ec;
   if (std::filesystem::exists(dir + "/" + store::kManifestName, ec) || store::IsDeepSpeedUniversal(dir)) return;
+  if (const auto tags = source::TagFoldersWithoutLatest(dir); !tags.empty()) throw Error(source::TagWithoutLatestError(dir, tags));
   for (const auto& e : std::filesystem::directory_iterator(dir, ec))
     if (e.path().filename().string().ends_with("model_states.pt"))
       throw Error(dir + ": a checkpoint folder, not its root: give the folder holding `latest` (" +

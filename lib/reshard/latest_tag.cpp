@@ -52,7 +52,12 @@ TargetLayout LayoutOf(const source::SourceIndex& L) {
 LatestTag ReadLatest(const std::string& root) {
   LatestTag c;
   const std::string latest = root + "/latest";
-  if (!fs::exists(latest)) throw Error(root + ": no `latest` file: --in-place takes the checkpoint root a training run saves into");
+  if (!fs::exists(latest)) {
+    if (const auto tags = source::TagFoldersWithoutLatest(root); !tags.empty()) throw Error(source::TagWithoutLatestError(root, tags));
+    const std::string below = formats::CheckpointBelow(root);
+    throw Error(root + ": no `latest` file: --in-place takes the checkpoint root a training run saves into" +
+                (below.empty() ? std::string() : "; " + below));
+  }
   c.tag = source::ReadLatestTag(root);
   c.dir = root + "/" + c.tag;
   if (!fs::is_directory(c.dir)) throw Error(latest + " names '" + c.tag + "', which is not a folder of " + root);

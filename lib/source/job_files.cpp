@@ -67,9 +67,13 @@ JobFiles FindJobFiles(const std::string& root, const std::string& tag) {
   JobFiles job;
   std::error_code ec;
   if (tag.empty() || !fs::is_directory(fs::path(root) / tag, ec)) return job;
-  const bool trainer = fs::is_regular_file(fs::path(root) / "trainer_state.json", ec);
+  const bool state = fs::is_regular_file(fs::path(root) / "trainer_state.json", ec);
+  // Trainer writes training_args.bin into every checkpoint-N: one without trainer_state.json beside it
+  // lost the file (JobFileProblems says so).
+  const bool trainer = state || fs::is_regular_file(fs::path(root) / "training_args.bin", ec);
   if (!trainer && !fs::is_regular_file(fs::path(root) / "config.json", ec)) return job;
   job.kind = trainer ? "hf-trainer" : "hf";
+  job.state_missing = trainer && !state;
   std::vector<int> ranks;
   for (const auto& e : fs::directory_iterator(root, ec)) {
     if (e.is_directory(ec) && fs::exists(e.path() / kReshardMarker, ec)) job.resharded_in_place = true;
@@ -88,17 +92,19 @@ JobFiles FindJobFiles(const std::string& root, const std::string& tag) {
   // The processes the RNG files are of: rng_state.pth alone is one; else one more than the highest
   // rank (JobFileProblems names a gap).
   if (!ranks.empty()) job.rng_world = *std::max_element(ranks.begin(), ranks.end()) < 0 ? 1 : *std::max_element(ranks.begin(), ranks.end()) + 1;
-  if (trainer) {
+  if (state) {
     const std::string path = root + "/trainer_state.json";
+    const std::string repair = ": Trainer's record of the step, epoch and data position, which its resume reads; restore the "
+                               "file Trainer wrote (from a copy of the folder) and run again";
     std::ifstream in(path);
-    json state;
+    json values;
     try {
-      state = json::parse(in);
+      values = json::parse(in);
     } catch (const json::exception& e) {
-      throw Error(path + ": not JSON: " + e.what());
+      throw Error(path + ": not JSON (" + e.what() + ")" + repair);
     }
-    if (!state.is_object()) throw Error(path + ": not a JSON object, as Trainer writes it");
-    if (auto it = state.find("global_step"); it != state.end() && it->is_number_integer()) job.global_step = it->get<int64_t>();
+    if (!values.is_object()) throw Error(path + ": not a JSON object, as Trainer writes it" + repair);
+    if (auto it = values.find("global_step"); it != values.end() && it->is_number_integer()) job.global_step = it->get<int64_t>();
   }
   return job;
 }
@@ -107,6 +113,10 @@ std::vector<std::string> JobFileProblems(const JobFiles& job, const std::string&
                                          int64_t iteration) {
   std::vector<std::string> problems;
   if (job.kind != "hf-trainer") return problems;
+  if (job.state_missing)
+    problems.push_back(root + "/trainer_state.json: missing, where Trainer's other files are (training_args.bin): Trainer "
+                       "resumes from it (the step, the epoch, the data position) and without it starts again at step 0; "
+                       "restore the file Trainer wrote (from a copy of the folder) and run again");
   // One RNG file per process of the job that saved it: Trainer writes rng_state_<rank>.pth on every
   // process (rng_state.pth when it runs alone).
   std::vector<std::string> missing, extra;

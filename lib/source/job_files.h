@@ -28,6 +28,7 @@ struct JobFiles {
   std::vector<std::string> weights;
   int rng_world = 0;  // the processes the rng_state files are of (0: none); the index sets DeepSpeed's world
   int64_t global_step = -1;  // trainer_state.json's global_step (-1: none)
+  bool state_missing = false;  // a Trainer folder (training_args.bin) without trainer_state.json: not recorded
   // ucp-reshard --in-place wrote a tag here (a folder holding its marker): `latest` may name that tag,
   // and RNG files it added for a larger world may outnumber the processes of the tag `latest` names.
   bool resharded_in_place = false;

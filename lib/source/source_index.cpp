@@ -1,6 +1,7 @@
 #include "source/source_index.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -86,6 +87,37 @@ std::string ReadLatestTag(const std::string& root) {
   const std::string tag = b == std::string::npos ? "" : text->substr(b, e - b + 1);
   WithContext(latest, [&] { RequirePlainName(tag, "the tag"); });
   return tag;
+}
+
+std::vector<std::string> TagFoldersWithoutLatest(const std::string& root) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> tags;
+  std::error_code ec;
+  if (fs::exists(fs::path(root) / "latest", ec)) return tags;
+  auto shard = [](const std::string& n) {
+    for (const char* end : {"model_states.pt", "optim_states.pt"})
+      if (n.size() > std::strlen(end) && n.compare(n.size() - std::strlen(end), std::string::npos, end) == 0) return true;
+    return false;
+  };
+  for (const auto& child : fs::directory_iterator(root, ec)) {
+    if (!child.is_directory(ec)) continue;
+    for (const auto& e : fs::directory_iterator(child.path(), ec))
+      if (shard(e.path().filename().string())) {
+        tags.push_back(child.path().filename().string());
+        break;
+      }
+  }
+  std::sort(tags.begin(), tags.end());
+  return tags;
+}
+
+std::string TagWithoutLatestError(const std::string& root, const std::vector<std::string>& tags) {
+  std::string names;
+  for (size_t i = 0; i < tags.size(); ++i) names += (i ? ", " : "") + tags[i] + "/";
+  return root + ": holds DeepSpeed's checkpoint tag" + (tags.size() > 1 ? "s " : " ") + names + " but no `latest` naming the one to "
+         "read (deleted, or not copied with the folder?): write the tag into it, as DeepSpeed does (echo " +
+         (tags.size() == 1 ? tags.front() : std::string("TAG")) + " > " +
+         root + "/latest), and give " + root + " again; a training checkpoint is never read as a Hugging Face model";
 }
 
 std::string FolderFingerprint(const std::string& dir) {

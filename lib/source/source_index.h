@@ -88,7 +88,7 @@ struct Fragment {
 struct WeightCopy {
   int param = -1;  // index into SourceIndex::params
   int pp = 0, tp = 0;
-  int file = -1;   // index into SourceIndex::files
+  int file = -1;   // index into SourceIndex::files, or past its end into SourceIndex::copy_files
   uint64_t offset = 0;
   int64_t numel = 0;
   pt::DType dtype = pt::DType::F32;  // F32, BF16 or F16
@@ -123,6 +123,9 @@ struct SourceIndex {
   std::vector<ParamRecord> params;  // in first-seen order: stage, group, position
   std::vector<Fragment> fragments;  // every data file's pieces of every parameter
   std::vector<WeightCopy> weight_copies;  // the weights stored besides their fp32 masters, where the format keeps them
+  // Files outside the shard folder that hold only weight copies (a Trainer folder's model.safetensors,
+  // gathered at a ZeRO-3 save), by path: a WeightCopy whose file is files.size() + i is in copy_files[i].
+  std::vector<std::string> copy_files;
   std::map<std::tuple<int, int, int>, pt::ValuePtr> steps;  // (pp, tp, group) -> step, from dp rank 0
   // The checkpoint's own pattern rules, in the universal_checkpoint_info form the atomic checkpoint
   // keeps (patterns/rules.h reads it), or nullptr.
@@ -179,5 +182,12 @@ std::string FolderFingerprint(const std::string& dir);
 // The tag root/latest names (trimmed, a plain name), as a framework's --load reads it. Throws
 // ucp::Error naming the file when it is missing, unreadable or not a plain name.
 std::string ReadLatestTag(const std::string& root);
+
+// A folder without `latest` whose sub-folders hold DeepSpeed's shard files (*model_states.pt,
+// *optim_states.pt): a checkpoint root whose `latest` is gone (deleted, not copied), which nothing may
+// read as another format. Those sub-folders' names, sorted; empty where `latest` exists or none does.
+std::vector<std::string> TagFoldersWithoutLatest(const std::string& root);
+// The refusal of such a root: the tags named, and how to say which one to read.
+std::string TagWithoutLatestError(const std::string& root, const std::vector<std::string>& tags);
 
 }  // namespace ucp::source

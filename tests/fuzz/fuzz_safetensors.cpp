@@ -4,15 +4,15 @@
 // (header, dtypes, offsets, the tensors against the config's shapes).
 #include <sstream>
 
-#include "formats/hf/safetensors_read.h"
+#include "safetensors/read.h"
 #include "formats/registry.h"
 #include "fuzz_support.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace fs = std::filesystem;
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
-  ucp::fuzz::Run([&] { (void)ucp::formats::hf::ParseSafetensorsHeader(bytes, size, "fuzz"); });
-  ucp::fuzz::Run([&] { (void)ucp::formats::hf::ParseSafetensorsIndex(bytes, "fuzz"); });
+  ucp::fuzz::Run([&] { (void)ucp::safetensors::ParseSafetensorsHeader(bytes, size, "fuzz"); });
+  ucp::fuzz::Run([&] { (void)ucp::safetensors::ParseSafetensorsIndex(bytes, "fuzz"); });
   static const std::string dir = [] {
     const std::string d = ucp::fuzz::WorkDir() + "/hf";
     fs::create_directories(d);

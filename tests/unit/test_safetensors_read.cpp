@@ -1,4 +1,4 @@
-// The safetensors reader (formats/hf/safetensors_read.h) on headers built here byte by byte: what the
+// The safetensors reader (safetensors/read.h) on headers built here byte by byte: what the
 // format allows is read as written; each rule broken is refused naming the file and the tensor. And
 // the import's inversion of the export's table (import_model.h): every row of every parameter filled
 // exactly once, a fused tensor's rows from its parts in order.
@@ -10,9 +10,10 @@
 
 #include "core/error.h"
 #include "formats/hf/import_model.h"
-#include "formats/hf/safetensors_read.h"
+#include "safetensors/read.h"
 
 using namespace ucp;
+using namespace ucp::safetensors;
 using namespace ucp::formats::hf;
 
 namespace {

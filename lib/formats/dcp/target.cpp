@@ -30,9 +30,20 @@ struct TitanTensor {
 };
 
 // The Hugging Face target's tensors under torchtitan's names, q and k rows in torchtitan's order.
+// Parameters under Hugging Face's own names (a Trainer or Accelerate job's): not translated yet.
+void RefuseOwnNames(const std::vector<std::string>& names, const std::string& dir) {
+  if (names.empty() || hf::TranslatedNaming(names)) return;
+  throw Error(dir + ": the parameters carry Hugging Face's own names ('" + names.front() + "', ...: a Hugging Face Trainer "
+              "or Accelerate job's): --format dcp writes torchtitan's Llama from Megatron-DeepSpeed's, Megatron-Core's or "
+              "torchtitan's names, and a Trainer checkpoint is not a DCP source yet; --format hf writes its model");
+}
+
 std::vector<TitanTensor> TitanTensors(const reshard::Source& S, const reshard::ExportOptions& o, const Mesh& mesh,
                                       std::vector<std::string>& notes) {
   const std::string dir = S.reader->dir();
+  std::vector<std::string> names;
+  for (const auto& a : S.atoms) names.push_back(a.name);
+  RefuseOwnNames(names, dir);
   const hf::LlamaFacts m = [&] {
     try {
       return hf::LlamaFactsOf(S, o, notes);
@@ -245,6 +256,12 @@ void LayFile(const std::vector<Item>& items, const std::map<WriteIndex, int>& ow
 }
 
 }  // namespace
+
+void CheckDcpSource(const source::SourceIndex& L, const reshard::ExportOptions&) {
+  std::vector<std::string> names;
+  for (const auto& p : L.params) names.push_back(p.name);
+  RefuseOwnNames(names, L.root);
+}
 
 reshard::ExportPlan PlanDcp(const reshard::Source& S, const reshard::ExportOptions& o) {
   const Mesh mesh = ParseMesh(o.mesh);

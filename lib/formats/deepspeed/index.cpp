@@ -83,6 +83,7 @@ void TakeJobFiles(SourceIndex& L) {
 }  // namespace
 
 bool LooksLikeCheckpoint(const std::string& dir) {
+  if (!source::TagFoldersWithoutLatest(dir).empty()) return true;  // a root whose `latest` is gone: indexing it says so
   try {
     std::string tag;
     ResolveShardDir(dir, &tag);
@@ -136,6 +137,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   CheckFilesAgree(L, parse);  // what every file repeats: a file of another save or run differs
   RecordWeightCopies(L, parse);  // what the module keeps besides the masters, compared as it is read
   TakeJobFiles(L);
+  RecordGatheredWeights(L);  // ZeRO-3's second copy, where the Trainer gathered one beside the tag
   return L;
 }
 

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "formats/deepspeed/index.h"
+#include "safetensors/read.h"
 
 namespace ucp::deepspeed {
 namespace {
@@ -75,6 +76,7 @@ void RequireEveryWeight(SourceIndex& L, const ShardFile& f, const std::set<int>&
 
 void CheckFilesAgree(SourceIndex& L, const ParseFile& parse) {
   std::map<std::string, Repeated> values;  // what -> the files holding each value
+  std::vector<std::string> empty_version;  // files whose ds_version is ''
   auto note = [&](const std::string& what, const Value* v, const ShardFile& f) {
     if (!v || v->kind == Value::Kind::None) return;
     try {
@@ -90,6 +92,8 @@ void CheckFilesAgree(SourceIndex& L, const ParseFile& parse) {
     const Value& root = *file->root;
     if (root.kind != Value::Kind::Dict) continue;
     note("ds_version", root.Get("ds_version").get(), f);
+    if (const auto v = root.Get("ds_version"); v && v->kind == Value::Kind::Str && v->s.empty())
+      empty_version.push_back(f.name);
     if (IsModelStates(f))
       for (const char* key : {"global_steps", "global_samples", "iteration", "dp_world_size", "mp_world_size"})
         note(key, root.Get(key).get(), f);
@@ -100,6 +104,10 @@ void CheckFilesAgree(SourceIndex& L, const ParseFile& parse) {
       } catch (const std::exception&) {  // the index's reading of the file says what is wrong with it
       }
   }
+  if (!empty_version.empty() && values["ds_version"].files_by_value.size() == 1)
+    L.problems.push_back(L.dir + ": " + JoinNames(empty_version) + (empty_version.size() == 1 ? " records" : " record") +
+                         " an empty ds_version, which DeepSpeed's load_checkpoint refuses (\"Empty ds_version in checkpoint\"): "
+                         "written by a tool, not by DeepSpeed? ucp-reshard --ds-version RELEASE writes the release the job runs");
   for (const auto& [what, r] : values)
     if (r.files_by_value.size() > 1) {
       L.problems.insert(L.problems.begin(), Disagreement(L.dir, r));  // first: what follows may be its consequence
@@ -108,10 +116,6 @@ void CheckFilesAgree(SourceIndex& L, const ParseFile& parse) {
 }
 
 void RecordWeightCopies(SourceIndex& L, const ParseFile& parse) {
-  if (L.zero_stage == 3 && !L.moe)
-    L.notes.push_back("ZeRO-3: each optimizer file's DP rank is taken from its name; its module keeps no weights (empty "
-                      "placeholders) and nothing in it names its rank, so files swapped between DP ranks cannot be told "
-                      "(what every file repeats, the version and the step, is compared)");
   if (L.moe || (L.optimizer != "zero" && L.optimizer != "bf16_optimizer") || L.zero_stage > 2) return;
   std::map<std::string, int> param_of;
   for (size_t p = 0; p < L.params.size(); ++p)
@@ -154,6 +158,57 @@ void RecordWeightCopies(SourceIndex& L, const ParseFile& parse) {
     }
     if (!held.empty()) RequireEveryWeight(L, f, held);
   }
+}
+
+void RecordGatheredWeights(SourceIndex& L) {
+  if (L.zero_stage != 3 || L.moe) return;
+  const std::string root = L.job.root.empty() ? L.root : L.job.root;
+  const auto& w = L.job.weights;
+  const bool gathered = L.tp == 1 && L.pp == 1 && (std::find(w.begin(), w.end(), "model.safetensors") != w.end() ||
+                                                   std::find(w.begin(), w.end(), "model.safetensors.index.json") != w.end());
+  if (!gathered) {
+    L.notes.push_back("ZeRO-3: each optimizer file's DP rank is taken from its name; its module keeps no weights (empty "
+                      "placeholders), nothing in it names its rank, and no second copy of the weights is beside it (Trainer "
+                      "writes model.safetensors with stage3_gather_16bit_weights_on_model_save), so files swapped between DP "
+                      "ranks cannot be told (what every file repeats, the version and the step, is compared)");
+    return;
+  }
+  safetensors::StModel model;
+  try {
+    model = safetensors::OpenSafetensorsModel(root);
+  } catch (const Error& e) {
+    L.problems.push_back(std::string(e.what()) + " (the copy of the weights beside " + L.tag + ", compared with its fp32 masters)");
+    return;
+  }
+  const int first = static_cast<int>(L.files.size() + L.copy_files.size());
+  for (const auto& f : model.files) L.copy_files.push_back(root + "/" + f.name);
+  int64_t compared = 0;
+  for (size_t p = 0; p < L.params.size(); ++p) {
+    const source::ParamRecord& param = L.params[p];
+    const auto at = model.where.find(param.name);
+    const auto shape = param.tp_shape.find(0);
+    if (at == model.where.end() || shape == param.tp_shape.end()) continue;  // a tied weight save_pretrained leaves out
+    const auto& file = model.files[static_cast<size_t>(at->second.first)];
+    const safetensors::StTensor& t = file.header.tensors[static_cast<size_t>(at->second.second)];
+    if (t.shape != shape->second) {
+      L.problems.push_back(root + "/" + file.name + ": tensor '" + param.name + "' has shape " + pt::ShapeString(t.shape) +
+                           " where the optimizer's parameter has " + pt::ShapeString(shape->second) +
+                           ": the weights of another model or run beside " + L.tag + "?");
+      continue;
+    }
+    L.weight_copies.push_back({static_cast<int>(p), 0, 0, first + at->second.first, file.header.data_start + t.begin,
+                               pt::Numel(t.shape), t.dtype});
+    ++compared;
+  }
+  if (compared == 0) {
+    L.problems.push_back(root + "/" + JoinNames(w) + ": holds none of the " + std::to_string(L.params.size()) +
+                         " parameters the optimizer files of " + L.tag + " hold: the weights of another model?");
+    return;
+  }
+  L.notes.push_back("ZeRO-3: the fp32 masters of " + std::to_string(compared) + " parameter(s) compared with " + root + "/" +
+                    (model.sharded ? "model.safetensors.index.json's shards" : "model.safetensors") +
+                    ", the copy of every weight gathered at the save: optimizer files swapped between DP ranks, or of "
+                    "another save, disagree with it");
 }
 
 }  // namespace ucp::deepspeed

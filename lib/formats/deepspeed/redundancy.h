@@ -26,4 +26,11 @@ void CheckFilesAgree(source::SourceIndex& L, const ParseFile& parse);
 // both (ZeRO-3's module holds empty placeholders; without ZeRO, a torch optimizer has no masters).
 void RecordWeightCopies(source::SourceIndex& L, const ParseFile& parse);
 
+// ZeRO-3 keeps the masters only, but a Hugging Face Trainer folder saved with
+// stage3_gather_16bit_weights_on_model_save holds model.safetensors (or its shards) beside the tag: every
+// weight gathered, in the model's dtype. Records those tensors in L.weight_copies (the files in
+// L.copy_files) for map/weight_copies.h to compare; says in a note what was compared, or that no second
+// copy exists. After the job files are found (L.job).
+void RecordGatheredWeights(source::SourceIndex& L);
+
 }  // namespace ucp::deepspeed

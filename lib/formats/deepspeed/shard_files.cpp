@@ -16,6 +16,8 @@ std::string ResolveShardDir(const std::string& dir, std::string* tag) {
   if (!fs::is_directory(dir, ec)) throw Error(dir + ": not a directory");
   fs::path latest = fs::path(dir) / "latest";
   if (!fs::exists(latest)) {
+    // A root whose `latest` is gone (Trainer's checkpoint-N holds scheduler.pt: no tag folder itself).
+    if (const auto tags = source::TagFoldersWithoutLatest(dir); !tags.empty()) throw Error(source::TagWithoutLatestError(dir, tags));
     for (const auto& e : fs::directory_iterator(dir, ec))
       if (e.path().extension() == ".pt") {
         *tag = fs::path(dir).filename().string();

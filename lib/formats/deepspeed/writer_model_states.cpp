@@ -90,9 +90,13 @@ void PutOwnRngState(const TargetUnit& u, Value& root, pt::TorchFile& own) {
 // The world sizes DeepSpeed records, and (DeepSpeed >= 0.19.5) the model-parallel degrees, which
 // its checkpoint readers trust.
 void PutParallelDegrees(const TargetUnit& u, Value& root) {
-  // One save's files repeat one release: with --ds-version, the optimizer files' (ucp-convert refuses a
-  // tag whose files disagree); else the carried file's, which the optimizer files repeat.
-  if (!u.T.ds_version.empty()) SetItem(root, "ds_version", Value::Str(u.T.ds_version));
+  // One save's files repeat one release (ucp-convert refuses a tag whose files disagree): with
+  // --ds-version, the optimizer files'; else the carried file's, which the optimizer files repeat, where
+  // it records one (a weights-only import records none: then the optimizer files' too, never empty,
+  // which DeepSpeed refuses).
+  const auto carried = root.Get("ds_version");
+  if (!u.T.ds_version.empty() || (carried && (carried->kind != Value::Kind::Str || carried->s.empty())))
+    SetItem(root, "ds_version", DsVersion(u));
   SetItem(root, "dp_world_size", Value::Int(u.T.SeqDp()));  // DeepSpeed's seq_dp_world_size
   SetItem(root, "mp_world_size", Value::Int(u.T.tp * u.T.pp));
   if (auto dims = root.Get("checkpoint_parallel_dimensions"); dims && dims->kind == Value::Kind::Dict) {

@@ -39,9 +39,11 @@ ValuePtr DsConfig(const TargetUnit& u) {
 
 ValuePtr DsVersion(const TargetUnit& u) {
   if (!u.T.ds_version.empty()) return Value::Str(u.T.ds_version);
-  auto v = u.S.optimizer.root->Get("ds_version");
-  if (!v) v = u.S.model_states.root->Get("ds_version");
-  return v ? v : Value::Str("0.14.5");
+  // DeepSpeed refuses an empty one ("Empty ds_version in checkpoint"): a weights-only import records none.
+  auto recorded = [](const ValuePtr& v) { return v && v->kind == Value::Kind::Str && !v->s.empty(); };
+  if (auto v = u.S.optimizer.root->Get("ds_version"); recorded(v)) return v;
+  if (auto v = u.S.model_states.root->Get("ds_version"); recorded(v)) return v;
+  return Value::Str(reshard::kDefaultRelease);
 }
 
 ValuePtr SourceOr(const TargetUnit& u, const char* key, ValuePtr fallback) {

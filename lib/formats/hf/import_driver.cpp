@@ -11,11 +11,15 @@
 #include "formats/driver.h"
 #include "formats/hf/import_model.h"
 #include "formats/hf/import_states.h"
-#include "formats/hf/safetensors_read.h"
+#include "source/source_index.h"
+#include "safetensors/read.h"
 #include "layout/naming.h"
 
 namespace ucp::formats {
 namespace hf {
+using safetensors::StModel;
+using safetensors::StTensor;
+using safetensors::OpenSafetensorsModel;
 namespace {
 namespace fs = std::filesystem;
 
@@ -26,10 +30,13 @@ struct ImportSource {
   std::map<std::string, std::string> stored;  // a table tensor's name -> the name the files hold it under
 };
 
+// A training checkpoint's root holds config.json and model.safetensors too (Trainer's checkpoint-N): one
+// with a DeepSpeed tag folder is DeepSpeed's, `latest` or not.
 bool LooksLikeModel(const std::string& dir) {
   std::error_code ec;
   return fs::is_regular_file(dir + "/config.json", ec) && !fs::exists(dir + "/latest", ec) &&
-         (fs::is_regular_file(dir + "/model.safetensors", ec) || fs::is_regular_file(dir + "/model.safetensors.index.json", ec));
+         (fs::is_regular_file(dir + "/model.safetensors", ec) || fs::is_regular_file(dir + "/model.safetensors.index.json", ec)) &&
+         source::TagFoldersWithoutLatest(dir).empty();
 }
 
 // A file tensor's name in the table; "" for one that is no parameter. GPT-2 as older transformers

@@ -185,7 +185,7 @@ ValuePtr ImportModelStates(const HfConfig& c, const ImportModel& M, const std::s
   SetItem(*root, "dp_world_size", Value::Int(1));
   SetItem(*root, "mp_world_size", Value::Int(1));
   SetItem(*root, "ds_config", Value::None());
-  SetItem(*root, "ds_version", Value::Str(""));
+  SetItem(*root, "ds_version", Value::None());  // no DeepSpeed wrote it: the layout made from it records the release it is for
   SetItem(*root, "args", c.Gpt2() ? Args(c.gpt2, dtype) : Args(c.llama, dtype));
   SetItem(*root, "checkpoint_version", Value::Float(3.0));
   SetItem(*root, "iteration", Value::Int(0));

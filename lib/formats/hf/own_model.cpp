@@ -222,6 +222,20 @@ std::optional<JobConfig> JobConfigOf(const reshard::Source& S, const reshard::Ex
   return carried ? carried : given;
 }
 
+namespace {
+
+// What a config.json's value means where transformers reads null as a default: GPT-2's n_inner
+// (4 x n_embd), Llama's num_key_value_heads (num_attention_heads).
+json Meant(const json& config, const std::string& key) {
+  const json& v = config[key];
+  if (!v.is_null()) return v;
+  if (key == "n_inner" && config.value("n_embd", json()).is_number_integer()) return 4 * config["n_embd"].get<int64_t>();
+  if (key == "num_key_value_heads" && config.value("num_attention_heads", json()).is_number_integer()) return config["num_attention_heads"];
+  return v;
+}
+
+}  // namespace
+
 std::optional<JobConfig> CarriedConfigFor(const reshard::Source& S, const std::string& architecture,
                                           const std::string& from_facts, const std::string& dtype,
                                           std::vector<std::string>& notes) {
@@ -235,7 +249,7 @@ std::optional<JobConfig> CarriedConfigFor(const reshard::Source& S, const std::s
   for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                           "intermediate_size", "vocab_size", "num_local_experts", "n_embd", "n_layer", "n_head",
                           "n_inner", "n_positions", "tie_word_embeddings"})
-    if (carried.contains(key) && facts.contains(key) && carried[key] != facts[key]) {
+    if (carried.contains(key) && facts.contains(key) && Meant(carried, key) != facts[key]) {
       notes.push_back(job->from + " says " + key + " " + carried[key].dump() + ", the checkpoint's model " +
                       facts[key].dump() + ": config.json written from the facts");
       return std::nullopt;

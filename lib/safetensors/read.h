@@ -17,7 +17,7 @@
 #include "core/mapped_file.h"
 #include "pt/value.h"
 
-namespace ucp::formats::hf {
+namespace ucp::safetensors {
 
 inline constexpr uint64_t kMaxSafetensorsHeader = uint64_t{100} << 20;  // safetensors' own limit
 
@@ -72,4 +72,4 @@ StModel OpenSafetensorsModel(const std::string& dir);
 // "F32" -> F32, "BF16" -> BF16, "F16" -> F16; false for any other name.
 bool SafetensorsDType(std::string_view name, pt::DType* out);
 
-}  // namespace ucp::formats::hf
+}  // namespace ucp::safetensors

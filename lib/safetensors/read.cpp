@@ -1,4 +1,4 @@
-#include "formats/hf/safetensors_read.h"
+#include "safetensors/read.h"
 
 #include <algorithm>
 #include <cstring>
@@ -11,7 +11,7 @@
 #include "core/format.h"
 #include "pt/low_precision.h"
 
-namespace ucp::formats::hf {
+namespace ucp::safetensors {
 using nlohmann::json;
 
 bool SafetensorsDType(std::string_view name, pt::DType* out) {
@@ -210,4 +210,4 @@ void StModel::ReadFp32(const std::string& name, float* dst) const {
   for (size_t i = 0; i < n; ++i) dst[i] = t.dtype == pt::DType::BF16 ? pt::Bf16ToFp32(half[i]) : pt::Fp16ToFp32(half[i]);
 }
 
-}  // namespace ucp::formats::hf
+}  // namespace ucp::safetensors
