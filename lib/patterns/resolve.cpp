@@ -268,6 +268,14 @@ ModelPatterns ResolvePatterns(const source::SourceIndex& L, const ResolveOptions
   } else if (!options.patterns_dir.empty()) {
     DetectFamily(L, options.patterns_dir, M);
   }
+  // A Hugging Face job's plain engine (Trainer, Accelerate) at tp=1: no rule has anything to say of its
+  // model, whose TP and PP ucp-reshard keeps (no layer structure is known): one note, true for it.
+  const bool own_names = !L.job.empty() && !M.family && !M.checkpoint_rules && L.tp == 1 && L.pp == 1;
+  if (own_names) {
+    std::erase_if(M.notes, [](const std::string& n) { return n.rfind("no model family in ", 0) == 0; });
+    M.notes.push_back("Hugging Face's own parameter names (a plain DeepSpeed engine): converted exactly; ucp-reshard "
+                      "changes its DP degree and ZeRO stage, not its TP or PP");
+  }
   ReportUnusedRules(L, M);
   SharedNotes shared;
   for (const auto& p : L.params) {
@@ -279,6 +287,7 @@ ModelPatterns ResolvePatterns(const source::SourceIndex& L, const ResolveOptions
     ResolveSubParamSizes(L, r, M.problems);
     M.params.push_back(std::move(r));
   }
+  if (own_names) shared.unsplit_unknown.clear();
   shared.AddTo(M);
   return M;
 }

@@ -75,7 +75,7 @@ std::string LayoutWords(const SourceIndex& L) {
   std::string s = DataParallelDegrees(L) + " tp=" + std::to_string(L.tp) + " pp=" + std::to_string(L.pp) +
                   (L.moe || L.ep != 1 ? " ep=" + std::to_string(L.ep) : "") + "  ZeRO-" + std::to_string(L.zero_stage) + state;
   if (L.sp != 1) s += "; ZeRO over DP x SP = " + std::to_string(L.dp) + " ranks";
-  else if (!L.sp_recorded && L.dp != 1) s += "; SP not recorded: dp counts DP x SP ranks";
+  else if (!L.sp_recorded && L.dp != 1 && L.job.empty()) s += "; SP not recorded: dp counts DP x SP ranks";  // Megatron's Ulysses: no Hugging Face job's
   return s;
 }
 

@@ -205,10 +205,10 @@ void RecordGatheredWeights(SourceIndex& L) {
                          " parameters the optimizer files of " + L.tag + " hold: the weights of another model?");
     return;
   }
-  L.notes.push_back("ZeRO-3: the fp32 masters of " + std::to_string(compared) + " parameter(s) compared with " + root + "/" +
+  L.notes.push_back("ZeRO-3: the fp32 masters of " + std::to_string(compared) + " parameter(s) are compared with " + root + "/" +
                     (model.sharded ? "model.safetensors.index.json's shards" : "model.safetensors") +
-                    ", the copy of every weight gathered at the save: optimizer files swapped between DP ranks, or of "
-                    "another save, disagree with it");
+                    ", the copy of every weight gathered at the save (optimizer files swapped between DP ranks, or of "
+                    "another save, disagree with it)");
 }
 
 }  // namespace ucp::deepspeed
