@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
       "parameter with its full shape, the pattern it has here and under TP > 1, the rule that decided\n"
       "it, and its atomic size. Missing rank files, mismatched degrees, fragments that do not cover a\n"
       "parameter, parameters no rule classifies and rules that match nothing are reported.\n\n"
-      "Exit status: 0 clean; 1 problems found (under --strict, the default); 2 unreadable input.\n\n"
+      "Exit status: 0 clean; 1 problems found (warnings instead with --no-strict); 2 unreadable input.\n\n"
       "Examples:\n"
       "  ucp-inspect ckpt/                      table\n"
       "  ucp-inspect ckpt/ --json | jq .degrees  machine-readable (schemas/inspect.schema.json)\n"

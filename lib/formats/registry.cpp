@@ -8,6 +8,8 @@
 #include "core/atomic_file.h"
 #include "core/format.h"
 #include "store/atom_store.h"
+#include "store/atomic_store.h"
+#include "store/universal_folder.h"
 
 namespace ucp::formats {
 namespace {
@@ -75,10 +77,13 @@ std::string WhatWasMeant(const std::string& dir, bool formats) {
 std::string CheckpointBelow(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return "";
+  // A root with `latest` is the checkpoint meant: its error says what is wrong with it.
+  if (!fs::is_directory(dir, ec) || fs::exists(fs::path(dir) / "latest", ec)) return "";
   std::vector<std::pair<fs::path, const SourceDriver*>> found;
   for (const auto& child : fs::directory_iterator(dir, ec))
-    if (child.is_directory(ec))
+    // not one ucp-convert refuses as converted already (DeepSpeed's universal folder, an atomic checkpoint)
+    if (child.is_directory(ec) && !store::IsDeepSpeedUniversal(child.path().string()) &&
+        !fs::exists(child.path() / store::kManifestName, ec))
       for (const SourceDriver* d : Sources())
         if (d->probe(child.path().string())) {
           found.emplace_back(child.path(), d);

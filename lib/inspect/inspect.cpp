@@ -243,7 +243,10 @@ void PrintReport(const json& r, std::ostream& out) {
         << HumanBytes(r["totals"]["bytes_atomic"].get<double>()) << "; padding: " << r["padding"]["zero_elements"]
         << " ZeRO elements, " << r["padding"]["vocab_rows"] << " vocabulary rows\n";
   for (const auto& n : r["notes"]) out << "note: " << n.get<std::string>() << "\n";
-  if (r.contains("verified"))
+  if (r.contains("verified") && r.value("format", "") == "hf")  // safetensors: no checksum to verify
+    out << "verified: the structure of " << r["files"].size() << " safetensors file(s) (header, dtypes, offsets, the index); "
+        << "safetensors carries no checksum of its data, so no data byte could be checked\n";
+  else if (r.contains("verified"))
     out << "verified: " << r["verified"]["zip_records"] << " zip records ("
         << HumanBytes(r["verified"]["bytes"].get<double>()) << ") of " << r["files"].size()
         << " files read whole, every CRC-32 as the zip directory records it; " << r["verified"]["weight_copies"]

@@ -305,6 +305,12 @@ void RefuseForeignScratch(const std::string& scratch) {
                 "remove it yourself or choose another -o");
 }
 
+// The training layout -o OUT is to hold, where its degrees are given (not chosen by --gpus, not a model):
+// judged before the conversion, as --in-place judges its target; nullptr otherwise.
+const TargetLayout* GivenLayout(const InPlaceOptions& o) {
+  return o.reshard.format == "deepspeed" && o.reshard.planner.gpus == 0 ? &o.reshard.target : nullptr;
+}
+
 // -o OUT from a training run's root: the scratch atomic checkpoint OUT/.ucp-scratch-atomic made
 // for the run, then `reshard` run from it, then the scratch removed whatever the outcome (with OUT
 // itself where the run created it and it is left empty). Collective.
@@ -313,7 +319,7 @@ int ReshardThroughScratch(const InPlaceOptions& o, const LatestTag& current, Res
   const bool talk = comm.rank() == 0 && !o.reshard.quiet;
   const std::string scratch = r.output + "/" + kScratchAtomic;
   const bool created = !fs::exists(r.output);
-  std::string error = Capture([&] { RefuseBeforeConversion(current, nullptr, o); });
+  std::string error = Capture([&] { RefuseBeforeConversion(current, GivenLayout(o), o); });
   if (comm.rank() == 0 && error.empty()) error = Capture([&] {
     RefuseClaim(r.output, scratch, r.force);
     RefuseForeignScratch(scratch);
@@ -404,7 +410,7 @@ int RunFromRoot(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out,
   }
   if (!o.plan_only) return ReshardThroughScratch(o, current, r, comm, out, err);
   // Nothing to plan from before the conversion: what would happen, or its refusal.
-  error = Capture([&] { RefuseBeforeConversion(current, nullptr, o); });
+  error = Capture([&] { RefuseBeforeConversion(current, GivenLayout(o), o); });
   if (AnyFailed(comm, error, err, kTool)) return 1;
   if (comm.rank() == 0) {
     const std::string scratch = (o.reshard.output.empty() ? std::string("OUT") : o.reshard.output) + "/" + kScratchAtomic;

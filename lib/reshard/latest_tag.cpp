@@ -55,8 +55,13 @@ LatestTag ReadLatest(const std::string& root) {
   if (!fs::exists(latest)) {
     if (const auto tags = source::TagFoldersWithoutLatest(root); !tags.empty()) throw Error(source::TagWithoutLatestError(root, tags));
     const std::string below = formats::CheckpointBelow(root);
+    fs::path self = fs::path(root).lexically_normal();
+    if (!self.has_filename()) self = self.parent_path();  // "global_step4/"
+    const fs::path parent = self.parent_path();
+    const bool tag = formats::ProbeSource(root) && fs::exists(parent / "latest");  // global_stepN given itself
     throw Error(root + ": no `latest` file: --in-place takes the checkpoint root a training run saves into" +
-                (below.empty() ? std::string() : "; " + below));
+                (tag ? "; this is a tag folder: give the folder holding its `latest`, " + parent.string()
+                     : below.empty() ? std::string() : "; " + below));
   }
   c.tag = source::ReadLatestTag(root);
   c.dir = root + "/" + c.tag;

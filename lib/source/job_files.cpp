@@ -104,7 +104,11 @@ JobFiles FindJobFiles(const std::string& root, const std::string& tag) {
       throw Error(path + ": not JSON (" + e.what() + ")" + repair);
     }
     if (!values.is_object()) throw Error(path + ": not a JSON object, as Trainer writes it" + repair);
-    if (auto it = values.find("global_step"); it != values.end() && it->is_number_integer()) job.global_step = it->get<int64_t>();
+    const auto it = values.find("global_step");
+    if (it == values.end() || !it->is_number_integer() || it->get<int64_t>() < 0)
+      throw Error(path + ": no global_step (a non-negative integer, as Trainer writes it: without it Trainer starts again "
+                  "at step 0)" + repair);
+    job.global_step = it->get<int64_t>();
   }
   return job;
 }
@@ -146,7 +150,8 @@ std::vector<std::string> JobFileProblems(const JobFiles& job, const std::string&
     static const std::regex checkpoint(R"(checkpoint-(\d+))");
     std::smatch m;
     if (std::regex_match(folder, m, checkpoint) && m[1].str() != step)
-      problems.push_back(root + ": the folder is named " + folder + " but its trainer_state.json says global_step " + step);
+      problems.push_back(root + ": the folder is named " + folder + " but its trainer_state.json says global_step " + step +
+                       " (Trainer names the checkpoint of step " + step + " checkpoint-" + step + ": rename the folder)");
   }
   return problems;
 }

@@ -22,9 +22,13 @@ FINDING is one of:
   trainer_notes    (row 8) converting a Trainer checkpoint: no note of Megatron's sequence parallelism,
                    model families or pattern rules, which say nothing of a plain engine.
   hints_lead       (row 9) a damaged trainer_state.json: the error names it and gives no hint that
-                   fails the same way when followed.
+                   fails the same way when followed; `latest` naming no folder hints at no universal folder;
+                   a tag folder given to --in-place names the folder holding its `latest`.
   gpus_summary     (row 10) --gpus: the summary says where the per-GPU memory comes from (--gpu-memory).
-  inplace_pointer  (row 11) --in-place on a Trainer output_dir: points at the newest checkpoint-N.
+  inplace_pointer  (row 11) --in-place on a Trainer output_dir: points at the newest checkpoint-N; so do
+                   ucp-convert and ucp-reshard -o (newcomer trial).
+  plan_refuses     (newcomer trial) a dry run from a Trainer root refuses the TP change the run would, and
+                   the run refuses it before converting.
   readme           (rows 12, 13) the README says --oversubscribe (and the run-as-root variables) where it
                    first shows mpirun, and that the HF round trip needs --optimizer-config.
 """
@@ -139,6 +143,16 @@ def no_trainer_state():
     r = run("ucp-reshard", [src, "-o", os.path.join(WORK, "layout"), "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "2"])
     refused("ucp-reshard refuses, naming trainer_state.json", r, "trainer_state.json")
     check("no layout", not os.path.exists(os.path.join(WORK, "layout", "latest")))
+    # A state that reads but says no step (Trainer would start again at step 0), found by the newcomer trial.
+    for label, text in (("{}", "{}"), ("without global_step", None)):
+        state = json.load(open(os.path.join(CASES, "zero2_dp2_fp32", "checkpoint-4", "trainer_state.json")))
+        state.pop("global_step")
+        with open(os.path.join(src, "trainer_state.json"), "w") as f:
+            f.write(text if text is not None else json.dumps(state))
+        r = run("ucp-convert", [src, "-o", os.path.join(WORK, "empty_state")])
+        refused(f"trainer_state.json {label}: refused naming it", r, "trainer_state.json", "global_step")
+        r = run("ucp-reshard", [src, "--in-place", "--gpus", "1"])
+        refused(f"trainer_state.json {label}: --in-place refuses too", r, "trainer_state.json")
 
 
 def ds_versions(layout):
@@ -237,6 +251,17 @@ def output_in_root():
         shutil.rmtree(os.path.join(src, "new"), ignore_errors=True)
 
 
+def plan_refuses():
+    """A dry run from a Trainer root refuses what the run would (newcomer trial): TP of a plain engine."""
+    src = os.path.join(CASES, "zero2_dp2_fp32", "checkpoint-4")
+    for extra in (["--plan-only"], []):
+        out = os.path.join(WORK, "pl" + str(len(extra)))
+        r = run("ucp-reshard", [src, "-o", out, "--dp", "1", "--tp", "2", "--pp", "1", "--zero-stage", "2", *extra])
+        refused(f"tp=2 of a plain engine {' '.join(extra) or '(the run)'}: refused", r, "tp=2")
+        check(f"{' '.join(extra) or 'the run'}: refused before converting", "converting it into" not in r.stderr, r.stderr[-800:])
+        check(f"{' '.join(extra) or 'the run'}: nothing written", not os.path.exists(out), str(tree_files(out)))
+
+
 def trainer_dcp():
     src = os.path.join(CASES, "zero2_dp2_fp32", "checkpoint-4")
     out = os.path.join(WORK, "dcp")
@@ -272,6 +297,22 @@ def hints_lead():
         check(f"the hint '{hinted}' leads somewhere", r2.returncode == 0 or r2.stderr.split("error:")[-1] != r.stderr.split("error:")[-1],
               r2.stderr[-800:])
     check("the error says how to repair it", re.search(r"trainer_state\.json[^\n]*(Trainer|restore|copy)", r.stderr) is not None, r.stderr[-800:])
+    # latest naming a folder that is not there (newcomer trial): no hint towards DeepSpeed's universal folder,
+    # which ucp-convert refuses as converted already.
+    root = os.path.join(WORK, "ds")
+    shutil.copytree(os.path.join(os.path.dirname(os.path.dirname(CASES)), "real-deepspeed", "cases", "llama_tp2_dp2_zero1_fp32", "ckpt"), root)
+    writable(root)
+    with open(os.path.join(root, "latest"), "w") as f:
+        f.write("global_step7")
+    r = run("ucp-convert", [root, "-o", os.path.join(WORK, "c")])
+    refused("latest naming no folder: refused naming latest", r, "latest", "global_step7")
+    check("latest naming no folder: no hint towards the universal folder", "_universal is a" not in r.stderr, r.stderr[-800:])
+    # The tag folder given to --in-place: its root named.
+    tag = os.path.join(src, "global_step4")
+    with open(os.path.join(src, "trainer_state.json"), "w") as f:
+        f.write(open(os.path.join(CASES, "zero2_dp2_fp32", "checkpoint-4", "trainer_state.json")).read())
+    r = run("ucp-reshard", [tag, "--in-place", "--gpus", "1"])
+    refused("global_step4 given to --in-place: the folder holding latest named", r, "give the folder holding its `latest`, " + src)
 
 
 def gpus_summary():
@@ -295,6 +336,9 @@ def inplace_pointer():
     refused("--in-place on output_dir: refused pointing at the newest checkpoint", r, os.path.join(od, "checkpoint-4"))
     r2 = run("ucp-convert", [od, "-o", os.path.join(WORK, "a")])
     check("ucp-convert names it too", os.path.join(od, "checkpoint-4") in r2.stderr, r2.stderr[-800:])
+    for args in (["--gpus", "1"], ["--format", "hf"]):
+        r3 = run("ucp-reshard", [od, "-o", os.path.join(WORK, "m"), *args])
+        refused(f"ucp-reshard OUTPUT_DIR -o M {' '.join(args)} names it too", r3, os.path.join(od, "checkpoint-4"))
 
 
 def readme():
@@ -309,6 +353,6 @@ def readme():
 
 
 FINDINGS = {f.__name__: f for f in (second_copy, tag_no_latest, no_trainer_state, ds_version, n_inner_null, output_in_root,
-                                    trainer_dcp, trainer_notes, hints_lead, gpus_summary, inplace_pointer, readme)}
+                                    trainer_dcp, trainer_notes, hints_lead, gpus_summary, inplace_pointer, readme, plan_refuses)}
 FINDINGS[FINDING]()
 finish(f"issue51 {FINDING}")
