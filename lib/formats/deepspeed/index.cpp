@@ -109,7 +109,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   L.keep_alive = first.file;
   if (!ReadSaveMetadata(L, first, names, parse, save)) return L;
   if (!SetDegrees(L, first, names, save)) return L;
-  CheckFileGrid(L, names, save.zero3_files, !save.expp_optimizer && !save.ddp_wrapper);
+  if (!CheckFileGrid(L, names, save.zero3_files, !save.expp_optimizer && !save.ddp_wrapper)) return L;  // nothing to index the weights by
 
   ParamIndex index;
   GroupParams group_params;

@@ -124,7 +124,7 @@ void CheckLayerFiles(SourceIndex& L) {
 
 }  // namespace
 
-void CheckFileGrid(SourceIndex& L, const FileNames& names, bool zero3_files, bool optimizer_files) {
+bool CheckFileGrid(SourceIndex& L, const FileNames& names, bool zero3_files, bool optimizer_files) {
   std::set<std::string> present;
   for (const auto& f : L.files) present.insert(f.name);
   const bool any_optimizer = std::any_of(L.files.begin(), L.files.end(), [](const ShardFile& f) {
@@ -135,7 +135,7 @@ void CheckFileGrid(SourceIndex& L, const FileNames& names, bool zero3_files, boo
                        ", ...): ucp reads a DeepSpeed checkpoint's weights from its optimizer files, the fp32 masters; "
                        "this tag holds the model's files alone (ucp-reshard --no-optimizer writes such a tag, for "
                        "--finetune): convert the atomic checkpoint it was made from instead");
-    return;
+    return false;
   }
   std::string prefix = names.any_bf16_prefix ? "bf16_" : "";
   auto expect = [&](const std::string& name, const std::string& what) {
@@ -159,6 +159,7 @@ void CheckFileGrid(SourceIndex& L, const FileNames& names, bool zero3_files, boo
     if (outside) L.problems.push_back(f.name + ": rank " + Coord(f) + " lies outside the layout's degrees");
   }
   if (L.naming == "pipe") CheckLayerFiles(L);
+  return true;
 }
 
 std::shared_ptr<pt::TorchFile> ShardReader::operator()(const ShardFile& f) {

@@ -37,8 +37,9 @@ FileNames FindShardFiles(source::SourceIndex& L);
 void PlaceOnGrid(source::SourceIndex& L, const FileNames& names, bool zero3_files);
 
 // The file grid must be complete and hold nothing beyond the degrees. `optimizer_files`: the
-// save has a ZeRO or BF16 optimizer file per (pp, tp, dp).
-void CheckFileGrid(source::SourceIndex& L, const FileNames& names, bool zero3_files, bool optimizer_files);
+// save has a ZeRO or BF16 optimizer file per (pp, tp, dp). False when it should and has none at all
+// (ucp-reshard --no-optimizer's tag: one error, and nothing further to index).
+bool CheckFileGrid(source::SourceIndex& L, const FileNames& names, bool zero3_files, bool optimizer_files);
 
 // Each shard file read once (its pickle's CRC-32 checked, and its storages' with
 // verify_storage_crc): a file that does not read is one error of the index, and nullptr to every
