@@ -49,6 +49,24 @@ TargetLayout LayoutOf(const source::SourceIndex& L) {
   return t;
 }
 
+namespace {
+
+// The plain folder name ROOT/latest_universal holds, or "" (none, unreadable, or not a plain name).
+std::string ReadLatestUniversal(const std::string& root) {
+  const std::optional<std::string> text = ReadWholeFile(root + "/latest_universal");
+  if (!text) return "";
+  const size_t b = text->find_first_not_of(" \t\r\n"), e = text->find_last_not_of(" \t\r\n");
+  const std::string name = b == std::string::npos ? "" : text->substr(b, e - b + 1);
+  try {
+    RequirePlainName(name, "latest_universal");
+  } catch (const Error&) {
+    return "";
+  }
+  return name;
+}
+
+}  // namespace
+
 LatestTag ReadLatest(const std::string& root) {
   LatestTag c;
   const std::string latest = root + "/latest";
@@ -110,6 +128,13 @@ LatestTag ReadLatest(const std::string& root) {
                                  : " is not ucp's: left as it is");
   }
   c.layout = LayoutOf(L);
+  // ucp-convert ROOT -o ROOT/NAME names its output in ROOT/latest_universal: read where it is when it
+  // is of this tag's files as they are now (else the conversion goes where it would have).
+  if (const auto named = ReadLatestUniversal(root); !named.empty() && named != c.atomic) {
+    LatestTag other = c;
+    other.atomic = named;
+    if (Reusable(root, other)) c.atomic = named, c.not_reused.clear();
+  }
   return c;
 }
 

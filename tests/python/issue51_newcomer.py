@@ -27,6 +27,8 @@ FINDING is one of:
   gpus_summary     (row 10) --gpus: the summary says where the per-GPU memory comes from (--gpu-memory).
   inplace_pointer  (row 11) --in-place on a Trainer output_dir: points at the newest checkpoint-N; so do
                    ucp-convert and ucp-reshard -o (newcomer trial).
+  atomic_reused    (newcomer trial) ucp-convert ROOT -o ROOT/atomic, then ucp-reshard ROOT (-o, --in-place):
+                   the atomic checkpoint latest_universal names is read where it is.
   plan_refuses     (newcomer trial) a dry run from a Trainer root refuses the TP change the run would, and
                    the run refuses it before converting.
   readme           (rows 12, 13) the README says --oversubscribe (and the run-as-root variables) where it
@@ -265,6 +267,23 @@ def plan_refuses():
         check(f"{' '.join(extra) or 'the run'}: nothing written", not os.path.exists(out), str(tree_files(out)))
 
 
+def atomic_reused():
+    """ucp-convert ROOT -o ROOT/atomic, as the README shows it, then ucp-reshard ROOT: the atomic checkpoint
+    latest_universal names is read where it is, not converted again (newcomer trial)."""
+    src = copy_checkpoint("zero2_dp2_fp32")
+    written("ucp-convert ROOT -o ROOT/atomic", run("ucp-convert", [src, "-o", os.path.join(src, "atomic")]))
+    r = run("ucp-reshard", [src, "-o", os.path.join(WORK, "hf"), "--format", "hf"])
+    written("--format hf from the root", r)
+    check("--format hf: read ROOT/atomic where it is", "reading the atomic checkpoint " + os.path.join(src, "atomic") in r.stderr and
+          "converting" not in r.stderr, r.stderr[-1500:])
+    r = run("ucp-reshard", [src, "--in-place", "--gpus", "1"])
+    written("--in-place", r)
+    check("--in-place: reused ROOT/atomic", "reusing the atomic checkpoint " + os.path.join(src, "atomic") in r.stderr, r.stderr[-1500:])
+    check("--in-place: latest_universal still names it", open(os.path.join(src, "latest_universal")).read().strip() == "atomic")
+    check("--in-place: no second conversion beside the tag", not os.path.exists(os.path.join(src, "global_step4_universal")),
+          str(os.listdir(src)))
+
+
 def trainer_dcp():
     src = os.path.join(CASES, "zero2_dp2_fp32", "checkpoint-4")
     out = os.path.join(WORK, "dcp")
@@ -356,6 +375,7 @@ def readme():
 
 
 FINDINGS = {f.__name__: f for f in (second_copy, tag_no_latest, no_trainer_state, ds_version, n_inner_null, output_in_root,
-                                    trainer_dcp, trainer_notes, hints_lead, gpus_summary, inplace_pointer, readme, plan_refuses)}
+                                    trainer_dcp, trainer_notes, hints_lead, gpus_summary, inplace_pointer, readme, plan_refuses,
+                                    atomic_reused)}
 FINDINGS[FINDING]()
 finish(f"issue51 {FINDING}")
