@@ -76,8 +76,13 @@ void PrepareOutput(const ConvertOptions& o, const source::SourceIndex& L, const 
     RemoveTemporaries(o.output);  // files the killed run was writing: never renamed, never complete
   } else {
     RefuseForeignForce(o, **folder);
+    // --force offered only where it would be taken: over what a ucp-convert run wrote.
+    const bool converted = fs::exists(o.output + "/" + store::kJournalDir) || store::IsAtomicCheckpoint(o.output) ||
+                           HoldsOnlyLeftovers(o.output);
     (*folder)->RequireEmpty(o.force, store::AtomicFolderContents(),
-                            "use --resume to finish an interrupted conversion or --force to overwrite it");
+                            converted ? "use --resume to finish an interrupted conversion or --force to overwrite it"
+                                      : "it holds files no ucp-convert run wrote (another tool's, or ucp-reshard's output), "
+                                        "which --force does not replace: choose another -o, or empty it yourself");
   }
   CreateSpreadFolder(o.output + "/zero");  // a folder per parameter
   if (*resume == Resume::No) store::Journal::Start(o.output, fingerprint);

@@ -28,7 +28,8 @@ FINDING is one of:
   inplace_pointer  (row 11) --in-place on a Trainer output_dir: points at the newest checkpoint-N; so do
                    ucp-convert and ucp-reshard -o (newcomer trial).
   atomic_reused    (newcomer trial) ucp-convert ROOT -o ROOT/atomic, then ucp-reshard ROOT (-o, --in-place):
-                   the atomic checkpoint latest_universal names is read where it is.
+                   the atomic checkpoint latest_universal names is read where it is; ucp-convert into an
+                   export offers no --force, which would be refused.
   plan_refuses     (newcomer trial) a dry run from a Trainer root refuses the TP change the run would, and
                    the run refuses it before converting.
   readme           (rows 12, 13) the README says --oversubscribe (and the run-as-root variables) where it
@@ -282,6 +283,10 @@ def atomic_reused():
     check("--in-place: latest_universal still names it", open(os.path.join(src, "latest_universal")).read().strip() == "atomic")
     check("--in-place: no second conversion beside the tag", not os.path.exists(os.path.join(src, "global_step4_universal")),
           str(os.listdir(src)))
+    # ucp-convert into the export: --force is offered only where it would be taken (newcomer trial).
+    r = run("ucp-convert", [src, "-o", os.path.join(WORK, "hf")])
+    refused("ucp-convert -o an export: refused", r, "not empty")
+    check("ucp-convert -o an export: no --force offered, which would be refused", "--force to overwrite" not in r.stderr, r.stderr[-800:])
 
 
 def trainer_dcp():
