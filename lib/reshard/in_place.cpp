@@ -229,6 +229,15 @@ int PrintPlan(const InPlaceOptions& o, const std::string& root, const LatestTag&
     else why = "the layout for " + std::to_string(o.reshard.planner.gpus) + " GPUs is chosen after the conversion (the "
                "planner reads the atomic checkpoint)";
     bytes += FolderBytes(current.dir);
+    // A Trainer folder gets the RNG files of the new processes it lacks, each from a file it holds
+    // (job_output.h's rule).
+    std::error_code ec;
+    if (p.known && current.layout_known && fs::exists(root + "/trainer_state.json", ec)) {
+      const int from = current.layout.SeqDp() * current.layout.tp * current.layout.pp;
+      const int to = p.target.layout.SeqDp() * p.target.layout.tp * p.target.layout.pp;
+      for (const auto& [name, source] : source::RngFilesFor(from, to))
+        if (!fs::exists(root + "/" + name, ec) && fs::exists(root + "/" + source, ec)) writes.push_back(root + "/" + name);
+    }
   }
   const bool resolved = p.known && action != "nothing";
   j["target_layout"] = resolved ? p.target.layout.ToJson() : nlohmann::json(nullptr);

@@ -277,6 +277,16 @@ def atomic_reused():
     written("--format hf from the root", r)
     check("--format hf: read ROOT/atomic where it is", "reading the atomic checkpoint " + os.path.join(src, "atomic") in r.stderr and
           "converting" not in r.stderr, r.stderr[-1500:])
+    # The dry run lists what the step adds, the RNG files of the new processes among them (newcomer trial).
+    four = ["--dp", "4", "--tp", "1", "--pp", "1", "--zero-stage", "2"]
+    r = run("ucp-reshard", [src, "--in-place", "--plan-only", "--json", *four])
+    plan = json.loads(r.stdout) if r.returncode == 0 else {}
+    before = set(os.listdir(src))
+    written("--in-place to 4 processes", run("ucp-reshard", [src, "--in-place", *four]))
+    added = sorted(set(os.listdir(src)) - before)
+    check("--in-place --plan-only: its writes are what the step adds, rng_state_2/3.pth among them",
+          added == sorted(os.path.basename(w) for w in plan.get("writes", [])) and "rng_state_3.pth" in added,
+          f"{added} vs {plan.get('writes')}")
     r = run("ucp-reshard", [src, "--in-place", "--gpus", "1"])
     written("--in-place", r)
     check("--in-place: reused ROOT/atomic", "reusing the atomic checkpoint " + os.path.join(src, "atomic") in r.stderr, r.stderr[-1500:])
