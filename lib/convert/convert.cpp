@@ -39,7 +39,12 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
 
   // 3. Map, shuffle, union, write: in rounds of bounded size.
   RankOutput mine;
-  if (!MapShuffleWrite(o, x, comm, err, mine)) return 1;
+  if (!MapShuffleWrite(o, x, comm, err, mine)) {
+    if (talk && !o.removed_on_failure)  // what stays: no manifest, so nothing that looks complete, and the journal of what was done
+      err << "ucp-convert: " << o.output << " holds this unfinished run (its journal, no " << "ucp_manifest.json"
+          << "): once the cause is fixed, --resume finishes it; or remove the folder\n";
+    return 1;
+  }
   phases.Done("shuffle_union_write");
 
   // 4. Commit (rank 0): optimizer state, model-states files, manifest last, then latest_universal.

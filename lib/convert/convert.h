@@ -19,6 +19,7 @@ struct ConvertOptions {
   std::string patterns_dir;
   bool strict = true;
   bool force = false, resume = false;
+  bool removed_on_failure = false;  // the caller removes the output when the run fails (ucp-reshard's own conversions)
   bool plan_only = false, json = false;
   bool quiet = false;
   bool progress = false;     // a live progress line on rank 0 (the app sets it when stderr is a terminal)

@@ -285,7 +285,15 @@ std::string AtomicOfTag(const InPlaceOptions& o, const std::string& root, const 
   if (AnyFailed(comm, error, err, kTool)) return "";
   if (talk && !current.not_reused.empty()) err << kTool << ": note: " << current.not_reused << "\n";
   if (talk) err << kTool << ": " << Was(current) << ": converting it into " << atomic << "\n";
-  if (convert::RunConvert(ConversionInto(atomic, o, current), comm, out, err) != 0) return "";
+  const bool existed = fs::exists(atomic);
+  if (convert::RunConvert(ConversionInto(atomic, o, current), comm, out, err) != 0) {
+    // Refused (the source damaged, a disk full): what this run began inside the training run's folder
+    // goes with it; a killed run leaves its journal there, which the next step finishes or replaces.
+    std::error_code ec;
+    if (comm.rank() == 0 && !existed && !store::IsAtomicCheckpoint(atomic) && fs::remove_all(atomic, ec) > 0 && talk)
+      err << kTool << ": removed the unfinished atomic checkpoint " << atomic << " (nothing of this run is left in " << root << ")\n";
+    return "";
+  }
   return atomic;
 }
 

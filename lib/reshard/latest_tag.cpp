@@ -180,6 +180,7 @@ convert::ConvertOptions ConversionInto(const std::string& output, const InPlaceO
   convert::ConvertOptions c;
   // From the root, whose `latest` names it: the framework's files beside the tag (Trainer's) travel too.
   c.source = fs::path(current.dir).parent_path().string(), c.output = output, c.force = true;
+  c.removed_on_failure = true;  // the scratch folder always, the folder beside the tag where this run made it
   c.patterns_dir = o.patterns_dir, c.quiet = o.reshard.quiet, c.progress = o.progress, c.strict = o.strict;
   return c;
 }

@@ -30,6 +30,8 @@ FINDING is one of:
   atomic_reused    (newcomer trial) ucp-convert ROOT -o ROOT/atomic, then ucp-reshard ROOT (-o, --in-place):
                    the atomic checkpoint latest_universal names is read where it is; ucp-convert into an
                    export offers no --force, which would be refused.
+  damaged_leaves   (newcomer trial) a damaged record found mid-run: --in-place leaves nothing in the
+                   Trainer folder; ucp-convert says what stays in OUT and how to go on.
   plan_refuses     (newcomer trial) a dry run from a Trainer root refuses the TP change the run would, and
                    the run refuses it before converting.
   readme           (rows 12, 13) the README says --oversubscribe (and the run-as-root variables) where it
@@ -299,6 +301,23 @@ def atomic_reused():
     check("ucp-convert -o an export: no --force offered, which would be refused", "--force to overwrite" not in r.stderr, r.stderr[-800:])
 
 
+def damaged_leaves():
+    """A damaged record found mid-run (newcomer trial): --in-place leaves nothing in the Trainer folder;
+    ucp-convert says what stays in OUT (its journal, no manifest) and how to go on."""
+    from damage import flip_in_record
+    src = copy_checkpoint("zero2_dp2_fp32")
+    before = tree_files(src)
+    flip_in_record(os.path.join(src, "global_step4", "zero_pp_rank_1_mp_rank_00_optim_states.pt"), "/data/2")  # exp_avg_sq
+    r = run("ucp-reshard", [src, "--in-place", "--gpus", "1"])
+    refused("--in-place: the damaged record refused", r, "CRC-32 mismatch")
+    check("--in-place: nothing of the run left in the Trainer folder", tree_files(src) == before,
+          str(sorted(set(tree_files(src)) ^ set(before)))[:800])
+    out = os.path.join(WORK, "out")
+    r = run("ucp-convert", [src, "-o", out], ranks=2)
+    refused("ucp-convert: refused, saying what stays and how to go on", r, "CRC-32 mismatch", "--resume")
+    check("ucp-convert: nothing that looks complete", not os.path.exists(os.path.join(out, "ucp_manifest.json")))
+
+
 def trainer_dcp():
     src = os.path.join(CASES, "zero2_dp2_fp32", "checkpoint-4")
     out = os.path.join(WORK, "dcp")
@@ -390,6 +409,6 @@ def readme():
 
 FINDINGS = {f.__name__: f for f in (second_copy, tag_no_latest, no_trainer_state, ds_version, n_inner_null, output_in_root,
                                     trainer_dcp, trainer_notes, hints_lead, gpus_summary, inplace_pointer, readme, plan_refuses,
-                                    atomic_reused)}
+                                    atomic_reused, damaged_leaves)}
 FINDINGS[FINDING]()
 finish(f"issue51 {FINDING}")
