@@ -20,7 +20,8 @@ void RefuseNonAtomicInput(const std::string& dir) {
     if (e.path().filename().string().ends_with("model_states.pt"))
       throw Error(dir + ": a checkpoint folder, not its root: give the folder holding `latest` (" +
                   std::filesystem::path(dir).lexically_normal().parent_path().string() + "), whose atomic checkpoint is "
-                  "then found or made beside the tag, or ucp-convert it first");
+                  "then found beside the tag or made (with -o in OUT/.ucp-scratch-atomic, with --in-place beside the tag), "
+                  "or ucp-convert it first");
   if (const formats::SourceDriver* d = formats::ProbeSource(dir); d && std::string(d->name) != "deepspeed")
     throw Error(dir + ": a " + d->name + " checkpoint, not an atomic one: convert it first (mpirun -np N ucp-convert " + dir +
                 " -o ATOMIC), then ucp-reshard ATOMIC");

@@ -37,11 +37,11 @@ FINDING is one of:
   readme           (rows 12, 13) the README says --oversubscribe (and the run-as-root variables) where it
                    first shows mpirun, and that the HF round trip needs --optimizer-config.
 """
+import hashlib
 import json
 import os
 import re
 import shutil
-import struct
 import sys
 
 import torch
@@ -49,6 +49,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds_stubs  # noqa: E402,F401
 from checklist import check, finish, fresh_folder, tool_runner  # noqa: E402
+from safetensors_reader import read_model_folder  # noqa: E402
 
 FINDING, BIN, CASES, REAL_HF, README, WORK, MPIEXEC = sys.argv[1:8]
 run = tool_runner(BIN, MPIEXEC)
@@ -199,6 +200,20 @@ def ds_version():
         r = run("ucp-inspect", [out])
         check(f"{name}: ucp-inspect finds nothing wrong", r.returncode == 0 and "empty ds_version" not in r.stdout + r.stderr,
               r.stdout[-1500:] + r.stderr[-800:])
+    # What real DeepSpeed 0.19.5 loaded (scripts/issue51_real_readers.py, by hand: the layouts without
+    # --ds-version, logits within 1.5e-7 of transformers'): ucp still writes those bytes.
+    record = json.load(open(os.path.join(REAL_HF, "issue51_readers.json")))
+    with open(os.path.join(WORK, "record_cfg.json"), "w") as f:
+        json.dump(record["optimizer_config (cfg.json)"], f)
+    for name, row in record["A_ds_version_default"]["rows"].items():
+        out = os.path.join(WORK, "record_" + name)
+        args = [os.path.join(WORK, "record_cfg.json") if a == "cfg.json" else a for a in row["ucp_reshard_args"]]
+        r = run("ucp-reshard", [atomic, "-o", out, *args])
+        tag = os.path.join(out, "global_step0")
+        got = {n: hashlib.sha256(open(os.path.join(tag, n), "rb").read()).hexdigest() for n in sorted(os.listdir(tag))} if r.returncode == 0 else {}
+        check(f"{name}: the bytes DeepSpeed loaded ({'ok' if row['deepspeed_loaded'] else 'NOT'} loaded, "
+              f"{row['max_abs_diff_deepspeed_vs_transformers']:.2g} from transformers' logits)",
+              row["deepspeed_loaded"] and got == row["ckpt_sha256"], str(sorted(k for k in got if got[k] != row["ckpt_sha256"].get(k)))[:600])
     # An empty ds_version in a layout (as earlier imports wrote it) is flagged.
     bad = os.path.join(WORK, "empty")
     shutil.copytree(os.path.join(WORK, "fresh"), bad)
@@ -246,6 +261,11 @@ def n_inner_null():
               os.path.isfile(os.path.join(out, "model.safetensors")), str(tree_files(out)))
         check(f"{name}: no note that config.json was written from the facts", "written from the facts" not in r.stdout + r.stderr,
               r.stdout[-1500:])
+        # The tensors, byte for byte, that transformers loaded with the source's logits (scripts/issue51_real_readers.py).
+        want, got = read_model_folder(model), read_model_folder(out) if r.returncode == 0 else {}
+        check(f"{name}: the model's tensors byte for byte", want.keys() == got.keys() and all(
+            want[k].dtype == got[k].dtype and want[k].shape == got[k].shape and torch.equal(want[k], got[k]) for k in want),
+            str(sorted(set(want) ^ set(got)))[:400])
 
 
 def output_in_root():
