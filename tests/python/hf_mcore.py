@@ -142,6 +142,9 @@ out = os.path.join(WORK, "gpt_tp2", "hf")
 r = run("ucp-reshard", [atomic, "-o", out, "--format", "hf"])
 check("gpt_tp2: refused as GPT-2-shaped, nothing written", r.returncode != 0 and "GPT-2" in r.stderr and not os.path.exists(out),
       r.stderr[-600:])
+# Its reasons are true of it (a newcomer saw "linear layers without biases" of a model holding linear_qkv.bias).
+check("gpt_tp2: no reason the checkpoint contradicts", "without biases" not in r.stderr and "normalization" not in r.stderr,
+      r.stderr[-900:])
 atomic = os.path.join(WORK, "moe_ep2", "atomic")
 r = run("ucp-convert", [os.path.join(CASES, "moe_ep2", "checkpoint"), "-o", atomic, "-q"])
 check("moe_ep2: convert", r.returncode == 0, r.stderr[-800:])

@@ -72,8 +72,11 @@ bool ArgSet(const ModelView& v, const char* key) {
 // What the weights and args show that GPT2LMHeadModel does not compute, each said.
 std::vector<std::string> Differences(const ModelView& v, const Facts& f) {
   std::vector<std::string> differs;
-  const auto *qkv = FirstOf(v, R"(.*self_attention\.query_key_value\.weight)"), *dense = FirstOf(v, R"(.*self_attention\.dense\.weight)"),
-             *up = FirstOf(v, R"(.*mlp\.dense_h_to_4h\.weight)"), *down = FirstOf(v, R"(.*mlp\.dense_4h_to_h\.weight)");
+  // Megatron-DeepSpeed's names, or Megatron-Core's (linear_qkv, linear_proj, linear_fc1, linear_fc2): what is
+  // said of the model is true of either, whichever the target writes.
+  const auto *qkv = FirstOf(v, R"(.*self_attention\.(query_key_value|linear_qkv)\.weight)"),
+             *dense = FirstOf(v, R"(.*self_attention\.(dense|linear_proj)\.weight)"),
+             *up = FirstOf(v, R"(.*mlp\.(dense_h_to_4h|linear_fc1)\.weight)"), *down = FirstOf(v, R"(.*mlp\.(dense_4h_to_h|linear_fc2)\.weight)");
   const auto kv = f.Int("num_key_value_heads"), q = f.Int("num_attention_heads");
   if (kv && q && *kv != *q)
     differs.push_back("grouped-query attention, " + std::to_string(*kv) + " key-value heads for " + std::to_string(*q) +
@@ -85,13 +88,13 @@ std::vector<std::string> Differences(const ModelView& v, const Facts& f) {
   if (f.Flag("swiglu").value_or(false) || swiglu_rows) differs.push_back("a SwiGLU MLP (GPT2LMHeadModel: GeLU)");
   std::string norm = f.Str("normalization");
   std::transform(norm.begin(), norm.end(), norm.begin(), [](unsigned char c) { return std::tolower(c); });
-  if ((!norm.empty() && norm != "layernorm") || !FirstOf(v, R"(.*(layernorm|^\d+)\.bias)"))
+  if ((!norm.empty() && norm != "layernorm") || !FirstOf(v, R"(.*((layernorm|^\d+)\.bias|layer_norm_bias))"))
     differs.push_back("normalization '" + (norm.empty() ? std::string("without biases") : norm) + "' (GPT2LMHeadModel: LayerNorm with biases)");
   if (f.Str("position_embedding_type") == "rope" || f.Flag("use_rotary_position_embeddings").value_or(false))
     differs.push_back("rotary position embeddings (GPT2LMHeadModel: learned absolute positions only)");
   if (FirstOf(v, R"(^(language_model\.output_layer|\d+\.lm_head)\.weight$)") || f.Flag("untie_embeddings_and_output_weights").value_or(false))
     differs.push_back("an output layer apart from the word embedding (GPT2LMHeadModel ties them)");
-  if (!FirstOf(v, R"(.*self_attention\.query_key_value\.bias)") || !FirstOf(v, R"(.*mlp\.dense_4h_to_h\.bias)"))
+  if (!FirstOf(v, R"(.*self_attention\.(query_key_value|linear_qkv)\.bias)") || !FirstOf(v, R"(.*mlp\.(dense_4h_to_h|linear_fc2)\.bias)"))
     differs.push_back("linear layers without biases, add_bias_linear false (GPT2LMHeadModel: biases on every one)");
   if (FirstOf(v, R"(^(decoder\.layers|embedding)\..*)"))
     differs.push_back("Megatron-Core's names (decoder.layers.*, embedding.*): GPT-2 is written from Megatron-DeepSpeed's "
