@@ -83,15 +83,6 @@ JobOutput PlanJobOutput(const Source& S, const TargetLayout& T, const std::strin
     J.notes.push_back("the files are " + T.dtype + "'s: the job must train in " + T.dtype +
                       (T.dtype == "fp32" ? " (TrainingArguments without bf16 / fp16)" : " (TrainingArguments " + T.dtype + "=True)") +
                       "; it trained in " + src.value("dtype", std::string("?")));
-  // Trainer names the folder after the step it saved; ucp-inspect refuses another name.
-  {
-    fs::path path = fs::path(root).lexically_normal();
-    if (path.filename().empty()) path = path.parent_path();
-    const std::string name = path.filename().string(), want = "checkpoint-" + std::to_string(job.global_step);
-    if (!in_place && job.global_step >= 0 && name.rfind("checkpoint-", 0) == 0 && name != want)
-      J.notes.push_back("the output is named " + name + ", the checkpoint is of step " + std::to_string(job.global_step) +
-                        " (Trainer's name for it: " + want + ")");
-  }
   const int from_world = S.manifest["source"].value("dp", 1) * S.manifest["source"].value("sp", 1) *
                          S.manifest["source"].value("tp", 1) * S.manifest["source"].value("pp", 1);
   if (std::string batch = GlobalBatchNote(S, from_world, to_world); !batch.empty()) J.notes.push_back(batch);
@@ -105,6 +96,16 @@ void WriteJobOutput(const Source& S, const JobOutput& J, const std::string& root
     out.Write(bytes.data(), bytes.size());
     out.Commit();
   }
+}
+
+void RefuseMisnamedCheckpoint(const source::JobFiles& job, const std::string& root, bool in_place) {
+  fs::path path = fs::path(root).lexically_normal();
+  if (path.filename().empty()) path = path.parent_path();
+  const std::string name = path.filename().string(), want = "checkpoint-" + std::to_string(job.global_step);
+  if (!in_place && job.kind == "hf-trainer" && job.global_step >= 0 && name.rfind("checkpoint-", 0) == 0 && name != want)
+    throw Error(root + ": named " + name + " for the checkpoint of step " + std::to_string(job.global_step) + ": Trainer names it " +
+                want + " (and ucp-inspect and ucp-convert refuse another checkpoint-N name for it): -o " +
+                (path.parent_path() / want).string());
 }
 
 std::string GlobalBatchNote(const Source& S, int from_world, int to_world) {

@@ -12,6 +12,7 @@
 
 #include "layout/reshard_plan.h"
 #include "layout/target.h"
+#include "source/job_files.h"
 
 namespace ucp::reshard {
 
@@ -29,6 +30,10 @@ JobOutput PlanJobOutput(const Source& S, const TargetLayout& T, const std::strin
 // Writes them, each checked against the manifest as it is read and written atomically, without an
 // fsync (the run's one sync makes them durable before `latest`).
 void WriteJobOutput(const Source& S, const JobOutput& J, const std::string& root);
+
+// A Trainer checkpoint written (-o, not in place) under the name checkpoint-M for its step N: refused
+// (ucp::Error) naming Trainer's name for it, which ucp-inspect and ucp-convert require after.
+void RefuseMisnamedCheckpoint(const source::JobFiles& job, const std::string& root, bool in_place);
 
 // For a job whose world changes: what its global batch becomes, from the ds_config the checkpoint
 // keeps (train_micro_batch_size_per_gpu x gradient_accumulation_steps x processes) and how to keep

@@ -8,6 +8,7 @@
 #include "core/names.h"
 #include "core/output_lock.h"
 #include "formats/registry.h"
+#include "reshard/job_output.h"
 #include "store/atomic_store.h"
 #include "store/universal_folder.h"
 #include "layout/planner.h"
@@ -159,6 +160,7 @@ bool Reusable(const std::string& root, const LatestTag& current) {
 
 void RefuseBeforeConversion(const LatestTag& current, const TargetLayout* target, const InPlaceOptions& o) {
   const source::SourceIndex L = formats::IndexSource(current.dir);
+  if (o.reshard.format == "deepspeed") RefuseMisnamedCheckpoint(L.job, o.reshard.output, o.reshard.in_place);
   // A target that judges the model itself (a model export) says now what it would refuse after.
   if (const formats::TargetDriver& d = formats::FindTarget(o.reshard.format); d.check_source) d.check_source(L, o.reshard.model);
   if (!target) return;

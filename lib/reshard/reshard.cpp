@@ -300,6 +300,7 @@ Resharding PlanReshard(const ReshardOptions& o, int ranks) {
   if (!o.plan_only && !o.in_place) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
   RefuseNonAtomicInput(o.atomic_dir);
   R.S = LoadSource(o.atomic_dir);
+  RefuseMisnamedCheckpoint(source::JobFiles::FromJson(R.S.manifest["source"].value("job", nlohmann::json())), o.output, o.in_place);
   WithContext(o.atomic_dir + "/" + store::kManifestName, [&] {
     R.tag = R.S.manifest.at("source").at("tag").get<std::string>();
     // A Hugging Face model's weights have no tag: DeepSpeed's own for the iteration (global_step0).

@@ -32,6 +32,8 @@ FINDING is one of:
                    export offers no --force, which would be refused.
   damaged_leaves   (newcomer trial) a damaged record found mid-run: --in-place leaves nothing in the
                    Trainer folder; ucp-convert says what stays in OUT and how to go on.
+  misnamed_output  (newcomer trial) -o checkpoint-8 for the checkpoint of step 4: refused before writing
+                   (and in a dry run), naming checkpoint-4; -o checkpoint-4 written and read back.
   plan_refuses     (newcomer trial) a dry run from a Trainer root refuses the TP change the run would, and
                    the run refuses it before converting.
   readme           (rows 12, 13) the README says --oversubscribe (and the run-as-root variables) where it
@@ -338,6 +340,24 @@ def damaged_leaves():
     check("ucp-convert: nothing that looks complete", not os.path.exists(os.path.join(out, "ucp_manifest.json")))
 
 
+def misnamed_output():
+    """-o .../checkpoint-8 for the checkpoint of step 4 (newcomer trial: written with a note, then refused by
+    ucp-inspect and ucp-convert): refused before anything is written, naming Trainer's name for it."""
+    src = os.path.join(CASES, "zero2_dp2_fp32", "checkpoint-4")
+    atomic = os.path.join(WORK, "atomic")
+    written("converted", run("ucp-convert", [src, "-o", atomic]))
+    layout = ["--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "2"]
+    for label, source in (("from the root", src), ("from the atomic checkpoint", atomic)):
+        for extra in ([], ["--plan-only"]):
+            out = os.path.join(WORK, label.split()[-1], "checkpoint-8")
+            r = run("ucp-reshard", [source, "-o", out, *layout, *extra])
+            refused(f"{label}{' --plan-only' if extra else ''}: -o checkpoint-8 refused, naming checkpoint-4", r, "checkpoint-4")
+            check(f"{label}: nothing written", not os.path.exists(out), str(tree_files(out)))
+    out = os.path.join(WORK, "named", "checkpoint-4")
+    written("-o checkpoint-4: written", run("ucp-reshard", [atomic, "-o", out, *layout]))
+    written("and ucp-inspect reads it", run("ucp-inspect", [out]))
+
+
 def trainer_dcp():
     src = os.path.join(CASES, "zero2_dp2_fp32", "checkpoint-4")
     out = os.path.join(WORK, "dcp")
@@ -429,6 +449,6 @@ def readme():
 
 FINDINGS = {f.__name__: f for f in (second_copy, tag_no_latest, no_trainer_state, ds_version, n_inner_null, output_in_root,
                                     trainer_dcp, trainer_notes, hints_lead, gpus_summary, inplace_pointer, readme, plan_refuses,
-                                    atomic_reused, damaged_leaves)}
+                                    atomic_reused, damaged_leaves, misnamed_output)}
 FINDINGS[FINDING]()
 finish(f"issue51 {FINDING}")
