@@ -41,8 +41,9 @@ int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, 
   RankOutput mine;
   if (!MapShuffleWrite(o, x, comm, err, mine)) {
     if (talk && !o.removed_on_failure)  // what stays: no manifest, so nothing that looks complete, and the journal of what was done
-      err << "ucp-convert: " << o.output << " holds this unfinished run (its journal, no " << "ucp_manifest.json"
-          << "): once the cause is fixed, --resume finishes it; or remove the folder\n";
+      err << "ucp-convert: " << o.output << " holds this unfinished run (its journal, no ucp_manifest.json): --resume "
+          << "finishes it where the source is as it was (a full disk, a lost rank); a source file replaced or repaired "
+          << "is another source: --force converts it afresh; or remove the folder\n";
     return 1;
   }
   phases.Done("shuffle_union_write");

@@ -127,7 +127,7 @@ OutputLock::~OutputLock() {
   if (ReadAll(path_) == content_) ::unlink(path_.c_str());  // only our own
 }
 
-void RefuseOutputWithin(const std::string& output, const std::string& input, const std::string& what) {
+void RefuseOutputWithin(const std::string& output, const std::string& input, const std::string& what, const std::string& fix) {
   std::error_code ec;
   const fs::path out = fs::weakly_canonical(output, ec), in = fs::weakly_canonical(input, ec);
   if (out.empty() || in.empty()) return;
@@ -138,7 +138,7 @@ void RefuseOutputWithin(const std::string& output, const std::string& input, con
   if (!plain.has_filename()) plain = plain.parent_path();
   const bool linked = out != plain;
   throw Error(output + ": the output folder " + (out == in ? "is " : "is inside ") + what + " " + input +
-              (linked ? " (through a symbolic link: it resolves to " + out.string() + ")" : ""));
+              (linked ? " (through a symbolic link: it resolves to " + out.string() + ")" : "") + (fix.empty() ? "" : ": " + fix));
 }
 
 std::string OutputLock::RemoveStale(const std::string& dir, const std::string& tool) {

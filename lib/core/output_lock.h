@@ -38,6 +38,6 @@ class OutputLock {
 // Refuses (ucp::Error naming both) an output folder that is `input` or lies inside it, symbolic
 // links resolved: a run would write into what it reads, and --force would delete it. `what` names
 // the input, e.g. "the source checkpoint folder".
-void RefuseOutputWithin(const std::string& output, const std::string& input, const std::string& what);
+void RefuseOutputWithin(const std::string& output, const std::string& input, const std::string& what, const std::string& fix = "");
 
 }  // namespace ucp

@@ -181,7 +181,8 @@ std::string Message(const SourceIndex& L, const Verdicts& v) {
         (odd_data.size() > 1 ? ", and so do those of " + Names(L, {odd_data.begin() + 1, odd_data.end()}) : "") +
         ": " + (odd_data.size() > 1 ? "these files are" : "this file is") + " the odd one";
   }
-  return s + ": a value the checkpoint stores twice differs, so its files come from different saves, ranks or runs";
+  return s + ": a value the checkpoint stores twice differs, so its files come from different saves, ranks or runs; "
+             "put back the files the save wrote (swapped ones swapped back), or convert another save";
 }
 
 // A chunk of one fragment's masters and the copy's elements they must give.

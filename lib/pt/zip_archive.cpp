@@ -192,7 +192,7 @@ Error CrcMismatch(const std::string& path, const std::string& record, uint32_t s
   char hex[64];
   std::snprintf(hex, sizeof hex, "stored %08x, computed %08x", stored, computed);
   return Error(path + ": record '" + record + "': CRC-32 mismatch (" + hex + (how.empty() ? "" : ", " + how) +
-               "): the file is damaged" + (consequence.empty() ? "" : "; " + consequence));
+               "): the file is damaged (restore it from a good copy)" + (consequence.empty() ? "" : "; " + consequence));
 }
 
 }  // namespace ucp::pt

@@ -415,7 +415,9 @@ int RunFromRoot(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out,
                   "reads (" + root + "): choose another -o, or --in-place to write beside its tag");
     // -o inside the root: a whole checkpoint (or model) written into the one it is made from, which the
     // job's next save, a copy of the folder or a second run would take for part of it.
-    if (!o.plan_only) RefuseOutputWithin(o.reshard.output, root, "the training run's root");
+    if (!o.plan_only)
+      RefuseOutputWithin(o.reshard.output, root, "the training run's root",
+                         "give -o a folder outside it, or --in-place to write the new layout beside its tag");
     reusable = Reusable(root, current);
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;

@@ -37,6 +37,10 @@ JobOutput PlanJobOutput(const Source& S, const TargetLayout& T, const std::strin
   if (!in_place)
     for (const auto& n : job.carried)
       if (!source::IsRngFile(n)) J.files.emplace_back(n, folder + n);
+  // Converted with --no-strict from a folder that had lost it: said again where the files are written.
+  if (job.kind == "hf-trainer" && std::find(job.carried.begin(), job.carried.end(), "trainer_state.json") == job.carried.end())
+    J.notes.push_back("no trainer_state.json is written: the source had none (converted with --no-strict), and Trainer "
+                      "resumes from it; without it Trainer starts again at step 0");
   if (job.kind == "hf-trainer" && job.rng_world > 0) {
     std::vector<std::string> copied, lacking;
     for (const auto& [to, from] : source::RngFilesFor(job.rng_world, to_world)) {

@@ -97,8 +97,8 @@ def second_copy():
     os.rename(a, a + ".x"), os.rename(b, a), os.rename(a + ".x", b)
     for ranks in (1, 2):
         r = run("ucp-convert", [src, "-o", os.path.join(WORK, f"atomic{ranks}")], ranks=ranks)
-        refused(f"swapped: ucp-convert on {ranks} rank(s) refuses naming model.safetensors and the optimizer files", r,
-                "model.safetensors", "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+        refused(f"swapped: ucp-convert on {ranks} rank(s) refuses naming model.safetensors and the optimizer files, and the fix", r,
+                "model.safetensors", "zero_pp_rank_0_mp_rank_00_optim_states.pt", "swapped back")
         check(f"swapped: {ranks} rank(s): no manifest", not os.path.exists(os.path.join(WORK, f"atomic{ranks}", "ucp_manifest.json")))
     r = run("ucp-inspect", [src, "--verify"])
     refused("swapped: ucp-inspect --verify flags it", r, "model.safetensors")
@@ -151,6 +151,11 @@ def no_trainer_state():
     r = run("ucp-reshard", [src, "-o", os.path.join(WORK, "layout"), "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "2"])
     refused("ucp-reshard refuses, naming trainer_state.json", r, "trainer_state.json")
     check("no layout", not os.path.exists(os.path.join(WORK, "layout", "latest")))
+    # Converted anyway (--no-strict): the layout written from it says it has no trainer_state.json (verification trial).
+    written("--no-strict: converted with a warning", run("ucp-convert", [src, "-o", os.path.join(WORK, "lenient"), "--no-strict"]))
+    r = run("ucp-reshard", [os.path.join(WORK, "lenient"), "-o", os.path.join(WORK, "lenient_out", "checkpoint-4"), "--gpus", "1"])
+    written("--no-strict: resharded", r)
+    check("--no-strict: the reshard says no trainer_state.json is written", "no trainer_state.json" in r.stderr, r.stderr[-1200:])
     # A state that reads but says no step (Trainer would start again at step 0), found by the newcomer trial.
     for label, text in (("{}", "{}"), ("without global_step", None)):
         state = json.load(open(os.path.join(CASES, "zero2_dp2_fp32", "checkpoint-4", "trainer_state.json")))
@@ -275,7 +280,8 @@ def output_in_root():
     before = tree_files(src)
     for args in (["--gpus", "1"], ["--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "2"]):
         r = run("ucp-reshard", [src, "-o", os.path.join(src, "new"), *args])
-        refused(f"ucp-reshard ROOT -o ROOT/new {' '.join(args)}: refused as inside the input", r, "inside")
+        refused(f"ucp-reshard ROOT -o ROOT/new {' '.join(args)}: refused as inside the input, saying what to do", r, "inside",
+                "--in-place")
         check(f"{' '.join(args)}: nothing written inside the checkpoint", tree_files(src) == before,
               str(sorted(set(tree_files(src)) - set(before)))[:800])
         shutil.rmtree(os.path.join(src, "new"), ignore_errors=True)
@@ -336,7 +342,7 @@ def damaged_leaves():
           str(sorted(set(tree_files(src)) ^ set(before)))[:800])
     out = os.path.join(WORK, "out")
     r = run("ucp-convert", [src, "-o", out], ranks=2)
-    refused("ucp-convert: refused, saying what stays and how to go on", r, "CRC-32 mismatch", "--resume")
+    refused("ucp-convert: refused, saying what stays and how to go on", r, "CRC-32 mismatch", "restore it", "--force converts it afresh")
     check("ucp-convert: nothing that looks complete", not os.path.exists(os.path.join(out, "ucp_manifest.json")))
 
 
