@@ -130,6 +130,21 @@ std::string Names(const SourceIndex& L, const std::vector<int>& files) {
 // optimizer files whose masters disagree.
 std::string Message(const SourceIndex& L, const Verdicts& v) {
   auto bad = [&](int f) { return At(v, f, kParams) > 0; };
+  if (!L.on_grid) {  // a DCP: the model's tensors and the optimizer's masters lie side by side in the same files
+    std::vector<int> odd;
+    int64_t params = 0, elements = 0;
+    for (size_t f = 0; f < L.files.size(); ++f)
+      if (L.files[f].data && bad(static_cast<int>(f))) odd.push_back(static_cast<int>(f)), params += At(v, static_cast<int>(f), kParams), elements += At(v, static_cast<int>(f), kElements);
+    char largest[32];
+    std::snprintf(largest, sizeof largest, "%.3g", Largest(v, odd.front()));
+    return "the optimizer's fp32 master weights disagree with the model's own tensors saved beside them (" + std::to_string(params) +
+           " piece(s), " + std::to_string(elements) + " element(s) in " + Names(L, odd) + "; '" +
+           L.params[static_cast<size_t>(At(v, odd.front(), kWorstParam) - 1)].name + "' by up to " + largest + "): the checkpoint "
+           "stores each weight twice and the two differ, so its optimizer state is not that of its model (files of different saves, "
+           "or a save that wrote the state wrongly: Megatron-Core 0.17's fully_reshardable form does so for the distributed "
+           "optimizer with several gradient buckets; its dp_reshardable form, Megatron-LM's default, does not); nothing of it "
+           "can be trusted: convert another save";
+  }
   std::map<int, std::vector<int>> data_of;                   // weight file -> the data files holding its masters
   std::map<std::pair<int, int>, std::set<int>> weights_at;   // (pp, tp) -> its weight files
   std::map<std::tuple<int, int, int>, int> copy_file;        // (param, pp, tp) -> weight file
@@ -191,6 +206,7 @@ struct Unit {
   const WeightCopy* copy;
   uint64_t masters;  // file offset of the fragment's group's fp32 partition
   int64_t at, n;     // elements [at, at + n) of the fragment
+  int64_t copy_at;   // the copy's element that element `at` must give
 };
 
 // Each unit compared, by `threads` threads taking units in turn (the bytes are in the page cache
@@ -210,7 +226,7 @@ std::vector<Difference> CompareUnits(const SourceIndex& L, const std::vector<Uni
         const size_t es = pt::ElementSize(w.copy->dtype), n = static_cast<size_t>(w.n);
         master.resize(n), copy.resize(n * es);
         files.Read(w.fragment->file, w.masters + 4 * static_cast<uint64_t>(w.fragment->src_start + w.at), n * 4, master.data());
-        files.Read(w.copy->file, w.copy->offset + es * static_cast<uint64_t>(w.fragment->dst_start + w.at), n * es, copy.data());
+        files.Read(w.copy->file, w.copy->offset + es * static_cast<uint64_t>(w.copy_at), n * es, copy.data());
         Compare(master.data(), copy.data(), w.copy->dtype, w.n, rounded, diff[u]);
       }
     } catch (...) {
@@ -231,7 +247,10 @@ std::vector<Difference> CompareUnits(const SourceIndex& L, const std::vector<Uni
 std::string CheckWeightCopies(const SourceIndex& L, shuffle::Comm& comm, int threads) {
   if (L.weight_copies.empty()) return "";
   std::map<std::tuple<int, int, int>, const WeightCopy*> copy_of;  // (param, pp, tp)
-  for (const auto& c : L.weight_copies) copy_of[{c.param, c.pp, c.tp}] = &c;
+  std::map<std::pair<int, int>, std::vector<const WeightCopy*>> slot_copies;  // (data file, slot): a DCP's copies
+  for (const auto& c : L.weight_copies)
+    if (c.slot_file >= 0) slot_copies[{c.slot_file, c.slot_group}].push_back(&c);
+    else copy_of[{c.param, c.pp, c.tp}] = &c;
   std::map<int, int> checker;  // data file -> the rank that checks it, dealt in turn
   for (size_t fi = 0, k = 0; fi < L.files.size(); ++fi)
     if (L.files[fi].data) checker[static_cast<int>(fi)] = static_cast<int>(k++ % static_cast<size_t>(comm.size()));
@@ -239,23 +258,35 @@ std::string CheckWeightCopies(const SourceIndex& L, shuffle::Comm& comm, int thr
   for (const auto& fr : L.fragments) {
     if (checker[fr.file] != comm.rank()) continue;
     const source::ShardFile& f = L.files[static_cast<size_t>(fr.file)];
-    const auto it = copy_of.find({fr.param, f.pp, L.CopyTp(fr)});
     const source::Extent& m = f.groups[static_cast<size_t>(fr.group)][0];
-    if (it == copy_of.end() || m.file >= 0) continue;  // no copy; or masters that are the weights themselves
+    if (m.file >= 0) continue;  // masters that are the weights themselves
+    if (auto slot = slot_copies.find({fr.file, fr.group}); slot != slot_copies.end()) {
+      for (const WeightCopy* c : slot->second) {  // the copies of the slot's elements this fragment holds
+        const int64_t a = std::max(fr.src_start, c->slot_start), b = std::min(fr.src_start + fr.numel, c->slot_start + c->numel);
+        for (int64_t at = a; at < b; at += kChunk)
+          units.push_back({&fr, c, m.offset, at - fr.src_start, std::min(kChunk, b - at), at - c->slot_start});
+      }
+      continue;
+    }
+    const auto it = copy_of.find({fr.param, f.pp, L.CopyTp(fr)});
+    if (it == copy_of.end()) continue;  // no copy
     if (fr.dst_start < 0 || fr.dst_start + fr.numel > it->second->numel) continue;  // the index's coverage check says so
-    for (int64_t at = 0; at < fr.numel; at += kChunk) units.push_back({&fr, it->second, m.offset, at, std::min(kChunk, fr.numel - at)});
+    for (int64_t at = 0; at < fr.numel; at += kChunk)
+      units.push_back({&fr, it->second, m.offset, at, std::min(kChunk, fr.numel - at), fr.dst_start + at});
   }
   // Every rank reaches the sum below, whatever it found: a damaged record is thrown after it.
   std::string damage;
   Verdicts v((L.files.size() + L.copy_files.size()) * kFields + 1, 0);
   try {
     const std::vector<Difference> diff = CompareUnits(L, units, threads);
-    for (size_t u = 0; u < units.size();) {
+    for (size_t u = 0; u < units.size();) {  // per fragment and copy
+      const size_t first = u;
       const source::Fragment& fr = *units[u].fragment;
       const WeightCopy& c = *units[u].copy;
       Difference d;
-      for (; u < units.size() && units[u].fragment == &fr; ++u)
-        d.elements += diff[u].elements, d.largest = std::max(d.largest, diff[u].largest);
+      int64_t n = 0;
+      for (; u < units.size() && units[u].fragment == &fr && units[u].copy == &c; ++u)
+        d.elements += diff[u].elements, d.largest = std::max(d.largest, diff[u].largest), n += units[u].n;
       if (d.elements == 0) {
         At(v, fr.file, kAgreed) += 1, At(v, c.file, kAgreed) += 1;
         continue;
@@ -263,8 +294,8 @@ std::string CheckWeightCopies(const SourceIndex& L, shuffle::Comm& comm, int thr
       // A damaged byte is damage, said as such, before the copies are said to come from elsewhere.
       const size_t es = pt::ElementSize(c.dtype);
       Files files(L);
-      files.CheckRecords(fr.file, units[u - 1].masters + 4 * static_cast<uint64_t>(fr.src_start), 4 * static_cast<uint64_t>(fr.numel));
-      files.CheckRecords(c.file, c.offset + es * static_cast<uint64_t>(fr.dst_start), es * static_cast<uint64_t>(fr.numel));
+      files.CheckRecords(fr.file, units[first].masters + 4 * static_cast<uint64_t>(fr.src_start + units[first].at), 4 * static_cast<uint64_t>(n));
+      files.CheckRecords(c.file, c.offset + es * static_cast<uint64_t>(units[first].copy_at), es * static_cast<uint64_t>(n));
       At(v, fr.file, kParams) += 1, At(v, fr.file, kElements) += d.elements, At(v, c.file, kParams) += 1;
       if (d.largest > Largest(v, fr.file) || At(v, fr.file, kWorstParam) == 0) {
         std::memcpy(&At(v, fr.file, kLargestBits), &d.largest, 8);

@@ -92,6 +92,11 @@ struct WeightCopy {
   uint64_t offset = 0;
   int64_t numel = 0;
   pt::DType dtype = pt::DType::F32;  // F32, BF16 or F16
+  // Off a grid (a DCP, whose fragments place global tensors): the copy holds elements
+  // [slot_start, slot_start + numel) of slot `slot_group` of data file `slot_file`, in the slot's own
+  // order, rather than a TP-local tensor; -1: on the grid, as above.
+  int slot_file = -1, slot_group = -1;
+  int64_t slot_start = 0;
 };
 
 struct SourceIndex {

@@ -12,6 +12,12 @@ For every case, at 1 and 2 MPI ranks:
   optimizer.state.exp_avg_sq.<key>) byte for byte; every step is common.pt's (common_step, or the
   distributed optimizer's param groups' step); zero/optimizer_state.pt holds common.pt's param groups;
 - ucp-inspect says Megatron-Core, the iteration and the param groups note.
+The distributed optimizer's dp_reshardable form (checkpoint_dp_reshardable, saved beside the
+fully_reshardable copy of the same state in the same process): converted at 1 and 2 ranks, its atomic
+checkpoint equals the fully_reshardable one's byte for byte, or, where Megatron's own fully_reshardable
+save wrote another state (reference_trained.pt: the trained state), equals the trained state, and that
+save is refused (its masters disagree with the model's tensors). Damaged dp_reshardable copies: a
+layout that disagrees with the chunk edges, a missing domain, a truncated .distcp, each refused by name.
 Then damaged copies: a flipped byte in common.pt is refused naming it; a metadata.json naming another
 backend, or empty, is refused naming it; a missing common.pt is refused naming it; an optimizer.* key
 of no known form is refused naming it (never read as a model tensor); a missing metadata.json or an
@@ -69,6 +75,23 @@ def compare(case, atomic, ref, common):
           [list(g) for g in osd["param_groups"]] == [list(g) for g in common["param_groups"]], f"{osd.get('param_groups')}")
 
 
+def same_atomic(label, a, b):
+    """Atomic checkpoints a and b hold the same parameters, each state byte for byte, and the same param groups."""
+    za, zb = os.path.join(a, "zero"), os.path.join(b, "zero")
+    names = sorted(d for d in os.listdir(za) if os.path.isdir(os.path.join(za, d)))
+    check(f"{label}: the same parameters", names == sorted(d for d in os.listdir(zb) if os.path.isdir(os.path.join(zb, d))), str(names))
+    bad = []
+    for name in names:
+        for state in ("fp32", "exp_avg", "exp_avg_sq", "step"):
+            x, y = (torch.load(os.path.join(z, name, state + ".pt"), map_location="cpu") for z in (za, zb))
+            x, y = (v["param"] if isinstance(v, dict) else v for v in (x, y))
+            if type(x) is not type(y) or (torch.is_tensor(x) and not same_bytes(x, y)) or (not torch.is_tensor(x) and x != y):
+                bad.append(f"{name}/{state}")
+    check(f"{label}: every weight, exp_avg, exp_avg_sq and step equal byte for byte ({len(names)} x 4)", not bad, str(bad[:5]))
+    ga, gb = (jsonable(torch.load(os.path.join(z, "optimizer_state.pt"), map_location="cpu").get("param_groups")) for z in (za, zb))
+    check(f"{label}: the same param groups", ga == gb, f"{ga} vs {gb}")
+
+
 fresh_folder(WORK)
 cases = cases_holding(CASES, "reference.pt")
 check("Megatron-Core cases found", len(cases) >= 3, str(cases))
@@ -80,19 +103,51 @@ for case in cases:
     check(f"{case}: inspect says Megatron-Core, the optimizer and the iteration", r.returncode == 0 and "Megatron-Core" in r.stdout and
           f"iteration    {common['iteration']}" in r.stdout and "param groups" in r.stdout and
           ("DistributedOptimizer, fully_reshardable" in r.stdout) == ("step_type" in common), r.stdout[-1500:] + r.stderr[-500:])
+    # reference_trained.pt: the trained optimizer's state where Megatron's own save wrote another (its
+    # fully_reshardable form with several gradient buckets, Megatron-Core 0.17.1): the save is refused,
+    # its masters disagreeing with the model's tensors saved beside them.
+    trained_path = os.path.join(CASES, case, "reference_trained.pt")
+    trained = torch.load(trained_path, map_location="cpu") if os.path.exists(trained_path) else {}
+    wrong = sorted(k for k, v in trained.items() if not same_bytes(v, ref[k]))
     for np in (1, 2):
         atomic = os.path.join(WORK, f"{case}-np{np}")
         r = run("ucp-convert", [ckpt, "-o", atomic], ranks=np)
+        if wrong:
+            check(f"{case}: Megatron's save whose {len(wrong)} optimizer tensors are not the trained state is refused at {np} rank(s), "
+                  "naming the masters that disagree with the model's tensors", r.returncode == 1 and
+                  "fp32 master weights disagree with the model's own tensors" in r.stderr and "Traceback" not in r.stderr and
+                  not os.path.exists(os.path.join(atomic, "ucp_manifest.json")), r.stderr[-1500:])
+            continue
         check(f"{case}: convert at {np} rank(s)", r.returncode == 0, r.stderr[-1500:])
         if r.returncode == 0:
             compare(f"{case} np{np}", atomic, ref, common)
-    r = run("ucp-inspect", ["--verify", os.path.join(WORK, f"{case}-np2")])
-    check(f"{case}: the atomic checkpoint verifies", r.returncode == 0, r.stdout[-800:] + r.stderr[-800:])
+    if not wrong:
+        r = run("ucp-inspect", ["--verify", os.path.join(WORK, f"{case}-np2")])
+        check(f"{case}: the atomic checkpoint verifies", r.returncode == 0, r.stdout[-800:] + r.stderr[-800:])
+    # The distributed optimizer's default form, saved from the same state in the same process: its
+    # atomic checkpoint equals the fully_reshardable one's (whose tensors equal torch's own reading).
+    buckets = os.path.join(CASES, case, "checkpoint_dp_reshardable")
+    if not os.path.isdir(buckets):
+        continue
+    r = run("ucp-inspect", [buckets])
+    check(f"{case} dp_reshardable: inspect names the form and what Megatron itself could reshard", r.returncode == 0 and
+          "DistributedOptimizer, dp_reshardable" in r.stdout and "only at the TP and PP it was saved with" in r.stdout,
+          r.stdout[-1500:] + r.stderr[-800:])
+    for np in (1, 2):
+        atomic = os.path.join(WORK, f"{case}-dp_reshardable-np{np}")
+        r = run("ucp-convert", [buckets, "-o", atomic], ranks=np)
+        check(f"{case} dp_reshardable: convert at {np} rank(s)", r.returncode == 0, r.stderr[-1500:])
+        if r.returncode != 0:
+            continue
+        if wrong:  # against the trained state itself
+            compare(f"{case} dp_reshardable np{np} vs the trained state", atomic, {**ref, **trained}, common)
+        else:
+            same_atomic(f"{case} dp_reshardable np{np} vs fully_reshardable", atomic, os.path.join(WORK, f"{case}-np{np}"))
 
 
 def damaged(label, mutate, expect):
     """A copy of the first case changed by mutate(folder), refused naming `expect` (checklist.py)."""
-    refused_when_damaged(run, WORK, label, os.path.join(CASES, cases[0], "checkpoint"), mutate, expect)
+    refused_when_damaged(run, WORK, label, os.path.join(CASES, "llama_tp2", "checkpoint"), mutate, expect)
 
 
 def flip_common(folder):
@@ -134,6 +189,34 @@ def unknown_optimizer_key(folder):
     open(p, "wb").write(data.replace(b"optimizer.state.exp_avg_sq.", b"optimizer.statZ.exp_avg_sq."))
 
 
+def metadata_rename(old, new):
+    """A mutation of .metadata: every `old` (bytes, present) renamed `new` of the same length (the pickle stays whole)."""
+    def mutate(folder):
+        p = os.path.join(folder, ".metadata")
+        data = open(p, "rb").read()
+        assert old in data and len(old) == len(new), old
+        open(p, "wb").write(data.replace(old, new))
+    return mutate
+
+
+def truncate(name):
+    def mutate(folder):
+        p = os.path.join(folder, name)
+        os.truncate(p, os.path.getsize(p) // 2)
+    return mutate
+
+
+# The dp_reshardable form, damaged: a layer key read as another kind, so that the layout computed from
+# the model's tensors is not the saved one (the chunk edges say so; bucket sizes that disagree are
+# test_bucket_layout.cpp's); a model-parallel domain missing; a truncated .distcp.
+BUCKETS = os.path.join(CASES, "llama_tp2_dp2_distopt_bf16", "checkpoint_dp_reshardable")
+refused_when_damaged(run, WORK, "dp_reshardable layout not the saved one", BUCKETS,
+                     metadata_rename(b"decoder.layers.mlp.linear_fc2.weight", b"decoderXlayers.mlp.linear_fc2.weight"),
+                     ["bucket_idx_0.param", "crosses the edge of", "not the one the files were saved with"])
+refused_when_damaged(run, WORK, "dp_reshardable domain missing", BUCKETS, metadata_rename(b"dp_group_idx_1.", b"dp_group_idx_7."),
+                     ["dp_group_idx_1 (tp=1, pp=0)", "missing"])
+refused_when_damaged(run, WORK, "dp_reshardable truncated distcp", BUCKETS, truncate("__3_0.distcp"), ["__3_0.distcp"])
+
 damaged("flipped byte in common.pt", flip_common, ["common.pt", "CRC"])
 damaged("optimizer key of no known form", unknown_optimizer_key, ["optimizer.statZ.exp_avg_sq.", "does not know how to read"])
 damaged("zarr backend", metadata_json_edit('"torch_dist"', '"zarr"'), ["metadata.json", "zarr"])
@@ -144,7 +227,7 @@ damaged("sharded_backend_version 2", metadata_json_edit('"sharded_backend_versio
 damaged("no common.pt", no_common, ["common.pt", "common_state"])
 # A flipped byte in a record no tensor is read from (a chunk archive's byteorder): --verify finds it.
 d = os.path.join(WORK, "damaged", "byteorder")
-shutil.copytree(os.path.join(CASES, cases[0], "checkpoint"), d)
+shutil.copytree(os.path.join(CASES, "llama_tp2", "checkpoint"), d)
 p = os.path.join(d, "__0_0.distcp")
 data = bytearray(open(p, "rb").read())
 at = data.find(b"PK\x03\x04")

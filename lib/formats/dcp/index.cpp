@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "core/mapped_file.h"
+#include "formats/dcp/bucket_layout.h"
 #include "formats/dcp/megatron_core.h"
 #include "formats/dcp/metadata.h"
 #include "pt/torch_file.h"
@@ -117,12 +118,15 @@ class Files {
     }
   }
   const uint8_t* Base(int file) const { return mapped_[file]->bytes().data(); }
+  // Whether the record at `offset` of `file` is met for the first time (each is checksummed once).
+  bool FirstTime(int file, uint64_t offset) { return seen_.insert({file, offset}).second; }
   std::vector<std::shared_ptr<MappedFile>> mapped_;
 
  private:
   SourceIndex& L_;
   std::map<std::string, int> index_;
   std::set<std::string> unopened_;
+  std::set<std::pair<int, uint64_t>> seen_;
 };
 
 // A chunk's tensor: where its float32 elements start in its file, and the record holding them
@@ -146,7 +150,8 @@ Located Locate(Files& files, SourceIndex& L, const Item& item, size_t c, const c
   out.offset = static_cast<uint64_t>(t.data() - files.Base(out.file));
   const pt::ZipEntry* entry = archive.archive->Find(archive.prefix + "data/" + t.storage->key);
   if (!entry) throw Error("chunk " + std::to_string(c) + ": no record for its storage");
-  L.files[out.file].checksummed.push_back({item.fqn + " chunk " + std::to_string(c) + " (" + entry->name + ")", entry->data_offset, entry->size, entry->crc32});
+  if (files.FirstTime(out.file, entry->data_offset))
+    L.files[out.file].checksummed.push_back({item.fqn + " chunk " + std::to_string(c) + " (" + entry->name + ")", entry->data_offset, entry->size, entry->crc32});
   return out;
 }
 
@@ -240,8 +245,80 @@ class Parameters {
         rec.group = g == group_of_.end() ? 0 : g->second;
         rec.tp_shape[0] = w.size;
         rec.stages.insert(0);
-        Place(item, static_cast<int>(L_.params.size()));
+        Place(item, static_cast<int>(L_.params.size()), &w == &model ? nullptr : &model);
         if (auto step = states.find("step"); step != states.end()) Step(*step->second, fqn, rec.group);
+        L_.params.push_back(std::move(rec));
+      });
+    } catch (const std::exception& e) {
+      files_.Report(L_.dir + ": " + e.what());
+    }
+  }
+
+  // Model tensor `model`'s state from the distributed optimizer's buckets (the dp_reshardable form):
+  // each piece a domain holds, chunk by chunk of its bucket, placed as its boxes' runs.
+  // `states(piece)` gives the bucket's items by state name.
+  template <typename States>
+  void AddBuckets(const Item& model, const std::vector<const BucketPiece*>& pieces, States&& states) {
+    try {
+      WithContext("'" + model.fqn + "'", [&] {
+        source::ParamRecord rec;
+        rec.name = model.fqn;
+        rec.group = 0;
+        rec.tp_shape[0] = model.size;
+        rec.stages.insert(0);
+        const int param = static_cast<int>(L_.params.size());
+        std::map<std::string, size_t> copies;  // the model tensor's chunks: the weights the masters must give
+        for (size_t c = 0; c < model.chunks.size(); ++c) copies[ChunkKey(model.chunks[c])] = c;
+        for (const BucketPiece* piece : pieces) {
+          if (!piece->source) continue;
+          const std::map<std::string, const Item*>& st = states(*piece);
+          for (const auto& [name, state] : st)
+            if (name != "param" && name != "exp_avg" && name != "exp_avg_sq")
+              throw Error("optimizer state '" + name + "' (" + state->fqn + ") besides Adam's: the atomic checkpoint keeps exp_avg, "
+                          "exp_avg_sq and step only");
+          std::array<const Item*, 3> item{};
+          for (int s = 0; s < 3; ++s) {
+            auto it = st.find(s == 0 ? "param" : kStateNames[s]);
+            if (it == st.end())
+              throw Error("its bucket (dp_group_idx_" + std::to_string(piece->domain) + " gbuf_idx_" + std::to_string(piece->gbuf) +
+                          " bucket_idx_" + std::to_string(piece->bucket) + ") has no '" + (s == 0 ? "param" : kStateNames[s]) +
+                          "' tensor (ucp reads the fp32 master, exp_avg and exp_avg_sq of Adam)");
+            item[s] = it->second;
+            if (item[s]->dtype != "float32") throw Error("'" + item[s]->fqn + "' is " + item[s]->dtype + ", not float32");
+          }
+          std::array<std::map<std::string, size_t>, 3> box;
+          for (int s = 1; s < 3; ++s)
+            for (size_t c = 0; c < item[s]->chunks.size(); ++c) box[s][ChunkKey(item[s]->chunks[c])] = c;
+          for (const ChunkRun& run : PieceChunks(*piece, *item[0])) {
+            std::array<Extent, 3> slot;
+            const Located at = Locate(files_, L_, *item[0], run.chunk, "float32");
+            slot[0] = {at.offset, run.numel, -1};
+            for (int s = 1; s < 3; ++s) {
+              auto same = box[s].find(ChunkKey(item[0]->chunks[run.chunk]));
+              if (same == box[s].end())
+                throw Error("'" + item[0]->fqn + "' chunk " + std::to_string(run.chunk) + " has no '" + kStateNames[s] + "' chunk of the same extent");
+              const Located m = Locate(files_, L_, *item[s], same->second, "float32");
+              slot[s] = {m.offset, run.numel, m.file == at.file ? -1 : m.file};
+            }
+            ShardFile& f = L_.files[at.file];
+            f.data = true;
+            const int group = static_cast<int>(f.groups.size());
+            f.groups.push_back(slot);
+            const int64_t lo = run.box_flat, hi = run.box_flat + run.numel;
+            int64_t base = 0;  // the box's first element in the piece's order
+            for (const Chunk& box : piece->boxes) {
+              const int64_t a = std::max(base, lo), b = std::min(base + pt::Numel(box.sizes), hi);
+              if (a < b) {
+                ForEachRun(model.size, box, [&](int64_t src, int64_t dst, int64_t n) {
+                  const int64_t x = std::max(base + src, lo), y = std::min(base + src + n, hi);
+                  if (x < y) L_.fragments.push_back(Fragment{at.file, group, param, x - lo, y - x, dst + (x - base - src)});
+                });
+                if (auto copy = copies.find(ChunkKey(box)); copy != copies.end()) Copy(model, copy->second, a - base, b - a, param, at.file, group, a - lo);
+              }
+              base += pt::Numel(box.sizes);
+            }
+          }
+        }
         L_.params.push_back(std::move(rec));
       });
     } catch (const std::exception& e) {
@@ -256,6 +333,20 @@ class Parameters {
   }
 
  private:
+  // Elements [from, from + numel) of model tensor chunk `chunk`, a copy of elements [slot_start, ...)
+  // of slot `group` of data file `file`, recorded for the weight-copy check (the model's dtype: the
+  // master rounded to it must give it). A dtype no master rounds to is not compared.
+  void Copy(const Item& model, size_t chunk, int64_t from, int64_t numel, int param, int file, int group, int64_t slot_start) {
+    source::WeightCopy wc;
+    if (model.dtype == "bfloat16") wc.dtype = pt::DType::BF16;
+    else if (model.dtype == "float16") wc.dtype = pt::DType::F16;
+    else if (model.dtype != "float32") return;
+    const Located at = Locate(files_, L_, model, chunk, model.dtype.c_str());
+    wc.param = param, wc.file = at.file, wc.offset = at.offset + pt::ElementSize(wc.dtype) * static_cast<uint64_t>(from), wc.numel = numel;
+    wc.slot_file = file, wc.slot_group = group, wc.slot_start = slot_start;
+    L_.weight_copies.push_back(wc);
+  }
+
   static const Item* Moment(const std::map<std::string, const Item*>& states, int s) {
     auto it = states.find(kStateNames[s]);
     if (it != states.end()) return it->second;
@@ -265,12 +356,15 @@ class Parameters {
   }
 
   // Each chunk of the weight a slot (its bytes and its moments' chunks of the same box, wherever
-  // each was written), its rows runs of the global tensor.
-  void Place(const std::array<const Item*, 3>& item, int param) {
+  // each was written), its rows runs of the global tensor. Where the weight is an fp32 master, the
+  // model tensor's chunk of the same box is its copy (map/weight_copies.h compares them).
+  void Place(const std::array<const Item*, 3>& item, int param, const Item* model) {
     const Item& w = *item[0];
     std::array<std::map<std::string, size_t>, 3> box;
     for (int s = 1; s < 3; ++s)
       for (size_t c = 0; c < item[s]->chunks.size(); ++c) box[s][ChunkKey(item[s]->chunks[c])] = c;
+    std::map<std::string, size_t> copies;
+    for (size_t c = 0; model && c < model->chunks.size(); ++c) copies[ChunkKey(model->chunks[c])] = c;
     for (size_t c = 0; c < w.chunks.size(); ++c) {
       std::array<Extent, 3> slot;
       const int64_t numel = pt::Numel(w.chunks[c].sizes);
@@ -291,6 +385,7 @@ class Parameters {
       ForEachRun(w.size, w.chunks[c], [&](int64_t src, int64_t dst, int64_t n) {
         L_.fragments.push_back(Fragment{at.file, group, param, src, n, dst});
       });
+      if (auto copy = copies.find(ChunkKey(w.chunks[c])); copy != copies.end()) Copy(*model, copy->second, 0, numel, param, at.file, group, 0);
     }
   }
 
@@ -394,9 +489,91 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
                       "the atomic checkpoint records none, and Adam's bias correction restarts where it is loaded");
   L.notes.push_back("Megatron-Core dist_checkpointing (" + mc.backend + "); optimizer: " + mc.optimizer_form +
                     "; common.pt holds " + keys);
+  L.notes.push_back(mc.bucket_flat ? "Megatron-LM itself loads this dp_reshardable form only at the TP and PP it was saved with (DP "
+                                     "may change); ucp converts it to any layout"
+                                   : "Megatron-LM itself loads this form at any TP, PP and DP");
   if (groups > 1)
     L.notes.push_back(std::to_string(groups) + " param groups kept as saved; Megatron-Core does not save which parameter "
                       "is in which (it rebuilds them from its configuration), so every atomic parameter records group 0");
+}
+
+// Megatron-LM's args as the grid the distributed optimizer's buckets were built on: TP, PP and each
+// layer's stage (even, or with the first / last stage's layer counts the args give). What would change
+// the buckets' layout in ways not read here is refused by name.
+BucketGrid GridFromArgs(const Value* args) {
+  if (!args) throw Error("common.pt holds no args: the layout of the dp_reshardable buckets follows the job's TP, PP and layers");
+  auto number = [&](const char* name, int64_t otherwise) {
+    auto v = args->Get(name);
+    return !v || v->kind == Value::Kind::None ? otherwise : v->AsInt();
+  };
+  auto set = [&](const char* name) {
+    auto v = args->Get(name);
+    return v && v->kind != Value::Kind::None && !(v->kind == Value::Kind::Bool && !v->b);
+  };
+  for (const char* name : {"num_layers_per_virtual_pipeline_stage", "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout",
+                           "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "num_experts", "mtp_num_layers"})
+    if (set(name))
+      throw Error(std::string("args.") + name + " is set: the dp_reshardable buckets of " +
+                  (std::string(name).find("expert") != std::string::npos ? "Mixture-of-Experts models (an expert optimizer chained to the dense one)"
+                   : std::string(name) == "mtp_num_layers" ? "multi-token prediction layers" : "virtual or custom pipeline layouts") +
+                  " are not read yet; Megatron-LM's --dist-ckpt-optim-fully-reshardable saves a form ucp reads");
+  BucketGrid g;
+  g.tp = static_cast<int>(number("tensor_model_parallel_size", 1));
+  g.pp = static_cast<int>(number("pipeline_model_parallel_size", 1));
+  const int64_t layers = number("num_layers", -1);
+  if (g.tp < 1 || g.pp < 1 || layers < 1 || layers > (1 << 20))
+    throw Error("args give TP=" + std::to_string(g.tp) + ", PP=" + std::to_string(g.pp) + ", num_layers=" + std::to_string(layers));
+  if (g.pp > 1 && !set("untie_embeddings_and_output_weights"))
+    throw Error("tied embeddings with PP=" + std::to_string(g.pp) + ": the last stage's copy of the word embeddings has a bucket of its own, "
+                "which is not read yet; Megatron-LM's --dist-ckpt-optim-fully-reshardable saves a form ucp reads");
+  const int64_t first = number("decoder_first_pipeline_num_layers", -1), last = number("decoder_last_pipeline_num_layers", -1);
+  std::vector<int64_t> count(g.pp, 0);
+  int64_t rest = layers, middle = g.pp;
+  if (g.pp > 1 && first >= 0) count[0] = first, rest -= first, --middle;
+  if (g.pp > 1 && last >= 0) count[g.pp - 1] = last, rest -= last, --middle;
+  if (rest < 0 || (middle == 0 ? rest != 0 : rest % middle != 0))
+    throw Error("num_layers " + std::to_string(layers) + " does not split over PP=" + std::to_string(g.pp) + " stages as the args give");
+  for (int p = 0; p < g.pp; ++p)
+    if (!(g.pp > 1 && ((p == 0 && first >= 0) || (p == g.pp - 1 && last >= 0)))) count[p] = rest / middle;
+  for (int p = 0; p < g.pp; ++p) g.stage_of_layer.insert(g.stage_of_layer.end(), count[p], p);
+  return g;
+}
+
+// The dp_reshardable form's saved objects, per model-parallel domain: its buffers' bucket sizes, and
+// its torch optimizer's param groups holding the step (into `mc`; every domain's step must agree).
+std::map<int, std::vector<GradBuffer>> ReadBucketObjects(Files& files, const Metadata& M, MegatronCore& mc, SourceIndex& L) {
+  static const std::regex object(R"(^optimizer\.distributed\.dp_group_idx_(\d{1,6})\.(\w+)/shard_[0-9_.]+$)");
+  std::map<int, std::map<std::string, pt::ValuePtr>> saved;
+  for (const Item& item : M.items) {
+    std::smatch m;
+    if (item.tensor || !std::regex_match(item.fqn, m, object)) continue;
+    int file = -1;
+    saved[std::stoi(m[1])][m[2]] = WithContext(L.dir + ": '" + item.fqn + "'", [&] { return files.Archive(item.storage.at(0), &file, true).root; });
+  }
+  std::map<int, std::vector<GradBuffer>> buffers;
+  for (const auto& [domain, objects] : saved) {
+    const std::string where = L.dir + ": optimizer.distributed.dp_group_idx_" + std::to_string(domain);
+    WithContext(where, [&] {
+      for (const char* name : {"per_bucket_numel", "per_bucket_numel_unpadded", "optimizer"})
+        if (!objects.count(name) || !objects.at(name)) throw Error(std::string("no '") + name + "' object saved");
+      buffers[domain] = ReadGradBuffers(*objects.at("per_bucket_numel_unpadded"), *objects.at("per_bucket_numel"));
+      const Value* state = objects.at("optimizer").get();
+      if (state->kind == Value::Kind::List && state->items.size() == 1 && state->items[0]) state = state->items[0].get();
+      auto groups = state->Get("param_groups");
+      if (!groups || !groups->IsSequence() || groups->items.empty()) throw Error("'optimizer' holds no param_groups list");
+      std::vector<pt::ValuePtr> steps;
+      for (const auto& g : groups->items)
+        if (auto step = g ? g->Get("step") : nullptr) steps.push_back(step);
+      if (!mc.param_groups) {
+        mc.param_groups = groups, mc.steps = steps;
+      } else if (groups->items.size() != mc.param_groups->items.size() || steps.size() != mc.steps.size() ||
+                 (!steps.empty() && pt::StepValue(*steps[0]) != pt::StepValue(*mc.steps[0]))) {
+        throw Error("its param groups or step differ from dp_group_idx_" + std::to_string(saved.begin()->first) +
+                    "'s: the domains are of different saves");
+      }
+    });
+  }
+  return buffers;
 }
 
 }  // namespace
@@ -447,25 +624,52 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
       group_options[r.group].emplace_back(r.option, &item);
     }
   }
-  if (states.empty())
+  const bool buckets = mcore && mcore->bucket_flat;
+  if (states.empty() && !buckets)
     L.errors.push_back(dir + ": no optimizer state (model weights only): ucp-convert makes an atomic checkpoint of "
                        "fp32 weights and Adam's exp_avg / exp_avg_sq per parameter; a weights-only DCP is not supported yet");
   for (const auto& [fqn, s] : states)
     if (!model.count(fqn)) L.errors.push_back(dir + ": optimizer state for '" + fqn + "', which is not among the model's tensors");
 
-  if (!bucket_flat.empty())
+  if (!bucket_flat.empty() && !buckets)
     L.errors.push_back(dir + ": '" + bucket_flat[0] + "' and " + std::to_string(bucket_flat.size() - 1) + " more: Megatron-Core's "
                        "distributed optimizer state in its dp_reshardable form (bucket-flat, laid out by Megatron's gradient "
                        "buckets) is not read yet; save with the fully_reshardable form (--dist-ckpt-optim-fully-reshardable)");
   std::map<std::string, int> group_of = mcore ? std::map<std::string, int>{} : ReadParamGroups(files, group_options, L);
+  std::map<int, std::vector<GradBuffer>> buffers;
+  if (buckets) buffers = ReadBucketObjects(files, M, *mcore, L);
   if (mcore) MegatronCommon(*mcore, L);
   Parameters parameters(files, L, group_of, mcore.has_value());
   std::vector<std::string> frozen;
-  for (const std::string& fqn : model_order) {
+  if (buckets) {  // the dp_reshardable form: every model tensor's state in the buckets, by the layout proven here
+    if (!states.empty())
+      throw Error(dir + ": per-parameter optimizer state ('optimizer.state.*') beside the dp_reshardable buckets: two forms in one save");
+    std::map<std::tuple<int, int, int>, std::map<std::string, const Item*>> bucket_items;
+    for (const Item& item : M.items)
+      if (auto k = item.tensor ? ParseBucketKey(item.fqn) : std::nullopt) bucket_items[{k->domain, k->gbuf, k->bucket}][k->state] = &item;
+      else if (item.tensor && MegatronKeyOf(item.fqn, true).kind == MegatronKey::BucketFlat)
+        throw Error(dir + ": '" + item.fqn + "': a bucket-flat tensor not named as Megatron-Core 0.17's dp_reshardable form names them");
+    std::vector<const Item*> in_order;
+    for (const std::string& fqn : model_order) in_order.push_back(model.at(fqn));
+    const std::vector<BucketPiece> pieces = WithContext(dir, [&] { return LayOutBuckets(in_order, GridFromArgs(mcore->args.get()), buffers); });
+    std::map<std::string, std::vector<const BucketPiece*>> of;
+    for (const BucketPiece& p : pieces) of[p.fqn].push_back(&p);
+    static const std::map<std::string, const Item*> none;
+    for (const std::string& fqn : model_order)
+      parameters.AddBuckets(*model.at(fqn), of[fqn], [&](const BucketPiece& p) -> const std::map<std::string, const Item*>& {
+        auto it = bucket_items.find({p.domain, p.gbuf, p.bucket});
+        return it == bucket_items.end() ? none : it->second;
+      });
+  }
+  for (const std::string& fqn : buckets ? std::vector<std::string>{} : model_order) {
     auto st = states.find(fqn);
     if (st == states.end()) frozen.push_back(fqn);
     else parameters.Add(*model.at(fqn), fqn, st->second);
   }
+  if (!L.weight_copies.empty())
+    L.notes.push_back("the optimizer's fp32 master weights are compared with the model's own tensors saved beside them (" +
+                      std::to_string(L.weight_copies.size()) + " pieces) before anything is written: the two must agree, the "
+                      "master rounded to the model's dtype");
   // ucp-inspect --verify: every archive of every item read whole and checked, those no parameter uses too.
   if (options.verify_storage_crc)
     for (const Item& item : M.items)
@@ -479,6 +683,10 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     std::sort(f.checksummed.begin(), f.checksummed.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
   L.keep_alive = std::make_shared<std::vector<std::shared_ptr<MappedFile>>>(files.mapped_);
   L.dtype = JobDtype(model, states);
+  if (buckets && !model.empty()) {  // every model tensor has an fp32 master in the buckets: the job's dtype is theirs
+    const std::string& d = model.begin()->second->dtype;
+    L.dtype = d == "bfloat16" ? "bf16" : d == "float16" ? "fp16" : "fp32";
+  }
   L.iteration = mcore ? mcore->iteration : parameters.Iteration();
   Describe(M, model, model_order, frozen, L);
   if (mcore) L.files.push_back(mcore->file), L.args_file = mcore->file.name;  // after every data file (Files indexes them)

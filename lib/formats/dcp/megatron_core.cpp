@@ -75,9 +75,14 @@ MegatronCore ReadMegatronCore(const std::string& dir) {
     pt::ValuePtr torch_state = optimizer;
     if (auto form = optimizer->Get("param_state_sharding_type")) {
       mc.optimizer_form = "DistributedOptimizer, " + form->AsStr();
+      if (form->AsStr() == "dp_reshardable") {  // its param groups and step are saved per domain, in the DCP
+        mc.bucket_flat = true;
+        return;
+      }
       if (form->AsStr() != "fully_reshardable")
         throw Error("the distributed optimizer's state is in its '" + form->AsStr() + "' form: ucp reads the fully_reshardable "
-                    "form (Megatron-LM --dist-ckpt-optim-fully-reshardable), whose state is per parameter");
+                    "form (Megatron-LM --dist-ckpt-optim-fully-reshardable), whose state is per parameter, and the "
+                    "dp_reshardable form (Megatron-LM's default), whose state is laid out by the gradient buckets");
       torch_state = optimizer->Get("optimizer");
       if (!torch_state) throw Error("optimizer.param_state_sharding_type without optimizer.optimizer");
     } else if (!optimizer->Get("param_groups")) {
@@ -113,7 +118,7 @@ MegatronKey MegatronKeyOf(const std::string& key, bool tensor) {
     k.kind = MegatronKey::OptimizerState, k.state = key.substr(state.size(), dot - state.size()), k.fqn = key.substr(dot + 1);
   } else if (key.rfind(distributed, 0) == 0) {
     k.kind = MegatronKey::BucketFlat;
-  } else if (tensor && key.rfind("optimizer.", 0) == 0) {
+  } else if (tensor && (key.rfind("optimizer.", 0) == 0 || (key.rfind("chained_", 0) == 0 && key.find(".optimizer.") != std::string::npos))) {
     k.kind = MegatronKey::Unread;  // optimizer state of a form not known here: never read as a model tensor
   } else if (tensor) {
     k.kind = MegatronKey::Model, k.fqn = key;

@@ -19,7 +19,10 @@ struct MegatronCore {
   pt::ValuePtr param_groups;      // common.pt `optimizer.param_groups` as saved (Megatron drops their `params`)
   std::vector<pt::ValuePtr> steps;  // common.pt `optimizer.state.common_step`, the step every parameter
                                     // shares; else each param group's `step` (the distributed optimizer's)
-  std::string optimizer_form = "per-parameter state";  // or "DistributedOptimizer, fully_reshardable"
+  std::string optimizer_form = "per-parameter state";  // or "DistributedOptimizer, fully_reshardable" / "..., dp_reshardable"
+  // The distributed optimizer's dp_reshardable form: param groups and step are saved per model-parallel
+  // domain inside the DCP (optimizer.distributed.dp_group_idx_<G>.optimizer), not in common.pt.
+  bool bucket_flat = false;
   std::vector<std::string> common_keys;  // common.pt's top-level keys, for the notes
   pt::ValuePtr args;              // common.pt `args` (Megatron-LM's argparse.Namespace), or nullptr
   // common.pt, carried into the atomic checkpoint (the Hugging Face export reads its args): its zip

@@ -1,24 +1,44 @@
-"""Writes a real Megatron-Core `torch_dist` training checkpoint on CPU (2 processes, gloo): a tiny
+"""Writes a real Megatron-Core `torch_dist` training checkpoint on CPU (gloo, TP*PP*DP processes): a tiny
 GPTModel trained a few Adam steps, saved by Megatron-Core's own `dist_checkpointing.save` with the
-state dict Megatron-LM's `generate_state_dict` builds (model, optimizer.sharded_state_dict of an
-FP32Optimizer, iteration, checkpoint_version, args, scheduler, RNG state). Then torch's own DCP
-loader reads the checkpoint's global tensors into reference.pt (the tests' ground truth), and what
-`torch.load` finds in common.pt goes to common.json (REFERENCES_ONLY=1 redoes only these two).
+state dict Megatron-LM's `generate_state_dict` builds (model, optimizer.sharded_state_dict, iteration,
+checkpoint_version, args, scheduler, RNG state). Then torch's own DCP loader reads the checkpoint's
+global tensors into reference.pt (the tests' ground truth), and what `torch.load` finds in common.pt goes
+to common.json (REFERENCES_ONLY=1 redoes only these two).
 
 Run inside the Debian trixie chroot with Megatron-LM core_v0.17.1 on PYTHONPATH:
   CASE=llama_tp2 OUT=/tmp/mcore python3 make_mcore.py
-Cases: gpt_tp2 (LayerNorm, GeLU, biases, MHA; TP=2), llama_tp2 (RMSNorm, SwiGLU, GQA 4 heads / 2
-groups, rotary, no biases; TP=2), llama_pp2 (the same model, PP=2: each stage saves its own layers
-of the stacked tensors), moe_ep2 (the same block with 4 experts, top-2, EP=2), llama_dp2_distopt_bf16 (the same model in bf16, DP=2, Megatron's
-DistributedOptimizer over its DDP, state saved fully_reshardable), llama_dp2_distopt_dp_reshardable
-(the same, state saved in the bucket-flat dp_reshardable form, for tests/data/real-dcp-refused).
+Cases with an FP32Optimizer (2 processes): gpt_tp2 (LayerNorm, GeLU, biases, MHA; TP=2), llama_tp2
+(RMSNorm, SwiGLU, GQA 4 heads / 2 groups, rotary, no biases; TP=2), llama_pp2 (the same model, PP=2:
+each stage saves its own layers of the stacked tensors), moe_ep2 (the same block with 4 experts, top-2,
+EP=2); llama_tp2_legacy (llama_tp2's kind, smaller, with the legacy form beside, see below).
+Cases with Megatron's DistributedOptimizer over its DDP (`distopt`): llama_dp2_distopt_bf16 (bf16
+weights, DP=2), llama_tp2_dp2_distopt_bf16 (TP=2 x DP=2), llama_pp2_dp2_distopt_bf16 (PP=2 x DP=2),
+gpt_dp2_distopt_fp32 (the GPT-shaped model in fp32, no weight a multiple of 64 elements,
+overlap_grad_reduce with bucket_size 4000: several buckets, 64-element alignment padding between
+parameters). Each saves the same trained state twice, from the same process: checkpoint/ in the
+fully_reshardable form and checkpoint_dp_reshardable/ in the dp_reshardable form (each with the metadata
+and args Megatron-LM's save_checkpoint would use: `_build_sharded_state_dict_metadata`, content_metadata),
+writes buckets.json (Megatron's own bucket and parameter layout on every rank), then loads both
+checkpoints into fresh models and optimizers (dist_checkpointing.load, as Megatron-LM's load_checkpoint)
+and compares them with each other and with the trained state; and compares the trained state, gathered
+from every rank's shards, with reference.pt (reference_trained.pt where they differ).
+The Llama distopt cases and llama_tp2_legacy also write legacy/: Megatron-LM's own save_checkpoint with
+--ckpt-format torch (iter_0000003/mp_rank_TT[_PPP]/model_optim_rng.pt, distrib_optim.pt beside it with
+the distributed optimizer, latest_checkpointed_iteration.txt), then read it back as Megatron-LM's
+load_checkpoint does and compare with the trained state.
+llama_dp2_distopt_dp_reshardable: the old model (hidden 64) saved only in the dp_reshardable form, for
+the folder once refused in tests/data/real-dcp-refused (removed: the form is read now).
 The flattened fully_sharded_model_space form cannot be saved by 0.17.1 itself ("ShardedTensor.
 flattened_range is not supported"): only older releases wrote it.
 
 CPU-only workarounds, in this process only: Megatron-Core's save calls torch.cuda.synchronize() and
 torch.cuda.current_device(); FP32Optimizer makes its loss scale with device='cuda'; the default causal
 mask is made on cuda (a mask is given); the RNG tracker's fork needs a CUDA generator (a no-op fork:
-dropout is 0).
+dropout is 0). For the distributed optimizer also (cuda_to_cpu): allocations asking for cuda get the
+CPU, CUDA streams are no-ops, a CPU tensor's type() answers as its CUDA twin. For the load checks: a
+fresh optimizer first takes Megatron's own _init_optimizer_states_with_dummy_values, and torch Adam's
+per-parameter step is kept out of _set_main_param_and_optimizer_states (step_kept_apart). For the legacy
+save: torch.cuda.get_rng_state gives 16 zero bytes (save_legacy).
 """
 import contextlib, os, sys, json, traceback
 import torch, torch.distributed as dist, torch.multiprocessing as mp
@@ -27,12 +47,30 @@ import torch.nn.functional as F
 CASE = os.environ.get("CASE", "llama_tp2")
 OUT = os.environ.get("OUT", "/tmp/mcore")
 CKPT = os.path.join(OUT, CASE, "checkpoint")
+CKPT_DP = os.path.join(OUT, CASE, "checkpoint_dp_reshardable")
+LEGACY_DIR = os.path.join(OUT, CASE, "legacy")  # Megatron-LM's --ckpt-format torch form of the same state
 STEPS = int(os.environ.get("STEPS", "3"))
-DISTOPT = "distopt" in CASE  # Megatron's DistributedOptimizer over DDP, bf16 weights, DP=2
-FORM = "dp_reshardable" if "dp_reshardable" in CASE else "fully_reshardable"  # its state's form
-TP = 1 if CASE.endswith("pp2") or DISTOPT or CASE.startswith("moe") else 2
+DISTOPT = "distopt" in CASE  # Megatron's DistributedOptimizer over DDP
+ONLY_DP = "dp_reshardable" in CASE  # the old case: the dp_reshardable form only, in checkpoint/
+FORM = "dp_reshardable" if ONLY_DP else "fully_reshardable"  # checkpoint/'s form
+BOTH = DISTOPT and not ONLY_DP  # both forms of the same state, buckets.json, the load check
+GPT = CASE.startswith("gpt")
+# The legacy form beside: the Llama distributed-optimizer cases, and llama_tp2_legacy (an FP32Optimizer
+# at TP=2 like llama_tp2, smaller; llama_tp2 itself is not regenerated: a rerun here changes its low bits).
+LEGACY = (BOTH and not GPT) or CASE.endswith("_legacy")
+BF16 = DISTOPT and not CASE.endswith("fp32")
+TP = 2 if "tp2" in CASE else 1
+PP = 2 if "pp2" in CASE else 1
 EP = 2 if CASE.startswith("moe") else 1  # experts over the 2 ranks: the global-expert axis
-PP = 2 if CASE.endswith("pp2") else 1
+DP = 2 if "dp2" in CASE or CASE.startswith("moe") else 1
+WORLD = TP * PP * DP
+# Sizes: the distributed optimizer's new cases are smaller (each folder holds three copies of the state).
+if BOTH and GPT:  # no weight a multiple of 64 elements: padding between parameters; buckets of >= 4000 elements
+    HIDDEN, FFN, VOCAB, BUCKET = 28, 56, 100, 4000
+elif BOTH or LEGACY:
+    HIDDEN, FFN, VOCAB, BUCKET = 32, 48, 64, None
+else:
+    HIDDEN, FFN, VOCAB, BUCKET = 64, (None if GPT else 96), 128, None
 
 
 def cuda_to_cpu():
@@ -61,17 +99,268 @@ def cuda_to_cpu():
 
 def config():
     from megatron.core.transformer.transformer_config import TransformerConfig
-    common = dict(num_layers=4, hidden_size=64, num_attention_heads=4, use_cpu_initialization=True,
+    common = dict(num_layers=4, hidden_size=HIDDEN, num_attention_heads=4, use_cpu_initialization=True,
                   pipeline_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0,
                   tensor_model_parallel_size=TP, pipeline_model_parallel_size=PP)
-    if CASE.startswith("gpt"):
+    if FFN is not None:
+        common.update(ffn_hidden_size=FFN)
+    if GPT:
         return TransformerConfig(**common), "learned_absolute"
     if CASE.startswith("moe"):  # Mixture of Experts: 4 experts, top-2, on the Llama-style block
         common.update(num_moe_experts=4, moe_router_topk=2, moe_aux_loss_coeff=0.0, expert_model_parallel_size=EP)
-    if DISTOPT:
+    if BF16:
         common.update(bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
     return TransformerConfig(**common, num_query_groups=2, normalization="RMSNorm", gated_linear_unit=True,
-                             activation_func=F.silu, add_bias_linear=False, ffn_hidden_size=96), "rope"
+                             activation_func=F.silu, add_bias_linear=False), "rope"
+
+
+def megatron_args(fully_reshardable=True, legacy=False):
+    """The args Megatron-LM's pretrain_gpt.py would parse for this model (its parse_args, unvalidated);
+    legacy: with --ckpt-format torch --save LEGACY_DIR instead of torch_dist."""
+    sys.argv = ["pretrain_gpt.py", "--num-layers", "4", "--hidden-size", str(HIDDEN), "--num-attention-heads", "4",
+                "--seq-length", "16", "--max-position-embeddings", "32", "--micro-batch-size", "2",
+                "--lr", "1e-3", "--min-lr", "1e-5", "--weight-decay", "0.01", "--adam-beta2", "0.95",
+                "--ckpt-format", "torch" if legacy else "torch_dist", "--tensor-model-parallel-size", str(TP),
+                "--pipeline-model-parallel-size", str(PP), "--untie-embeddings-and-output-weights",
+                "--hidden-dropout", "0", "--attention-dropout", "0"]
+    if DISTOPT:
+        sys.argv += ["--use-distributed-optimizer"] + (["--bf16"] if BF16 else [])
+        if BOTH and BF16:  # DDP's grad_reduce_in_fp32
+            sys.argv += ["--accumulate-allreduce-grads-in-fp32"]
+        if BUCKET:
+            sys.argv += ["--overlap-grad-reduce", "--ddp-bucket-size", str(BUCKET)]
+        if fully_reshardable and not legacy:
+            sys.argv += ["--dist-ckpt-optim-fully-reshardable"]
+    if legacy:
+        sys.argv += ["--save", LEGACY_DIR]
+    if CASE.startswith("moe"):
+        sys.argv += ["--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0",
+                     "--expert-model-parallel-size", str(EP)]
+    if GPT and FFN is not None:
+        sys.argv += ["--ffn-hidden-size", str(FFN)]
+    if not GPT:
+        sys.argv += ["--group-query-attention", "--num-query-groups", "2", "--swiglu", "--normalization", "RMSNorm",
+                     "--ffn-hidden-size", str(FFN), "--disable-bias-linear", "--position-embedding-type", "rope"]
+    from megatron.training.arguments import parse_args
+    return parse_args()
+
+
+def build(seed):
+    """The model (and, with the distributed optimizer, Megatron's DDP and get_megatron_optimizer over it)."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.optimizer import OptimizerConfig, _get_param_groups, get_megatron_optimizer
+    from megatron.core.optimizer.optimizer import FP32Optimizer
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    torch.manual_seed(seed)
+    cfg, pos = config()
+    spec = get_gpt_layer_local_spec(normalization=cfg.normalization,
+                                    **({"num_experts": 4, "moe_grouped_gemm": False} if CASE.startswith("moe") else {}))
+    model = GPTModel(config=cfg, transformer_layer_spec=spec,
+                     vocab_size=VOCAB, max_sequence_length=32, position_embedding_type=pos,
+                     pre_process=parallel_state.is_pipeline_first_stage(),
+                     post_process=parallel_state.is_pipeline_last_stage(), share_embeddings_and_output_weights=False)
+    ocfg = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-5, weight_decay=0.01, adam_beta2=0.95, clip_grad=0.0,
+                           use_distributed_optimizer=DISTOPT, bf16=BF16,
+                           params_dtype=torch.bfloat16 if BF16 else torch.float32)
+    if DISTOPT:  # as Megatron-LM builds it: DDP with its grad buffers, then get_megatron_optimizer
+        if BF16:
+            model = model.to(torch.bfloat16)
+        ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(
+            use_distributed_optimizer=True, grad_reduce_in_fp32=BF16,
+            overlap_grad_reduce=BUCKET is not None, bucket_size=BUCKET), model)
+        return model, ddp, get_megatron_optimizer(ocfg, [ddp]), None
+    groups = _get_param_groups([model], ocfg, None)  # Megatron's own: no weight decay on biases and 1-D tensors
+    adam = torch.optim.Adam(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+    real_tensor = torch.tensor
+    torch.tensor = lambda *a, **k: real_tensor(*a, **{**k, "device": "cpu"} if k.get("device") == "cuda" else k)
+    opt = FP32Optimizer(adam, ocfg, lambda o, c: None)
+    torch.tensor = real_tensor
+    return model, None, opt, adam
+
+
+def distributed_optimizers(opt):
+    """get_megatron_optimizer's ChainedOptimizer holds one DistributedOptimizer per kind of parameter
+    (one here: dense; experts would get a second)."""
+    return getattr(opt, "chained_optimizers", [opt])
+
+
+def layout(model, ddp, chained):
+    """Megatron's own layout of the distributed optimizer on this rank: per_bucket_numel(_unpadded), each
+    buffer's param_index_map under DDP's parameter names, and the part of each bucket this DP rank owns."""
+    from megatron.core import parallel_state as ps
+    param_to_name = {p: n for n, p in ddp.module.named_parameters() if p.requires_grad}  # as DDP builds it
+    sharded = {}
+    for sh in model.sharded_state_dict().values():
+        if hasattr(sh, "data"):
+            sharded[id(sh.data)] = sh
+    key = lambda d: ",".join(str(t).replace("torch.", "") for t in d)
+    return {"rank": dist.get_rank(), "tp_rank": ps.get_tensor_model_parallel_rank(),
+            "pp_rank": ps.get_pipeline_model_parallel_rank(), "dp_rank": ps.get_data_parallel_rank(),
+            "optimizers": [one_layout(opt, param_to_name, sharded, key) for opt in distributed_optimizers(chained)]}
+
+
+def one_layout(opt, param_to_name, sharded, key):
+    gbufs = []
+    for gbuf_idx, buffer in enumerate(opt.buffers):
+        (dtype, ranges), = opt.gbuf_ranges[gbuf_idx].items()
+        params = []
+        for p, (start, end, bucket_id) in buffer.param_index_map.items():
+            sh = sharded.get(id(p))  # the model's ShardedTensor (or ShardedTensorFactory) of this parameter
+            params.append({"name": param_to_name[p], "shape": list(p.shape), "start": start, "end": end,
+                           "bucket_id": bucket_id, "key": sh.key if sh else None,
+                           "global_shape": list(sh.global_shape) if hasattr(sh, "global_shape") else None,
+                           "global_offset": list(sh.global_offset) if hasattr(sh, "global_offset") else None})
+        buckets = []
+        for b, bucket in enumerate(buffer.buckets):
+            owned = [{"name": param_to_name[p], "gbuf_world": [r["gbuf_world"].start, r["gbuf_world"].end],
+                      "gbuf_local": [r["gbuf_local"].start, r["gbuf_local"].end],
+                      "param": [r["param"].start, r["param"].end]}
+                     for p, r in ranges[b]["param_map"].items()]
+            buckets.append({"bucket_id": b, "offset": bucket.offset, "numel": bucket.grad_data.numel(),
+                            "numel_unpadded": bucket.numel_unpadded, "params": len(bucket.params_list),
+                            "owned_by_this_dp_rank": owned})
+        gbufs.append({"gbuf_idx": gbuf_idx, "dtype": key(dtype), "numel": buffer.numel,
+                      "numel_unpadded": buffer.numel_unpadded,
+                      "per_bucket_numel": opt.per_bucket_numel[gbuf_idx][dtype],
+                      "per_bucket_numel_unpadded": opt.per_bucket_numel_unpadded[gbuf_idx][dtype],
+                      "buckets": buckets, "param_index_map": params})
+    return {"dp_group_idx": opt.data_parallel_group_idx, "dp_size": opt.data_parallel_group.size(),
+            "dp_group_rank": opt.data_parallel_group.rank(),
+            "distributed_optimizer_instance_id": opt.distributed_optimizer_instance_id, "gbufs": gbufs}
+
+
+def step_kept_apart():
+    """For loading only, a CPU-only workaround: without Transformer Engine or Apex the distributed optimizer
+    runs torch's Adam, which keeps a per-parameter 'step' tensor (FusedAdam does not). Megatron's
+    _set_main_param_and_optimizer_states then wants a 'step' from every loaded form (KeyError: 'step' for
+    fully_reshardable and the legacy distrib_optim.pt; dp_reshardable carries the step it was made with).
+    Megatron restores the step from the param groups (load_state_dict): here the per-parameter 'step' is
+    left out of that copy, as it would be with FusedAdam. And the copy runs under torch.no_grad(): with fp32
+    parameters the main param is a view of the model parameter, and load_parameter_state_from_dp_reshardable
+    lacks the @torch.no_grad() its fully_reshardable twin has ("a view of a leaf Variable that requires grad
+    is being used in an in-place operation")."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    original = DistributedOptimizer._set_main_param_and_optimizer_states
+
+    def without_step(self, model_param, tensors):
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        state = self.optimizer.state[self.optimizer.param_groups[group_index]["params"][group_order]]
+        step = state.pop("step", None)
+        try:
+            with torch.no_grad():
+                original(self, model_param, {k: v for k, v in tensors.items() if k != "step"})
+        finally:
+            if step is not None:
+                state["step"] = step
+    DistributedOptimizer._set_main_param_and_optimizer_states = without_step
+
+
+def trained_boxes(model, chained):
+    """The optimizer's fp32 state (main param, exp_avg, exp_avg_sq) as boxes of its checkpoint tensors:
+    each DP rank's shards (the ranges of the flattened parameters it owns, Megatron's gbuf_ranges) gathered
+    over the DP group into whole local parameters, then placed as the model's ShardedTensor (or its
+    ShardedTensorFactory's, SwiGLU's linear_fc1) places the parameter: key, global shape, global offset."""
+    from megatron.core import parallel_state
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    names = {p: n for n, p in model.named_parameters()}
+    owned = []
+    for opt in distributed_optimizers(chained):
+        for ranges in opt.gbuf_ranges:
+            for buckets in ranges.values():
+                for bucket in buckets:
+                    for p, r in bucket["param_map"].items():
+                        for k, v in opt._get_main_param_and_optimizer_states(p).items():
+                            if k != "step":
+                                owned.append((names[p], k, r["param"].start, r["param"].end, v.detach().clone()))
+    group = parallel_state.get_data_parallel_group()
+    every = [None] * group.size()
+    dist.all_gather_object(every, owned, group=group)
+    whole = {}
+    for name, k, start, end, v in (x for o in every for x in o):
+        shape = dict(model.named_parameters())[name].shape
+        whole.setdefault((name, k), torch.zeros(shape.numel(), dtype=v.dtype))[start:end] = v
+    boxes = []
+    for sh in model.sharded_state_dict().values():
+        if not hasattr(sh, "data") or (names.get(sh.data), "param") not in whole:
+            continue
+        for k in ("param", "exp_avg", "exp_avg_sq"):
+            data = whole[(names[sh.data], k)].view(sh.data.shape)
+            built = [sh] if isinstance(sh, ShardedTensor) else list(nested_values(sh.build_fn(sh.key, data, sh.replica_id, None)))
+            for st in built:
+                box = data if st is sh else st.data
+                boxes.append((f"optimizer.state.{k}.{st.key}", tuple(st.global_shape), tuple(st.global_offset),
+                              (1,) * st.prepend_axis_num + tuple(box.shape), box.contiguous().clone()))
+    return boxes
+
+
+def assemble(all_boxes):
+    """The global tensors of the boxes every rank gathered (replicas write the same values again)."""
+    out = {}
+    for key, gshape, goffset, shape, v in all_boxes:
+        t = out.setdefault(key, torch.zeros(gshape, dtype=v.dtype))
+        t[tuple(slice(o, o + n) for o, n in zip(goffset, shape))] = v.view(shape)
+    return out
+
+
+def optimizer_state(model, chained):
+    """Every tensor this rank holds: the model's parameters and, for each parameter's shard this DP rank
+    owns, the optimizer's main param, exp_avg, exp_avg_sq and step (Megatron's own accessor), by name."""
+    names = {p: n for n, p in model.named_parameters()}
+    out = {"model." + n: p.detach().clone() for n, p in model.named_parameters()}
+    steps = set()
+    for opt in distributed_optimizers(chained):
+        for ranges in opt.gbuf_ranges:
+            for buckets in ranges.values():
+                for bucket in buckets:
+                    for p in bucket["param_map"]:
+                        for k, v in opt._get_main_param_and_optimizer_states(p).items():
+                            out[f"{k}.{names[p]}"] = v.detach().clone()
+        steps |= {g["step"] for g in opt.state_dict()["optimizer"]["param_groups"]}
+    return out, sorted(steps)
+
+
+class Scheduler:
+    """The schedule the torch_dist copies save (opt_param_scheduler), for save_checkpoint to ask for."""
+    def state_dict(self):
+        return {"max_lr": 1e-3, "min_lr": 1e-5, "num_steps": STEPS * 2}
+
+
+def save_legacy(model_chunk, opt):
+    """Megatron-LM's own save_checkpoint with --ckpt-format torch: get_rng_state, get_checkpoint_name,
+    the distributed optimizer's save_parameter_state into get_distributed_optimizer_checkpoint_name's
+    distrib_optim.pt, generate_state_dict (state_dict_for_save_checkpoint, optimizer.state_dict(), the
+    scheduler, the RNG states), torch.save on DP rank 0, latest_checkpointed_iteration.txt. Its global
+    args: parse_args with --ckpt-format torch --save LEGACY_DIR and Megatron-LM's update_use_dist_ckpt
+    (the part of validate_args it reads). CPU-only: torch.cuda.get_rng_state gives 16 zero bytes (the
+    size of a CUDA generator's state; there is none)."""
+    from megatron.training import global_vars
+    from megatron.training.checkpointing import save_checkpoint
+    from megatron.training.utils import update_use_dist_ckpt
+    args = megatron_args(legacy=True)
+    update_use_dist_ckpt(args)
+    global_vars.set_args(args)
+    torch.cuda.get_rng_state = lambda *a, **k: torch.zeros(16, dtype=torch.uint8)
+    save_checkpoint(STEPS, [model_chunk], opt, Scheduler(), 0)
+    print(f"[{dist.get_rank()}] SAVE OK legacy (--ckpt-format torch, Megatron-LM's save_checkpoint)", flush=True)
+
+
+def legacy_file():
+    """This rank's model_optim_rng.pt, by Megatron-LM's get_checkpoint_name."""
+    from megatron.training.checkpointing import get_checkpoint_name
+    return get_checkpoint_name(LEGACY_DIR, STEPS)
+
+
+def plain_state(model, adam):
+    """The model's parameters and torch Adam's state of each, by name (an FP32Optimizer's)."""
+    out = {}
+    for n, p in model.named_parameters():
+        out["model." + n] = p.detach().clone()
+        for k, v in adam.state[p].items():
+            out[f"{k}.{n}"] = v.detach().clone()
+    return out
 
 
 def worker(rank, world):
@@ -83,10 +372,7 @@ def worker(rank, world):
         cuda_to_cpu()
     try:
         from megatron.core import parallel_state, dist_checkpointing, tensor_parallel
-        from megatron.core.models.gpt import GPTModel
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        from megatron.core.optimizer import OptimizerConfig
-        from megatron.core.optimizer.optimizer import FP32Optimizer
+        from megatron.core.dist_checkpointing import ShardedObject
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP, pipeline_model_parallel_size=PP,
                                                  expert_model_parallel_size=EP)
         torch.manual_seed(1234)
@@ -96,38 +382,14 @@ def worker(rank, world):
             print(f"[{rank}] model_parallel_cuda_manual_seed: {type(e).__name__}", flush=True)
         tracker = tensor_parallel.get_cuda_rng_tracker()  # its CUDA generator cannot be made on CPU; dropout is 0
         tracker.fork = lambda *a, **k: contextlib.nullcontext()
-        cfg, pos = config()
-        pre = parallel_state.is_pipeline_first_stage()
-        post = parallel_state.is_pipeline_last_stage()
-        spec = get_gpt_layer_local_spec(normalization=cfg.normalization,
-                                        **({"num_experts": 4, "moe_grouped_gemm": False} if CASE.startswith("moe") else {}))
-        model = GPTModel(config=cfg, transformer_layer_spec=spec,
-                         vocab_size=128, max_sequence_length=32, position_embedding_type=pos,
-                         pre_process=pre, post_process=post, share_embeddings_and_output_weights=False)
-        from megatron.core.optimizer import _get_param_groups, get_megatron_optimizer
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.dist_checkpointing import ShardedObject
-        ocfg = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-5, weight_decay=0.01, adam_beta2=0.95, clip_grad=0.0,
-                               use_distributed_optimizer=DISTOPT, bf16=DISTOPT,
-                               params_dtype=torch.bfloat16 if DISTOPT else torch.float32)
-        if DISTOPT:  # as Megatron-LM builds it: DDP with its grad buffers, then get_megatron_optimizer
-            model = model.to(torch.bfloat16)
-            ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(use_distributed_optimizer=True,
-                                                                             grad_reduce_in_fp32=True), model)
-            opt = get_megatron_optimizer(ocfg, [ddp])
-            forward = ddp
-        else:
-            groups = _get_param_groups([model], ocfg, None)  # Megatron's own: no weight decay on biases and 1-D tensors
-            adam = torch.optim.Adam(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
-            real_tensor = torch.tensor
-            torch.tensor = lambda *a, **k: real_tensor(*a, **{**k, "device": "cpu"} if k.get("device") == "cuda" else k)
-            opt = FP32Optimizer(adam, ocfg, lambda o, c: None)
-            torch.tensor = real_tensor
-            forward = model
-        g = torch.Generator().manual_seed(7 + (parallel_state.get_data_parallel_rank() if DISTOPT else 0))
+        model, ddp, opt, adam = build(1234)
+        forward = ddp if DISTOPT else model
+        dp_rank = parallel_state.get_data_parallel_rank()
+        pp_rank, tp_rank = parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank()
+        g = torch.Generator().manual_seed(7 + (dp_rank + 10 * pp_rank if DISTOPT else 0))
         for step in range(STEPS):
-            tokens = torch.randint(0, 128, (2, 16), generator=g)
-            labels = torch.randint(0, 128, (2, 16), generator=g)
+            tokens = torch.randint(0, VOCAB, (2, 16), generator=g)
+            labels = torch.randint(0, VOCAB, (2, 16), generator=g)
             opt.zero_grad()
             if DISTOPT:
                 ddp.zero_grad_buffer()
@@ -140,14 +402,19 @@ def worker(rank, world):
                     ddp.finish_grad_sync()
             else:  # no pipeline schedule on CPU here: every parameter gets a seeded gradient
                 for p in model.parameters():
-                    p.grad = torch.randn(p.shape, generator=g) * 1e-2
+                    if DISTOPT:  # into DDP's grad buffer (what its backward hook does), reduce-scattered by finish_grad_sync
+                        p.main_grad.copy_(torch.randn(p.shape, generator=g) * 1e-2)
+                    else:
+                        p.grad = torch.randn(p.shape, generator=g) * 1e-2
+                if DISTOPT:
+                    ddp.finish_grad_sync()
                 loss = torch.tensor(0.0)
             if DISTOPT:
                 opt.step()
             else:
                 adam.step()
-            print(f"[{rank}] step {step + 1} loss {loss.item():.6f}", flush=True)
-        if PP == 1 and not DISTOPT:  # the training model's own logits on a fixed batch: what a Hugging Face export must give
+            print(f"[{rank}] step {step + 1} loss {loss.item():.6f}" + (" (seeded gradients, no loss)" if PP > 1 and DISTOPT else ""), flush=True)
+        if PP == 1 and not DISTOPT and not LEGACY:  # the training model's own logits on a fixed batch: what a Hugging Face export must give
             model.eval()
             ids = (torch.arange(2 * 16).view(2, 16) * 37 + 11) % 128
             mask = torch.triu(torch.ones(1, 1, 16, 16), diagonal=1).bool()
@@ -160,38 +427,112 @@ def worker(rank, world):
                     json.dump({"case": CASE, "torch": torch.__version__, "reader": "Megatron-Core 0.17.1 GPTModel",
                                "ids": ids.tolist(), "logits": torch.cat(parts, dim=-1).tolist()}, f)
             model.train()
-        model_sd = model.sharded_state_dict()
+        import random, numpy
         # What Megatron-LM's generate_state_dict saves besides: its parsed args, the schedule, and the
         # RNG states as a ShardedObject per (pp, tp) rank (here without CUDA's).
-        # The args Megatron-LM's pretrain_gpt.py would parse for this model (its parse_args, unvalidated).
-        sys.argv = ["pretrain_gpt.py", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
-                    "--seq-length", "16", "--max-position-embeddings", "32", "--micro-batch-size", "2",
-                    "--lr", "1e-3", "--min-lr", "1e-5", "--weight-decay", "0.01", "--adam-beta2", "0.95",
-                    "--ckpt-format", "torch_dist", "--tensor-model-parallel-size", str(TP),
-                    "--pipeline-model-parallel-size", str(PP), "--untie-embeddings-and-output-weights",
-                    "--hidden-dropout", "0", "--attention-dropout", "0"]
-        if DISTOPT:
-            sys.argv += ["--use-distributed-optimizer", "--bf16"] + (["--dist-ckpt-optim-fully-reshardable"] if FORM == "fully_reshardable" else [])
-        if CASE.startswith("moe"):
-            sys.argv += ["--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0",
-                         "--expert-model-parallel-size", str(EP)]
-        if not CASE.startswith("gpt"):
-            sys.argv += ["--group-query-attention", "--num-query-groups", "2", "--swiglu", "--normalization", "RMSNorm",
-                         "--ffn-hidden-size", "96", "--disable-bias-linear", "--position-embedding-type", "rope"]
-        from megatron.training.arguments import parse_args
-        import random, numpy
         rng = [{"random_rng_state": random.getstate(), "np_rng_state": numpy.random.get_state(),
                 "torch_rng_state": torch.get_rng_state()}]
-        pp_rank, tp_rank = parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank()
-        state = {"args": parse_args(), "checkpoint_version": 3.0, "iteration": STEPS, "model": model_sd,
-                 "optimizer": opt.sharded_state_dict(model_sd, **({"metadata": {"distrib_optim_sharding_type": FORM}}
-                                                                  if DISTOPT else {})),
-                 "opt_param_scheduler": {"max_lr": 1e-3, "min_lr": 1e-5, "num_steps": STEPS * 2},
-                 "rng_state": ShardedObject("rng_state", rng, (PP, TP), (pp_rank, tp_rank),
-                                           replica_id=parallel_state.get_data_parallel_rank()),
-                 "num_floating_point_operations_so_far": 0}
-        dist_checkpointing.save(state, CKPT)
-        print(f"[{rank}] SAVE OK", flush=True)
+
+        def state(args, metadata):
+            """generate_state_dict's torch_dist state dict, the optimizer's sharded_state_dict made anew."""
+            model_sd = model.sharded_state_dict(**({"metadata": metadata} if BOTH else {}))
+            return {"args": args, "checkpoint_version": 3.0, "iteration": STEPS, "model": model_sd,
+                    "optimizer": opt.sharded_state_dict(model_sd, **({"metadata": metadata} if DISTOPT else {})),
+                    "opt_param_scheduler": {"max_lr": 1e-3, "min_lr": 1e-5, "num_steps": STEPS * 2},
+                    "rng_state": ShardedObject("rng_state", rng, (PP, TP), (pp_rank, tp_rank),
+                                               replica_id=parallel_state.get_data_parallel_rank()),
+                    "num_floating_point_operations_so_far": 0}
+
+        if not BOTH:
+            dist_checkpointing.save(state(megatron_args(FORM == "fully_reshardable"),
+                                          {"distrib_optim_sharding_type": FORM} if DISTOPT else None), CKPT)
+            print(f"[{rank}] SAVE OK", flush=True)
+            if LEGACY:  # llama_tp2_legacy: the FP32Optimizer's state
+                trained = plain_state(model, adam)
+                save_legacy(model, opt)
+                m, _, o, a = build(4321)
+                name = legacy_file()
+                sd = torch.load(name, weights_only=False)
+                m.load_state_dict(sd["model"], strict=True)  # as Megatron-LM's load_checkpoint
+                o.load_state_dict(sd["optimizer"])
+                got = plain_state(m, a)
+                bad = sorted(k for k in trained if not torch.equal(trained[k], got[k]))
+                print(f"[{rank}] LEGACY LOAD CHECK {'OK' if not bad else 'DIFFERS'}: {os.path.relpath(name, os.path.join(OUT, CASE))} "
+                      f"loaded into a fresh model and FP32Optimizer (model.load_state_dict, optimizer.load_state_dict): "
+                      f"{len(trained)} tensors (model, exp_avg, exp_avg_sq, step) "
+                      + ("bitwise equal to the trained ones" if not bad else f"{len(bad)} differ: {bad[:6]}"), flush=True)
+            return
+        from megatron.training.checkpointing import _build_sharded_state_dict_metadata
+        from megatron.core.dist_checkpointing.utils import _clean_metadata_for_serialization
+        lay = [None] * world
+        dist.all_gather_object(lay, layout(model, ddp, opt))
+        if rank == 0:
+            with open(os.path.join(OUT, CASE, "buckets.json"), "w") as f:
+                json.dump({"case": CASE, "megatron": "core_v0.17.1", "ranks": lay}, f, indent=1)
+        trained, trained_steps = optimizer_state(model, opt)
+        pieces = [None] * world
+        dist.all_gather_object(pieces, trained_boxes(model, opt))
+        if rank == 0:  # compared with reference.pt once torch has read checkpoint/ (references())
+            torch.save(assemble([x for p in pieces for x in p]), os.path.join(OUT, CASE, "trained_state.tmp.pt"))
+        # The same state twice, as Megatron-LM's save_checkpoint would save it with and without
+        # --dist-ckpt-optim-fully-reshardable: its metadata for sharded_state_dict, its content_metadata.
+        for folder, fully in ((CKPT, True), (CKPT_DP, False)):
+            args = megatron_args(fully)
+            metadata = _build_sharded_state_dict_metadata(args)
+            dist_checkpointing.save(state(args, metadata), folder,
+                                    content_metadata=_clean_metadata_for_serialization(metadata))
+            print(f"[{rank}] SAVE OK {os.path.basename(folder)} ({metadata['distrib_optim_sharding_type']})", flush=True)
+        if LEGACY:
+            save_legacy(ddp, opt)
+        # The check of the files: each loaded into a fresh model, DDP and optimizer, as Megatron-LM's
+        # load_checkpoint does (the sharding type from the checkpoint's content_metadata).
+        step_kept_apart()
+        loaded = {}
+        for folder in (CKPT_DP, CKPT):
+            m, d, o, _ = build(4321)
+            for one in distributed_optimizers(o):  # Megatron's own (its fsdp_dtensor load's): one step on zero grads
+                one._init_optimizer_states_with_dummy_values()
+            metadata = dist_checkpointing.load_content_metadata(folder)
+            metadata["dp_cp_group"] = parallel_state.get_data_parallel_group(with_context_parallel=True)
+            model_sd = m.sharded_state_dict(metadata=metadata)
+            sd = {"model": model_sd, "optimizer": o.sharded_state_dict(model_sd, is_loading=True, metadata=metadata)}
+            got = dist_checkpointing.load(sd, folder)
+            m.load_state_dict(got["model"], strict=True)
+            o.load_state_dict(got["optimizer"])
+            loaded[os.path.basename(folder)] = optimizer_state(m, o)
+        if LEGACY:  # Megatron's own reader of the legacy form (Megatron-LM's load_checkpoint for --ckpt-format torch)
+            m, d, o, _ = build(4321)
+            for one in distributed_optimizers(o):
+                one._init_optimizer_states_with_dummy_values()
+            name = legacy_file()
+            sd = torch.load(name, weights_only=False)
+            m.load_state_dict(sd["model"], strict=True)
+            o.load_state_dict(sd["optimizer"])
+            o.load_parameter_state(os.path.join(os.path.dirname(name), "distrib_optim.pt"))
+            got, got_steps = optimizer_state(m, o)
+            bad = sorted(k for k in trained if not torch.equal(trained[k], got[k]))
+            print(f"[{rank}] LEGACY LOAD CHECK {'OK' if not bad and got_steps == trained_steps else 'DIFFERS'}: "
+                  f"{os.path.relpath(name, os.path.join(OUT, CASE))} (model.load_state_dict, optimizer.load_state_dict) and "
+                  f"distrib_optim.pt (optimizer.load_parameter_state) loaded into a fresh model, DDP and optimizer: "
+                  f"{len(trained)} tensors, steps {got_steps}: "
+                  + ("bitwise equal to the trained ones" if not bad else f"{len(bad)} differ: {bad[:6]}"), flush=True)
+        (a, a_steps), (b, b_steps) = loaded["checkpoint_dp_reshardable"], loaded["checkpoint"]
+        kinds = lambda keys: ", ".join(f"{sum(k.startswith(kind + '.') for k in keys)} {kind}"
+                                       for kind in ("model", "param", "exp_avg", "exp_avg_sq", "step"))
+        report = {}
+        for label, x, y in (("dp_reshardable vs fully_reshardable", a, b), ("dp_reshardable vs trained", a, trained),
+                            ("fully_reshardable vs trained", b, trained)):
+            report[label] = sorted(k for k in trained if x[k].dtype != y[k].dtype or not torch.equal(x[k], y[k]))
+        same = not any(report.values()) and trained_steps == a_steps == b_steps
+        print(f"[{rank}] LOAD CHECK {'OK' if same else 'DIFFERS'}: {len(trained)} tensors ({kinds(trained)}: the model's "
+              f"parameters, the optimizer's state of every shard this DP rank owns), param-group steps trained / "
+              f"dp_reshardable / fully_reshardable {trained_steps} {a_steps} {b_steps}; "
+              + "; ".join(f"{k}: " + ("bitwise equal" if not v else f"{len(v)} differ ({kinds(v)}), e.g. {v[:3]}")
+                          for k, v in report.items()), flush=True)
+        results = [None] * world
+        dist.all_gather_object(results, same)
+        if rank == 0:
+            print(f"[0] LOAD CHECK on all {world} ranks: {'bitwise equal' if all(results) else 'NOT EQUAL'}", flush=True)
     except Exception:
         traceback.print_exc()
         raise
@@ -220,15 +561,29 @@ def references():
     else:  # a common step for every parameter
         groups, s = optimizer["param_groups"], optimizer["state"]["common_step"]
         step = {"common_step": s.item(), "common_step_dtype": str(s.dtype)}
+    extra = {"content_metadata": common["content_metadata"]} if "content_metadata" in common else {}
     with open(os.path.join(OUT, CASE, "common.json"), "w") as f:
-        json.dump({"keys": list(common), "iteration": common["iteration"], **step, "param_groups": groups}, f, indent=1)
+        json.dump({"keys": list(common), "iteration": common["iteration"], **step, **extra, "param_groups": groups}, f, indent=1)
     for k, v in full.items():
         print(k, tuple(v.shape), v.dtype)
+    tmp = os.path.join(OUT, CASE, "trained_state.tmp.pt")
+    if os.path.exists(tmp):  # the distributed optimizer: its trained state, gathered from every rank's shards
+        trained = torch.load(tmp)
+        os.remove(tmp)
+        assert sorted(trained) == sorted(k for k in full if k.startswith("optimizer.state.")), "every optimizer.state key"
+        bad = sorted(k for k in trained if not torch.equal(trained[k], full[k]))
+        print(f"[main] TRAINED STATE vs reference.pt (checkpoint/, fully_reshardable): the {len(trained)} optimizer.state.* "
+              f"tensors, assembled from every rank's shards by Megatron's ranges: "
+              + ("bitwise equal" if not bad else f"{len(bad)} differ: {bad}"), flush=True)
+        if bad:  # what the optimizer held, where the fully_reshardable save wrote something else
+            torch.save({k: trained[k] for k in sorted(trained)}, os.path.join(OUT, CASE, "reference_trained.pt"))
 
 
 if __name__ == "__main__":
     if os.environ.get("REFERENCES_ONLY") != "1":
         os.makedirs(CKPT, exist_ok=True)
-        mp.spawn(worker, args=(2,), nprocs=2)
+        if BOTH:
+            os.makedirs(CKPT_DP, exist_ok=True)
+        mp.spawn(worker, args=(WORLD,), nprocs=WORLD)
     if FORM != "dp_reshardable":  # a checkpoint ucp refuses needs no reference
         references()
