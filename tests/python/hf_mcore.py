@@ -17,11 +17,16 @@ come from Megatron-LM's args in the carried common.pt):
   (megatron_logits.json) within 1e-5;
 - args that change what the model computes (use_rope_scaling set in a copy's common.pt) refuse the
   export by name;
-- the GPT case (LayerNorm, GeLU, learned positions) is refused as GPT-2-shaped, the MoE case as Mixture
-  of Experts, nothing written; a
+- the GPT-shaped cases (LayerNorm, GeLU, biases, learned positions; untied gpt_tp2, tied gpt_tp2_tied, and
+  gpt_dp2_distopt_fp32's dp_reshardable form) export as GPT2LMHeadModel at 1 and 2 ranks: every tensor equals
+  reference.pt's under GPT-2's names, and the files are the bytes transformers loaded with no key problems
+  and whose logits equal Megatron-Core's own within 1e-5 (transformers_readers.json, by
+  scripts/mcore_real_readers.py in the chroot);
+- the MoE case is refused as Mixture of Experts, nothing written; a
   DeepSpeed layout from a Megatron-Core atomic checkpoint is refused, pointing to --format hf.
 """
 import filecmp
+import hashlib
 import json
 import os
 import shutil
@@ -135,16 +140,68 @@ r = run("ucp-reshard", [atomic, "-o", os.path.join(WORK, "rope_scaling", "hf"), 
 check("use_rope_scaling in the args: the export is refused naming it, nothing written", r.returncode != 0 and
       "use_rope_scaling" in r.stderr and not os.path.exists(os.path.join(WORK, "rope_scaling", "hf")), r.stderr[-600:])
 
-atomic = os.path.join(WORK, "gpt_tp2", "atomic")
-r = run("ucp-convert", [os.path.join(CASES, "gpt_tp2", "checkpoint"), "-o", atomic, "-q"])
-check("gpt_tp2: convert", r.returncode == 0, r.stderr[-800:])
-out = os.path.join(WORK, "gpt_tp2", "hf")
-r = run("ucp-reshard", [atomic, "-o", out, "--format", "hf"])
-check("gpt_tp2: refused as GPT-2-shaped, nothing written", r.returncode != 0 and "GPT-2" in r.stderr and not os.path.exists(out),
-      r.stderr[-600:])
-# Its reasons are true of it (a newcomer saw "linear layers without biases" of a model holding linear_qkv.bias).
-check("gpt_tp2: no reason the checkpoint contradicts", "without biases" not in r.stderr and "normalization" not in r.stderr,
-      r.stderr[-900:])
+def expected_gpt2(ref, heads):
+    """GPT2LMHeadModel's tensors from reference.pt's model keys: Conv1D weights are Megatron's transposed,
+    c_attn's columns every head's q, then k, then v (Megatron-Core's rows: head by head [q_i; k_i; v_i])."""
+    L = "decoder.layers."
+    wte = ref["embedding.word_embeddings.weight"]
+    hidden = wte.shape[1]
+    d = hidden // heads
+    out = {"transformer.wte.weight": wte, "transformer.wpe.weight": ref["embedding.position_embeddings.weight"],
+           "transformer.ln_f.weight": ref["decoder.final_layernorm.weight"], "transformer.ln_f.bias": ref["decoder.final_layernorm.bias"]}
+    if "output_layer.weight" in ref:  # untied: lm_head of its own
+        out["lm_head.weight"] = ref["output_layer.weight"]
+    for i in range(ref[L + "self_attention.linear_qkv.weight"].shape[0]):
+        h, x = f"transformer.h.{i}.", lambda key: ref[L + key][i]
+        qkv, b = x("self_attention.linear_qkv.weight").view(heads, 3, d, hidden), x("self_attention.linear_qkv.bias").view(heads, 3, d)
+        out[h + "attn.c_attn.weight"] = torch.cat([qkv[:, j].reshape(-1, hidden) for j in range(3)]).t().contiguous()
+        out[h + "attn.c_attn.bias"] = torch.cat([b[:, j].reshape(-1) for j in range(3)])
+        out[h + "attn.c_proj.weight"] = x("self_attention.linear_proj.weight").t().contiguous()
+        out[h + "attn.c_proj.bias"] = x("self_attention.linear_proj.bias")
+        out[h + "ln_1.weight"], out[h + "ln_1.bias"] = x("self_attention.linear_qkv.layer_norm_weight"), x("self_attention.linear_qkv.layer_norm_bias")
+        out[h + "ln_2.weight"], out[h + "ln_2.bias"] = x("mlp.linear_fc1.layer_norm_weight"), x("mlp.linear_fc1.layer_norm_bias")
+        out[h + "mlp.c_fc.weight"], out[h + "mlp.c_fc.bias"] = x("mlp.linear_fc1.weight").t().contiguous(), x("mlp.linear_fc1.bias")
+        out[h + "mlp.c_proj.weight"], out[h + "mlp.c_proj.bias"] = x("mlp.linear_fc2.weight").t().contiguous(), x("mlp.linear_fc2.bias")
+    return out
+
+
+# GPT-shaped Megatron-Core models (LayerNorm, GeLU, biases, learned positions), tied and untied, and the
+# distributed optimizer's dp_reshardable form of one: GPT2LMHeadModel. transformers' own reading of the
+# same bytes is recorded by scripts/mcore_real_readers.py (transformers_readers.json).
+readers = json.load(open(os.path.join(CASES, "transformers_readers.json")))
+for case, folder in (("gpt_tp2", "checkpoint"), ("gpt_tp2_tied", "checkpoint"), ("gpt_dp2_distopt_fp32", "checkpoint_dp_reshardable")):
+    if not os.path.isdir(os.path.join(CASES, case, folder)):
+        check(f"{case}: the case is there", False, os.path.join(CASES, case, folder))
+        continue
+    atomic = os.path.join(WORK, case, "atomic")
+    r = run("ucp-convert", [os.path.join(CASES, case, folder), "-o", atomic, "-q"], ranks=2)
+    check(f"{case}: convert {folder}", r.returncode == 0, r.stderr[-800:])
+    ref = torch.load(os.path.join(CASES, case, "reference.pt"), map_location="cpu")
+    want = expected_gpt2({k: v for k, v in ref.items() if not k.startswith("optimizer.")}, heads=4)
+    for ranks in (1, 2):
+        out = os.path.join(WORK, case, f"hf-np{ranks}")
+        r = run("ucp-reshard", [atomic, "-o", out, "--format", "hf"], ranks=ranks)
+        check(f"{case}: GPT2LMHeadModel export at {ranks} rank(s), no --model-config", r.returncode == 0, r.stderr[-1200:])
+        if r.returncode != 0:
+            continue
+        got = read_safetensors(os.path.join(out, FILES[1]))
+        bad = sorted(k for k in want if k not in got or not torch.equal(got[k], want[k]))
+        config = json.load(open(os.path.join(out, "config.json")))
+        check(f"{case} np{ranks}: every tensor is reference.pt's under GPT-2's names (c_attn q, k, v per head; Conv1D "
+              f"transposed; lm_head where untied)", not bad and sorted(got) == sorted(want) and
+              config["tie_word_embeddings"] == ("lm_head.weight" not in want),
+              f"differ: {bad[:5]}; names {sorted(set(got) ^ set(want))[:5]}; tie {config['tie_word_embeddings']}")
+        seen = readers["cases"].get(case)
+        if seen and "files" in seen:
+            written = {f: hashlib.sha256(open(os.path.join(out, f), "rb").read()).hexdigest() for f in sorted(os.listdir(out)) if not f.startswith(".")}
+            check(f"{case} np{ranks}: the bytes transformers read (transformers_readers.json)", written == seen["files"],
+                  f"{written} vs {seen['files']}")
+    seen = readers["cases"].get(case)
+    if folder == "checkpoint":  # Megatron recorded its own logits of this case
+        check(f"{case}: transformers {seen and seen.get('transformers')} loaded the export as GPT2LMHeadModel with no missing, "
+              f"unexpected or mismatched keys, its logits Megatron-Core's within 1e-5 ({seen and seen.get('max_abs_diff')})",
+              seen is not None and seen.get("class") == "GPT2LMHeadModel" and seen.get("loading_problems") is None and
+              seen.get("max_abs_diff", 1) <= 1e-5, str(seen)[:1500])
 atomic = os.path.join(WORK, "moe_ep2", "atomic")
 r = run("ucp-convert", [os.path.join(CASES, "moe_ep2", "checkpoint"), "-o", atomic, "-q"])
 check("moe_ep2: convert", r.returncode == 0, r.stderr[-800:])

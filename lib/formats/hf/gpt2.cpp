@@ -21,21 +21,23 @@ struct Gpt2Key {
   const char* hf;
   bool transposed = false;
   bool qkv = false;  // the fused query-key-value rows
+  const char* mcore = nullptr;  // Megatron-Core's key (after decoder.layers.; the layers stacked on a leading axis)
+  const char* mcore_local = nullptr;  // its local spec's module name, where TE's fused name differs
 };
 const std::vector<Gpt2Key>& BlockKeys() {
   static const std::vector<Gpt2Key> keys = {
-      {"input_layernorm.weight", "ln_1.weight"},
-      {"input_layernorm.bias", "ln_1.bias"},
-      {"self_attention.query_key_value.weight", "attn.c_attn.weight", true, true},
-      {"self_attention.query_key_value.bias", "attn.c_attn.bias", false, true},
-      {"self_attention.dense.weight", "attn.c_proj.weight", true},
-      {"self_attention.dense.bias", "attn.c_proj.bias"},
-      {"post_attention_layernorm.weight", "ln_2.weight"},
-      {"post_attention_layernorm.bias", "ln_2.bias"},
-      {"mlp.dense_h_to_4h.weight", "mlp.c_fc.weight", true},
-      {"mlp.dense_h_to_4h.bias", "mlp.c_fc.bias"},
-      {"mlp.dense_4h_to_h.weight", "mlp.c_proj.weight", true},
-      {"mlp.dense_4h_to_h.bias", "mlp.c_proj.bias"},
+      {"input_layernorm.weight", "ln_1.weight", false, false, "self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight"},
+      {"input_layernorm.bias", "ln_1.bias", false, false, "self_attention.linear_qkv.layer_norm_bias", "input_layernorm.bias"},
+      {"self_attention.query_key_value.weight", "attn.c_attn.weight", true, true, "self_attention.linear_qkv.weight"},
+      {"self_attention.query_key_value.bias", "attn.c_attn.bias", false, true, "self_attention.linear_qkv.bias"},
+      {"self_attention.dense.weight", "attn.c_proj.weight", true, false, "self_attention.linear_proj.weight"},
+      {"self_attention.dense.bias", "attn.c_proj.bias", false, false, "self_attention.linear_proj.bias"},
+      {"post_attention_layernorm.weight", "ln_2.weight", false, false, "mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight"},
+      {"post_attention_layernorm.bias", "ln_2.bias", false, false, "mlp.linear_fc1.layer_norm_bias", "pre_mlp_layernorm.bias"},
+      {"mlp.dense_h_to_4h.weight", "mlp.c_fc.weight", true, false, "mlp.linear_fc1.weight"},
+      {"mlp.dense_h_to_4h.bias", "mlp.c_fc.bias", false, false, "mlp.linear_fc1.bias"},
+      {"mlp.dense_4h_to_h.weight", "mlp.c_proj.weight", true, false, "mlp.linear_fc2.weight"},
+      {"mlp.dense_4h_to_h.bias", "mlp.c_proj.bias", false, false, "mlp.linear_fc2.bias"},
   };
   return keys;
 }
@@ -52,6 +54,11 @@ const std::map<std::string, std::string>& ModelKeys() {
       {"1.position_embeddings.weight", "transformer.wpe.weight"},
       {"language_model.encoder.final_layernorm.weight", "transformer.ln_f.weight"},
       {"language_model.encoder.final_layernorm.bias", "transformer.ln_f.bias"},
+      // Megatron-Core's
+      {"embedding.word_embeddings.weight", "transformer.wte.weight"},
+      {"embedding.position_embeddings.weight", "transformer.wpe.weight"},
+      {"decoder.final_layernorm.weight", "transformer.ln_f.weight"},
+      {"decoder.final_layernorm.bias", "transformer.ln_f.bias"},
   };
   return keys;
 }
@@ -67,6 +74,12 @@ bool ArgSet(const ModelView& v, const char* key) {
   const pt::Value* a = v.arg ? v.arg(key) : nullptr;
   return a && a->kind != pt::Value::Kind::None && !(a->kind == pt::Value::Kind::Bool && !a->b) &&
          !(a->kind == pt::Value::Kind::Int && a->i == 0);
+}
+
+// The output layer apart from the word embedding, where the model has one (GPTModel's, Megatron-DeepSpeed's or
+// Megatron-Core's): GPT2LMHeadModel computes it as lm_head with tie_word_embeddings false.
+const std::pair<std::string, std::vector<int64_t>>* UntiedOutput(const ModelView& v) {
+  return FirstOf(v, R"(^(language_model\.)?output_layer\.weight$)");
 }
 
 // What the weights and args show that GPT2LMHeadModel does not compute, each said.
@@ -92,13 +105,13 @@ std::vector<std::string> Differences(const ModelView& v, const Facts& f) {
     differs.push_back("normalization '" + (norm.empty() ? std::string("without biases") : norm) + "' (GPT2LMHeadModel: LayerNorm with biases)");
   if (f.Str("position_embedding_type") == "rope" || f.Flag("use_rotary_position_embeddings").value_or(false))
     differs.push_back("rotary position embeddings (GPT2LMHeadModel: learned absolute positions only)");
-  if (FirstOf(v, R"(^(language_model\.output_layer|\d+\.lm_head)\.weight$)") || f.Flag("untie_embeddings_and_output_weights").value_or(false))
-    differs.push_back("an output layer apart from the word embedding (GPT2LMHeadModel ties them)");
+  if (FirstOf(v, R"(^\d+\.lm_head\.weight$)"))
+    differs.push_back("an output layer apart from the word embedding in GPTModelPipe's files (written untied from GPTModel's "
+                      "output_layer only)");
+  else if (f.Flag("untie_embeddings_and_output_weights").value_or(false) && !UntiedOutput(v))
+    differs.push_back("untie_embeddings_and_output_weights set in the args, but no output layer among the parameters");
   if (!FirstOf(v, R"(.*self_attention\.(query_key_value|linear_qkv)\.bias)") || !FirstOf(v, R"(.*mlp\.(dense_4h_to_h|linear_fc2)\.bias)"))
     differs.push_back("linear layers without biases, add_bias_linear false (GPT2LMHeadModel: biases on every one)");
-  if (FirstOf(v, R"(^(decoder\.layers|embedding)\..*)"))
-    differs.push_back("Megatron-Core's names (decoder.layers.*, embedding.*): GPT-2 is written from Megatron-DeepSpeed's "
-                      "GPTModel and GPTModelPipe names only");
   if (v.moe || ArgSet(v, "num_moe_experts")) differs.push_back("Mixture-of-Experts layers (DeepSpeed MoE experts; GPT2LMHeadModel is dense)");
   for (const char* key : {"apply_residual_connection_post_layernorm", "apply_layernorm_1p", "qk_layernorm"})
     if (ArgSet(v, key)) differs.push_back(std::string(key) + " set in the checkpoint's args");
@@ -127,7 +140,7 @@ Gpt2Facts Gpt2FactsOf(const reshard::Source& S, const reshard::ExportOptions& o,
   Gpt2Facts m;
   std::vector<std::string> missing;
   const auto *wte = FirstOf(v, R"(.*word_embeddings\.weight)"), *wpe = FirstOf(v, R"(.*position_embeddings\.weight)"),
-             *down = FirstOf(v, R"(.*mlp\.dense_4h_to_h\.weight)");
+             *down = FirstOf(v, R"(.*mlp\.(dense_4h_to_h|linear_fc2)\.weight)");
   m.hidden = f.Int("hidden_size").value_or(wte && wte->second.size() == 2 ? wte->second[1] : 0);
   std::vector<std::string> names;
   for (const auto& p : v.params) names.push_back(p.first);
@@ -135,7 +148,8 @@ Gpt2Facts Gpt2FactsOf(const reshard::Source& S, const reshard::ExportOptions& o,
   m.layers = f.Int("num_layers").value_or(reshard::LayerCountOf(names, naming));
   if (auto h = f.Int("num_attention_heads")) m.heads = *h;
   else missing.push_back("num_attention_heads");
-  m.ffn = f.Int("ffn_hidden_size").value_or(down && down->second.size() == 2 ? down->second[1] : 0);
+  m.ffn = f.Int("ffn_hidden_size").value_or(down && down->second.size() >= 2 ? down->second.back() : 0);  // stacked: [layers, h, ffn]
+  m.tied = !UntiedOutput(v);
   m.positions = wpe && wpe->second.size() == 2 ? wpe->second[0] : 0;
   if (auto p = f.Int("max_position_embeddings"); p && *p != m.positions)
     throw Error(v.dir + ": max_position_embeddings is " + std::to_string(*p) + " but '" + wpe->first + "' has " +
@@ -171,6 +185,8 @@ class Gpt2Placement {
   Error Refuse(const std::string& name, const std::string& why) const { return Error(dir_ + ": parameter '" + name + "': " + why); }
   void Add(const reshard::Atom& a, ExportTensor t, const std::vector<int64_t>& want);
   void PlaceBlock(const reshard::Atom& a, int atom, int64_t layer, const std::string& key);
+  void PlaceStacked(const reshard::Atom& a, int atom, const std::string& key);
+  ExportTensor BlockTensor(const reshard::Atom& a, int atom, int64_t layer, const Gpt2Key& key) const;
   std::vector<int64_t> MegatronShape(const std::string& key) const;
 
   std::string dir_;
@@ -204,6 +220,12 @@ void Gpt2Placement::Place(const reshard::Atom& a, int atom) {
   std::smatch mm;
   const int64_t h = m_.hidden;
   std::string name = a.name;
+  if (name.starts_with("decoder.layers.")) return PlaceStacked(a, atom, name.substr(15));
+  if (!m_.tied && (name == "output_layer.weight" || name == "language_model.output_layer.weight")) {  // untied: lm_head
+    if (a.shape.size() != 2 || a.shape[0] < m_.vocab || a.shape[1] != h)
+      throw Refuse(a.name, "shape " + pt::ShapeString(a.shape) + ", expected at least " + std::to_string(m_.vocab) + " rows of " + std::to_string(h));
+    return Add(a, {"lm_head.weight", atom, "", 0, m_.vocab, {m_.vocab, h}}, a.shape);
+  }
   if (std::regex_match(a.name, mm, pipe) && mm[1].length() < 9 && std::stoll(mm[1]) == m_.layers + 2)
     name = "language_model.encoder.final_layernorm." + std::string(mm[2]);  // GPTModelPipe's final norm
   if (auto it = ModelKeys().find(name); it != ModelKeys().end()) {
@@ -220,20 +242,48 @@ void Gpt2Placement::Place(const reshard::Atom& a, int atom) {
   throw Refuse(a.name, "has no place in GPT2LMHeadModel of " + std::to_string(m_.layers) + " layers");
 }
 
-void Gpt2Placement::PlaceBlock(const reshard::Atom& a, int atom, int64_t layer, const std::string& key) {
-  const auto it = std::find_if(BlockKeys().begin(), BlockKeys().end(), [&](const Gpt2Key& k) { return key == k.megatron; });
+// Megatron-Core's stacked tensor: each layer's block tensor, the rows those of its layer.
+void Gpt2Placement::PlaceStacked(const reshard::Atom& a, int atom, const std::string& key) {
+  const auto it = std::find_if(BlockKeys().begin(), BlockKeys().end(), [&](const Gpt2Key& k) {
+    return key == k.mcore || (k.mcore_local && key == k.mcore_local);
+  });
   if (it == BlockKeys().end()) throw Refuse(a.name, "'" + key + "' is no part of a GPT2LMHeadModel block");
-  const std::vector<int64_t> want = MegatronShape(key);
-  ExportTensor t{"transformer.h." + std::to_string(layer) + "." + it->hf, atom, "", 0, want[0], want};
-  if (it->transposed) t.transposed = true, t.shape = {want[1], want[0]};
-  if (it->qkv) {  // [q; k; v] as the sub-parameter sizes say, else Megatron's head-by-head [q_i; k_i; v_i]
+  std::vector<int64_t> want = MegatronShape(it->megatron);
+  want.insert(want.begin(), m_.layers);
+  if (a.shape != want)
+    throw Refuse(a.name, "shape " + pt::ShapeString(a.shape) + ", but the model's sizes (" + std::to_string(m_.layers) + " layers, hidden " +
+                             std::to_string(m_.hidden) + ", " + std::to_string(m_.heads) + " heads, FFN " + std::to_string(m_.ffn) + ") give " +
+                             pt::ShapeString(want));
+  for (int64_t layer = 0; layer < m_.layers; ++layer) {
+    reshard::Atom one = a;  // the layer's tensor, as a block's
+    one.shape.erase(one.shape.begin());
+    one.name = a.name + " layer " + std::to_string(layer);
+    ExportTensor t = BlockTensor(one, atom, layer, *it);
+    t.layer = layer;
+    Add(one, std::move(t), one.shape);
+  }
+}
+
+// A block key's tensor in GPT2LMHeadModel's layer `layer`: its shape and rows (the fused QKV's in
+// Megatron's head-by-head order unless the sub-parameter sizes say [q; k; v]), transposed for Conv1D.
+ExportTensor Gpt2Placement::BlockTensor(const reshard::Atom& a, int atom, int64_t layer, const Gpt2Key& key) const {
+  const std::vector<int64_t> want = MegatronShape(key.megatron);
+  ExportTensor t{"transformer.h." + std::to_string(layer) + "." + key.hf, atom, "", 0, want[0], want};
+  if (key.transposed) t.transposed = true, t.shape = {want[1], want[0]};
+  if (key.qkv) {  // [q; k; v] as the sub-parameter sizes say, else Megatron's head-by-head [q_i; k_i; v_i]
     const int64_t h = m_.hidden, hd = m_.hidden / m_.heads;
     if (a.sub_param_sizes.empty()) t.part_rows = h, t.part_step = hd, t.block = hd, t.stride = 3 * hd;
     else if (a.sub_param_sizes != std::vector<int64_t>{h, h, h})
       throw Refuse(a.name, "sub-parameter sizes " + pt::ShapeString(a.sub_param_sizes) + ", but GPT-2's attention has q, k and v of " +
                                std::to_string(h) + " rows each");
   }
-  Add(a, std::move(t), want);
+  return t;
+}
+
+void Gpt2Placement::PlaceBlock(const reshard::Atom& a, int atom, int64_t layer, const std::string& key) {
+  const auto it = std::find_if(BlockKeys().begin(), BlockKeys().end(), [&](const Gpt2Key& k) { return key == k.megatron; });
+  if (it == BlockKeys().end()) throw Refuse(a.name, "'" + key + "' is no part of a GPT2LMHeadModel block");
+  Add(a, BlockTensor(a, atom, layer, *it), MegatronShape(key));
 }
 
 std::vector<ExportTensor> Gpt2Placement::InModelOrder() {
@@ -241,6 +291,7 @@ std::vector<ExportTensor> Gpt2Placement::InModelOrder() {
   for (int64_t i = 0; i < m_.layers; ++i)
     for (const Gpt2Key& k : BlockKeys()) order.push_back("transformer.h." + std::to_string(i) + "." + k.hf);
   order.insert(order.end(), {"transformer.ln_f.weight", "transformer.ln_f.bias"});
+  if (!m_.tied) order.push_back("lm_head.weight");
   std::vector<ExportTensor> out;
   for (const std::string& name : order) {
     auto it = made_.find(name);
@@ -275,7 +326,7 @@ std::string Gpt2ConfigJson(const Gpt2Facts& m, const std::string& dtype) {
       {"scale_attn_weights", true},
       {"scale_attn_by_inverse_layer_idx", false},
       {"reorder_and_upcast_attn", false},
-      {"tie_word_embeddings", true},
+      {"tie_word_embeddings", m.tied},
       {"torch_dtype", TorchDtypeName(dtype)},
   };
   return c.dump(2) + "\n";

@@ -1,6 +1,7 @@
-// GPT2LMHeadModel from a Megatron-DeepSpeed GPT model: LayerNorm with biases, learned absolute
-// positions, a GeLU MLP, multi-head attention, the word embedding tied to the output, biases on every
-// linear layer. Hugging Face's GPT-2 holds its linear layers as Conv1D, weight [in, out]: the
+// GPT2LMHeadModel from a Megatron-DeepSpeed or Megatron-Core GPT model: LayerNorm with biases, learned
+// absolute positions, a GeLU MLP, multi-head attention, biases on every linear layer; the output layer
+// the word embedding, or one of its own (GPTModel's output_layer: lm_head, tie_word_embeddings false).
+// Megatron-Core's stacked decoder.layers.* tensors give each layer's block tensor. Hugging Face's GPT-2 holds its linear layers as Conv1D, weight [in, out]: the
 // transpose of Megatron's [out, in] (ExportTensor::transposed). The fused QKV's rows:
 //   with the checkpoint's sub-parameter sizes (universal_checkpoint_info): [q; k; v], as they say;
 //   without: Megatron's ParallelAttention order, head by head [q_i; k_i; v_i] ([heads, 3, head_dim]),
@@ -8,7 +9,7 @@
 // The activation is what Megatron computed: F.gelu (exact) is "gelu"; --openai-gelu and the fused
 // bias-GeLU kernel (bias_gelu_fusion, Megatron's default with biases) the tanh approximation, "gelu_new".
 // Everything GPT-2 cannot express is refused by name: grouped-query attention, SwiGLU, RMSNorm,
-// rotary, an untied output layer, linear layers without biases.
+// rotary, linear layers without biases.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,7 @@ struct Gpt2Facts {
   int64_t hidden = 0, layers = 0, heads = 0, ffn = 0, vocab = 0, positions = 0;
   double norm_eps = 1e-5;
   std::string activation;  // GPT2Config's activation_function: "gelu" or "gelu_new"
+  bool tied = true;        // the output layer is the word embedding; else lm_head.weight of its own
 };
 
 // Whether the model has learned absolute position embeddings (Megatron's
@@ -38,7 +40,7 @@ void RefuseUnlessGpt2(const ModelView& view, const reshard::ExportOptions& optio
 // The facts of the source's GPT-2-shaped model (args, --model-config, the weights' shapes).
 Gpt2Facts Gpt2FactsOf(const reshard::Source& S, const reshard::ExportOptions& options, std::vector<std::string>& notes);
 
-// Every tensor of GPT2LMHeadModel in its order (wte, wpe, each block, ln_f; lm_head tied, not written).
+// Every tensor of GPT2LMHeadModel in its order (wte, wpe, each block, ln_f; lm_head where it is untied).
 std::vector<reshard::ExportTensor> Gpt2Tensors(const reshard::Source& S, const Gpt2Facts& m);
 
 // config.json for `facts`, the weights in `dtype`.

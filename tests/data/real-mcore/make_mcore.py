@@ -7,8 +7,9 @@ to common.json (REFERENCES_ONLY=1 redoes only these two).
 
 Run inside the Debian trixie chroot with Megatron-LM core_v0.17.1 on PYTHONPATH:
   CASE=llama_tp2 OUT=/tmp/mcore python3 make_mcore.py
-Cases with an FP32Optimizer (2 processes): gpt_tp2 (LayerNorm, GeLU, biases, MHA; TP=2), llama_tp2
-(RMSNorm, SwiGLU, GQA 4 heads / 2 groups, rotary, no biases; TP=2), llama_pp2 (the same model, PP=2:
+Cases with an FP32Optimizer (2 processes): gpt_tp2 (LayerNorm, GeLU, biases, MHA, learned positions,
+untied output layer; TP=2), gpt_tp2_tied (the same with the output layer tied to the word embedding),
+llama_tp2 (RMSNorm, SwiGLU, GQA 4 heads / 2 groups, rotary, no biases; TP=2), llama_pp2 (the same model, PP=2:
 each stage saves its own layers of the stacked tensors), moe_ep2 (the same block with 4 experts, top-2,
 EP=2); llama_tp2_legacy (llama_tp2's kind, smaller, with the legacy form beside, see below).
 Cases with Megatron's DistributedOptimizer over its DDP (`distopt`): llama_dp2_distopt_bf16 (bf16
@@ -28,6 +29,14 @@ the distributed optimizer, latest_checkpointed_iteration.txt), then read it back
 load_checkpoint does and compare with the trained state.
 llama_dp2_distopt_dp_reshardable: the old model (hidden 64) saved only in the dp_reshardable form, for
 the folder once refused in tests/data/real-dcp-refused (removed: the form is read now).
+The GPT cases are built as Megatron-LM's pretrain_gpt.py builds them: the args are parse_args of the
+flags, validate_args and the tokenizer's padded_vocab_size (gpt_args, as initialize_megatron), the
+TransformerConfig Megatron-LM's own core_transformer_config_from_args of them, the local layer spec and
+GPTModel's arguments as gpt_builders.gpt_builder gives them (gpt_model); those args are the ones saved.
+So the model computes what its args say: bias_gelu_fusion (Megatron-LM's default with biases) makes
+bias_activation_fusion, the MLP's bias_gelu_impl, GeLU's tanh approximation. train.log says the config,
+the args and the activation measured in layer 0's MLP (describe), and how far exact GeLU's logits would be.
+The Llama-style and MoE cases keep a hand-written TransformerConfig (config) beside unvalidated args.
 The flattened fully_sharded_model_space form cannot be saved by 0.17.1 itself ("ShardedTensor.
 flattened_range is not supported"): only older releases wrote it.
 
@@ -38,7 +47,10 @@ dropout is 0). For the distributed optimizer also (cuda_to_cpu): allocations ask
 CPU, CUDA streams are no-ops, a CPU tensor's type() answers as its CUDA twin. For the load checks: a
 fresh optimizer first takes Megatron's own _init_optimizer_states_with_dummy_values, and torch Adam's
 per-parameter step is kept out of _set_main_param_and_optimizer_states (step_kept_apart). For the legacy
-save: torch.cuda.get_rng_state gives 16 zero bytes (save_legacy).
+save: torch.cuda.get_rng_state gives 16 zero bytes (save_legacy). For the GPT cases: validate_args asks
+the GPU's architecture (answered 9, with CUDA_DEVICE_MAX_CONNECTIONS=1 set: gpt_args), and Megatron's
+jit_fuser (torch.compile, which needs a C++ compiler on CPU) is made eager by torch._dynamo.config.disable
+(worker): the fused bias-GeLU and bias-dropout-add run as the same Python functions, unfused.
 """
 import contextlib, os, sys, json, traceback
 import torch, torch.distributed as dist, torch.multiprocessing as mp
@@ -54,7 +66,8 @@ DISTOPT = "distopt" in CASE  # Megatron's DistributedOptimizer over DDP
 ONLY_DP = "dp_reshardable" in CASE  # the old case: the dp_reshardable form only, in checkpoint/
 FORM = "dp_reshardable" if ONLY_DP else "fully_reshardable"  # checkpoint/'s form
 BOTH = DISTOPT and not ONLY_DP  # both forms of the same state, buckets.json, the load check
-GPT = CASE.startswith("gpt")
+GPT = CASE.startswith("gpt")  # built as Megatron-LM builds it: the config from the parsed and validated args
+TIED = CASE.endswith("_tied")  # gpt_tp2_tied: the output layer is the word embedding (no --untie-embeddings-and-output-weights)
 # The legacy form beside: the Llama distributed-optimizer cases, and llama_tp2_legacy (an FP32Optimizer
 # at TP=2 like llama_tp2, smaller; llama_tp2 itself is not regenerated: a rerun here changes its low bits).
 LEGACY = (BOTH and not GPT) or CASE.endswith("_legacy")
@@ -69,8 +82,10 @@ if BOTH and GPT:  # no weight a multiple of 64 elements: padding between paramet
     HIDDEN, FFN, VOCAB, BUCKET = 28, 56, 100, 4000
 elif BOTH or LEGACY:
     HIDDEN, FFN, VOCAB, BUCKET = 32, 48, 64, None
+elif GPT:  # gpt_tp2, gpt_tp2_tied: ffn 4 x hidden (validate_args' default), each folder under 2 MB
+    HIDDEN, FFN, VOCAB, BUCKET = 32, None, 128, None
 else:
-    HIDDEN, FFN, VOCAB, BUCKET = 64, (None if GPT else 96), 128, None
+    HIDDEN, FFN, VOCAB, BUCKET = 64, 96, 128, None
 
 
 def cuda_to_cpu():
@@ -98,14 +113,14 @@ def cuda_to_cpu():
 
 
 def config():
+    """The hand-written TransformerConfig of the Llama-style and MoE cases (their args are parse_args of the
+    matching flags). The GPT cases' config is Megatron-LM's own, from their args: gpt_model()."""
     from megatron.core.transformer.transformer_config import TransformerConfig
     common = dict(num_layers=4, hidden_size=HIDDEN, num_attention_heads=4, use_cpu_initialization=True,
                   pipeline_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0,
                   tensor_model_parallel_size=TP, pipeline_model_parallel_size=PP)
     if FFN is not None:
         common.update(ffn_hidden_size=FFN)
-    if GPT:
-        return TransformerConfig(**common), "learned_absolute"
     if CASE.startswith("moe"):  # Mixture of Experts: 4 experts, top-2, on the Llama-style block
         common.update(num_moe_experts=4, moe_router_topk=2, moe_aux_loss_coeff=0.0, expert_model_parallel_size=EP)
     if BF16:
@@ -115,14 +130,26 @@ def config():
 
 
 def megatron_args(fully_reshardable=True, legacy=False):
-    """The args Megatron-LM's pretrain_gpt.py would parse for this model (its parse_args, unvalidated);
-    legacy: with --ckpt-format torch --save LEGACY_DIR instead of torch_dist."""
+    """The args Megatron-LM's pretrain_gpt.py would parse for this model (its parse_args; unvalidated but for
+    the GPT cases, see gpt_args); legacy: with --ckpt-format torch --save LEGACY_DIR instead of torch_dist."""
     sys.argv = ["pretrain_gpt.py", "--num-layers", "4", "--hidden-size", str(HIDDEN), "--num-attention-heads", "4",
                 "--seq-length", "16", "--max-position-embeddings", "32", "--micro-batch-size", "2",
                 "--lr", "1e-3", "--min-lr", "1e-5", "--weight-decay", "0.01", "--adam-beta2", "0.95",
                 "--ckpt-format", "torch" if legacy else "torch_dist", "--tensor-model-parallel-size", str(TP),
-                "--pipeline-model-parallel-size", str(PP), "--untie-embeddings-and-output-weights",
-                "--hidden-dropout", "0", "--attention-dropout", "0"]
+                "--pipeline-model-parallel-size", str(PP), "--hidden-dropout", "0", "--attention-dropout", "0"]
+    if not TIED:
+        sys.argv += ["--untie-embeddings-and-output-weights"]
+    if GPT:  # what a CPU run of pretrain_gpt.py without Apex or Transformer Engine needs (the local spec, no
+        # fused wgrad kernel, no persistent LayerNorm kernel: torch's LayerNorm, weights made on the CPU) and the
+        # vocabulary Megatron-LM's mock-data setup gives: a NullTokenizer of VOCAB - 1 ids plus its
+        # end-of-document id, padded to a multiple of make_vocab_size_divisible_by x TP = VOCAB
+        sys.argv += ["--transformer-impl", "local", "--no-gradient-accumulation-fusion", "--no-persist-layer-norm",
+                     "--use-cpu-initialization",
+                     "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB - 1),
+                     "--make-vocab-size-divisible-by", str(VOCAB // TP)]
+        if not DISTOPT:  # gpt_tp2, gpt_tp2_tied: 10 x Megatron's default std, so that the MLP's inputs reach where
+            # exact and tanh GeLU part: their logits would be ~1e-3 apart (~1e-6 at 0.02), megatron_logits.json tells them apart
+            sys.argv += ["--init-method-std", "0.2"]
     if DISTOPT:
         sys.argv += ["--use-distributed-optimizer"] + (["--bf16"] if BF16 else [])
         if BOTH and BF16:  # DDP's grad_reduce_in_fp32
@@ -142,7 +169,53 @@ def megatron_args(fully_reshardable=True, legacy=False):
         sys.argv += ["--group-query-attention", "--num-query-groups", "2", "--swiglu", "--normalization", "RMSNorm",
                      "--ffn-hidden-size", str(FFN), "--disable-bias-linear", "--position-embedding-type", "rope"]
     from megatron.training.arguments import parse_args
-    return parse_args()
+    return gpt_args(parse_args()) if GPT else parse_args()
+
+
+def gpt_args(args):
+    """What Megatron-LM's initialize_megatron makes of the parsed args before pretrain_gpt.py builds the model:
+    validate_args(args, pretrain_gpt.py's args_defaults), then the tokenizer, which sets padded_vocab_size
+    (set_global_variables' _build_tokenizer: Megatron's build_tokenizer). parse_args read WORLD_SIZE and RANK
+    (set in worker, as torchrun does). CPU-only: validate_args asks the GPU's architecture
+    (get_device_arch_version, for CUDA_DEVICE_MAX_CONNECTIONS' check with TP > 1): answered 9 (Hopper; no
+    GPU here) with CUDA_DEVICE_MAX_CONNECTIONS=1 set, as Megatron-LM's launch scripts set it; neither
+    changes an arg."""
+    import megatron.training.arguments as arguments
+    from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
+    asked = arguments.get_device_arch_version
+    arguments.get_device_arch_version = lambda: 9
+    try:
+        arguments.validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+    finally:
+        arguments.get_device_arch_version = asked
+    build_tokenizer(args)
+    assert args.padded_vocab_size == VOCAB, args.padded_vocab_size
+    return args
+
+
+def gpt_model():
+    """pretrain_gpt.py's model (gpt_builders.gpt_builder with --transformer-impl local): the TransformerConfig
+    is Megatron-LM's own core_transformer_config_from_args of the validated args (gpt_args), the layer spec
+    gpt_builders' _get_transformer_layer_spec(use_te=False, config), GPTModel's arguments gpt_builder's."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.training.arguments import core_transformer_config_from_args
+    args = megatron_args()
+    cfg = core_transformer_config_from_args(args)
+    spec = get_gpt_layer_local_spec(cfg.num_moe_experts, cfg.moe_grouped_gemm, cfg.qk_layernorm, cfg.multi_latent_attention,
+                                    cfg.experimental_attention_variant, normalization=cfg.normalization,
+                                    use_kitchen=cfg.use_kitchen, use_kitchen_attention=cfg.use_kitchen_attention,
+                                    kitchen_attention_backend=cfg.kitchen_attention_backend)
+    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=args.padded_vocab_size,
+                     max_sequence_length=args.max_position_embeddings,
+                     pre_process=parallel_state.is_pipeline_first_stage(),
+                     post_process=parallel_state.is_pipeline_last_stage(),
+                     fp16_lm_cross_entropy=args.fp16_lm_cross_entropy, parallel_output=True,
+                     share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+                     position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
+                     rotary_base=args.rotary_base, rope_scaling=args.use_rope_scaling)
+    return model, cfg, args
 
 
 def build(seed):
@@ -154,13 +227,16 @@ def build(seed):
     from megatron.core.optimizer.optimizer import FP32Optimizer
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     torch.manual_seed(seed)
-    cfg, pos = config()
-    spec = get_gpt_layer_local_spec(normalization=cfg.normalization,
-                                    **({"num_experts": 4, "moe_grouped_gemm": False} if CASE.startswith("moe") else {}))
-    model = GPTModel(config=cfg, transformer_layer_spec=spec,
-                     vocab_size=VOCAB, max_sequence_length=32, position_embedding_type=pos,
-                     pre_process=parallel_state.is_pipeline_first_stage(),
-                     post_process=parallel_state.is_pipeline_last_stage(), share_embeddings_and_output_weights=False)
+    if GPT:
+        model, cfg, _ = gpt_model()
+    else:
+        cfg, pos = config()
+        spec = get_gpt_layer_local_spec(normalization=cfg.normalization,
+                                        **({"num_experts": 4, "moe_grouped_gemm": False} if CASE.startswith("moe") else {}))
+        model = GPTModel(config=cfg, transformer_layer_spec=spec,
+                         vocab_size=VOCAB, max_sequence_length=32, position_embedding_type=pos,
+                         pre_process=parallel_state.is_pipeline_first_stage(),
+                         post_process=parallel_state.is_pipeline_last_stage(), share_embeddings_and_output_weights=False)
     ocfg = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-5, weight_decay=0.01, adam_beta2=0.95, clip_grad=0.0,
                            use_distributed_optimizer=DISTOPT, bf16=BF16,
                            params_dtype=torch.bfloat16 if BF16 else torch.float32)
@@ -363,8 +439,45 @@ def plain_state(model, adam):
     return out
 
 
+def describe(model, args):
+    """train.log: what the built model computes (its config and GPTModel's attributes) and what its args say,
+    and the activation its MLP applied, measured: layer 0's linear_fc2 input against Megatron's tanh
+    approximation (fused_bias_gelu's bias_gelu) and against exact GeLU of linear_fc1's output + bias."""
+    cfg, rank, fn = model.config, dist.get_rank(), model.config.activation_func
+    print(f"[{rank}] config (core_transformer_config_from_args): bias_activation_fusion={cfg.bias_activation_fusion} "
+          f"activation_func={'torch.nn.functional.gelu' if fn is F.gelu else fn.__qualname__} gated_linear_unit={cfg.gated_linear_unit} "
+          f"add_bias_linear={cfg.add_bias_linear} normalization={cfg.normalization} layernorm_epsilon={cfg.layernorm_epsilon} "
+          f"hidden {cfg.hidden_size} ffn {cfg.ffn_hidden_size} heads {cfg.num_attention_heads} "
+          f"query groups {cfg.num_query_groups}; GPTModel: share_embeddings_and_output_weights="
+          f"{model.share_embeddings_and_output_weights} position_embedding_type={model.position_embedding_type} "
+          f"vocab_size={model.vocab_size}", flush=True)
+    print(f"[{rank}] args: " + " ".join(f"{k}={getattr(args, k)!r}" for k in (
+        "bias_gelu_fusion", "openai_gelu", "swiglu", "add_bias_linear", "untie_embeddings_and_output_weights",
+        "position_embedding_type", "normalization", "layernorm_epsilon", "padded_vocab_size", "transformer_impl")), flush=True)
+    mlp, seen = model.decoder.layers[0].mlp, []
+    hook = mlp.linear_fc2.register_forward_pre_hook(lambda m, a: seen.append(a[0].detach().clone()))
+    x = torch.randn(16, 2, cfg.hidden_size, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        h, b = mlp.linear_fc1(x)
+        mlp(x)
+    hook.remove()
+    y = h + b
+    tanh = y * 0.5 * (1.0 + torch.tanh(0.79788456 * y * (1 + 0.044715 * y * y)))
+    d_tanh, d_exact = (seen[0] - tanh).abs().max().item(), (seen[0] - F.gelu(y)).abs().max().item()
+    computed = "tanh-approximation GeLU" if d_tanh < d_exact else "exact GeLU"
+    print(f"[{rank}] activation computed: {computed} (layer 0's linear_fc2 input vs linear_fc1's output + bias: "
+          f"max diff {d_tanh:.1e} from Megatron's tanh approximation, {d_exact:.1e} from exact GeLU)", flush=True)
+    return computed
+
+
 def worker(rank, world):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29541", USE_LIBUV="0")
+    if GPT:  # parse_args reads the world as torchrun gives it; validate_args wants CUDA_DEVICE_MAX_CONNECTIONS=1 at TP > 1
+        os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), CUDA_DEVICE_MAX_CONNECTIONS="1")
+        # Megatron's jit_fuser is torch.compile, which needs a C++ compiler on CPU (the chroot has none): the
+        # fused bias-GeLU and bias-dropout-add run eagerly, the same functions unfused.
+        import torch._dynamo as dynamo
+        dynamo.config.disable = True
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.current_device = lambda: "cpu"
@@ -383,6 +496,7 @@ def worker(rank, world):
         tracker = tensor_parallel.get_cuda_rng_tracker()  # its CUDA generator cannot be made on CPU; dropout is 0
         tracker.fork = lambda *a, **k: contextlib.nullcontext()
         model, ddp, opt, adam = build(1234)
+        computed = describe(model, megatron_args()) if GPT else None
         forward = ddp if DISTOPT else model
         dp_rank = parallel_state.get_data_parallel_rank()
         pp_rank, tp_rank = parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank()
@@ -422,10 +536,23 @@ def worker(rank, world):
                 local = model(ids, torch.arange(16).unsqueeze(0).expand(2, 16), mask).float()  # [b, s, vocab / TP]
             parts = [torch.empty_like(local) for _ in range(TP)]
             dist.all_gather(parts, local.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
+            if GPT:  # how far exact GeLU would be: the same model with its MLP's unfused path (F.gelu, exact)
+                model.config.bias_activation_fusion = False
+                with torch.no_grad():
+                    other = model(ids, torch.arange(16).unsqueeze(0).expand(2, 16), mask).float()
+                model.config.bias_activation_fusion = True
+                others = [torch.empty_like(other) for _ in range(TP)]
+                dist.all_gather(others, other.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
+                apart = (torch.cat(others, dim=-1) - torch.cat(parts, dim=-1)).abs().max().item()
+                print(f"[{rank}] logits on the fixed batch: the same model computing exact GeLU instead would give "
+                      f"logits up to {apart:.2e} apart (max |logit| {torch.cat(parts, dim=-1).abs().max().item():.3f})", flush=True)
             if rank == 0:
                 with open(os.path.join(OUT, CASE, "megatron_logits.json"), "w") as f:
+                    said = {"activation": computed, "bias_activation_fusion": model.config.bias_activation_fusion,
+                            "share_embeddings_and_output_weights": model.share_embeddings_and_output_weights,
+                            "exact_gelu_max_abs_diff": apart} if GPT else {}
                     json.dump({"case": CASE, "torch": torch.__version__, "reader": "Megatron-Core 0.17.1 GPTModel",
-                               "ids": ids.tolist(), "logits": torch.cat(parts, dim=-1).tolist()}, f)
+                               **said, "ids": ids.tolist(), "logits": torch.cat(parts, dim=-1).tolist()}, f)
             model.train()
         import random, numpy
         # What Megatron-LM's generate_state_dict saves besides: its parsed args, the schedule, and the
