@@ -21,7 +21,11 @@ medians and ratios against references measured in the same rounds:
                                      against torch's own converter (run in the Debian trixie chroot CH,
                                      torch 2.6, by ../shared/real-dcp/harness/convert.py: its in-process
                                      time and peak RSS are reported beside the command's wall time);
-                                     scripts/make_dcp_fixture.py makes a DCP of a few GB with torch's writer
+                                     scripts/make_dcp_fixture.py makes a DCP of a few GB with torch's writer.
+                                     A Megatron-Core torch_dist folder (metadata.json beside .metadata) needs
+                                     no --chroot: torch's converter cannot read Megatron's metadata, and
+                                     Megatron has no converter of its own; e.g. the >= 1.1 GB dp_reshardable
+                                     checkpoint of tests/data/real-mcore/make_mcore.py's bench case
   --hf-trainer                       the Hugging Face export of a Trainer + DeepSpeed checkpoint (its
                                      checkpoint-N/, Hugging Face parameter names) against DeepSpeed's
                                      zero_to_fp32.py on the same folder: ucp-reshard CKPT -o OUT --format hf
@@ -105,8 +109,9 @@ if not os.path.exists(convert):
     sys.exit(f"{convert} not found: build first (scripts/build.sh)")
 os.makedirs(a.work, exist_ok=True)
 src = a.dcp or a.checkpoint
+mcore = bool(a.dcp) and os.path.exists(os.path.join(a.dcp, "metadata.json"))  # Megatron-Core's torch_dist
 if a.dcp:
-    if not a.chroot:
+    if not a.chroot and not mcore:
         sys.exit("--dcp needs --chroot CH: dcp_to_torch_save runs in the trixie chroot (torch 2.6)")
     a.targets = ""
 elif not src:
@@ -212,7 +217,7 @@ if a.deepspeed:
         stderr=subprocess.DEVNULL)
 
 dcp_runs = []  # dcp_to_torch_save's own report per run: in-process seconds, peak RSS
-if a.dcp:
+if a.dcp and not mcore:
     # torch's converter inside the chroot: the checkpoint and the work folder bind-mounted there (the
     # work folder whole, as clean() removes and remakes the output folder inside it).
     mnt = os.path.join(a.chroot, "mnt", "ucp-bench")

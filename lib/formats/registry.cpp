@@ -63,9 +63,49 @@ int64_t Newness(const std::filesystem::path& dir) {
   return end - begin < 15 ? std::stoll(name.substr(begin, end - begin + 1)) : -1;
 }
 
+// Megatron-LM's own folders, which no driver takes: a root whose latest_checkpointed_iteration.txt names
+// the iteration Megatron-LM would load (its iter_NNNNNNN folder, whatever newer ones lie beside it), and
+// the legacy --ckpt-format torch files (iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt), not read yet.
+// Empty for any other folder.
+std::string MegatronFolder(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path d(dir);
+  auto legacy = [&](const fs::path& iter) {
+    for (const auto& child : fs::directory_iterator(iter, ec))
+      if (child.path().filename().string().rfind("mp_rank_", 0) == 0 && fs::exists(child.path() / "model_optim_rng.pt", ec)) return true;
+    return fs::exists(iter / "model_optim_rng.pt", ec);
+  };
+  auto refusal = [&](const fs::path& at) {
+    return at.string() + " is Megatron-LM's legacy --ckpt-format torch checkpoint (mp_rank_TT[_PPP]/model_optim_rng.pt, "
+           "distrib_optim.pt), which ucp does not read yet; it reads Megatron-LM's torch_dist checkpoints (--ckpt-format "
+           "torch_dist, the default): Megatron-LM can load this one and save it again in that format";
+  };
+  if (fs::exists(d / "model_optim_rng.pt", ec)) return refusal(d.parent_path());
+  if (legacy(d)) return refusal(d);
+  const auto text = ReadWholeFile((d / "latest_checkpointed_iteration.txt").string());
+  if (!text) return "";
+  std::string it = *text;
+  it.erase(0, it.find_first_not_of(" \t\r\n"));
+  it.erase(it.find_last_not_of(" \t\r\n") + 1);
+  std::string name = it == "release" ? "release" : "";
+  if (name.empty() && !it.empty() && it.size() < 10 && it.find_first_not_of("0123456789") == std::string::npos) {
+    name = std::to_string(std::stoll(it));
+    name = "iter_" + std::string(name.size() < 7 ? 7 - name.size() : 0, '0') + name;
+  }
+  if (name.empty()) return (d / "latest_checkpointed_iteration.txt").string() + " holds '" + it + "', not an iteration";
+  const fs::path iter = d / name;
+  if (!fs::is_directory(iter, ec))
+    return "latest_checkpointed_iteration.txt names iteration " + it + ", but " + iter.string() + " is not there";
+  if (legacy(iter)) return refusal(iter);
+  return "a Megatron-LM checkpoint root: latest_checkpointed_iteration.txt names iteration " + it + ", the one Megatron-LM "
+         "loads: give " + iter.string();
+}
+
 // For a folder that is no checkpoint: the folder below it that is one (the one the user meant), else
 // with `formats` the files each format looks for; empty for a path that is no folder.
 std::string WhatWasMeant(const std::string& dir, bool formats) {
+  if (std::string megatron = MegatronFolder(dir); !megatron.empty()) return megatron;
   if (std::string below = CheckpointBelow(dir); !below.empty()) return below;
   if (!formats) return "";
   return "the formats ucp reads, by their files: " +
@@ -113,11 +153,12 @@ source::SourceIndex IndexSource(const std::string& dir, const source::IndexOptio
   try {
     source::SourceIndex L = driver->index(dir, options);
     // A folder some format took for its own is that checkpoint: a folder below it is no better guess.
-    if (!L.errors.empty() && L.params.empty() && !probed)
-      if (std::string meant = WhatWasMeant(dir, false); !meant.empty()) L.errors.push_back(dir + ": " + meant);
+    // Megatron-LM's legacy files hold .pt files a probe may take: said whichever driver refused them.
+    if (!L.errors.empty() && L.params.empty())
+      if (std::string meant = probed ? MegatronFolder(dir) : WhatWasMeant(dir, false); !meant.empty()) L.errors.push_back(dir + ": " + meant);
     return L;
   } catch (const Error& e) {
-    const std::string meant = probed ? "" : WhatWasMeant(dir, true);
+    const std::string meant = probed ? MegatronFolder(dir) : WhatWasMeant(dir, true);
     throw Error(std::string(e.what()) + (meant.empty() ? "" : "; " + meant));
   }
 }

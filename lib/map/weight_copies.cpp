@@ -130,20 +130,24 @@ std::string Names(const SourceIndex& L, const std::vector<int>& files) {
 // optimizer files whose masters disagree.
 std::string Message(const SourceIndex& L, const Verdicts& v) {
   auto bad = [&](int f) { return At(v, f, kParams) > 0; };
-  if (!L.on_grid) {  // a DCP: the model's tensors and the optimizer's masters lie side by side in the same files
-    std::vector<int> odd;
-    int64_t params = 0, elements = 0;
+  if (!L.on_grid) {  // a DCP: the model's tensors and the optimizer's masters lie side by side, in the same files
+    std::vector<int> odd;  // the files whose masters were found to disagree (a file holding only copies has no worst parameter)
+    int64_t elements = 0;
     for (size_t f = 0; f < L.files.size(); ++f)
-      if (L.files[f].data && bad(static_cast<int>(f))) odd.push_back(static_cast<int>(f)), params += At(v, static_cast<int>(f), kParams), elements += At(v, static_cast<int>(f), kElements);
+      if (L.files[f].data && At(v, static_cast<int>(f), kElements) > 0 && At(v, static_cast<int>(f), kWorstParam) > 0)
+        odd.push_back(static_cast<int>(f)), elements += At(v, static_cast<int>(f), kElements);
+    if (odd.empty()) return "the optimizer's fp32 master weights disagree with the model's own tensors saved beside them";
+    int worst = odd.front();
+    for (int f : odd)
+      if (Largest(v, f) > Largest(v, worst)) worst = f;
     char largest[32];
-    std::snprintf(largest, sizeof largest, "%.3g", Largest(v, odd.front()));
-    return "the optimizer's fp32 master weights disagree with the model's own tensors saved beside them (" + std::to_string(params) +
-           " piece(s), " + std::to_string(elements) + " element(s) in " + Names(L, odd) + "; '" +
-           L.params[static_cast<size_t>(At(v, odd.front(), kWorstParam) - 1)].name + "' by up to " + largest + "): the checkpoint "
-           "stores each weight twice and the two differ, so its optimizer state is not that of its model (files of different saves, "
-           "or a save that wrote the state wrongly: Megatron-Core 0.17's fully_reshardable form does so for the distributed "
-           "optimizer with several gradient buckets; its dp_reshardable form, Megatron-LM's default, does not); nothing of it "
-           "can be trusted: convert another save";
+    std::snprintf(largest, sizeof largest, "%.3g", Largest(v, worst));
+    return "the optimizer's fp32 master weights in " + Names(L, odd) + " disagree with the model's own tensors saved beside them (" +
+           std::to_string(elements) + " element(s); '" + L.params[static_cast<size_t>(At(v, worst, kWorstParam) - 1)].name + "' by up to " +
+           largest + "): the checkpoint stores each weight twice and the two differ, so its optimizer state is not its model's. Its "
+           "files are of different saves or ranks (swapped or renamed: put back the files the save wrote), or the save wrote the "
+           "state wrongly (Megatron-Core 0.17.1's fully_reshardable form does, for the distributed optimizer with several gradient "
+           "buckets; its default dp_reshardable form does not): convert another save";
   }
   std::map<int, std::vector<int>> data_of;                   // weight file -> the data files holding its masters
   std::map<std::pair<int, int>, std::set<int>> weights_at;   // (pp, tp) -> its weight files

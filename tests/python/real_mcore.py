@@ -115,7 +115,8 @@ for case in cases:
         if wrong:
             check(f"{case}: Megatron's save whose {len(wrong)} optimizer tensors are not the trained state is refused at {np} rank(s), "
                   "naming the masters that disagree with the model's tensors", r.returncode == 1 and
-                  "fp32 master weights disagree with the model's own tensors" in r.stderr and "Traceback" not in r.stderr and
+                  "disagree with the model's own tensors saved beside them" in r.stderr and "fully_reshardable" in r.stderr and
+                  "Traceback" not in r.stderr and
                   not os.path.exists(os.path.join(atomic, "ucp_manifest.json")), r.stderr[-1500:])
             continue
         check(f"{case}: convert at {np} rank(s)", r.returncode == 0, r.stderr[-1500:])
@@ -216,6 +217,40 @@ refused_when_damaged(run, WORK, "dp_reshardable layout not the saved one", BUCKE
 refused_when_damaged(run, WORK, "dp_reshardable domain missing", BUCKETS, metadata_rename(b"dp_group_idx_1.", b"dp_group_idx_7."),
                      ["dp_group_idx_1 (tp=1, pp=0)", "missing"])
 refused_when_damaged(run, WORK, "dp_reshardable truncated distcp", BUCKETS, truncate("__3_0.distcp"), ["__3_0.distcp"])
+
+def swap_files(a, b):
+    def mutate(folder):
+        pa, pb = os.path.join(folder, a), os.path.join(folder, b)
+        os.rename(pa, pa + ".x"), os.rename(pb, pa), os.rename(pa + ".x", pb)
+    return mutate
+
+
+# Two DP ranks' files of the same size swapped: every record's CRC-32 holds, only the masters and the model's
+# tensors disagree. Refused naming both files, never a crash (a run of its message once read past a table).
+for attempt in range(3):
+    refused_when_damaged(run, WORK, f"dp_reshardable ranks' files swapped {attempt}", BUCKETS, swap_files("__2_0.distcp", "__3_0.distcp"),
+                         ["__2_0.distcp, __3_0.distcp disagree with the model's own tensors", "swapped or renamed"])
+r = run("ucp-inspect", ["--verify", os.path.join(WORK, "damaged", "dp_reshardable_ranks'_files_swapped_0", "ckpt")])
+check("damaged: swapped files: inspect --verify names them and a parameter", r.returncode != 0 and "__2_0.distcp, __3_0.distcp" in r.stderr and
+      ("'decoder." in r.stderr or "'embedding." in r.stderr) and " by up to 0)" not in r.stderr, r.stdout[-500:] + r.stderr[-800:])
+
+# Megatron-LM's own folders: the legacy --ckpt-format torch files are refused by name, at each level a user
+# may give; a root's latest_checkpointed_iteration.txt names the folder meant, not the newest beside it.
+legacy = os.path.join(CASES, "llama_tp2_legacy", "legacy")
+for folder in (legacy, os.path.join(legacy, "iter_0000003"), os.path.join(legacy, "iter_0000003", "mp_rank_01")):
+    for tool in ("ucp-inspect", "ucp-convert"):
+        r = run(tool, [folder] + (["-o", os.path.join(WORK, "legacy-out")] if tool == "ucp-convert" else []))
+        check(f"legacy {os.path.relpath(folder, CASES)}: {tool} refuses it as Megatron-LM's legacy format, not read yet",
+              r.returncode != 0 and "legacy --ckpt-format torch" in r.stderr and "not read yet" in r.stderr and
+              "give that folder" not in r.stderr and not os.path.exists(os.path.join(WORK, "legacy-out")), r.stderr[-800:])
+tracked = os.path.join(WORK, "megatron_root")
+shutil.rmtree(tracked, ignore_errors=True)
+for it in ("iter_0000003", "iter_0000010"):
+    shutil.copytree(os.path.join(CASES, "llama_tp2", "checkpoint"), os.path.join(tracked, it))
+open(os.path.join(tracked, "latest_checkpointed_iteration.txt"), "w").write("3\n")
+r = run("ucp-inspect", [tracked])
+check("a Megatron-LM root: the iteration latest_checkpointed_iteration.txt names is the folder meant, not the newest",
+      r.returncode != 0 and os.path.join(tracked, "iter_0000003") in r.stderr and "iter_0000010" not in r.stderr, r.stderr[-600:])
 
 damaged("flipped byte in common.pt", flip_common, ["common.pt", "CRC"])
 damaged("optimizer key of no known form", unknown_optimizer_key, ["optimizer.statZ.exp_avg_sq.", "does not know how to read"])

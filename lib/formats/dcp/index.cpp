@@ -489,9 +489,11 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
                       "the atomic checkpoint records none, and Adam's bias correction restarts where it is loaded");
   L.notes.push_back("Megatron-Core dist_checkpointing (" + mc.backend + "); optimizer: " + mc.optimizer_form +
                     "; common.pt holds " + keys);
-  L.notes.push_back(mc.bucket_flat ? "Megatron-LM itself loads this dp_reshardable form only at the TP and PP it was saved with (DP "
-                                     "may change); ucp converts it to any layout"
-                                   : "Megatron-LM itself loads this form at any TP, PP and DP");
+  L.notes.push_back(std::string(mc.bucket_flat ? "Megatron-LM itself loads this dp_reshardable form only at the TP and PP it was "
+                                                 "saved with (DP may change)"
+                                               : "Megatron-LM itself loads this form at any TP, PP and DP") +
+                    "; ucp-convert reads every parameter's whole state from it, which ucp-reshard --format hf exports (a "
+                    "Megatron-Core or DeepSpeed target from it is not written yet)");
   if (groups > 1)
     L.notes.push_back(std::to_string(groups) + " param groups kept as saved; Megatron-Core does not save which parameter "
                       "is in which (it rebuilds them from its configuration), so every atomic parameter records group 0");
@@ -508,7 +510,7 @@ BucketGrid GridFromArgs(const Value* args) {
   };
   auto set = [&](const char* name) {
     auto v = args->Get(name);
-    return v && v->kind != Value::Kind::None && !(v->kind == Value::Kind::Bool && !v->b);
+    return v && v->kind != Value::Kind::None && !(v->kind == Value::Kind::Bool && !v->b) && !(v->kind == Value::Kind::Int && v->i == 0);
   };
   for (const char* name : {"num_layers_per_virtual_pipeline_stage", "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout",
                            "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "num_experts", "mtp_num_layers"})
@@ -667,9 +669,8 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     else parameters.Add(*model.at(fqn), fqn, st->second);
   }
   if (!L.weight_copies.empty())
-    L.notes.push_back("the optimizer's fp32 master weights are compared with the model's own tensors saved beside them (" +
-                      std::to_string(L.weight_copies.size()) + " pieces) before anything is written: the two must agree, the "
-                      "master rounded to the model's dtype");
+    L.notes.push_back("the optimizer's fp32 master weights are compared with the model's own tensors saved beside them before "
+                      "anything is written (ucp-inspect: with --verify): the two must agree, the master rounded to the model's dtype");
   // ucp-inspect --verify: every archive of every item read whole and checked, those no parameter uses too.
   if (options.verify_storage_crc)
     for (const Item& item : M.items)

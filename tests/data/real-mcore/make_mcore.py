@@ -29,6 +29,12 @@ the distributed optimizer, latest_checkpointed_iteration.txt), then read it back
 load_checkpoint does and compare with the trained state.
 llama_dp2_distopt_dp_reshardable: the old model (hidden 64) saved only in the dp_reshardable form, for
 the folder once refused in tests/data/real-dcp-refused (removed: the form is read now).
+bench_llama_dp2_distopt_bf16: a large llama_dp2_distopt_bf16 for scripts/benchmark.py, not committed (made on
+demand): its sizes from BENCH_HIDDEN (1024), BENCH_FFN (2816), BENCH_LAYERS (4), BENCH_VOCAB (20000),
+BENCH_HEADS (16), BENCH_GROUPS (4): 86 M parameters, a checkpoint_dp_reshardable/ of 1.2 GB (bf16 weights and
+fp32 main param, exp_avg, exp_avg_sq); overlap_grad_reduce with DDP's default bucket_size (40 M elements:
+2 buckets); STEPS defaults to 1. It writes only checkpoint_dp_reshardable/ (no fully_reshardable checkpoint/,
+legacy/, buckets.json, load check, reference.pt or common.json).
 The GPT cases are built as Megatron-LM's pretrain_gpt.py builds them: the args are parse_args of the
 flags, validate_args and the tokenizer's padded_vocab_size (gpt_args, as initialize_megatron), the
 TransformerConfig Megatron-LM's own core_transformer_config_from_args of them, the local layer spec and
@@ -61,7 +67,8 @@ OUT = os.environ.get("OUT", "/tmp/mcore")
 CKPT = os.path.join(OUT, CASE, "checkpoint")
 CKPT_DP = os.path.join(OUT, CASE, "checkpoint_dp_reshardable")
 LEGACY_DIR = os.path.join(OUT, CASE, "legacy")  # Megatron-LM's --ckpt-format torch form of the same state
-STEPS = int(os.environ.get("STEPS", "3"))
+BENCH = CASE.startswith("bench_")  # bench_llama_dp2_distopt_bf16: large, checkpoint_dp_reshardable/ only
+STEPS = int(os.environ.get("STEPS", "1" if BENCH else "3"))
 DISTOPT = "distopt" in CASE  # Megatron's DistributedOptimizer over DDP
 ONLY_DP = "dp_reshardable" in CASE  # the old case: the dp_reshardable form only, in checkpoint/
 FORM = "dp_reshardable" if ONLY_DP else "fully_reshardable"  # checkpoint/'s form
@@ -70,7 +77,7 @@ GPT = CASE.startswith("gpt")  # built as Megatron-LM builds it: the config from 
 TIED = CASE.endswith("_tied")  # gpt_tp2_tied: the output layer is the word embedding (no --untie-embeddings-and-output-weights)
 # The legacy form beside: the Llama distributed-optimizer cases, and llama_tp2_legacy (an FP32Optimizer
 # at TP=2 like llama_tp2, smaller; llama_tp2 itself is not regenerated: a rerun here changes its low bits).
-LEGACY = (BOTH and not GPT) or CASE.endswith("_legacy")
+LEGACY = ((BOTH and not GPT) or CASE.endswith("_legacy")) and not BENCH
 BF16 = DISTOPT and not CASE.endswith("fp32")
 TP = 2 if "tp2" in CASE else 1
 PP = 2 if "pp2" in CASE else 1
@@ -78,7 +85,12 @@ EP = 2 if CASE.startswith("moe") else 1  # experts over the 2 ranks: the global-
 DP = 2 if "dp2" in CASE or CASE.startswith("moe") else 1
 WORLD = TP * PP * DP
 # Sizes: the distributed optimizer's new cases are smaller (each folder holds three copies of the state).
-if BOTH and GPT:  # no weight a multiple of 64 elements: padding between parameters; buckets of >= 4000 elements
+LAYERS, HEADS, GROUPS, OVERLAP = 4, 4, 2, False  # OVERLAP: overlap_grad_reduce with DDP's default bucket_size
+if BENCH:  # the benchmark's sizes: 86 M parameters by default, a checkpoint_dp_reshardable/ of 1.2 GB
+    env = lambda name, default: int(os.environ.get("BENCH_" + name, default))
+    HIDDEN, FFN, VOCAB, BUCKET = env("HIDDEN", 1024), env("FFN", 2816), env("VOCAB", 20000), None
+    LAYERS, HEADS, GROUPS, OVERLAP = env("LAYERS", 4), env("HEADS", 16), env("GROUPS", 4), True
+elif BOTH and GPT:  # no weight a multiple of 64 elements: padding between parameters; buckets of >= 4000 elements
     HIDDEN, FFN, VOCAB, BUCKET = 28, 56, 100, 4000
 elif BOTH or LEGACY:
     HIDDEN, FFN, VOCAB, BUCKET = 32, 48, 64, None
@@ -116,7 +128,7 @@ def config():
     """The hand-written TransformerConfig of the Llama-style and MoE cases (their args are parse_args of the
     matching flags). The GPT cases' config is Megatron-LM's own, from their args: gpt_model()."""
     from megatron.core.transformer.transformer_config import TransformerConfig
-    common = dict(num_layers=4, hidden_size=HIDDEN, num_attention_heads=4, use_cpu_initialization=True,
+    common = dict(num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, use_cpu_initialization=True,
                   pipeline_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0,
                   tensor_model_parallel_size=TP, pipeline_model_parallel_size=PP)
     if FFN is not None:
@@ -125,14 +137,14 @@ def config():
         common.update(num_moe_experts=4, moe_router_topk=2, moe_aux_loss_coeff=0.0, expert_model_parallel_size=EP)
     if BF16:
         common.update(bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
-    return TransformerConfig(**common, num_query_groups=2, normalization="RMSNorm", gated_linear_unit=True,
+    return TransformerConfig(**common, num_query_groups=GROUPS, normalization="RMSNorm", gated_linear_unit=True,
                              activation_func=F.silu, add_bias_linear=False), "rope"
 
 
 def megatron_args(fully_reshardable=True, legacy=False):
     """The args Megatron-LM's pretrain_gpt.py would parse for this model (its parse_args; unvalidated but for
     the GPT cases, see gpt_args); legacy: with --ckpt-format torch --save LEGACY_DIR instead of torch_dist."""
-    sys.argv = ["pretrain_gpt.py", "--num-layers", "4", "--hidden-size", str(HIDDEN), "--num-attention-heads", "4",
+    sys.argv = ["pretrain_gpt.py", "--num-layers", str(LAYERS), "--hidden-size", str(HIDDEN), "--num-attention-heads", str(HEADS),
                 "--seq-length", "16", "--max-position-embeddings", "32", "--micro-batch-size", "2",
                 "--lr", "1e-3", "--min-lr", "1e-5", "--weight-decay", "0.01", "--adam-beta2", "0.95",
                 "--ckpt-format", "torch" if legacy else "torch_dist", "--tensor-model-parallel-size", str(TP),
@@ -156,6 +168,8 @@ def megatron_args(fully_reshardable=True, legacy=False):
             sys.argv += ["--accumulate-allreduce-grads-in-fp32"]
         if BUCKET:
             sys.argv += ["--overlap-grad-reduce", "--ddp-bucket-size", str(BUCKET)]
+        elif OVERLAP:  # DDP's default bucket_size
+            sys.argv += ["--overlap-grad-reduce"]
         if fully_reshardable and not legacy:
             sys.argv += ["--dist-ckpt-optim-fully-reshardable"]
     if legacy:
@@ -166,7 +180,7 @@ def megatron_args(fully_reshardable=True, legacy=False):
     if GPT and FFN is not None:
         sys.argv += ["--ffn-hidden-size", str(FFN)]
     if not GPT:
-        sys.argv += ["--group-query-attention", "--num-query-groups", "2", "--swiglu", "--normalization", "RMSNorm",
+        sys.argv += ["--group-query-attention", "--num-query-groups", str(GROUPS), "--swiglu", "--normalization", "RMSNorm",
                      "--ffn-hidden-size", str(FFN), "--disable-bias-linear", "--position-embedding-type", "rope"]
     from megatron.training.arguments import parse_args
     return gpt_args(parse_args()) if GPT else parse_args()
@@ -245,7 +259,7 @@ def build(seed):
             model = model.to(torch.bfloat16)
         ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(
             use_distributed_optimizer=True, grad_reduce_in_fp32=BF16,
-            overlap_grad_reduce=BUCKET is not None, bucket_size=BUCKET), model)
+            overlap_grad_reduce=BUCKET is not None or OVERLAP, bucket_size=BUCKET), model)
         return model, ddp, get_megatron_optimizer(ocfg, [ddp]), None
     groups = _get_param_groups([model], ocfg, None)  # Megatron's own: no weight decay on biases and 1-D tensors
     adam = torch.optim.Adam(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
@@ -591,6 +605,13 @@ def worker(rank, world):
             return
         from megatron.training.checkpointing import _build_sharded_state_dict_metadata
         from megatron.core.dist_checkpointing.utils import _clean_metadata_for_serialization
+        if BENCH:  # the benchmark's checkpoint: the dp_reshardable form only, nothing checked or recorded
+            args = megatron_args(False)
+            metadata = _build_sharded_state_dict_metadata(args)
+            dist_checkpointing.save(state(args, metadata), CKPT_DP,
+                                    content_metadata=_clean_metadata_for_serialization(metadata))
+            print(f"[{rank}] SAVE OK {os.path.basename(CKPT_DP)} ({metadata['distrib_optim_sharding_type']})", flush=True)
+            return
         lay = [None] * world
         dist.all_gather_object(lay, layout(model, ddp, opt))
         if rank == 0:
@@ -708,9 +729,10 @@ def references():
 
 if __name__ == "__main__":
     if os.environ.get("REFERENCES_ONLY") != "1":
-        os.makedirs(CKPT, exist_ok=True)
+        if not BENCH:
+            os.makedirs(CKPT, exist_ok=True)
         if BOTH:
             os.makedirs(CKPT_DP, exist_ok=True)
         mp.spawn(worker, args=(WORLD,), nprocs=WORLD)
-    if FORM != "dp_reshardable":  # a checkpoint ucp refuses needs no reference
+    if FORM != "dp_reshardable" and not BENCH:  # a checkpoint ucp refuses needs no reference; the benchmark's none either
         references()
