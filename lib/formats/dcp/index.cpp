@@ -523,7 +523,7 @@ BucketGrid GridFromArgs(const Value* args) {
   g.tp = static_cast<int>(number("tensor_model_parallel_size", 1));
   g.pp = static_cast<int>(number("pipeline_model_parallel_size", 1));
   const int64_t layers = number("num_layers", -1);
-  if (g.tp < 1 || g.pp < 1 || layers < 1 || layers > (1 << 20))
+  if (g.tp < 1 || g.pp < 1 || g.tp > (1 << 16) || g.pp > (1 << 16) || layers < 1 || layers > (1 << 20))
     throw Error("args give TP=" + std::to_string(g.tp) + ", PP=" + std::to_string(g.pp) + ", num_layers=" + std::to_string(layers));
   if (g.pp > 1 && !set("untie_embeddings_and_output_weights"))
     throw Error("tied embeddings with PP=" + std::to_string(g.pp) + ": the last stage's copy of the word embeddings has a bucket of its own, "
