@@ -553,7 +553,9 @@ std::map<int, std::vector<GradBuffer>> ReadBucketObjects(Files& files, const Met
     saved[std::stoi(m[1])][m[2]] = WithContext(L.dir + ": '" + item.fqn + "'", [&] { return files.Archive(item.storage.at(0), &file, true).root; });
   }
   std::map<int, std::vector<GradBuffer>> buffers;
-  for (const auto& [domain, objects] : saved) {
+  for (const auto& entry : saved) {  // (not a structured binding: a lambda below uses it, which clang 14 refuses)
+    const int domain = entry.first;
+    const std::map<std::string, pt::ValuePtr>& objects = entry.second;
     const std::string where = L.dir + ": optimizer.distributed.dp_group_idx_" + std::to_string(domain);
     WithContext(where, [&] {
       for (const char* name : {"per_bucket_numel", "per_bucket_numel_unpadded", "optimizer"})
