@@ -22,6 +22,7 @@ LAYERS = [
     "formats/deepspeed",  # one folder per format: its source and target drivers
     "formats/hf",        # Hugging Face: safetensors models (a target)
     "formats/dcp",       # PyTorch Distributed Checkpoint (a source)
+    "formats/megatron",  # Megatron-LM's legacy --ckpt-format torch (a source)
     "formats",           # the registry of drivers
     "convert", "inspect", "reshard",  # the pipelines the tools run
 ]
@@ -29,7 +30,10 @@ FORMAT_FOLDERS = [f for f in LAYERS if f.startswith("formats/") and not f.endswi
 # A format folder's headers another format folder may include: the model translations one table
 # keeps (the DCP target writes torchtitan's Llama from the Hugging Face target's cut of Megatron's
 # tensors and its torchtitan names, formats/hf/names.h).
-SHARED_HEADERS = {"formats/dcp": ("formats/hf/model.h", "formats/hf/names.h")}
+# Megatron-LM's legacy files are placed as boxes of Megatron-Core's torch_dist tensors, and the distributed
+# optimizer's buckets rebuilt by the one layout both forms share (formats/dcp/bucket_layout.h).
+SHARED_HEADERS = {"formats/dcp": ("formats/hf/model.h", "formats/hf/names.h"),
+                  "formats/megatron": ("formats/dcp/metadata.h", "formats/dcp/bucket_layout.h")}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 

@@ -1,8 +1,8 @@
 // The side files DeepSpeed's universal loader reads besides the atomic tensors, written by the
 // writer threads alongside the tensors, before the store's commit makes the output durable (the .pt
 // store's commit syncs the file system; the HDF5 store's syncs only atoms.h5): the model-states
-// files copied by the ranks the plan gave them, zero/optimizer_state.pt by the last rank (rank 0
-// has the commit to do), and the training framework's files beside the tag. Their records reach
+// files copied by the ranks the plan gave them, zero/optimizer_state.pt (and the args file a source
+// without one to carry gets) by the last rank (rank 0 has the commit to do), and the training framework's files beside the tag. Their records reach
 // rank 0 with the others.
 #include <filesystem>
 
@@ -59,6 +59,11 @@ void SubmitSideFiles(const ConvertOptions& o, const Planned& x, int rank, int ra
   const Durability durability = x.kind == store::StoreKind::Pt ? Durability::Batch : Durability::Now;
   if (rank == ranks - 1) {
     writers.Submit(0, SideFile(out, [&, durability] { return WriteOptimizerStateFile(L, o.output, durability); }));
+    if (L.args_state)  // the source's args, written here (no file of the source carries them alone)
+      writers.Submit(0, SideFile(out, [&, durability] {
+        auto d = pt::WriteTorchFile(o.output + "/" + L.args_file, *L.args_state, durability);
+        return store::FileRecord{L.args_file, d.size, d.xxh64};
+      }));
     // The framework's files beside the tag (Trainer's), as they are: job/<name>.
     if (!L.job.carried.empty()) std::filesystem::create_directories(o.output + "/" + source::kJobFolder);
     for (const std::string& name : L.job.carried)

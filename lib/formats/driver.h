@@ -56,6 +56,7 @@ struct TargetDriver {
 const SourceDriver& DeepSpeedSource();
 const SourceDriver& DcpSource();
 const SourceDriver& HuggingFaceSource();
+const SourceDriver& MegatronSource();
 const TargetDriver& DeepSpeedTarget();
 const TargetDriver& HuggingFaceTarget();
 const TargetDriver& DcpTarget();

@@ -17,11 +17,12 @@ namespace {
 // The tables: one row per format folder, each defined there (formats/<name>/driver.cpp). A source's
 // place is the order probes are tried in, the most specific names first: a DCP folder may hold .pt
 // files too (Megatron-Core's common.pt), which DeepSpeed's probe accepts. The last, the broadest,
-// indexes a folder no probe accepts, so that its error says what is missing. A Hugging Face model
+// indexes a folder no probe accepts, so that its error says what is missing. Megatron-LM's legacy
+// rank folders hold .pt files DeepSpeed's probe would take too. A Hugging Face model
 // folder (config.json and safetensors, no `latest`) comes before DeepSpeed's, whose Trainer
 // checkpoint-N holds those files beside `latest`.
 std::span<const SourceDriver* const> Sources() {
-  static const SourceDriver* const table[] = {&DcpSource(), &HuggingFaceSource(), &DeepSpeedSource()};
+  static const SourceDriver* const table[] = {&DcpSource(), &MegatronSource(), &HuggingFaceSource(), &DeepSpeedSource()};
   return table;
 }
 std::span<const TargetDriver* const> Targets() {
@@ -63,26 +64,17 @@ int64_t Newness(const std::filesystem::path& dir) {
   return end - begin < 15 ? std::stoll(name.substr(begin, end - begin + 1)) : -1;
 }
 
-// Megatron-LM's own folders, which no driver takes: a root whose latest_checkpointed_iteration.txt names
-// the iteration Megatron-LM would load (its iter_NNNNNNN folder, whatever newer ones lie beside it), and
-// the legacy --ckpt-format torch files (iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt), not read yet.
-// Empty for any other folder.
+// Megatron-LM's own folders no driver takes: one rank's folder of a legacy checkpoint
+// (mp_rank_TT[_PPP]/model_optim_rng.pt: the megatron driver reads the iteration folder above it), and a
+// torch_dist root, whose latest_checkpointed_iteration.txt names the iteration Megatron-LM would load
+// (its iter_NNNNNNN folder, whatever newer ones lie beside it). Empty for any other folder.
 std::string MegatronFolder(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  const fs::path d(dir);
-  auto legacy = [&](const fs::path& iter) {
-    for (const auto& child : fs::directory_iterator(iter, ec))
-      if (child.path().filename().string().rfind("mp_rank_", 0) == 0 && fs::exists(child.path() / "model_optim_rng.pt", ec)) return true;
-    return fs::exists(iter / "model_optim_rng.pt", ec);
-  };
-  auto refusal = [&](const fs::path& at) {
-    return at.string() + " is Megatron-LM's legacy --ckpt-format torch checkpoint (mp_rank_TT[_PPP]/model_optim_rng.pt, "
-           "distrib_optim.pt), which ucp does not read yet; it reads Megatron-LM's torch_dist checkpoints (--ckpt-format "
-           "torch_dist, the default): Megatron-LM can load this one and save it again in that format";
-  };
-  if (fs::exists(d / "model_optim_rng.pt", ec)) return refusal(d.parent_path());
-  if (legacy(d)) return refusal(d);
+  const fs::path d(fs::path(dir).lexically_normal());
+  if (fs::exists(d / "model_optim_rng.pt", ec))
+    return d.string() + " is one rank's folder of Megatron-LM's legacy --ckpt-format torch checkpoint: give its iteration folder " +
+           d.parent_path().string() + " (or the root above it), which holds every rank's";
   const auto text = ReadWholeFile((d / "latest_checkpointed_iteration.txt").string());
   if (!text) return "";
   std::string it = *text;
@@ -97,7 +89,6 @@ std::string MegatronFolder(const std::string& dir) {
   const fs::path iter = d / name;
   if (!fs::is_directory(iter, ec))
     return "latest_checkpointed_iteration.txt names iteration " + it + ", but " + iter.string() + " is not there";
-  if (legacy(iter)) return refusal(iter);
   return "a Megatron-LM checkpoint root: latest_checkpointed_iteration.txt names iteration " + it + ", the one Megatron-LM "
          "loads: give " + iter.string();
 }

@@ -183,8 +183,9 @@ int RunInspectAtomic(const std::string& dir, const InspectOptions& options, std:
            << ", " << r["created"].get<std::string>() << ")\n"
            << "converted from     " << s.at("path").get<std::string>()
            << (s.at("tag").get<std::string>().empty() ? "" : "  (tag " + s.at("tag").get<std::string>() + ")") << "\n";
-    if (s.at("framework") == "torch-dcp")  // no (dp, tp, pp) grid: chunks of global tensors
-      text << "source layout      a PyTorch Distributed Checkpoint (global tensors in chunks), " << s.at("dtype").get<std::string>()
+    if (s.at("framework") == "torch-dcp" || s.at("framework") == "megatron-lm")  // no (dp, tp, pp) grid: chunks of global tensors
+      text << "source layout      " << (s.at("framework") == "torch-dcp" ? "a PyTorch Distributed Checkpoint" : "Megatron-LM's legacy files")
+           << " (global tensors in chunks), " << s.at("dtype").get<std::string>()
            << ", iteration " << s.at("iteration") << "\n";
     else
       text

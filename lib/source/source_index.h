@@ -138,6 +138,9 @@ struct SourceIndex {
   std::map<std::string, int64_t> model_facts;  // integer model hyper-parameters (hidden_size, ...)
   pt::ValuePtr args;                           // Megatron's args (an argparse.Namespace), or nullptr
   std::string args_file;                       // a carried file holding them that DeepSpeed does not load (Megatron-Core's common.pt), or empty
+  // The file args_file names, where ucp-convert writes it rather than carrying a file of the source
+  // (Megatron-LM's legacy rank files hold the model's tensors too): {args, iteration, ...}; or nullptr.
+  pt::ValuePtr args_state;
   // The non-sharded optimizer state (zero/optimizer_state.pt: param_groups, ...) where the driver
   // reads it itself; nullptr: taken from the optimizer file at (pp=0, tp=0, dp=0), as DeepSpeed's is.
   pt::ValuePtr optimizer_state;

@@ -55,8 +55,9 @@ def refused_when_damaged(run, work, label, src, mutate, expect):
     d = os.path.join(work, "damaged", label.replace(" ", "_"))
     shutil.rmtree(d, ignore_errors=True)
     shutil.copytree(src, os.path.join(d, "ckpt"))
-    for f in os.listdir(os.path.join(d, "ckpt")):  # writable, whatever the source's modes
-        os.chmod(os.path.join(d, "ckpt", f), 0o644)
+    for folder, _, files in os.walk(os.path.join(d, "ckpt")):  # writable, whatever the source's modes
+        for f in files:
+            os.chmod(os.path.join(folder, f), 0o644)
     mutate(os.path.join(d, "ckpt"))
     out = os.path.join(d, "out")
     r = run("ucp-convert", [os.path.join(d, "ckpt"), "-o", out], ranks=2)

@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from atomic_files import same_bytes  # noqa: E402
+from mcore_atomic import jsonable, same_atomic  # noqa: E402
 from checklist import cases_holding, check, finish, fresh_folder, refused_when_damaged, tool_runner  # noqa: E402
 
 BIN, CASES, WORK = sys.argv[1:4]
@@ -40,10 +41,6 @@ run = tool_runner(BIN, sys.argv[4] if len(sys.argv) > 4 else None)
 PREFIX = "optimizer.state."
 
 
-
-
-def jsonable(v):
-    return json.loads(json.dumps(v))
 
 
 def compare(case, atomic, ref, common):
@@ -73,23 +70,6 @@ def compare(case, atomic, ref, common):
     osd = torch.load(os.path.join(zero, "optimizer_state.pt"), map_location="cpu")
     check(f"{case}: param_groups are common.pt's, in order", jsonable(osd.get("param_groups")) == common["param_groups"] and
           [list(g) for g in osd["param_groups"]] == [list(g) for g in common["param_groups"]], f"{osd.get('param_groups')}")
-
-
-def same_atomic(label, a, b):
-    """Atomic checkpoints a and b hold the same parameters, each state byte for byte, and the same param groups."""
-    za, zb = os.path.join(a, "zero"), os.path.join(b, "zero")
-    names = sorted(d for d in os.listdir(za) if os.path.isdir(os.path.join(za, d)))
-    check(f"{label}: the same parameters", names == sorted(d for d in os.listdir(zb) if os.path.isdir(os.path.join(zb, d))), str(names))
-    bad = []
-    for name in names:
-        for state in ("fp32", "exp_avg", "exp_avg_sq", "step"):
-            x, y = (torch.load(os.path.join(z, name, state + ".pt"), map_location="cpu") for z in (za, zb))
-            x, y = (v["param"] if isinstance(v, dict) else v for v in (x, y))
-            if type(x) is not type(y) or (torch.is_tensor(x) and not same_bytes(x, y)) or (not torch.is_tensor(x) and x != y):
-                bad.append(f"{name}/{state}")
-    check(f"{label}: every weight, exp_avg, exp_avg_sq and step equal byte for byte ({len(names)} x 4)", not bad, str(bad[:5]))
-    ga, gb = (jsonable(torch.load(os.path.join(z, "optimizer_state.pt"), map_location="cpu").get("param_groups")) for z in (za, zb))
-    check(f"{label}: the same param groups", ga == gb, f"{ga} vs {gb}")
 
 
 fresh_folder(WORK)
@@ -143,7 +123,7 @@ for case in cases:
         if wrong:  # against the trained state itself
             compare(f"{case} dp_reshardable np{np} vs the trained state", atomic, {**ref, **trained}, common)
         else:
-            same_atomic(f"{case} dp_reshardable np{np} vs fully_reshardable", atomic, os.path.join(WORK, f"{case}-np{np}"))
+            same_atomic(check, f"{case} dp_reshardable np{np} vs fully_reshardable", atomic, os.path.join(WORK, f"{case}-np{np}"))
 
 
 def damaged(label, mutate, expect):
@@ -234,15 +214,7 @@ r = run("ucp-inspect", ["--verify", os.path.join(WORK, "damaged", "dp_reshardabl
 check("damaged: swapped files: inspect --verify names them and a parameter", r.returncode != 0 and "__2_0.distcp, __3_0.distcp" in r.stderr and
       ("'decoder." in r.stderr or "'embedding." in r.stderr) and " by up to 0)" not in r.stderr, r.stdout[-500:] + r.stderr[-800:])
 
-# Megatron-LM's own folders: the legacy --ckpt-format torch files are refused by name, at each level a user
-# may give; a root's latest_checkpointed_iteration.txt names the folder meant, not the newest beside it.
-legacy = os.path.join(CASES, "llama_tp2_legacy", "legacy")
-for folder in (legacy, os.path.join(legacy, "iter_0000003"), os.path.join(legacy, "iter_0000003", "mp_rank_01")):
-    for tool in ("ucp-inspect", "ucp-convert"):
-        r = run(tool, [folder] + (["-o", os.path.join(WORK, "legacy-out")] if tool == "ucp-convert" else []))
-        check(f"legacy {os.path.relpath(folder, CASES)}: {tool} refuses it as Megatron-LM's legacy format, not read yet",
-              r.returncode != 0 and "legacy --ckpt-format torch" in r.stderr and "not read yet" in r.stderr and
-              "give that folder" not in r.stderr and not os.path.exists(os.path.join(WORK, "legacy-out")), r.stderr[-800:])
+# A torch_dist root: the iteration latest_checkpointed_iteration.txt names is the folder meant, not the newest beside it.
 tracked = os.path.join(WORK, "megatron_root")
 shutil.rmtree(tracked, ignore_errors=True)
 for it in ("iter_0000003", "iter_0000010"):

@@ -118,6 +118,67 @@ std::vector<BucketPiece> DomainParams(const std::vector<const Item*>& model, con
 
 }  // namespace
 
+int BucketGrid::FirstLayer(int pp) const {
+  return static_cast<int>(std::find(stage_of_layer.begin(), stage_of_layer.end(), pp) - stage_of_layer.begin());
+}
+
+BucketGrid GridFromArgs(const Value* args, const std::string& what, const std::string& remedy) {
+  if (!args) throw Error("no args saved: the layout of " + what + " follows the job's TP, PP and layers");
+  auto number = [&](const char* name, int64_t otherwise) {
+    auto v = args->Get(name);
+    return !v || v->kind == Value::Kind::None ? otherwise : v->AsInt();
+  };
+  auto set = [&](const char* name) {
+    auto v = args->Get(name);
+    return v && v->kind != Value::Kind::None && !(v->kind == Value::Kind::Bool && !v->b) && !(v->kind == Value::Kind::Int && v->i == 0);
+  };
+  for (const char* name : {"num_layers_per_virtual_pipeline_stage", "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout",
+                           "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "num_experts", "mtp_num_layers"})
+    if (set(name))
+      throw Error(std::string("args.") + name + " is set: " + what + " of " +
+                  (std::string(name).find("expert") != std::string::npos ? "Mixture-of-Experts models"
+                   : std::string(name) == "mtp_num_layers" ? "multi-token prediction layers" : "virtual or custom pipeline layouts") +
+                  " are not read yet; " + remedy);
+  BucketGrid g;
+  g.tp = static_cast<int>(number("tensor_model_parallel_size", 1));
+  g.pp = static_cast<int>(number("pipeline_model_parallel_size", 1));
+  const int64_t layers = number("num_layers", -1);
+  if (g.tp < 1 || g.pp < 1 || g.tp > (1 << 16) || g.pp > (1 << 16) || layers < 1 || layers > (1 << 20))
+    throw Error("args give TP=" + std::to_string(g.tp) + ", PP=" + std::to_string(g.pp) + ", num_layers=" + std::to_string(layers));
+  if (g.pp > 1 && !set("untie_embeddings_and_output_weights"))
+    throw Error("tied embeddings with PP=" + std::to_string(g.pp) + ": the last stage's copy of the word embeddings (" + what +
+                " keep it apart) is not read yet; " + remedy);
+  const int64_t first = number("decoder_first_pipeline_num_layers", -1), last = number("decoder_last_pipeline_num_layers", -1);
+  std::vector<int64_t> count(g.pp, 0);
+  int64_t rest = layers, middle = g.pp;
+  if (g.pp > 1 && first >= 0) count[0] = first, rest -= first, --middle;
+  if (g.pp > 1 && last >= 0) count[g.pp - 1] = last, rest -= last, --middle;
+  if (rest < 0 || (middle == 0 ? rest != 0 : rest % middle != 0))
+    throw Error("num_layers " + std::to_string(layers) + " does not split over PP=" + std::to_string(g.pp) + " stages as the args give");
+  for (int p = 0; p < g.pp; ++p)
+    if (!(g.pp > 1 && ((p == 0 && first >= 0) || (p == g.pp - 1 && last >= 0)))) count[p] = rest / middle;
+  for (int p = 0; p < g.pp; ++p) g.stage_of_layer.insert(g.stage_of_layer.end(), count[p], p);
+  return g;
+}
+
+std::vector<int64_t> ComputeBucketSizes(const std::vector<const Item*>& model, const BucketGrid& grid, int domain,
+                                        const std::string& dtype, std::optional<int64_t> bucket_size) {
+  std::map<std::string, const Item*> by_fqn;
+  for (const Item* item : model) by_fqn[item->fqn] = item;
+  const std::vector<BucketPiece> params = DomainParams(model, grid, domain % grid.tp, domain / grid.tp);
+  std::vector<int64_t> sizes;
+  int64_t pos = 0;
+  bool open = false;
+  for (size_t i = params.size(); i-- > 0;) {  // DDP walks the parameters in reverse
+    if (by_fqn.at(params[i].fqn)->dtype != dtype) continue;
+    if (params[i].numel == 0) continue;
+    pos = Pad64(pos) + params[i].numel, open = true;
+    if (bucket_size && pos >= *bucket_size) sizes.push_back(pos), pos = 0, open = false;
+  }
+  if (open) sizes.push_back(pos);
+  return sizes;
+}
+
 std::vector<GradBuffer> ReadGradBuffers(const Value& unpadded, const Value& padded) {
   const Value& u = Unwrapped(unpadded);
   const Value& p = Unwrapped(padded);

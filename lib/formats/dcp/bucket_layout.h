@@ -44,7 +44,15 @@ std::vector<GradBuffer> ReadGradBuffers(const pt::Value& unpadded, const pt::Val
 struct BucketGrid {
   int tp = 1, pp = 1;
   std::vector<int> stage_of_layer;  // global layer -> its pipeline stage
+  int FirstLayer(int pp) const;      // the first global layer of stage `pp`
 };
+
+// Megatron-LM's args (`args`, from common.pt or a legacy rank file) as that grid: TP, PP and each
+// layer's stage (even, or with the first / last stage's layer counts the args give). What would change
+// the layout in ways not read here (virtual or custom pipeline layouts, Mixture of Experts, multi-token
+// prediction, tied embeddings with PP > 1) is refused by name: `what` names the form refused ("the
+// dp_reshardable buckets"), `remedy` what the user can do instead.
+BucketGrid GridFromArgs(const pt::Value* args, const std::string& what, const std::string& remedy);
 
 // A piece of an atomic parameter's state in a bucket: the domain's part of the model tensor (a
 // layer's, a TP rank's), one or more boxes of the global tensor whose elements, box after box, each in
@@ -68,6 +76,14 @@ struct BucketPiece {
 // and the parameter where the computed layout and the recorded sizes disagree.
 std::vector<BucketPiece> LayOutBuckets(const std::vector<const Item*>& model, const BucketGrid& grid,
                                        const std::map<int, std::vector<GradBuffer>>& buffers);
+
+// The unpadded size of each gradient bucket of `domain`'s `dtype` buffer as Megatron-Core 0.17.1's
+// _ParamAndGradBuffer closes them: a bucket ends after the parameter that brings it to `bucket_size`
+// elements (none: one bucket; Megatron-LM's DDP has none without --overlap-grad-reduce, and on every
+// pipeline stage but the first), each parameter starting at a multiple of 64. For the legacy
+// distrib_optim.pt, which records only the buffer's total: the buckets' end padding is dropped there.
+std::vector<int64_t> ComputeBucketSizes(const std::vector<const Item*>& model, const BucketGrid& grid, int domain,
+                                        const std::string& dtype, std::optional<int64_t> bucket_size);
 
 // Where a piece's elements lie in a bucket item's chunks: each chunk overlapping the piece
 // must lie inside it (Megatron saves a parameter's range, cut only at DP shard edges, as chunks of

@@ -30,6 +30,7 @@ using pt::Value;
 
 namespace {
 
+constexpr const char* kRemedy = "Megatron-LM's --dist-ckpt-optim-fully-reshardable saves a form ucp reads";
 constexpr const char* kStateNames[] = {"", "exp_avg", "exp_avg_sq"};  // the atomic states after fp32
 
 // What a key of the state dict is, from its original nesting (planner_data), or from its flattened
@@ -153,27 +154,6 @@ Located Locate(Files& files, SourceIndex& L, const Item& item, size_t c, const c
   if (files.FirstTime(out.file, entry->data_offset))
     L.files[out.file].checksummed.push_back({item.fqn + " chunk " + std::to_string(c) + " (" + entry->name + ")", entry->data_offset, entry->size, entry->crc32});
   return out;
-}
-
-// The runs of a box in the global tensor's row-major order: fn(src_start, dst_start, numel), src
-// counting in the chunk's own row-major order.
-template <typename Fn>
-void ForEachRun(const std::vector<int64_t>& size, const Chunk& c, Fn&& fn) {
-  const int n = static_cast<int>(size.size());
-  if (pt::Numel(c.sizes) == 0) return;
-  int k = n - 1;  // the outermost dimension of the contiguous run
-  while (k > 0 && c.sizes[k] == size[k]) --k;
-  std::vector<int64_t> stride = pt::ContiguousStrides(size);
-  const int64_t run = n == 0 ? 1 : c.sizes[k] * stride[k];
-  int64_t runs = 1;
-  for (int d = 0; d < k; ++d) runs *= c.sizes[d];
-  std::vector<int64_t> at(std::max(k, 0), 0);
-  for (int64_t r = 0; r < runs; ++r) {
-    int64_t dst = n == 0 ? 0 : c.offsets[k] * stride[k];
-    for (int d = 0; d < k; ++d) dst += (c.offsets[d] + at[d]) * stride[d];
-    fn(r * run, dst, run);
-    for (int d = k - 1; d >= 0 && ++at[d] == c.sizes[d]; --d) at[d] = 0;
-  }
 }
 
 std::string ChunkKey(const Chunk& c) { return pt::ShapeString(c.offsets) + pt::ShapeString(c.sizes); }
@@ -499,48 +479,6 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
                       "is in which (it rebuilds them from its configuration), so every atomic parameter records group 0");
 }
 
-// Megatron-LM's args as the grid the distributed optimizer's buckets were built on: TP, PP and each
-// layer's stage (even, or with the first / last stage's layer counts the args give). What would change
-// the buckets' layout in ways not read here is refused by name.
-BucketGrid GridFromArgs(const Value* args) {
-  if (!args) throw Error("common.pt holds no args: the layout of the dp_reshardable buckets follows the job's TP, PP and layers");
-  auto number = [&](const char* name, int64_t otherwise) {
-    auto v = args->Get(name);
-    return !v || v->kind == Value::Kind::None ? otherwise : v->AsInt();
-  };
-  auto set = [&](const char* name) {
-    auto v = args->Get(name);
-    return v && v->kind != Value::Kind::None && !(v->kind == Value::Kind::Bool && !v->b) && !(v->kind == Value::Kind::Int && v->i == 0);
-  };
-  for (const char* name : {"num_layers_per_virtual_pipeline_stage", "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout",
-                           "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "num_experts", "mtp_num_layers"})
-    if (set(name))
-      throw Error(std::string("args.") + name + " is set: the dp_reshardable buckets of " +
-                  (std::string(name).find("expert") != std::string::npos ? "Mixture-of-Experts models (an expert optimizer chained to the dense one)"
-                   : std::string(name) == "mtp_num_layers" ? "multi-token prediction layers" : "virtual or custom pipeline layouts") +
-                  " are not read yet; Megatron-LM's --dist-ckpt-optim-fully-reshardable saves a form ucp reads");
-  BucketGrid g;
-  g.tp = static_cast<int>(number("tensor_model_parallel_size", 1));
-  g.pp = static_cast<int>(number("pipeline_model_parallel_size", 1));
-  const int64_t layers = number("num_layers", -1);
-  if (g.tp < 1 || g.pp < 1 || g.tp > (1 << 16) || g.pp > (1 << 16) || layers < 1 || layers > (1 << 20))
-    throw Error("args give TP=" + std::to_string(g.tp) + ", PP=" + std::to_string(g.pp) + ", num_layers=" + std::to_string(layers));
-  if (g.pp > 1 && !set("untie_embeddings_and_output_weights"))
-    throw Error("tied embeddings with PP=" + std::to_string(g.pp) + ": the last stage's copy of the word embeddings has a bucket of its own, "
-                "which is not read yet; Megatron-LM's --dist-ckpt-optim-fully-reshardable saves a form ucp reads");
-  const int64_t first = number("decoder_first_pipeline_num_layers", -1), last = number("decoder_last_pipeline_num_layers", -1);
-  std::vector<int64_t> count(g.pp, 0);
-  int64_t rest = layers, middle = g.pp;
-  if (g.pp > 1 && first >= 0) count[0] = first, rest -= first, --middle;
-  if (g.pp > 1 && last >= 0) count[g.pp - 1] = last, rest -= last, --middle;
-  if (rest < 0 || (middle == 0 ? rest != 0 : rest % middle != 0))
-    throw Error("num_layers " + std::to_string(layers) + " does not split over PP=" + std::to_string(g.pp) + " stages as the args give");
-  for (int p = 0; p < g.pp; ++p)
-    if (!(g.pp > 1 && ((p == 0 && first >= 0) || (p == g.pp - 1 && last >= 0)))) count[p] = rest / middle;
-  for (int p = 0; p < g.pp; ++p) g.stage_of_layer.insert(g.stage_of_layer.end(), count[p], p);
-  return g;
-}
-
 // The dp_reshardable form's saved objects, per model-parallel domain: its buffers' bucket sizes, and
 // its torch optimizer's param groups holding the step (into `mc`; every domain's step must agree).
 std::map<int, std::vector<GradBuffer>> ReadBucketObjects(Files& files, const Metadata& M, MegatronCore& mc, SourceIndex& L) {
@@ -655,7 +593,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
         throw Error(dir + ": '" + item.fqn + "': a bucket-flat tensor not named as Megatron-Core 0.17's dp_reshardable form names them");
     std::vector<const Item*> in_order;
     for (const std::string& fqn : model_order) in_order.push_back(model.at(fqn));
-    const std::vector<BucketPiece> pieces = WithContext(dir, [&] { return LayOutBuckets(in_order, GridFromArgs(mcore->args.get()), buffers); });
+    const std::vector<BucketPiece> pieces = WithContext(dir, [&] { return LayOutBuckets(in_order, GridFromArgs(mcore->args.get(), "the dp_reshardable buckets", kRemedy), buffers); });
     std::map<std::string, std::vector<const BucketPiece*>> of;
     for (const BucketPiece& p : pieces) of[p.fqn].push_back(&p);
     static const std::map<std::string, const Item*> none;

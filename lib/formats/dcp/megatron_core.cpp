@@ -85,6 +85,11 @@ MegatronCore ReadMegatronCore(const std::string& dir) {
                     "dp_reshardable form (Megatron-LM's default), whose state is laid out by the gradient buckets");
       torch_state = optimizer->Get("optimizer");
       if (!torch_state) throw Error("optimizer.param_state_sharding_type without optimizer.optimizer");
+    } else if (auto inner = optimizer->Get("optimizer");
+               !optimizer->Get("param_groups") && inner && inner->Get("param_groups") && optimizer->kind == Value::Kind::Dict &&
+               optimizer->AsDict().size() == 1) {
+      torch_state = inner;  // the mixed-precision optimizer's (Float16OptimizerWithFloat16Params): torch's state one level down
+      mc.optimizer_form = "mixed precision (fp32 masters as optimizer.state.fp32_param)";
     } else if (!optimizer->Get("param_groups")) {
       const std::string keys = optimizer->kind != Value::Kind::Dict ? std::string()
                                : JoinNames(optimizer->AsDict().items(), ", ", [](const auto& it) { return pt::ScalarKey(*it.key); });

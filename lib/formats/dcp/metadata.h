@@ -11,12 +11,35 @@
 #include <string>
 #include <vector>
 
+#include "pt/value.h"
+
 namespace ucp::formats::dcp {
 
 // A box of the global tensor: elements offsets[d] <= i[d] < offsets[d] + sizes[d].
 struct Chunk {
   std::vector<int64_t> offsets, sizes;
 };
+
+// The runs of box `c` in the row-major order of a tensor of `size`: fn(src_start, dst_start, numel),
+// src counting in the box's own row-major order.
+template <typename Fn>
+void ForEachRun(const std::vector<int64_t>& size, const Chunk& c, Fn&& fn) {
+  const int n = static_cast<int>(size.size());
+  if (pt::Numel(c.sizes) == 0) return;
+  int k = n - 1;  // the outermost dimension of the contiguous run
+  while (k > 0 && c.sizes[k] == size[k]) --k;
+  std::vector<int64_t> stride = pt::ContiguousStrides(size);
+  const int64_t run = n == 0 ? 1 : c.sizes[k] * stride[k];
+  int64_t runs = 1;
+  for (int d = 0; d < k; ++d) runs *= c.sizes[d];
+  std::vector<int64_t> at(std::max(k, 0), 0);
+  for (int64_t r = 0; r < runs; ++r) {
+    int64_t dst = n == 0 ? 0 : c.offsets[k] * stride[k];
+    for (int d = 0; d < k; ++d) dst += (c.offsets[d] + at[d]) * stride[d];
+    fn(r * run, dst, run);
+    for (int d = k - 1; d >= 0 && ++at[d] == c.sizes[d]; --d) at[d] = 0;
+  }
+}
 
 // Where an item's bytes lie: [offset, offset + length) of relative_path, a whole torch.save archive.
 struct Storage {

@@ -27,6 +27,14 @@ The Llama distopt cases and llama_tp2_legacy also write legacy/: Megatron-LM's o
 --ckpt-format torch (iter_0000003/mp_rank_TT[_PPP]/model_optim_rng.pt, distrib_optim.pt beside it with
 the distributed optimizer, latest_checkpointed_iteration.txt), then read it back as Megatron-LM's
 load_checkpoint does and compare with the trained state.
+gpt_tp2_pp2_bf16_legacy: the GPT block (built from its args) in bf16 without the distributed optimizer, TP=2 x PP=2
+(4 processes, seeded gradients): DDP (grad_reduce_in_fp32) and get_megatron_optimizer's
+Float16OptimizerWithFloat16Params (fp32 main params; torch_dist saves them as optimizer.state.fp32_param.*), saved as
+Megatron-LM's save_checkpoint would (its metadata and content_metadata) and in the legacy form; both loaded back into
+fresh models and optimizers and compared (float16_checks; train.log also shows the legacy optimizer dict's structure).
+gpt_dp2_buckets_legacy: gpt_dp2_distopt_fp32's kind (fp32, DistributedOptimizer, DP=2, overlap_grad_reduce with
+bucket_size 4000: 8 buckets) with the legacy form beside; the args saved in common.pt (both forms) and in
+model_optim_rng.pt are checked against the bucket size DDP used (saved_bucket_args).
 llama_dp2_distopt_dp_reshardable: the old model (hidden 64) saved only in the dp_reshardable form, for
 the folder once refused in tests/data/real-dcp-refused (removed: the form is read now).
 bench_llama_dp2_distopt_bf16: a large llama_dp2_distopt_bf16 for scripts/benchmark.py, not committed (made on
@@ -69,7 +77,12 @@ CKPT_DP = os.path.join(OUT, CASE, "checkpoint_dp_reshardable")
 LEGACY_DIR = os.path.join(OUT, CASE, "legacy")  # Megatron-LM's --ckpt-format torch form of the same state
 BENCH = CASE.startswith("bench_")  # bench_llama_dp2_distopt_bf16: large, checkpoint_dp_reshardable/ only
 STEPS = int(os.environ.get("STEPS", "1" if BENCH else "3"))
-DISTOPT = "distopt" in CASE  # Megatron's DistributedOptimizer over DDP
+# gpt_dp2_buckets_legacy: gpt_dp2_distopt_fp32's kind (several buckets) with the legacy form beside
+BUCKETS = CASE == "gpt_dp2_buckets_legacy"
+DISTOPT = "distopt" in CASE or BUCKETS  # Megatron's DistributedOptimizer over DDP
+# gpt_tp2_pp2_bf16_legacy: bf16 parameters without the distributed optimizer, so get_megatron_optimizer
+# gives Float16OptimizerWithFloat16Params (fp32 main params beside the bf16 model) over DDP's grad buffers
+FLOAT16 = "_bf16" in CASE and not DISTOPT
 ONLY_DP = "dp_reshardable" in CASE  # the old case: the dp_reshardable form only, in checkpoint/
 FORM = "dp_reshardable" if ONLY_DP else "fully_reshardable"  # checkpoint/'s form
 BOTH = DISTOPT and not ONLY_DP  # both forms of the same state, buckets.json, the load check
@@ -78,7 +91,7 @@ TIED = CASE.endswith("_tied")  # gpt_tp2_tied: the output layer is the word embe
 # The legacy form beside: the Llama distributed-optimizer cases, and llama_tp2_legacy (an FP32Optimizer
 # at TP=2 like llama_tp2, smaller; llama_tp2 itself is not regenerated: a rerun here changes its low bits).
 LEGACY = ((BOTH and not GPT) or CASE.endswith("_legacy")) and not BENCH
-BF16 = DISTOPT and not CASE.endswith("fp32")
+BF16 = (DISTOPT and not CASE.endswith("fp32") and not BUCKETS) or FLOAT16
 TP = 2 if "tp2" in CASE else 1
 PP = 2 if "pp2" in CASE else 1
 EP = 2 if CASE.startswith("moe") else 1  # experts over the 2 ranks: the global-expert axis
@@ -92,6 +105,8 @@ if BENCH:  # the benchmark's sizes: 86 M parameters by default, a checkpoint_dp_
     LAYERS, HEADS, GROUPS, OVERLAP = env("LAYERS", 4), env("HEADS", 16), env("GROUPS", 4), True
 elif BOTH and GPT:  # no weight a multiple of 64 elements: padding between parameters; buckets of >= 4000 elements
     HIDDEN, FFN, VOCAB, BUCKET = 28, 56, 100, 4000
+elif FLOAT16:  # the GPT block at TP=2 x PP=2: 4 heads (2 per TP rank), 2 layers per stage
+    HIDDEN, FFN, VOCAB, BUCKET = 32, 64, 64, None
 elif BOTH or LEGACY:
     HIDDEN, FFN, VOCAB, BUCKET = 32, 48, 64, None
 elif GPT:  # gpt_tp2, gpt_tp2_tied: ffn 4 x hidden (validate_args' default), each folder under 2 MB
@@ -172,8 +187,10 @@ def megatron_args(fully_reshardable=True, legacy=False):
             sys.argv += ["--overlap-grad-reduce"]
         if fully_reshardable and not legacy:
             sys.argv += ["--dist-ckpt-optim-fully-reshardable"]
-    if legacy:
-        sys.argv += ["--save", LEGACY_DIR]
+    if FLOAT16:  # validate_args then sets accumulate_allreduce_grads_in_fp32 (DDP's grad_reduce_in_fp32)
+        sys.argv += ["--bf16"]
+    if legacy:  # the GPT cases' validate_args wants a --save-interval with --save
+        sys.argv += ["--save", LEGACY_DIR] + (["--save-interval", str(STEPS)] if GPT else [])
     if CASE.startswith("moe"):
         sys.argv += ["--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0",
                      "--expert-model-parallel-size", str(EP)]
@@ -254,13 +271,15 @@ def build(seed):
     ocfg = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-5, weight_decay=0.01, adam_beta2=0.95, clip_grad=0.0,
                            use_distributed_optimizer=DISTOPT, bf16=BF16,
                            params_dtype=torch.bfloat16 if BF16 else torch.float32)
-    if DISTOPT:  # as Megatron-LM builds it: DDP with its grad buffers, then get_megatron_optimizer
+    if DISTOPT or FLOAT16:  # as Megatron-LM builds it: DDP with its grad buffers, then get_megatron_optimizer
         if BF16:
             model = model.to(torch.bfloat16)
         ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(
-            use_distributed_optimizer=True, grad_reduce_in_fp32=BF16,
+            use_distributed_optimizer=DISTOPT, grad_reduce_in_fp32=BF16,
             overlap_grad_reduce=BUCKET is not None or OVERLAP, bucket_size=BUCKET), model)
-        return model, ddp, get_megatron_optimizer(ocfg, [ddp]), None
+        opt = get_megatron_optimizer(ocfg, [ddp])
+        # FLOAT16: the torch Adam inside Float16OptimizerWithFloat16Params (its state is keyed by the fp32 main params)
+        return model, ddp, opt, (distributed_optimizers(opt)[0].optimizer if FLOAT16 else None)
     groups = _get_param_groups([model], ocfg, None)  # Megatron's own: no weight decay on biases and 1-D tensors
     adam = torch.optim.Adam(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
     real_tensor = torch.tensor
@@ -286,7 +305,8 @@ def layout(model, ddp, chained):
         if hasattr(sh, "data"):
             sharded[id(sh.data)] = sh
     key = lambda d: ",".join(str(t).replace("torch.", "") for t in d)
-    return {"rank": dist.get_rank(), "tp_rank": ps.get_tensor_model_parallel_rank(),
+    return {"rank": dist.get_rank(), "ddp_overlap_grad_reduce": ddp.ddp_config.overlap_grad_reduce,
+            "ddp_bucket_size": ddp.bucket_size, "tp_rank": ps.get_tensor_model_parallel_rank(),
             "pp_rank": ps.get_pipeline_model_parallel_rank(), "dp_rank": ps.get_data_parallel_rank(),
             "optimizers": [one_layout(opt, param_to_name, sharded, key) for opt in distributed_optimizers(chained)]}
 
@@ -453,6 +473,120 @@ def plain_state(model, adam):
     return out
 
 
+def mixed_state(model, adam):
+    """Float16OptimizerWithFloat16Params' state, by name: each bf16 model parameter, its fp32 main param
+    (param.main_param, the copy torch Adam steps) and torch Adam's state of that main param."""
+    out = {}
+    for n, p in model.named_parameters():
+        out["model." + n] = p.detach().clone()
+        out["main_param." + n] = p.main_param.detach().clone()
+        for k, v in adam.state[p.main_param].items():
+            out[f"{k}.{n}"] = v.detach().clone()
+    return out
+
+
+def structure(x, depth=0):
+    """A nested value's shape, for train.log: dict keys, list lengths, tensors' shape and dtype."""
+    if isinstance(x, torch.Tensor):
+        return f"tensor{list(x.shape)} {str(x.dtype).replace('torch.', '')}"
+    if isinstance(x, dict):
+        items = list(x.items())
+        inner = ", ".join(f"{k!r}: {structure(v, depth + 1)}" for k, v in items[:3])
+        return "{" + inner + (f", ... ({len(items)} keys)" if len(items) > 3 else "") + "}"
+    if isinstance(x, (list, tuple)):
+        if x and all(isinstance(v, int) for v in x):
+            return f"[{len(x)} ints: {x[0]}..{x[-1]}]"
+        inner = ", ".join(structure(v, depth + 1) for v in x[:2])
+        return ("[" if isinstance(x, list) else "(") + inner + (f", ... ({len(x)} items)" if len(x) > 2 else "") + ("]" if isinstance(x, list) else ")")
+    return repr(x) if isinstance(x, (int, float, bool, str, type(None))) else type(x).__name__
+
+
+def float16_checks(model, ddp, opt, adam, state):
+    """gpt_tp2_pp2_bf16_legacy (Float16OptimizerWithFloat16Params): checkpoint/ as Megatron-LM's save_checkpoint
+    would save it (its _build_sharded_state_dict_metadata for sharded_state_dict, its content_metadata), legacy/ by
+    Megatron-LM's own save_checkpoint, then each loaded into a fresh model, DDP and optimizer as Megatron-LM's
+    load_checkpoint does and compared bitwise with the trained state (model, main params, Adam's state and step)."""
+    from megatron.core import parallel_state, dist_checkpointing
+    from megatron.training.checkpointing import _build_sharded_state_dict_metadata
+    from megatron.core.dist_checkpointing.utils import _clean_metadata_for_serialization
+    rank, case_dir = dist.get_rank(), os.path.join(OUT, CASE)
+    args = megatron_args()
+    metadata = _build_sharded_state_dict_metadata(args)
+    dist_checkpointing.save(state(args, metadata), CKPT, content_metadata=_clean_metadata_for_serialization(metadata))
+    print(f"[{rank}] SAVE OK checkpoint ({type(distributed_optimizers(opt)[0]).__name__})", flush=True)
+    trained = mixed_state(model, adam)
+    save_legacy(ddp, opt)
+    name = legacy_file()
+    sd = torch.load(name, weights_only=False)
+    o_sd = sd["optimizer"]
+    print(f"[{rank}] legacy optimizer of {os.path.relpath(name, case_dir)}: {structure(o_sd)}", flush=True)
+    print(f"[{rank}] legacy optimizer['optimizer']['state']: {len(o_sd['optimizer']['state'])} entries keyed "
+          f"{sorted(o_sd['optimizer']['state'])[:3]}..; steps {sorted({v['step'].item() for v in o_sd['optimizer']['state'].values()})}; "
+          f"param_groups' params {[g['params'] for g in o_sd['optimizer']['param_groups']]}, their wd_mult "
+          f"{[g.get('wd_mult') for g in o_sd['optimizer']['param_groups']]}; fp32_from_fp16_params "
+          f"{[len(g) for g in o_sd['fp32_from_fp16_params']]} tensors per group", flush=True)
+    # which parameter each (group, position) is: the order of Megatron's param groups (float16_groups)
+    names = {p: n for n, p in model.named_parameters()}
+    order = [[names[p] for p in group] for group in distributed_optimizers(opt)[0].float16_groups]
+    print(f"[{rank}] param groups' order (float16_groups, by name): {order}", flush=True)
+    print(f"[{rank}] args saved (legacy): bf16={sd['args'].bf16} params_dtype={sd['args'].params_dtype} "
+          f"use_distributed_optimizer={sd['args'].use_distributed_optimizer} accumulate_allreduce_grads_in_fp32="
+          f"{sd['args'].accumulate_allreduce_grads_in_fp32} data_parallel_size={sd['args'].data_parallel_size} "
+          f"tensor_model_parallel_size={sd['args'].tensor_model_parallel_size} pipeline_model_parallel_size="
+          f"{sd['args'].pipeline_model_parallel_size} ckpt_format={sd['args'].ckpt_format}", flush=True)
+    results = []
+    # checkpoint/ (torch_dist), as Megatron-LM's load_checkpoint: the content_metadata, sharded_state_dict, load_state_dict
+    m, d, o, a = build(4321)
+    meta = dist_checkpointing.load_content_metadata(CKPT)
+    meta["dp_cp_group"] = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    model_sd = m.sharded_state_dict(metadata=meta)
+    got = dist_checkpointing.load({"model": model_sd, "optimizer": o.sharded_state_dict(model_sd, is_loading=True, metadata=meta)}, CKPT)
+    d.load_state_dict(got["model"], strict=True)
+    o.load_state_dict(got["optimizer"])
+    # legacy/ (--ckpt-format torch)
+    m2, d2, o2, a2 = build(4321)
+    d2.load_state_dict(sd["model"], strict=True)
+    o2.load_state_dict(sd["optimizer"])
+    for label, mm, aa, what in (("LOAD CHECK", m, a, "checkpoint/ (dist_checkpointing.load, model.load_state_dict, "
+                                 "optimizer.load_state_dict)"),
+                                ("LEGACY LOAD CHECK", m2, a2, f"{os.path.relpath(name, case_dir)} (model.load_state_dict, "
+                                 "optimizer.load_state_dict)")):
+        now = mixed_state(mm, aa)
+        bad = sorted(k for k in trained if k not in now or now[k].dtype != trained[k].dtype or not torch.equal(trained[k], now[k]))
+        kinds = ", ".join(f"{sum(k.startswith(kind + '.') for k in trained)} {kind}"
+                          for kind in ("model", "main_param", "exp_avg", "exp_avg_sq", "step"))
+        results.append(not bad and sorted(now) == sorted(trained))
+        print(f"[{rank}] {label} {'OK' if results[-1] else 'DIFFERS'}: {what} loaded into a fresh model, DDP and "
+              f"Float16OptimizerWithFloat16Params: {len(trained)} tensors ({kinds}) "
+              + ("bitwise equal to the trained ones (and dtypes)" if not bad else f"{len(bad)} differ: {bad[:6]}"), flush=True)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, results)
+    if rank == 0:
+        print(f"[0] LOAD CHECK / LEGACY LOAD CHECK on all {len(every)} ranks: "
+              + ("bitwise equal" if all(all(r) for r in every) else f"NOT EQUAL {every}"), flush=True)
+
+
+def saved_bucket_args(ddp):
+    """gpt_dp2_buckets_legacy: the bucket fields of the args as saved in common.pt (both forms) and in the legacy
+    model_optim_rng.pt, against DDP's own bucket_size and the buffers' buckets."""
+    dist.barrier()
+    rank = dist.get_rank()
+    used = ddp.bucket_size
+    sizes = [[b.numel_unpadded for b in buf.buckets] for buf in ddp.buffers]
+    print(f"[{rank}] DDP: overlap_grad_reduce={ddp.ddp_config.overlap_grad_reduce} bucket_size={used} "
+          f"(ddp_config.bucket_size={ddp.ddp_config.bucket_size}); buckets' numel_unpadded {sizes}, numel "
+          f"{[[b.grad_data.numel() for b in buf.buckets] for buf in ddp.buffers]}", flush=True)
+    for where in (os.path.join(CKPT, "common.pt"), os.path.join(CKPT_DP, "common.pt"), legacy_file()):
+        args = torch.load(where, weights_only=False)["args"]
+        ok = args.overlap_grad_reduce is True and args.ddp_bucket_size == used and args.data_parallel_size == DP
+        print(f"[{rank}] args saved in {os.path.relpath(where, os.path.join(OUT, CASE))}: overlap_grad_reduce="
+              f"{args.overlap_grad_reduce} ddp_bucket_size={args.ddp_bucket_size} ddp_num_buckets={args.ddp_num_buckets} "
+              f"data_parallel_size={args.data_parallel_size} use_distributed_optimizer={args.use_distributed_optimizer} "
+              f"world_size={args.world_size} ckpt_format={args.ckpt_format}: "
+              + ("as DDP used" if ok else "NOT WHAT DDP USED"), flush=True)
+        assert ok, where
+
+
 def describe(model, args):
     """train.log: what the built model computes (its config and GPTModel's attributes) and what its args say,
     and the activation its MLP applied, measured: layer 0's linear_fc2 input against Megatron's tanh
@@ -470,12 +604,12 @@ def describe(model, args):
         "position_embedding_type", "normalization", "layernorm_epsilon", "padded_vocab_size", "transformer_impl")), flush=True)
     mlp, seen = model.decoder.layers[0].mlp, []
     hook = mlp.linear_fc2.register_forward_pre_hook(lambda m, a: seen.append(a[0].detach().clone()))
-    x = torch.randn(16, 2, cfg.hidden_size, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(16, 2, cfg.hidden_size, generator=torch.Generator().manual_seed(5)).to(mlp.linear_fc1.weight.dtype)
     with torch.no_grad():
         h, b = mlp.linear_fc1(x)
         mlp(x)
     hook.remove()
-    y = h + b
+    y, seen = (h + b).float(), [seen[0].float()]  # bf16 (FLOAT16): measured in fp32
     tanh = y * 0.5 * (1.0 + torch.tanh(0.79788456 * y * (1 + 0.044715 * y * y)))
     d_tanh, d_exact = (seen[0] - tanh).abs().max().item(), (seen[0] - F.gelu(y)).abs().max().item()
     computed = "tanh-approximation GeLU" if d_tanh < d_exact else "exact GeLU"
@@ -495,7 +629,7 @@ def worker(rank, world):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.current_device = lambda: "cpu"
-    if DISTOPT:
+    if DISTOPT or FLOAT16:  # FLOAT16: Float16OptimizerWithFloat16Params accepts only torch.cuda.*Tensor parameters
         cuda_to_cpu()
     try:
         from megatron.core import parallel_state, dist_checkpointing, tensor_parallel
@@ -511,15 +645,19 @@ def worker(rank, world):
         tracker.fork = lambda *a, **k: contextlib.nullcontext()
         model, ddp, opt, adam = build(1234)
         computed = describe(model, megatron_args()) if GPT else None
-        forward = ddp if DISTOPT else model
+        forward = ddp if ddp is not None else model
         dp_rank = parallel_state.get_data_parallel_rank()
         pp_rank, tp_rank = parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank()
         g = torch.Generator().manual_seed(7 + (dp_rank + 10 * pp_rank if DISTOPT else 0))
+        # FLOAT16 (TP=2): the TP-sharded parameters' seeded gradients differ per TP rank (their shards would
+        # otherwise stay equal: zero-initialised biases); the replicated ones (LayerNorm, row-parallel biases,
+        # position embeddings) take g, the same on both TP ranks, and stay equal
+        g_tp = torch.Generator().manual_seed(1007 + 100 * tp_rank) if FLOAT16 else g
         for step in range(STEPS):
             tokens = torch.randint(0, VOCAB, (2, 16), generator=g)
             labels = torch.randint(0, VOCAB, (2, 16), generator=g)
             opt.zero_grad()
-            if DISTOPT:
+            if ddp is not None:
                 ddp.zero_grad_buffer()
             if PP == 1:
                 pos_ids = torch.arange(16).unsqueeze(0).expand(2, 16)
@@ -530,18 +668,19 @@ def worker(rank, world):
                     ddp.finish_grad_sync()
             else:  # no pipeline schedule on CPU here: every parameter gets a seeded gradient
                 for p in model.parameters():
-                    if DISTOPT:  # into DDP's grad buffer (what its backward hook does), reduce-scattered by finish_grad_sync
-                        p.main_grad.copy_(torch.randn(p.shape, generator=g) * 1e-2)
+                    if ddp is not None:  # into DDP's grad buffer (what its backward hook does), reduce-scattered
+                        # (all-reduced without the distributed optimizer) by finish_grad_sync
+                        p.main_grad.copy_(torch.randn(p.shape, generator=g_tp if getattr(p, "tensor_model_parallel", False) else g) * 1e-2)
                     else:
                         p.grad = torch.randn(p.shape, generator=g) * 1e-2
-                if DISTOPT:
+                if ddp is not None:
                     ddp.finish_grad_sync()
                 loss = torch.tensor(0.0)
-            if DISTOPT:
+            if ddp is not None:  # the distributed optimizer, or Float16OptimizerWithFloat16Params (FLOAT16)
                 opt.step()
             else:
                 adam.step()
-            print(f"[{rank}] step {step + 1} loss {loss.item():.6f}" + (" (seeded gradients, no loss)" if PP > 1 and DISTOPT else ""), flush=True)
+            print(f"[{rank}] step {step + 1} loss {loss.item():.6f}" + (" (seeded gradients, no loss)" if PP > 1 and ddp is not None else ""), flush=True)
         if PP == 1 and not DISTOPT and not LEGACY:  # the training model's own logits on a fixed batch: what a Hugging Face export must give
             model.eval()
             ids = (torch.arange(2 * 16).view(2, 16) * 37 + 11) % 128
@@ -576,14 +715,17 @@ def worker(rank, world):
 
         def state(args, metadata):
             """generate_state_dict's torch_dist state dict, the optimizer's sharded_state_dict made anew."""
-            model_sd = model.sharded_state_dict(**({"metadata": metadata} if BOTH else {}))
+            model_sd = model.sharded_state_dict(**({"metadata": metadata} if BOTH or FLOAT16 else {}))
             return {"args": args, "checkpoint_version": 3.0, "iteration": STEPS, "model": model_sd,
-                    "optimizer": opt.sharded_state_dict(model_sd, **({"metadata": metadata} if DISTOPT else {})),
+                    "optimizer": opt.sharded_state_dict(model_sd, **({"metadata": metadata} if DISTOPT or FLOAT16 else {})),
                     "opt_param_scheduler": {"max_lr": 1e-3, "min_lr": 1e-5, "num_steps": STEPS * 2},
                     "rng_state": ShardedObject("rng_state", rng, (PP, TP), (pp_rank, tp_rank),
                                                replica_id=parallel_state.get_data_parallel_rank()),
                     "num_floating_point_operations_so_far": 0}
 
+        if FLOAT16:  # as Megatron-LM's save_checkpoint: its metadata for sharded_state_dict, its content_metadata
+            float16_checks(model, ddp, opt, adam, state)
+            return
         if not BOTH:
             dist_checkpointing.save(state(megatron_args(FORM == "fully_reshardable"),
                                           {"distrib_optim_sharding_type": FORM} if DISTOPT else None), CKPT)
@@ -632,6 +774,8 @@ def worker(rank, world):
             print(f"[{rank}] SAVE OK {os.path.basename(folder)} ({metadata['distrib_optim_sharding_type']})", flush=True)
         if LEGACY:
             save_legacy(ddp, opt)
+        if BUCKETS:  # the args as saved, against the bucket size DDP used (a reader recomputes the buckets from them)
+            saved_bucket_args(ddp)
         # The check of the files: each loaded into a fresh model, DDP and optimizer, as Megatron-LM's
         # load_checkpoint does (the sharding type from the checkpoint's content_metadata).
         step_kept_apart()
@@ -706,8 +850,9 @@ def references():
         groups = optimizer["optimizer"]["param_groups"]
         step = {"step": groups[0]["step"], "step_type": type(groups[0]["step"]).__name__,
                 "param_state_sharding_type": optimizer["param_state_sharding_type"]}
-    else:  # a common step for every parameter
-        groups, s = optimizer["param_groups"], optimizer["state"]["common_step"]
+    else:  # a common step for every parameter (Float16OptimizerWithFloat16Params: torch's state dict under 'optimizer')
+        inner = optimizer["optimizer"] if "param_groups" not in optimizer else optimizer
+        groups, s = inner["param_groups"], inner["state"]["common_step"]
         step = {"common_step": s.item(), "common_step_dtype": str(s.dtype)}
     extra = {"content_metadata": common["content_metadata"]} if "content_metadata" in common else {}
     with open(os.path.join(OUT, CASE, "common.json"), "w") as f:

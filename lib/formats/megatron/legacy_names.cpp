@@ -1,0 +1,56 @@
+#include "formats/megatron/legacy_names.h"
+
+#include <regex>
+
+#include "core/error.h"
+
+namespace ucp::formats::megatron {
+
+namespace {
+
+bool EndsWith(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// A decoder layer's module path (after decoder.layers.N.) and parameter: how TP ranks cut it.
+std::optional<DistName::Split> LayerSplit(const std::string& module, const std::string& param) {
+  using S = DistName::Split;
+  if (param.rfind("layer_norm_", 0) == 0) return S::Whole;  // TE's norm fused into the next linear
+  if (module == "self_attention.linear_qkv" || module == "mlp.linear_fc1") return S::Rows;
+  if (module == "self_attention.linear_proj" || module == "mlp.linear_fc2") return param == "bias" ? S::Whole : S::Columns;
+  if (module == "self_attention.q_layernorm" || module == "self_attention.k_layernorm") return S::Whole;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<DistName> DistNameOf(const std::string& name, bool gated) {
+  if (EndsWith(name, "._extra_state") || name == "_extra_state") return std::nullopt;
+  DistName d;
+  static const std::regex layer(R"(^decoder\.layers\.(\d{1,7})\.(.+)\.([A-Za-z_0-9]+)$)");
+  std::smatch m;
+  if (std::regex_match(name, m, layer)) {
+    d.layer = std::stoi(m[1]);
+    std::string module = m[2], param = m[3];
+    // the local spec's separate norms, saved by torch_dist under the TE spec's fused names
+    if (module == "input_layernorm") module = "self_attention.linear_qkv", param = "layer_norm_" + param;
+    else if (module == "pre_mlp_layernorm") module = "mlp.linear_fc1", param = "layer_norm_" + param;
+    const auto split = LayerSplit(module, param);
+    if (!split)
+      throw Error("'" + name + "': a module not in ucp's table of Megatron-Core layers (how tensor parallelism cuts it is not "
+                  "known, so it is not guessed)");
+    d.key = "decoder.layers." + module + "." + param;
+    d.split = *split;
+    d.gated = gated && module == "mlp.linear_fc1" && d.split == DistName::Rows;
+    return d;
+  }
+  if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight" || name == "output_layer.bias") d.split = DistName::Rows;
+  else if (name == "embedding.position_embeddings.weight" || name.rfind("decoder.final_layernorm.", 0) == 0) d.split = DistName::Whole;
+  else
+    throw Error("'" + name + "': a tensor not in ucp's table of Megatron-Core models (how tensor parallelism cuts it is not known, "
+                "so it is not guessed)");
+  d.key = name;
+  return d;
+}
+
+}  // namespace ucp::formats::megatron
