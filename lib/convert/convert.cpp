@@ -11,8 +11,9 @@ using shuffle::AnyFailed;
 using shuffle::Capture;
 
 int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
-  // A model of whole tensors (Hugging Face's) has no partitions to map: its own run.
-  if (const formats::SourceDriver* d = formats::ProbeSource(o.source); d && d->read_param)
+  // A model of whole tensors (Hugging Face's; a training format's weights-only save) has no partitions
+  // to map: its own run.
+  if (const formats::SourceDriver* d = formats::ProbeSource(o.source); d && d->read_param && (!d->weights_only || d->weights_only(o.source)))
     return RunConvertFromModel(o, *d, comm, out, err);
   const int rank = comm.rank();
   const bool talk = rank == 0 && !o.quiet;

@@ -28,6 +28,10 @@ struct SourceDriver {
   // elements); ucp-convert writes them as they are (convert/from_model.cpp), weights only. Null for
   // a training checkpoint, whose index lists fragments.
   void (*read_param)(const source::SourceIndex& L, int param, float* dst);
+  // For a training format that also has weights-only saves (Megatron-LM's --no-save-optim): whether
+  // `dir` is one, which ucp-convert then reads through read_param as a model; null: read_param (where
+  // set) serves every folder of the format.
+  bool (*weights_only)(const std::string& dir);
 };
 
 struct TargetDriver {

@@ -89,6 +89,8 @@ std::string MegatronFolder(const std::string& dir) {
   const fs::path iter = d / name;
   if (!fs::is_directory(iter, ec))
     return "latest_checkpointed_iteration.txt names iteration " + it + ", but " + iter.string() + " is not there";
+  for (const auto& child : fs::directory_iterator(iter, ec))  // a legacy root, read as it is: its errors say what is wrong
+    if (fs::exists(child.path() / "model_optim_rng.pt", ec)) return "";
   return "a Megatron-LM checkpoint root: latest_checkpointed_iteration.txt names iteration " + it + ", the one Megatron-LM "
          "loads: give " + iter.string();
 }
@@ -110,6 +112,8 @@ std::string CheckpointBelow(const std::string& dir) {
   std::error_code ec;
   // A root with `latest` is the checkpoint meant: its error says what is wrong with it.
   if (!fs::is_directory(dir, ec) || fs::exists(fs::path(dir) / "latest", ec)) return "";
+  // A Megatron-LM legacy folder is the checkpoint itself: its rank folders hold .pt files DeepSpeed's probe takes.
+  if (MegatronSource().probe(dir)) return "";
   std::vector<std::pair<fs::path, const SourceDriver*>> found;
   for (const auto& child : fs::directory_iterator(dir, ec))
     // not one ucp-convert refuses as converted already (DeepSpeed's universal folder, an atomic checkpoint)

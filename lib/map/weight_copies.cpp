@@ -146,8 +146,9 @@ std::string Message(const SourceIndex& L, const Verdicts& v) {
            std::to_string(elements) + " element(s); '" + L.params[static_cast<size_t>(At(v, worst, kWorstParam) - 1)].name + "' by up to " +
            largest + "): the checkpoint stores each weight twice and the two differ, so its optimizer state is not its model's. Its "
            "files are of different saves or ranks (swapped or renamed: put back the files the save wrote), or the save wrote the "
-           "state wrongly (Megatron-Core 0.17.1's fully_reshardable form does, for the distributed optimizer with several gradient "
-           "buckets; its default dp_reshardable form does not): convert another save";
+           "state wrongly" + (L.format == "dcp" ? " (Megatron-Core 0.17.1's fully_reshardable form does, for the distributed optimizer "
+                                                  "with several gradient buckets; its default dp_reshardable form does not)" : std::string()) +
+           ": convert another save";
   }
   std::map<int, std::vector<int>> data_of;                   // weight file -> the data files holding its masters
   std::map<std::pair<int, int>, std::set<int>> weights_at;   // (pp, tp) -> its weight files

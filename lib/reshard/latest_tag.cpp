@@ -73,6 +73,9 @@ LatestTag ReadLatest(const std::string& root) {
   const std::string latest = root + "/latest";
   if (!fs::exists(latest)) {
     if (const auto tags = source::TagFoldersWithoutLatest(root); !tags.empty()) throw Error(source::TagWithoutLatestError(root, tags));
+    if (const formats::SourceDriver* d = formats::ProbeSource(root); d && std::string(d->name) != "deepspeed")
+      throw Error(root + ": a " + d->name + " checkpoint: --in-place writes a DeepSpeed layout beside a DeepSpeed run's tags; convert it "
+                  "(mpirun -np N ucp-convert " + root + " -o ATOMIC), then ucp-reshard ATOMIC -o OUT with the target it has (--format hf)");
     const std::string below = formats::CheckpointBelow(root);
     fs::path self = fs::path(root).lexically_normal();
     if (!self.has_filename()) self = self.parent_path();  // "global_step4/"

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -52,6 +53,23 @@ void TakeMegatronArgs(const pt::Value* args, SourceIndex& L) {
                          std::to_string(L.dp));
 }
 
+std::string MegatronLayout(const pt::Value* args) {
+  if (!args) return "";
+  auto degree = [&](const char* key) -> int64_t {
+    auto v = args->Get(key);
+    return v && v->kind == pt::Value::Kind::Int ? v->i : -1;
+  };
+  std::string s;
+  static const std::pair<const char*, const char*> kDegrees[] = {{"tensor_model_parallel_size", "TP"}, {"pipeline_model_parallel_size", "PP"},
+      {"data_parallel_size", "DP"}, {"expert_model_parallel_size", "EP"}, {"context_parallel_size", "CP"}};
+  for (const auto& [key, name] : kDegrees) {
+    const int64_t d = degree(key);
+    if (d < 1 || (d == 1 && (std::string(name) == "EP" || std::string(name) == "CP"))) continue;
+    s += (s.empty() ? "" : ", ") + std::string(name) + "=" + std::to_string(d);
+  }
+  return s;
+}
+
 std::string DataParallelDegrees(const SourceIndex& L) {
   if (L.sp_recorded) return "dp=" + std::to_string(L.DataParallel()) + " sp=" + std::to_string(L.sp);
   return "dp=" + std::to_string(L.dp);
@@ -63,7 +81,7 @@ std::string Coord(const ShardFile& f) {
 
 std::string FileWhere(const SourceIndex& L, int file) {
   const ShardFile& f = L.files[static_cast<size_t>(file)];
-  return L.dir + "/" + f.name + " " + Coord(f);
+  return L.dir + "/" + f.name + (L.on_grid ? " " + Coord(f) : "");  // off a grid the coordinates mean nothing: the name says the rank
 }
 
 std::string LayoutWords(const SourceIndex& L) {

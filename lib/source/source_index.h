@@ -163,6 +163,9 @@ struct SourceIndex {
 // not divide is a problem. Without it (no args, or args of a job without SP) SP stays 1,
 // unrecorded, and where dp > 1 a note says that dp counts DP x SP ranks.
 void TakeMegatronArgs(const pt::Value* args, SourceIndex& L);
+// The layout Megatron-LM's args say the job ran ("TP=2, PP=1, DP=2", with EP and CP where above 1), or
+// "" without args: what a source off a grid (Megatron-Core's global tensors) tells of the job.
+std::string MegatronLayout(const pt::Value* args);
 // How inspect and convert say the data-parallel degrees: "dp=2 sp=2" where SP is recorded, else "dp=4".
 std::string DataParallelDegrees(const SourceIndex& L);
 // The layout in words, as ucp-convert's banner and ucp-inspect say it: the (dp, sp, tp, pp, ep) grid
@@ -170,7 +173,8 @@ std::string DataParallelDegrees(const SourceIndex& L);
 std::string LayoutWords(const SourceIndex& L);
 // A shard file's place in the grid, as errors say it: "(pp=0, tp=1, dp=2)".
 std::string Coord(const ShardFile& f);
-// A shard file as errors name it: its path and its place, "DIR/NAME (pp=0, tp=1, dp=2)".
+// A shard file as errors name it: its path and its place, "DIR/NAME (pp=0, tp=1, dp=2)" (off a grid:
+// its path alone).
 std::string FileWhere(const SourceIndex& L, int file);
 
 struct IndexOptions {

@@ -13,7 +13,8 @@ one rank's folder is refused naming the iteration folder. The Hugging Face expor
 atomic checkpoint is the export of the torch_dist one, byte for byte. Damaged copies are refused by
 name: a rank file of another iteration, a missing rank folder, two ranks' distrib_optim.pt swapped
 (every CRC-32 holds; the masters disagree with the model's tensors), a truncated distrib_optim.pt, a
-flipped byte in a tensor record of model_optim_rng.pt.
+flipped byte in a tensor record of model_optim_rng.pt. A weights-only save (--no-save-optim) gives a
+weights-only atomic checkpoint of the model's own tensors, whose export equals the full save's.
 """
 import filecmp
 import os
@@ -59,6 +60,12 @@ def equals_trained(label, atomic, ref, trained):
 
 for case in cases:
     legacy = os.path.join(CASES, case, "legacy")
+    if case.startswith("moe_"):  # expert-parallel rank folders: not read yet, refused by name
+        r = run("ucp-convert", [legacy, "-o", os.path.join(WORK, f"{case}-legacy")], ranks=2)
+        check(f"{case}: the legacy Mixture-of-Experts save is refused by name, nothing written", r.returncode != 0 and
+              "Mixture-of-Experts" in r.stderr and "not read yet" in r.stderr and
+              not os.path.exists(os.path.join(WORK, f"{case}-legacy", "ucp_manifest.json")), r.stderr[-800:])
+        continue
     r = run("ucp-inspect", [legacy])
     check(f"{case}: inspect names Megatron-LM's legacy form, its layout and what Megatron itself could reshard", r.returncode == 0 and
           "Megatron-LM legacy checkpoint (--ckpt-format torch), iter_0000003" in r.stdout and
@@ -107,6 +114,39 @@ for case in ("llama_tp2_legacy", "llama_tp2_dp2_distopt_bf16", "gpt_tp2_pp2_bf16
           names == sorted(os.listdir(outs[1])) and all(filecmp.cmp(os.path.join(outs[0], n), os.path.join(outs[1], n), shallow=False) for n in names),
           str(names))
 
+
+# A weights-only save (--no-save-optim; legacy_weights_only/, made from legacy/ by weights_only_legacy.py as
+# Megatron-LM's save_checkpoint writes it: no 'optimizer', no 'opt_param_scheduler', no distrib_optim.pt): a
+# weights-only atomic checkpoint whose weights are the model's own tensors widened to fp32, whose Hugging Face
+# export (in the job's bf16) equals the full save's export byte for byte.
+case = "gpt_tp2_pp2_bf16_legacy"
+wo = os.path.join(CASES, case, "legacy_weights_only")
+r = run("ucp-inspect", [wo])
+check("weights-only legacy: inspect says weights only", r.returncode == 0 and "model weights only" in r.stdout, r.stdout[-1000:] + r.stderr[-600:])
+ref = torch.load(os.path.join(CASES, case, "reference.pt"), map_location="cpu")
+for np in (1, 2):
+    atomic = os.path.join(WORK, f"weights-only-np{np}")
+    r = run("ucp-convert", [wo, "-o", atomic], ranks=np)
+    check(f"weights-only legacy: converts at {np} rank(s)", r.returncode == 0, r.stderr[-1200:])
+    if r.returncode != 0:
+        continue
+    zero = os.path.join(atomic, "zero")
+    names = sorted(d for d in os.listdir(zero) if os.path.isdir(os.path.join(zero, d)))
+    def fp32(n):
+        v = torch.load(os.path.join(zero, n, "fp32.pt"), map_location="cpu")
+        return v["param"] if isinstance(v, dict) else v
+    bad = [n for n in names if not same_bytes(fp32(n), ref[n].float())]
+    check(f"weights-only legacy np{np}: the model keys, each the model's tensor widened to fp32, no optimizer state",
+          names == sorted(k for k in ref if not k.startswith("optimizer.")) and not bad and
+          not any(os.path.exists(os.path.join(zero, n, "exp_avg.pt")) for n in names), str(bad[:5]))
+out = os.path.join(WORK, "weights-only-hf")
+r = run("ucp-reshard", [os.path.join(WORK, "weights-only-np2"), "-o", out, "--format", "hf"])
+full = os.path.join(WORK, f"{case}-legacy-hf")
+check("weights-only legacy: exported to Hugging Face", r.returncode == 0, r.stderr[-800:])
+if r.returncode == 0:
+    st = [n for n in sorted(os.listdir(out)) if n.endswith(".safetensors")]
+    check("weights-only legacy: the export's safetensors equal the full save's byte for byte", st and
+          all(filecmp.cmp(os.path.join(out, n), os.path.join(full, n), shallow=False) for n in st), str(st))
 
 # Damaged copies of a legacy root.
 def other_iteration(folder):
@@ -159,4 +199,22 @@ refused_when_damaged(run, WORK, "legacy distrib_optim.pt truncated", SRC, trunca
                      ["mp_rank_01/distrib_optim.pt"])
 refused_when_damaged(run, WORK, "legacy flipped byte in a tensor record", os.path.join(CASES, "llama_tp2_legacy", "legacy"),
                      flip_tensor_byte("mp_rank_01/model_optim_rng.pt"), ["mp_rank_01/model_optim_rng.pt", "CRC"])
+# Rank files swapped whole: every CRC-32 holds. A launched job's args name the global rank that wrote each
+# file; the stages' own tensors (the embedding first, the output layer last) say where a file belongs.
+GPT = os.path.join(CASES, "gpt_tp2_pp2_bf16_legacy", "legacy")
+refused_when_damaged(run, WORK, "legacy TP ranks' folders swapped", GPT, swap("mp_rank_00_000", "mp_rank_01_000"),
+                     ["written by global rank 1", "swapped or renamed"])
+refused_when_damaged(run, WORK, "legacy stages' model files swapped", os.path.join(CASES, "llama_pp2_dp2_distopt_bf16", "legacy"),
+                     swap("mp_rank_00_000/model_optim_rng.pt", "mp_rank_00_001/model_optim_rng.pt"),
+                     ["mp_rank_00_000/model_optim_rng.pt: 'decoder.final_layernorm.weight' in the files of pp=0, where Megatron keeps it on the last", "swapped or renamed"])
+d = refused_when_damaged(run, WORK, "legacy distrib_optim.pt of a TP rank flipped", SRC, flip_tensor_byte("mp_rank_01/distrib_optim.pt"),
+                         ["mp_rank_01/distrib_optim.pt", "CRC"])
+r = run("ucp-convert", [d, "-o", os.path.join(WORK, "coords")])
+check("errors name a legacy file by its path alone (no grid coordinates, which mean nothing off a grid)",
+      r.returncode != 0 and "(pp=0, tp=0, dp=0)" not in r.stderr, r.stderr[-600:])
+# --in-place writes a DeepSpeed layout beside a DeepSpeed run's tags: a legacy root is told what to do instead.
+r = run("ucp-reshard", [legacy_root := os.path.join(CASES, "llama_tp2_legacy", "legacy"), "--in-place", "--gpus", "2"])
+check("ucp-reshard --in-place of a legacy root: refused, naming ucp-convert and --format hf", r.returncode != 0 and
+      "a megatron checkpoint" in r.stderr and "ucp-convert " + legacy_root in r.stderr and "--format hf" in r.stderr and
+      "deepspeed checkpoint" not in r.stderr, r.stderr[-600:])
 finish("real_mcore_legacy")

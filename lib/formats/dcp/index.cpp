@@ -467,8 +467,9 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
   if (mc.steps.empty() && mc.param_groups)
     L.notes.push_back("common.pt holds no optimizer step (optimizer.state.common_step, or a step in the param groups): "
                       "the atomic checkpoint records none, and Adam's bias correction restarts where it is loaded");
-  L.notes.push_back("Megatron-Core dist_checkpointing (" + mc.backend + "); optimizer: " + mc.optimizer_form +
-                    "; common.pt holds " + keys);
+  const std::string layout = source::MegatronLayout(mc.args.get());
+  L.notes.push_back("Megatron-Core dist_checkpointing (" + mc.backend + ")" + (layout.empty() ? "" : ", saved by a job of " + layout + " (its args)") +
+                    "; optimizer: " + mc.optimizer_form + "; common.pt holds " + keys);
   L.notes.push_back(std::string(mc.bucket_flat ? "Megatron-LM itself loads this dp_reshardable form only at the TP and PP it was "
                                                  "saved with (DP may change)"
                                                : "Megatron-LM itself loads this form at any TP, PP and DP") +

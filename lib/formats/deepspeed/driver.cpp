@@ -14,7 +14,7 @@ const SourceDriver& DeepSpeedSource() {
      "mp_rank_XX_model_states.pt, [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt, "
      "zero_pp_rank_D_mp_rank_XX_model_states.pt, layer_LL-model_TT-model_states.pt, "
      "layer_L_expert_E_mp_rank_XX_model_states.pt, expp_rank_R_mp_rank_XX_optim_states.pt",
-     deepspeed::LooksLikeCheckpoint, deepspeed::IndexCheckpoint, nullptr};
+     deepspeed::LooksLikeCheckpoint, deepspeed::IndexCheckpoint, nullptr, nullptr};
   return driver;
 }
 

@@ -164,7 +164,7 @@ const SourceDriver& HuggingFaceSource() {
      "a Hugging Face model folder (save_pretrained: config.json and safetensors, one file or shards with their "
      "index): LlamaForCausalLM, GPT2LMHeadModel, MixtralForCausalLM, F32, BF16 or F16 weights, imported as Megatron-DeepSpeed's parameters, weights only",
      "config.json, model.safetensors or model.safetensors.index.json and its shards", hf::LooksLikeModel, hf::IndexModel,
-     hf::ReadParam};
+     hf::ReadParam, nullptr};
   return driver;
 }
 

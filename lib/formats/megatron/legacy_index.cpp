@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <set>
@@ -13,6 +14,7 @@
 #include "formats/dcp/metadata.h"
 #include "formats/megatron/legacy_folder.h"
 #include "formats/megatron/legacy_names.h"
+#include "pt/low_precision.h"
 #include "pt/torch_file.h"
 
 namespace ucp::formats::megatron {
@@ -115,10 +117,18 @@ Model PlaceModel(SourceIndex& L, const std::vector<Rank>& ranks, const dcp::Buck
       if (!d) continue;
       if (!entry.value || entry.value->kind != Value::Kind::Tensor)
         throw Error(where + ": model '" + name + "' is a " + (entry.value ? entry.value->TypeName() : "null") + ", not a tensor");
+      // Megatron keeps the embeddings on the first stage, the final norm and output layer on the last.
+      const bool first_stage = name.rfind("embedding.", 0) == 0, last_stage = d->layer < 0 && !first_stage;
+      if ((first_stage && r.pp != 0) || (last_stage && r.pp != grid.pp - 1))
+        throw Error(where + ": '" + name + "' in the files of pp=" + std::to_string(r.pp) + ", where Megatron keeps it on the " +
+                    (first_stage ? "first" : "last") + " of the " + std::to_string(grid.pp) + " stages: rank files swapped or renamed "
+                    "(put back the files the save wrote)");
       Local x;
       x.rank = static_cast<int>(ri), x.name = name, x.d = *d, x.tensor = entry.value->AsTensor();
       const std::vector<int64_t>& s = x.tensor.shape;
       if (!x.tensor.contiguous()) throw Error(where + ": model '" + name + "' is not contiguous");
+      if (x.tensor.dtype != pt::DType::F32 && x.tensor.dtype != pt::DType::BF16 && x.tensor.dtype != pt::DType::F16)
+        throw Error(where + ": model '" + name + "' is " + std::string(pt::DTypeName(x.tensor.dtype)) + ", not float32, bfloat16 or float16");
       if (d->layer >= count)
         throw Error(where + ": '" + name + "': layer " + std::to_string(d->layer) + " of a stage the args give " + std::to_string(count) + " layers");
       std::vector<int64_t> size = s, at(s.size(), 0);
@@ -417,7 +427,14 @@ pt::ValuePtr WithoutParams(const Value& group) {
   return out;
 }
 
-void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& options, std::vector<Rank>& ranks) {
+// What the index keeps for the mappers and for ReadLegacyParam: the files' trees, the placed tensors.
+struct LegacyState {
+  std::vector<Rank> ranks;
+  Model model;
+};
+
+void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& options, LegacyState& st) {
+  std::vector<Rank>& ranks = st.ranks;
   for (const RankFolder& folder : F.ranks) {
     Rank r;
     r.folder = folder;
@@ -449,6 +466,17 @@ void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& op
       throw Error(where + ": its args give TP=" + std::to_string(Int(a, "tensor_model_parallel_size", 1)) + ", PP=" +
                   std::to_string(Int(a, "pipeline_model_parallel_size", 1)) + ", " + first + "'s TP=" + std::to_string(grid.tp) + ", PP=" +
                   std::to_string(grid.pp) + ": files of different jobs");
+    // The process that wrote it, where the args are a launched job's (world_size = TP x PP x DP): DP rank 0
+    // of this (tp, pp), global rank tp + TP x DP x pp in Megatron's default order (tp + TP x pp with
+    // --use-tp-pp-dp-mapping). Another rank's file here is a swap every CRC-32 passes.
+    const int64_t rank = Int(a, "rank", -1), world = Int(a, "world_size", -1), dp = Int(a, "data_parallel_size", -1);
+    if (rank >= 0 && dp >= 1 && Int(a, "context_parallel_size", 1) == 1 && world == int64_t{grid.tp} * grid.pp * dp) {
+      const int64_t writer = Flag(a, "use_tp_pp_dp_mapping") ? r.tp + int64_t{grid.tp} * r.pp : r.tp + int64_t{grid.tp} * dp * r.pp;
+      if (rank != writer)
+        throw Error(where + ": written by global rank " + std::to_string(rank) + " (its args), where the rank writing tp=" + std::to_string(r.tp) +
+                    ", pp=" + std::to_string(r.pp) + " is " + std::to_string(writer) + ": rank files swapped or renamed (put back the "
+                    "files the save wrote)");
+    }
     auto it = r.model.root->Get("iteration");
     const int64_t i = it && it->kind == Value::Kind::Int ? it->i : -1;
     if (F.iteration >= 0 && i != F.iteration)
@@ -466,7 +494,8 @@ void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& op
                     std::to_string(grid.tp) + ", PP=" + std::to_string(grid.pp) + "): its model_optim_rng.pt is missing");
   std::sort(ranks.begin(), ranks.end(), [](const Rank& a, const Rank& b) { return std::make_pair(a.pp, a.tp) < std::make_pair(b.pp, b.tp); });
   L.iteration = std::max<int64_t>(iteration, 0);
-  const Model M = PlaceModel(L, ranks, grid, Flag(args, "swiglu"));
+  st.model = PlaceModel(L, ranks, grid, Flag(args, "swiglu"));
+  const Model& M = st.model;
   for (const Item& item : M.items) {
     source::ParamRecord rec;
     rec.name = item.fqn, rec.group = 0, rec.tp_shape[0] = item.size, rec.stages.insert(0);
@@ -477,11 +506,26 @@ void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& op
     L.dtype = d == pt::DType::BF16 ? "bf16" : d == pt::DType::F16 ? "fp16" : "fp32";
   }
 
-  // The optimizer: the distributed one's (distrib_optim.pt), or torch's state by position.
+  // The optimizer: the distributed one's (distrib_optim.pt), or torch's state by position; none in a
+  // weights-only save (--no-save-optim), read as a model (ReadLegacyParam).
   auto optimizer = ranks[0].model.root->Get("optimizer");
-  if (!optimizer || optimizer->kind != Value::Kind::Dict)
-    throw Error(first + ": no optimizer state (saved with --no-save-optim: model weights only), which ucp-convert needs: it makes an "
-                "atomic checkpoint of fp32 weights with Adam's exp_avg / exp_avg_sq");
+  for (const Rank& r : ranks)
+    if (!r.model.root->Get("optimizer") != !optimizer)
+      throw Error(L.dir + "/" + L.files[r.model_file].name + (optimizer ? " holds no optimizer state, " : " holds optimizer state, ") + first +
+                  (optimizer ? " does" : " none") + ": rank files of different saves");
+  if (!optimizer) {
+    L.optimizer = "none";
+    L.model_states = Value::Make(Value::Kind::Dict);
+    pt::SetItem(*L.model_states, "args", L.args ? L.args : Value::None());
+    pt::SetItem(*L.model_states, "iteration", Value::Int(L.iteration));
+    if (auto v = ranks[0].model.root->Get("checkpoint_version")) pt::SetItem(*L.model_states, "checkpoint_version", v);
+    source::TakeMegatronArgs(args, L);
+    L.notes.push_back("Megatron-LM legacy checkpoint (--ckpt-format torch), " + F.tag + ": " + source::MegatronLayout(args) + " by its args, " +
+                      std::to_string(ranks.size()) + " rank folder" + (ranks.size() == 1 ? "" : "s") + "; model weights only (saved without "
+                      "optimizer state, --no-save-optim): ucp-convert makes a weights-only atomic checkpoint of them, as of a Hugging Face model");
+    return;
+  }
+  if (optimizer->kind != Value::Kind::Dict) throw Error(first + ": 'optimizer' is a " + optimizer->TypeName() + ", not a state dict");
   std::string form;
   pt::ValuePtr groups;
   Steps steps;
@@ -528,9 +572,8 @@ void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& op
   pt::SetItem(*L.args_state, "iteration", Value::Int(L.iteration));
   if (auto v = ranks[0].model.root->Get("checkpoint_version")) pt::SetItem(*L.args_state, "checkpoint_version", v);
 
-  const int64_t dp = Int(args, "data_parallel_size", -1);
-  L.notes.push_back("Megatron-LM legacy checkpoint (--ckpt-format torch), " + F.tag + ": TP=" + std::to_string(grid.tp) + ", PP=" +
-                    std::to_string(grid.pp) + (dp > 0 ? ", DP=" + std::to_string(dp) : "") + " by its args, " + std::to_string(ranks.size()) +
+  L.notes.push_back("Megatron-LM legacy checkpoint (--ckpt-format torch), " + F.tag + ": " + source::MegatronLayout(args) + " by its args, " +
+                    std::to_string(ranks.size()) +
                     " rank folder" + (ranks.size() == 1 ? "" : "s") + "; optimizer: " + form);
   L.notes.push_back("Megatron-LM itself loads this form only at the TP and PP it was saved with (its tools/checkpoint converter "
                     "moves the weights alone); ucp-convert reads every parameter's whole state from it, each tensor placed as "
@@ -554,14 +597,54 @@ SourceIndex IndexLegacy(const std::string& dir, const source::IndexOptions& opti
   L.optimizer = "torch";
   L.naming = "plain";
   L.on_grid = false;
-  auto ranks = std::make_shared<std::vector<Rank>>();
+  auto state = std::make_shared<LegacyState>();
   try {
-    Index(L, F, options, *ranks);
+    Index(L, F, options, *state);
   } catch (const std::exception& e) {
     L.errors.push_back(e.what());
   }
-  L.keep_alive = ranks;
+  L.keep_alive = state;
   return L;
+}
+
+bool LegacyWeightsOnly(const std::string& dir) {
+  try {
+    const LegacyFolder F = FindLegacy(dir);
+    return !pt::ReadTorchFile(F.iter_dir + "/" + F.ranks.at(0).name + "/model_optim_rng.pt").root->Get("optimizer");
+  } catch (const std::exception&) {
+    return false;  // the index says what is wrong
+  }
+}
+
+void ReadLegacyParam(const SourceIndex& L, int param, float* dst) {
+  const auto& st = *static_cast<const LegacyState*>(L.keep_alive.get());
+  const Item& item = st.model.items.at(param);
+  for (const Local& x : st.model.locals) {
+    if (!x.source || x.d.key != item.fqn) continue;
+    const Rank& r = st.ranks[x.rank];
+    const std::string record = r.model.prefix + "data/" + x.tensor.storage->key;
+    const pt::ZipEntry* entry = r.model.archive->Find(record);
+    if (!entry) throw Error(L.dir + "/" + L.files[r.model_file].name + ": no record " + record + " for '" + x.name + "'");
+    r.model.archive->VerifyCrc(*entry);  // every byte read checked
+    std::vector<float> local(x.tensor.numel());
+    const uint8_t* bytes = x.tensor.data();
+    for (size_t i = 0; i < local.size(); ++i) {
+      if (x.tensor.dtype == pt::DType::F32) {
+        std::memcpy(&local[i], bytes + 4 * i, 4);
+      } else {
+        uint16_t half;
+        std::memcpy(&half, bytes + 2 * i, 2);
+        local[i] = x.tensor.dtype == pt::DType::BF16 ? pt::Bf16ToFp32(half) : pt::Fp16ToFp32(half);
+      }
+    }
+    int64_t base = 0;
+    for (const Chunk& box : x.boxes) {
+      dcp::ForEachRun(item.size, box, [&](int64_t src, int64_t dst_at, int64_t n) {
+        std::memcpy(dst + dst_at, local.data() + base + src, 4 * static_cast<size_t>(n));
+      });
+      base += pt::Numel(box.sizes);
+    }
+  }
 }
 
 }  // namespace ucp::formats::megatron

@@ -29,4 +29,11 @@ namespace ucp::formats::megatron {
 // errors / problems / notes.
 source::SourceIndex IndexLegacy(const std::string& dir, const source::IndexOptions& options = {});
 
+// A weights-only save (--no-save-optim: no 'optimizer' in the rank files), which ucp-convert reads as a
+// model (formats/driver.h: SourceDriver::weights_only); false for anything else, or unreadable.
+bool LegacyWeightsOnly(const std::string& dir);
+// Such a save's parameter `param` (IndexLegacy's order) whole, as fp32 (bf16 / fp16 widened exactly),
+// each rank's part placed, every record read checked against its CRC-32.
+void ReadLegacyParam(const source::SourceIndex& L, int param, float* dst);
+
 }  // namespace ucp::formats::megatron
