@@ -27,7 +27,7 @@ int64_t ExportPlan::tensor_bytes() const {
 
 void RowSource::ReadRows(const ExportTensor& t, int64_t a, int64_t b, int64_t per_row, float* dst, int64_t c0, int64_t c1) {
   ForEachAtomRun(t, a, b, [&](int64_t row, int64_t n) {
-    Read(t.atom, t.layer, t.state, row, row + n, c0, c1, dst);
+    Read(t.atom, t.layer, t.expert, t.state, row, row + n, c0, c1, dst);
     dst += n * per_row;
   });
 }

@@ -27,6 +27,9 @@ struct ExportTensor {
   // >= 0: the atomic tensor stacks the layers on its leading axis (Megatron-Core's decoder.layers.*),
   // and the rows are those of this layer (the atomic tensor's dimension 1).
   int64_t layer = -1;
+  // >= 0 (with `layer`): the atomic tensor stacks experts after the layers (Megatron-Core's
+  // decoder.layers.mlp.experts.experts.*, [layers, experts, rows, ...]): the rows are this expert's (dimension 2).
+  int64_t expert = -1;
   // > 0: the rows are taken `block` at a time, `stride` apart, from row_begin up to row_end (one
   // query group's share of a fused QKV after another's): target row r is atomic row
   // row_begin + (r / block) * stride + r % block. 0: rows [row_begin, row_end) in order.
@@ -127,11 +130,12 @@ struct ExportOptions {
 
 // Where a whole-tensor writer takes its values: rows [a, b) of atomic tensor `atom`'s state `state`
 // (ExportTensor::state; 0 the fp32 weights) of its layer `layer` where it stacks layers
-// (ExportTensor::layer; else -1), columns [c0, c1) of each (c1 < 0: all of them).
+// (ExportTensor::layer; else -1) and of its expert `expert` where it stacks experts after the layers
+// (ExportTensor::expert; else -1), columns [c0, c1) of each (c1 < 0: all of them).
 class RowSource {
  public:
   virtual ~RowSource() = default;
-  virtual void Read(int atom, int64_t layer, int state, int64_t a, int64_t b, int64_t c0, int64_t c1, float* dst) = 0;
+  virtual void Read(int atom, int64_t layer, int64_t expert, int state, int64_t a, int64_t b, int64_t c0, int64_t c1, float* dst) = 0;
   // Target rows [a, b) of `t` (ForEachAtomRun), `per_row` values each, into dst; or of each row only
   // columns [c0, c1) (a DCP chunk of a column-sharded tensor), per_row then being c1 - c0.
   void ReadRows(const ExportTensor& t, int64_t a, int64_t b, int64_t per_row, float* dst, int64_t c0 = 0, int64_t c1 = -1);

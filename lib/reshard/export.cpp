@@ -33,11 +33,12 @@ constexpr const char* kTool = "ucp-reshard";
 class StoreRows final : public RowSource {
  public:
   explicit StoreRows(const Source& S) : S_(S) {}
-  void Read(int atom, int64_t layer, int state, int64_t a, int64_t b, int64_t c0, int64_t c1, float* dst) override {
+  void Read(int atom, int64_t layer, int64_t expert, int state, int64_t a, int64_t b, int64_t c0, int64_t c1, float* dst) override {
     const Atom& at = S_.atoms.at(atom);
     std::vector<int64_t> start(at.shape.size(), 0), count = at.shape;
-    const size_t d = layer >= 0 ? 1 : 0;  // the rows' dimension
+    const size_t d = layer < 0 ? 0 : expert < 0 ? 1 : 2;  // the rows' dimension
     if (layer >= 0) start.at(0) = layer, count.at(0) = 1;
+    if (layer >= 0 && expert >= 0) start.at(1) = expert, count.at(1) = 1;
     if (count.size() > d) start[d] = a, count[d] = b - a;
     if (c1 >= 0 && count.size() > d + 1) start[d + 1] = c0, count[d + 1] = c1 - c0;
     S_.reader->ReadSlab(at.name, static_cast<plan::State>(state), start, count, dst);
@@ -47,10 +48,10 @@ class StoreRows final : public RowSource {
   const Source& S_;
 };
 
-// " (fp32 -> bf16, as --dtype asks)" where the export's dtype is not the source job's.
+// " (fp32 -> bf16)" where the export's dtype is not the source job's (--dtype, or a target of one precision).
 std::string PrecisionChange(const Source& S, const ExportPlan& P) {
   const std::string from = P.job_dtype.empty() ? S.manifest["source"].value("dtype", "") : P.job_dtype;
-  return from.empty() || from == P.dtype ? "" : " (" + from + " -> " + P.dtype + ", as --dtype asks)";
+  return from.empty() || from == P.dtype ? "" : " (" + from + " -> " + P.dtype + ")";
 }
 
 }  // namespace

@@ -202,11 +202,58 @@ for case, folder in (("gpt_tp2", "checkpoint"), ("gpt_tp2_tied", "checkpoint"), 
               f"unexpected or mismatched keys, its logits Megatron-Core's within 1e-5 ({seen and seen.get('max_abs_diff')})",
               seen is not None and seen.get("class") == "GPT2LMHeadModel" and seen.get("loading_problems") is None and
               seen.get("max_abs_diff", 1) <= 1e-5, str(seen)[:1500])
-atomic = os.path.join(WORK, "moe_ep2", "atomic")
-r = run("ucp-convert", [os.path.join(CASES, "moe_ep2", "checkpoint"), "-o", atomic, "-q"])
-check("moe_ep2: convert", r.returncode == 0, r.stderr[-800:])
-out = os.path.join(WORK, "moe_ep2", "hf")
-r = run("ucp-reshard", [atomic, "-o", out, "--format", "hf"])
-check("moe_ep2: refused as Mixture of Experts, nothing written", r.returncode != 0 and "Mixture of Experts" in r.stderr and
-      not os.path.exists(out), r.stderr[-600:])
+def expected_mixtral(ref, args):
+    """MixtralForCausalLM's tensors from reference.pt: the Llama attention and norms, each layer's router as its
+    gate, expert E's stacked linear_fc1 [gate; up] as w1 and w3, its linear_fc2 as w2."""
+    out = {k: v for k, v in expected({**ref, "decoder.layers.mlp.linear_fc1.weight": ref["decoder.layers.mlp.experts.experts.linear_fc1.weight"][:, 0],
+                                      "decoder.layers.mlp.linear_fc2.weight": ref["decoder.layers.mlp.experts.experts.linear_fc2.weight"][:, 0]},
+                                     args).items() if ".mlp." not in k}
+    L = "decoder.layers."
+    for i in range(ref[L + "mlp.router.weight"].shape[0]):
+        h = f"model.layers.{i}.block_sparse_moe."
+        out[h + "gate.weight"] = ref[L + "mlp.router.weight"][i]
+        for e in range(ref[L + "mlp.router.weight"].shape[1]):
+            w1, w3 = ref[L + "mlp.experts.experts.linear_fc1.weight"][i, e].chunk(2)
+            out[h + f"experts.{e}.w1.weight"], out[h + f"experts.{e}.w3.weight"] = w1, w3
+            out[h + f"experts.{e}.w2.weight"] = ref[L + "mlp.experts.experts.linear_fc2.weight"][i, e]
+    return out
+
+
+# Megatron-Core Mixture-of-Experts models (SequentialMLP experts, softmax top-2 router): MixtralForCausalLM.
+# moe_tp2_ep2_logits recorded Megatron's own logits; transformers' reading of the same bytes is in
+# transformers_readers.json (scripts/mcore_real_readers.py).
+for case in ("moe_ep2", "moe_tp2_ep2_logits"):
+    atomic = os.path.join(WORK, case, "atomic")
+    r = run("ucp-convert", [os.path.join(CASES, case, "checkpoint"), "-o", atomic, "-q"], ranks=2)
+    check(f"{case}: convert", r.returncode == 0, r.stderr[-800:])
+    ref = torch.load(os.path.join(CASES, case, "reference.pt"), map_location="cpu")
+    want = expected_mixtral({k: v for k, v in ref.items() if not k.startswith("optimizer.")}, ARGS)
+    out = os.path.join(WORK, case, "hf")
+    r = run("ucp-reshard", [atomic, "-o", out, "--format", "hf"], ranks=2)
+    check(f"{case}: MixtralForCausalLM export, no --model-config", r.returncode == 0, r.stderr[-1200:])
+    if r.returncode != 0:
+        continue
+    got = read_safetensors(os.path.join(out, FILES[1]))
+    bad = sorted(k for k in want if k not in got or not torch.equal(got[k], want[k]))
+    config = json.load(open(os.path.join(out, "config.json")))
+    check(f"{case}: every tensor is reference.pt's under Mixtral's names (router as gate, experts' [gate; up] as w1, w3)",
+          not bad and sorted(got) == sorted(want) and config["architectures"] == ["MixtralForCausalLM"] and
+          config["num_local_experts"] == ref["decoder.layers.mlp.router.weight"].shape[1] and config["num_experts_per_tok"] == 2,
+          f"differ: {bad[:5]}; names {sorted(set(got) ^ set(want))[:5]}; {config.get('architectures')}")
+    seen = readers["cases"].get(case)
+    if case == "moe_tp2_ep2_logits":
+        written = {f: hashlib.sha256(open(os.path.join(out, f), "rb").read()).hexdigest() for f in sorted(os.listdir(out)) if not f.startswith(".")}
+        check(f"{case}: transformers {seen and seen.get('transformers')} loaded the bytes written here as MixtralForCausalLM with no "
+              f"missing, unexpected or mismatched keys, its logits Megatron-Core's within 1e-5 ({seen and seen.get('max_abs_diff')})",
+              seen is not None and seen.get("files") == written and seen.get("class") == "MixtralForCausalLM" and
+              seen.get("loading_problems") is None and seen.get("max_abs_diff", 1) <= 1e-5, str(seen)[:1500])
+# A router Mixtral does not compute is refused by name: pre-softmax, in the args.
+routed = os.path.join(WORK, "moe_pre_softmax")
+shutil.copytree(os.path.join(CASES, "moe_tp2_ep2_logits", "checkpoint"), os.path.join(routed, "ckpt"))
+set_flag_in_args(os.path.join(routed, "ckpt", "common.pt"), "moe_router_pre_softmax")
+r = run("ucp-convert", [os.path.join(routed, "ckpt"), "-o", os.path.join(routed, "atomic"), "-q"])
+r = run("ucp-reshard", [os.path.join(routed, "atomic"), "-o", os.path.join(routed, "hf"), "--format", "hf"]) if r.returncode == 0 else r
+check("moe with moe_router_pre_softmax: the export is refused naming it, nothing written", r.returncode != 0 and
+      "moe_router_pre_softmax" in r.stderr and not os.path.exists(os.path.join(routed, "hf")), r.stderr[-600:])
+
 finish("hf_mcore")

@@ -1,6 +1,7 @@
 #include "formats/hf/model.h"
 #include "formats/hf/facts.h"
 #include "formats/hf/mixtral.h"
+#include "formats/hf/mixtral_mcore.h"
 
 #include <algorithm>
 #include <map>
@@ -213,16 +214,19 @@ void RefuseUnlessLlama(const ModelView& v, const reshard::ExportOptions& o, std:
       {"layernorm_zero_centered_gamma", "norm weights stored as an offset from 1"},
       {"qk_layernorm", "query and key norms"},
       {"multi_latent_attention", "multi-latent attention"},
-      {"num_moe_experts", "Mixture of Experts"},
       {"mtp_num_layers", "multi-token prediction layers"},
   };
+  const bool mcore_moe = McoreMoe(v);  // Megatron-Core's MoE layers: MixtralForCausalLM, if the router computes Mixtral's
+  if (mcore_moe) McoreMixtralDifferences(v, differs);
+  else if (const Value* a = v.arg ? v.arg("num_moe_experts") : nullptr; a && a->kind == Value::Kind::Int && a->i > 0)
+    differs.push_back("num_moe_experts set in the checkpoint's args (Mixture of Experts)");
   for (const auto& [key, meaning] : kChanges)
     if (const Value* a = v.arg ? v.arg(key) : nullptr;
         a && a->kind != Value::Kind::None && !(a->kind == Value::Kind::Bool && !a->b) && !(a->kind == Value::Kind::Int && a->i == 0))
       differs.push_back(std::string(key) + " set in the checkpoint's args (" + meaning + ")");
-  if (const Value* n = v.arg ? v.arg("num_experts") : nullptr; n && n->kind == Value::Kind::Int && n->i > 1)  // Megatron-LM's
+  if (const Value* n = v.arg ? v.arg("num_experts") : nullptr; !mcore_moe && n && n->kind == Value::Kind::Int && n->i > 1)  // Megatron-LM's
     differs.push_back("num_experts " + std::to_string(n->i) + " in the checkpoint's args (Mixture of Experts; the Mixtral "
-                      "layout is not written yet)");  // (Megatron-DeepSpeed's is a list per layer, [1] when dense)
+                      "layout is written from Megatron-Core's stacked router and experts, which these parameters are not)");  // (Megatron-DeepSpeed's is a list per layer, [1] when dense)
   for (const auto& [key, plain] : {std::pair<const char*, const char*>{"rope_type", "rope"}, {"softmax_type", "vanilla"}})
     if (const Value* a = v.arg ? v.arg(key) : nullptr; a && a->kind == Value::Kind::Str && a->s != plain)
       differs.push_back(std::string(key) + " '" + a->s + "' in the checkpoint's args (LlamaForCausalLM: " + plain + ")");
@@ -234,7 +238,7 @@ void RefuseUnlessLlama(const ModelView& v, const reshard::ExportOptions& o, std:
   const std::string next = " ucp-convert's atomic checkpoint holds its fp32 weights, one file per parameter (zero/<name>/fp32.pt).";
   const std::string all = JoinNames(differs, "; ");
   throw Error(dir + ": not a model transformers has a class for: " + all + ". ucp-reshard --format hf writes "
-              "LlamaForCausalLM (RMSNorm, rotary, SwiGLU; MixtralForCausalLM with every MLP a top-2 DeepSpeed MoE) and, for models with learned positions, GPT2LMHeadModel; it "
+              "LlamaForCausalLM (RMSNorm, rotary, SwiGLU; MixtralForCausalLM with every MLP a top-2 DeepSpeed MoE or a Megatron-Core MoE) and, for models with learned positions, GPT2LMHeadModel; it "
               "does not guess another architecture." + next);
 }
 
@@ -252,6 +256,7 @@ LlamaFacts LlamaFactsOf(const reshard::Source& S, const reshard::ExportOptions& 
   }
   LlamaFacts m = SizesOf(r, w);
   if (view.moe) MoeSizesOf(view, f, m);
+  else if (McoreMoe(view)) McoreMoeSizesOf(view, m);
   // Megatron-DeepSpeed's defaults stand where its args leave a value out (releases without the key);
   // a checkpoint without args at all could be any model: asked for.
   const bool has_args = reshard::ArgOf(S, "num_layers") != nullptr;

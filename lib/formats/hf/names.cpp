@@ -11,6 +11,10 @@ using reshard::ExportTensor;
 
 namespace {
 
+// Megatron-Core's stacked experts (SequentialMLP's torch_dist keys, after decoder.layers.): [gate; up] and down.
+constexpr const char* kMcoreExpertsUp = "mlp.experts.experts.linear_fc1.weight";
+constexpr const char* kMcoreExpertsDown = "mlp.experts.experts.linear_fc2.weight";
+
 // A parameter's place in the model: the embedding, a layer's key, the final norm or the output layer.
 struct Slot {
   enum Kind { Embedding, Layer, Stacked, Norm, Output } kind;  // Stacked: every layer's, on the leading axis
@@ -109,6 +113,8 @@ const std::map<std::string, Renamed>& RenamedKeys() {
         {"self_attention.linear_proj.bias", {"self_attn.o_proj.bias"}},
         {"mlp.linear_fc2.weight", {"mlp.down_proj.weight"}},
         {"mlp.linear_fc2.bias", {"mlp.down_proj.bias"}},
+        // Megatron-Core MoE's router (Mixtral's gate; its experts: PlaceExperts)
+        {"mlp.router.weight", {"block_sparse_moe.gate.weight"}},
     };
     for (const auto& [key, renamed] : TitanKeys()) k.emplace(key, renamed);  // torchtitan's
     return k;
@@ -266,6 +272,9 @@ class Placement {
   void PlaceLayer(const reshard::Atom& a, int atom, int64_t layer, int64_t stacked, const std::string& key,
                   const std::vector<int64_t>& shape);
   void PlaceFused(const reshard::Atom& a, const Cut& cut, const std::vector<int64_t>& shape, int64_t cols, const InLayer& in);
+  // Megatron-Core's experts of one layer, stacked after it ([experts, rows, cols] per layer): each
+  // expert's linear_fc1 [gate; up] as Mixtral's w1 and w3, its linear_fc2 as w2.
+  void PlaceExperts(const reshard::Atom& a, const std::string& key, const std::vector<int64_t>& shape, const InLayer& in);
 
   std::string dir_;
   const LlamaFacts& m_;
@@ -324,6 +333,8 @@ void Placement::PlaceEnd(const reshard::Atom& a, int atom, Slot::Kind kind) {
 
 void Placement::PlaceLayer(const reshard::Atom& a, int atom, int64_t layer, int64_t stacked, const std::string& key,
                            const std::vector<int64_t>& shape) {
+  if (stacked >= 0 && (key == kMcoreExpertsUp || key == kMcoreExpertsDown))
+    return PlaceExperts(a, key, shape, InLayer{"model.layers." + std::to_string(layer) + ".", atom, stacked});
   const auto cut = CutOf(key, m_);
   if (!cut) throw Refuse(a.name, "'" + key + "' is no part of a LlamaForCausalLM layer");
   if (shape.empty()) throw Refuse(a.name, "shape [] (a scalar), but every tensor of a layer has rows");
@@ -361,6 +372,28 @@ void Placement::PlaceFused(const reshard::Atom& a, const Cut& cut, const std::ve
     t.block = cut.blocks[k], t.stride = cut.group_rows;
     Add(a.name, std::move(t));
     at += cut.blocks[k];
+  }
+}
+
+void Placement::PlaceExperts(const reshard::Atom& a, const std::string& key, const std::vector<int64_t>& shape, const InLayer& in) {
+  const bool up = key == kMcoreExpertsUp;
+  const std::vector<int64_t> want = up ? std::vector<int64_t>{m_.experts, 2 * m_.ffn, m_.hidden} : std::vector<int64_t>{m_.experts, m_.hidden, m_.ffn};
+  if (m_.experts <= 0 || shape != want)
+    throw Refuse(a.name, "shape " + pt::ShapeString(shape) + " per layer, but " + std::to_string(m_.experts) + " experts of FFN " +
+                             std::to_string(m_.ffn) + " and hidden " + std::to_string(m_.hidden) + " give " + pt::ShapeString(want));
+  for (int64_t e = 0; e < m_.experts; ++e) {
+    const std::string prefix = "block_sparse_moe.experts." + std::to_string(e) + ".";
+    auto expert = [&](const char* w, int64_t begin, int64_t end, std::vector<int64_t> s) {
+      ExportTensor t = in.Tensor(prefix + w, begin, end, std::move(s));
+      t.expert = e;
+      Add(a.name, std::move(t));
+    };
+    if (up) {
+      expert("w1.weight", 0, m_.ffn, {m_.ffn, m_.hidden});
+      expert("w3.weight", m_.ffn, 2 * m_.ffn, {m_.ffn, m_.hidden});
+    } else {
+      expert("w2.weight", 0, m_.hidden, {m_.hidden, m_.ffn});
+    }
   }
 }
 

@@ -50,7 +50,14 @@ GPTModel's arguments as gpt_builders.gpt_builder gives them (gpt_model); those a
 So the model computes what its args say: bias_gelu_fusion (Megatron-LM's default with biases) makes
 bias_activation_fusion, the MLP's bias_gelu_impl, GeLU's tanh approximation. train.log says the config,
 the args and the activation measured in layer 0's MLP (describe), and how far exact GeLU's logits would be.
-The Llama-style and MoE cases keep a hand-written TransformerConfig (config) beside unvalidated args.
+The Llama-style and MoE cases keep a hand-written TransformerConfig (config) beside unvalidated args, but
+moe_tp2_ep2_logits: moe_ep2's block (4 experts, top-2 softmax router, SequentialMLP, allgather dispatcher) built
+from its args as the GPT cases are (FROM_ARGS), TP=2 x EP=2 (4 processes; expert TP 2, expert DP 1, dense DP 2),
+2 layers, ffn 40 per expert, init std 0.2, FP32Optimizer, checkpoint/ and legacy/ (its LEGACY LOAD CHECK) and
+megatron_logits.json (the config's router settings beside ids and logits; mixtral_check.py compares transformers'
+MixtralForCausalLM with them). Megatron-Core refuses to train its MoE layer at TP > 1 without sequence
+parallelism, which the local spec's torch RMSNorm refuses: its gradients are seeded (equal on a parameter's
+replicas); the logits are an eval-mode forward (the refusal is for training only).
 The flattened fully_sharded_model_space form cannot be saved by 0.17.1 itself ("ShardedTensor.
 flattened_range is not supported"): only older releases wrote it.
 
@@ -87,10 +94,14 @@ ONLY_DP = "dp_reshardable" in CASE  # the old case: the dp_reshardable form only
 FORM = "dp_reshardable" if ONLY_DP else "fully_reshardable"  # checkpoint/'s form
 BOTH = DISTOPT and not ONLY_DP  # both forms of the same state, buckets.json, the load check
 GPT = CASE.startswith("gpt")  # built as Megatron-LM builds it: the config from the parsed and validated args
+# moe_tp2_ep2_logits: moe_ep2's Llama-style MoE block built from its args as the GPT cases are (FROM_ARGS), at
+# TP=2 x EP=2 (4 processes: expert TP = TP = 2, expert DP 1, dense DP 2), with the legacy form and its logits
+MOE_ARGS = CASE == "moe_tp2_ep2_logits"
+FROM_ARGS = GPT or MOE_ARGS
 TIED = CASE.endswith("_tied")  # gpt_tp2_tied: the output layer is the word embedding (no --untie-embeddings-and-output-weights)
 # The legacy form beside: the Llama distributed-optimizer cases, and llama_tp2_legacy (an FP32Optimizer
 # at TP=2 like llama_tp2, smaller; llama_tp2 itself is not regenerated: a rerun here changes its low bits).
-LEGACY = ((BOTH and not GPT) or CASE.endswith("_legacy")) and not BENCH
+LEGACY = ((BOTH and not GPT) or CASE.endswith("_legacy") or MOE_ARGS) and not BENCH
 BF16 = (DISTOPT and not CASE.endswith("fp32") and not BUCKETS) or FLOAT16
 TP = 2 if "tp2" in CASE else 1
 PP = 2 if "pp2" in CASE else 1
@@ -105,6 +116,9 @@ if BENCH:  # the benchmark's sizes: 86 M parameters by default, a checkpoint_dp_
     LAYERS, HEADS, GROUPS, OVERLAP = env("LAYERS", 4), env("HEADS", 16), env("GROUPS", 4), True
 elif BOTH and GPT:  # no weight a multiple of 64 elements: padding between parameters; buckets of >= 4000 elements
     HIDDEN, FFN, VOCAB, BUCKET = 28, 56, 100, 4000
+elif MOE_ARGS:  # 2 layers of 4 experts, ffn 40 per expert: the folder (checkpoint/, legacy/, reference.pt) under
+    # 2.5 MB (2.60 MB with ffn 48)
+    HIDDEN, FFN, VOCAB, BUCKET, LAYERS = 32, 40, 64, None, 2
 elif FLOAT16:  # the GPT block at TP=2 x PP=2: 4 heads (2 per TP rank), 2 layers per stage
     HIDDEN, FFN, VOCAB, BUCKET = 32, 64, 64, None
 elif BOTH or LEGACY:
@@ -166,7 +180,7 @@ def megatron_args(fully_reshardable=True, legacy=False):
                 "--pipeline-model-parallel-size", str(PP), "--hidden-dropout", "0", "--attention-dropout", "0"]
     if not TIED:
         sys.argv += ["--untie-embeddings-and-output-weights"]
-    if GPT:  # what a CPU run of pretrain_gpt.py without Apex or Transformer Engine needs (the local spec, no
+    if FROM_ARGS:  # what a CPU run of pretrain_gpt.py without Apex or Transformer Engine needs (the local spec, no
         # fused wgrad kernel, no persistent LayerNorm kernel: torch's LayerNorm, weights made on the CPU) and the
         # vocabulary Megatron-LM's mock-data setup gives: a NullTokenizer of VOCAB - 1 ids plus its
         # end-of-document id, padded to a multiple of make_vocab_size_divisible_by x TP = VOCAB
@@ -174,7 +188,7 @@ def megatron_args(fully_reshardable=True, legacy=False):
                      "--use-cpu-initialization",
                      "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB - 1),
                      "--make-vocab-size-divisible-by", str(VOCAB // TP)]
-        if not DISTOPT:  # gpt_tp2, gpt_tp2_tied: 10 x Megatron's default std, so that the MLP's inputs reach where
+        if not DISTOPT:  # gpt_tp2, gpt_tp2_tied (and moe_tp2_ep2_logits: router logits far from uniform): 10 x Megatron's default std, so that the MLP's inputs reach where
             # exact and tanh GeLU part: their logits would be ~1e-3 apart (~1e-6 at 0.02), megatron_logits.json tells them apart
             sys.argv += ["--init-method-std", "0.2"]
     if DISTOPT:
@@ -190,8 +204,16 @@ def megatron_args(fully_reshardable=True, legacy=False):
     if FLOAT16:  # validate_args then sets accumulate_allreduce_grads_in_fp32 (DDP's grad_reduce_in_fp32)
         sys.argv += ["--bf16"]
     if legacy:  # the GPT cases' validate_args wants a --save-interval with --save
-        sys.argv += ["--save", LEGACY_DIR] + (["--save-interval", str(STEPS)] if GPT else [])
-    if CASE.startswith("moe"):
+        sys.argv += ["--save", LEGACY_DIR] + (["--save-interval", str(STEPS)] if FROM_ARGS else [])
+    if MOE_ARGS:  # the plain router of Hugging Face's Mixtral: softmax over the top-2 logits, every token to
+        # its top-2 experts (no capacity factor, no token dropping), no pre-softmax, no scaling, no expert bias,
+        # no shared experts; SequentialMLP experts (no --moe-grouped-gemm); the aux loss as Megatron-LM's Mixtral
+        # recipe (it changes no forward; never computed here: seeded gradients, logits in eval mode)
+        sys.argv += ["--num-experts", "4", "--moe-router-topk", "2", "--moe-router-score-function", "softmax",
+                     "--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "1e-2",
+                     "--moe-token-dispatcher-type", "allgather", "--expert-model-parallel-size", str(EP),
+                     "--no-rope-fusion"]  # rotary's fused kernel needs Transformer Engine ("apply_rope_fusion is not available")
+    elif CASE.startswith("moe"):
         sys.argv += ["--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0",
                      "--expert-model-parallel-size", str(EP)]
     if GPT and FFN is not None:
@@ -200,7 +222,7 @@ def megatron_args(fully_reshardable=True, legacy=False):
         sys.argv += ["--group-query-attention", "--num-query-groups", str(GROUPS), "--swiglu", "--normalization", "RMSNorm",
                      "--ffn-hidden-size", str(FFN), "--disable-bias-linear", "--position-embedding-type", "rope"]
     from megatron.training.arguments import parse_args
-    return gpt_args(parse_args()) if GPT else parse_args()
+    return gpt_args(parse_args()) if FROM_ARGS else parse_args()
 
 
 def gpt_args(args):
@@ -258,7 +280,7 @@ def build(seed):
     from megatron.core.optimizer.optimizer import FP32Optimizer
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     torch.manual_seed(seed)
-    if GPT:
+    if FROM_ARGS:
         model, cfg, _ = gpt_model()
     else:
         cfg, pos = config()
@@ -618,9 +640,51 @@ def describe(model, args):
     return computed
 
 
+MOE_FIELDS = ("num_moe_experts", "moe_router_topk", "moe_router_score_function", "moe_router_pre_softmax",
+              "moe_router_topk_scaling_factor", "moe_router_load_balancing_type", "moe_aux_loss_coeff",
+              "moe_token_dispatcher_type", "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
+              "moe_token_drop_policy", "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
+              "moe_router_dtype", "moe_shared_expert_intermediate_size", "moe_ffn_hidden_size", "moe_grouped_gemm",
+              "moe_input_jitter_eps", "moe_z_loss_coeff", "moe_router_bias_update_rate", "expert_model_parallel_size",
+              "expert_tensor_parallel_size", "tensor_model_parallel_size", "sequence_parallel", "gated_linear_unit",
+              "add_bias_linear", "normalization", "layernorm_epsilon", "rotary_interleaved", "hidden_size", "ffn_hidden_size",
+              "num_attention_heads", "num_query_groups", "kv_channels", "num_layers", "bias_activation_fusion",
+              "init_method_std")
+
+
+def moe_settings(model):
+    """moe_tp2_ep2_logits: the built model's config (core_transformer_config_from_args) as megatron_logits.json records it."""
+    cfg = model.config
+    out = {k: getattr(cfg, k) for k in MOE_FIELDS}
+    out["activation_func"] = cfg.activation_func.__qualname__
+    out.update(vocab_size=model.vocab_size, max_sequence_length=model.max_sequence_length, rotary_base=model.rotary_base,
+               rotary_percent=model.rotary_percent,
+               position_embedding_type=model.position_embedding_type,
+               share_embeddings_and_output_weights=model.share_embeddings_and_output_weights,
+               experts_class=type(model.decoder.layers[0].mlp.experts).__name__,
+               token_dispatcher_class=type(model.decoder.layers[0].mlp.token_dispatcher).__name__)
+    return json.loads(json.dumps(out, default=str))
+
+
+def describe_moe(model, args):
+    """train.log for moe_tp2_ep2_logits: the config the model was built from and the args saved, as to the router."""
+    rank = dist.get_rank()
+    print(f"[{rank}] config (core_transformer_config_from_args): " + " ".join(f"{k}={v!r}" for k, v in moe_settings(model).items()), flush=True)
+    print(f"[{rank}] args: " + " ".join(f"{k}={getattr(args, k, None)!r}" for k in (
+        "num_experts", "moe_router_topk", "moe_router_score_function", "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
+        "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_token_dispatcher_type", "moe_expert_capacity_factor",
+        "moe_router_enable_expert_bias", "moe_shared_expert_intermediate_size", "moe_ffn_hidden_size", "moe_grouped_gemm",
+        "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel", "swiglu", "padded_vocab_size",
+        "untie_embeddings_and_output_weights", "rotary_base", "norm_epsilon", "transformer_impl")), flush=True)
+    from megatron.core import parallel_state as ps
+    print(f"[{rank}] ranks: tp {ps.get_tensor_model_parallel_rank()} dp {ps.get_data_parallel_rank()} ep "
+          f"{ps.get_expert_model_parallel_rank()} expert tp {ps.get_expert_tensor_parallel_rank()} expert dp "
+          f"{ps.get_expert_data_parallel_rank()}; local experts {model.decoder.layers[0].mlp.local_expert_indices}", flush=True)
+
+
 def worker(rank, world):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29541", USE_LIBUV="0")
-    if GPT:  # parse_args reads the world as torchrun gives it; validate_args wants CUDA_DEVICE_MAX_CONNECTIONS=1 at TP > 1
+    if FROM_ARGS:  # parse_args reads the world as torchrun gives it; validate_args wants CUDA_DEVICE_MAX_CONNECTIONS=1 at TP > 1
         os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), CUDA_DEVICE_MAX_CONNECTIONS="1")
         # Megatron's jit_fuser is torch.compile, which needs a C++ compiler on CPU (the chroot has none): the
         # fused bias-GeLU and bias-dropout-add run eagerly, the same functions unfused.
@@ -652,14 +716,30 @@ def worker(rank, world):
         # FLOAT16 (TP=2): the TP-sharded parameters' seeded gradients differ per TP rank (their shards would
         # otherwise stay equal: zero-initialised biases); the replicated ones (LayerNorm, row-parallel biases,
         # position embeddings) take g, the same on both TP ranks, and stay equal
-        g_tp = torch.Generator().manual_seed(1007 + 100 * tp_rank) if FLOAT16 else g
+        g_tp = torch.Generator().manual_seed(1007 + 100 * tp_rank) if FLOAT16 or MOE_ARGS else g
+        # MOE_ARGS: the experts' seeded gradients from one generator per expert shard (EP rank, expert TP rank)
+        g_ex = torch.Generator().manual_seed(2007 + 100 * parallel_state.get_expert_model_parallel_rank()
+                                             + parallel_state.get_expert_tensor_parallel_rank()) if MOE_ARGS else None
+        if MOE_ARGS:
+            describe_moe(model, megatron_args())
         for step in range(STEPS):
             tokens = torch.randint(0, VOCAB, (2, 16), generator=g)
             labels = torch.randint(0, VOCAB, (2, 16), generator=g)
             opt.zero_grad()
             if ddp is not None:
                 ddp.zero_grad_buffer()
-            if PP == 1:
+            if MOE_ARGS:  # Megatron-Core refuses to train its MoE layer at TP > 1 without sequence parallelism
+                # ("During training, performance may degrade if MoE and tensor parallelism are enabled without also
+                # enabling sequence parallelism", MoELayer.forward), which the local spec's torch RMSNorm refuses
+                # (WrappedTorchNorm: "sequence parallel not supported by torch LayerNorm"): seeded gradients, the
+                # same for a parameter's replicas (dense TP-replicated: g on every rank; dense TP-sharded: per TP
+                # rank, the same on both DP replicas; experts: per expert shard, which one rank holds), so that
+                # every replica stays bitwise equal as after DDP's all-reduce
+                for p in model.parameters():
+                    gen = g_ex if not getattr(p, "allreduce", True) else g_tp if getattr(p, "tensor_model_parallel", False) else g
+                    p.grad = torch.randn(p.shape, generator=gen) * 1e-2
+                loss = torch.tensor(0.0)
+            elif PP == 1:
                 pos_ids = torch.arange(16).unsqueeze(0).expand(2, 16)
                 mask = torch.triu(torch.ones(1, 1, 16, 16), diagonal=1).bool()  # causal, given: the default is made on cuda
                 loss = forward(tokens, pos_ids, mask, labels=labels).float().mean()
@@ -680,10 +760,10 @@ def worker(rank, world):
                 opt.step()
             else:
                 adam.step()
-            print(f"[{rank}] step {step + 1} loss {loss.item():.6f}" + (" (seeded gradients, no loss)" if PP > 1 and ddp is not None else ""), flush=True)
-        if PP == 1 and not DISTOPT and not LEGACY:  # the training model's own logits on a fixed batch: what a Hugging Face export must give
+            print(f"[{rank}] step {step + 1} loss {loss.item():.6f}" + (" (seeded gradients, no loss)" if (PP > 1 and ddp is not None) or MOE_ARGS else ""), flush=True)
+        if (PP == 1 and not DISTOPT and not LEGACY) or MOE_ARGS:  # the training model's own logits on a fixed batch: what a Hugging Face export must give
             model.eval()
-            ids = (torch.arange(2 * 16).view(2, 16) * 37 + 11) % 128
+            ids = (torch.arange(2 * 16).view(2, 16) * 37 + 11) % (VOCAB if MOE_ARGS else 128)
             mask = torch.triu(torch.ones(1, 1, 16, 16), diagonal=1).bool()
             with torch.no_grad():
                 local = model(ids, torch.arange(16).unsqueeze(0).expand(2, 16), mask).float()  # [b, s, vocab / TP]
@@ -703,7 +783,7 @@ def worker(rank, world):
                 with open(os.path.join(OUT, CASE, "megatron_logits.json"), "w") as f:
                     said = {"activation": computed, "bias_activation_fusion": model.config.bias_activation_fusion,
                             "share_embeddings_and_output_weights": model.share_embeddings_and_output_weights,
-                            "exact_gelu_max_abs_diff": apart} if GPT else {}
+                            "exact_gelu_max_abs_diff": apart} if GPT else moe_settings(model) if MOE_ARGS else {}
                     json.dump({"case": CASE, "torch": torch.__version__, "reader": "Megatron-Core 0.17.1 GPTModel",
                                **said, "ids": ids.tolist(), "logits": torch.cat(parts, dim=-1).tolist()}, f)
             model.train()
