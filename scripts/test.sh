@@ -52,8 +52,9 @@ fi
 # for much of their time, and the compiler takes only the cycles they leave.
 asan="$build-asan"
 fuzz_harnesses=(fuzz_zip fuzz_unpickle fuzz_torch_file fuzz_manifest fuzz_layout fuzz_patterns fuzz_atoms_h5 fuzz_dcp_metadata fuzz_safetensors)
+# Line tables only (-g1): a sanitizer's report keeps file and line, the compile skips full debug info.
 CC=clang CXX=clang++ cmake -S "$root" -B "$asan" -DUCP_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_C_FLAGS_DEBUG="-O1 -g" -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" > "$asan.configure.log" 2>&1 \
+  -DCMAKE_C_FLAGS_DEBUG="-O1 -g1" -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" > "$asan.configure.log" 2>&1 \
   || { cat "$asan.configure.log"; exit 1; }
 idle=(nice -n 19)
 chrt --idle 0 true 2>/dev/null && idle=(chrt --idle 0)
