@@ -96,7 +96,7 @@ void DetectFamily(const source::SourceIndex& L, const std::string& patterns_dir,
   if (M.family)
     M.notes.push_back("model family '" + M.family->family + "' (" + M.family->source + ") classifies " +
                       std::to_string(best_matched) + " of " + std::to_string(L.params.size()) + " parameters");
-  else
+  else if (L.on_grid)
     M.notes.push_back("no model family in " + patterns_dir + " fits these parameter names");
 }
 
@@ -288,6 +288,11 @@ ModelPatterns ResolvePatterns(const source::SourceIndex& L, const ResolveOptions
     M.params.push_back(std::move(r));
   }
   if (own_names) shared.unsplit_unknown.clear();
+  if (!L.on_grid && !shared.unsplit_unknown.empty()) {  // global tensors: their atomic checkpoint needs no TP rule
+    shared.unsplit_unknown.clear();
+    M.notes.push_back("the parameters are whole global tensors: the atomic checkpoint needs no model rules (which say how "
+                      "TP splits each tensor for a DeepSpeed target; from this source ucp-reshard writes --format hf or dcp)");
+  }
   shared.AddTo(M);
   return M;
 }

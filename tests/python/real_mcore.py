@@ -249,4 +249,37 @@ open(p, "wb").write(bytes(data))
 r = run("ucp-inspect", ["--verify", d])
 check("damaged: a flipped byte in a chunk's byteorder record: inspect --verify finds it",
       r.returncode != 0 and "byteorder" in r.stdout + r.stderr and "CRC" in r.stdout + r.stderr, r.stdout[-500:] + r.stderr[-500:])
+# A weights-only torch_dist save (Megatron-LM's --no-save-optim: no optimizer.* key, common.pt without
+# optimizer): a weights-only atomic checkpoint of the model's own tensors widened to fp32, whose Hugging Face
+# export in the job's bf16 equals the export of the full save's atomic checkpoint byte for byte.
+case = "gpt_tp2_pp2_bf16_legacy"
+wo = os.path.join(CASES, case, "checkpoint_weights_only")
+check("the weights-only torch_dist case is there", os.path.isdir(wo), wo)
+r = run("ucp-inspect", [wo])
+check("weights-only torch_dist: inspect says weights only", r.returncode == 0 and "model weights only" in r.stdout, r.stdout[-1000:] + r.stderr[-600:])
+ref = torch.load(os.path.join(CASES, case, "reference.pt"), map_location="cpu")
+for np in (1, 2):
+    atomic = os.path.join(WORK, f"weights-only-np{np}")
+    r = run("ucp-convert", [wo, "-o", atomic], ranks=np)
+    check(f"weights-only torch_dist: converts at {np} rank(s)", r.returncode == 0, r.stderr[-1200:])
+    if r.returncode != 0:
+        continue
+    zero = os.path.join(atomic, "zero")
+    names = sorted(d for d in os.listdir(zero) if os.path.isdir(os.path.join(zero, d)))
+
+    def fp32(n):
+        v = torch.load(os.path.join(zero, n, "fp32.pt"), map_location="cpu")
+        return v["param"] if isinstance(v, dict) else v
+    bad = [n for n in names if not same_bytes(fp32(n), ref[n].float())]
+    check(f"weights-only torch_dist np{np}: the model keys, each the model's tensor widened to fp32, no optimizer state",
+          names == sorted(k for k in ref if not k.startswith("optimizer.")) and not bad and
+          not any(os.path.exists(os.path.join(zero, n, "exp_avg.pt")) for n in names), str(bad[:5]))
+hf = {}
+for name, atomic in (("weights-only", os.path.join(WORK, "weights-only-np2")), ("full", os.path.join(WORK, f"{case}-np2"))):
+    hf[name] = os.path.join(WORK, f"{name}-hf")
+    r = run("ucp-reshard", [atomic, "-o", hf[name], "--format", "hf"])
+    check(f"{case} {name}: exported to Hugging Face", r.returncode == 0, r.stderr[-800:])
+st = sorted(n for n in os.listdir(hf["full"]) if n.endswith(".safetensors")) if os.path.isdir(hf["full"]) else []
+check("weights-only torch_dist: the export's safetensors equal the full save's byte for byte", st and os.path.isdir(hf["weights-only"]) and
+      all(open(os.path.join(hf["weights-only"], n), "rb").read() == open(os.path.join(hf["full"], n), "rb").read() for n in st), str(st))
 finish("real_mcore")

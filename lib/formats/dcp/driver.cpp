@@ -11,8 +11,8 @@ const SourceDriver& DcpSource() {
      "PyTorch Distributed Checkpoint (torch.distributed.checkpoint's FileSystemWriter: FSDP2, torchtitan, DTensor "
      "tensor parallelism; Megatron-Core's torch_dist, layers stacked, its optimizer's fp32 masters): every chunk of "
      "a tensor placed as a box of the global tensor; fp32 weights with Adam's exp_avg / exp_avg_sq and step per "
-     "parameter, the param groups",
-     ".metadata, __R_N.distcp (Megatron-Core: also metadata.json, common.pt)", dcp::LooksLikeCheckpoint, dcp::IndexCheckpoint, nullptr, nullptr};
+     "parameter, the param groups; or the model weights alone",
+     ".metadata, __R_N.distcp (Megatron-Core: also metadata.json, common.pt)", dcp::LooksLikeCheckpoint, dcp::IndexCheckpoint, dcp::ReadWeightsOnlyParam, dcp::IsWeightsOnly};
   return driver;
 }
 

@@ -17,6 +17,7 @@
 #include "formats/dcp/bucket_layout.h"
 #include "formats/dcp/megatron_core.h"
 #include "formats/dcp/metadata.h"
+#include "pt/low_precision.h"
 #include "pt/torch_file.h"
 
 namespace ucp::formats::dcp {
@@ -519,7 +520,101 @@ std::map<int, std::vector<GradBuffer>> ReadBucketObjects(Files& files, const Met
   return buffers;
 }
 
+// A weights-only DCP (Megatron-LM's --no-save-optim; a model's state dict saved alone): the model
+// tensors, each read whole by ReadWeightsOnlyParam, as a model source's are.
+struct WeightsOnly {
+  std::vector<Item> items;  // the atomic parameters, in order
+  std::map<std::string, std::shared_ptr<MappedFile>> mapped;  // by relative path
+};
+
+void IndexWeightsOnly(SourceIndex& L, Files& files, const std::map<std::string, const Item*>& model, const std::vector<std::string>& order,
+                      const MegatronCore* mc) {
+  auto state = std::make_shared<WeightsOnly>();
+  std::set<std::string> dtypes;
+  for (const std::string& fqn : order) {
+    const Item& item = *model.at(fqn);
+    if (item.dtype != "float32" && item.dtype != "bfloat16" && item.dtype != "float16") {
+      L.errors.push_back(L.dir + ": '" + item.fqn + "' is " + item.dtype + ": ucp reads float32, bfloat16 and float16 weights");
+      continue;
+    }
+    for (const Storage& st : item.storage) try {
+        state->mapped[st.relative_path] = files.mapped_.at(static_cast<size_t>(files.Index(st.relative_path)));
+      } catch (const std::exception&) {  // reported once by Files
+      }
+    source::ParamRecord rec;
+    rec.name = fqn, rec.group = 0, rec.tp_shape[0] = item.size, rec.stages.insert(0);
+    L.params.push_back(std::move(rec));
+    state->items.push_back(item);
+    dtypes.insert(item.dtype);
+  }
+  L.optimizer = "none";
+  L.dtype = dtypes.size() == 1 && *dtypes.begin() == "bfloat16" ? "bf16" : dtypes.size() == 1 && *dtypes.begin() == "float16" ? "fp16" : "fp32";
+  L.model_states = Value::Make(Value::Kind::Dict);
+  if (mc) {
+    if (mc->args) L.args = mc->args, source::TakeMegatronArgs(mc->args.get(), L), pt::SetItem(*L.model_states, "args", mc->args);
+    L.iteration = mc->iteration;
+    pt::SetItem(*L.model_states, "iteration", Value::Int(mc->iteration));
+    const std::string layout = source::MegatronLayout(mc->args.get());
+    L.notes.push_back("Megatron-Core dist_checkpointing (" + mc->backend + ")" + (layout.empty() ? "" : ", saved by a job of " + layout + " (its args)") +
+                      "; model weights only (saved without optimizer state, --no-save-optim)");
+  }
+  L.notes.push_back("model weights only: ucp-convert makes a weights-only atomic checkpoint of them (each widened to fp32 exactly), as "
+                    "of a Hugging Face model; ucp-reshard --format hf exports them in the job's precision");
+  L.keep_alive = state;
+}
+
 }  // namespace
+
+bool IsWeightsOnly(const std::string& dir) {
+  try {
+    const Metadata M = ReadMetadata(dir + "/.metadata");
+    const bool mcore = IsMegatronCore(dir);
+    bool weights = false;
+    for (const Item& item : M.items) {
+      const Role r = RoleOf(item, mcore);
+      if (r.kind == Role::OptimizerState || r.kind == Role::BucketFlat || r.kind == Role::Unread || r.kind == Role::GroupOption) return false;
+      weights = weights || r.kind == Role::Model;
+    }
+    return weights;
+  } catch (const std::exception&) {
+    return false;  // the index says what is wrong
+  }
+}
+
+void ReadWeightsOnlyParam(const SourceIndex& L, int param, float* dst) {
+  const auto& state = *static_cast<const WeightsOnly*>(L.keep_alive.get());
+  const Item& item = state.items.at(static_cast<size_t>(param));
+  for (size_t c = 0; c < item.chunks.size(); ++c) {
+    const Storage& st = item.storage.at(c);
+    const std::string where = L.dir + "/" + st.relative_path + ": '" + item.fqn + "' chunk " + std::to_string(c);
+    auto it = state.mapped.find(st.relative_path);
+    if (it == state.mapped.end()) throw Error(where + ": the file is not open");
+    pt::ReadOptions options;
+    options.verify_storage_crc = true;  // every byte read checked against its record's CRC-32
+    const pt::TorchFile archive = WithContext(where, [&] {
+      return pt::ReadTorchArchive(std::make_shared<pt::ZipArchive>(it->second, st.offset, st.length), options);
+    });
+    if (!archive.root || archive.root->kind != Value::Kind::Tensor) throw Error(where + ": not a tensor");
+    const pt::TensorView& t = archive.root->AsTensor();
+    if (t.shape != item.chunks[c].sizes || !t.contiguous() || pt::DTypeName(t.dtype) != item.dtype)
+      throw Error(where + ": a " + std::string(pt::DTypeName(t.dtype)) + " " + pt::ShapeString(t.shape) + " tensor where the metadata says " +
+                  item.dtype + " " + pt::ShapeString(item.chunks[c].sizes));
+    std::vector<float> local(t.numel());
+    const uint8_t* bytes = t.data();
+    for (size_t i = 0; i < local.size(); ++i) {
+      if (t.dtype == pt::DType::F32) {
+        std::memcpy(&local[i], bytes + 4 * i, 4);
+      } else {
+        uint16_t half;
+        std::memcpy(&half, bytes + 2 * i, 2);
+        local[i] = t.dtype == pt::DType::BF16 ? pt::Bf16ToFp32(half) : pt::Fp16ToFp32(half);
+      }
+    }
+    ForEachRun(item.size, item.chunks[c], [&](int64_t src, int64_t d, int64_t n) {
+      std::memcpy(dst + d, local.data() + src, 4 * static_cast<size_t>(n));
+    });
+  }
+}
 
 bool LooksLikeCheckpoint(const std::string& dir) {  // its data files are enough: a missing .metadata is then said
   std::error_code ec;
@@ -568,9 +663,15 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     }
   }
   const bool buckets = mcore && mcore->bucket_flat;
+  if (states.empty() && !buckets && bucket_flat.empty() && group_options.empty() && !model.empty()) {  // model weights only
+    IndexWeightsOnly(L, files, model, model_order, mcore ? &*mcore : nullptr);
+    std::vector<std::string> none;
+    Describe(M, model, model_order, none, L);
+    if (mcore) L.files.push_back(mcore->file);
+    return L;
+  }
   if (states.empty() && !buckets)
-    L.errors.push_back(dir + ": no optimizer state (model weights only): ucp-convert makes an atomic checkpoint of "
-                       "fp32 weights and Adam's exp_avg / exp_avg_sq per parameter; a weights-only DCP is not supported yet");
+    L.errors.push_back(dir + ": no optimizer state and no model tensor: nothing ucp-convert could make an atomic checkpoint of");
   for (const auto& [fqn, s] : states)
     if (!model.count(fqn)) L.errors.push_back(dir + ": optimizer state for '" + fqn + "', which is not among the model's tensors");
 

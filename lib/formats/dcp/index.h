@@ -18,4 +18,11 @@ bool LooksLikeCheckpoint(const std::string& dir);
 // finding goes to the index's errors / problems / notes.
 source::SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& options = {});
 
+// A weights-only DCP (no optimizer key: Megatron-LM's --no-save-optim, a model's state dict saved alone),
+// which ucp-convert reads as a model (formats/driver.h: SourceDriver::weights_only).
+bool IsWeightsOnly(const std::string& dir);
+// Such a checkpoint's parameter `param` (IndexCheckpoint's order) whole, as fp32 (bf16 / fp16 widened
+// exactly), every chunk's archive checked against its CRC-32s.
+void ReadWeightsOnlyParam(const source::SourceIndex& L, int param, float* dst);
+
 }  // namespace ucp::formats::dcp

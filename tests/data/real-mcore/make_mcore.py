@@ -32,6 +32,10 @@ gpt_tp2_pp2_bf16_legacy: the GPT block (built from its args) in bf16 without the
 Float16OptimizerWithFloat16Params (fp32 main params; torch_dist saves them as optimizer.state.fp32_param.*), saved as
 Megatron-LM's save_checkpoint would (its metadata and content_metadata) and in the legacy form; both loaded back into
 fresh models and optimizers and compared (float16_checks; train.log also shows the legacy optimizer dict's structure).
+It also writes checkpoint_weights_only/: Megatron-LM's own save_checkpoint with --ckpt-format torch_dist --no-save-optim
+(save_weights_only: model, args, iteration, checkpoint_version, RNG state; no optimizer, no scheduler), its iter_0000003
+folder renamed; loaded back with dist_checkpointing.load (strict RAISE_ALL) into a fresh model and compared bitwise
+(weights_only_check, WEIGHTS-ONLY LOAD CHECK).
 gpt_dp2_buckets_legacy: gpt_dp2_distopt_fp32's kind (fp32, DistributedOptimizer, DP=2, overlap_grad_reduce with
 bucket_size 4000: 8 buckets) with the legacy form beside; the args saved in common.pt (both forms) and in
 model_optim_rng.pt are checked against the bucket size DDP used (saved_bucket_args).
@@ -82,6 +86,11 @@ OUT = os.environ.get("OUT", "/tmp/mcore")
 CKPT = os.path.join(OUT, CASE, "checkpoint")
 CKPT_DP = os.path.join(OUT, CASE, "checkpoint_dp_reshardable")
 LEGACY_DIR = os.path.join(OUT, CASE, "legacy")  # Megatron-LM's --ckpt-format torch form of the same state
+# gpt_tp2_pp2_bf16_legacy: Megatron-LM's save_checkpoint with --ckpt-format torch_dist --no-save-optim writes
+# WEIGHTS_SAVE/iter_0000003 (and WEIGHTS_SAVE/latest_checkpointed_iteration.txt); that iter folder becomes
+# checkpoint_weights_only/ (weights_only)
+WEIGHTS_SAVE = os.path.join(OUT, CASE, "weights_only_save")
+CKPT_WEIGHTS = os.path.join(OUT, CASE, "checkpoint_weights_only")
 BENCH = CASE.startswith("bench_")  # bench_llama_dp2_distopt_bf16: large, checkpoint_dp_reshardable/ only
 STEPS = int(os.environ.get("STEPS", "1" if BENCH else "3"))
 # gpt_dp2_buckets_legacy: gpt_dp2_distopt_fp32's kind (several buckets) with the legacy form beside
@@ -170,9 +179,10 @@ def config():
                              activation_func=F.silu, add_bias_linear=False), "rope"
 
 
-def megatron_args(fully_reshardable=True, legacy=False):
+def megatron_args(fully_reshardable=True, legacy=False, weights_only=False):
     """The args Megatron-LM's pretrain_gpt.py would parse for this model (its parse_args; unvalidated but for
-    the GPT cases, see gpt_args); legacy: with --ckpt-format torch --save LEGACY_DIR instead of torch_dist."""
+    the GPT cases, see gpt_args); legacy: with --ckpt-format torch --save LEGACY_DIR instead of torch_dist;
+    weights_only: torch_dist with --save WEIGHTS_SAVE --save-interval STEPS --no-save-optim."""
     sys.argv = ["pretrain_gpt.py", "--num-layers", str(LAYERS), "--hidden-size", str(HIDDEN), "--num-attention-heads", str(HEADS),
                 "--seq-length", "16", "--max-position-embeddings", "32", "--micro-batch-size", "2",
                 "--lr", "1e-3", "--min-lr", "1e-5", "--weight-decay", "0.01", "--adam-beta2", "0.95",
@@ -205,6 +215,8 @@ def megatron_args(fully_reshardable=True, legacy=False):
         sys.argv += ["--bf16"]
     if legacy:  # the GPT cases' validate_args wants a --save-interval with --save
         sys.argv += ["--save", LEGACY_DIR] + (["--save-interval", str(STEPS)] if FROM_ARGS else [])
+    if weights_only:  # save_checkpoint's torch_dist save without the optimizer and the scheduler
+        sys.argv += ["--save", WEIGHTS_SAVE, "--save-interval", str(STEPS), "--no-save-optim"]
     if MOE_ARGS:  # the plain router of Hugging Face's Mixtral: softmax over the top-2 logits, every token to
         # its top-2 experts (no capacity factor, no token dropping), no pre-softmax, no scaling, no expert bias,
         # no shared experts; SequentialMLP experts (no --moe-grouped-gemm); the aux loss as Megatron-LM's Mixtral
@@ -538,6 +550,7 @@ def float16_checks(model, ddp, opt, adam, state):
     print(f"[{rank}] SAVE OK checkpoint ({type(distributed_optimizers(opt)[0]).__name__})", flush=True)
     trained = mixed_state(model, adam)
     save_legacy(ddp, opt)
+    weights = save_weights_only(ddp, opt)  # checkpoint_weights_only/: save_checkpoint with --no-save-optim
     name = legacy_file()
     sd = torch.load(name, weights_only=False)
     o_sd = sd["optimizer"]
@@ -586,6 +599,88 @@ def float16_checks(model, ddp, opt, adam, state):
     if rank == 0:
         print(f"[0] LOAD CHECK / LEGACY LOAD CHECK on all {len(every)} ranks: "
               + ("bitwise equal" if all(all(r) for r in every) else f"NOT EQUAL {every}"), flush=True)
+    weights_only_check(weights)
+
+
+def save_weights_only(model_chunk, opt):
+    """gpt_tp2_pp2_bf16_legacy's checkpoint_weights_only/: Megatron-LM's own save_checkpoint with --ckpt-format
+    torch_dist --no-save-optim (generate_state_dict leaves out optimizer and opt_param_scheduler, though both are
+    passed, as in a real run): the model's sharded_state_dict with _build_sharded_state_dict_metadata's metadata,
+    args, checkpoint_version, iteration, num_floating_point_operations_so_far and get_rng_state's ShardedObject,
+    through dist_checkpointing.save (TorchDistSaveShardedStrategy, content_metadata) into WEIGHTS_SAVE/iter_0000003,
+    which is then renamed checkpoint_weights_only/ (the tracker file, latest_checkpointed_iteration.txt, is left
+    out). Its global args: the validated args of the same flags with --ckpt-format torch_dist --save WEIGHTS_SAVE
+    --save-interval STEPS --no-save-optim, and update_use_dist_ckpt (use_dist_ckpt True). CPU-only: as save_legacy,
+    torch.cuda.get_rng_state gives 16 zero bytes. Returns the trained model's tensors (its state_dict), by name."""
+    import shutil
+    from megatron.training import global_vars
+    from megatron.training.checkpointing import save_checkpoint, get_checkpoint_name
+    from megatron.training.utils import update_use_dist_ckpt
+    rank = dist.get_rank()
+    trained = {k: v.detach().clone() for k, v in model_chunk.module.state_dict().items() if isinstance(v, torch.Tensor)}
+    args = megatron_args(weights_only=True)
+    update_use_dist_ckpt(args)
+    assert args.no_save_optim is True and args.ckpt_format == "torch_dist" and args.use_dist_ckpt, args
+    global_vars.set_args(args)
+    torch.cuda.get_rng_state = lambda *a, **k: torch.zeros(16, dtype=torch.uint8)
+    save_checkpoint(STEPS, [model_chunk], opt, Scheduler(), 0)
+    folder = get_checkpoint_name(WEIGHTS_SAVE, STEPS, return_base_dir=True)
+    if rank == 0:
+        with open(os.path.join(WEIGHTS_SAVE, "latest_checkpointed_iteration.txt")) as f:
+            tracker = f.read()
+        print(f"[0] SAVE OK weights only (--ckpt-format torch_dist --no-save-optim, Megatron-LM's save_checkpoint): "
+              f"{os.path.relpath(folder, os.path.join(OUT, CASE))} {sorted(os.listdir(folder))}, "
+              f"latest_checkpointed_iteration.txt {tracker!r}; renamed {os.path.basename(CKPT_WEIGHTS)}/", flush=True)
+        if os.path.exists(CKPT_WEIGHTS):
+            shutil.rmtree(CKPT_WEIGHTS)
+        os.rename(folder, CKPT_WEIGHTS)
+        shutil.rmtree(WEIGHTS_SAVE)
+    dist.barrier()
+    return trained
+
+
+def weights_only_check(trained):
+    """checkpoint_weights_only/ read back as Megatron-LM's load_checkpoint reads a torch_dist checkpoint without
+    optimizer: its content_metadata for the fresh model's sharded_state_dict, the RNG state's ShardedObject as
+    get_rng_state makes it, dist_checkpointing.load with StrictHandling.RAISE_ALL (any key of the checkpoint not
+    asked for, or asked for and missing, raises), DDP's load_state_dict(strict=True); every tensor of the model's
+    state_dict compared bitwise (and by dtype) with the trained one. Rank 0 also lists .metadata's keys and
+    common.pt's."""
+    from megatron.core import parallel_state, dist_checkpointing
+    from megatron.core.dist_checkpointing import ShardedObject
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+    rank = dist.get_rank()
+    m, d, o, a = build(4321)
+    meta = dist_checkpointing.load_content_metadata(CKPT_WEIGHTS)
+    meta["dp_cp_group"] = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    model_sd = m.sharded_state_dict(metadata=meta)
+    rng = ShardedObject("rng_state", None, (PP, TP), (parallel_state.get_pipeline_model_parallel_rank(),
+                        parallel_state.get_tensor_model_parallel_rank()),
+                        replica_id=parallel_state.get_data_parallel_rank(with_context_parallel=True))
+    got = dist_checkpointing.load({"model": model_sd, "rng_state": rng}, CKPT_WEIGHTS, strict=StrictHandling.RAISE_ALL)
+    d.load_state_dict(got["model"], strict=True)
+    now = {k: v for k, v in m.state_dict().items() if isinstance(v, torch.Tensor)}
+    bad = sorted(k for k in trained if k not in now or now[k].dtype != trained[k].dtype or not torch.equal(now[k], trained[k]))
+    ok = not bad and sorted(now) == sorted(trained)
+    dtypes = sorted({str(v.dtype).replace("torch.", "") for v in now.values()})
+    print(f"[{rank}] WEIGHTS-ONLY LOAD CHECK {'OK' if ok else 'DIFFERS'}: {os.path.basename(CKPT_WEIGHTS)}/ "
+          f"(dist_checkpointing.load strict=RAISE_ALL of model + rng_state, DDP load_state_dict(strict=True)) loaded into "
+          f"a fresh model: {len(trained)} tensors ({', '.join(dtypes)}) "
+          + ("bitwise equal to the trained ones (and dtypes)" if not bad else f"{len(bad)} differ: {bad[:6]}")
+          + f"; common state loaded: {sorted(k for k in got if k not in ('model', 'rng_state'))}; rng_state "
+          f"{type(got['rng_state']).__name__} of {len(got['rng_state'])}", flush=True)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, ok)
+    if rank == 0:
+        import torch.distributed.checkpoint as dcp
+        md = dcp.FileSystemReader(CKPT_WEIGHTS).read_metadata()
+        keys = sorted(md.state_dict_metadata)
+        common = torch.load(os.path.join(CKPT_WEIGHTS, "common.pt"), weights_only=False)
+        print(f"[0] WEIGHTS-ONLY LOAD CHECK on all {len(every)} ranks: " + ("bitwise equal" if all(every) else f"NOT EQUAL {every}"), flush=True)
+        print(f"[0] {os.path.basename(CKPT_WEIGHTS)}/: {sorted(os.listdir(CKPT_WEIGHTS))}; .metadata: {len(keys)} keys, "
+              f"{sum(k.startswith('optimizer') for k in keys)} optimizer.*: {keys}", flush=True)
+        print(f"[0] {os.path.basename(CKPT_WEIGHTS)}/common.pt: {structure(common)}; args: ckpt_format={common['args'].ckpt_format} "
+              f"no_save_optim={common['args'].no_save_optim} use_dist_ckpt={common['args'].use_dist_ckpt} save={common['args'].save}", flush=True)
 
 
 def saved_bucket_args(ddp):
