@@ -47,7 +47,7 @@ constexpr const char* kDescription =
       "  {\"dp\": 4, \"tp\": 2, \"pp\": 2, \"zero_stage\": 1, \"dtype\": \"bf16\", \"partition_method\": [0, 4, 7]}\n"
       "with flags overriding the file's values.\n\n"
       "--format hf writes a Hugging Face transformers model instead (config.json, safetensors files, the index last):\n"
-      "LlamaForCausalLM, MixtralForCausalLM (every MLP a top-2 DeepSpeed MoE layer) or GPT2LMHeadModel (learned\n"
+      "LlamaForCausalLM, MixtralForCausalLM (every MLP a DeepSpeed or Megatron-Core MoE layer) or GPT2LMHeadModel (learned\n"
       "positions, LayerNorm, GeLU; Conv1D weights transposed), fused QKV and SwiGLU tensors split as the checkpoint\n"
       "records them, vocabulary padding removed, in the source job's dtype unless --dtype; no layout flags. A model no transformers class\n"
       "describes exactly is refused by name; facts the checkpoint lacks come from --model-config FILE.\n\n"

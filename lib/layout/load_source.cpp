@@ -185,7 +185,10 @@ void PlaceInModule(Source& S, const std::string& model_path) {
 
 Source LoadSource(const std::string& dir) {
   Source S = LoadAtomic(dir);
-  if (!S.model_states.root)
+  // Global tensors (a DCP's, Megatron-LM's): no DeepSpeed layout, whatever model-states file a weights-only
+  // conversion synthesized for the export.
+  const std::string framework = S.manifest["source"].value("framework", std::string("?"));
+  if (!S.model_states.root || framework == "torch-dcp" || framework == "megatron-lm")
     throw Error(dir + ": converted from a " + S.manifest["source"].value("framework", std::string("?")) + " checkpoint, "
                 "which carries no DeepSpeed model-states file: ucp-reshard writes DeepSpeed layouts from DeepSpeed sources; "
                 "--format hf exports its weights");

@@ -88,6 +88,7 @@ std::string LayoutWords(const SourceIndex& L) {
   const std::string state = " (" + L.optimizer + "), " + L.dtype;
   if (!L.on_grid) {  // every chunk is a box of its global tensor; a carried file holds none
     const auto data = std::count_if(L.files.begin(), L.files.end(), [](const ShardFile& f) { return !f.carried; });
+    if (L.optimizer == "none") return "global tensors in chunks, " + std::to_string(data) + " data file(s); model weights only, " + L.dtype;
     return "global tensors in chunks, " + std::to_string(data) + " data file(s); optimizer state per parameter" + state;
   }
   std::string s = DataParallelDegrees(L) + " tp=" + std::to_string(L.tp) + " pp=" + std::to_string(L.pp) +

@@ -28,7 +28,8 @@ placed; the ranges must tile each file), never by ucp alone:
   the DCP's weights equal ucp's Hugging Face export of it (hf_mcore checks that against transformers'
   logits), renamed, q and k rows re-ordered;
 - refusals by name, nothing written: dp and tp together, an unknown mesh dimension, --dtype bf16,
-  --max-shard-size, a GPT-style model (LayerNorm), a DeepSpeed layout flag.
+  --max-shard-size, a GPT-style model (learned positions, LayerNorm: said as GPT-shaped, --format hf naming
+  GPT2LMHeadModel), a DeepSpeed layout flag.
 """
 import hashlib
 import json
@@ -264,7 +265,8 @@ def refusals():
     gpt = os.path.join(WORK, "gpt", "atomic")
     r = run("ucp-convert", [os.path.join(os.path.dirname(DS_CASE), "tp2_pp2_dp2_zero1_fp32", "ckpt"), "-o", gpt], ranks=2)
     check("a GPT-style case converts", r.returncode == 0, r.stderr[-1000:])
-    refused("a GPT-style model (LayerNorm)", [gpt, *dcp, "--mesh", "dp=2"], [gpt, "torchtitan's Llama", "normalization 'layernorm'"], ranks=2)
+    refused("a GPT-style model (learned positions, LayerNorm)", [gpt, *dcp, "--mesh", "dp=2"], [gpt, "torchtitan's Llama", "GPT-shaped",
+                                                                                              "GPT2LMHeadModel"], ranks=2)
 
 
 from_deepspeed()

@@ -247,6 +247,10 @@ for case in ("moe_ep2", "moe_tp2_ep2_logits"):
               f"missing, unexpected or mismatched keys, its logits Megatron-Core's within 1e-5 ({seen and seen.get('max_abs_diff')})",
               seen is not None and seen.get("files") == written and seen.get("class") == "MixtralForCausalLM" and
               seen.get("loading_problems") is None and seen.get("max_abs_diff", 1) <= 1e-5, str(seen)[:1500])
+r = run("ucp-reshard", [os.path.join(WORK, "moe_ep2", "atomic"), "-o", os.path.join(WORK, "moe_dcp"), "--format", "dcp", "--mesh", "tp=2"])
+check("moe: --format dcp is refused as Mixture of Experts, naming MixtralForCausalLM", r.returncode != 0 and
+      "Mixture-of-Experts" in r.stderr and "MixtralForCausalLM" in r.stderr and "no biases" not in r.stderr and
+      not os.path.exists(os.path.join(WORK, "moe_dcp", ".metadata")), r.stderr[-600:])
 # A router Mixtral does not compute is refused by name: pre-softmax, in the args.
 routed = os.path.join(WORK, "moe_pre_softmax")
 shutil.copytree(os.path.join(CASES, "moe_tp2_ep2_logits", "checkpoint"), os.path.join(routed, "ckpt"))

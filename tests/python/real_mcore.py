@@ -274,6 +274,16 @@ for np in (1, 2):
     check(f"weights-only torch_dist np{np}: the model keys, each the model's tensor widened to fp32, no optimizer state",
           names == sorted(k for k in ref if not k.startswith("optimizer.")) and not bad and
           not any(os.path.exists(os.path.join(zero, n, "exp_avg.pt")) for n in names), str(bad[:5]))
+# Targets a weights-only Megatron-Core atomic checkpoint does not get, each refused for its true reason.
+wo_atomic = os.path.join(WORK, "weights-only-np2")
+r = run("ucp-reshard", [wo_atomic, "-o", os.path.join(WORK, "wo-ds"), "--dp", "1", "--tp", "2", "--pp", "1", "--zero-stage", "1", "--no-optimizer"])
+check("weights-only torch_dist: a DeepSpeed layout is refused as from a source of global tensors, pointing to --format hf",
+      r.returncode != 0 and "converted from a torch-dcp checkpoint" in r.stderr and "--format hf" in r.stderr and
+      "is not this model's" not in r.stderr and not os.path.exists(os.path.join(WORK, "wo-ds", "latest")), r.stderr[-600:])
+r = run("ucp-reshard", [wo_atomic, "-o", os.path.join(WORK, "wo-dcp"), "--format", "dcp", "--mesh", "tp=2"])
+check("weights-only torch_dist GPT: --format dcp is refused as GPT-shaped, naming GPT2LMHeadModel", r.returncode != 0 and
+      "GPT-shaped" in r.stderr and "GPT2LMHeadModel" in r.stderr and "transformers has a class" not in r.stderr and
+      not os.path.exists(os.path.join(WORK, "wo-dcp", ".metadata")), r.stderr[-600:])
 hf = {}
 for name, atomic in (("weights-only", os.path.join(WORK, "weights-only-np2")), ("full", os.path.join(WORK, f"{case}-np2"))):
     hf[name] = os.path.join(WORK, f"{name}-hf")

@@ -44,6 +44,10 @@ std::vector<TitanTensor> TitanTensors(const reshard::Source& S, const reshard::E
   std::vector<std::string> names;
   for (const auto& a : S.atoms) names.push_back(a.name);
   RefuseOwnNames(names, dir);
+  for (const std::string& name : names)  // GPT-2's learned positions: GPT2LMHeadModel, no torchtitan model
+    if (name.ends_with("position_embeddings.weight"))
+      throw Error(dir + ": '" + name + "': a GPT-shaped model (learned positions): --format dcp writes torchtitan's Llama, which has "
+                  "rotary embeddings; --format hf writes this model as GPT2LMHeadModel");
   const hf::LlamaFacts m = [&] {
     try {
       return hf::LlamaFactsOf(S, o, notes);
@@ -53,6 +57,9 @@ std::vector<TitanTensor> TitanTensors(const reshard::Source& S, const reshard::E
   }();
   if (m.tied)
     throw Error(dir + ": the output layer is the word embedding (tied): torchtitan's Llama has an output.weight of its own");
+  if (m.experts > 0)
+    throw Error(dir + ": a Mixture-of-Experts model (" + std::to_string(m.experts) + " experts per layer): --format dcp writes torchtitan's "
+                "dense Llama; --format hf writes this model as MixtralForCausalLM");
   if (m.heads % mesh.tp != 0 || m.kv_heads % mesh.tp != 0)  // its attention splits by heads; torch would cut rows anywhere
     throw Error("--mesh " + mesh.text() + ": tp=" + std::to_string(mesh.tp) + " does not divide the model's " +
                 std::to_string(m.heads) + " query heads and " + std::to_string(m.kv_heads) +

@@ -152,7 +152,7 @@ const TargetDriver& HuggingFaceTarget() {
   static constexpr TargetDriver driver = {"hf",
      "Hugging Face transformers models (ucp-reshard --format hf): LlamaForCausalLM (RMSNorm, rotary, SwiGLU, "
      "grouped-query attention, optional biases, tied or untied output layer), MixtralForCausalLM (the same, every MLP "
-     "a top-2 DeepSpeed MoE layer) or GPT2LMHeadModel (LayerNorm, learned positions, GeLU, Conv1D weights transposed) "
+     "a DeepSpeed or Megatron-Core MoE layer) or GPT2LMHeadModel (LayerNorm, learned positions, GeLU, Conv1D weights transposed) "
      "in safetensors, fused QKV and SwiGLU tensors split as the checkpoint's sub-parameter shapes say, vocabulary "
      "padding removed; or any model whose "
      "parameters carry Hugging Face's own names (a Trainer job's), as save_pretrained writes it, with the job's config.json; "
