@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
+
+#include "core/error.h"
 
 namespace ucp::pt {
 namespace {
@@ -68,6 +71,20 @@ float Fp16ToFp32(uint16_t h) {
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
+}
+
+void ToFp32(const uint8_t* bytes, DType dtype, size_t n, float* out) {
+  if (dtype == DType::F32) {
+    std::memcpy(out, bytes, 4 * n);
+    return;
+  }
+  if (dtype != DType::BF16 && dtype != DType::F16)
+    throw Error("a " + std::string(DTypeName(dtype)) + " tensor where float32, bfloat16 or float16 was expected");
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t half;
+    std::memcpy(&half, bytes + 2 * i, 2);
+    out[i] = dtype == DType::BF16 ? Bf16ToFp32(half) : Fp16ToFp32(half);
+  }
 }
 
 }  // namespace ucp::pt

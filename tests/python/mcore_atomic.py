@@ -1,4 +1,5 @@
-"""Two atomic checkpoints of one Megatron-Core state compared (real_mcore.py, real_mcore_legacy.py)."""
+"""Atomic checkpoints of Megatron-Core states checked (real_mcore.py, real_mcore_legacy.py): two of one state
+compared, and a weights-only one against the model's own tensors."""
 import json
 import os
 
@@ -26,3 +27,25 @@ def same_atomic(check, label, a, b):
     check(f"{label}: every weight, exp_avg, exp_avg_sq and step equal byte for byte ({len(names)} x 4)", not bad, str(bad[:5]))
     ga, gb = (jsonable(torch.load(os.path.join(z, "optimizer_state.pt"), map_location="cpu").get("param_groups")) for z in (za, zb))
     check(f"{label}: the same param groups", ga == gb, f"{ga} vs {gb}")
+
+
+def weights_only_converts(run, check, label, folder, ref, work):
+    """ucp-convert of a weights-only save at 1 and 2 ranks: its parameters are the model keys of reference.pt
+    `ref`, each the model's tensor widened to fp32, with no optimizer state. Returns the 2-rank atomic folder."""
+    for np in (1, 2):
+        atomic = os.path.join(work, f"weights-only-np{np}")
+        r = run("ucp-convert", [folder, "-o", atomic], ranks=np)
+        check(f"{label}: converts at {np} rank(s)", r.returncode == 0, r.stderr[-1200:])
+        if r.returncode != 0:
+            continue
+        zero = os.path.join(atomic, "zero")
+        names = sorted(d for d in os.listdir(zero) if os.path.isdir(os.path.join(zero, d)))
+
+        def fp32(n):
+            v = torch.load(os.path.join(zero, n, "fp32.pt"), map_location="cpu")
+            return v["param"] if isinstance(v, dict) else v
+        bad = [n for n in names if not same_bytes(fp32(n), ref[n].float())]
+        check(f"{label} np{np}: the model keys, each the model's tensor widened to fp32, no optimizer state",
+              names == sorted(k for k in ref if not k.startswith("optimizer.")) and not bad and
+              not any(os.path.exists(os.path.join(zero, n, "exp_avg.pt")) for n in names), str(bad[:5]))
+    return os.path.join(work, "weights-only-np2")

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from atomic_files import same_bytes  # noqa: E402
-from mcore_atomic import jsonable, same_atomic  # noqa: E402
+from mcore_atomic import jsonable, same_atomic, weights_only_converts  # noqa: E402
 from checklist import cases_holding, check, finish, fresh_folder, refused_when_damaged, tool_runner  # noqa: E402
 
 BIN, CASES, WORK = sys.argv[1:4]
@@ -258,22 +258,7 @@ check("the weights-only torch_dist case is there", os.path.isdir(wo), wo)
 r = run("ucp-inspect", [wo])
 check("weights-only torch_dist: inspect says weights only", r.returncode == 0 and "model weights only" in r.stdout, r.stdout[-1000:] + r.stderr[-600:])
 ref = torch.load(os.path.join(CASES, case, "reference.pt"), map_location="cpu")
-for np in (1, 2):
-    atomic = os.path.join(WORK, f"weights-only-np{np}")
-    r = run("ucp-convert", [wo, "-o", atomic], ranks=np)
-    check(f"weights-only torch_dist: converts at {np} rank(s)", r.returncode == 0, r.stderr[-1200:])
-    if r.returncode != 0:
-        continue
-    zero = os.path.join(atomic, "zero")
-    names = sorted(d for d in os.listdir(zero) if os.path.isdir(os.path.join(zero, d)))
-
-    def fp32(n):
-        v = torch.load(os.path.join(zero, n, "fp32.pt"), map_location="cpu")
-        return v["param"] if isinstance(v, dict) else v
-    bad = [n for n in names if not same_bytes(fp32(n), ref[n].float())]
-    check(f"weights-only torch_dist np{np}: the model keys, each the model's tensor widened to fp32, no optimizer state",
-          names == sorted(k for k in ref if not k.startswith("optimizer.")) and not bad and
-          not any(os.path.exists(os.path.join(zero, n, "exp_avg.pt")) for n in names), str(bad[:5]))
+weights_only_converts(run, check, "weights-only torch_dist", wo, ref, WORK)
 # Targets a weights-only Megatron-Core atomic checkpoint does not get, each refused for its true reason.
 wo_atomic = os.path.join(WORK, "weights-only-np2")
 r = run("ucp-reshard", [wo_atomic, "-o", os.path.join(WORK, "wo-ds"), "--dp", "1", "--tp", "2", "--pp", "1", "--zero-stage", "1", "--no-optimizer"])

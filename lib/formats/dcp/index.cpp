@@ -600,16 +600,7 @@ void ReadWeightsOnlyParam(const SourceIndex& L, int param, float* dst) {
       throw Error(where + ": a " + std::string(pt::DTypeName(t.dtype)) + " " + pt::ShapeString(t.shape) + " tensor where the metadata says " +
                   item.dtype + " " + pt::ShapeString(item.chunks[c].sizes));
     std::vector<float> local(t.numel());
-    const uint8_t* bytes = t.data();
-    for (size_t i = 0; i < local.size(); ++i) {
-      if (t.dtype == pt::DType::F32) {
-        std::memcpy(&local[i], bytes + 4 * i, 4);
-      } else {
-        uint16_t half;
-        std::memcpy(&half, bytes + 2 * i, 2);
-        local[i] = t.dtype == pt::DType::BF16 ? pt::Bf16ToFp32(half) : pt::Fp16ToFp32(half);
-      }
-    }
+    pt::ToFp32(t.data(), t.dtype, local.size(), local.data());
     ForEachRun(item.size, item.chunks[c], [&](int64_t src, int64_t d, int64_t n) {
       std::memcpy(dst + d, local.data() + src, 4 * static_cast<size_t>(n));
     });

@@ -627,16 +627,7 @@ void ReadLegacyParam(const SourceIndex& L, int param, float* dst) {
     if (!entry) throw Error(L.dir + "/" + L.files[r.model_file].name + ": no record " + record + " for '" + x.name + "'");
     r.model.archive->VerifyCrc(*entry);  // every byte read checked
     std::vector<float> local(x.tensor.numel());
-    const uint8_t* bytes = x.tensor.data();
-    for (size_t i = 0; i < local.size(); ++i) {
-      if (x.tensor.dtype == pt::DType::F32) {
-        std::memcpy(&local[i], bytes + 4 * i, 4);
-      } else {
-        uint16_t half;
-        std::memcpy(&half, bytes + 2 * i, 2);
-        local[i] = x.tensor.dtype == pt::DType::BF16 ? pt::Bf16ToFp32(half) : pt::Fp16ToFp32(half);
-      }
-    }
+    pt::ToFp32(x.tensor.data(), x.tensor.dtype, local.size(), local.data());
     int64_t base = 0;
     for (const Chunk& box : x.boxes) {
       dcp::ForEachRun(item.size, box, [&](int64_t src, int64_t dst_at, int64_t n) {
