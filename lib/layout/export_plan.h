@@ -53,6 +53,12 @@ struct ExportTensor {
   // Non-empty: the item is the box of the target tensor (`shape`) at these offsets, of these sizes
   // (a DCP chunk: one rank's shard); every dimension given.
   std::vector<int64_t> box_offsets, box_sizes;
+  // With `layer` and a box: the chunk is saved with the stacked tensor's layer axis, shape [1, box...]
+  // (a Megatron-Core torch_dist chunk of decoder.layers.*).
+  bool layer_axis = false;
+  // The values' dtype as saved where it is not the plan's (fp32, bf16 or fp16; empty: the plan's):
+  // a Megatron-Core model key in the job's dtype beside its fp32 optimizer state.
+  std::string dtype;
   // atom < 0: the item is these bytes as they are (a DCP bytes item's or a step's torch.save file).
   std::string payload;
   int64_t numel() const;  // the box's, where there is one
@@ -126,6 +132,7 @@ struct ExportOptions {
   std::string model_config_text;      // the file's bytes (a Hugging Face config.json is carried as it is)
   std::string mesh;                   // --mesh (DCP): "dp=N" or "tp=M"; empty: one rank
   std::string output;                 // -o as given, for a target that records it (DCP's checkpoint_id)
+  int64_t tp = 1, pp = 1, dp = 1;     // --tp, --pp, --dp (Megatron-Core's layout)
 };
 
 // Where a whole-tensor writer takes its values: rows [a, b) of atomic tensor `atom`'s state `state`

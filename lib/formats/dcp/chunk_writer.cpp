@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "pt/zip_archive.h"
 #include "formats/dcp/target.h"
+#include "pt/low_precision.h"
 #include "pt/torch_file.h"
 
 namespace ucp::formats::dcp {
@@ -56,12 +57,23 @@ void WriteDcpFile(const reshard::ExportPlan& P, size_t f, reshard::RowSource& ro
     }
     if (t.shape.empty() || t.shape.size() > 2) throw Error("internal: " + t.name + ": a DCP chunk of a " + std::to_string(t.shape.size()) + "-d tensor");
     std::vector<float> box = BoxValues(t, rows);
-    const size_t bytes = box.size() * sizeof(float);
-    const uint32_t crc = pt::Crc32(0, {reinterpret_cast<const uint8_t*>(box.data()), bytes});
-    auto tensor = pt::OwnedTensor(nullptr, box.data(), pt::DType::F32, t.box_sizes);
+    std::vector<int64_t> sizes = t.box_sizes;
+    if (t.layer_axis) sizes.insert(sizes.begin(), 1);  // a stacked tensor's chunk keeps its layer axis
+    std::vector<uint16_t> half;  // the values in a 16-bit dtype, where the item is saved in one
+    pt::DType dtype = pt::DType::F32;
+    const void* data = box.data();
+    size_t bytes = box.size() * sizeof(float);
+    if (!t.dtype.empty() && t.dtype != "fp32") {
+      half.resize(box.size());
+      if (t.dtype == "bf16") pt::Fp32ToBf16(box.data(), half.data(), box.size()), dtype = pt::DType::BF16;
+      else pt::Fp32ToFp16(box.data(), half.data(), box.size()), dtype = pt::DType::F16;
+      data = half.data(), bytes = half.size() * sizeof(uint16_t);
+    }
+    const uint32_t crc = pt::Crc32(0, {reinterpret_cast<const uint8_t*>(data), bytes});
+    auto tensor = pt::OwnedTensor(nullptr, data, dtype, sizes);
     const pt::TorchFileFrame frame = pt::FrameTorchFile(*tensor, crc);
     out.Write(frame.head.data(), frame.head.size());
-    out.Write(box.data(), bytes);
+    out.Write(data, bytes);
     out.Write(frame.tail.data(), frame.tail.size());
     written += static_cast<int64_t>(frame.head.size() + bytes + frame.tail.size());
   }

@@ -30,12 +30,12 @@ ValuePtr Dataclass(const std::string& module, const std::string& name, std::vect
   return v;
 }
 
-// TensorProperties of a float32 tensor: its state is a tuple (dtype, layout, requires_grad,
+// TensorProperties of a tensor of `type`: its state is a tuple (dtype, layout, requires_grad,
 // memory_format, pin_memory); the layout torch.serialization._get_layout('torch.strided'), the
 // memory format _MEM_FORMAT_ENCODING(0) (torch.contiguous_format).
-ValuePtr Float32Properties() {
+ValuePtr Properties(pt::DType type) {
   auto dtype = Value::Make(Value::Kind::Global);
-  dtype->module = "torch", dtype->name = "float32";
+  dtype->module = "torch", dtype->name = std::string(pt::DTypeName(type));
   auto layout_args = Value::Make(Value::Kind::Tuple);
   layout_args->items.push_back(Value::Str("torch.strided"));
   auto format_args = Value::Make(Value::Kind::Tuple);
@@ -62,7 +62,7 @@ ValuePtr StateDictMetadata(const SavedCheckpoint& c, std::map<std::pair<std::str
       }
       if (!entry) {
         entry = Dataclass(kMetadataModule, "TensorStorageMetadata",
-                          {{"properties", Float32Properties()}, {"size", Size(it.shape)}, {"chunks", Value::Make(Value::Kind::List)}});
+                          {{"properties", Properties(it.dtype)}, {"size", Size(it.shape)}, {"chunks", Value::Make(Value::Kind::List)}});
         pt::SetItem(*md, it.key, entry);
       }
       auto& chunks = entry->state->dict.Get("chunks")->items;

@@ -30,6 +30,7 @@ struct SavedItem {
   std::vector<int64_t> shape, offsets, sizes;
   std::string file;
   int64_t offset = 0, length = 0;
+  pt::DType dtype = pt::DType::F32;  // a tensor's, as TensorProperties records it
 };
 
 struct SavedCheckpoint {

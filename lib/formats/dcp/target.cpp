@@ -1,12 +1,11 @@
 #include "formats/dcp/target.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <map>
 
 #include "core/error.h"
-#include "core/xxhash64.h"
+#include "formats/dcp/dcp_files.h"
 #include "formats/dcp/mesh.h"
 #include "formats/dcp/metadata_writer.h"
 #include "formats/hf/model.h"
@@ -211,55 +210,17 @@ std::map<WriteIndex, int> AssignOwners(const std::vector<Item>& items, int64_t r
   return owner;
 }
 
-// A save_id in the form of a UUID, from the atomic checkpoint's files (the manifest's list: relative
-// paths, sizes, checksums) and the mesh: the same bytes each run, wherever the folders and the
-// pattern files are (a parameter's manifest entry names its rule's file by its path).
-std::string SaveId(const reshard::Source& S, const Mesh& mesh) {
-  const std::string what = S.manifest["files"].dump() + mesh.text();
-  const uint64_t a = XxHash64::Of(what.data(), what.size()), b = XxHash64::Of(what.data(), what.size(), a);
-  char id[40];
-  std::snprintf(id, sizeof id, "%08x-%04x-4%03x-%04x-%012llx", static_cast<unsigned>(a >> 32), static_cast<unsigned>((a >> 16) & 0xFFFF),
-                static_cast<unsigned>(a & 0xFFF), static_cast<unsigned>(0x8000 | ((b >> 48) & 0x3FFF)),
-                static_cast<unsigned long long>(b & 0xFFFFFFFFFFFFull));
-  return id;
-}
-
-// A tensor item's torch.save file: its size (the frame's does not depend on the CRC).
-int64_t FramedLength(const ExportTensor& t) {
-  auto tensor = pt::ProducedTensor(pt::DType::F32, t.box_sizes, [](uint64_t, uint64_t, uint8_t*) {});
-  const pt::TorchFileFrame frame = pt::FrameTorchFile(*tensor, 0);
-  return static_cast<int64_t>(frame.head.size() + frame.data_size + frame.tail.size());
-}
-
-// Rank r's file: its items, bytes first, then tensors, in plan order; each an export tensor.
+// Rank r's file: the items it saves (owner), each's box of its tensor.
 void LayFile(const std::vector<Item>& items, const std::map<WriteIndex, int>& owner, int r, reshard::ExportPlan& P, SavedCheckpoint& c) {
-  reshard::ExportFile file;
-  file.name = "__" + std::to_string(r) + "_0.distcp";
-  std::vector<SavedItem>& saved = c.items.emplace_back();
-  std::vector<int>& order = c.file_order.emplace_back();
-  std::vector<const Item*> of;  // per saved item, its key's
+  std::vector<PlannedItem> mine;
   for (const Item& it : items) {
     const Box box = it.on(r);
     if (owner.at({it.key, box.offsets}) != r) continue;  // another rank saves it
-    saved.push_back({it.key, it.bytes, it.data.shape, box.offsets, box.sizes, file.name});
-    of.push_back(&it);
+    PlannedItem p{{it.key, it.bytes, it.data.shape, box.offsets, box.sizes, ""}, it.data};
+    if (p.data.payload.empty()) p.data.box_offsets = box.offsets, p.data.box_sizes = box.sizes;
+    mine.push_back(std::move(p));
   }
-  for (int pass = 0; pass < 2; ++pass)  // bytes items first
-    for (size_t k = 0; k < saved.size(); ++k)
-      if (saved[k].bytes == (pass == 0)) order.push_back(static_cast<int>(k));
-  int64_t at = 0;
-  for (int k : order) {
-    SavedItem& s = saved[k];
-    ExportTensor t = of[k]->data;
-    if (t.payload.empty()) t.box_offsets = s.offsets, t.box_sizes = s.sizes;
-    s.offset = at;
-    s.length = t.payload.empty() ? FramedLength(t) : static_cast<int64_t>(t.payload.size());
-    at += s.length;
-    file.tensors.push_back(static_cast<int>(P.tensors.size()));
-    P.tensors.push_back(std::move(t));
-  }
-  file.bytes = at;
-  P.files.push_back(std::move(file));
+  LayDcpFile(r, "", std::move(mine), P, c);
 }
 
 }  // namespace
@@ -287,7 +248,7 @@ reshard::ExportPlan PlanDcp(const reshard::Source& S, const reshard::ExportOptio
   for (int64_t r = 0; r < mesh.ranks(); ++r) LayFile(items, owner, static_cast<int>(r), P, c);
   c.checkpoint_id = std::filesystem::path(o.output).lexically_normal().filename().string();  // the folder's name
   if (c.checkpoint_id.empty()) c.checkpoint_id = std::filesystem::path(o.output).lexically_normal().parent_path().filename().string();
-  c.save_id = SaveId(S, mesh);
+  c.save_id = SaveIdOf(S, mesh.text());
   P.marker = ".metadata";
   P.marker_text = MetadataPickle(c);
   return P;
