@@ -54,6 +54,11 @@ constexpr const char* kDescription =
       "--format dcp writes a PyTorch Distributed Checkpoint of torchtitan's Llama (.metadata last, __R_0.distcp per\n"
       "rank of --mesh dp=N, tp=M or dp=N,tp=M): {\"model\", \"optim\"} as get_state_dict gives them, weights, exp_avg, exp_avg_sq,\n"
       "step and param groups, for torch.distributed.checkpoint.load; the same models as --format hf, no biases, untied.\n\n"
+      "--format mcore writes Megatron-LM's torch_dist checkpoint at --tp T --pp P [--dp D] (iter_NNNNNNN/ and\n"
+      "latest_checkpointed_iteration.txt last), which Megatron-LM's --load resumes: from Megatron-Core and Megatron-LM\n"
+      "sources (GPT / Llama, dense), the model in the job's dtype, the optimizer's state in the form the job's optimizer\n"
+      "loads at any layout (the distributed optimizer's fully_reshardable, or the plain optimizer's), the args at the new\n"
+      "layout (no RNG state: Megatron-LM keeps its own).\n\n"
       "Exit status: 0 done; 1 refused or failed (the reason names the parameter or file); 2 bad command line.\n\n"
       "Examples:\n"
       "  mpirun -np 4 ucp-reshard ckpt/atomic -o new_ckpt --dp 4 --tp 2 --pp 2 --zero-stage 1 --dtype bf16\n"
@@ -61,6 +66,7 @@ constexpr const char* kDescription =
       "  ucp-reshard ckpt/atomic -o new_ckpt --layout target.json --dp 8\n"
       "  mpirun -np 2 ucp-reshard ckpt/atomic -o hf_model --format hf [--dtype bf16] [--max-shard-size 5GB]\n"
       "  ucp-reshard ckpt/atomic -o titan_ckpt --format dcp --mesh dp=8       for torchtitan on 8 ranks (FSDP2)\n"
+      "  ucp-reshard mcore_atomic -o /ckpt/run2 --format mcore --tp 2 --pp 4   Megatron-LM's --load at TP=2 PP=4\n"
       "  ucp-reshard ckpt/atomic --gpus 96 --gpus-per-node 4 --gpu-memory 40G --plan-only\n"
       "  ucp-reshard ckpt/atomic -o new_ckpt --dp 1 --sp 4 --tp 1 --pp 1 --zero-stage 1   Ulysses SP=4\n"
       "  ucp-reshard ckpt/atomic --gpus 64 --seq-length 131072 --recompute full --plan-only   SP where the sequence needs it\n"
@@ -105,7 +111,8 @@ CLI::Option* AddInputFlags(CLI::App& app, ReshardCommand& c) {
                  "what to write: deepspeed (the default: a training layout's native files), hf (a Hugging Face "
                  "transformers model: config.json and safetensors, for from_pretrained; no layout flags) or dcp (a "
                  "PyTorch Distributed Checkpoint of torchtitan's Llama with its optimizer state, for "
-                 "torch.distributed.checkpoint.load on the --mesh given)")
+                 "torch.distributed.checkpoint.load on the --mesh given) or mcore (Megatron-LM's torch_dist checkpoint at "
+                 "--tp, --pp, --dp, for its --load)")
       ->transform(CLI::IsMember(ucp::formats::TargetNames(), CLI::ignore_case));
   return keep;
 }

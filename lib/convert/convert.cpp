@@ -10,7 +10,15 @@ namespace ucp::convert {
 using shuffle::AnyFailed;
 using shuffle::Capture;
 
-int RunConvert(const ConvertOptions& o, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
+int RunConvert(const ConvertOptions& given, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
+  // A Megatron-LM torch_dist root: the iteration its tracker names, as Megatron-LM's --load reads it.
+  ConvertOptions o = given;
+  if (std::string iteration = o.source.empty() ? "" : formats::TrackedIteration(o.source); !iteration.empty()) {
+    if (comm.rank() == 0 && !o.quiet)
+      err << "ucp-convert: note: " << o.source << " is a Megatron-LM checkpoint root: reading " << iteration
+          << ", the iteration its latest_checkpointed_iteration.txt names\n";
+    o.source = iteration;
+  }
   // A model of whole tensors (Hugging Face's; a training format's weights-only save) has no partitions
   // to map: its own run.
   if (const formats::SourceDriver* d = formats::ProbeSource(o.source); d && d->read_param && (!d->weights_only || d->weights_only(o.source)))

@@ -64,5 +64,6 @@ const SourceDriver& MegatronSource();
 const TargetDriver& DeepSpeedTarget();
 const TargetDriver& HuggingFaceTarget();
 const TargetDriver& DcpTarget();
+const TargetDriver& McoreTarget();
 
 }  // namespace ucp::formats

@@ -26,7 +26,7 @@ std::span<const SourceDriver* const> Sources() {
   return table;
 }
 std::span<const TargetDriver* const> Targets() {
-  static const TargetDriver* const table[] = {&DeepSpeedTarget(), &HuggingFaceTarget(), &DcpTarget()};
+  static const TargetDriver* const table[] = {&DeepSpeedTarget(), &HuggingFaceTarget(), &DcpTarget(), &McoreTarget()};
   return table;
 }
 
@@ -132,6 +132,22 @@ std::string CheckpointBelow(const std::string& dir) {
   const auto& [newest, driver] = found.back();
   return newest.string() + " is a " + driver->name + " checkpoint" +
          (found.size() > 1 ? " (the newest of " + std::to_string(found.size()) + " here)" : "") + ": give that folder";
+}
+
+std::string TrackedIteration(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path d(fs::path(dir).lexically_normal());
+  if (DcpSource().probe(d.string()) || MegatronSource().probe(d.string())) return "";  // the folder itself is a checkpoint
+  const auto text = ReadWholeFile((d / "latest_checkpointed_iteration.txt").string());
+  if (!text) return "";
+  std::string it = *text;
+  it.erase(0, it.find_first_not_of(" \t\r\n"));
+  it.erase(it.find_last_not_of(" \t\r\n") + 1);
+  if (it.empty() || it.size() >= 10 || it.find_first_not_of("0123456789") != std::string::npos) return "";
+  std::string number = std::to_string(std::stoll(it));
+  const fs::path iter = d / ("iter_" + std::string(number.size() < 7 ? 7 - number.size() : 0, '0') + number);
+  return fs::is_directory(iter, ec) && DcpSource().probe(iter.string()) ? iter.string() : "";
 }
 
 const SourceDriver* ProbeSource(const std::string& dir) {

@@ -29,6 +29,11 @@ std::string CheckpointBelow(const std::string& dir);
 // The source driver whose probe accepts `dir` (its names only), or nullptr.
 const SourceDriver* ProbeSource(const std::string& dir);
 
+// A Megatron-LM torch_dist root (latest_checkpointed_iteration.txt beside iter_NNNNNNN folders): the
+// iteration folder its tracker names, as Megatron-LM's --load reads it, where that is a DCP; else
+// empty (a legacy root is a source itself).
+std::string TrackedIteration(const std::string& dir);
+
 // The target driver called `name`; throws ucp::Error listing the known ones.
 const TargetDriver& FindTarget(std::string_view name);
 // The target drivers' names, in the table's order (ucp-reshard's --format choices).

@@ -253,7 +253,12 @@ void PrintReport(const json& r, std::ostream& out) {
         << " weights of the model compared with their fp32 masters\n";
 }
 
-int RunInspect(const std::string& dir, const InspectOptions& options, std::ostream& out, std::ostream& err) {
+int RunInspect(const std::string& given, const InspectOptions& options, std::ostream& out, std::ostream& err) {
+  // A Megatron-LM torch_dist root: the iteration its tracker names, as Megatron-LM's --load reads it.
+  const std::string iteration = formats::TrackedIteration(given), dir = iteration.empty() ? given : iteration;
+  if (!iteration.empty())
+    err << "ucp-inspect: note: " << given << " is a Megatron-LM checkpoint root: reading " << iteration
+        << ", the iteration its latest_checkpointed_iteration.txt names\n";
   if (store::IsUnfinishedConversion(dir)) {
     err << "ucp-inspect: error: " << dir << ": an unfinished ucp-convert run (a journal but no ucp_manifest.json); "
         << "finish it with ucp-convert --resume\n";

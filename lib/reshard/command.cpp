@@ -69,8 +69,8 @@ std::optional<int> SettleOptimizerFlags(ReshardCommand& c, std::ostream& err) {
   const std::string flag = c.no_optimizer ? "--no-optimizer" : "--optimizer-config";
   if (c.no_optimizer && config) return Refuse(err, "--no-optimizer writes no optimizer files: no --optimizer-config");
   if (o.format == "hf") return Refuse(err, flag + ": --format hf writes a model, which has no optimizer");
-  if (o.format == "dcp")
-    return Refuse(err, flag + ": --format dcp writes the optimizer state the atomic checkpoint holds (none of a weights-only one)");
+  if (o.format == "dcp" || o.format == "mcore")
+    return Refuse(err, flag + ": --format " + o.format + " writes the optimizer state the atomic checkpoint holds (none of a weights-only one)");
   if (c.in_place_mode)
     return Refuse(err, flag + ": --in-place continues the training run as it is, its optimizer too: reshard into -o OUT");
   const auto& given = c.in_place.given;
@@ -94,16 +94,26 @@ std::optional<int> SettleOptimizerFlags(ReshardCommand& c, std::ostream& err) {
   return std::nullopt;
 }
 
-// --format hf and dcp: a model has no DeepSpeed layout, only the precision is the user's to choose
-// (and DCP's mesh).
+// --format hf, dcp and mcore: a model has no DeepSpeed layout, only the precision is the user's to
+// choose (and DCP's mesh, Megatron-LM's TP, PP and DP).
 std::optional<int> SettleModelExport(ReshardCommand& c, std::ostream& err) {
   ReshardOptions& o = c.options;
-  const bool dcp = o.format == "dcp";
-  const std::string no_layout = "--format " + o.format + (dcp ? " writes torchtitan's sharding of whole tensors (--mesh): no " : " writes a model of whole tensors: no ");
-  const std::string only = dcp ? " (only --mesh, --dtype fp32, --model-config)" : " (only --dtype, --max-shard-size, --model-config)";
+  const bool dcp = o.format == "dcp", mcore = o.format == "mcore";
+  const std::string no_layout = "--format " + o.format +
+      (dcp ? " writes torchtitan's sharding of whole tensors (--mesh): no " : mcore ? " writes Megatron-LM's TP x PP x DP layout: no "
+                                                                            : " writes a model of whole tensors: no ");
+  const std::string only = dcp ? " (only --mesh, --dtype fp32, --model-config)" : mcore ? " (only --tp, --pp, --dp)"
+                                                                                 : " (only --dtype, --max-shard-size, --model-config)";
   if (!c.layout_only_given.empty()) return Refuse(err, no_layout + c.layout_only_given.front() + only);
   for (const auto& key : c.in_place.given)
-    if (key != "dtype") return Refuse(err, no_layout + "--" + FlagOf(key) + only);
+    if (key != "dtype" && !(mcore && (key == "tp" || key == "pp" || key == "dp"))) return Refuse(err, no_layout + "--" + FlagOf(key) + only);
+  if (mcore) {
+    for (const std::string& flag : c.hf_only_given) return Refuse(err, flag + " goes with --format hf");
+    if (!c.dcp_only_given.empty()) return Refuse(err, c.dcp_only_given.front() + " goes with --format dcp");
+    auto given = [&](const char* key) { return std::find(c.in_place.given.begin(), c.in_place.given.end(), key) != c.in_place.given.end(); };
+    if (!given("tp") || !given("pp")) return Refuse(err, "--format mcore: give the layout to write, --tp T --pp P (and --dp D, else 1)");
+    o.model.tp = o.target.tp, o.model.pp = o.target.pp, o.model.dp = given("dp") ? o.target.dp : 1;
+  }
   if (c.in_place_mode || o.planner.gpus > 0)
     return Refuse(err, "--format " + o.format + " writes into -o OUT: no " + (c.in_place_mode ? "--in-place" : "--gpus"));
   for (const std::string& flag : c.hf_only_given)
@@ -159,7 +169,7 @@ InPlaceOptions FromRoot(const ReshardCommand& c) {
 std::optional<int> SettleCommand(ReshardCommand& c, std::ostream& err) {
   if (auto status = ReadLayout(c, err)) return status;
   if (auto status = SettleOptimizerFlags(c, err)) return status;
-  const bool model = c.options.format == "hf" || c.options.format == "dcp";
+  const bool model = c.options.format == "hf" || c.options.format == "dcp" || c.options.format == "mcore";
   return model ? SettleModelExport(c, err) : SettleTrainingLayout(c, err);
 }
 

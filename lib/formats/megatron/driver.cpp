@@ -1,8 +1,9 @@
-// The Megatron-LM legacy format's row of the registry (formats/registry.h): its source driver
-// (legacy_index.h).
+// Megatron-LM's rows of the registry (formats/registry.h): the legacy format's source driver
+// (legacy_index.h), and the torch_dist target (mcore_target.h).
 #include "formats/driver.h"
 #include "formats/megatron/legacy_folder.h"
 #include "formats/megatron/legacy_index.h"
+#include "formats/megatron/mcore_target.h"
 
 namespace ucp::formats {
 
@@ -14,6 +15,18 @@ const SourceDriver& MegatronSource() {
      "places it (layers stacked), fp32 masters with Adam's exp_avg / exp_avg_sq and step",
      "latest_checkpointed_iteration.txt, iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt (and distrib_optim.pt)",
      megatron::LooksLikeLegacy, megatron::IndexLegacy, megatron::ReadLegacyParam, megatron::LegacyWeightsOnly};
+  return driver;
+}
+
+const TargetDriver& McoreTarget() {
+  static constexpr TargetDriver driver = {"mcore",
+     "Megatron-LM's torch_dist checkpoint of a Megatron-Core GPT / Llama model (ucp-reshard --format mcore --tp T --pp P "
+     "[--dp D]): the files save_checkpoint writes at that layout, which the job's --load resumes: layers stacked, each "
+     "layer and TP piece a chunk, the model in the job's dtype, the optimizer's state in the form its optimizer loads at "
+     "any TP / PP (the distributed optimizer's fully_reshardable, the mixed-precision optimizer's, FP32Optimizer's), "
+     "common.pt with the args at the new layout, iteration and scheduler; from Megatron-Core and Megatron-LM sources",
+     "iter_NNNNNNN/ (__R_0.distcp, common.pt, metadata.json, .metadata), latest_checkpointed_iteration.txt (written last)",
+     nullptr, megatron::PlanMcore, megatron::WriteMcoreFile, megatron::CheckMcoreSource};
   return driver;
 }
 

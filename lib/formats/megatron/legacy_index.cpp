@@ -570,7 +570,9 @@ void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& op
   L.args_state = Value::Make(Value::Kind::Dict);
   pt::SetItem(*L.args_state, "args", L.args ? L.args : Value::None());
   pt::SetItem(*L.args_state, "iteration", Value::Int(L.iteration));
-  if (auto v = ranks[0].model.root->Get("checkpoint_version")) pt::SetItem(*L.args_state, "checkpoint_version", v);
+  // ... and what else of rank 0's common state a Megatron-LM target carries (the scheduler)
+  for (const char* key : {"checkpoint_version", "opt_param_scheduler", "num_floating_point_operations_so_far"})
+    if (auto v = ranks[0].model.root->Get(key)) pt::SetItem(*L.args_state, key, v);
 
   L.notes.push_back("Megatron-LM legacy checkpoint (--ckpt-format torch), " + F.tag + ": " + source::MegatronLayout(args) + " by its args, " +
                     std::to_string(ranks.size()) +

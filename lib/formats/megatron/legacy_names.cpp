@@ -22,6 +22,18 @@ std::optional<DistName::Split> LayerSplit(const std::string& module, const std::
   return std::nullopt;
 }
 
+// A tensor outside the decoder's layers, by its name (the same in both forms).
+DistName GlobalName(const std::string& name) {
+  DistName d;
+  if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight" || name == "output_layer.bias") d.split = DistName::Rows;
+  else if (name == "embedding.position_embeddings.weight" || name.rfind("decoder.final_layernorm.", 0) == 0) d.split = DistName::Whole;
+  else
+    throw Error("'" + name + "': a tensor not in ucp's table of Megatron-Core models (how tensor parallelism cuts it is not known, "
+                "so it is not guessed)");
+  d.key = name;
+  return d;
+}
+
 }  // namespace
 
 std::optional<DistName> DistNameOf(const std::string& name, bool gated) {
@@ -44,12 +56,21 @@ std::optional<DistName> DistNameOf(const std::string& name, bool gated) {
     d.gated = gated && module == "mlp.linear_fc1" && d.split == DistName::Rows;
     return d;
   }
-  if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight" || name == "output_layer.bias") d.split = DistName::Rows;
-  else if (name == "embedding.position_embeddings.weight" || name.rfind("decoder.final_layernorm.", 0) == 0) d.split = DistName::Whole;
-  else
-    throw Error("'" + name + "': a tensor not in ucp's table of Megatron-Core models (how tensor parallelism cuts it is not known, "
-                "so it is not guessed)");
-  d.key = name;
+  return GlobalName(name);
+}
+
+DistName DistNameOfKey(const std::string& key, bool gated) {
+  static const std::string stacked = "decoder.layers.";
+  if (key.rfind(stacked, 0) != 0) return GlobalName(key);
+  const size_t dot = key.rfind('.');
+  const std::string module = key.substr(stacked.size(), dot - stacked.size()), param = key.substr(dot + 1);
+  const auto split = dot > stacked.size() ? LayerSplit(module, param) : std::nullopt;
+  if (!split)
+    throw Error("'" + key + "': a module not in ucp's table of Megatron-Core layers (how tensor parallelism cuts it is not known, so "
+                "it is not guessed)");
+  DistName d;
+  d.key = key, d.split = *split;
+  d.gated = gated && module == "mlp.linear_fc1" && d.split == DistName::Rows;
   return d;
 }
 

@@ -24,4 +24,8 @@ struct DistName {
 // cuts: never guessed). `gated`: the job's MLP is gated (args.swiglu).
 std::optional<DistName> DistNameOf(const std::string& name, bool gated);
 
+// A torch_dist key itself ("decoder.layers.mlp.linear_fc1.weight": layers stacked, `layer` -1): how
+// TP ranks cut it, by the same table. Throws ucp::Error for a key not in it.
+DistName DistNameOfKey(const std::string& key, bool gated);
+
 }  // namespace ucp::formats::megatron

@@ -1,0 +1,128 @@
+"""The Megatron-Core target (ucp-reshard --format mcore --tp T --pp P [--dp D]), from Megatron-Core 0.17.1's own
+saves (tests/data/real-mcore, make_mcore.py there): its torch_dist form with each of its optimizers (FP32Optimizer;
+the distributed optimizer in bf16; Float16OptimizerWithFloat16Params in bf16, from the legacy form) and a
+weights-only save (--no-save-optim), each written at layouts other than the source's.
+
+    mcore_target.py UCP_BIN_DIR CASES_DIR WORK RECORD [mpiexec]
+
+Each output is Megatron-LM's root: latest_checkpointed_iteration.txt naming the source's iteration, and
+iter_NNNNNNN/ holding .metadata, common.pt, metadata.json and one __<rank>_0.distcp per rank of DP rank 0.
+- Round trip: ucp-convert of the output root (the iteration its tracker names) gives back the atomic checkpoint it was written from, every weight,
+  exp_avg, exp_avg_sq and step byte for byte, and the param groups (the weights alone for weights-only).
+- Real reader: RECORD (tests/data/real-mcore/mcore_target_readers.json, written by mcore_load_check.py in the
+  trixie chroot) holds the sha256 of every file of each output that Megatron-LM's own load_checkpoint loaded
+  at its layout, with what it found; every output here must be those bytes, and the record must say every
+  tensor was equal.
+- Refused by name, nothing written: a layout that does not divide the layers or the heads, a Mixture-of-Experts
+  model, no --tp / --pp, layout flags of DeepSpeed's.
+"""
+import hashlib
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic_files import same_bytes  # noqa: E402
+from checklist import check, finish, fresh_folder, tool_runner  # noqa: E402
+from mcore_atomic import same_atomic  # noqa: E402
+
+BIN, CASES, WORK, RECORD = sys.argv[1:5]
+run = tool_runner(BIN, sys.argv[5] if len(sys.argv) > 5 else None)
+fresh_folder(WORK)
+record = json.load(open(RECORD))
+
+# (label, source folder, layouts written: tp, pp, dp)
+SOURCES = [
+    ("llama_tp2", "llama_tp2/checkpoint", [(1, 2, 1), (2, 2, 1), (1, 1, 2)]),
+    ("llama_tp2_dp2_distopt_bf16", "llama_tp2_dp2_distopt_bf16/checkpoint", [(1, 2, 1), (2, 1, 2)]),
+    ("gpt_tp2_pp2_bf16_legacy", "gpt_tp2_pp2_bf16_legacy/legacy", [(1, 1, 1), (2, 1, 1)]),
+    ("gpt_weights_only", "gpt_tp2_pp2_bf16_legacy/checkpoint_weights_only", [(1, 2, 1)]),
+]
+
+
+def sha256(path):  # the files here are small
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def files_of(root):
+    out = {}
+    for d, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(d, n)
+            out[os.path.relpath(p, root)] = p
+    return out
+
+
+def same_weights(label, a, b):
+    """Weights-only atomic checkpoints a and b: the same parameters, each weight byte for byte, no moments."""
+    za, zb = os.path.join(a, "zero"), os.path.join(b, "zero")
+    names = sorted(d for d in os.listdir(za) if os.path.isdir(os.path.join(za, d)))
+    def fp32(z, n):
+        v = torch.load(os.path.join(z, n, "fp32.pt"), map_location="cpu")
+        return v["param"] if isinstance(v, dict) else v
+    bad = [n for n in names if not same_bytes(fp32(za, n), fp32(zb, n))]
+    check(f"{label}: the same weights byte for byte, no moments ({len(names)})",
+          names == sorted(d for d in os.listdir(zb) if os.path.isdir(os.path.join(zb, d))) and not bad and
+          not any(os.path.exists(os.path.join(zb, n, "exp_avg.pt")) for n in names), str(bad[:5]))
+
+
+for label, folder, layouts in SOURCES:
+    atomic = os.path.join(WORK, label, "atomic")
+    r = run("ucp-convert", [os.path.join(CASES, folder), "-o", atomic], ranks=2)
+    check(f"{label}: converts", r.returncode == 0, r.stderr[-1200:])
+    if r.returncode != 0:
+        continue
+    for tp, pp, dp in layouts:
+        layout = f"tp{tp}_pp{pp}_dp{dp}"
+        out = os.path.join(WORK, label, layout)
+        for ranks in (1, 2):
+            if ranks == 2:
+                fresh_folder(out)
+                os.rmdir(out)
+            r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--tp", str(tp), "--pp", str(pp), "--dp", str(dp)], ranks=ranks)
+            check(f"{label} -> {layout}: written at {ranks} rank(s)", r.returncode == 0 and "Megatron-Core GPTModel" in r.stderr, r.stderr[-1500:])
+        if r.returncode != 0:
+            continue
+        files = files_of(out)
+        want = {"latest_checkpointed_iteration.txt", "iter_0000003/.metadata", "iter_0000003/common.pt", "iter_0000003/metadata.json"}
+        want |= {f"iter_0000003/__{t + tp * dp * p}_0.distcp" for t in range(tp) for p in range(pp)}
+        check(f"{label} -> {layout}: Megatron-LM's root, one file per rank of DP rank 0", set(files) - {".ucp-reshard.json"} == want,
+              str(sorted(files)))
+        check(f"{label} -> {layout}: latest_checkpointed_iteration.txt names iteration 3",
+              open(os.path.join(out, "latest_checkpointed_iteration.txt")).read() == "3")
+        back = os.path.join(WORK, label, layout + "-back")
+        r = run("ucp-convert", [out, "-o", back], ranks=2)  # the root, read as Megatron-LM's --load reads it
+        check(f"{label} -> {layout}: the output root converts back, its tracker's iteration read", r.returncode == 0 and
+              "is a Megatron-LM checkpoint root: reading " + os.path.join(out, "iter_0000003") in r.stderr, r.stderr[-1500:])
+        if r.returncode == 0:
+            (same_weights if label.endswith("weights_only") else lambda l, a, b: same_atomic(check, l, a, b))(
+                f"{label} -> {layout} -> atomic", atomic, back)
+        seen = record["outputs"].get(f"{label}:{layout}")
+        check(f"{label} -> {layout}: the bytes Megatron-LM's load_checkpoint loaded at {layout} (RECORD)", seen is not None and
+              seen["sha256"] == {k: sha256(p) for k, p in files.items() if k != ".ucp-reshard.json"},
+              "not in the record" if seen is None else "the files differ from the ones recorded: rerun mcore_load_check.py")
+        if seen is not None:
+            check(f"{label} -> {layout}: Megatron-LM found every tensor equal ({seen.get('tensors_equal')} of {seen.get('tensors')})",
+                  seen.get("tensors") and seen.get("tensors_equal") == seen.get("tensors"), json.dumps(seen)[:800])
+
+# Refusals, nothing written.
+atomic = os.path.join(WORK, "llama_tp2", "atomic")
+for args, expect in ((["--tp", "1", "--pp", "3"], "does not divide the model's 4 layers"),
+                     (["--tp", "3", "--pp", "1"], "does not divide the model's 4 attention heads"),
+                     (["--tp", "1"], "give the layout to write"),
+                     (["--tp", "1", "--pp", "1", "--zero-stage", "1"], "(only --tp, --pp, --dp)"),
+                     (["--tp", "1", "--pp", "1", "--dtype", "bf16"], "in the job's dtype (fp32)")):
+    out = os.path.join(WORK, "refused")
+    r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore"] + args)
+    check(f"--format mcore {' '.join(args)}: refused by name, nothing written", r.returncode != 0 and expect in r.stderr and
+          not os.path.exists(os.path.join(out, "latest_checkpointed_iteration.txt")), r.stderr[-800:])
+moe = os.path.join(WORK, "moe")
+r = run("ucp-convert", [os.path.join(CASES, "moe_ep2", "checkpoint"), "-o", moe])
+check("moe_ep2: converts", r.returncode == 0, r.stderr[-800:])
+r = run("ucp-reshard", [moe, "-o", os.path.join(WORK, "moe-out"), "--format", "mcore", "--tp", "1", "--pp", "1"])
+check("a Mixture-of-Experts model: refused by name", r.returncode != 0 and "Mixture-of-Experts" in r.stderr and
+      not os.path.exists(os.path.join(WORK, "moe-out", "latest_checkpointed_iteration.txt")), r.stderr[-800:])
+
+finish("mcore_target")
