@@ -14,7 +14,8 @@ iter_NNNNNNN/ holding .metadata, common.pt, metadata.json and one __<rank>_0.dis
   at its layout, with what it found; every output here must be those bytes, and the record must say every
   tensor was equal.
 - Refused by name, nothing written: a layout that does not divide the layers or the heads, a Mixture-of-Experts
-  model, no --tp / --pp, layout flags of DeepSpeed's.
+  model, no --tp / --pp, layout flags of DeepSpeed's, a source whose names are not Megatron-Core's (a real
+  DeepSpeed checkpoint of ../shared/real-deepspeed, beside the checkout).
 """
 import hashlib
 import json
@@ -124,5 +125,14 @@ check("moe_ep2: converts", r.returncode == 0, r.stderr[-800:])
 r = run("ucp-reshard", [moe, "-o", os.path.join(WORK, "moe-out"), "--format", "mcore", "--tp", "1", "--pp", "1"])
 check("a Mixture-of-Experts model: refused by name", r.returncode != 0 and "Mixture-of-Experts" in r.stderr and
       not os.path.exists(os.path.join(WORK, "moe-out", "latest_checkpointed_iteration.txt")), r.stderr[-800:])
+
+ds = os.path.join(CASES, "..", "..", "..", "..", "shared", "real-deepspeed", "cases", "llama_tp2_dp2_zero1_fp32", "ckpt")
+check("../shared/real-deepspeed beside the checkout", os.path.isdir(ds), ds)
+if os.path.isdir(ds):
+    r = run("ucp-convert", [ds, "-o", os.path.join(WORK, "ds")], ranks=2)
+    check("a real Megatron-DeepSpeed-style checkpoint: converts", r.returncode == 0, r.stderr[-800:])
+    r = run("ucp-reshard", [os.path.join(WORK, "ds"), "-o", os.path.join(WORK, "ds-out"), "--format", "mcore", "--tp", "1", "--pp", "1"])
+    check("DeepSpeed names: refused by name, nothing written", r.returncode != 0 and "is not a Megatron-Core model's" in r.stderr and
+          not os.path.exists(os.path.join(WORK, "ds-out", "latest_checkpointed_iteration.txt")), r.stderr[-800:])
 
 finish("mcore_target")

@@ -106,11 +106,14 @@ class McorePlan {
     }
   }
 
-  // A bytes item (a ShardedObject's torch.save file) on rank `rank`.
-  void Bytes(const std::string& key, const Value& value, int64_t rank) {
+  // A ShardedObject on rank `rank`: a bytes item, the torch.save file of its value inside a one-element
+  // list (as Megatron-Core saves every ShardedObject, and its load takes the list apart).
+  void Object(const std::string& key, ValuePtr value, int64_t rank) {
     dcp::PlannedItem it;
     it.saved.key = key, it.saved.bytes = true;
-    it.data.name = key, it.data.payload = pt::TorchFileBytes(value);
+    auto list = Value::Make(Value::Kind::List);
+    list->items.push_back(std::move(value));
+    it.data.name = key, it.data.payload = pt::TorchFileBytes(*list);
     Add(rank, std::move(it));
   }
 
@@ -264,30 +267,41 @@ std::string IterationFolder(int64_t iteration) {
 // The decoder's linears, whose (empty) extra state Megatron-Core saves per layer as a ShardedObject.
 const char* const kLinears[] = {"self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2"};
 
+// Parameters that are not a Megatron-Core model's (a Megatron-DeepSpeed, Trainer or torchtitan job's):
+// refused, the first named.
+void RefuseOtherNames(const std::vector<std::string>& names, const std::string& dir) {
+  for (const std::string& name : names) {
+    try {
+      DistNameOfKey(name, false);
+    } catch (const Error&) {
+      throw Error(dir + ": parameter '" + name + "' is not a Megatron-Core model's: --format mcore writes from Megatron-Core "
+                  "torch_dist and Megatron-LM legacy checkpoints, whose tensors carry Megatron-Core's names (from "
+                  "Megatron-DeepSpeed, Hugging Face or torchtitan names: not yet)");
+    }
+  }
+}
+
 }  // namespace
 
 void CheckMcoreSource(const source::SourceIndex& L, const reshard::ExportOptions&) {
-  for (const auto& p : L.params) {
-    try {
-      DistNameOfKey(p.name, false);
-    } catch (const Error&) {
-      throw Error(L.root + ": parameter '" + p.name + "' is not a Megatron-Core model's (--format mcore writes from Megatron-Core "
-                  "torch_dist and Megatron-LM legacy checkpoints, whose tensors carry Megatron-Core's names; from Megatron-DeepSpeed, "
-                  "Hugging Face or torchtitan names: not yet)");
-    }
-  }
+  std::vector<std::string> names;
+  for (const auto& p : L.params) names.push_back(p.name);
+  RefuseOtherNames(names, L.root);
 }
 
 reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOptions& o) {
   const std::string dir = S.reader->dir();
   const Grid g{o.tp, o.pp, o.dp};
   if (g.tp < 1 || g.pp < 1 || g.dp < 1) throw Error("--tp, --pp and --dp must be at least 1");
-  const Value& common = CommonState(S);
-  const Value& args = *common.Get("args");
   for (const reshard::Atom& a : S.atoms)
     if (a.name.find(".experts.") != std::string::npos || a.name.find(".router.") != std::string::npos)
       throw Error(dir + ": parameter '" + a.name + "': a Mixture-of-Experts model: --format mcore writes dense GPT / Llama models (not "
-                  "yet experts); --format hf writes this model as MixtralForCausalLM");
+                  "yet experts)");
+  std::vector<std::string> names;
+  for (const reshard::Atom& a : S.atoms) names.push_back(a.name);
+  RefuseOtherNames(names, dir);
+  const Value& common = CommonState(S);
+  const Value& args = *common.Get("args");
   for (const char* name : {"num_layers_per_virtual_pipeline_stage", "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout",
                            "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "num_experts", "mtp_num_layers"})
     if (IsSet(args, name))
@@ -330,8 +344,8 @@ reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOpt
   for (const char* m : kLinears)
     if (linears.count(m))
       for (int64_t l = 0; l < layers; ++l)
-        plan.Bytes("decoder.layers." + std::string(m) + "._extra_state/shard_" + std::to_string(l) + "_" + std::to_string(layers),
-                   *Value::None(), g.Rank(0, l * g.pp / layers));
+        plan.Object("decoder.layers." + std::string(m) + "._extra_state/shard_" + std::to_string(l) + "_" + std::to_string(layers),
+                    Value::None(), g.Rank(0, l * g.pp / layers));
   double step = 0;
   if (form != Form::None) {
     step = CommonStep(S);
