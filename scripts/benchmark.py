@@ -15,6 +15,8 @@ medians and ratios against references measured in the same rounds:
                                      cp -r && sync and a read-write+sync of the bytes it writes
   ucp-reshard OUT --format hf        with --targets ...,hf: the Hugging Face export (safetensors in the
                                      source's dtype, files of at most 100 MB), the same way
+  ucp-reshard OUT --format mcore     with --dcp MCORE --targets mcore: Megatron-LM's torch_dist root at TP=2 PP=2
+                                     from a Megatron-Core source, the same way
   ds_to_universal.py                 DeepSpeed's converter, when --deepspeed DIR (a DeepSpeed source
                                      tree, see shared/real-deepspeed/harness/README.md) is given
   dcp_to_torch_save                  with --dcp DIR --chroot CH: a PyTorch Distributed Checkpoint instead,
@@ -77,7 +79,8 @@ ap.add_argument("--repeat", type=int, default=5)
 ap.add_argument("--deepspeed", help="DeepSpeed source tree: also time its ds_to_universal.py")
 ap.add_argument("--baseline-build", help="another build folder: its ucp commands timed in the same rounds, for a ratio")
 ap.add_argument("--targets", default="tp2pp2,z3dp2", help="reshard targets: tp2pp2 (DP=1 ZeRO-1), z3dp2 (ZeRO-3 DP=2), "
-                "hf (ucp-reshard --format hf: a Llama-shaped checkpoint's Hugging Face export)")
+                "hf (ucp-reshard --format hf: a Llama-shaped checkpoint's Hugging Face export), mcore (with a Megatron-Core "
+                "--dcp: ucp-reshard --format mcore --tp 2 --pp 2)")
 ap.add_argument("--dcp", help="a PyTorch Distributed Checkpoint folder (.metadata, *.distcp) instead of a DeepSpeed one")
 ap.add_argument("--chroot", help="with --dcp: the Debian trixie chroot with python3-torch >= 2.4, for dcp_to_torch_save")
 ap.add_argument("--mpiexec-args", default="", help="extra mpiexec options for the 2-rank runs, e.g. '--mca pml ucx' (on one node the tools "
@@ -113,7 +116,8 @@ mcore = bool(a.dcp) and os.path.exists(os.path.join(a.dcp, "metadata.json"))  # 
 if a.dcp:
     if not a.chroot and not mcore:
         sys.exit("--dcp needs --chroot CH: dcp_to_torch_save runs in the trixie chroot (torch 2.6)")
-    a.targets = ""
+    # A DCP has no DeepSpeed layouts to reshard to; Megatron-Core's may be written at another of its own
+    a.targets = "mcore" if mcore and "mcore" in a.targets.split(",") else ""
 elif not src:
     src = os.path.join(a.work, "src-scale65-l4")
     if not os.path.exists(os.path.join(src, "fixture.json")):
@@ -158,7 +162,8 @@ with open(model_config, "w") as f:
     json.dump({"position_embedding_type": "rope"}, f)
 targets = {"tp2pp2": ["--dp", "1", "--tp", "2", "--pp", "2", "--zero-stage", "1"],
            "z3dp2": ["--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "3"],
-           "hf": ["--format", "hf", "--max-shard-size", "100MB"] + ([] if a.checkpoint else ["--model-config", model_config])}
+           "hf": ["--format", "hf", "--max-shard-size", "100MB"] + ([] if a.checkpoint else ["--model-config", model_config]),
+           "mcore": ["--format", "mcore", "--tp", "2", "--pp", "2"]}
 targets = {k: targets[k] for k in a.targets.split(",") if k}
 # The atomic checkpoint the reshards read, and what each reshard writes (for its own reference).
 shutil.rmtree(os.path.dirname(atomic), ignore_errors=True)

@@ -1,7 +1,8 @@
 """The Megatron-Core target (ucp-reshard --format mcore --tp T --pp P [--dp D]), from Megatron-Core 0.17.1's own
 saves (tests/data/real-mcore, make_mcore.py there): its torch_dist form with each of its optimizers (FP32Optimizer;
-the distributed optimizer in bf16; Float16OptimizerWithFloat16Params in bf16, from the legacy form) and a
-weights-only save (--no-save-optim), each written at layouts other than the source's.
+the distributed optimizer in bf16; Float16OptimizerWithFloat16Params in bf16, from the legacy form), a
+weights-only save (--no-save-optim) and a GPT with its output layer tied to the word embedding (at PP=2, where
+the last stage holds the embedding's copy), each written at layouts other than the source's.
 
     mcore_target.py UCP_BIN_DIR CASES_DIR WORK RECORD [mpiexec]
 
@@ -40,6 +41,7 @@ SOURCES = [
     ("llama_tp2_dp2_distopt_bf16", "llama_tp2_dp2_distopt_bf16/checkpoint", [(1, 2, 1), (2, 1, 2)]),
     ("gpt_tp2_pp2_bf16_legacy", "gpt_tp2_pp2_bf16_legacy/legacy", [(1, 1, 1), (2, 1, 1)]),
     ("gpt_weights_only", "gpt_tp2_pp2_bf16_legacy/checkpoint_weights_only", [(1, 2, 1)]),
+    ("gpt_tp2_tied", "gpt_tp2_tied/checkpoint", [(1, 2, 1)]),
 ]
 
 
