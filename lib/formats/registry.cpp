@@ -98,6 +98,8 @@ std::string MegatronFolder(const std::string& dir) {
 // For a folder that is no checkpoint: the folder below it that is one (the one the user meant), else
 // with `formats` the files each format looks for; empty for a path that is no folder.
 std::string WhatWasMeant(const std::string& dir, bool formats) {
+  std::error_code ec;
+  if (!std::filesystem::exists(dir, ec)) return "";  // nothing there: nothing else was meant
   if (std::string megatron = MegatronFolder(dir); !megatron.empty()) return megatron;
   if (std::string below = CheckpointBelow(dir); !below.empty()) return below;
   if (!formats) return "";

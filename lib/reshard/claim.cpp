@@ -137,6 +137,17 @@ bool AnyFailedAbandoning(shuffle::Comm& comm, const std::string& error, std::ost
   return true;
 }
 
+namespace {
+
+// A folder in the way: --force is the remedy only where an earlier ucp-reshard run wrote it.
+Error NotEmpty(const std::string& output, bool claimed) {
+  if (claimed) return Error(output + ": exists and holds an earlier ucp-reshard run's output; use --force to replace it");
+  return Error(output + ": exists and is not empty, and no ucp-reshard run wrote it (no " + std::string(kClaimFile) +
+               "): choose another -o, or empty it yourself (--force replaces only what ucp-reshard wrote)");
+}
+
+}  // namespace
+
 std::unique_ptr<ClaimedOutput> ClaimOutput(const std::string& output, const std::string& input, bool force,
                                            const std::vector<std::string>& markers, const std::vector<std::string>& contents,
                                            const std::string& what, std::string* lock_note) {
@@ -146,7 +157,7 @@ std::unique_ptr<ClaimedOutput> ClaimOutput(const std::string& output, const std:
   auto folder = std::make_unique<OutputFolder>(output, kTool, markers, lock_note);
   const bool claimed = fs::exists(output + "/" + kClaimFile, ec);
   if (!HoldsNothing(output)) {  // under the lock
-    if (!force) throw Error(output + ": exists and is not empty; use --force to overwrite it");
+    if (!force) throw NotEmpty(output, claimed);
     folder->Clear(ForceClearList(output));
   } else {
     folder->Clear({});  // what killed runs left that counts as nothing: their temporaries
@@ -161,7 +172,8 @@ std::unique_ptr<ClaimedOutput> ClaimOutput(const std::string& output, const std:
 void RefuseClaim(const std::string& output, const std::string& input, bool force) {
   if (force) RefuseForceOverInput(output, input);
   if (HoldsNothing(output)) return;
-  if (!force) throw Error(output + ": exists and is not empty; use --force to overwrite it");
+  std::error_code ec;
+  if (!force) throw NotEmpty(output, fs::exists(output + "/" + kClaimFile, ec));
   ForceClearList(output);  // refuses what --force would refuse to clear
 }
 

@@ -537,6 +537,8 @@ nlohmann::json AssembleManifest(const std::string& store, const nlohmann::json& 
 nlohmann::json ReadManifest(const std::string& dir) {
   std::string path = dir + "/" + kManifestName;
   std::ifstream in(path);
+  std::error_code ec;
+  if (!in && !std::filesystem::exists(dir, ec)) throw Error(dir + ": does not exist");
   if (!in) throw Error(path + ": cannot open (not a ucp atomic checkpoint, or an unfinished conversion)");
   try {
     nlohmann::json j;

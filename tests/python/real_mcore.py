@@ -214,15 +214,20 @@ r = run("ucp-inspect", ["--verify", os.path.join(WORK, "damaged", "dp_reshardabl
 check("damaged: swapped files: inspect --verify names them and a parameter", r.returncode != 0 and "__2_0.distcp, __3_0.distcp" in r.stderr and
       ("'decoder." in r.stderr or "'embedding." in r.stderr) and " by up to 0)" not in r.stderr, r.stdout[-500:] + r.stderr[-800:])
 
-# A torch_dist root: the iteration latest_checkpointed_iteration.txt names is the folder meant, not the newest beside it.
+# A torch_dist root: the iteration latest_checkpointed_iteration.txt names is read, not the newest beside it.
 tracked = os.path.join(WORK, "megatron_root")
 shutil.rmtree(tracked, ignore_errors=True)
 for it in ("iter_0000003", "iter_0000010"):
     shutil.copytree(os.path.join(CASES, "llama_tp2", "checkpoint"), os.path.join(tracked, it))
 open(os.path.join(tracked, "latest_checkpointed_iteration.txt"), "w").write("3\n")
 r = run("ucp-inspect", [tracked])
-check("a Megatron-LM root: the iteration latest_checkpointed_iteration.txt names is the folder meant, not the newest",
-      r.returncode != 0 and os.path.join(tracked, "iter_0000003") in r.stderr and "iter_0000010" not in r.stderr, r.stderr[-600:])
+check("a Megatron-LM root: read as Megatron-LM's --load reads it, the iteration latest_checkpointed_iteration.txt names, not the newest",
+      r.returncode == 0 and "reading " + os.path.join(tracked, "iter_0000003") in r.stderr and "iter_0000010" not in r.stderr + r.stdout and
+      "checkpoint   " + os.path.join(tracked, "iter_0000003") in r.stdout, r.stdout[-600:] + r.stderr[-600:])
+open(os.path.join(tracked, "latest_checkpointed_iteration.txt"), "w").write("7\n")
+r = run("ucp-convert", [tracked, "-o", os.path.join(WORK, "megatron_root_out")])
+check("a Megatron-LM root naming an iteration that is not there: refused by name", r.returncode != 0 and
+      "names iteration 7" in r.stderr and "iter_0000007" in r.stderr, r.stderr[-600:])
 
 damaged("flipped byte in common.pt", flip_common, ["common.pt", "CRC"])
 damaged("optimizer key of no known form", unknown_optimizer_key, ["optimizer.statZ.exp_avg_sq.", "does not know how to read"])

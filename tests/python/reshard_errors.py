@@ -81,7 +81,8 @@ run("unsafe_param_file", src, layout + ["--tp", "1", "--pp", "1"], ["'/etc/passw
 
 os.makedirs(os.path.join(work, "non_empty_output"), exist_ok=True)
 open(os.path.join(work, "non_empty_output", "keep.txt"), "w").write("x")
-run("non_empty_output", atomic, layout + ["--tp", "1", "--pp", "1"], ["not empty", "--force"])
+run("non_empty_output", atomic, layout + ["--tp", "1", "--pp", "1"], ["not empty", "no ucp-reshard run wrote it", "choose another -o"])
+run("missing_atomic", os.path.join(work, "no_such_folder"), layout + ["--tp", "1", "--pp", "1"], ["no_such_folder: does not exist"])
 
 
 def layout_file(case, doc):

@@ -13,6 +13,7 @@ using source::SourceIndex;
 
 std::string ResolveShardDir(const std::string& dir, std::string* tag) {
   std::error_code ec;
+  if (!fs::exists(dir, ec)) throw Error(dir + ": does not exist");
   if (!fs::is_directory(dir, ec)) throw Error(dir + ": not a directory");
   fs::path latest = fs::path(dir) / "latest";
   if (!fs::exists(latest)) {
