@@ -202,6 +202,10 @@ void PrintReport(const json& r, std::ostream& out) {
       << "framework    " << r["framework"].get<std::string>() << "  ("
       << (r["ds_version"].get<std::string>().empty() ? "" : "DeepSpeed " + r["ds_version"].get<std::string>() + ", ")
       << r["naming"].get<std::string>() << " naming)\n";
+  if (r["params"].empty() && !r["errors"].empty()) {  // nothing was read: no layout, iteration or table to show
+    out << "not read     the checkpoint was refused (the errors below say why)\n";
+    return;
+  }
   out << "layout       " << r["layout"].get<std::string>() << "\n";
   out << "iteration    " << r["iteration"] << "\n";
   if (r.contains("job")) {

@@ -13,7 +13,7 @@ iter_NNNNNNN/ holding .metadata, common.pt, metadata.json and one __<rank>_0.dis
 - Real reader: RECORD (tests/data/real-mcore/mcore_target_readers.json, written by mcore_load_check.py in the
   trixie chroot) holds the sha256 of every file of each output that Megatron-LM's own load_checkpoint loaded
   at its layout, with what it found; every output here must be those bytes, and the record must say every
-  tensor was equal.
+  tensor was equal (and, where it trained on, steps 4-5 within 1e-5 of the reference run's losses).
 - Refused by name, nothing written: a layout that does not divide the layers or the heads, a Mixture-of-Experts
   model, no --tp / --pp, layout flags of DeepSpeed's, a source whose names are not Megatron-Core's (a real
   DeepSpeed checkpoint of ../shared/real-deepspeed, beside the checkout).
@@ -107,8 +107,13 @@ for label, folder, layouts in SOURCES:
               seen["sha256"] == {k: sha256(p) for k, p in files.items() if k != ".ucp-reshard.json"},
               "not in the record" if seen is None else "the files differ from the ones recorded: rerun mcore_load_check.py")
         if seen is not None:
-            check(f"{label} -> {layout}: Megatron-LM found every tensor equal ({seen.get('tensors_equal')} of {seen.get('tensors')})",
-                  seen.get("tensors") and seen.get("tensors_equal") == seen.get("tensors"), json.dumps(seen)[:800])
+            flags = " ".join(seen.get("flags") or []) or "the job's default flags"
+            check(f"{label} -> {layout}: Megatron-LM ({flags}) found every tensor equal ({seen.get('tensors_equal')} of "
+                  f"{seen.get('tensors')}), iteration 3", seen.get("tensors") and seen.get("tensors_equal") == seen.get("tensors") and
+                  seen.get("iteration") == 3 and not seen.get("error"), json.dumps(seen)[:800])
+            if seen.get("max_loss_diff") is not None:
+                check(f"{label} -> {layout}: training on after the load: steps 4-5 within 1e-5 of the reference run's losses "
+                      f"({seen['max_loss_diff']:.1e})", seen["max_loss_diff"] <= 1e-5, json.dumps(seen.get("losses")))
 
 # Refusals, nothing written.
 atomic = os.path.join(WORK, "llama_tp2", "atomic")

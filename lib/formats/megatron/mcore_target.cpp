@@ -374,7 +374,8 @@ reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOpt
                     (form == Form::Distributed ? "the distributed optimizer's fully_reshardable form (args.use_distributed_optimizer)"
                      : form == Form::Mixed     ? "the mixed-precision optimizer's fp32 masters and moments (a " + job + " job)"
                      : form == Form::Fp32      ? "FP32Optimizer's moments (an fp32 job)"
-                                               : "none (a weights-only atomic checkpoint: args.no_save_optim)") +
+                                               : "none (a weights-only atomic checkpoint: args.no_save_optim; Megatron-LM loads it, "
+                                                 "as its own --no-save-optim saves, with --no-load-optim or --finetune)") +
                     "; no RNG state (args.no_save_rng: Megatron-LM keeps its own); the linears' extra state saved as None");
   return P;
 }
