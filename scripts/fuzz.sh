@@ -3,8 +3,9 @@
 #
 #   scripts/fuzz.sh NAME SECONDS      NAME: zip unpickle torch_file manifest layout patterns atoms_h5 dcp_metadata safetensors
 #   scripts/fuzz.sh all SECONDS       each in turn
-#   scripts/fuzz.sh changed LONG SHORT  each in turn: LONG seconds for the 3 harnesses whose readers
-#                                     changed most recently (git log of the paths below), SHORT for the rest
+#   scripts/fuzz.sh changed LONG SHORT  LONG seconds for the 3 harnesses whose readers changed most
+#                                     recently (git log of the paths below), SHORT for the rest; as many
+#                                     side by side as there are cores
 #
 # The build (FUZZ_BUILD_DIR, default build-fuzz/) is clang with libFuzzer's coverage, ASan and UBSan
 # over the whole library. Seeds come fresh each run from the real DeepSpeed checkpoints
@@ -40,14 +41,26 @@ if [ "$name" = changed ]; then
     echo "${t:-0} $n"
   done | sort -rn -k1,1 -s | awk '{print $2}')"
   echo "fuzz.sh: most recently changed readers first: $(echo $ranked)"
+  # Built once, then run as many at a time as there are cores (each harness is one thread; each has its
+  # own seeds, corpus and temporary folder), their reports printed in the ranked order.
+  build="${FUZZ_BUILD_DIR:-$root/build-fuzz}"
+  targets=()
+  for n in $ranked; do targets+=("fuzz_$n"); done
+  if [ ! -f "$build/CMakeCache.txt" ]; then bash "$0" "${ranked%%[[:space:]]*}" 0 > /dev/null; fi  # configures the build
+  cmake --build "$build" --target "${targets[@]}" -j "$(nproc)" > "$build.build.log" 2>&1 || { tail -40 "$build.build.log"; exit 1; }
   status=0
   i=0
+  pids=()
   for n in $ranked; do
     s="$short"
     [ "$i" -lt 3 ] && s="$long"
     i=$((i + 1))
-    bash "$0" "$n" "$s" || status=1
+    while [ "$(jobs -rp | wc -l)" -ge "$(nproc)" ]; do sleep 0.2; done
+    FUZZ_BUILT=1 bash "$0" "$n" "$s" > "$build/fuzz_run_$n.out" 2>&1 &
+    pids+=($!)
   done
+  for p in "${pids[@]}"; do wait "$p" || status=1; done
+  for n in $ranked; do cat "$build/fuzz_run_$n.out"; done
   exit $status
 fi
 if [ "$name" = all ]; then
@@ -64,7 +77,8 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
   CC=clang CXX=clang++ cmake -S "$root" -B "$build" -DUCP_FUZZ=ON -DUCP_BUILD_TESTS=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
 fi
-cmake --build "$build" --target "fuzz_$name" -j "$(nproc)" > "$build.build.log" 2>&1 || { tail -40 "$build.build.log"; exit 1; }
+[ "${FUZZ_BUILT:-0}" = 1 ] || cmake --build "$build" --target "fuzz_$name" -j "$(nproc)" > "$build.build.log" 2>&1 || { tail -40 "$build.build.log"; exit 1; }
+[ "$seconds" -gt 0 ] || exit 0  # the build only
 
 seeds="$build/seeds/$name"
 corpus="$build/corpus/$name"
@@ -121,7 +135,8 @@ if [ "$(ls -A "$seeds")" = "" ]; then
 fi
 
 log="$build/fuzz_$name.log"
-export TMPDIR="${TMPDIR:-/tmp}"
+TMPDIR="$(mktemp -d "${TMPDIR:-/tmp}/ucp-fuzz-run.XXXXXX")"  # this harness's own: others may run beside it
+export TMPDIR
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}"
 set +e
@@ -129,7 +144,7 @@ set +e
   -artifact_prefix="$crashes/" "$corpus" "$seeds" > "$log" 2>&1
 rc=$?
 set -e
-rm -rf "$TMPDIR"/ucp-fuzz-* 2>/dev/null || true
+rm -rf "$TMPDIR" 2>/dev/null || true
 execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)"
 last="$(grep -E '^#[0-9]+' "$log" | tail -1)"
 echo "fuzz_$name: ${seconds}s, ${execs:-?} executions, $(ls "$seeds" | wc -l) seeds; last: ${last:-none}"
