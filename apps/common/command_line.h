@@ -8,6 +8,9 @@
 #include <optional>
 #include <string>
 
+#include "core/build_info.h"
+#include "patterns/rules.h"
+
 namespace ucp::apps {
 
 inline constexpr int kCommandLineError = 2;
@@ -29,6 +32,12 @@ inline std::optional<int> ParseCommandLine(CLI::App& app, int argc, char** argv,
     return kCommandLineError;
   }
   return std::nullopt;
+}
+
+// --version: which build this is (core/build_info.h) and where its data is (the pattern files it reads).
+inline void AddVersionFlag(CLI::App& app, const char* tool) {
+  app.set_version_flag("--version", VersionText(tool) + "\npatterns " + patterns::DefaultPatternsDir(),
+                       "print the version, the commit and build it came from, its MPI and HDF5, and where its pattern files are; then exit");
 }
 
 // An integer of at least `least`, refused in words.

@@ -166,6 +166,7 @@ std::optional<int> RefuseContradictions(const ucp::convert::ConvertOptions& o, i
 
 int main(int argc, char** argv) {
   CLI::App app{kAbout};
+  ucp::apps::AddVersionFlag(app, "ucp-convert");
   CommandLine cl;
   cl.o.patterns_dir = ucp::patterns::DefaultPatternsDir();
   AddOptions(app, cl);

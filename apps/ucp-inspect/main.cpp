@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
       "  ucp-inspect ckpt/ --patterns patterns/megatron-llama-pipe.json\n"
       "  ucp-inspect --list-patterns\n"
       "  ucp-inspect --list-formats [--json]      the source and target formats ucp knows"};
+  ucp::apps::AddVersionFlag(app, "ucp-inspect");
   std::string dir;
   ucp::inspect::InspectOptions options;
   options.patterns_dir = ucp::patterns::DefaultPatternsDir();

@@ -280,6 +280,7 @@ std::vector<std::string> NamesGiven(const std::vector<CLI::Option*>& flags) {
 
 int main(int argc, char** argv) {
   CLI::App app{kDescription};
+  ucp::apps::AddVersionFlag(app, "ucp-reshard");
   ReshardCommand c;
   CLI::Option* keep = AddInputFlags(app, c);
   const std::vector<CLI::Option*> hf_only = AddModelFlags(app, c);

@@ -335,7 +335,17 @@ std::vector<RuleSet> LoadFamilyFiles(const std::string& dir) {
 
 std::string DefaultPatternsDir() {
   if (const char* env = std::getenv("UCP_PATTERNS_DIR")) return env;
-  return std::string(UCP_SOURCE_DIR) + "/patterns";
+  if (const char* data = std::getenv("UCP_DATA_DIR")) return std::string(data) + "/patterns";
+  namespace fs = std::filesystem;
+  // Beside the executable, as `cmake --install` (and the Debian package) lays it out: <prefix>/bin/ucp-*,
+  // <prefix>/share/ucp/patterns; wherever the prefix is moved.
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  const fs::path installed = ec ? fs::path() : exe.parent_path().parent_path() / "share" / "ucp" / "patterns";
+  if (!installed.empty() && fs::is_directory(installed, ec)) return installed.string();
+  // A tool run from its build tree reads the source tree's files.
+  const std::string source = std::string(UCP_SOURCE_DIR) + "/patterns";
+  return fs::is_directory(source, ec) || installed.empty() ? source : installed.string();
 }
 
 }  // namespace ucp::patterns

@@ -79,6 +79,8 @@ bool IsPipelineReplicated(const RuleSet& rules, const std::string& name);
 
 // The rule files in a folder (patterns/), sorted by name. Throws on a malformed file.
 std::vector<RuleSet> LoadFamilyFiles(const std::string& dir);
-std::string DefaultPatternsDir();  // $UCP_PATTERNS_DIR, else the installed / source patterns/
+// $UCP_PATTERNS_DIR, else $UCP_DATA_DIR/patterns, else <the executable's folder>/../share/ucp/patterns
+// (an installed tool, wherever its prefix is), else the source tree's patterns/ (a tool in its build tree).
+std::string DefaultPatternsDir();
 
 }  // namespace ucp::patterns

@@ -25,6 +25,9 @@ void RefuseNonAtomicInput(const std::string& dir) {
   if (const formats::SourceDriver* d = formats::ProbeSource(dir); d && std::string(d->name) != "deepspeed")
     throw Error(dir + ": a " + d->name + " checkpoint, not an atomic one: convert it first (mpirun -np N ucp-convert " + dir +
                 " -o ATOMIC), then ucp-reshard ATOMIC");
+  if (const std::string iteration = formats::TrackedIteration(dir); !iteration.empty())
+    throw Error(dir + ": a Megatron-LM checkpoint root (its latest_checkpointed_iteration.txt names " + iteration +
+                "), not an atomic checkpoint: convert it first (mpirun -np N ucp-convert " + dir + " -o ATOMIC), then ucp-reshard ATOMIC");
   // A folder above the checkpoint (a Trainer output_dir): the one below it that is meant.
   if (const std::string below = formats::CheckpointBelow(dir); !below.empty())
     throw Error(dir + ": no checkpoint: " + below);

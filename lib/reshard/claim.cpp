@@ -163,7 +163,8 @@ std::unique_ptr<ClaimedOutput> ClaimOutput(const std::string& output, const std:
     folder->Clear({});  // what killed runs left that counts as nothing: their temporaries
   }
   std::vector<std::string> writes = markers;
-  writes.insert(writes.end(), contents.begin(), contents.end());
+  for (const std::string& c : contents)  // a file inside a folder (Megatron-LM's iter_NNNNNNN/): the folder
+    if (const std::string top = c.substr(0, c.find('/')); std::find(writes.begin(), writes.end(), top) == writes.end()) writes.push_back(top);
   WriteFileAtomically(output + "/" + kClaimFile,
                       nlohmann::json({{"tool", kTool}, {"ucp_version", UCP_VERSION}, {"what", what}, {"writes", writes}}).dump() + "\n");
   return std::make_unique<ClaimedOutput>(std::move(folder), std::move(writes), made_folder, !claimed);

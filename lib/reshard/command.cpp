@@ -102,17 +102,19 @@ std::optional<int> SettleModelExport(ReshardCommand& c, std::ostream& err) {
   const std::string no_layout = "--format " + o.format +
       (dcp ? " writes torchtitan's sharding of whole tensors (--mesh): no " : mcore ? " writes Megatron-LM's TP x PP x DP layout: no "
                                                                             : " writes a model of whole tensors: no ");
-  const std::string only = dcp ? " (only --mesh, --dtype fp32, --model-config)" : mcore ? " (only --tp, --pp, --dp)"
+  const std::string only = dcp ? " (only --mesh, --dtype fp32, --model-config)" : mcore ? " (only --tp, --pp, --dp, --make-vocab-size-divisible-by)"
                                                                                  : " (only --dtype, --max-shard-size, --model-config)";
   if (!c.layout_only_given.empty()) return Refuse(err, no_layout + c.layout_only_given.front() + only);
   for (const auto& key : c.in_place.given)
-    if (key != "dtype" && !(mcore && (key == "tp" || key == "pp" || key == "dp"))) return Refuse(err, no_layout + "--" + FlagOf(key) + only);
+    if (key != "dtype" && !(mcore && (key == "tp" || key == "pp" || key == "dp" || key == "make_vocab_size_divisible_by")))
+      return Refuse(err, no_layout + "--" + FlagOf(key) + only);
   if (mcore) {
     for (const std::string& flag : c.hf_only_given) return Refuse(err, flag + " goes with --format hf");
     if (!c.dcp_only_given.empty()) return Refuse(err, c.dcp_only_given.front() + " goes with --format dcp");
     auto given = [&](const char* key) { return std::find(c.in_place.given.begin(), c.in_place.given.end(), key) != c.in_place.given.end(); };
     if (!given("tp") || !given("pp")) return Refuse(err, "--format mcore: give the layout to write, --tp T --pp P (and --dp D, else 1)");
     o.model.tp = o.target.tp, o.model.pp = o.target.pp, o.model.dp = given("dp") ? o.target.dp : 1;
+    o.model.vocab_divisible_by = o.target.vocab_divisible_by;
   }
   if (c.in_place_mode || o.planner.gpus > 0)
     return Refuse(err, "--format " + o.format + " writes into -o OUT: no " + (c.in_place_mode ? "--in-place" : "--gpus"));

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/atomic_file.h"
+#include "core/build_info.h"
 #include "core/error.h"
 #include "core/file_blocks.h"
 #include "core/fault_point.h"
@@ -520,6 +521,7 @@ nlohmann::json AssembleManifest(const std::string& store, const nlohmann::json& 
   j["format"] = "ucp-atomic-checkpoint";
   j["format_version"] = kFormatVersion;
   j["ucp_version"] = UCP_VERSION;
+  j["ucp_commit"] = GitCommit();  // which build wrote it (core/build_info.h)
   j["checksum"] = "xxh64";
   j["created"] = OutputTimestamp();
   j["store"] = store;

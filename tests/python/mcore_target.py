@@ -119,13 +119,45 @@ for label, folder, layouts in SOURCES:
 atomic = os.path.join(WORK, "llama_tp2", "atomic")
 for args, expect in ((["--tp", "1", "--pp", "3"], "does not divide the model's 4 layers"),
                      (["--tp", "3", "--pp", "1"], "does not divide the model's 4 attention heads"),
+                     (["--tp", "4", "--pp", "1"], "does not divide the model's 2 query groups (of its 4 attention heads)"),
                      (["--tp", "1"], "give the layout to write"),
-                     (["--tp", "1", "--pp", "1", "--zero-stage", "1"], "(only --tp, --pp, --dp)"),
+                     (["--tp", "1", "--pp", "1", "--zero-stage", "1"], "(only --tp, --pp, --dp, --make-vocab-size-divisible-by)"),
                      (["--tp", "1", "--pp", "1", "--dtype", "bf16"], "in the job's dtype (fp32)")):
     out = os.path.join(WORK, "refused")
     r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore"] + args)
     check(f"--format mcore {' '.join(args)}: refused by name, nothing written", r.returncode != 0 and expect in r.stderr and
           not os.path.exists(os.path.join(out, "latest_checkpointed_iteration.txt")), r.stderr[-800:])
+# The vocabulary rows (64: 63 tokens padded for TP=2 with make_vocab_size_divisible_by 32) at TP=4, where Megatron-LM
+# would pad them to 128: refused, naming the divisor that keeps them; with it, written and recorded in the args.
+legacy_atomic = os.path.join(WORK, "gpt_tp2_pp2_bf16_legacy", "atomic")
+r = run("ucp-reshard", [legacy_atomic, "-o", os.path.join(WORK, "vocab-tp4"), "--format", "mcore", "--tp", "4", "--pp", "1"])
+check("--tp 4 on a vocabulary Megatron-LM would pad to 128 rows: refused, naming --make-vocab-size-divisible-by 16", r.returncode != 0 and
+      "pads the vocabulary (63 tokens) to a multiple of make_vocab_size_divisible_by (32) x TP = 128 rows" in r.stderr and
+      "--make-vocab-size-divisible-by 16" in r.stderr and
+      not os.path.exists(os.path.join(WORK, "vocab-tp4", "latest_checkpointed_iteration.txt")), r.stderr[-800:])
+r = run("ucp-reshard", [legacy_atomic, "-o", os.path.join(WORK, "vocab-tp4"), "--format", "mcore", "--tp", "4", "--pp", "1",
+                        "--make-vocab-size-divisible-by", "16"])
+check("... with --make-vocab-size-divisible-by 16: written", r.returncode == 0, r.stderr[-800:])
+r = run("ucp-reshard", [legacy_atomic, "-o", os.path.join(WORK, "vocab-tp4-64"), "--format", "mcore", "--tp", "4", "--pp", "1",
+                        "--make-vocab-size-divisible-by", "64"])
+check("... with a divisor that pads 63 tokens to 256 rows: refused", r.returncode != 0 and "would refuse its shape" in r.stderr, r.stderr[-800:])
+
+# --force replaces an earlier run's output (its iteration folder recorded as one entry of the claim).
+out = os.path.join(WORK, "llama_tp2", "tp1_pp2_dp1")
+r = run("ucp-reshard", [os.path.join(WORK, "llama_tp2", "atomic"), "-o", out, "--format", "mcore", "--tp", "1", "--pp", "2"])
+check("the same -o again: refused, offering --force", r.returncode != 0 and "use --force to replace it" in r.stderr, r.stderr[-600:])
+before = {k: sha256(p) for k, p in files_of(out).items() if k != ".ucp-reshard.json"}
+r = run("ucp-reshard", [os.path.join(WORK, "llama_tp2", "atomic"), "-o", out, "--format", "mcore", "--tp", "1", "--pp", "2", "--force"])
+check("... with --force: replaced, the same bytes", r.returncode == 0 and
+      {k: sha256(p) for k, p in files_of(out).items() if k != ".ucp-reshard.json"} == before, r.stderr[-600:])
+r = run("ucp-reshard", [os.path.join(CASES, "llama_tp2", "checkpoint"), "-o", os.path.join(WORK, "src-in"), "--format", "mcore",
+                        "--tp", "1", "--pp", "1"])
+check("a source checkpoint given to ucp-reshard: convert it first, the command named", r.returncode != 0 and "convert it first" in r.stderr,
+      r.stderr[-600:])
+r = run("ucp-reshard", [out, "-o", os.path.join(WORK, "root-in"), "--format", "mcore", "--tp", "1", "--pp", "1"])
+check("a Megatron-LM root given to ucp-reshard: convert it first, the command named", r.returncode != 0 and
+      "a Megatron-LM checkpoint root" in r.stderr and "convert it first" in r.stderr, r.stderr[-600:])
+
 moe = os.path.join(WORK, "moe")
 r = run("ucp-convert", [os.path.join(CASES, "moe_ep2", "checkpoint"), "-o", moe])
 check("moe_ep2: converts", r.returncode == 0, r.stderr[-800:])

@@ -474,8 +474,9 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
   L.notes.push_back(std::string(mc.bucket_flat ? "Megatron-LM itself loads this dp_reshardable form only at the TP and PP it was "
                                                  "saved with (DP may change)"
                                                : "Megatron-LM itself loads this form at any TP, PP and DP") +
-                    "; ucp-convert reads every parameter's whole state from it, which ucp-reshard --format hf exports (a "
-                    "Megatron-Core or DeepSpeed target from it is not written yet)");
+                    "; ucp-convert reads every parameter's whole state from it, which ucp-reshard writes as Megatron-LM's "
+                    "torch_dist at any TP, PP and DP (--format mcore) or exports (--format hf; a DeepSpeed layout from it is "
+                    "not written yet)");
   if (groups > 1)
     L.notes.push_back(std::to_string(groups) + " param groups kept as saved; Megatron-Core does not save which parameter "
                       "is in which (it rebuilds them from its configuration), so every atomic parameter records group 0");

@@ -579,7 +579,8 @@ void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& op
                     " rank folder" + (ranks.size() == 1 ? "" : "s") + "; optimizer: " + form);
   L.notes.push_back("Megatron-LM itself loads this form only at the TP and PP it was saved with (its tools/checkpoint converter "
                     "moves the weights alone); ucp-convert reads every parameter's whole state from it, each tensor placed as "
-                    "Megatron-Core's torch_dist format places it (layers stacked), which ucp-reshard --format hf exports");
+                    "Megatron-Core's torch_dist format places it (layers stacked), which ucp-reshard writes as Megatron-LM's torch_dist "
+                    "at any TP, PP and DP (--format mcore; the job relaunched with --ckpt-format torch_dist) or exports (--format hf)");
   if (group_count > 1)
     L.notes.push_back(std::to_string(group_count) + " param groups kept as saved, every atomic parameter in group 0 (as Megatron-Core's "
                       "torch_dist form, which saves no parameter's group)");

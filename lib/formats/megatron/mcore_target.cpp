@@ -171,9 +171,45 @@ std::vector<Param> ParamsOf(const reshard::Source& S, const Grid& g, bool gated,
   return out;
 }
 
+// The vocabulary rows: Megatron-LM pads the tokenizer's vocabulary at every launch to a multiple of
+// make_vocab_size_divisible_by x TP (_vocab_size_with_padding), and its load refuses another shape. The
+// rows written are the checkpoint's, so the job at the new TP must compute the same number: proven from
+// the vocabulary size where the args hold it (vocab_size), else from the padding the rows already have
+// (a multiple of the old padding's that divides the rows gives them back for any vocabulary they can
+// hold). Returns the divisor the job pads with; refused naming one that would keep the rows.
+int64_t VocabDivisor(const reshard::Source& S, const Value& args, const Grid& g, int64_t asked, std::vector<std::string>& notes) {
+  int64_t rows = -1;
+  for (const reshard::Atom& a : S.atoms)
+    if (a.name == "embedding.word_embeddings.weight" || (rows < 0 && a.name == "output_layer.weight")) rows = a.shape.at(0);
+  const int64_t d = asked > 0 ? asked : Number(args, "make_vocab_size_divisible_by", 128);
+  if (rows < 0) return d;
+  if (Number(args, "padded_vocab_size", -1) < 0 && asked <= 0) {  // args that no Megatron-LM launch validated
+    notes.push_back("the args record no padded_vocab_size: the " + std::to_string(rows) + " vocabulary rows are written as they are");
+    return d;
+  }
+  const int64_t vocab = Number(args, "vocab_size", -1);
+  const int64_t old_multiple = Number(args, "make_vocab_size_divisible_by", 128) * Number(args, "tensor_model_parallel_size", 1);
+  auto keeps = [&](int64_t divisor) {  // whether a job padding with `divisor` at the new TP computes `rows`
+    const int64_t m = divisor * g.tp;
+    if (vocab > 0) return (vocab + m - 1) / m * m == rows;
+    return rows % m == 0 && m >= old_multiple;
+  };
+  if (keeps(d)) return d;
+  int64_t fits = 0;  // the largest divisor that would keep the rows
+  for (int64_t x = rows / g.tp; x >= 1 && !fits; --x)
+    if (keeps(x)) fits = x;
+  throw Error("--tp " + std::to_string(g.tp) + ": Megatron-LM pads the vocabulary" + (vocab > 0 ? " (" + std::to_string(vocab) + " tokens)" : "") +
+              " to a multiple of make_vocab_size_divisible_by (" + std::to_string(d) + ") x TP = " + std::to_string(d * g.tp) +
+              " rows, and this checkpoint's embedding has " + std::to_string(rows) + " rows" + (vocab > 0 ? "" : " (the vocabulary size is not in its args)") +
+              ": the job at TP=" + std::to_string(g.tp) + " would refuse its shape" +
+              (fits ? "; launch it with --make-vocab-size-divisible-by " + std::to_string(fits) + " (" + std::to_string(fits) + " x " +
+                          std::to_string(g.tp) + " keeps " + std::to_string(rows) + " rows) and give ucp-reshard the same flag"
+                    : "; no divisor keeps these rows at this TP (re-padding the vocabulary is not written yet)"));
+}
+
 // The args at the new layout: a copy of the source's Namespace with its parallel sizes, its rank 0 and
 // what the files hold (no RNG state; no optimizer state where there is none).
-ValuePtr ArgsAt(const Value& args, const Grid& g, bool optimizer) {
+ValuePtr ArgsAt(const Value& args, const Grid& g, bool optimizer, int64_t vocab_divisor) {
   auto a = std::make_shared<Value>(args);
   a->state = std::make_shared<Value>(*args.state);
   auto set = [&](const char* name, ValuePtr v) { pt::SetItem(*a->state, name, std::move(v)); };
@@ -185,6 +221,7 @@ ValuePtr ArgsAt(const Value& args, const Grid& g, bool optimizer) {
   set("rank", Value::Int(0));
   set("ckpt_format", Value::Str("torch_dist"));
   set("no_save_rng", Value::Bool(true));
+  if (vocab_divisor > 0) set("make_vocab_size_divisible_by", Value::Int(vocab_divisor));  // the job's, where the user gave it
   if (!optimizer) set("no_save_optim", Value::Bool(true));
   return a;
 }
@@ -220,9 +257,9 @@ double CommonStep(const reshard::Source& S) {
 }
 
 // common.pt: the source's common state at the new layout, the optimizer's part in `form`.
-std::string CommonFile(const reshard::Source& S, const Value& common, const Grid& g, Form form, double step) {
+std::string CommonFile(const reshard::Source& S, const Value& common, const Grid& g, Form form, double step, int64_t vocab_divisor) {
   auto root = Value::Make(Value::Kind::Dict);
-  pt::SetItem(*root, "args", ArgsAt(*common.Get("args"), g, form != Form::None));
+  pt::SetItem(*root, "args", ArgsAt(*common.Get("args"), g, form != Form::None, vocab_divisor));
   auto version = common.Get("checkpoint_version");
   pt::SetItem(*root, "checkpoint_version", version ? version : Value::Float(3.0));
   auto iteration = common.Get("iteration");
@@ -318,10 +355,14 @@ reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOpt
   const int64_t heads = Number(args, "num_attention_heads", -1);
   const int64_t groups = IsSet(args, "group_query_attention") ? Number(args, "num_query_groups", heads) : heads;
   if (heads < 1 || heads % g.tp != 0 || groups % g.tp != 0)
-    throw Error("--tp " + std::to_string(g.tp) + " does not divide the model's " + std::to_string(heads) + " attention heads and " +
-                std::to_string(groups) + " query groups: each tensor-parallel rank holds whole heads and groups");
+    throw Error("--tp " + std::to_string(g.tp) + " does not divide the model's " +
+                (heads >= 1 && heads % g.tp == 0 ? std::to_string(groups) + " query groups (of its " + std::to_string(heads) + " attention heads)"
+                                                 : std::to_string(heads) + " attention heads") +
+                ": each tensor-parallel rank holds whole heads and query groups");
   const bool gated = IsSet(args, "swiglu");
   const std::vector<Param> params = ParamsOf(S, g, gated, layers);
+  std::vector<std::string> notes;
+  const int64_t vocab_divisor = VocabDivisor(S, args, g, o.vocab_divisible_by, notes);
 
   const std::string job = S.manifest["source"].value("dtype", "fp32");
   Form form = Form::Fp32;
@@ -335,6 +376,7 @@ reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOpt
   reshard::ExportPlan P;
   P.dtype = job;
   P.model = "Megatron-Core GPTModel, " + g.text();
+  P.notes = notes;
   McorePlan plan(S, g, layers);
   for (const Param& p : params) plan.Chunks(p, S.atoms[p.atom].name, 0, job);
   std::set<std::string> linears;
@@ -364,7 +406,7 @@ reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOpt
   plan.Lay(folder + "/", P, c);
   c.checkpoint_id = folder;
   c.save_id = dcp::SaveIdOf(S, g.text());
-  P.side_files.emplace_back(folder + "/common.pt", CommonFile(S, common, g, form, step));
+  P.side_files.emplace_back(folder + "/common.pt", CommonFile(S, common, g, form, step, o.vocab_divisible_by > 0 ? vocab_divisor : 0));
   P.side_files.emplace_back(folder + "/metadata.json",
                             R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", "common_backend_version": 1})");
   P.side_files.emplace_back(folder + "/.metadata", dcp::MetadataPickle(c));
