@@ -53,6 +53,18 @@ void TakeMegatronArgs(const pt::Value* args, SourceIndex& L) {
                          std::to_string(L.dp));
 }
 
+int64_t ArgInt(const pt::Value* args, const char* key, int64_t otherwise) {
+  auto v = args ? args->Get(key) : nullptr;
+  return !v || v->kind == pt::Value::Kind::None ? otherwise : v->AsInt();
+}
+
+bool ArgIsSet(const pt::Value* a) {
+  return a && a->kind != pt::Value::Kind::None && !(a->kind == pt::Value::Kind::Bool && !a->b) &&
+         !(a->kind == pt::Value::Kind::Int && a->i == 0) && !(a->kind == pt::Value::Kind::Float && a->f == 0.0);
+}
+
+bool ArgSet(const pt::Value* args, const char* key) { return args && ArgIsSet(args->Get(key).get()); }
+
 std::string MegatronLayout(const pt::Value* args) {
   if (!args) return "";
   auto degree = [&](const char* key) -> int64_t {

@@ -166,6 +166,12 @@ void TakeMegatronArgs(const pt::Value* args, SourceIndex& L);
 // The layout Megatron-LM's args say the job ran ("TP=2, PP=1, DP=2", with EP and CP where above 1), or
 // "" without args: what a source off a grid (Megatron-Core's global tensors) tells of the job.
 std::string MegatronLayout(const pt::Value* args);
+// Megatron-LM's saved args (an argparse.Namespace; null: none saved), read one way everywhere: an
+// integer arg (`otherwise` where it is absent or None), and whether an arg is set (ArgIsSet: present
+// and not its off value None, False, 0 or 0.0).
+int64_t ArgInt(const pt::Value* args, const char* key, int64_t otherwise);
+bool ArgSet(const pt::Value* args, const char* key);
+bool ArgIsSet(const pt::Value* value);
 // How inspect and convert say the data-parallel degrees: "dp=2 sp=2" where SP is recorded, else "dp=4".
 std::string DataParallelDegrees(const SourceIndex& L);
 // The layout in words, as ucp-convert's banner and ucp-inspect say it: the (dp, sp, tp, pp, ep) grid

@@ -4,6 +4,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "source/source_index.h"
 
 namespace ucp::formats::dcp {
 
@@ -124,14 +125,8 @@ int BucketGrid::FirstLayer(int pp) const {
 
 BucketGrid GridFromArgs(const Value* args, const std::string& what, const std::string& remedy) {
   if (!args) throw Error("no args saved: the layout of " + what + " follows the job's TP, PP and layers");
-  auto number = [&](const char* name, int64_t otherwise) {
-    auto v = args->Get(name);
-    return !v || v->kind == Value::Kind::None ? otherwise : v->AsInt();
-  };
-  auto set = [&](const char* name) {
-    auto v = args->Get(name);
-    return v && v->kind != Value::Kind::None && !(v->kind == Value::Kind::Bool && !v->b) && !(v->kind == Value::Kind::Int && v->i == 0);
-  };
+  auto number = [&](const char* name, int64_t otherwise) { return source::ArgInt(args, name, otherwise); };
+  auto set = [&](const char* name) { return source::ArgSet(args, name); };
   for (const char* name : {"num_layers_per_virtual_pipeline_stage", "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout",
                            "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "num_experts", "mtp_num_layers"})
     if (set(name))

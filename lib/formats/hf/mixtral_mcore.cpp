@@ -1,6 +1,7 @@
 #include "formats/hf/mixtral_mcore.h"
 
 #include "core/error.h"
+#include "source/source_index.h"
 
 namespace ucp::formats::hf {
 
@@ -12,12 +13,6 @@ const std::vector<int64_t>* RouterShape(const ModelView& v) {
   for (const auto& [name, shape] : v.params)
     if (name == kRouter) return &shape;
   return nullptr;
-}
-
-// An arg set to something other than its off value (None, False, 0).
-bool Set(const pt::Value* a) {
-  return a && a->kind != pt::Value::Kind::None && !(a->kind == pt::Value::Kind::Bool && !a->b) &&
-         !(a->kind == pt::Value::Kind::Int && a->i == 0) && !(a->kind == pt::Value::Kind::Float && a->f == 0.0);
 }
 
 }  // namespace
@@ -51,7 +46,7 @@ void McoreMixtralDifferences(const ModelView& v, std::vector<std::string>& diffe
       {"moe_grouped_gemm", "grouped-GEMM experts (their weights' layout is not read here)"},
   };
   for (const auto& [key, meaning] : kRouting)
-    if (Set(arg(key))) differs.push_back(std::string(key) + " set in the checkpoint's args (" + meaning + ")");
+    if (source::ArgIsSet(arg(key))) differs.push_back(std::string(key) + " set in the checkpoint's args (" + meaning + ")");
   if (const pt::Value* n = arg("num_experts"); n && n->kind == pt::Value::Kind::Int && n->i != router[1])
     differs.push_back("num_experts " + std::to_string(n->i) + " in the args, the router has " + std::to_string(router[1]) + " rows");
 }

@@ -52,15 +52,6 @@ struct Local {
   bool source = true;        // false: a tensor every TP rank holds whole, read from tp 0
 };
 
-int64_t Int(const Value* args, const char* key, int64_t otherwise) {
-  auto v = args ? args->Get(key) : nullptr;
-  return !v || v->kind == Value::Kind::None ? otherwise : v->AsInt();
-}
-bool Flag(const Value* args, const char* key) {
-  auto v = args ? args->Get(key) : nullptr;
-  return v && v->kind == Value::Kind::Bool && v->b;
-}
-
 // A rank file, opened; its tensor records the checksummed ranges of its ShardFile (off a grid: its
 // coordinates stay 0, its name says the rank).
 int OpenFile(SourceIndex& L, const std::string& name, const char* kind, const source::IndexOptions& options, pt::TorchFile* out) {
@@ -331,10 +322,10 @@ std::string DtypeName(const Value& v) {
 // (bucket_layout.h) and proven by the recorded size, every piece of every parameter placed.
 void DistributedState(SourceIndex& L, const std::vector<Rank>& ranks, const Model& M, const dcp::BucketGrid& grid, const Value* args) {
   std::optional<int64_t> bucket_size;
-  if (Flag(args, "overlap_grad_reduce")) {  // Megatron-LM's DDP: buckets only with --overlap-grad-reduce
-    int64_t size = Int(args, "ddp_bucket_size", -1);
+  if (source::ArgSet(args, "overlap_grad_reduce")) {  // Megatron-LM's DDP: buckets only with --overlap-grad-reduce
+    int64_t size = source::ArgInt(args, "ddp_bucket_size", -1);
     if (size < 0) {
-      const int64_t dp = Int(args, "data_parallel_size", -1);
+      const int64_t dp = source::ArgInt(args, "data_parallel_size", -1);
       if (dp < 1) throw Error("args set overlap_grad_reduce without ddp_bucket_size or data_parallel_size: the buckets' size is not known");
       size = std::max<int64_t>(40000000, 1000000 * dp);
     }
@@ -462,16 +453,16 @@ void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& op
       throw Error(where + ": rank folder " + r.folder.name + " outside the TP=" + std::to_string(grid.tp) + " x PP=" + std::to_string(grid.pp) +
                   " its args give, or twice");
     const Value* a = r.model.root->Get("args").get();
-    if (Int(a, "tensor_model_parallel_size", 1) != grid.tp || Int(a, "pipeline_model_parallel_size", 1) != grid.pp)
-      throw Error(where + ": its args give TP=" + std::to_string(Int(a, "tensor_model_parallel_size", 1)) + ", PP=" +
-                  std::to_string(Int(a, "pipeline_model_parallel_size", 1)) + ", " + first + "'s TP=" + std::to_string(grid.tp) + ", PP=" +
+    if (source::ArgInt(a, "tensor_model_parallel_size", 1) != grid.tp || source::ArgInt(a, "pipeline_model_parallel_size", 1) != grid.pp)
+      throw Error(where + ": its args give TP=" + std::to_string(source::ArgInt(a, "tensor_model_parallel_size", 1)) + ", PP=" +
+                  std::to_string(source::ArgInt(a, "pipeline_model_parallel_size", 1)) + ", " + first + "'s TP=" + std::to_string(grid.tp) + ", PP=" +
                   std::to_string(grid.pp) + ": files of different jobs");
     // The process that wrote it, where the args are a launched job's (world_size = TP x PP x DP): DP rank 0
     // of this (tp, pp), global rank tp + TP x DP x pp in Megatron's default order (tp + TP x pp with
     // --use-tp-pp-dp-mapping). Another rank's file here is a swap every CRC-32 passes.
-    const int64_t rank = Int(a, "rank", -1), world = Int(a, "world_size", -1), dp = Int(a, "data_parallel_size", -1);
-    if (rank >= 0 && dp >= 1 && Int(a, "context_parallel_size", 1) == 1 && world == int64_t{grid.tp} * grid.pp * dp) {
-      const int64_t writer = Flag(a, "use_tp_pp_dp_mapping") ? r.tp + int64_t{grid.tp} * r.pp : r.tp + int64_t{grid.tp} * dp * r.pp;
+    const int64_t rank = source::ArgInt(a, "rank", -1), world = source::ArgInt(a, "world_size", -1), dp = source::ArgInt(a, "data_parallel_size", -1);
+    if (rank >= 0 && dp >= 1 && source::ArgInt(a, "context_parallel_size", 1) == 1 && world == int64_t{grid.tp} * grid.pp * dp) {
+      const int64_t writer = source::ArgSet(a, "use_tp_pp_dp_mapping") ? r.tp + int64_t{grid.tp} * r.pp : r.tp + int64_t{grid.tp} * dp * r.pp;
       if (rank != writer)
         throw Error(where + ": written by global rank " + std::to_string(rank) + " (its args), where the rank writing tp=" + std::to_string(r.tp) +
                     ", pp=" + std::to_string(r.pp) + " is " + std::to_string(writer) + ": rank files swapped or renamed (put back the "
@@ -494,7 +485,7 @@ void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& op
                     std::to_string(grid.tp) + ", PP=" + std::to_string(grid.pp) + "): its model_optim_rng.pt is missing");
   std::sort(ranks.begin(), ranks.end(), [](const Rank& a, const Rank& b) { return std::make_pair(a.pp, a.tp) < std::make_pair(b.pp, b.tp); });
   L.iteration = std::max<int64_t>(iteration, 0);
-  st.model = PlaceModel(L, ranks, grid, Flag(args, "swiglu"));
+  st.model = PlaceModel(L, ranks, grid, source::ArgSet(args, "swiglu"));
   const Model& M = st.model;
   for (const Item& item : M.items) {
     source::ParamRecord rec;

@@ -39,15 +39,8 @@ const Value& CommonState(const reshard::Source& S) {
   return *c;
 }
 
-int64_t Number(const Value& args, const char* name, int64_t otherwise) {
-  auto v = args.Get(name);
-  return !v || v->kind == Value::Kind::None ? otherwise : v->AsInt();
-}
-
-bool IsSet(const Value& args, const char* name) {
-  auto v = args.Get(name);
-  return v && v->kind != Value::Kind::None && !(v->kind == Value::Kind::Bool && !v->b) && !(v->kind == Value::Kind::Int && v->i == 0);
-}
+int64_t Number(const Value& args, const char* name, int64_t otherwise) { return source::ArgInt(&args, name, otherwise); }
+bool IsSet(const Value& args, const char* name) { return source::ArgSet(&args, name); }
 
 // A tensor of the model: its atom, how TP cuts it, its shape without the layer axis where layers are stacked.
 struct Param {
