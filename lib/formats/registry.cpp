@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/atomic_file.h"
 #include "core/format.h"
+#include "source/megatron_tracker.h"
 #include "store/atom_store.h"
 #include "store/atomic_store.h"
 #include "store/universal_folder.h"
@@ -75,18 +76,11 @@ std::string MegatronFolder(const std::string& dir) {
   if (fs::exists(d / "model_optim_rng.pt", ec))
     return d.string() + " is one rank's folder of Megatron-LM's legacy --ckpt-format torch checkpoint: give its iteration folder " +
            d.parent_path().string() + " (or the root above it), which holds every rank's";
-  const auto text = ReadWholeFile((d / "latest_checkpointed_iteration.txt").string());
-  if (!text) return "";
-  std::string it = *text;
-  it.erase(0, it.find_first_not_of(" \t\r\n"));
-  it.erase(it.find_last_not_of(" \t\r\n") + 1);
-  std::string name = it == "release" ? "release" : "";
-  if (name.empty() && !it.empty() && it.size() < 10 && it.find_first_not_of("0123456789") == std::string::npos) {
-    name = std::to_string(std::stoll(it));
-    name = "iter_" + std::string(name.size() < 7 ? 7 - name.size() : 0, '0') + name;
-  }
-  if (name.empty()) return (d / "latest_checkpointed_iteration.txt").string() + " holds '" + it + "', not an iteration";
-  const fs::path iter = d / name;
+  const source::MegatronTracker tracker = source::ReadMegatronTracker(d.string());
+  if (!tracker.present) return "";
+  const std::string& it = tracker.text;
+  if (tracker.folder.empty()) return (d / source::kMegatronTracker).string() + " holds '" + it + "', not an iteration";
+  const fs::path iter = d / tracker.folder;
   if (!fs::is_directory(iter, ec))
     return "latest_checkpointed_iteration.txt names iteration " + it + ", but " + iter.string() + " is not there";
   for (const auto& child : fs::directory_iterator(iter, ec))  // a legacy root, read as it is: its errors say what is wrong
@@ -141,14 +135,9 @@ std::string TrackedIteration(const std::string& dir) {
   std::error_code ec;
   const fs::path d(fs::path(dir).lexically_normal());
   if (DcpSource().probe(d.string()) || MegatronSource().probe(d.string())) return "";  // the folder itself is a checkpoint
-  const auto text = ReadWholeFile((d / "latest_checkpointed_iteration.txt").string());
-  if (!text) return "";
-  std::string it = *text;
-  it.erase(0, it.find_first_not_of(" \t\r\n"));
-  it.erase(it.find_last_not_of(" \t\r\n") + 1);
-  if (it.empty() || it.size() >= 10 || it.find_first_not_of("0123456789") != std::string::npos) return "";
-  std::string number = std::to_string(std::stoll(it));
-  const fs::path iter = d / ("iter_" + std::string(number.size() < 7 ? 7 - number.size() : 0, '0') + number);
+  const source::MegatronTracker tracker = source::ReadMegatronTracker(d.string());
+  if (tracker.folder.empty()) return "";
+  const fs::path iter = d / tracker.folder;
   return fs::is_directory(iter, ec) && DcpSource().probe(iter.string()) ? iter.string() : "";
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "source/megatron_tracker.h"
 
 namespace ucp::formats::megatron {
 
@@ -35,25 +36,13 @@ std::vector<RankFolder> RankFolders(const fs::path& iter) {
 
 // The iteration folder the root's latest_checkpointed_iteration.txt names, or "" without that file.
 std::string Tracked(const fs::path& root, bool throw_if_bad) {
-  const auto text = ReadWholeFile((root / "latest_checkpointed_iteration.txt").string());
-  if (!text) return "";
-  const std::string name = IterationFolderName(*text);
-  if (name.empty() && throw_if_bad)
-    throw Error((root / "latest_checkpointed_iteration.txt").string() + " holds '" + text->substr(0, 40) + "', not an iteration");
-  return name;
+  const source::MegatronTracker tracker = source::ReadMegatronTracker(root.string());
+  if (tracker.present && tracker.folder.empty() && throw_if_bad)
+    throw Error((root / source::kMegatronTracker).string() + " holds '" + tracker.text.substr(0, 40) + "', not an iteration");
+  return tracker.folder;
 }
 
 }  // namespace
-
-std::string IterationFolderName(const std::string& text) {
-  std::string it = text;
-  it.erase(0, it.find_first_not_of(" \t\r\n"));
-  it.erase(it.find_last_not_of(" \t\r\n") + 1);
-  if (it == "release") return it;
-  if (it.empty() || it.size() > 9 || it.find_first_not_of("0123456789") != std::string::npos) return "";
-  std::string n = std::to_string(std::stoll(it));
-  return "iter_" + std::string(n.size() < 7 ? 7 - n.size() : 0, '0') + n;
-}
 
 bool LooksLikeLegacy(const std::string& dir) {
   const fs::path d(dir);

@@ -36,8 +36,4 @@ bool LooksLikeLegacy(const std::string& dir);
 // without rank folders.
 LegacyFolder FindLegacy(const std::string& dir);
 
-// The iteration folder's name Megatron-LM gives iteration `text` ("3" -> "iter_0000003", "release"),
-// or "" when `text` (trimmed) is neither.
-std::string IterationFolderName(const std::string& text);
-
 }  // namespace ucp::formats::megatron
