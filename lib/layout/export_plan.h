@@ -52,15 +52,15 @@ struct ExportTensor {
   int state = 0;
   // Non-empty: the item is the box of the target tensor (`shape`) at these offsets, of these sizes
   // (a DCP chunk: one rank's shard); every dimension given.
-  std::vector<int64_t> box_offsets, box_sizes;
+  std::vector<int64_t> box_offsets{}, box_sizes{};
   // With `layer` and a box: the chunk is saved with the stacked tensor's layer axis, shape [1, box...]
   // (a Megatron-Core torch_dist chunk of decoder.layers.*).
   bool layer_axis = false;
   // The values' dtype as saved where it is not the plan's (fp32, bf16 or fp16; empty: the plan's):
   // a Megatron-Core model key in the job's dtype beside its fp32 optimizer state.
-  std::string dtype;
+  std::string dtype{};
   // atom < 0: the item is these bytes as they are (a DCP bytes item's or a step's torch.save file).
-  std::string payload;
+  std::string payload{};
   int64_t numel() const;  // the box's, where there is one
   int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
   // The rows selected from the atomic tensor (ForEachAtomRun's range): the target's rows, or its

@@ -1,6 +1,5 @@
 #include "formats/megatron/mcore_target.h"
 
-#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -10,6 +9,7 @@
 #include "formats/dcp/target.h"
 #include "formats/megatron/legacy_names.h"
 #include "pt/torch_file.h"
+#include "source/megatron_tracker.h"
 
 namespace ucp::formats::megatron {
 using pt::Value;
@@ -288,12 +288,6 @@ std::string CommonFile(const reshard::Source& S, const Value& common, const Grid
   return pt::TorchFileBytes(*root);
 }
 
-std::string IterationFolder(int64_t iteration) {
-  char name[32];
-  std::snprintf(name, sizeof name, "iter_%07lld", static_cast<long long>(iteration));
-  return name;
-}
-
 // The decoder's linears, whose (empty) extra state Megatron-Core saves per layer as a ShardedObject.
 const char* const kLinears[] = {"self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2"};
 
@@ -394,7 +388,7 @@ reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOpt
   }
   auto iteration = common.Get("iteration");
   const int64_t it = iteration && iteration->kind == Value::Kind::Int ? iteration->i : 0;
-  const std::string folder = IterationFolder(it);
+  const std::string folder = source::IterationFolderName(std::to_string(it));
   dcp::SavedCheckpoint c;
   plan.Lay(folder + "/", P, c);
   c.checkpoint_id = folder;
@@ -403,7 +397,7 @@ reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOpt
   P.side_files.emplace_back(folder + "/metadata.json",
                             R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", "common_backend_version": 1})");
   P.side_files.emplace_back(folder + "/.metadata", dcp::MetadataPickle(c));
-  P.marker = "latest_checkpointed_iteration.txt";
+  P.marker = source::kMegatronTracker;
   P.marker_text = std::to_string(it);
   P.notes.push_back(std::string("optimizer state: ") +
                     (form == Form::Distributed ? "the distributed optimizer's fully_reshardable form (args.use_distributed_optimizer)"
