@@ -41,8 +41,4 @@ endif()
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS "openmpi-bin")
 
-# `cpack --config CPackSourceConfig.cmake`: the tracked sources, not build folders or git metadata.
-set(CPACK_SOURCE_GENERATOR "TGZ")
-set(CPACK_SOURCE_IGNORE_FILES "/\\\\.git/" "/build[^/]*/" "/\\\\.cache/" "__pycache__")
-
 include(CPack)

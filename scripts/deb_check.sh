@@ -8,13 +8,15 @@
 #     bash scripts/deb_check.sh [BUILD_DIR]        (as root; default BUILD_DIR: build/)
 #
 # Run by hand before a release; it is not part of CI (CI's time is spent). It needs root, debootstrap and
-# the Debian mirror; it takes a few minutes (the first run longer: debootstrap and the downloads).
+# the Debian mirror. About 2 minutes on 2 busy cores once the chroot is cached; the first run adds
+# debootstrap (a few minutes) and apt's downloads (about 40 MB).
 # - BUILD_DIR is configured as scripts/build.sh does when it has no CMakeCache.txt, and built either way.
 # - The chroot is cached in UCP_DEB_CHROOT (default /work/cache/pkg/bookworm): pristine/ is debootstrap's
-#   output, made once; every run copies it afresh to root/, so nothing a previous run installed can stand in
-#   for a dependency the package fails to declare. archives/ keeps apt's downloaded .debs between runs (it
-#   only saves downloads: apt still resolves every dependency). UCP_DEB_MIRROR overrides debootstrap's
-#   default mirror.
+#   output, made once; every run copies it afresh to root/ (left after the run, to look into), so nothing
+#   a previous run installed can stand in for a dependency the package fails to declare. archives/ keeps
+#   apt's downloaded .debs between runs (it only saves downloads: apt still resolves every dependency);
+#   work/ holds the build tree's own run; log/ each check's output. UCP_DEB_MIRROR overrides
+#   debootstrap's default mirror.
 # - In the chroot only the .deb and a copy of the sample are put; apt installs the package without
 #   Recommends, so its Depends alone must be enough.
 # Prints PASS or FAIL per check, a summary and the wall time; exits 1 on any failure.
@@ -25,7 +27,7 @@ build="$(realpath -m "${1:-$root/build}")"
 cache="$(realpath -m "${UCP_DEB_CHROOT:-/work/cache/pkg/bookworm}")"
 suite=bookworm
 rootfs="$cache/root"
-work="$cache/work"  # outside the chroot: the build tree's own run, and the prefix for the modulefiles
+work="$cache/work"  # outside the chroot: the build tree's own run, cmake --install's file list
 sample_src="$root/tests/data/sample_llama_tp2_pp2_dp2_bf16"
 start=$SECONDS
 passed=0
