@@ -5,7 +5,7 @@
 set -euo pipefail
 packages=(cmake g++ make libopenmpi-dev openmpi-bin libhdf5-openmpi-dev libcli11-dev
           nlohmann-json3-dev catch2 zlib1g-dev libdeflate-dev libxxhash-dev python3-torch python3-numpy python3-jsonschema python3-xxhash
-          hdf5-tools python3-h5py clang libclang-rt-14-dev)
+          hdf5-tools python3-h5py clang libclang-rt-14-dev help2man)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -8,9 +8,12 @@ must find their data beside themselves, never in the source or build tree.
   pattern folder it reads, which is the moved prefix's (UCP_DATA_DIR overrides it);
 - share/ucp holds every pattern file and schema of the source tree, byte for byte;
 - the moved ucp-convert converts the bundled sample, ucp-inspect verifies the result, and ucp-reshard
-  writes a new layout from it; the manifest records the commit --version names.
+  writes a new layout from it; the manifest records the commit --version names;
+- where the build found help2man (its CMakeCache), share/man/man1 holds each tool's page, the one the build
+  made, naming every long option the installed tool's --help lists.
 """
 import filecmp
+import re
 import json
 import os
 import shutil
@@ -60,4 +63,22 @@ if os.path.exists(os.path.join(atomic, "ucp_manifest.json")):
 r = subprocess.run([os.path.join(moved, "bin", "ucp-reshard"), atomic, "-o", out, "--dp", "1", "--tp", "1", "--pp", "1",
                     "--zero-stage", "1"], capture_output=True, text=True)
 check("the moved ucp-reshard writes a new layout", r.returncode == 0 and os.path.exists(os.path.join(out, "latest")), r.stderr[-1000:])
+
+cache = open(os.path.join(BUILD, "CMakeCache.txt")).read()
+help2man = re.search(r"^UCP_HELP2MAN:FILEPATH=(.*)$", cache, re.M)
+if help2man and not help2man.group(1).endswith("NOTFOUND"):
+    for tool in ("ucp-convert", "ucp-inspect", "ucp-reshard"):
+        page = os.path.join(moved, "share", "man", "man1", tool + ".1")
+        built = os.path.join(BUILD, "docs", tool + ".1")
+        check(f"share/man/man1/{tool}.1: installed, the page the build made", os.path.isfile(page) and os.path.isfile(built)
+              and filecmp.cmp(page, built, shallow=False), page)
+        if not os.path.isfile(page):
+            continue
+        text = open(page).read().replace("\\-", "-")
+        r = subprocess.run([os.path.join(moved, "bin", tool), "--help"], capture_output=True, text=True)
+        flags = sorted(set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", r.stdout)))
+        missing = [f for f in flags if f not in text]
+        check(f"{tool}.1 names every long option of --help ({len(flags)})", r.returncode == 0 and flags and not missing, str(missing))
+else:
+    print("install_relocated: no help2man in this build (CMakeCache UCP_HELP2MAN): no man pages to check")
 finish("install_relocated")

@@ -37,7 +37,7 @@ FINDING is one of:
   plan_refuses     (newcomer trial) a dry run from a Trainer root refuses the TP change the run would, and
                    the run refuses it before converting.
   readme           (rows 12, 13) the README says --oversubscribe (and the run-as-root variables) where it
-                   first shows mpirun, and that the HF round trip needs --optimizer-config.
+                   first shows mpirun, and that the HF round trip (README.md or docs/) needs --optimizer-config.
 """
 import hashlib
 import json
@@ -448,9 +448,12 @@ def readme():
     window = text[max(0, first - 200):first + 1500]
     check("--oversubscribe where mpirun is first shown", "--oversubscribe" in window, window[:600])
     check("the run-as-root variables there too", "OMPI_ALLOW_RUN_AS_ROOT" in window, window[:600])
+    docs = os.path.join(os.path.dirname(README), "docs")  # the round trip is told in docs/huggingface.md
+    pages = [os.path.join(docs, n) for n in sorted(os.listdir(docs)) if n.endswith(".md")] if os.path.isdir(docs) else []
+    text = "\n".join([text] + [open(p).read() for p in pages])
     at = text.find("HF -> ucp -> layout -> ucp -> HF")
     check("the round trip says it needs --optimizer-config", at >= 0 and "--optimizer-config" in text[at - 400:at + 600],
-          text[at - 400:at + 600] if at >= 0 else "no round trip in README")
+          text[at - 400:at + 600] if at >= 0 else "no round trip in README or docs/")
 
 
 FINDINGS = {f.__name__: f for f in (second_copy, tag_no_latest, no_trainer_state, ds_version, n_inner_null, output_in_root,
