@@ -6,8 +6,7 @@
 # repository (spack-packages, 2026-07), with the variant used (hdf5 +mpi). The versions below are those
 # ucp is built and tested with on Debian bookworm (CLI11 2.1.2, nlohmann-json 3.11.2, HDF5 1.10.8,
 # libdeflate 1.14, xxHash 0.8.1, Catch2 2.13.10, zlib 1.2.13, CMake 3.25). See packaging/README.md.
-# Known: ucp's top-level CMakeLists.txt requires /usr/bin/python3 at configure time even with
-# UCP_BUILD_TESTS=OFF (the test suite's interpreter); where there is none, configure fails.
+# With UCP_BUILD_TESTS=OFF, configure needs no Python (the test suite's /usr/bin/python3 only with tests).
 #
 # To use it: put this file in a repository of your own as packages/ucp/package.py (`spack repo create`,
 # then `spack repo add`), set `git` below to where your site clones ucp from (it has no public address
