@@ -21,7 +21,7 @@ running one build against itself, and is masked (only there):
 - in stdout/stderr: the seconds and peak RSS of ucp-convert's and ucp-reshard's summary line; an atomic
   checkpoint's creation time, as ucp-inspect prints it; mpirun's job id and which rank it saw fail
   first (`Process name: [[31632,1],1]`, when a tool refuses on 2 ranks);
-- in `ucp_manifest.json`: `created` (the time of the conversion);
+- in `ucp_manifest.json`: `created` (the time of the conversion) and `ucp_commit` (each build's own commit);
 - by construction: the work folder (the same for both builds, masked in messages anyway), each build's
   own folder and its default patterns folder (its source folder's, compiled in: messages and the
   manifest name the pattern file used), found by `ucp-inspect --list-patterns`.
@@ -69,7 +69,7 @@ VARYING_TEXT = [
     (re.compile(r"Process name: \[\[\d+,\d+\],\d+\]"), "Process name: <mpirun job, first rank to fail>"),
 ]
 # What varies in the files they write, by file name: JSON fields holding a time.
-VARYING_FIELDS = {"ucp_manifest.json": ("created",)}
+VARYING_FIELDS = {"ucp_manifest.json": ("created", "ucp_commit")}
 
 
 def patterns_dir_of(build):

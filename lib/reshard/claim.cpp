@@ -12,12 +12,12 @@
 #include "core/names.h"
 #include "core/output_lock.h"
 #include "shuffle/agree.h"
+#include "reshard/tool_name.h"
 
 namespace ucp::reshard {
 namespace fs = std::filesystem;
 
 namespace {
-constexpr const char* kTool = "ucp-reshard";
 constexpr const char* kClaimFile = ".ucp-reshard.json";
 // The files that mark a folder of any target complete: removed before anything they name.
 const std::set<std::string> kCommitPoints = {"latest", "latest_checkpointed_iteration.txt", "model.safetensors.index.json"};

@@ -19,6 +19,7 @@
 #include "store/atomic_store.h"
 #include "store/universal_folder.h"
 #include "layout/reshard_plan.h"
+#include "reshard/tool_name.h"
 
 namespace ucp::reshard {
 using nlohmann::json;
@@ -26,8 +27,6 @@ using shuffle::AnyFailed;
 using shuffle::Capture;
 
 namespace {
-
-constexpr const char* kTool = "ucp-reshard";
 
 // Rows of an atomic tensor's state, read from the store (each atom checked on first use).
 class StoreRows final : public RowSource {

@@ -20,6 +20,7 @@
 #include "store/atomic_store.h"
 #include "store/universal_folder.h"
 #include "layout/reshard_plan.h"
+#include "reshard/tool_name.h"
 
 namespace ucp::reshard {
 namespace {
@@ -27,7 +28,6 @@ namespace {
 namespace fs = std::filesystem;
 using shuffle::AnyFailed;
 using shuffle::Capture;
-constexpr const char* kTool = "ucp-reshard";
 
 // Whether `current` has every key given beside --gpus (dp, sp, tp, pp, zero_stage, and the
 // precision: dtype, grad_accum_dtype) as `target` names it.

@@ -32,6 +32,7 @@
 #include "store/atom_store.h"
 #include "store/atomic_store.h"
 #include "store/universal_folder.h"
+#include "reshard/tool_name.h"
 
 namespace ucp::reshard {
 namespace fs = std::filesystem;
@@ -60,7 +61,6 @@ void VerifyAtomsShare(const std::string& atomic, int rank, int ranks) {
   }
 }
 
-constexpr const char* kTool = "ucp-reshard";
 // Megatron's record of the iteration `latest` names, written before it.
 constexpr const char* kIterationFile = "latest_checkpointed_iteration.txt";
 

@@ -48,7 +48,7 @@ int TpShardDim(const std::string& fqn) {
 }
 
 // Piece k of `parts` of the box on `dim`, torch.chunk's: ceil-sized, the trailing ones fewer or none.
-void Chunk(Box& b, size_t dim, int64_t parts, int64_t k) {
+void TorchChunk(Box& b, size_t dim, int64_t parts, int64_t k) {
   const int64_t n = b.sizes.at(dim), chunk = (n + parts - 1) / parts, start = std::min(n, chunk * k);
   b.offsets[dim] += start;
   b.sizes[dim] = std::min(n, start + chunk) - start;
@@ -63,8 +63,8 @@ std::vector<Box> BoxesOf(const Mesh& mesh, const std::string& fqn, const std::ve
   std::vector<Box> boxes;
   for (int64_t r = 0; r < mesh.ranks(); ++r) {
     Box b{std::vector<int64_t>(shape.size(), 0), shape};
-    if (tp_dim >= 0) Chunk(b, static_cast<size_t>(tp_dim), mesh.tp, r % mesh.tp);
-    Chunk(b, 0, mesh.dp, r / mesh.tp);  // FSDP2 over this rank's piece
+    if (tp_dim >= 0) TorchChunk(b, static_cast<size_t>(tp_dim), mesh.tp, r % mesh.tp);
+    TorchChunk(b, 0, mesh.dp, r / mesh.tp);  // FSDP2 over this rank's piece
     boxes.push_back(std::move(b));
   }
   return boxes;

@@ -79,7 +79,7 @@ std::vector<TitanTensor> TitanTensors(const reshard::Source& S, const reshard::E
 
 // One key of the state dict: a tensor's box on each rank (none: a step or a bytes item, the same on
 // every rank, carrying its torch.save file).
-struct Item {
+struct KeyItem {
   std::string key;
   ValuePtr path;  // planner_data
   ExportTensor data;
@@ -94,16 +94,16 @@ ValuePtr Path(std::vector<ValuePtr> parts) {
   return t;
 }
 
-Item TensorItem(const Mesh& mesh, const TitanTensor& t, const std::string& key, ValuePtr path, int state) {
-  Item it;
+KeyItem TensorItem(const Mesh& mesh, const TitanTensor& t, const std::string& key, ValuePtr path, int state) {
+  KeyItem it;
   it.key = key, it.path = std::move(path), it.data = t.rows;
   it.data.name = key, it.data.state = state;
   it.boxes = BoxesOf(mesh, t.fqn, t.rows.shape);
   return it;
 }
 
-Item PayloadItem(const std::string& key, ValuePtr path, const Value& value, bool bytes) {
-  Item it;
+KeyItem PayloadItem(const std::string& key, ValuePtr path, const Value& value, bool bytes) {
+  KeyItem it;
   it.key = key, it.path = std::move(path);
   it.data.name = key, it.data.payload = pt::TorchFileBytes(value);
   it.bytes = bytes;
@@ -111,7 +111,7 @@ Item PayloadItem(const std::string& key, ValuePtr path, const Value& value, bool
 }
 
 // optim.state.<fqn>.step: the atomic tensor's step as torch's Adam keeps it (a 0-d float32 tensor).
-Item StepItem(const reshard::Source& S, const TitanTensor& t) {
+KeyItem StepItem(const reshard::Source& S, const TitanTensor& t) {
   const std::string& name = S.atoms.at(t.rows.atom).name;
   if (!S.atoms.at(t.rows.atom).has_step) throw Error(S.reader->dir() + ": parameter '" + name + "' has no step");
   auto value = std::make_shared<float>(static_cast<float>(pt::StepValue(*S.reader->ReadStep(name))));
@@ -131,7 +131,7 @@ const std::vector<std::pair<std::string, ValuePtr>>& AdamDefaults() {
 
 // optim.param_groups.<g>.<option>: each group's options as saved (torch's defaults added), then
 // `params`, the fqns of the group's tensors.
-void ParamGroupItems(const reshard::Source& S, const std::vector<TitanTensor>& tensors, std::vector<Item>& items) {
+void ParamGroupItems(const reshard::Source& S, const std::vector<TitanTensor>& tensors, std::vector<KeyItem>& items) {
   const ValuePtr groups = S.optimizer.root ? S.optimizer.root->Get("param_groups") : nullptr;
   if (!groups || !groups->IsSequence()) throw Error(S.reader->dir() + "/zero/optimizer_state.pt: no param_groups list");
   for (size_t g = 0; g < groups->items.size(); ++g) {
@@ -154,8 +154,8 @@ void ParamGroupItems(const reshard::Source& S, const std::vector<TitanTensor>& t
 
 // The state dict's keys in get_state_dict's order: the model's, then each parameter's step and
 // moments, group by group, then the param groups.
-std::vector<Item> StateDictItems(const reshard::Source& S, const Mesh& mesh, const std::vector<TitanTensor>& tensors, bool optimizer) {
-  std::vector<Item> items;
+std::vector<KeyItem> StateDictItems(const reshard::Source& S, const Mesh& mesh, const std::vector<TitanTensor>& tensors, bool optimizer) {
+  std::vector<KeyItem> items;
   for (const TitanTensor& t : tensors)
     items.push_back(TensorItem(mesh, t, "model." + t.fqn, Path({Value::Str("model"), Value::Str(t.fqn)}), 0));
   if (!optimizer) return items;
@@ -178,7 +178,7 @@ std::vector<Item> StateDictItems(const reshard::Source& S, const Mesh& mesh, con
 using WriteIndex = std::pair<std::string, std::vector<int64_t>>;
 
 // DCP's size of an item (dedup_save_plans): a chunk's bytes, a bytes item (or an empty chunk) 1.
-int64_t StorageSize(const Item& it, const Box& box) {
+int64_t StorageSize(const KeyItem& it, const Box& box) {
   int64_t n = 4;
   for (int64_t d : box.sizes) n *= d;
   return it.bytes || n == 0 ? 1 : n;
@@ -187,11 +187,11 @@ int64_t StorageSize(const Item& it, const Box& box) {
 // dedup_save_plans: every rank plans its items; an item several ranks plan (a step, a bytes item, a
 // norm's chunk on a TP group's ranks) goes to the one with the fewest bytes planned so far (the
 // lowest of equals), the items taken as rank 0's plan lists them, then rank 1's new ones, ...
-std::map<WriteIndex, int> AssignOwners(const std::vector<Item>& items, int64_t ranks) {
-  std::vector<std::pair<WriteIndex, const Item*>> order;
+std::map<WriteIndex, int> AssignOwners(const std::vector<KeyItem>& items, int64_t ranks) {
+  std::vector<std::pair<WriteIndex, const KeyItem*>> order;
   std::map<WriteIndex, std::vector<int>> planned;
   for (int r = 0; r < ranks; ++r)
-    for (const Item& it : items) {
+    for (const KeyItem& it : items) {
       WriteIndex w{it.key, it.on(r).offsets};
       auto [at, fresh] = planned.try_emplace(w);
       if (fresh) order.emplace_back(w, &it);
@@ -211,9 +211,9 @@ std::map<WriteIndex, int> AssignOwners(const std::vector<Item>& items, int64_t r
 }
 
 // Rank r's file: the items it saves (owner), each's box of its tensor.
-void LayFile(const std::vector<Item>& items, const std::map<WriteIndex, int>& owner, int r, reshard::ExportPlan& P, SavedCheckpoint& c) {
+void LayFile(const std::vector<KeyItem>& items, const std::map<WriteIndex, int>& owner, int r, reshard::ExportPlan& P, SavedCheckpoint& c) {
   std::vector<PlannedItem> mine;
-  for (const Item& it : items) {
+  for (const KeyItem& it : items) {
     const Box box = it.on(r);
     if (owner.at({it.key, box.offsets}) != r) continue;  // another rank saves it
     PlannedItem p{{it.key, it.bytes, it.data.shape, box.offsets, box.sizes, ""}, it.data};
@@ -241,10 +241,10 @@ reshard::ExportPlan PlanDcp(const reshard::Source& S, const reshard::ExportOptio
   const std::vector<TitanTensor> tensors = TitanTensors(S, o, mesh, P.notes);
   const bool optimizer = !S.manifest["source"].value("weights_only", false);
   if (!optimizer) P.notes.push_back("the atomic checkpoint holds weights only: the model's keys alone are written");
-  std::vector<Item> items = StateDictItems(S, mesh, tensors, optimizer);
+  std::vector<KeyItem> items = StateDictItems(S, mesh, tensors, optimizer);
   const std::map<WriteIndex, int> owner = AssignOwners(items, mesh.ranks());
   SavedCheckpoint c;
-  for (const Item& it : items) c.planner_data.emplace_back(it.key, it.path);
+  for (const KeyItem& it : items) c.planner_data.emplace_back(it.key, it.path);
   for (int64_t r = 0; r < mesh.ranks(); ++r) LayFile(items, owner, static_cast<int>(r), P, c);
   c.checkpoint_id = std::filesystem::path(o.output).lexically_normal().filename().string();  // the folder's name
   if (c.checkpoint_id.empty()) c.checkpoint_id = std::filesystem::path(o.output).lexically_normal().parent_path().filename().string();

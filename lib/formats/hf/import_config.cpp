@@ -14,9 +14,9 @@ namespace {
 
 // config.json's keys, each read with its type checked; a missing key takes the class's default
 // (said in the notes) or, without one, is refused.
-class Keys {
+class ConfigKeys {
  public:
-  Keys(const json& j, std::string path, std::vector<std::string>& notes) : j_(j), path_(std::move(path)), notes_(notes) {}
+  ConfigKeys(const json& j, std::string path, std::vector<std::string>& notes) : j_(j), path_(std::move(path)), notes_(notes) {}
   int64_t Int(const char* key, std::optional<int64_t> otherwise = std::nullopt) const {
     if (const json* v = Get(key)) {
       if (!v->is_number_integer() || v->get<int64_t>() < 0) throw Bad(key, *v, "a non-negative integer");
@@ -67,7 +67,7 @@ class Keys {
 };
 
 // The rotary base: transformers 5's rope_parameters, else rope_theta; any scaling refused.
-double RopeTheta(const Keys& k) {
+double RopeTheta(const ConfigKeys& k) {
   for (const char* key : {"rope_scaling", "rope_parameters"})
     if (const json* v = k.Get(key)) {
       if (!v->is_object()) throw k.Bad(key, *v, "an object");
@@ -88,7 +88,7 @@ double RopeTheta(const Keys& k) {
   return k.Number("rope_theta", 10000.0);
 }
 
-LlamaFacts LlamaOf(const Keys& k) {
+LlamaFacts LlamaOf(const ConfigKeys& k) {
   LlamaFacts m;
   m.hidden = k.Int("hidden_size");
   m.layers = k.Int("num_hidden_layers");
@@ -117,7 +117,7 @@ LlamaFacts LlamaOf(const Keys& k) {
 
 // MixtralForCausalLM: Llama's facts and the sparse MoE blocks, whose router DeepSpeed's top-2 gate
 // computes only with two experts per token and no jitter; no sliding window in Megatron's attention.
-void MixtralOf(const Keys& k, LlamaFacts& m) {
+void MixtralOf(const ConfigKeys& k, LlamaFacts& m) {
   m.experts = k.Int("num_local_experts");
   m.experts_per_token = k.Int("num_experts_per_tok", 2);
   if (m.experts_per_token != 2)
@@ -131,7 +131,7 @@ void MixtralOf(const Keys& k, LlamaFacts& m) {
 }
 
 // GPT2LMHeadModel: Megatron's GPT with LayerNorm, learned positions, a GeLU MLP and tied embeddings.
-Gpt2Facts Gpt2Of(const Keys& k) {
+Gpt2Facts Gpt2Of(const ConfigKeys& k) {
   Gpt2Facts m;
   m.hidden = k.Int("n_embd");
   m.layers = k.Int("n_layer");
@@ -159,7 +159,7 @@ Gpt2Facts Gpt2Of(const Keys& k) {
 }
 
 // The class: architectures[0], else model_type's class. One table for every class ucp imports.
-std::string ArchitectureOf(const Keys& k) {
+std::string ArchitectureOf(const ConfigKeys& k) {
   static const std::pair<const char*, const char*> kByModelType[] = {
       {"llama", "LlamaForCausalLM"}, {"mixtral", "MixtralForCausalLM"}, {"gpt2", "GPT2LMHeadModel"}};
   if (const json* a = k.Get("architectures")) {
@@ -181,7 +181,7 @@ HfConfig ReadHfConfig(const std::string& dir) {
   if (!text) throw Error(c.path + ": cannot read it");
   const json j = json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) throw Error(c.path + ": no JSON object");
-  const Keys k(j, c.path, c.notes);
+  const ConfigKeys k(j, c.path, c.notes);
   c.architecture = ArchitectureOf(k);
   if (c.architecture == "GPT2LMHeadModel") {
     c.gpt2 = Gpt2Of(k);
