@@ -36,7 +36,7 @@ free_gib=$(( $(df -Pk "$build" | awk 'NR==2 {print $4}') / 1048576 ))
 if [ "$free_gib" -lt 12 ]; then  # the zip64 case's 4 GiB, the test outputs, two builds: 9.2 GiB at the peak, measured
   echo "note: $free_gib GiB free under $build; a full run took up to 9.2 GiB of disk here" >&2
 fi
-BUILD_DIR="$build" bash "$root/scripts/build.sh"
+BUILD_DIR="$build" bash "$root/scripts/build.sh" -DUCP_BUILD_TESTS=ON  # on, whatever scripts/setup.sh left in the cache
 phase "build"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 if [ "$quick" -eq 1 ]; then

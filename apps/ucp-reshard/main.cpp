@@ -19,7 +19,8 @@ using ucp::reshard::ReshardCommand;
 
 constexpr const char* kDescription =
       "ucp-reshard: an atomic checkpoint to the native shard files of a new layout.\n\n"
-      "Reads an atomic checkpoint written by ucp-convert and writes OUT/latest, OUT/global_stepN/ with\n"
+      "Reads an atomic checkpoint written by ucp-convert (or a training run's checkpoint root, converted on\n"
+      "the way) and writes OUT/latest, OUT/global_stepN/ with\n"
       "the files DeepSpeed / Megatron-DeepSpeed write for the target layout, so the job relaunches with its\n"
       "ordinary --load:\n"
       "  ZeRO 0-2, pipeline module (--model pipe, GPTModelPipe names): mp_rank_XX_model_states.pt,\n"
@@ -91,10 +92,10 @@ CLI::Option* LayoutFlag(CLI::App& app, nlohmann::json& flags, const char* name, 
 // What to read, the mode and where to write. Returns --keep, which only --in-place takes.
 CLI::Option* AddInputFlags(CLI::App& app, ReshardCommand& c) {
   app.add_option("atomic", c.options.atomic_dir,
-                 "atomic checkpoint folder (with ucp_manifest.json) or DeepSpeed's universal folder; with --in-place or "
-                 "--format hf, also the training run's checkpoint root (with `latest`: --in-place finds or makes its "
-                 "atomic checkpoint beside the tag; --format hf reads ucp's there when it matches the tag, else "
-                 "converts into OUT/.ucp-scratch-atomic, removed at the end)")
+                 "atomic checkpoint folder (with ucp_manifest.json) or DeepSpeed's universal folder; or the training "
+                 "run's checkpoint root (with `latest`, a Trainer's checkpoint-N): --in-place finds or makes its "
+                 "atomic checkpoint beside the tag; with -o, ucp reads its atomic checkpoint there when it matches the "
+                 "tag, else converts into OUT/.ucp-scratch-atomic, removed at the end")
       ->required();
   app.add_flag("--no-strict", c.no_strict, "from a training run's root: convert it despite layout or pattern problems "
                "(ucp-convert --no-strict; they are printed)");

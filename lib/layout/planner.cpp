@@ -29,16 +29,6 @@ std::string TpRefusal(const ModelFacts& m, const PlannerRequest& r, int tp) {
   return ModelTpRefusal(m, tp);
 }
 
-// " (dp x sp = 6 does not divide 4 GPUs)": the degrees the user fixed, where their product alone rules out every layout.
-std::string FixedProduct(const PlannerRequest& r) {
-  std::string named;
-  int64_t product = 1;
-  const std::pair<const char*, int> degrees[] = {{"dp", r.base.dp}, {"sp", r.base.Sp()}, {"tp", r.base.tp}, {"pp", r.base.pp}};
-  for (const auto& [key, value] : degrees)
-    if (Fixed(r, key)) named += (named.empty() ? "" : " x ") + std::string(key), product *= value;
-  if (named.empty() || r.gpus % product == 0) return "";
-  return " (" + named + " = " + std::to_string(product) + " does not divide " + std::to_string(r.gpus) + " GPUs)";
-}
 
 // Why the chosen layout `t` (not given an SP degree) runs Ulysses sp > 1, from the candidates of its
 // tp and pp with less SP: some take the GPUs but do not fit (the sequence's activations), all are
@@ -61,6 +51,16 @@ std::string WhySp(const std::vector<Candidate>& candidates, const PlannerRequest
 }
 
 }  // namespace
+
+std::string FixedDegreesRefusal(const PlannerRequest& r) {
+  std::string named;
+  int64_t product = 1;
+  const std::pair<const char*, int> degrees[] = {{"dp", r.base.dp}, {"sp", r.base.Sp()}, {"tp", r.base.tp}, {"pp", r.base.pp}};
+  for (const auto& [key, value] : degrees)
+    if (Fixed(r, key)) named += (named.empty() ? "" : " x ") + std::string(key), product *= value;
+  if (named.empty() || r.gpus % product == 0) return "";
+  return named + " = " + std::to_string(product) + " does not divide " + std::to_string(r.gpus) + " GPUs";
+}
 
 std::string ModelTpRefusal(const ModelFacts& m, int tp) {
   const std::pair<const char*, int64_t> facts[] = {{"attention heads", m.heads}, {"key-value heads", m.kv_heads}, {"FFN width", m.ffn}};
@@ -354,7 +354,7 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
   const std::string budget = HumanBytes(static_cast<double>(r.gpu_memory));
   if (valid.empty()) {
     choice.reason = "no layout of this model takes " + Gpus(r.gpus) +
-                    (refused.empty() ? " with the degrees given" + FixedProduct(r) : ": " + refused.front().refused);
+                    (refused.empty() ? " with the degrees given" + (FixedDegreesRefusal(r).empty() ? std::string() : " (" + FixedDegreesRefusal(r) + ")") : ": " + refused.front().refused);
     return choice;
   }
   if (!valid.front().fits) {

@@ -136,6 +136,10 @@ std::string ModelSpRefusal(const ModelFacts& m, int tp, int sp);
 // Validate, the planner, and --in-place before a conversion.
 std::string UlyssesRefusal(const ModelFacts& m, int tp, int sp, int pp, bool pipeline_module, bool moe);
 
+// "dp x sp = 6 does not divide 4 GPUs": the degrees the user fixed (request.fixed), where their
+// product alone rules out every layout for request.gpus; "" where it does not. Checked on the command
+// line, before anything is converted, and said again by the planner's refusal.
+std::string FixedDegreesRefusal(const PlannerRequest& request);
 LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request, const LoadOf& load);
 
 }  // namespace ucp::reshard

@@ -5,6 +5,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "patterns/rules.h"
+#include "layout/planner.h"
 #include "layout/reshard_plan.h"
 #include "layout/target.h"
 
@@ -141,6 +142,8 @@ std::optional<int> SettleTrainingLayout(ReshardCommand& c, std::ostream& err) {
     o.planner.base = o.target;
     for (const char* key : {"dp", "sp", "tp", "pp", "zero_stage"})
       if (std::find(given.begin(), given.end(), key) != given.end()) o.planner.fixed.push_back(key);
+    if (const std::string why = FixedDegreesRefusal(o.planner); !why.empty())
+      return Refuse(err, "--gpus " + std::to_string(o.planner.gpus) + ": " + why + " (the degrees given stay fixed)");
   } else if (auto missing = MissingLayoutKeys(given); !missing.empty()) {
     const std::string& key = missing.front();
     return Refuse(err, "no " + key + ": give --" + FlagOf(key) + " or \"" + key + "\" in a --layout file, or --gpus N to "

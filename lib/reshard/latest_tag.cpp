@@ -71,6 +71,7 @@ std::string ReadLatestUniversal(const std::string& root) {
 LatestTag ReadLatest(const std::string& root) {
   LatestTag c;
   const std::string latest = root + "/latest";
+  if (!fs::exists(root)) throw Error(root + ": does not exist");
   if (!fs::exists(latest)) {
     if (const auto tags = source::TagFoldersWithoutLatest(root); !tags.empty()) throw Error(source::TagWithoutLatestError(root, tags));
     if (const formats::SourceDriver* d = formats::ProbeSource(root); d && std::string(d->name) != "deepspeed")
@@ -81,7 +82,8 @@ LatestTag ReadLatest(const std::string& root) {
     if (!self.has_filename()) self = self.parent_path();  // "global_step4/"
     const fs::path parent = self.parent_path();
     const bool tag = formats::ProbeSource(root) && fs::exists(parent / "latest");  // global_stepN given itself
-    throw Error(root + ": no `latest` file: --in-place takes the checkpoint root a training run saves into" +
+    throw Error(root + ": no `latest` file here: --in-place takes the folder that holds a training run's `latest` (a Trainer's "
+                "checkpoint-N, a Megatron-DeepSpeed run's save folder)" +
                 (tag ? "; this is a tag folder: give the folder holding its `latest`, " + parent.string()
                      : below.empty() ? std::string() : "; " + below));
   }

@@ -228,8 +228,14 @@ check("in place --gpus 4 again: nothing to do", r.returncode == 0 and "nothing t
 
 # 8. the planner's words for degrees given.
 r = run("ucp-reshard", atomic, "--gpus", "4", "--sp", "3", "--plan-only")
-check("planner: --sp 3 on 4 GPUs says why nothing is valid", r.returncode == 1 and "sp = 3 does not divide 4 GPUs" in r.stdout + r.stderr,
-      r.stdout[-300:] + r.stderr[-300:])
+check("--sp 3 on 4 GPUs: a command-line error that says why nothing is valid",
+      r.returncode == 2 and "--gpus 4: sp = 3 does not divide 4 GPUs" in r.stderr, r.stdout[-300:] + r.stderr[-300:])
+# The same contradiction with --in-place, which converts first: refused before anything is written.
+before = sorted(os.listdir(fresh))
+r = run("ucp-reshard", fresh, "--in-place", "--gpus", "4", "--dp", "3")
+check("--in-place --gpus 4 --dp 3: refused on the command line, nothing written",
+      r.returncode == 2 and "dp = 3 does not divide 4 GPUs" in r.stderr and sorted(os.listdir(fresh)) == before,
+      r.stderr[-300:] + str(sorted(set(os.listdir(fresh)) ^ set(before))))
 r = run("ucp-reshard", atomic, "--gpus", "4", "--sp", "4", "--plan-only")
 check("planner: a given SP is said as given", r.returncode == 0 and "sp=4 as given" in r.stdout, r.stdout[-400:])
 
