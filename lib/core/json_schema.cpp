@@ -1,6 +1,7 @@
 #include "core/json_schema.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -58,7 +59,11 @@ std::string PointerKey(const std::string& key) {
   return out;
 }
 
-// Exact for every int64, uint64 and double: x86-64's long double has a 64-bit mantissa.
+// Exact for every int64, uint64 and double where long double has a mantissa of 64 bits or more: x86-64's
+// (x87, 64 bits) and aarch64 Linux's (IEEE binary128, 113 bits) do; where it is only a double, 2^53 + 1
+// would compare equal to 2^53.
+static_assert(std::numeric_limits<long double>::digits >= 64,
+              "JSON schema bounds are compared in long double, which must hold every int64 and uint64 exactly");
 long double AsLongDouble(const json& v) {
   if (v.is_number_unsigned()) return static_cast<long double>(v.get<uint64_t>());
   if (v.is_number_integer()) return static_cast<long double>(v.get<int64_t>());

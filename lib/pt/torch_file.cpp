@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -15,6 +16,11 @@
 #include "pt/unpickler.h"
 
 namespace ucp::pt {
+
+// Every format ucp reads and writes (torch.save records, safetensors, DCP, the HDF5 store's datasets) holds
+// little-endian numbers, which ucp maps, copies and hashes as they lie: x86-64 and aarch64 are little-endian.
+static_assert(std::endian::native == std::endian::little,
+              "ucp reads and writes tensors as little-endian bytes in native order: a big-endian host is not supported");
 
 TorchFile ReadTorchFile(const std::string& path, const ReadOptions& options) {
   return ReadTorchArchive(std::make_shared<ZipArchive>(MappedFile::Open(path)), options);
@@ -36,6 +42,18 @@ TorchFile ReadTorchArchive(std::shared_ptr<ZipArchive> archive, const ReadOption
   const ZipEntry* pkl = zip.Find(out.prefix + "data.pkl");
   if (pkl == nullptr) throw Error(path + ": not a torch.save archive: no '<name>/data.pkl' record");
   if (options.verify_pickle_crc) zip.VerifyCrc(*pkl);
+  // torch.save records the saving machine's byte order and writes its storages in it; torch.load swaps
+  // them where the two differ. ucp maps the storages as they lie (little-endian, as on x86-64 and aarch64):
+  // a file saved on a big-endian machine is refused rather than read as other numbers. (No record: torch
+  // before 1.13 wrote none, and only little-endian machines ran it for training.)
+  if (const ZipEntry* order = zip.Find(out.prefix + "byteorder")) {
+    const auto bytes = zip.Payload(*order);
+    const std::string value(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    if (value != "little")
+      throw Error(path + ": record '" + out.prefix + "byteorder' says " +
+                  (value == "big" ? std::string("'big': saved on a big-endian machine") : "neither 'little' nor 'big'") +
+                  "; ucp reads little-endian tensors only: load it with torch on a little-endian machine and save it again");
+  }
 
   std::unordered_map<std::string, std::shared_ptr<Storage>> storages;
   auto resolve = [&](DType dtype, const std::string& key, uint64_t numel) -> std::shared_ptr<Storage> {

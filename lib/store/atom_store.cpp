@@ -332,11 +332,11 @@ std::optional<int64_t> ContiguousSlabStart(std::span<const int64_t> shape, std::
   return offset;
 }
 
-void CopySlab(const float* src, std::span<const int64_t> shape, std::span<const int64_t> start,
+void CopySlab(const uint8_t* src, std::span<const int64_t> shape, std::span<const int64_t> start,
               std::span<const int64_t> count, float* dst) {
   const size_t n = shape.size();
   if (n == 0) {
-    *dst = *src;
+    std::memcpy(dst, src, sizeof(float));
     return;
   }
   for (int64_t c : count)
@@ -353,7 +353,7 @@ void CopySlab(const float* src, std::span<const int64_t> shape, std::span<const 
   while (true) {
     int64_t off = start[inner] * stride[inner];
     for (size_t d = 0; d < inner; ++d) off += (start[d] + idx[d]) * stride[d];
-    std::memcpy(dst, src + off, static_cast<size_t>(run) * sizeof(float));
+    std::memcpy(dst, src + off * sizeof(float), static_cast<size_t>(run) * sizeof(float));
     dst += run;
     size_t d = inner;
     while (d > 0) {

@@ -252,12 +252,13 @@ std::string RecordedDatasetDigest(AtomReader& reader, const std::string& param, 
 uint64_t DigestBySlabs(const std::vector<int64_t>& shape,
                        const std::function<void(std::span<const int64_t>, std::span<const int64_t>, float*)>& read);
 
-// Row-major copy of the slab [start, start + count) of a tensor of `shape` at src into dst.
+// Row-major copy of the slab [start, start + count) of a float32 tensor of `shape` whose bytes are at src
+// (of any alignment: a tensor record inside a mapped file) into dst.
 // ContiguousSlabStart: the element offset of the slab's first element when the slab is one run of
 // the tensor's elements (whole inner dimensions, a single index in the outer ones), else nothing.
 std::optional<int64_t> ContiguousSlabStart(std::span<const int64_t> shape, std::span<const int64_t> start,
                                            std::span<const int64_t> count);
-void CopySlab(const float* src, std::span<const int64_t> shape, std::span<const int64_t> start,
+void CopySlab(const uint8_t* src, std::span<const int64_t> shape, std::span<const int64_t> start,
               std::span<const int64_t> count, float* dst);
 
 }  // namespace ucp::store

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -129,8 +130,9 @@ pt::ValuePtr StepAttributes(const h5::Object& o) {
   auto bytes = std::make_shared<uint64_t>(0);
   N n = o.ScalarAttribute("step", bytes.get());
   std::string kind = o.StringAttribute("step_kind");
-  if (kind == "int" && n == N::I64) return Value::Int(*reinterpret_cast<const int64_t*>(bytes.get()));
-  if (kind == "float" && n == N::F64) return Value::Float(*reinterpret_cast<const double*>(bytes.get()));
+  // The attribute's 8 bytes as the type they were written as (bit_cast: not read through another type's pointer).
+  if (kind == "int" && n == N::I64) return Value::Int(std::bit_cast<int64_t>(*bytes));
+  if (kind == "float" && n == N::F64) return Value::Float(std::bit_cast<double>(*bytes));
   if (kind == "tensor") {
     pt::DType d = n == N::F32 ? pt::DType::F32 : n == N::F64 ? pt::DType::F64 : pt::DType::I64;
     const void* p = bytes.get();

@@ -56,7 +56,7 @@ class PtReader final : public AtomReader {
       // One run of the file: read by offset, without faulting in the mapping.
       mapped.ReadAt(static_cast<uint64_t>(t.data() - mapped.bytes().data()) + 4 * static_cast<uint64_t>(*first), bytes, dst);
     } else {
-      CopySlab(reinterpret_cast<const float*>(t.data()), p.shape, start, count, dst);
+      CopySlab(t.data(), p.shape, start, count, dst);
       mapped.ReleaseResidentPages();  // copied: the mapping's pages need not count as ours
     }
     bytes_read_ += bytes;

@@ -195,9 +195,8 @@ UniversalKeys UniversalKeysOfStateFile(const Value& root, const std::vector<int6
     if (t.shape.size() != 1 || static_cast<int64_t>(t.numel()) < pt::Numel(full_shape))
       throw Error("holds a bare tensor of shape " + pt::ShapeString(t.shape) + ", not the 1-D ZeRO-3 form of " +
                   pt::ShapeString(full_shape));
-    const auto* p = reinterpret_cast<const float*>(t.data());
     for (int64_t i = pt::Numel(full_shape); i < static_cast<int64_t>(t.numel()); ++i)
-      if (p[i] != 0.0f || std::signbit(p[i]))
+      if (float v; std::memcpy(&v, t.data() + 4 * i, 4), v != 0.0f || std::signbit(v))  // of any alignment
         throw Error("its ZeRO-3 padding after the parameter's " + std::to_string(pt::Numel(full_shape)) +
                     " elements is not zero: not written by ucp");
     k.bare_numel = static_cast<int64_t>(t.numel());

@@ -115,6 +115,63 @@ def bad_cases(out):
     return len(cases)
 
 
+def rewritten(src_bytes, path, change=lambda name, data: data):
+    """The records of a torch.save archive written again by Python's zipfile, which aligns nothing (torch
+    aligns each record to 64 bytes), each record passed through change(name, data). Returns the data offsets."""
+    import io
+    import zipfile
+
+    src = zipfile.ZipFile(io.BytesIO(src_bytes))
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for info in src.infolist():
+            z.writestr(info.filename, change(info.filename, src.read(info)))
+    with zipfile.ZipFile(path) as z:
+        return {i.filename: i.header_offset + 30 + len(i.filename.encode()) + len(i.extra) for i in z.infolist()}
+
+
+def unaligned_case(out):
+    """A torch.save archive whose tensor records lie at offsets that are not multiples of their element size
+    (as a zip tool repacking a checkpoint leaves them): read like any other, equal to torch.load's values."""
+    import io
+
+    g = torch.Generator().manual_seed(99)
+    obj = {"f32": torch.randn(3, 5, generator=g), "f16": torch.randn(7, generator=g).half(),
+           "bf16": torch.randn(2, 3, generator=g).bfloat16(), "f64": torch.randn(4, generator=g).double(),
+           "i64": torch.arange(-3, 3)}
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    path = os.path.join(out, "unaligned_records.pt")
+    offsets = rewritten(buf.getvalue(), path)
+    data = [o for name, o in offsets.items() if "/data/" in name]
+    assert any(o % 8 for o in data) and any(o % 4 for o in data), f"the records happen to be aligned: {offsets}"
+    again = torch.load(path)
+    assert all(torch.equal(again[k], obj[k]) for k in obj), "torch.load reads the rewritten archive otherwise"
+    with open(os.path.join(out, "unaligned_records.json"), "w") as f:
+        json.dump(canonical(obj), f)
+
+
+def big_endian_case(out):
+    """What torch.save (2.1 and later, which records the byte order) writes on a big-endian machine: a
+    'byteorder' record holding 'big', storages in that order. ucp must refuse it, not read other numbers."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"t": torch.arange(6, dtype=torch.float32).reshape(2, 3) / 4}, buf)
+
+    def to_big_endian(name, data):
+        if "/data/" in name:
+            return np.frombuffer(data, dtype="<f4").astype(">f4").tobytes()
+        return data
+
+    prefix = "archive/"
+    rewritten(buf.getvalue(), os.path.join(out, "bad_big_endian.pt"), to_big_endian)
+    import zipfile
+    with zipfile.ZipFile(os.path.join(out, "bad_big_endian.pt"), "a") as z:
+        z.writestr(prefix + "byteorder", b"big")
+    with open(os.path.join(out, "bad_big_endian.error"), "w") as f:
+        f.write("record 'archive/byteorder' says 'big': saved on a big-endian machine")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -128,8 +185,10 @@ def main():
             torch.save(obj, path)
         with open(os.path.join(a.out, name + ".json"), "w") as f:
             json.dump(canonical(obj), f)
-    n_bad = bad_cases(a.out)
-    print(f"wrote {len(cases())} reader cases and {n_bad} bad archives to {a.out}")
+    unaligned_case(a.out)
+    big_endian_case(a.out)
+    n_bad = bad_cases(a.out) + 1
+    print(f"wrote {len(cases()) + 1} reader cases and {n_bad} bad archives to {a.out}")
 
 
 if __name__ == "__main__":
