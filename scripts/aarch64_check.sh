@@ -13,7 +13,7 @@
 #   binfmt         registers qemu-aarch64 for arm64 executables (binfmt_misc), so that mpirun can start arm64
 #                  ranks; where that is not allowed, the 2-rank runs are skipped and everything else still runs
 #   build-x86      scripts/build.sh into BUILD_DIR (default build/): the reference
-#   build-arm64    cmake/aarch64-linux-gnu.cmake into CACHE/build-aarch64
+#   build-arm64    scripts/aarch64-linux-gnu.cmake into CACHE/build-aarch64
 #   fixtures       the x86 build's ctest steps that write the unit tests' inputs (python3-torch on the host)
 #   unit-arm64     every ctest unit test (ucp_unit_tests "[tag]") with the arm64 binary, each its own line;
 #                  then the files the arm64 writer tests wrote, loaded by torch.load on the host
@@ -178,7 +178,7 @@ build_x86() {
   echo "built $x86"
 }
 build_arm64() {
-  UCP_AARCH64_SYSROOT="$sysroot" cmake -S "$root" -B "$arm" -DCMAKE_TOOLCHAIN_FILE="$root/cmake/aarch64-linux-gnu.cmake" \
+  UCP_AARCH64_SYSROOT="$sysroot" cmake -S "$root" -B "$arm" -DCMAKE_TOOLCHAIN_FILE="$root/scripts/aarch64-linux-gnu.cmake" \
     -DUCP_AARCH64_SYSROOT="$sysroot" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
     -DCMAKE_C_FLAGS_RELEASE="-O2 -DNDEBUG" "${cmake_args[@]}"
   nice -n 10 cmake --build "$arm" -j "$(nproc)"

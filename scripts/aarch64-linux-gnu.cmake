@@ -4,7 +4,7 @@
 # header-only ones (libcli11-dev, nlohmann-json3-dev, catch2). scripts/aarch64_check.sh builds that sysroot and
 # uses this file; by hand:
 #   UCP_AARCH64_SYSROOT=/path/to/sysroot cmake -S . -B build-aarch64 \
-#     -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake && cmake --build build-aarch64
+#     -DCMAKE_TOOLCHAIN_FILE=scripts/aarch64-linux-gnu.cmake && cmake --build build-aarch64
 # The sysroot comes from the environment variable UCP_AARCH64_SYSROOT (or -DUCP_AARCH64_SYSROOT=...). Test
 # executables then run through qemu-user (CMAKE_CROSSCOMPILING_EMULATOR) with the sysroot's loader and libraries.
 set(CMAKE_SYSTEM_NAME Linux)
@@ -14,7 +14,7 @@ if(NOT UCP_AARCH64_SYSROOT)
   set(UCP_AARCH64_SYSROOT "$ENV{UCP_AARCH64_SYSROOT}")
 endif()
 if(NOT UCP_AARCH64_SYSROOT OR NOT EXISTS "${UCP_AARCH64_SYSROOT}/usr/lib/aarch64-linux-gnu")
-  message(FATAL_ERROR "cmake/aarch64-linux-gnu.cmake: set UCP_AARCH64_SYSROOT to an arm64 Debian sysroot "
+  message(FATAL_ERROR "scripts/aarch64-linux-gnu.cmake: set UCP_AARCH64_SYSROOT to an arm64 Debian sysroot "
                       "(scripts/aarch64_check.sh builds one); got '${UCP_AARCH64_SYSROOT}'")
 endif()
 # try_compile projects re-read this file: hand them the sysroot too.
