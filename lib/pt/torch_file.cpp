@@ -47,6 +47,7 @@ TorchFile ReadTorchArchive(std::shared_ptr<ZipArchive> archive, const ReadOption
   // a file saved on a big-endian machine is refused rather than read as other numbers. (No record: torch
   // before 1.13 wrote none, and only little-endian machines ran it for training.)
   if (const ZipEntry* order = zip.Find(out.prefix + "byteorder")) {
+    zip.VerifyCrc(*order);  // a damaged byte is said as damage, not as another byte order
     const auto bytes = zip.Payload(*order);
     const std::string value(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     if (value != "little")
