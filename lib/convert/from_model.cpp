@@ -4,12 +4,16 @@
 // patterns; the parameters are spread over the ranks by bytes (largest first, to the least loaded);
 // each rank reads its parameters whole from the driver and writes them through the store's
 // AtomWriter, fp32 only (weights only); rank 0 writes the synthesized model-states file, carries the
-// job's files (config.json, ...) byte for byte, and commits the manifest last. Memory per rank: the
-// largest parameter, and one source tensor beside it.
+// job's files (config.json, ...) byte for byte, and commits the manifest last. Memory per rank: two
+// of the largest parameter (two writing threads), each with at most one source tensor beside it.
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include "convert/convert.h"
 #include "convert/steps.h"
@@ -53,20 +57,46 @@ std::vector<store::AtomSpec> SpecsOf(const Planned& x) {
   return specs;
 }
 
-// Step 3, every rank: its parameters, one whole tensor at a time. Returns the bytes written.
+// Step 3, every rank: its parameters, each read whole and written, on up to two threads where the
+// store takes concurrent writes: one reads and widens a tensor while the other's bytes go out. A
+// thread keeps one buffer, of the largest tensor it has held (memory: two tensors a rank). The
+// error said is that of the first parameter that failed, as one thread would have said it. Returns
+// the bytes written.
 int64_t WriteOwned(const formats::SourceDriver& driver, const Planned& x, store::AtomWriter& writer, const std::vector<int>& owner,
-                   int rank, std::vector<store::FileRecord>& records) {
+                   int rank, int threads, std::vector<store::FileRecord>& records) {
+  std::vector<size_t> mine;
+  for (size_t i = 0; i < writer.specs().size(); ++i)
+    if (owner[i] == rank) mine.push_back(i);
+  std::atomic<size_t> next{0};
+  std::mutex mu;  // records, written, the first failure
   int64_t written = 0;
-  std::vector<float> buf;
-  for (size_t i = 0; i < writer.specs().size(); ++i) {
-    if (owner[i] != rank) continue;
-    const auto& s = writer.specs()[i];
-    const int64_t numel = pt::Numel(s.shape);
-    buf.assign(static_cast<size_t>(std::max<int64_t>(numel, 1)), 0.0f);
-    driver.read_param(x.L, static_cast<int>(i), buf.data());
-    for (auto& r : writer.Write(s.name, plan::State::Fp32, buf.data())) records.push_back(r);
-    written += 4 * numel;
-  }
+  size_t failed_at = mine.size();
+  std::exception_ptr failure;
+  auto work = [&] {
+    std::unique_ptr<float[]> buf;
+    size_t held = 0;
+    for (size_t k = next++; k < mine.size(); k = next++) {
+      try {
+        const auto& s = writer.specs()[mine[k]];
+        const auto numel = static_cast<size_t>(std::max<int64_t>(pt::Numel(s.shape), 1));
+        if (numel > held) buf = std::make_unique_for_overwrite<float[]>(numel), held = numel;
+        driver.read_param(x.L, static_cast<int>(mine[k]), buf.get());
+        auto written_records = writer.Write(s.name, plan::State::Fp32, buf.get());
+        std::lock_guard<std::mutex> lock(mu);
+        for (auto& r : written_records) records.push_back(std::move(r));
+        written += 4 * pt::Numel(s.shape);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (k < failed_at) failed_at = k, failure = std::current_exception();
+        next = mine.size();  // the others take no new parameter
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < (writer.concurrent() ? std::min(threads, 2) : 1); ++t) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+  if (failure) std::rethrow_exception(failure);
   return written;
 }
 
@@ -148,7 +178,7 @@ int RunConvertFromModel(const ConvertOptions& o, const formats::SourceDriver& dr
   if (!ClaimAndOpenWriter(o, x.kind, specs, comm, err, folder, writer)) return 1;
   std::vector<store::FileRecord> records;
   int64_t written = 0;
-  error = Capture([&] { written = WriteOwned(driver, x, *writer, owner, rank, records); });
+  error = Capture([&] { written = WriteOwned(driver, x, *writer, owner, rank, ThreadsOf(o), records); });
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   store::StoreCommit committed;
   error = Capture([&] { committed = writer->Commit(); });

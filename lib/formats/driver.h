@@ -25,7 +25,7 @@ struct SourceDriver {
   source::SourceIndex (*index)(const std::string& dir, const source::IndexOptions& options);
   // A model of whole tensors (Hugging Face's safetensors), not flat optimizer partitions: parameter
   // `param` of the index (SourceIndex::params) read whole, as fp32, into dst (its full shape's
-  // elements); ucp-convert writes them as they are (convert/from_model.cpp), weights only. Null for
+  // elements, each written: dst comes as it was left, not zeroed); ucp-convert writes them as they are (convert/from_model.cpp), weights only. Null for
   // a training checkpoint, whose index lists fragments.
   void (*read_param)(const source::SourceIndex& L, int param, float* dst);
   // For a training format that also has weights-only saves (Megatron-LM's --no-save-optim): whether
@@ -53,6 +53,9 @@ struct TargetDriver {
   // A model target's refusals that need no atomic checkpoint, from a source checkpoint's index (names,
   // shapes, args): a model it would refuse is refused before a conversion is made for it. May be null.
   void (*check_source)(const source::SourceIndex& L, const reshard::ExportOptions& options);
+  // A model target of the weights alone (Hugging Face): the export reads no optimizer state, so the
+  // atomic checkpoint's zero/optimizer_state.pt is neither read nor hashed (layout/reshard_plan.h, LoadAtomic).
+  bool weights_only = false;
 };
 
 // The rows, each defined in its format's folder (formats/<name>/driver.cpp); the registry's tables

@@ -115,7 +115,7 @@ const Value* ArgOf(const Source& S, const char* key) {
   return v ? v.get() : nullptr;
 }
 
-Source LoadAtomic(const std::string& dir) {
+Source LoadAtomic(const std::string& dir, bool optimizer) {
   Source S;
   S.reader = store::AtomReader::Open(dir);
   S.manifest = S.reader->manifest();
@@ -133,7 +133,7 @@ Source LoadAtomic(const std::string& dir) {
     S.args_file = S.reader->ReadCheckedFile(args), S.args_file_name = args;
   }
   S.weights_only = S.reader->weights_only();
-  if (!S.weights_only) S.optimizer = S.reader->ReadCheckedFile("zero/optimizer_state.pt");
+  if (!S.weights_only && optimizer) S.optimizer = S.reader->ReadCheckedFile("zero/optimizer_state.pt");
   S.tp = S.manifest["source"].value("tp", 1);
   if (const Value* d = ArgOf(S, "make_vocab_size_divisible_by")) S.divisible_by = d->AsInt();
   auto info = S.model_states.root ? S.model_states.root->Get("universal_checkpoint_info") : nullptr;
@@ -146,7 +146,7 @@ Source LoadAtomic(const std::string& dir) {
     if (a.vocab && S.vocab == 0) S.vocab = a.shape[0];
     S.atoms.push_back(std::move(a));
   }
-  if (S.manifest["source"].value("zero_stage", 0) == 3) PlaceInParamGroups(S, dir);
+  if (S.manifest["source"].value("zero_stage", 0) == 3 && S.optimizer.root) PlaceInParamGroups(S, dir);
   return S;
 }
 

@@ -121,8 +121,10 @@ struct UnitFiles {
 
 // Reads the atomic checkpoint's manifest, model-states and optimizer-state side files, each checked;
 // the atoms as the manifest describes them, unplaced. What every target reads. Throws ucp::Error
-// naming the folder or file.
-Source LoadAtomic(const std::string& dir);
+// naming the folder or file. `optimizer` false: zero/optimizer_state.pt is not read at all (nor
+// hashed: under ZeRO-3 it holds rank 0's flat partitions, over a gigabyte), for a target of the
+// weights alone; S.optimizer stays empty and the atoms keep the manifest's groups.
+Source LoadAtomic(const std::string& dir, bool optimizer = true);
 // LoadAtomic, and the atoms placed in a GPT's layers for a DeepSpeed target: the naming, the layer
 // count (checked against args.num_layers), whether the output layer is its own (Llama-style: placed
 // at spec L+3, its embedding untied), Mixture-of-Experts facts; AutoEP's fused experts are refused.

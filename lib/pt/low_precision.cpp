@@ -42,7 +42,19 @@ uint16_t Fp32ToFp16(float f) {
 }
 
 void Fp32ToBf16(const float* in, uint16_t* out, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = Fp32ToBf16(in[i]);
+  // The scalar rule above, branch-free, in blocks of 8 that -O2 vectorizes (SSE2, NEON).
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint32_t u[8];
+    uint16_t r[8];
+    std::memcpy(u, in + i, sizeof u);
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t rounded = (u[k] + ((u[k] >> 16) & 1) + 0x7FFF) >> 16;
+      r[k] = static_cast<uint16_t>((u[k] & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);  // NaN: 0x7FC0
+    }
+    std::memcpy(out + i, r, sizeof r);
+  }
+  for (; i < n; ++i) out[i] = Fp32ToBf16(in[i]);
 }
 
 void Fp32ToFp16(const float* in, uint16_t* out, size_t n) {
@@ -78,12 +90,26 @@ void ToFp32(const uint8_t* bytes, DType dtype, size_t n, float* out) {
     std::memcpy(out, bytes, 4 * n);
     return;
   }
-  if (dtype != DType::BF16 && dtype != DType::F16)
+  if (dtype == DType::BF16) {
+    // Blocks of 8 that -O2 vectorizes as they are (SSE2 on x86-64, NEON's shll on aarch64), whatever
+    // the alignment: a plain loop is left scalar there (bytes may alias out), a call per value.
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint16_t half[8];
+      uint32_t wide[8];
+      std::memcpy(half, bytes + 2 * i, sizeof half);
+      for (int k = 0; k < 8; ++k) wide[k] = uint32_t{half[k]} << 16;
+      std::memcpy(out + i, wide, sizeof wide);
+    }
+    for (; i < n; ++i) out[i] = Bf16ToFp32(static_cast<uint16_t>(bytes[2 * i] | bytes[2 * i + 1] << 8));
+    return;
+  }
+  if (dtype != DType::F16)
     throw Error("a " + std::string(DTypeName(dtype)) + " tensor where float32, bfloat16 or float16 was expected");
   for (size_t i = 0; i < n; ++i) {
     uint16_t half;
     std::memcpy(&half, bytes + 2 * i, 2);
-    out[i] = dtype == DType::BF16 ? Bf16ToFp32(half) : Fp16ToFp32(half);
+    out[i] = Fp16ToFp32(half);
   }
 }
 

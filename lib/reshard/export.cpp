@@ -134,7 +134,7 @@ int RunExport(const ReshardOptions& o, const formats::TargetDriver& driver, shuf
   std::string error = Capture([&] {
     if (!o.plan_only) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
     RefuseNonAtomicInput(o.atomic_dir);
-    S = LoadAtomic(o.atomic_dir);
+    S = LoadAtomic(o.atomic_dir, !driver.weights_only);
     P = driver.plan_export(S, o.model);
     owner = AssignFiles(P, ranks);
   });

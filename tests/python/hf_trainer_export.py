@@ -17,11 +17,14 @@ conversion carried it, else from --model-config checkpoint-4/config.json. Checke
   file, total_size, total_parameters as save_pretrained writes them), the same tensors;
 - --dtype bf16: zero_to_fp32's tensors rounded to bf16 by torch, bit for bit, and config.json's dtype
   field alone rewritten ("bfloat16");
+- the export reads no optimizer state: with a byte of the atomic checkpoint's zero/optimizer_state.pt
+  flipped it writes the same bytes, while a DeepSpeed layout from it is refused naming the file;
 - refused by name: Hugging Face names and no config.json anywhere (asks for --model-config), a
   --model-config that contradicts the carried config.json.
 """
 import json
 import os
+import shutil
 import sys
 
 import torch
@@ -154,6 +157,29 @@ for case in ("zero2_dp2_fp32", "zero3_dp2_fp32"):
         check(f"{case} bf16: config.json's dtype alone rewritten", want != config and
               bytes_of(os.path.join(out, "config.json")) == want)
         check(f"{case} bf16: said in the output", "float32 -> bfloat16" in r.stderr, r.stderr[-1000:])
+
+    # The export reads no optimizer state (under ZeRO-3, zero/optimizer_state.pt holds rank 0's flat
+    # partitions): with a byte of that file flipped it writes the same bytes, while a DeepSpeed layout,
+    # which reads the file, is refused naming it.
+    damaged = os.path.join(work, "atomic-damaged-optimizer")
+    shutil.copytree(atomic, damaged)
+    state = os.path.join(damaged, "zero", "optimizer_state.pt")
+    with open(state, "r+b") as f:
+        f.seek(os.path.getsize(state) // 2)
+        flipped = f.read(1)[0] ^ 0x01
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([flipped]))
+    out, ref = os.path.join(work, "hf-damaged-optimizer"), os.path.join(work, "hf-np1")
+    r = run("ucp-reshard", [damaged, "-o", out, "--format", "hf"] + given)
+    same = r.returncode == 0 and sorted(os.listdir(out)) == sorted(os.listdir(ref)) and \
+        all(bytes_of(os.path.join(out, f)) == bytes_of(os.path.join(ref, f)) for f in os.listdir(ref))
+    check(f"{case}: zero/optimizer_state.pt damaged: the export, which does not read it, the same bytes", same, r.stderr[-1000:])
+    stage = "3" if "zero3" in case else "2"
+    r = run("ucp-reshard", [damaged, "-o", os.path.join(work, "ds-damaged-optimizer"), "--dp", "1", "--tp", "1", "--pp", "1",
+                            "--zero-stage", stage])
+    check(f"{case}: zero/optimizer_state.pt damaged: a DeepSpeed layout, which reads it, refused naming it",
+          r.returncode == 1 and "optimizer_state.pt" in r.stderr, r.stderr[-1000:])
+    shutil.rmtree(damaged)
 
     if carried:
         other = os.path.join(work, "other_config.json")

@@ -136,9 +136,33 @@ TEST_CASE("fp32 to fp16 and bf16 rounds exactly as torch's .to()", "[rounding]")
     if (pt::Fp32ToFp16(v) != want_h && !(nan && (want_h & 0x7C00) == 0x7C00 && (want_h & 0x3FF))) ++fp16_wrong;
     if (pt::Fp32ToBf16(v) != want_b && !(nan && (want_b & 0x7F80) == 0x7F80 && (want_b & 0x7F))) ++bf16_wrong;
   }
+  // The array forms (blocks of 8 the compiler vectorizes, then a scalar tail), from every start
+  // modulo 8: Fp32ToBf16 against torch's rounding; ToFp32 of torch's bf16 bytes, which widening
+  // gives exactly (the bf16 bits are the float's top 16).
+  size_t array_wrong = 0, widen_wrong = 0;
+  std::vector<float> xs(x.numel());
+  std::memcpy(xs.data(), x.data(), 4 * xs.size());
+  for (size_t start = 0; start < 8 && start < xs.size(); ++start) {
+    const size_t n = xs.size() - start;
+    std::vector<uint16_t> rounded(n);
+    std::vector<float> widened(n);
+    pt::Fp32ToBf16(xs.data() + start, rounded.data(), n);
+    pt::ToFp32(b.data() + 2 * start, pt::DType::BF16, n, widened.data());
+    for (size_t k = 0; k < n; ++k) {
+      uint16_t want_b;
+      uint32_t got_bits;
+      std::memcpy(&want_b, b.data() + 2 * (start + k), 2);
+      std::memcpy(&got_bits, &widened[k], 4);
+      const bool nan = std::isnan(xs[start + k]);
+      if (rounded[k] != want_b && !(nan && (want_b & 0x7F80) == 0x7F80 && (want_b & 0x7F))) ++array_wrong;
+      if (got_bits != uint32_t{want_b} << 16) ++widen_wrong;
+    }
+  }
   INFO(x.numel() << " values");
   CHECK(fp16_wrong == 0);
   CHECK(bf16_wrong == 0);
+  CHECK(array_wrong == 0);
+  CHECK(widen_wrong == 0);
 }
 
 TEST_CASE("joined slabs cover exactly the elements joined runs map, in copy-local order", "[plan]") {

@@ -27,7 +27,7 @@ const TargetDriver& DeepSpeedTarget() {
      "mp_rank_XX_model_states.pt, [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt, "
      "zero_pp_rank_D_mp_rank_XX_model_states.pt, layer_LL-model_TT-model_states.pt, "
      "layer_L_expert_E_mp_rank_XX_model_states.pt, expp_rank_R_mp_rank_XX_optim_states.pt, latest",
-     deepspeed::WriteUnit, nullptr, nullptr, nullptr};
+     deepspeed::WriteUnit, nullptr, nullptr, nullptr, false};
   return driver;
 }
 

@@ -159,7 +159,7 @@ const TargetDriver& HuggingFaceTarget() {
      "fp32 weights in the source's dtype unless --dtype; loaded by from_pretrained",
      "config.json, generation_config.json (a Trainer job's), model.safetensors or model-NNNNN-of-NNNNN.safetensors, "
      "model.safetensors.index.json (written last)",
-     nullptr, PlanHuggingFace, hf::WriteSafetensors, CheckHuggingFaceSource};
+     nullptr, PlanHuggingFace, hf::WriteSafetensors, CheckHuggingFaceSource, /*weights_only=*/ true};
   return driver;
 }
 

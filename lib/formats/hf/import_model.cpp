@@ -152,6 +152,14 @@ void FillAtom(const ImportModel& M, size_t a, const std::function<void(const Exp
   std::vector<float> buf, rows;
   for (int i : atom.fills) {
     const ExportTensor& t = M.tensors[static_cast<size_t>(i)];
+    if (!t.transposed) {  // rows that land as one run in dst are read straight there, not through buf
+      int64_t runs = 0, first = 0, rows = 0;
+      reshard::ForEachAtomRun(t, 0, t.source_rows(), [&](int64_t f, int64_t n) { first = runs++ == 0 ? f : first, rows = n; });
+      if (runs == 1 && rows * per_row == t.numel()) {
+        read(t, dst + first * per_row);
+        continue;
+      }
+    }
     buf.resize(static_cast<size_t>(std::max<int64_t>(t.numel(), 1)));
     read(t, buf.data());
     if (t.transposed) {  // [per_row, selected rows] -> the selected rows, each whole

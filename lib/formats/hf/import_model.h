@@ -36,7 +36,8 @@ struct ImportModel {
 ImportModel ImportModelOf(const HfConfig& c, const std::string& dir);
 
 // Parameter `a`'s values (row-major, fp32) into dst, each of its tensors read whole by
-// `read(tensor, buffer)` into a buffer of the tensor's elements. Memory: one tensor beside dst.
+// `read(tensor, buffer)`: straight into dst where the tensor's rows are one run of dst's, else into a
+// buffer of the tensor's elements. Memory: at most one tensor beside dst.
 void FillAtom(const ImportModel& M, size_t a, const std::function<void(const reshard::ExportTensor&, float*)>& read, float* dst);
 
 }  // namespace ucp::formats::hf

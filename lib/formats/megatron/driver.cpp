@@ -26,7 +26,7 @@ const TargetDriver& McoreTarget() {
      "any TP / PP (the distributed optimizer's fully_reshardable, the mixed-precision optimizer's, FP32Optimizer's), "
      "common.pt with the args at the new layout, iteration and scheduler; from Megatron-Core and Megatron-LM sources",
      "iter_NNNNNNN/ (__R_0.distcp, common.pt, metadata.json, .metadata), latest_checkpointed_iteration.txt (written last)",
-     nullptr, megatron::PlanMcore, megatron::WriteMcoreFile, megatron::CheckMcoreSource};
+     nullptr, megatron::PlanMcore, megatron::WriteMcoreFile, megatron::CheckMcoreSource, false};
   return driver;
 }
 

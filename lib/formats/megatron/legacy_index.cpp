@@ -613,6 +613,7 @@ bool LegacyWeightsOnly(const std::string& dir) {
 void ReadLegacyParam(const SourceIndex& L, int param, float* dst) {
   const auto& st = *static_cast<const LegacyState*>(L.keep_alive.get());
   const Item& item = st.model.items.at(param);
+  std::fill(dst, dst + pt::Numel(item.size), 0.0f);  // read_param writes every element: what no box covers is zero
   for (const Local& x : st.model.locals) {
     if (!x.source || x.d.key != item.fqn) continue;
     const Rank& r = st.ranks[x.rank];
