@@ -177,6 +177,15 @@ for name, flags in targets.items():
     reshard_out[name] = d
 
 reports = {}
+check_shares = {}  # "convert<ranks>": per run, the weight-copy check's seconds over the run's others
+
+
+def note_check_share(key, rep):
+    """The weight-copy check's share of a conversion, from its --report's phases: the run's time against
+    the same run without that phase (what the check adds; each run measures itself)."""
+    phases = json.load(open(rep)).get("phases_seconds", {})
+    if "weight_copies" in phases and phases.get("total", 0) > phases["weight_copies"]:
+        check_shares.setdefault(key, []).append(phases["total"] / (phases["total"] - phases["weight_copies"]))
 
 
 def clean():
@@ -201,7 +210,7 @@ for suffix, build in builds.items():
         commands[f"ucp-convert {ranks} rank{'s' if ranks > 1 else ''}{suffix}"] = \
             lambda ranks=ranks, rep=rep, conv=conv, suffix=suffix: (
                 run([conv, src, "-o", out_dir + "/u", "-q", "--report", rep], ranks),
-                reports.__setitem__(f"convert{ranks}{suffix}", rep))
+                reports.__setitem__(f"convert{ranks}{suffix}", rep), note_check_share(f"convert{ranks}{suffix}", rep))
     for name, flags in targets.items():
         for ranks in (1, 2):
             rep = os.path.join(a.work, f"reshard-{name}-np{ranks}{suffix.strip()}.json")
@@ -292,6 +301,9 @@ if dcp_runs:
 if "ds_to_universal.py" in med:
     for ranks in ("1 rank", "2 ranks"):
         print(f"ds_to_universal.py / ucp-convert {ranks}: {med['ds_to_universal.py'] / med['ucp-convert ' + ranks]:.1f}x")
+for key, shares in sorted(check_shares.items()):
+    print(f"weight-copy check ({key}): the conversion takes {statistics.median(shares):.3f}x its time without the check "
+          f"(median of {len(shares)} runs, {min(shares):.3f}-{max(shares):.3f}; the report's weight_copies phase)")
 if a.mpiexec_args:
     print(f"2-rank runs: mpiexec {a.mpiexec_args}")
 print("\nper rank (last run):")

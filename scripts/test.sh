@@ -2,7 +2,7 @@
 # The test command (README, .ci/run): installs missing dependencies, builds, runs every test through
 # ctest, then rebuilds with clang, AddressSanitizer + UBSan and libFuzzer's coverage, reruns the tests
 # that feed damaged and hostile input to the reader, then runs each libFuzzer harness from that build:
-# 30 s each for the three whose readers changed last, 8 s for the others.
+# 20 s each for the three whose readers changed last, 6 s for the others.
 #
 #   bash scripts/test.sh            everything (CI: .ci/run)
 #   bash scripts/test.sh --quick    the inner loop: build and ctest without the tests labelled slow
@@ -110,6 +110,6 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/pytho
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/hdf5_case.py" \
   "$asan/apps/ucp-convert" "$asan/apps/ucp-inspect" "$work/fixtures/tp2_pp2_dp2_bf16" "$work/asan/hdf5_np2" 2 mpiexec
 phase "sanitizer tests"
-echo "== libFuzzer (scripts/fuzz.sh): 30 s for the 3 harnesses whose readers changed last, 8 s for the rest"
-UCP_TEST_WORK="$work" FUZZ_BUILD_DIR="$asan" bash "$root/scripts/fuzz.sh" changed 30 8
+echo "== libFuzzer (scripts/fuzz.sh): 20 s for the 3 harnesses whose readers changed last, 6 s for the rest"
+UCP_TEST_WORK="$work" FUZZ_BUILD_DIR="$asan" bash "$root/scripts/fuzz.sh" changed 20 6
 phase "fuzzing"

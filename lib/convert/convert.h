@@ -30,6 +30,10 @@ struct ConvertOptions {
   int plan_ranks = 0;        // --plan-only for this many ranks (0: the communicator's)
   std::string format = "pt";  // --format: the store the tensors go to, "pt" or "hdf5" (store/atom_store.h)
   std::string from_atomic;    // --from-atomic: convert this atomic checkpoint to `format` (no source)
+  // The fp32 weights alone, a weights-only atomic checkpoint (its manifest says so): no moment read,
+  // no optimizer state file written; what a weights-only target's scratch conversion needs
+  // (ucp-reshard ROOT -o OUT --format hf). The same checks of what is read.
+  bool weights_only = false;
 };
 
 // Exit codes: 0 done, 1 failed (every rank returns the same code; the lowest failing rank prints

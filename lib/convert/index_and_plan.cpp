@@ -81,7 +81,8 @@ Planned IndexAndPlan(const ConvertOptions& o, int ranks) {
   const bool parts = store::WritesParts(x.kind, L.zero_stage);
   const int plan_ranks = o.plan_ranks > 0 ? o.plan_ranks : ranks;
   NoteSplitAbove(o, parts, plan_ranks, x);
-  x.plan = plan::MakeConvertPlan(L, x.M, plan_ranks, o.buffer_bytes, parts ? o.split_above : 0, o.split_above);
+  x.plan = plan::MakeConvertPlan(L, x.M, plan_ranks, o.buffer_bytes, parts ? o.split_above : 0, o.split_above,
+                                 o.weights_only ? 1 : plan::kStates);
   for (const auto& P : x.plan.params) store::ParamRelDir(P.name);  // every name must be a safe folder name
   return x;
 }

@@ -34,7 +34,7 @@ std::map<std::string, store::FileRecord> AllFiles(const Planned& x, const Output
   AddGathered(gathered, files);
   for (const auto& r : out.committed.files) files[r.path] = r;
   for (const auto& P : x.plan.params)
-    for (int s = 0; s < plan::kStates && x.kind == store::StoreKind::Pt; ++s)
+    for (int s = 0; s < x.plan.states && x.kind == store::StoreKind::Pt; ++s)
       if (!files.count(store::StateRelPath(P.name, static_cast<State>(s))))
         throw Error("internal: no file recorded for " + store::StateRelPath(P.name, static_cast<State>(s)));
   return files;
@@ -58,8 +58,10 @@ nlohmann::json ParamEntries(const Planned& x, const store::StoreCommit& committe
 Committed CommitManifest(const ConvertOptions& o, const Planned& x, OutputClaim& claim, const RankOutput& out,
                          const std::vector<std::string>& gathered) {
   const auto files = AllFiles(x, claim, out, gathered);
-  auto manifest = store::AssembleManifest(std::string(store::StoreName(x.kind)), store::SourceJson(x.L, x.M),
-                                          store::FamilyJson(x.M), ParamEntries(x, out.committed), files);
+  nlohmann::json source = store::SourceJson(x.L, x.M);
+  if (o.weights_only) source["weights_only"] = true, source["optimizer"] = "none";  // as an import's (schemas/manifest.schema.json)
+  auto manifest = store::AssembleManifest(std::string(store::StoreName(x.kind)), source, store::FamilyJson(x.M),
+                                          ParamEntries(x, out.committed), files);
   // latest_universal, which DeepSpeed's universal load follows: the .pt store of a checkpoint it resumes,
   // in its tag's checkpoint root.
   Committed done;

@@ -243,7 +243,8 @@ std::unique_ptr<store::AtomWriter> CreateWriter(const ConvertOptions& o, const P
   for (const auto& P : x.plan.params) {
     const auto& pat = *pattern_of.at(P.name);
     specs.push_back({P.name, P.full_shape, store::ParamMetaJson(x.L, pat, P), store::UniversalKeysOf(pat, x.L.zero_stage, pt::Numel(P.joined_shape)),
-                     StepOf(x.L, P), pat.split_dim()});
+                     o.weights_only ? nullptr : StepOf(x.L, P), pat.split_dim()});
+    specs.back().weights_only = o.weights_only;
   }
   return store::AtomWriter::Create(x.kind, o.output, std::move(specs), comm);
 }

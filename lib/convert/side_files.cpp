@@ -58,7 +58,8 @@ void SubmitSideFiles(const ConvertOptions& o, const Planned& x, int rank, int ra
   // Captured by value: the writers run these after this returns.
   const Durability durability = x.kind == store::StoreKind::Pt ? Durability::Batch : Durability::Now;
   if (rank == ranks - 1) {
-    writers.Submit(0, SideFile(out, [&, durability] { return WriteOptimizerStateFile(L, o.output, durability); }));
+    if (!o.weights_only)
+      writers.Submit(0, SideFile(out, [&, durability] { return WriteOptimizerStateFile(L, o.output, durability); }));
     if (L.args_state)  // the source's args, written here (no file of the source carries them alone)
       writers.Submit(0, SideFile(out, [&, durability] {
         auto d = pt::WriteTorchFile(o.output + "/" + L.args_file, *L.args_state, durability);

@@ -148,7 +148,7 @@ std::vector<Item> MakeItems(const ConvertPlan& plan) {
     int parts = 1;
     if (plan.split_above > 0 && bytes > plan.split_above && !P.full_shape.empty())
       parts = static_cast<int>(std::min<int64_t>({rows, plan.ranks, (bytes + plan.split_above - 1) / plan.split_above}));
-    for (int s = 0; s < kStates; ++s)
+    for (int s = 0; s < plan.states; ++s)
       for (int k = 0; k < parts; ++k) {
         Item it;
         it.param = static_cast<int>(p), it.state = static_cast<State>(s), it.part = k, it.parts = parts;
@@ -205,13 +205,15 @@ void AssignReducers(std::vector<Item> items, const std::vector<int64_t>& start_l
 }  // namespace
 
 ConvertPlan MakeConvertPlan(const source::SourceIndex& L, const patterns::ModelPatterns& M, int ranks,
-                            int64_t buffer_bytes, int64_t split_above, int64_t cut_above) {
+                            int64_t buffer_bytes, int64_t split_above, int64_t cut_above, int states) {
   if (ranks < 1) throw Error("internal: plan for " + std::to_string(ranks) + " ranks");
+  if (states != 1 && states != kStates) throw Error("internal: a plan of " + std::to_string(states) + " states");
   ConvertPlan plan;
   plan.ranks = ranks;
+  plan.states = states;
   PlanParams(L, M, plan);
   int64_t bytes_out = 0;
-  for (const auto& P : plan.params) bytes_out += 4 * P.full_numel * kStates;
+  for (const auto& P : plan.params) bytes_out += 4 * P.full_numel * plan.states;
   plan.split_above = split_above < 0 ? AutoSplitBytes(bytes_out, ranks) : split_above;
   plan.cut_above = cut_above < 0 ? AutoSplitBytes(bytes_out, ranks) : cut_above;
   AssignMappers(L, plan);

@@ -122,6 +122,9 @@ void ForEachItemRun(const ParamPlan& param, const Item& it, int64_t begin, int64
 
 struct ConvertPlan {
   int ranks = 1;
+  // The states converted, the first `states` of State: kStates, or 1 for the fp32 weights alone (a
+  // weights-only atomic checkpoint: no moment is read, checked or written).
+  int states = kStates;
   // The shuffle's round: at most chunk_elems elements of each reducer's work, chosen as large as keeps
   // every rank's bytes in flight in every round (what it sends plus what it receives) within
   // buffer_bytes: fewer rounds are fewer collectives, which at hundreds of ranks cost more than the bytes.
@@ -170,7 +173,7 @@ struct ConvertPlan {
 // < 0: automatic (AutoSplitBytes). `cut_above`: a data file of more bytes is cut between mappers
 // (AssignMappers); 0: none; < 0: automatic, the same size.
 ConvertPlan MakeConvertPlan(const source::SourceIndex& layout, const patterns::ModelPatterns& patterns, int ranks,
-                            int64_t buffer_bytes, int64_t split_above = 0, int64_t cut_above = 0);
+                            int64_t buffer_bytes, int64_t split_above = 0, int64_t cut_above = 0, int states = kStates);
 // One parameter's plan (plan/param_plan.cpp): its copies in stream order, Place copies first, each
 // with the blocks its split dimension joins at. Throws saying why its shapes do not join.
 ParamPlan PlanParam(const source::SourceIndex& layout, const patterns::ModelPatterns& patterns, int index,

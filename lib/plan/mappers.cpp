@@ -97,7 +97,7 @@ void ShareRecords(const source::SourceIndex& L, ConvertPlan& plan) {
   std::map<std::pair<int, int>, std::vector<Span>> spans;  // (file, record) -> runs read
   for (const auto& P : plan.params)
     for (const auto& pc : P.pieces)
-      for (int s = 0; s < kStates; ++s) {
+      for (int s = 0; s < plan.states; ++s) {
         // no structured binding: clang's lambdas cannot capture one
         const auto bytes = PieceBytes(L, pc, s);
         const int file = std::get<0>(bytes);

@@ -55,12 +55,12 @@ nlohmann::json ConvertPlan::ToJson(const source::SourceIndex& L) const {
   for (size_t p = 0; p < this->params.size(); ++p) {
     const auto& P = this->params[p];
     nlohmann::json red;
-    for (int s = 0; s < kStates; ++s) {
+    for (int s = 0; s < states; ++s) {
       const auto& v = part_ranks[p][s];
       red[std::string(StateName(static_cast<State>(s)))] = v.size() > 1 ? nlohmann::json(v) : nlohmann::json(P.reducer[s]);
     }
     params.push_back({{"name", P.name}, {"shape", P.full_shape}, {"copies", P.copies.size()},
-                      {"fragments", P.pieces.size()}, {"bytes", 4 * P.full_numel * kStates}, {"reducers", red}});
+                      {"fragments", P.pieces.size()}, {"bytes", 4 * P.full_numel * states}, {"reducers", red}});
   }
   j["params"] = params;
   return j;
@@ -70,12 +70,12 @@ std::string ConvertPlan::ToText() const {
   std::ostringstream o;
   int64_t in = 0, out = 0;
   for (int r = 0; r < ranks; ++r) in += mapped_bytes[r], out += reduced_bytes[r];
-  o << "plan: " << params.size() << " parameters x " << kStates << " states on " << ranks << " rank(s); reads "
+  o << "plan: " << params.size() << " parameters x " << states << (states == 1 ? " state (the weights alone)" : " states") << " on " << ranks << " rank(s); reads "
     << HumanBytes(static_cast<double>(in)) << ", writes " << HumanBytes(static_cast<double>(out)) << " of tensors\n";
   int split = 0;  // (parameter, state) items written in parts
   for (const auto& w : work)
     for (const Item& it : w) split += it.split() && it.part == 0;
-  o << "items: " << params.size() * kStates << " (parameter, state); ";
+  o << "items: " << params.size() * states << " (parameter, state); ";
   if (split_above > 0)
     o << split << " of more than " << HumanBytes(double(split_above)) << " written in parts (--split-above), each part an item of the table\n";
   else

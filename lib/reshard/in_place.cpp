@@ -336,7 +336,13 @@ int ReshardThroughScratch(const InPlaceOptions& o, const LatestTag& current, Res
   const bool talk = comm.rank() == 0 && !o.reshard.quiet;
   const std::string scratch = r.output + "/" + kScratchAtomic;
   const bool created = !fs::exists(r.output);
-  std::string error = Capture([&] { RefuseBeforeConversion(current, GivenLayout(o), o); });
+  // A target of the weights alone (--format hf) reads no moment from the scratch: none is converted
+  // (a weights-only atomic checkpoint, never kept: --in-place keeps the whole one for later layouts).
+  bool weights_only = false;
+  std::string error = Capture([&] {
+    RefuseBeforeConversion(current, GivenLayout(o), o);
+    weights_only = formats::FindTarget(r.format).weights_only;
+  });
   if (comm.rank() == 0 && error.empty()) error = Capture([&] {
     RefuseClaim(r.output, scratch, r.force);
     RefuseForeignScratch(scratch);
@@ -344,10 +350,13 @@ int ReshardThroughScratch(const InPlaceOptions& o, const LatestTag& current, Res
   if (AnyFailed(comm, error, err, kTool)) return 1;
   if (talk && !current.not_reused.empty()) err << kTool << ": note: " << current.not_reused << "\n";
   if (talk)
-    err << kTool << ": " << Was(current) << ": converting it into " << scratch << " (-o writes only under " << r.output
-        << "; removed when the run ends; ucp-convert or --in-place keep an atomic checkpoint beside the tag)\n";
+    err << kTool << ": " << Was(current) << ": converting it into " << scratch << (weights_only ? ", the fp32 weights alone" : "")
+        << " (-o writes only under " << r.output << "; removed when the run ends; ucp-convert or --in-place keep an atomic "
+        << "checkpoint beside the tag)\n";
   r.atomic_dir = scratch;
-  int code = convert::RunConvert(ConversionInto(scratch, o, current), comm, out, err);
+  convert::ConvertOptions c = ConversionInto(scratch, o, current);
+  c.weights_only = weights_only;
+  int code = convert::RunConvert(c, comm, out, err);
   if (code == 0) code = RunReshard(r, comm, out, err);
   comm.Barrier();  // every rank done reading it
   if (comm.rank() == 0) {

@@ -90,7 +90,8 @@ std::vector<FileRecord> AtomWriter::FinishParts(const std::string& param, plan::
 bool WritesParts(StoreKind kind, int zero_stage) { return kind == StoreKind::Pt && zero_stage < 3; }
 
 bool DeepSpeedResumes(const nlohmann::json& manifest) {
-  return StoreOf(manifest) == StoreKind::Pt && !CarriedModelStates(manifest).empty();
+  return StoreOf(manifest) == StoreKind::Pt && !CarriedModelStates(manifest).empty() &&
+         !manifest.at("source").value("weights_only", false);
 }
 
 bool PointsLatestUniversal(const std::string& dir, const nlohmann::json& manifest) {

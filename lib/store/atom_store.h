@@ -37,7 +37,8 @@ std::string_view StoreName(StoreKind kind);    // "pt", "hdf5"
 StoreKind StoreFromName(const std::string& name);  // throws ucp::Error listing the known stores
 StoreKind StoreOf(const nlohmann::json& manifest);
 // Whether DeepSpeed's universal load resumes from the atomic checkpoint as it is: it reads the .pt
-// store and the model-states file carried beside the tensors (CarriedModelStates). What decides
+// store and the model-states file carried beside the tensors (CarriedModelStates), and the optimizer's
+// state (not a weights-only checkpoint, whose optimizer is not there to resume). What decides
 // whether a conversion points latest_universal at its output.
 bool DeepSpeedResumes(const nlohmann::json& manifest);
 // Whether a conversion into `dir` points <parent>/latest_universal at it: DeepSpeed resumes from it

@@ -6,10 +6,13 @@ import zipfile
 
 
 def record_offset(path, name_part):
-    """The middle byte of the first zip record's payload (over 64 bytes) whose name holds `name_part`,
-    and that record's name."""
+    """The middle byte of the first zip record's payload (over 64 bytes) whose name holds `name_part`
+    (the record of that very name, where there is one), and that record's name."""
     with zipfile.ZipFile(path) as z:
-        info = next(i for i in z.infolist() if name_part in i.filename and i.file_size > 64)
+        infos = [i for i in z.infolist() if name_part in i.filename and i.file_size > 64]
+        info = next((i for i in infos if i.filename == name_part), infos[0] if infos else None)
+        if info is None:
+            raise ValueError(f"{path}: no record of over 64 bytes named like {name_part!r}")
     with open(path, "rb") as f:
         f.seek(info.header_offset + 26)
         n, m = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")

@@ -27,6 +27,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import torch
 
@@ -34,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds_stubs  # noqa: E402,F401
 from atomic_files import atomic_tensor  # noqa: E402
 from checklist import check, finish  # noqa: E402
+from damage import flip_in_record  # noqa: E402
 from safetensors_reader import read_safetensors  # noqa: E402
 
 BIN, CASE_DIR, ATOMIC, WORK, DATA = sys.argv[1:6]
@@ -244,6 +246,50 @@ for label, keep_universal in (("with DeepSpeed's universal folder", True), ("nat
     ok, differ = same_files(one, exp, export_files(one)) if r.returncode == 0 else (False, r.stderr[-400:])
     check(f"a checkpoint root ({label}): '{said}', the same bytes, nothing written into the root",
           ok and said in r.stderr and sorted(os.listdir(root)) == listed, f"{differ} {r.stderr[-300:]}")
+
+# From a root, the export converts the fp32 weights alone: no moment is read. Shown with a byte of an
+# exp_avg record flipped in one optimizer file (found by its bytes, torch.load's view of the file): the
+# export writes the same bytes, while ucp-convert of that root, which reads the moments, refuses the
+# record by its CRC-32.
+root = os.path.join(WORK, "root_moment_damaged")
+shutil.copytree(os.path.join(CASE_DIR, "ckpt"), root, ignore=shutil.ignore_patterns("*_universal"))
+tag = open(os.path.join(root, "latest")).read().strip()
+optim = sorted(f for f in os.listdir(os.path.join(root, tag)) if f.endswith("optim_states.pt"))[0]
+optim = os.path.join(root, tag, optim)
+
+
+def first_exp_avg(v):
+    if isinstance(v, dict):
+        for k, x in v.items():
+            if k == "exp_avg" and torch.is_tensor(x):
+                return x
+            found = first_exp_avg(x)
+            if found is not None:
+                return found
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            found = first_exp_avg(x)
+            if found is not None:
+                return found
+    return None
+
+
+moment = first_exp_avg(torch.load(optim, map_location="cpu", weights_only=False))
+want = moment.contiguous().view(torch.uint8).numpy().tobytes() if moment is not None else None
+with zipfile.ZipFile(optim) as z:
+    records = [i.filename for i in z.infolist() if want is not None and i.file_size == len(want) and z.read(i) == want]
+check("damaged moment: the optimizer file's exp_avg found as one zip record", len(records) == 1, f"{optim}: {records}")
+if len(records) == 1:
+    flip_in_record(optim, records[0])
+    exp = root + "_hf"
+    r = run([root, "-o", exp, "--format", "hf"])
+    ok, differ = same_files(one, exp, export_files(one)) if r.returncode == 0 else (False, r.stderr[-400:])
+    check("damaged moment: the export from the root, which converts the weights alone, the same bytes",
+          ok and "the fp32 weights alone" in r.stderr, f"{differ} {r.stderr[-300:]}")
+    r = subprocess.run([CONVERT, root, "-o", os.path.join(WORK, "moment_damaged_atomic")], capture_output=True, text=True)
+    check("damaged moment: ucp-convert, which reads the moments, refuses the record", r.returncode == 1 and
+          "CRC-32 mismatch" in r.stderr and records[0] in r.stderr, r.stderr[-400:])
+shutil.rmtree(root)
 
 # 5. The plan, and misuse.
 r = run([ATOMIC, "--format", "hf", "--plan-only", "--json", "--max-shard-size", "100KB"])

@@ -28,16 +28,16 @@ namespace fs = std::filesystem;
 namespace {
 
 // A file of random bytes spanning several read blocks, with three "records" over parts of it.
-struct Source {
+struct CopiedFile {
   fs::path path;
   std::string bytes;
   std::vector<source::ChecksummedRange> records;
 };
 
-Source MakeSource(const fs::path& dir) {
+CopiedFile MakeSource(const fs::path& dir) {
   fs::remove_all(dir);
   fs::create_directories(dir / "out");
-  Source s{dir / "model_states.pt", std::string((20 << 20) + 12345, '\0'), {}};
+  CopiedFile s{dir / "model_states.pt", std::string((20 << 20) + 12345, '\0'), {}};
   std::mt19937_64 rng(7);
   for (auto& c : s.bytes) c = static_cast<char>(rng());
   std::ofstream(s.path, std::ios::binary).write(s.bytes.data(), static_cast<std::streamsize>(s.bytes.size()));
@@ -71,7 +71,7 @@ bool AllExtentsShared(const fs::path& p) {
 }
 
 void CheckCopy(const fs::path& dir) {
-  const Source s = MakeSource(dir);
+  const CopiedFile s = MakeSource(dir);
   const auto r = store::CopyFileAtomically(s.path, dir / "out", "copy.pt", Durability::Batch, s.records);
   CHECK(r.path == "copy.pt");
   CHECK(r.bytes == s.bytes.size());
@@ -88,7 +88,7 @@ TEST_CASE("copy: a carried file is copied byte for byte and hashed as the manife
 TEST_CASE("copy: a record whose bytes do not give its CRC-32 is refused by name, and nothing is left", "[copy]") {
   const fs::path dir = test::WorkDir() / "copy_bad_crc";
   for (size_t k = 0; k < 3; ++k) {
-    Source s = MakeSource(dir);
+    CopiedFile s = MakeSource(dir);
     s.records[k].crc32 ^= 1;
     try {
       store::CopyFileAtomically(s.path, dir / "out", "copy.pt", Durability::Batch, s.records);
@@ -103,7 +103,7 @@ TEST_CASE("copy: a record whose bytes do not give its CRC-32 is refused by name,
 
 TEST_CASE("copy: a record the file ends inside is refused as a truncation, and nothing is left", "[copy]") {
   const fs::path dir = test::WorkDir() / "copy_truncated";
-  Source s = MakeSource(dir);
+  CopiedFile s = MakeSource(dir);
   s.records.back().size += 1;
   CHECK_THROWS_WITH(store::CopyFileAtomically(s.path, dir / "out", "copy.pt", Durability::Batch, s.records),
                     Catch::Contains("a/data/2") && Catch::Contains("ends inside it"));
