@@ -25,8 +25,9 @@ struct SourceDriver {
   source::SourceIndex (*index)(const std::string& dir, const source::IndexOptions& options);
   // A model of whole tensors (Hugging Face's safetensors), not flat optimizer partitions: parameter
   // `param` of the index (SourceIndex::params) read whole, as fp32, into dst (its full shape's
-  // elements, each written: dst comes as it was left, not zeroed); ucp-convert writes them as they are (convert/from_model.cpp), weights only. Null for
-  // a training checkpoint, whose index lists fragments.
+  // elements, each written: dst comes as it was left, not zeroed); ucp-convert writes them as they
+  // are (convert/from_model.cpp), weights only. Null for a training checkpoint, whose index lists
+  // fragments.
   void (*read_param)(const source::SourceIndex& L, int param, float* dst);
   // For a training format that also has weights-only saves (Megatron-LM's --no-save-optim): whether
   // `dir` is one, which ucp-convert then reads through read_param as a model; null: read_param (where
