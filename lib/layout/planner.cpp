@@ -29,7 +29,6 @@ std::string TpRefusal(const ModelFacts& m, const PlannerRequest& r, int tp) {
   return ModelTpRefusal(m, tp);
 }
 
-
 // Why the chosen layout `t` (not given an SP degree) runs Ulysses sp > 1, from the candidates of its
 // tp and pp with less SP: some take the GPUs but do not fit (the sequence's activations), all are
 // refused (the first refusal), or none exists: the degrees given leave only this SP to fill the GPUs.
@@ -353,8 +352,9 @@ LayoutChoice ChooseLayout(const ModelFacts& model, const PlannerRequest& request
 
   const std::string budget = HumanBytes(static_cast<double>(r.gpu_memory));
   if (valid.empty()) {
+    const std::string fixed = FixedDegreesRefusal(r);
     choice.reason = "no layout of this model takes " + Gpus(r.gpus) +
-                    (refused.empty() ? " with the degrees given" + (FixedDegreesRefusal(r).empty() ? std::string() : " (" + FixedDegreesRefusal(r) + ")") : ": " + refused.front().refused);
+                    (refused.empty() ? " with the degrees given" + (fixed.empty() ? std::string() : " (" + fixed + ")") : ": " + refused.front().refused);
     return choice;
   }
   if (!valid.front().fits) {
