@@ -32,9 +32,10 @@ FORMAT_FOLDERS = [f for f in LAYERS if f.startswith("formats/") and not f.endswi
 # tensors and its torchtitan names, formats/hf/names.h).
 # Megatron-LM's legacy files are placed as boxes of Megatron-Core's torch_dist tensors, and the distributed
 # optimizer's buckets rebuilt by the one layout both forms share (formats/dcp/bucket_layout.h); the
-# Megatron-Core target's torch_dist files are DCPs, laid out and written by the DCP target's code.
+# Megatron-Core target's torch_dist files are DCPs, laid out and written by the DCP target's code, and it
+# writes a Llama under other families' names from the Hugging Face target's cut of its tensors.
 SHARED_HEADERS = {"formats/dcp": ("formats/hf/model.h", "formats/hf/names.h"),
-                  "formats/megatron": ("formats/dcp/metadata.h", "formats/dcp/bucket_layout.h", "formats/dcp/dcp_files.h",
+                  "formats/megatron": ("formats/hf/model.h", "formats/hf/names.h", "formats/dcp/metadata.h", "formats/dcp/bucket_layout.h", "formats/dcp/dcp_files.h",
                                        "formats/dcp/metadata_writer.h", "formats/dcp/target.h")}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

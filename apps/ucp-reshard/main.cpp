@@ -121,7 +121,7 @@ CLI::Option* AddInputFlags(CLI::App& app, ReshardCommand& c) {
 // --format hf's own flags, returned to be refused by name with any other format.
 std::vector<CLI::Option*> AddModelFlags(CLI::App& app, ReshardCommand& c) {
   CLI::Option* model_config = app.add_option("--model-config", c.model_config,
-                 "with --format hf or dcp: a JSON object of model facts the checkpoint does not hold, by Megatron's argument "
+                 "with --format hf, dcp or mcore: a JSON object of model facts the checkpoint does not hold, by Megatron's argument "
                  "names (hidden_size, num_layers, num_attention_heads, num_key_value_heads, ffn_hidden_size, "
                  "max_position_embeddings, normalization, swiglu, position_embedding_type, layernorm_epsilon, "
                  "rope_theta; GPT-2: bias_gelu_fusion, openai_gelu; Mixtral: topk, moe_token_dropping, "
@@ -144,6 +144,14 @@ CLI::Option* AddMeshFlag(CLI::App& app, ReshardCommand& c) {
                         "tp=M (torchtitan's tensor-parallel plan: Shard(0) for wq, wk, wv, w1, w3, tok_embeddings, output, "
                         "Shard(1) for wo and w2, norms replicated) or dp=N,tp=M (FSDP2 over TP, rank = d * M + t); "
                         "default dp=1");
+}
+
+// --format mcore's own flag, returned to be refused by name with any other format.
+CLI::Option* AddMcoreFlag(CLI::App& app, ReshardCommand& c) {
+  return app.add_flag("--weights-only", c.options.model.weights_only,
+                      "with --format mcore: write the model alone, without the optimizer's state the checkpoint holds (Megatron-LM "
+                      "then starts a fresh optimizer from it); needed where the state cannot travel, as from a Megatron-DeepSpeed "
+                      "checkpoint");
 }
 
 // The target layout: --layout FILE, and one flag per layout key over it. Returns --layout.
@@ -286,6 +294,7 @@ int main(int argc, char** argv) {
   CLI::Option* keep = AddInputFlags(app, c);
   const std::vector<CLI::Option*> hf_only = AddModelFlags(app, c);
   CLI::Option* mesh = AddMeshFlag(app, c);
+  CLI::Option* weights_only = AddMcoreFlag(app, c);
   CLI::Option* layout = AddLayoutFlags(app, c);
   const std::vector<CLI::Option*> exchange = AddExchangeFlags(app, c);
   AddPlannerFlags(app, c.options.planner);
@@ -295,6 +304,7 @@ int main(int argc, char** argv) {
   c.layout_only_given = NamesGiven({layout, keep, exchange[0], exchange[1]});
   c.hf_only_given = NamesGiven(hf_only);
   c.dcp_only_given = NamesGiven({mesh});
+  c.mcore_only_given = NamesGiven({weights_only});
   if (auto status = ucp::reshard::SettleCommand(c, std::cerr)) return *status;
   c.options.progress = ::isatty(STDERR_FILENO);
   ucp::h5::InitializeBeforeMpi();  // before MPI_Init: see h5/h5.h

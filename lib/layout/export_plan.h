@@ -134,6 +134,7 @@ struct ExportOptions {
   std::string output;                 // -o as given, for a target that records it (DCP's checkpoint_id)
   int64_t tp = 1, pp = 1, dp = 1;     // --tp, --pp, --dp (Megatron-Core's layout)
   int64_t vocab_divisible_by = 0;     // --make-vocab-size-divisible-by (for Megatron-LM's job); 0: the source's args
+  bool weights_only = false;          // --weights-only: the model alone, whatever optimizer state the source holds
 };
 
 // Where a whole-tensor writer takes its values: rows [a, b) of atomic tensor `atom`'s state `state`

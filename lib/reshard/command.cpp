@@ -103,14 +103,15 @@ std::optional<int> SettleModelExport(ReshardCommand& c, std::ostream& err) {
   const std::string no_layout = "--format " + o.format +
       (dcp ? " writes torchtitan's sharding of whole tensors (--mesh): no " : mcore ? " writes Megatron-LM's TP x PP x DP layout: no "
                                                                             : " writes a model of whole tensors: no ");
-  const std::string only = dcp ? " (only --mesh, --dtype fp32, --model-config)" : mcore ? " (only --tp, --pp, --dp, --make-vocab-size-divisible-by)"
+  const std::string only = dcp ? " (only --mesh, --dtype fp32, --model-config)" : mcore ? " (only --tp, --pp, --dp, --make-vocab-size-divisible-by, --weights-only, --model-config)"
                                                                                  : " (only --dtype, --max-shard-size, --model-config)";
   if (!c.layout_only_given.empty()) return Refuse(err, no_layout + c.layout_only_given.front() + only);
   for (const auto& key : c.in_place.given)
     if (key != "dtype" && !(mcore && (key == "tp" || key == "pp" || key == "dp" || key == "make_vocab_size_divisible_by")))
       return Refuse(err, no_layout + "--" + FlagOf(key) + only);
   if (mcore) {
-    for (const std::string& flag : c.hf_only_given) return Refuse(err, flag + " goes with --format hf");
+    for (const std::string& flag : c.hf_only_given)
+      if (flag != "--model-config") return Refuse(err, flag + " goes with --format hf");
     if (!c.dcp_only_given.empty()) return Refuse(err, c.dcp_only_given.front() + " goes with --format dcp");
     auto given = [&](const char* key) { return std::find(c.in_place.given.begin(), c.in_place.given.end(), key) != c.in_place.given.end(); };
     if (!given("tp") || !given("pp")) return Refuse(err, "--format mcore: give the layout to write, --tp T --pp P (and --dp D, else 1)");
@@ -122,6 +123,7 @@ std::optional<int> SettleModelExport(ReshardCommand& c, std::ostream& err) {
   for (const std::string& flag : c.hf_only_given)
     if (dcp && flag != "--model-config") return Refuse(err, flag + " goes with --format hf");
   if (!dcp && !c.dcp_only_given.empty()) return Refuse(err, c.dcp_only_given.front() + " goes with --format dcp");
+  if (!mcore && !c.mcore_only_given.empty()) return Refuse(err, c.mcore_only_given.front() + " goes with --format mcore");
   o.model.dtype = o.target.dtype;
   o.model.output = o.output;
   if (!c.model_config.empty())
@@ -137,6 +139,7 @@ std::optional<int> SettleTrainingLayout(ReshardCommand& c, std::ostream& err) {
   ReshardOptions& o = c.options;
   if (!c.hf_only_given.empty()) return Refuse(err, c.hf_only_given.front() + " goes with --format hf");
   if (!c.dcp_only_given.empty()) return Refuse(err, c.dcp_only_given.front() + " goes with --format dcp");
+  if (!c.mcore_only_given.empty()) return Refuse(err, c.mcore_only_given.front() + " goes with --format mcore");
   const std::vector<std::string>& given = c.in_place.given;
   if (o.planner.gpus > 0) {
     o.planner.base = o.target;

@@ -30,7 +30,7 @@ struct ReshardCommand {
   // Given flags that only a layout takes (--layout, --keep, --share-buffer, --buffer), and that
   // only a model target takes (--model-config; --max-shard-size: hf's only), and only --format dcp
   // takes (--mesh), by name, in that order.
-  std::vector<std::string> layout_only_given, hf_only_given, dcp_only_given;
+  std::vector<std::string> layout_only_given, hf_only_given, dcp_only_given, mcore_only_given;
   // --no-optimizer (options.target.no_optimizer), --optimizer-config FILE (options.optimizer_config):
   // a training layout's only, each given on its own.
   bool no_optimizer = false;

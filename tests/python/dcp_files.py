@@ -42,6 +42,9 @@ class MetadataUnpickler(pickle.Unpickler):
         return type(name, (Stand,), {"module": module})
 
 
+DTYPES = {"torch.float32": torch.float32, "torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16}
+
+
 def read_metadata(folder):
     with open(os.path.join(folder, ".metadata"), "rb") as f:
         return MetadataUnpickler(f).load()
@@ -52,8 +55,9 @@ def read_dcp(folder):
     tensors, objects, extents = {}, {}, {}
     for key, entry in md.state_dict_metadata.items():
         if type(entry).__name__ == "TensorStorageMetadata":
-            assert entry.properties.state[0] == "torch.float32", f"{key}: dtype {entry.properties.state[0]}"
-            tensors[key] = torch.full(tuple(entry.size), float("nan"), dtype=torch.float32)
+            dtype = DTYPES.get(entry.properties.state[0])
+            assert dtype is not None, f"{key}: dtype {entry.properties.state[0]}"
+            tensors[key] = torch.full(tuple(entry.size), float("nan"), dtype=dtype)
     data = {}
     for index, info in md.storage_data.items():
         path = os.path.join(folder, info.relative_path)

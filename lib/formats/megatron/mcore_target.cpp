@@ -7,7 +7,10 @@
 #include "core/error.h"
 #include "formats/dcp/dcp_files.h"
 #include "formats/dcp/target.h"
+#include "formats/hf/model.h"
+#include "formats/hf/names.h"
 #include "formats/megatron/legacy_names.h"
+#include "formats/megatron/mcore_keys.h"
 #include "pt/torch_file.h"
 #include "source/megatron_tracker.h"
 
@@ -42,20 +45,12 @@ const Value& CommonState(const reshard::Source& S) {
 int64_t Number(const Value& args, const char* name, int64_t otherwise) { return source::ArgInt(&args, name, otherwise); }
 bool IsSet(const Value& args, const char* name) { return source::ArgSet(&args, name); }
 
-// A tensor of the model: its atom, how TP cuts it, its shape without the layer axis where layers are stacked.
-struct Param {
-  int atom = -1;
-  DistName name;
-  bool stacked = false;
-  std::vector<int64_t> shape;  // per layer where stacked
-};
-
 // One TP rank's boxes of a tensor (in its per-layer shape); none where the rank holds a copy it does not save.
 struct Piece {
   std::vector<int64_t> offsets, sizes;
 };
 
-std::vector<Piece> PiecesOf(const Param& p, int64_t t, int64_t tp) {
+std::vector<Piece> PiecesOf(const McoreKey& p, int64_t t, int64_t tp) {
   Piece whole{std::vector<int64_t>(p.shape.size(), 0), p.shape};
   if (p.name.split == DistName::Whole) return t == 0 ? std::vector<Piece>{whole} : std::vector<Piece>{};
   const size_t d = p.name.split == DistName::Rows ? 0 : 1;
@@ -76,25 +71,35 @@ class McorePlan {
  public:
   McorePlan(const reshard::Source& S, const Grid& g, int64_t layers) : S_(S), g_(g), layers_(layers) {}
 
-  // Every chunk of `key` (a model key or an optimizer state's), values of state `state` in `dtype`.
-  void Chunks(const Param& p, const std::string& key, int state, const std::string& dtype) {
-    const reshard::Atom& atom = S_.atoms.at(p.atom);
+  // Every chunk of `key` (a model key or an optimizer state's), values of state `state` in `dtype`: each
+  // TP rank's piece of each layer, one chunk per run of rows it takes from a source tensor.
+  void Chunks(const McoreKey& p, const std::string& key, int state, const std::string& dtype) {
     const pt::DType type = dtype == "bf16" ? pt::DType::BF16 : dtype == "fp16" ? pt::DType::F16 : pt::DType::F32;
+    std::vector<int64_t> global = p.shape;
+    if (p.stacked) global.insert(global.begin(), layers_);
     for (int64_t stage = 0; stage < g_.pp; ++stage) {
       if (!p.stacked && StageOf(key, g_.pp) != stage) continue;
       const int64_t first = p.stacked ? stage * layers_ / g_.pp : -1, last = p.stacked ? (stage + 1) * layers_ / g_.pp : 0;
       for (int64_t t = 0; t < g_.tp; ++t)
         for (const Piece& piece : PiecesOf(p, t, g_.tp))
           for (int64_t l = first; l < std::max<int64_t>(last, first + 1); ++l) {
-            dcp::PlannedItem it;
-            it.saved.key = key, it.saved.shape = atom.shape, it.saved.dtype = type;
-            it.saved.offsets = piece.offsets, it.saved.sizes = piece.sizes;
-            if (p.stacked) it.saved.offsets.insert(it.saved.offsets.begin(), l), it.saved.sizes.insert(it.saved.sizes.begin(), 1);
-            it.data = reshard::RowsAsTensor(key, p.atom, 0, p.shape.empty() ? 1 : p.shape[0], p.shape);
-            it.data.source = atom.name, it.data.state = state, it.data.dtype = dtype;
-            it.data.layer = p.stacked ? l : -1, it.data.layer_axis = p.stacked;
-            it.data.box_offsets = piece.offsets, it.data.box_sizes = piece.sizes;
-            Add(g_.Rank(t, stage), std::move(it));
+            const int64_t r0 = piece.offsets[0], r1 = r0 + piece.sizes[0];
+            int64_t at = 0;  // the first row of the key's layer segment s holds
+            for (const Segment& s : p.layers.at(p.stacked ? l : 0)) {
+              const int64_t lo = std::max(r0, at), hi = std::min(r1, at + s.count);
+              at += s.count;
+              if (lo >= hi) continue;
+              dcp::PlannedItem it;
+              it.saved.key = key, it.saved.shape = global, it.saved.dtype = type;
+              it.saved.offsets = piece.offsets, it.saved.sizes = piece.sizes;
+              it.saved.offsets[0] = lo, it.saved.sizes[0] = hi - lo;
+              if (p.stacked) it.saved.offsets.insert(it.saved.offsets.begin(), l), it.saved.sizes.insert(it.saved.sizes.begin(), 1);
+              it.data = s.rows;
+              it.data.name = key, it.data.state = state, it.data.dtype = dtype, it.data.layer_axis = p.stacked;
+              it.data.box_offsets = piece.offsets, it.data.box_sizes = piece.sizes;
+              it.data.box_offsets[0] = s.first + (lo - (at - s.count)), it.data.box_sizes[0] = hi - lo;
+              Add(g_.Rank(t, stage), std::move(it));
+            }
           }
     }
   }
@@ -133,35 +138,21 @@ class McorePlan {
   std::set<std::string> seen_;
 };
 
-// The model's tensors under their torch_dist keys; refused where a name is not Megatron-Core's or a
-// cut does not divide.
-std::vector<Param> ParamsOf(const reshard::Source& S, const Grid& g, bool gated, int64_t layers) {
-  std::vector<Param> out;
-  for (size_t a = 0; a < S.atoms.size(); ++a) {
-    const reshard::Atom& atom = S.atoms[a];
-    Param p;
-    p.atom = static_cast<int>(a);
-    p.name = DistNameOfKey(atom.name, gated);
-    p.stacked = atom.name.rfind("decoder.layers.", 0) == 0;
-    p.shape = atom.shape;
-    if (p.stacked) {
-      if (atom.shape.empty() || atom.shape[0] != layers)
-        throw Error(S.reader->dir() + ": parameter '" + atom.name + "' of shape " + pt::ShapeString(atom.shape) + " does not stack the " +
-                    std::to_string(layers) + " layers the args say");
-      p.shape.erase(p.shape.begin());
+// Refused where a key's TP cut does not divide.
+void CheckCuts(const std::vector<McoreKey>& keys, const Grid& g) {
+  for (const McoreKey& p : keys) {
+    if (p.name.split == DistName::Whole) continue;
+    const size_t d = p.name.split == DistName::Rows ? 0 : 1;
+    const int64_t parts = p.name.gated ? 2 : 1;
+    if (p.shape.size() <= d || p.shape[d] % (parts * g.tp) != 0) {
+      std::vector<int64_t> shape = p.shape;
+      if (p.stacked) shape.insert(shape.begin(), static_cast<int64_t>(p.layers.size()));
+      throw Error("--tp " + std::to_string(g.tp) + ": parameter '" + p.key + "' of shape " + pt::ShapeString(shape) + " has " +
+                  (p.shape.size() > d ? std::to_string(p.shape[d]) : "no") + (d == 0 ? " rows" : " columns") +
+                  (parts == 2 ? " in two halves (SwiGLU's gate and up)" : "") + ", which " + std::to_string(g.tp) +
+                  " tensor-parallel ranks cannot share evenly");
     }
-    if (p.name.split != DistName::Whole) {
-      const size_t d = p.name.split == DistName::Rows ? 0 : 1;
-      const int64_t parts = p.name.gated ? 2 : 1;
-      if (p.shape.size() <= d || p.shape[d] % (parts * g.tp) != 0)
-        throw Error("--tp " + std::to_string(g.tp) + ": parameter '" + atom.name + "' of shape " + pt::ShapeString(atom.shape) + " has " +
-                    (p.shape.size() > d ? std::to_string(p.shape[d]) : "no") + (d == 0 ? " rows" : " columns") +
-                    (parts == 2 ? " in two halves (SwiGLU's gate and up)" : "") + ", which " + std::to_string(g.tp) +
-                    " tensor-parallel ranks cannot share evenly");
-    }
-    out.push_back(std::move(p));
   }
-  return out;
 }
 
 // The vocabulary rows: Megatron-LM pads the tokenizer's vocabulary at every launch to a multiple of
@@ -249,13 +240,16 @@ double CommonStep(const reshard::Source& S) {
   return step.value_or(0);
 }
 
-// common.pt: the source's common state at the new layout, the optimizer's part in `form`.
-std::string CommonFile(const reshard::Source& S, const Value& common, const Grid& g, Form form, double step, int64_t vocab_divisor) {
+// common.pt: `args`, the source's common state (none for a model from another family: version 3.0,
+// iteration 0), the optimizer's part in `form`.
+std::string CommonFile(const reshard::Source& S, ValuePtr args, const Value* common, Form form, double step) {
+  const Value none;
+  const Value& c = common ? *common : none;
   auto root = Value::Make(Value::Kind::Dict);
-  pt::SetItem(*root, "args", ArgsAt(*common.Get("args"), g, form != Form::None, vocab_divisor));
-  auto version = common.Get("checkpoint_version");
+  pt::SetItem(*root, "args", std::move(args));
+  auto version = c.Get("checkpoint_version");
   pt::SetItem(*root, "checkpoint_version", version ? version : Value::Float(3.0));
-  auto iteration = common.Get("iteration");
+  auto iteration = c.Get("iteration");
   pt::SetItem(*root, "iteration", iteration ? iteration : Value::Int(0));
   auto content = Value::Make(Value::Kind::Dict);
   if (form == Form::Distributed) {
@@ -281,7 +275,7 @@ std::string CommonFile(const reshard::Source& S, const Value& common, const Grid
     }
   }
   for (const char* key : {"opt_param_scheduler", "num_floating_point_operations_so_far"})
-    if (auto v = common.Get(key); v && form != Form::None) pt::SetItem(*root, key, v);
+    if (auto v = c.Get(key); v && form != Form::None) pt::SetItem(*root, key, v);
   pt::SetItem(*content, "singleton_local_shards", Value::Bool(false));
   pt::SetItem(*content, "chained_optim_avoid_prefix", Value::Bool(true));
   pt::SetItem(*root, "content_metadata", content);
@@ -291,18 +285,222 @@ std::string CommonFile(const reshard::Source& S, const Value& common, const Grid
 // The decoder's linears, whose (empty) extra state Megatron-Core saves per layer as a ShardedObject.
 const char* const kLinears[] = {"self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2"};
 
-// Parameters that are not a Megatron-Core model's (a Megatron-DeepSpeed, Trainer or torchtitan job's):
-// refused, the first named.
-void RefuseOtherNames(const std::vector<std::string>& names, const std::string& dir) {
+// Whether `names` are a Megatron-Core model's (every one in legacy_names.h's table).
+bool McoreNames(const std::vector<std::string>& names) {
   for (const std::string& name : names) {
     try {
       DistNameOfKey(name, false);
     } catch (const Error&) {
-      throw Error(dir + ": parameter '" + name + "' is not a Megatron-Core model's: --format mcore writes from Megatron-Core "
-                  "torch_dist and Megatron-LM legacy checkpoints, whose tensors carry Megatron-Core's names (from "
-                  "Megatron-DeepSpeed, Hugging Face or torchtitan names: not yet)");
+      return false;
     }
   }
+  return true;
+}
+
+// Names of neither Megatron-Core nor a family whose Llama the Hugging Face target translates (a Trainer
+// job's own names): refused, the first named.
+void RefuseOtherNames(const std::vector<std::string>& names, const std::string& dir) {
+  if (names.empty() || McoreNames(names) || hf::TranslatedNaming(names)) return;
+  throw Error(dir + ": parameter '" + names.front() + "' is not a Megatron-Core model's, nor a Llama's under Megatron-DeepSpeed's or "
+              "torchtitan's names (a Hugging Face Trainer or Accelerate job's own names): --format mcore does not translate them "
+              "yet; --format hf writes this model");
+}
+
+// What the files hold beyond the tensors' values.
+struct McoreJob {
+  std::vector<McoreKey> keys;
+  int64_t layers = 0;
+  Form form = Form::None;
+  std::string dtype;                 // the model keys'
+  std::string folder, tracker;       // the iteration folder and the tracker's text
+  std::string common;                // common.pt's bytes
+  double step = 0;
+  std::string model;                 // for messages
+  std::vector<std::string> notes;
+};
+
+// Refused where --pp does not divide the layers or --tp the heads and query groups.
+void CheckDegrees(const Grid& g, int64_t layers, int64_t heads, int64_t groups) {
+  if (layers % g.pp != 0)
+    throw Error("--pp " + std::to_string(g.pp) + " does not divide the model's " + std::to_string(layers) +
+                " layers: Megatron-LM's pipeline stages hold equal numbers of layers");
+  if (heads < 1 || heads % g.tp != 0 || groups % g.tp != 0)
+    throw Error("--tp " + std::to_string(g.tp) + " does not divide the model's " +
+                (heads >= 1 && heads % g.tp == 0 ? std::to_string(groups) + " query groups (of its " + std::to_string(heads) + " attention heads)"
+                                                 : std::to_string(heads) + " attention heads") +
+                ": each tensor-parallel rank holds whole heads and query groups");
+}
+
+// The job of a Megatron-Core source: its own keys, args, iteration, optimizer and scheduler.
+McoreJob OwnJob(const reshard::Source& S, const reshard::ExportOptions& o, const Grid& g) {
+  const std::string dir = S.reader->dir();
+  McoreJob j;
+  const Value& common = CommonState(S);
+  const Value& args = *common.Get("args");
+  for (const char* name : {"num_layers_per_virtual_pipeline_stage", "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout",
+                           "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "num_experts", "mtp_num_layers"})
+    if (IsSet(args, name))
+      throw Error(dir + ": the args set " + name + ": --format mcore writes even pipeline stages of a dense model without "
+                  "multi-token prediction (not yet this one)");
+  if (Number(args, "context_parallel_size", 1) != 1)
+    throw Error(dir + ": the args set context_parallel_size " + std::to_string(Number(args, "context_parallel_size", 1)) +
+                ": --format mcore writes TP x PP x DP layouts (not yet context parallelism)");
+  j.layers = Number(args, "num_layers", -1);
+  if (j.layers < 1) throw Error(dir + ": the args give no num_layers");
+  const int64_t heads = Number(args, "num_attention_heads", -1);
+  CheckDegrees(g, j.layers, heads, IsSet(args, "group_query_attention") ? Number(args, "num_query_groups", heads) : heads);
+  j.keys = KeysOfMcoreAtoms(S, IsSet(args, "swiglu"), j.layers);
+  CheckCuts(j.keys, g);
+  const int64_t vocab_divisor = VocabDivisor(S, args, g, o.vocab_divisible_by, j.notes);
+
+  j.dtype = S.manifest["source"].value("dtype", "fp32");
+  j.form = Form::Fp32;
+  if (S.manifest["source"].value("weights_only", false) || o.weights_only) j.form = Form::None;
+  else if (IsSet(args, "use_distributed_optimizer")) j.form = Form::Distributed;
+  else if (j.dtype != "fp32") j.form = Form::Mixed;
+  if (j.form != Form::None) j.step = CommonStep(S);
+  auto iteration = common.Get("iteration");
+  const int64_t it = iteration && iteration->kind == Value::Kind::Int ? iteration->i : 0;
+  j.folder = source::IterationFolderName(std::to_string(it)), j.tracker = std::to_string(it);
+  j.common = CommonFile(S, ArgsAt(args, g, j.form != Form::None, o.vocab_divisible_by > 0 ? vocab_divisor : 0), &common, j.form, j.step);
+  j.model = "Megatron-Core GPTModel, " + g.text();
+  return j;
+}
+
+// The divisor a Llama's job pads its `vocab` rows with at TP `tp` and keeps them: the one asked for, else
+// the largest power of two up to Megatron-LM's default 128 that keeps them; refused where none does.
+int64_t LlamaVocabDivisor(int64_t vocab, int64_t tp, int64_t asked) {
+  auto keeps = [&](int64_t d) { return vocab % (d * tp) == 0; };
+  if (asked > 0 && keeps(asked)) return asked;
+  int64_t fits = 0;
+  for (int64_t d = 128; d >= 1 && !fits; d /= 2)
+    if (keeps(d)) fits = d;
+  if (asked <= 0 && fits) return fits;
+  throw Error("--tp " + std::to_string(tp) + ": Megatron-LM pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP" +
+              (asked > 0 ? " (" + std::to_string(asked) + " x " + std::to_string(tp) + ")" : "") + ", and this model has " +
+              std::to_string(vocab) + " vocabulary rows" +
+              (fits ? ": --make-vocab-size-divisible-by " + std::to_string(fits) + " keeps them"
+                    : ", which no divisor keeps at this TP (re-padding the vocabulary is not written yet)"));
+}
+
+// Megatron-LM's args of a Llama-class model at the new layout (its own argument names; what its load
+// checks against the job's, check_checkpoint_args, and what --use-checkpoint-args reads), for a model
+// from another family, which saved none: every value from the model's facts, the layout, the dtype and
+// the vocabulary divisor.
+ValuePtr ArgsOfLlama(const hf::LlamaFacts& m, const Grid& g, const std::string& dtype, int64_t divisor) {
+  auto st = Value::Make(Value::Kind::Dict);
+  auto i = [&](const char* k, int64_t v) { pt::SetItem(*st, k, Value::Int(v)); };
+  auto b = [&](const char* k, bool v) { pt::SetItem(*st, k, Value::Bool(v)); };
+  auto s = [&](const char* k, const char* v) { pt::SetItem(*st, k, Value::Str(v)); };
+  i("num_layers", m.layers), i("hidden_size", m.hidden), i("ffn_hidden_size", m.ffn), i("num_attention_heads", m.heads);
+  i("kv_channels", m.head_dim), b("group_query_attention", m.kv_heads != m.heads), i("num_query_groups", m.kv_heads);
+  i("max_position_embeddings", m.max_positions);
+  s("position_embedding_type", "rope"), pt::SetItem(*st, "rotary_percent", Value::Float(1.0));
+  if (m.rope_theta == static_cast<double>(static_cast<int64_t>(m.rope_theta))) i("rotary_base", static_cast<int64_t>(m.rope_theta));
+  else pt::SetItem(*st, "rotary_base", Value::Float(m.rope_theta));
+  s("normalization", "RMSNorm"), pt::SetItem(*st, "norm_epsilon", Value::Float(m.norm_eps));
+  b("swiglu", true), b("add_bias_linear", false), b("add_qkv_bias", false);
+  b("untie_embeddings_and_output_weights", !m.tied);
+  i("vocab_size", m.vocab), i("padded_vocab_size", m.vocab), i("make_vocab_size_divisible_by", divisor);
+  b("bf16", dtype == "bf16"), b("fp16", dtype == "fp16");
+  i("tensor_model_parallel_size", g.tp), i("pipeline_model_parallel_size", g.pp), i("data_parallel_size", g.dp);
+  i("world_size", g.tp * g.pp * g.dp), i("rank", 0);
+  s("ckpt_format", "torch_dist"), b("no_save_rng", true), b("no_save_optim", true);
+  i("consumed_train_samples", 0), i("skipped_train_samples", 0), i("consumed_valid_samples", 0);
+  auto ns = Value::MakeObject("argparse", "Namespace", Value::Make(Value::Kind::Tuple), st);
+  ns->via_new = true;
+  return ns;
+}
+
+// The job of a Llama-class model under another family's names (Megatron-DeepSpeed's, a Hugging Face
+// import's, torchtitan's): its tensors re-joined as Megatron-Core's keys, the model alone as Megatron-LM's
+// release checkpoint (its form for weights from elsewhere: the job's --load starts at iteration 0 with a
+// fresh optimizer and its own RNG), args from the model's facts.
+McoreJob LlamaJob(const reshard::Source& S, const reshard::ExportOptions& o, const Grid& g) {
+  const std::string dir = S.reader->dir();
+  McoreJob j;
+  for (const reshard::Atom& a : S.atoms)
+    if (a.name.ends_with("position_embeddings.weight"))
+      throw Error(dir + ": '" + a.name + "': a GPT-shaped model (learned positions): --format mcore writes Llama-class models from "
+                  "Megatron-DeepSpeed's names (not yet GPT's); --format hf writes this model as GPT2LMHeadModel");
+  const hf::LlamaFacts m = [&] {
+    try {
+      return hf::LlamaFactsOf(S, o, j.notes);
+    } catch (const Error& e) {
+      throw Error(std::string("--format mcore writes a model from Megatron-DeepSpeed's, Hugging Face's or torchtitan's names as the "
+                              "Llama --format hf writes (LlamaForCausalLM): ") + e.what());
+    }
+  }();
+  if (S.manifest["source"].value("moe", false) || m.experts > 0)
+    throw Error(dir + ": a Mixture-of-Experts model: --format mcore writes dense GPT / Llama models (not yet experts)");
+  CheckDegrees(g, m.layers, m.heads, m.kv_heads);
+  j.layers = m.layers;
+  j.keys = KeysOfLlama(hf::LlamaTensors(S, m), m, dir);
+  CheckCuts(j.keys, g);
+  if (!S.manifest["source"].value("weights_only", false) && !o.weights_only)
+    throw Error(dir + ": the atomic checkpoint holds the optimizer's state, which --format mcore does not carry across families yet "
+                "(Megatron-LM's load also needs its scheduler's state, which a " + S.manifest["source"].value("framework", std::string("DeepSpeed")) +
+                " checkpoint does not hold): give --weights-only to write the model alone (Megatron-LM then starts a fresh optimizer "
+                "from it, at iteration 0)");
+  const int64_t divisor = LlamaVocabDivisor(m.vocab, g.tp, o.vocab_divisible_by);
+  j.dtype = S.manifest["source"].value("dtype", "fp32");
+  j.form = Form::None;
+  j.folder = j.tracker = "release";
+  j.common = CommonFile(S, ArgsOfLlama(m, g, j.dtype, divisor), nullptr, Form::None, 0);
+  j.model = "Megatron-Core GPTModel (from a Llama under other names), " + g.text();
+  j.notes.push_back("the model's " + std::to_string(m.vocab) + " vocabulary rows kept: launch the job with --make-vocab-size-divisible-by " +
+                    std::to_string(divisor) + " (" + std::to_string(divisor) + " x TP " + std::to_string(g.tp) + " divides them) and a tokenizer of " +
+                    std::to_string(m.vocab) + " tokens, or Megatron-LM pads to other rows and refuses the shape");
+  j.notes.push_back("Megatron-LM's release checkpoint (release/, the tracker says 'release'): the job's --load takes the weights and "
+                    "starts at iteration 0 with a fresh optimizer and its own RNG state; common.pt's args are written from the "
+                    "model's facts (Megatron-LM checks num_layers, hidden_size and num_attention_heads against the job's)");
+  return j;
+}
+
+// The plan of `j`'s files: each rank's chunks, the linears' extra state, common.pt, metadata.json,
+// .metadata, then the tracker.
+reshard::ExportPlan LayOut(const reshard::Source& S, const Grid& g, McoreJob& j) {
+  reshard::ExportPlan P;
+  P.dtype = j.dtype;
+  P.model = j.model;
+  P.notes = std::move(j.notes);
+  McorePlan plan(S, g, j.layers);
+  for (const McoreKey& k : j.keys) plan.Chunks(k, k.key, 0, j.dtype);
+  std::set<std::string> linears;
+  for (const McoreKey& k : j.keys)
+    for (const char* m : kLinears)
+      if (k.stacked && k.key.rfind(std::string("decoder.layers.") + m + ".", 0) == 0) linears.insert(m);
+  for (const char* m : kLinears)
+    if (linears.count(m))
+      for (int64_t l = 0; l < j.layers; ++l)
+        plan.Object("decoder.layers." + std::string(m) + "._extra_state/shard_" + std::to_string(l) + "_" + std::to_string(j.layers),
+                    Value::None(), g.Rank(0, l * g.pp / j.layers));
+  if (j.form != Form::None)
+    for (const McoreKey& k : j.keys) {
+      if (j.form == Form::Distributed) plan.Chunks(k, "optimizer.state.param." + k.key, 0, "fp32");
+      if (j.form == Form::Mixed) plan.Chunks(k, "optimizer.state.fp32_param." + k.key, 0, "fp32");
+      plan.Chunks(k, "optimizer.state.exp_avg." + k.key, 1, "fp32");
+      plan.Chunks(k, "optimizer.state.exp_avg_sq." + k.key, 2, "fp32");
+    }
+  dcp::SavedCheckpoint c;
+  plan.Lay(j.folder + "/", P, c);
+  c.checkpoint_id = j.folder;
+  c.save_id = dcp::SaveIdOf(S, g.text());
+  P.side_files.emplace_back(j.folder + "/common.pt", std::move(j.common));
+  P.side_files.emplace_back(j.folder + "/metadata.json",
+                            R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", "common_backend_version": 1})");
+  P.side_files.emplace_back(j.folder + "/.metadata", dcp::MetadataPickle(c));
+  P.marker = source::kMegatronTracker;
+  P.marker_text = j.tracker;
+  P.notes.push_back(std::string("optimizer state: ") +
+                    (j.form == Form::Distributed ? "the distributed optimizer's fully_reshardable form (args.use_distributed_optimizer)"
+                     : j.form == Form::Mixed     ? "the mixed-precision optimizer's fp32 masters and moments (a " + j.dtype + " job)"
+                     : j.form == Form::Fp32      ? "FP32Optimizer's moments (an fp32 job)"
+                     : j.tracker == "release"    ? "none (the model alone)"
+                                                 : "none (a weights-only atomic checkpoint: args.no_save_optim; Megatron-LM loads it, "
+                                                   "as its own --no-save-optim saves, with --no-load-optim or --finetune)") +
+                    "; no RNG state (args.no_save_rng: Megatron-LM keeps its own); the linears' extra state saved as None");
+  return P;
 }
 
 }  // namespace
@@ -318,95 +516,19 @@ reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOpt
   const Grid g{o.tp, o.pp, o.dp};
   if (g.tp < 1 || g.pp < 1 || g.dp < 1) throw Error("--tp, --pp and --dp must be at least 1");
   for (const reshard::Atom& a : S.atoms)
-    if (a.name.find(".experts.") != std::string::npos || a.name.find(".router.") != std::string::npos)
+    if (a.name.find(".experts.") != std::string::npos || a.name.find(".router.") != std::string::npos ||
+        a.name.find("deepspeed_moe") != std::string::npos)
       throw Error(dir + ": parameter '" + a.name + "': a Mixture-of-Experts model: --format mcore writes dense GPT / Llama models (not "
                   "yet experts)");
   std::vector<std::string> names;
   for (const reshard::Atom& a : S.atoms) names.push_back(a.name);
   RefuseOtherNames(names, dir);
-  const Value& common = CommonState(S);
-  const Value& args = *common.Get("args");
-  for (const char* name : {"num_layers_per_virtual_pipeline_stage", "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout",
-                           "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "num_experts", "mtp_num_layers"})
-    if (IsSet(args, name))
-      throw Error(dir + ": the args set " + name + ": --format mcore writes even pipeline stages of a dense model without "
-                  "multi-token prediction (not yet this one)");
-  if (Number(args, "context_parallel_size", 1) != 1)
-    throw Error(dir + ": the args set context_parallel_size " + std::to_string(Number(args, "context_parallel_size", 1)) +
-                ": --format mcore writes TP x PP x DP layouts (not yet context parallelism)");
-  const int64_t layers = Number(args, "num_layers", -1);
-  if (layers < 1) throw Error(dir + ": the args give no num_layers");
-  if (layers % g.pp != 0)
-    throw Error("--pp " + std::to_string(g.pp) + " does not divide the model's " + std::to_string(layers) +
-                " layers: Megatron-LM's pipeline stages hold equal numbers of layers");
-  const int64_t heads = Number(args, "num_attention_heads", -1);
-  const int64_t groups = IsSet(args, "group_query_attention") ? Number(args, "num_query_groups", heads) : heads;
-  if (heads < 1 || heads % g.tp != 0 || groups % g.tp != 0)
-    throw Error("--tp " + std::to_string(g.tp) + " does not divide the model's " +
-                (heads >= 1 && heads % g.tp == 0 ? std::to_string(groups) + " query groups (of its " + std::to_string(heads) + " attention heads)"
-                                                 : std::to_string(heads) + " attention heads") +
-                ": each tensor-parallel rank holds whole heads and query groups");
-  const bool gated = IsSet(args, "swiglu");
-  const std::vector<Param> params = ParamsOf(S, g, gated, layers);
-  std::vector<std::string> notes;
-  const int64_t vocab_divisor = VocabDivisor(S, args, g, o.vocab_divisible_by, notes);
-
   const std::string job = S.manifest["source"].value("dtype", "fp32");
-  Form form = Form::Fp32;
-  if (S.manifest["source"].value("weights_only", false)) form = Form::None;
-  else if (IsSet(args, "use_distributed_optimizer")) form = Form::Distributed;
-  else if (job != "fp32") form = Form::Mixed;
   if (!o.dtype.empty() && o.dtype != job)
     throw Error("--dtype " + o.dtype + ": --format mcore writes the model in the job's dtype (" + job + ") and the optimizer's "
                 "state in fp32, as Megatron-LM saves them");
-
-  reshard::ExportPlan P;
-  P.dtype = job;
-  P.model = "Megatron-Core GPTModel, " + g.text();
-  P.notes = notes;
-  McorePlan plan(S, g, layers);
-  for (const Param& p : params) plan.Chunks(p, S.atoms[p.atom].name, 0, job);
-  std::set<std::string> linears;
-  for (const Param& p : params)
-    for (const char* m : kLinears)
-      if (p.stacked && S.atoms[p.atom].name.rfind(std::string("decoder.layers.") + m + ".", 0) == 0) linears.insert(m);
-  for (const char* m : kLinears)
-    if (linears.count(m))
-      for (int64_t l = 0; l < layers; ++l)
-        plan.Object("decoder.layers." + std::string(m) + "._extra_state/shard_" + std::to_string(l) + "_" + std::to_string(layers),
-                    Value::None(), g.Rank(0, l * g.pp / layers));
-  double step = 0;
-  if (form != Form::None) {
-    step = CommonStep(S);
-    for (const Param& p : params) {
-      const std::string& key = S.atoms[p.atom].name;
-      if (form == Form::Distributed) plan.Chunks(p, "optimizer.state.param." + key, 0, "fp32");
-      if (form == Form::Mixed) plan.Chunks(p, "optimizer.state.fp32_param." + key, 0, "fp32");
-      plan.Chunks(p, "optimizer.state.exp_avg." + key, 1, "fp32");
-      plan.Chunks(p, "optimizer.state.exp_avg_sq." + key, 2, "fp32");
-    }
-  }
-  auto iteration = common.Get("iteration");
-  const int64_t it = iteration && iteration->kind == Value::Kind::Int ? iteration->i : 0;
-  const std::string folder = source::IterationFolderName(std::to_string(it));
-  dcp::SavedCheckpoint c;
-  plan.Lay(folder + "/", P, c);
-  c.checkpoint_id = folder;
-  c.save_id = dcp::SaveIdOf(S, g.text());
-  P.side_files.emplace_back(folder + "/common.pt", CommonFile(S, common, g, form, step, o.vocab_divisible_by > 0 ? vocab_divisor : 0));
-  P.side_files.emplace_back(folder + "/metadata.json",
-                            R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", "common_backend_version": 1})");
-  P.side_files.emplace_back(folder + "/.metadata", dcp::MetadataPickle(c));
-  P.marker = source::kMegatronTracker;
-  P.marker_text = std::to_string(it);
-  P.notes.push_back(std::string("optimizer state: ") +
-                    (form == Form::Distributed ? "the distributed optimizer's fully_reshardable form (args.use_distributed_optimizer)"
-                     : form == Form::Mixed     ? "the mixed-precision optimizer's fp32 masters and moments (a " + job + " job)"
-                     : form == Form::Fp32      ? "FP32Optimizer's moments (an fp32 job)"
-                                               : "none (a weights-only atomic checkpoint: args.no_save_optim; Megatron-LM loads it, "
-                                                 "as its own --no-save-optim saves, with --no-load-optim or --finetune)") +
-                    "; no RNG state (args.no_save_rng: Megatron-LM keeps its own); the linears' extra state saved as None");
-  return P;
+  McoreJob j = McoreNames(names) ? OwnJob(S, o, g) : LlamaJob(S, o, g);
+  return LayOut(S, g, j);
 }
 
 void WriteMcoreFile(const reshard::ExportPlan& P, size_t f, reshard::RowSource& rows, const std::string& path) {

@@ -1,0 +1,205 @@
+"""--format mcore from a Llama under another family's names (issue 53): Hugging Face models imported by
+ucp-convert (tests/data/real-hf: transformers' own save_pretrained) and a real Megatron-DeepSpeed-style
+DeepSpeed checkpoint (../shared/real-deepspeed beside the checkout) written as Megatron-LM's release
+checkpoint at several TP x PP x DP layouts.
+
+    mcore_from_llama.py UCP_BIN_DIR REAL_HF_DIR WORK [mpiexec]
+
+Every tensor is checked against a ground truth this file builds itself from files other programs wrote:
+- the model: the Hugging Face tensors (the safetensors transformers wrote), or DeepSpeed's own universal
+  output of the same checkpoint (ds_to_universal's zero/<name>/fp32.pt: query_key_value = [q; k; v],
+  dense_h_to_4h = [gate; up]), joined as Megatron-LM's own Llama converter joins them: linear_qkv per
+  query group (its query heads, its key head, its value head), linear_fc1 = [gate; up], layers stacked;
+  bit for bit in the saved dtype;
+- where each chunk is: in the file of the rank whose TP piece and pipeline stage hold it (rank
+  t + TP * DP * p, Megatron-Core's order; DP rank 0 saves), inside the piece;
+- common.pt: the args Megatron-LM's load checks (num_layers, hidden_size, num_attention_heads), the layout,
+  a vocabulary divisor that keeps the rows at that TP, no optimizer, iteration 0; the tracker says release;
+- the linears' extra state: [None] per layer, as the local spec saves it.
+Refused by name, nothing written: optimizer state without --weights-only, a GPT-shaped model, a --tp that
+does not divide the query groups, a --make-vocab-size-divisible-by that does not keep the rows, --dtype
+other than the job's.
+"""
+import glob
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklist import check, finish, fresh_folder, tool_runner  # noqa: E402
+from dcp_files import read_dcp, read_metadata  # noqa: E402
+from harness_logits import load_pt  # noqa: E402
+from safetensors_reader import read_model_folder  # noqa: E402
+
+BIN, REAL_HF, WORK = sys.argv[1:4]
+run = tool_runner(BIN, sys.argv[4] if len(sys.argv) > 4 else None)
+fresh_folder(WORK)
+DS_CASES = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "real-deepspeed", "cases"))
+LINEARS = ["self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2"]
+
+
+def qkv(q, k, v, groups):
+    """Megatron-Core's linear_qkv rows: per query group, its query heads, its key head, its value head."""
+    h = q.shape[-1]
+    return torch.cat([q.reshape(groups, -1, h), k.reshape(groups, -1, h), v.reshape(groups, -1, h)], dim=1).reshape(-1, h)
+
+
+def expected_from_hf(t, layers, groups, dtype):
+    """The Megatron-Core keys of a LlamaForCausalLM's tensors `t`."""
+    L = range(layers)
+    at = "model.layers.{}."
+    out = {
+        "embedding.word_embeddings.weight": t["model.embed_tokens.weight"],
+        "decoder.layers.self_attention.linear_qkv.layer_norm_weight": torch.stack([t[at.format(i) + "input_layernorm.weight"] for i in L]),
+        "decoder.layers.self_attention.linear_qkv.weight": torch.stack(
+            [qkv(*[t[at.format(i) + f"self_attn.{p}_proj.weight"] for p in "qkv"], groups) for i in L]),
+        "decoder.layers.self_attention.linear_proj.weight": torch.stack([t[at.format(i) + "self_attn.o_proj.weight"] for i in L]),
+        "decoder.layers.mlp.linear_fc1.layer_norm_weight": torch.stack([t[at.format(i) + "post_attention_layernorm.weight"] for i in L]),
+        "decoder.layers.mlp.linear_fc1.weight": torch.stack(
+            [torch.cat([t[at.format(i) + "mlp.gate_proj.weight"], t[at.format(i) + "mlp.up_proj.weight"]]) for i in L]),
+        "decoder.layers.mlp.linear_fc2.weight": torch.stack([t[at.format(i) + "mlp.down_proj.weight"] for i in L]),
+        "decoder.final_layernorm.weight": t["model.norm.weight"],
+    }
+    if "lm_head.weight" in t:
+        out["output_layer.weight"] = t["lm_head.weight"]
+    return {k: v.to(dtype) for k, v in out.items()}
+
+
+def owner(key, offsets, sizes, shape, tp, pp, dp, layers):
+    """The rank that must hold a chunk: its TP piece and its pipeline stage (None where it spans pieces)."""
+    stacked = key.startswith("decoder.layers.")
+    if stacked:
+        stage = offsets[0] * pp // layers
+        offsets, sizes, shape = offsets[1:], sizes[1:], shape[1:]
+    else:
+        stage = 0 if key.startswith("embedding.") else pp - 1
+    name = key.split(".")[-2] + "." + key.split(".")[-1]
+    if "layer_norm" in key or key.startswith("decoder.final_layernorm"):
+        t = 0
+    elif name in ("linear_proj.weight", "linear_fc2.weight"):
+        n = shape[1] // tp
+        t = offsets[1] // n if (offsets[1] + sizes[1] - 1) // n == offsets[1] // n else None
+    else:
+        rows = shape[0] // 2 if key.endswith("linear_fc1.weight") else shape[0]
+        n = rows // tp
+        r = offsets[0] % rows
+        t = r // n if (r + sizes[0] - 1) // n == r // n else None
+    return None if t is None else t + tp * dp * stage
+
+
+def check_output(label, out, expected, layers, tp, pp, dp, vocab, dtype):
+    release = os.path.join(out, "release")
+    check(f"{label}: the tracker says release", open(os.path.join(out, "latest_checkpointed_iteration.txt")).read() == "release")
+    files = sorted(os.path.basename(f) for f in glob.glob(os.path.join(release, "__*_0.distcp")))
+    want = sorted(f"__{t + tp * dp * p}_0.distcp" for t in range(tp) for p in range(pp))
+    check(f"{label}: one file per rank of DP rank 0", files == want, f"{files} != {want}")
+    tensors, objects, md = read_dcp(release)
+    check(f"{label}: the model's keys, no others", sorted(tensors) == sorted(expected), f"{sorted(tensors)}")
+    for key, value in expected.items():
+        got = tensors.get(key)
+        ok = got is not None and got.dtype == value.dtype and got.shape == value.shape and torch.equal(got, value)
+        check(f"{label}: {key} bit for bit ({value.dtype})", ok,
+              f"{None if got is None else (got.dtype, tuple(got.shape))} vs {value.dtype} {tuple(value.shape)}")
+    misplaced = []
+    for index, info in md.storage_data.items():
+        if getattr(index, "offset", None) is None:
+            continue
+        chunk = md.state_dict_metadata[index.fqn].chunks[index.index]
+        rank = owner(index.fqn, list(chunk.offsets), list(chunk.sizes), list(md.state_dict_metadata[index.fqn].size), tp, pp, dp, layers)
+        if rank is None or info.relative_path != f"__{rank}_0.distcp":
+            misplaced.append((index.fqn, tuple(chunk.offsets), info.relative_path, rank))
+    check(f"{label}: every chunk in its TP piece and stage's file", not misplaced, str(misplaced[:4]))
+    extra = {f"decoder.layers.{m}._extra_state/shard_{i}_{layers}" for m in LINEARS for i in range(layers)}
+    check(f"{label}: the linears' extra state, [None] per layer", set(objects) == extra and all(v == [None] for v in objects.values()),
+          str(sorted(objects)[:4]))
+    common = torch.load(os.path.join(release, "common.pt"))
+    a = common.get("args")
+    ok = (a is not None and a.num_layers == layers and a.tensor_model_parallel_size == tp and a.pipeline_model_parallel_size == pp
+          and a.data_parallel_size == dp and a.world_size == tp * pp * dp and a.padded_vocab_size == vocab
+          and vocab % (a.make_vocab_size_divisible_by * tp) == 0 and a.no_save_optim and a.no_save_rng
+          and a.bf16 == (dtype == torch.bfloat16) and a.swiglu and a.normalization == "RMSNorm")
+    check(f"{label}: common.pt's args at the layout, a divisor that keeps {vocab} rows", ok, str(vars(a) if a is not None else common))
+    check(f"{label}: common.pt holds no optimizer, iteration 0", "optimizer" not in common and common.get("iteration") == 0
+          and "opt_param_scheduler" not in common, str(sorted(common)))
+    return a
+
+
+LAYOUTS = [(1, 1, 1, 1), (2, 2, 1, 2), (2, 1, 2, 2)]  # tp, pp, dp, ranks
+for case in ["llama_fp32", "llama_bf16", "llama_sharded"]:
+    src = os.path.join(REAL_HF, case)
+    atomic = os.path.join(WORK, case)
+    r = run("ucp-convert", [src, "-o", atomic])
+    check(f"{case}: imports", r.returncode == 0, r.stderr[-800:])
+    t, config = read_model_folder(src), __import__("json").load(open(os.path.join(src, "config.json")))
+    dtype = next(iter(t.values())).dtype
+    expected = expected_from_hf(t, config["num_hidden_layers"], config["num_key_value_heads"], dtype)
+    for tp, pp, dp, ranks in LAYOUTS:
+        label = f"{case} tp{tp} pp{pp} dp{dp}"
+        out = os.path.join(WORK, f"{case}-tp{tp}pp{pp}dp{dp}")
+        r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--tp", str(tp), "--pp", str(pp), "--dp", str(dp)], ranks=ranks)
+        check(f"{label}: written", r.returncode == 0 and "release" in r.stderr, r.stderr[-800:])
+        if r.returncode == 0:
+            check_output(label, out, expected, config["num_hidden_layers"], tp, pp, dp, config["vocab_size"], dtype)
+
+# refusals on the import, nothing written
+atomic = os.path.join(WORK, "llama_fp32")
+for flags, what, words in [
+        (["--tp", "4", "--pp", "1"], "--tp 4 with 2 query groups", ["--tp 4", "query groups"]),
+        (["--tp", "2", "--pp", "1", "--make-vocab-size-divisible-by", "3"], "a divisor that does not keep 320 rows",
+         ["320 vocabulary rows", "--make-vocab-size-divisible-by 32"]),
+        (["--tp", "1", "--pp", "3"], "--pp 3 with 2 layers", ["--pp 3", "2 layers"]),
+        (["--tp", "1", "--pp", "1", "--dtype", "bf16"], "--dtype bf16 of an fp32 job", ["--dtype bf16", "fp32"])]:
+    out = os.path.join(WORK, "refused")
+    r = run("ucp-reshard", [atomic, "-o", out] + ["--format", "mcore"] + flags)
+    check(f"import, {what}: refused by name, nothing written", r.returncode != 0 and all(w in r.stderr for w in words)
+          and not os.path.exists(out), r.stderr[-600:])
+
+# a real DeepSpeed checkpoint of a Megatron-DeepSpeed-style Llama (GPTModel names, ZeRO-1, TP=2 DP=2, fp32)
+ds = os.path.join(DS_CASES, "llama_tp2_dp2_zero1_fp32")
+check("../shared/real-deepspeed beside the checkout", os.path.isdir(ds), ds)
+if os.path.isdir(ds):
+    atomic = os.path.join(WORK, "ds")
+    r = run("ucp-convert", [os.path.join(ds, "ckpt"), "-o", atomic], ranks=2)
+    check("DeepSpeed llama: converts", r.returncode == 0, r.stderr[-800:])
+    out = os.path.join(WORK, "ds-out")
+    r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--tp", "2", "--pp", "2"])
+    check("DeepSpeed llama with optimizer state: refused, naming --weights-only, nothing written",
+          r.returncode != 0 and "--weights-only" in r.stderr and not os.path.exists(out), r.stderr[-600:])
+    cfg = __import__("json").load(open(os.path.join(ds, "model_config.json")))
+    uni = os.path.join(ds, "ckpt", "global_step6_universal", "zero")
+    u = {name: load_pt(os.path.join(uni, name, "fp32.pt"))["param"] for name in os.listdir(uni) if os.path.isdir(os.path.join(uni, name))}
+    heads, groups, hidden = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
+    d = hidden // heads
+    t = {"model.embed_tokens.weight": u["language_model.embedding.word_embeddings.weight"][:cfg["vocab_size"]],
+         "model.norm.weight": u["language_model.encoder.final_layernorm.weight"],
+         "lm_head.weight": u["language_model.output_layer.weight"][:cfg["vocab_size"]]}
+    for i in range(cfg["num_layers"]):
+        p = f"language_model.encoder.layers.{i}."
+        q, k, v = u[p + "self_attention.query_key_value.weight"].split([heads * d, groups * d, groups * d])
+        gate, up = u[p + "mlp.dense_h_to_4h.weight"].chunk(2)
+        t.update({f"model.layers.{i}.self_attn.q_proj.weight": q, f"model.layers.{i}.self_attn.k_proj.weight": k,
+                  f"model.layers.{i}.self_attn.v_proj.weight": v,
+                  f"model.layers.{i}.self_attn.o_proj.weight": u[p + "self_attention.dense.weight"],
+                  f"model.layers.{i}.mlp.gate_proj.weight": gate, f"model.layers.{i}.mlp.up_proj.weight": up,
+                  f"model.layers.{i}.mlp.down_proj.weight": u[p + "mlp.dense_4h_to_h.weight"],
+                  f"model.layers.{i}.input_layernorm.weight": u[p + "input_layernorm.weight"],
+                  f"model.layers.{i}.post_attention_layernorm.weight": u[p + "post_attention_layernorm.weight"]})
+    expected = expected_from_hf(t, cfg["num_layers"], groups, torch.float32)
+    for tp, pp, dp, ranks in [(2, 2, 1, 2), (1, 1, 1, 1)]:
+        label = f"DeepSpeed llama --weights-only tp{tp} pp{pp} dp{dp}"
+        out = os.path.join(WORK, f"ds-tp{tp}pp{pp}dp{dp}")
+        r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--weights-only"],
+                ranks=ranks)
+        check(f"{label}: written", r.returncode == 0, r.stderr[-800:])
+        if r.returncode == 0:
+            check_output(label, out, expected, cfg["num_layers"], tp, pp, dp, cfg["vocab_size"], torch.float32)
+    gpt = os.path.join(DS_CASES, "tp2_dp2_bf16_zero0")
+    atomic = os.path.join(WORK, "gpt")
+    r = run("ucp-convert", [os.path.join(gpt, "ckpt"), "-o", atomic], ranks=2)
+    out = os.path.join(WORK, "gpt-out")
+    r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--tp", "1", "--pp", "1", "--weights-only"])
+    check("a GPT-shaped DeepSpeed model: refused by name, nothing written", r.returncode != 0 and "GPT-shaped" in r.stderr
+          and not os.path.exists(out), r.stderr[-600:])
+
+finish("mcore_from_llama")
