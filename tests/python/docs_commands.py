@@ -64,7 +64,8 @@ BINDINGS = {
     "docs/huggingface.md": [("ckpt", "copy", os.path.join(DS_LLAMA, "ckpt")), ("output_dir/checkpoint-4", "copy", TRAINER),
                             ("Llama-3.2-1B", "link", HF_LLAMA)],
     "docs/dcp.md": [("ckpt/step-1000", "link", DCP), ("model.json", "copy", DCP_FACTS)],
-    "docs/megatron.md": MCORE_ROOT + [("root/ckpt/legacy_run", "link", MCORE_LEGACY)],
+    "docs/megatron.md": MCORE_ROOT + [("root/ckpt/legacy_run", "link", MCORE_LEGACY), ("Llama-3.2-1B", "link", HF_LLAMA),
+                                      ("ckpt", "copy", os.path.join(DS_LLAMA, "ckpt"))],
 }
 
 SHIMS = {

@@ -3,7 +3,7 @@ ucp-convert (tests/data/real-hf: transformers' own save_pretrained) and a real M
 DeepSpeed checkpoint (../shared/real-deepspeed beside the checkout) written as Megatron-LM's release
 checkpoint at several TP x PP x DP layouts.
 
-    mcore_from_llama.py UCP_BIN_DIR REAL_HF_DIR WORK [mpiexec]
+    mcore_from_llama.py UCP_BIN_DIR REAL_HF_DIR WORK RECORD [mpiexec]
 
 Every tensor is checked against a ground truth this file builds itself from files other programs wrote:
 - the model: the Hugging Face tensors (the safetensors transformers wrote), or DeepSpeed's own universal
@@ -16,11 +16,18 @@ Every tensor is checked against a ground truth this file builds itself from file
 - common.pt: the args Megatron-LM's load checks (num_layers, hidden_size, num_attention_heads), the layout,
   a vocabulary divisor that keeps the rows at that TP, no optimizer, iteration 0; the tracker says release;
 - the linears' extra state: [None] per layer, as the local spec saves it.
+Real reader: RECORD (tests/data/real-mcore/mcore_from_llama_readers.json, written by cross_family_check.py in
+the trixie chroot) holds the sha256 of every file of the outputs Megatron-LM's own load_checkpoint loaded with
+the job's default flags, and the loaded model's logits against transformers' (the Hugging Face models) or the
+DeepSpeed harness model's: every output here recorded must be those bytes, and the record must say it loaded
+without error at iteration 0 and its logits agree (fp32 within 1e-5; bf16 within two bf16 steps at 1).
 Refused by name, nothing written: optimizer state without --weights-only, a GPT-shaped model, a --tp that
 does not divide the query groups, a --make-vocab-size-divisible-by that does not keep the rows, --dtype
 other than the job's.
 """
 import glob
+import hashlib
+import json
 import os
 import sys
 
@@ -32,8 +39,9 @@ from dcp_files import read_dcp, read_metadata  # noqa: E402
 from harness_logits import load_pt  # noqa: E402
 from safetensors_reader import read_model_folder  # noqa: E402
 
-BIN, REAL_HF, WORK = sys.argv[1:4]
-run = tool_runner(BIN, sys.argv[4] if len(sys.argv) > 4 else None)
+BIN, REAL_HF, WORK, RECORD = sys.argv[1:5]
+run = tool_runner(BIN, sys.argv[5] if len(sys.argv) > 5 else None)
+record = json.load(open(RECORD))["outputs"]
 fresh_folder(WORK)
 DS_CASES = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "real-deepspeed", "cases"))
 LINEARS = ["self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2"]
@@ -122,16 +130,32 @@ def check_output(label, out, expected, layers, tp, pp, dp, vocab, dtype):
     check(f"{label}: common.pt's args at the layout, a divisor that keeps {vocab} rows", ok, str(vars(a) if a is not None else common))
     check(f"{label}: common.pt holds no optimizer, iteration 0", "optimizer" not in common and common.get("iteration") == 0
           and "opt_param_scheduler" not in common, str(sorted(common)))
+    if os.path.basename(out) in record:
+        rec = record[os.path.basename(out)]
+        files = {}
+        for d, _, names in os.walk(out):
+            for n in names:
+                rel = os.path.relpath(os.path.join(d, n), out)
+                if not rel.startswith(".ucp"):
+                    files[rel] = hashlib.sha256(open(os.path.join(d, n), "rb").read()).hexdigest()
+        check(f"{label}: the bytes Megatron-LM's load_checkpoint loaded (the record)", files == rec["sha256"],
+              str(sorted(set(files.items()) ^ set(rec["sha256"].items()))[:3]))
+        bound = 1e-5 if rec["dtype"] == "fp32" else 2 ** -6
+        check(f"{label}: the record: loaded at iteration 0, no error, logits within {bound:g} of {rec['reference'][:40]}...",
+              rec["error"] is None and rec["strict_load_error"] is None and rec["iterations"] == [0]
+              and rec["max_abs_logit_diff"] is not None and rec["max_abs_logit_diff"] <= bound, str(rec)[:400])
+        seen.add(os.path.basename(out))
     return a
 
 
+seen = set()
 LAYOUTS = [(1, 1, 1, 1), (2, 2, 1, 2), (2, 1, 2, 2)]  # tp, pp, dp, ranks
 for case in ["llama_fp32", "llama_bf16", "llama_sharded"]:
     src = os.path.join(REAL_HF, case)
     atomic = os.path.join(WORK, case)
     r = run("ucp-convert", [src, "-o", atomic])
     check(f"{case}: imports", r.returncode == 0, r.stderr[-800:])
-    t, config = read_model_folder(src), __import__("json").load(open(os.path.join(src, "config.json")))
+    t, config = read_model_folder(src), json.load(open(os.path.join(src, "config.json")))
     dtype = next(iter(t.values())).dtype
     expected = expected_from_hf(t, config["num_hidden_layers"], config["num_key_value_heads"], dtype)
     for tp, pp, dp, ranks in LAYOUTS:
@@ -166,7 +190,7 @@ if os.path.isdir(ds):
     r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--tp", "2", "--pp", "2"])
     check("DeepSpeed llama with optimizer state: refused, naming --weights-only, nothing written",
           r.returncode != 0 and "--weights-only" in r.stderr and not os.path.exists(out), r.stderr[-600:])
-    cfg = __import__("json").load(open(os.path.join(ds, "model_config.json")))
+    cfg = json.load(open(os.path.join(ds, "model_config.json")))
     uni = os.path.join(ds, "ckpt", "global_step6_universal", "zero")
     u = {name: load_pt(os.path.join(uni, name, "fp32.pt"))["param"] for name in os.listdir(uni) if os.path.isdir(os.path.join(uni, name))}
     heads, groups, hidden = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
@@ -202,4 +226,5 @@ if os.path.isdir(ds):
     check("a GPT-shaped DeepSpeed model: refused by name, nothing written", r.returncode != 0 and "GPT-shaped" in r.stderr
           and not os.path.exists(out), r.stderr[-600:])
 
+check("every output in the record written and checked here", seen == set(record), str(set(record) - seen))
 finish("mcore_from_llama")
