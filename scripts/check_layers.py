@@ -35,7 +35,7 @@ FORMAT_FOLDERS = [f for f in LAYERS if f.startswith("formats/") and not f.endswi
 # Megatron-Core target's torch_dist files are DCPs, laid out and written by the DCP target's code, and it
 # writes a Llama under other families' names from the Hugging Face target's cut of its tensors.
 SHARED_HEADERS = {"formats/dcp": ("formats/hf/model.h", "formats/hf/names.h"),
-                  "formats/megatron": ("formats/hf/model.h", "formats/hf/names.h", "formats/dcp/metadata.h", "formats/dcp/bucket_layout.h", "formats/dcp/dcp_files.h",
+                  "formats/megatron": ("formats/hf/facts.h", "formats/hf/model.h", "formats/hf/names.h", "formats/dcp/metadata.h", "formats/dcp/bucket_layout.h", "formats/dcp/dcp_files.h",
                                        "formats/dcp/metadata_writer.h", "formats/dcp/target.h")}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

@@ -171,7 +171,7 @@ if os.path.isdir(ds):
     r = run("ucp-convert", [ds, "-o", os.path.join(WORK, "ds")], ranks=2)
     check("a real Megatron-DeepSpeed-style checkpoint: converts", r.returncode == 0, r.stderr[-800:])
     r = run("ucp-reshard", [os.path.join(WORK, "ds"), "-o", os.path.join(WORK, "ds-out"), "--format", "mcore", "--tp", "1", "--pp", "1"])
-    check("DeepSpeed names with optimizer state: refused, naming --weights-only (mcore_from_llama.py writes it), nothing written",
+    check("DeepSpeed names with optimizer state: refused, naming --weights-only (mcore_cross_family.py writes it), nothing written",
           r.returncode != 0 and "--weights-only" in r.stderr and
           not os.path.exists(os.path.join(WORK, "ds-out", "latest_checkpointed_iteration.txt")), r.stderr[-800:])
 

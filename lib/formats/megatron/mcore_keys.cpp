@@ -40,7 +40,7 @@ std::vector<McoreKey> KeysOfMcoreAtoms(const reshard::Source& S, bool gated, int
   return out;
 }
 
-std::vector<McoreKey> KeysOfLlama(const std::vector<ExportTensor>& tensors, const hf::LlamaFacts& m, const std::string& dir) {
+OtherFamilyModel ModelOfLlama(const std::vector<ExportTensor>& tensors, const hf::LlamaFacts& m, const std::string& dir) {
   if (m.experts > 0)
     throw Error(dir + ": a Mixture-of-Experts model (" + std::to_string(m.experts) + " experts per layer): --format mcore writes dense "
                 "GPT / Llama models (not yet experts)");
@@ -110,7 +110,12 @@ std::vector<McoreKey> KeysOfLlama(const std::vector<ExportTensor>& tensors, cons
       }
       if (rows != k.Rows()) throw Error("internal: " + dir + ": " + k.key + ": " + std::to_string(rows) + " rows of " + std::to_string(k.Rows()));
     }
-  return out;
+  OtherFamilyModel model;
+  model.keys = std::move(out);
+  ModelFacts& f = model.facts;
+  f.layers = m.layers, f.hidden = m.hidden, f.heads = m.heads, f.groups = m.kv_heads, f.head_dim = m.head_dim, f.ffn = m.ffn;
+  f.vocab = m.vocab, f.positions = m.max_positions, f.tied = m.tied, f.eps = m.norm_eps, f.rope_base = m.rope_theta;
+  return model;
 }
 
 }  // namespace ucp::formats::megatron

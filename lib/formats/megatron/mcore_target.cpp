@@ -1,5 +1,7 @@
 #include "formats/megatron/mcore_target.h"
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -367,9 +369,9 @@ McoreJob OwnJob(const reshard::Source& S, const reshard::ExportOptions& o, const
   return j;
 }
 
-// The divisor a Llama's job pads its `vocab` rows with at TP `tp` and keeps them: the one asked for, else
+// The divisor a job pads its `vocab` rows with at TP `tp` and keeps them: the one asked for, else
 // the largest power of two up to Megatron-LM's default 128 that keeps them; refused where none does.
-int64_t LlamaVocabDivisor(int64_t vocab, int64_t tp, int64_t asked) {
+int64_t KeptVocabDivisor(int64_t vocab, int64_t tp, int64_t asked) {
   auto keeps = [&](int64_t d) { return vocab % (d * tp) == 0; };
   if (asked > 0 && keeps(asked)) return asked;
   int64_t fits = 0;
@@ -383,23 +385,27 @@ int64_t LlamaVocabDivisor(int64_t vocab, int64_t tp, int64_t asked) {
                     : ", which no divisor keeps at this TP (re-padding the vocabulary is not written yet)"));
 }
 
-// Megatron-LM's args of a Llama-class model at the new layout (its own argument names; what its load
-// checks against the job's, check_checkpoint_args, and what --use-checkpoint-args reads), for a model
-// from another family, which saved none: every value from the model's facts, the layout, the dtype and
-// the vocabulary divisor.
-ValuePtr ArgsOfLlama(const hf::LlamaFacts& m, const Grid& g, const std::string& dtype, int64_t divisor) {
+// Megatron-LM's args of a model from another family at the new layout (its own argument names; what its
+// load checks against the job's, check_checkpoint_args, and what --use-checkpoint-args reads), which saved
+// none: every value from the model's facts, the layout, the dtype and the vocabulary divisor.
+ValuePtr ArgsOf(const ModelFacts& m, const Grid& g, const std::string& dtype, int64_t divisor) {
   auto st = Value::Make(Value::Kind::Dict);
   auto i = [&](const char* k, int64_t v) { pt::SetItem(*st, k, Value::Int(v)); };
   auto b = [&](const char* k, bool v) { pt::SetItem(*st, k, Value::Bool(v)); };
   auto s = [&](const char* k, const char* v) { pt::SetItem(*st, k, Value::Str(v)); };
   i("num_layers", m.layers), i("hidden_size", m.hidden), i("ffn_hidden_size", m.ffn), i("num_attention_heads", m.heads);
-  i("kv_channels", m.head_dim), b("group_query_attention", m.kv_heads != m.heads), i("num_query_groups", m.kv_heads);
-  i("max_position_embeddings", m.max_positions);
-  s("position_embedding_type", "rope"), pt::SetItem(*st, "rotary_percent", Value::Float(1.0));
-  if (m.rope_theta == static_cast<double>(static_cast<int64_t>(m.rope_theta))) i("rotary_base", static_cast<int64_t>(m.rope_theta));
-  else pt::SetItem(*st, "rotary_base", Value::Float(m.rope_theta));
-  s("normalization", "RMSNorm"), pt::SetItem(*st, "norm_epsilon", Value::Float(m.norm_eps));
-  b("swiglu", true), b("add_bias_linear", false), b("add_qkv_bias", false);
+  i("kv_channels", m.head_dim), b("group_query_attention", m.groups != m.heads), i("num_query_groups", m.groups);
+  i("max_position_embeddings", m.positions);
+  if (m.learned_positions) {
+    s("position_embedding_type", "learned_absolute");
+  } else {
+    s("position_embedding_type", "rope"), pt::SetItem(*st, "rotary_percent", Value::Float(m.rotary_percent));
+    if (m.rope_base == static_cast<double>(static_cast<int64_t>(m.rope_base))) i("rotary_base", static_cast<int64_t>(m.rope_base));
+    else pt::SetItem(*st, "rotary_base", Value::Float(m.rope_base));
+  }
+  s("normalization", m.rms_norm ? "RMSNorm" : "LayerNorm"), pt::SetItem(*st, "norm_epsilon", Value::Float(m.eps));
+  b("swiglu", m.swiglu), b("add_bias_linear", m.bias_linear), b("add_qkv_bias", m.bias_qkv && !m.bias_linear);
+  if (!m.swiglu) b("openai_gelu", m.openai_gelu), b("bias_gelu_fusion", m.bias_gelu_fusion);
   b("untie_embeddings_and_output_weights", !m.tied);
   i("vocab_size", m.vocab), i("padded_vocab_size", m.vocab), i("make_vocab_size_divisible_by", divisor);
   b("bf16", dtype == "bf16"), b("fp16", dtype == "fp16");
@@ -412,48 +418,61 @@ ValuePtr ArgsOfLlama(const hf::LlamaFacts& m, const Grid& g, const std::string& 
   return ns;
 }
 
-// The job of a Llama-class model under another family's names (Megatron-DeepSpeed's, a Hugging Face
-// import's, torchtitan's): its tensors re-joined as Megatron-Core's keys, the model alone as Megatron-LM's
+// Whether the names are Megatron-DeepSpeed's (GPTModel's language_model.*, GPTModelPipe's numbered
+// layers and tied modules), not torchtitan's.
+bool MegatronDeepSpeedNames(const std::vector<std::string>& names) {
+  return std::any_of(names.begin(), names.end(), [](const std::string& n) {
+    return n.starts_with("language_model.") || n.starts_with("tied_modules.") || (!n.empty() && std::isdigit(static_cast<unsigned char>(n[0])));
+  });
+}
+
+// The job of a model under another family's names (Megatron-DeepSpeed's, a Hugging Face import's,
+// torchtitan's Llama): its tensors re-joined as Megatron-Core's keys, the model alone as Megatron-LM's
 // release checkpoint (its form for weights from elsewhere: the job's --load starts at iteration 0 with a
 // fresh optimizer and its own RNG), args from the model's facts.
-McoreJob LlamaJob(const reshard::Source& S, const reshard::ExportOptions& o, const Grid& g) {
+McoreJob OtherFamilyJob(const reshard::Source& S, const reshard::ExportOptions& o, const Grid& g, const std::vector<std::string>& names) {
   const std::string dir = S.reader->dir();
   McoreJob j;
-  for (const reshard::Atom& a : S.atoms)
-    if (a.name.ends_with("position_embeddings.weight"))
-      throw Error(dir + ": '" + a.name + "': a GPT-shaped model (learned positions): --format mcore writes Llama-class models from "
-                  "Megatron-DeepSpeed's names (not yet GPT's); --format hf writes this model as GPT2LMHeadModel");
-  const hf::LlamaFacts m = [&] {
-    try {
-      return hf::LlamaFactsOf(S, o, j.notes);
-    } catch (const Error& e) {
-      throw Error(std::string("--format mcore writes a model from Megatron-DeepSpeed's, Hugging Face's or torchtitan's names as the "
-                              "Llama --format hf writes (LlamaForCausalLM): ") + e.what());
-    }
-  }();
-  if (S.manifest["source"].value("moe", false) || m.experts > 0)
+  if (S.manifest["source"].value("moe", false))
     throw Error(dir + ": a Mixture-of-Experts model: --format mcore writes dense GPT / Llama models (not yet experts)");
-  CheckDegrees(g, m.layers, m.heads, m.kv_heads);
+  const bool deepspeed = MegatronDeepSpeedNames(names);
+  const OtherFamilyModel model = [&] {
+    if (deepspeed) return ModelOfMegatronDeepSpeed(S, o, j.notes);
+    const hf::LlamaFacts m = [&] {
+      try {
+        return hf::LlamaFactsOf(S, o, j.notes);
+      } catch (const Error& e) {
+        throw Error(std::string("--format mcore writes torchtitan's Llama as --format hf writes it (LlamaForCausalLM): ") + e.what());
+      }
+    }();
+    return ModelOfLlama(hf::LlamaTensors(S, m), m, dir);
+  }();
+  const ModelFacts& m = model.facts;
+  CheckDegrees(g, m.layers, m.heads, m.groups);
   j.layers = m.layers;
-  j.keys = KeysOfLlama(hf::LlamaTensors(S, m), m, dir);
+  j.keys = model.keys;
   CheckCuts(j.keys, g);
   if (!S.manifest["source"].value("weights_only", false) && !o.weights_only)
     throw Error(dir + ": the atomic checkpoint holds the optimizer's state, which --format mcore does not carry across families yet "
                 "(Megatron-LM's load also needs its scheduler's state, which a " + S.manifest["source"].value("framework", std::string("DeepSpeed")) +
                 " checkpoint does not hold): give --weights-only to write the model alone (Megatron-LM then starts a fresh optimizer "
                 "from it, at iteration 0)");
-  const int64_t divisor = LlamaVocabDivisor(m.vocab, g.tp, o.vocab_divisible_by);
+  const int64_t divisor = KeptVocabDivisor(m.vocab, g.tp, o.vocab_divisible_by);
   j.dtype = S.manifest["source"].value("dtype", "fp32");
   j.form = Form::None;
   j.folder = j.tracker = "release";
-  j.common = CommonFile(S, ArgsOfLlama(m, g, j.dtype, divisor), nullptr, Form::None, 0);
-  j.model = "Megatron-Core GPTModel (from a Llama under other names), " + g.text();
+  j.common = CommonFile(S, ArgsOf(m, g, j.dtype, divisor), nullptr, Form::None, 0);
+  j.model = std::string("Megatron-Core GPTModel (from ") + (deepspeed ? "Megatron-DeepSpeed's" : "torchtitan's") + " names), " + g.text();
   j.notes.push_back("the model's " + std::to_string(m.vocab) + " vocabulary rows kept: launch the job with --make-vocab-size-divisible-by " +
                     std::to_string(divisor) + " (" + std::to_string(divisor) + " x TP " + std::to_string(g.tp) + " divides them) and a tokenizer of " +
                     std::to_string(m.vocab) + " tokens, or Megatron-LM pads to other rows and refuses the shape");
-  j.notes.push_back("Megatron-LM's release checkpoint (release/, the tracker says 'release'): the job's --load takes the weights and "
-                    "starts at iteration 0 with a fresh optimizer and its own RNG state; common.pt's args are written from the "
-                    "model's facts (Megatron-LM checks num_layers, hidden_size and num_attention_heads against the job's)");
+  j.notes.push_back(std::string("a ") + (m.rms_norm ? "RMSNorm" : "LayerNorm") + ", " + (m.learned_positions ? "learned-position" : "rotary") +
+                    ", " + (m.swiglu ? "SwiGLU" : m.openai_gelu || m.bias_gelu_fusion ? "tanh-GeLU" : "GeLU") + " model" +
+                    (m.bias_linear ? " with biases" : m.bias_qkv ? " with query-key-value biases" : "") +
+                    (m.tied ? ", output tied to the embedding" : "") + "; Megatron-LM's release checkpoint (release/, the tracker says "
+                    "'release'): the job's --load takes the weights and starts at iteration 0 with a fresh optimizer and its own RNG "
+                    "state; common.pt's args are written from the model's facts (Megatron-LM checks num_layers, hidden_size and "
+                    "num_attention_heads against the job's)");
   return j;
 }
 
@@ -527,7 +546,7 @@ reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOpt
   if (!o.dtype.empty() && o.dtype != job)
     throw Error("--dtype " + o.dtype + ": --format mcore writes the model in the job's dtype (" + job + ") and the optimizer's "
                 "state in fp32, as Megatron-LM saves them");
-  McoreJob j = McoreNames(names) ? OwnJob(S, o, g) : LlamaJob(S, o, g);
+  McoreJob j = McoreNames(names) ? OwnJob(S, o, g) : OtherFamilyJob(S, o, g, names);
   return LayOut(S, g, j);
 }
 

@@ -13,7 +13,7 @@
 // loads at any TP / PP: the distributed optimizer's `fully_reshardable` (optimizer.state.param /
 // exp_avg / exp_avg_sq.<key>), the mixed-precision optimizer's (optimizer.state.fp32_param / ...), or
 // FP32Optimizer's (optimizer.state.exp_avg / exp_avg_sq). No RNG state travels (args.no_save_rng:
-// Megatron-LM then keeps its own). A Llama under another family's names (Megatron-DeepSpeed, a Hugging
+// Megatron-LM then keeps its own). A model under another family's names (Megatron-DeepSpeed, a Hugging
 // Face import, torchtitan) is written as Megatron-LM's release checkpoint (ROOT/release/, the tracker
 // 'release'): the model alone, args from its facts (mcore_keys.h re-joins its tensors).
 #pragma once

@@ -1,7 +1,7 @@
 """Megatron-LM's own load of what ucp-reshard --format mcore wrote from a Llama under another family's names
 (issue 53: Hugging Face imports, a real DeepSpeed checkpoint), and the loaded model's logits against the
 source family's own (transformers' for the Hugging Face models, the DeepSpeed harness model's for the
-DeepSpeed case).
+DeepSpeed cases: a Llama, and GPTs with LayerNorm, learned positions, SwiGLU, GQA and biases).
 
 For each output (a Megatron-LM root whose tracker says 'release') it spawns TP*PP*DP processes (gloo, CPU) and,
 in each, does what pretrain_gpt.py does with the flags a user gives for that model: Megatron-LM's parse_args,
@@ -13,7 +13,7 @@ flags (no --finetune, no --no-load-optim, no --no-load-rng). The forward runs on
 stage 0's hidden states sent to stage 1), the TP pieces of the logits gathered; the real vocabulary's columns
 are compared with the reference. Records, per output: the sha256 of every file, the iteration load_checkpoint
 returned, a strict load_state_dict failure (load_checkpoint retries non-strict and swallows it), the logits'
-largest difference. Writes RECORD (mcore_from_llama_readers.json).
+largest difference. Writes RECORD (mcore_cross_family_readers.json).
 
 Run inside the Debian trixie chroot (this file and the outputs copied to /tmp/cfc):
   cd /tmp/cfc && PYTHONPATH=/opt/megatron OMP_NUM_THREADS=1 python3 cross_family_check.py SPEC.json RECORD.json
@@ -38,8 +38,7 @@ def flags(spec):
     m = spec["model"]
     f = ["pretrain_gpt.py", "--num-layers", str(m["layers"]), "--hidden-size", str(m["hidden"]),
          "--num-attention-heads", str(m["heads"]), "--group-query-attention", "--num-query-groups", str(m["groups"]),
-         "--ffn-hidden-size", str(m["ffn"]), "--swiglu", "--normalization", "RMSNorm", "--norm-epsilon", str(m["eps"]),
-         "--disable-bias-linear", "--position-embedding-type", "rope", "--rotary-base", str(m["rope_base"]), "--no-rope-fusion",
+         "--ffn-hidden-size", str(m["ffn"]), "--swiglu", "--normalization", m.get("norm", "RMSNorm"), "--norm-epsilon", str(m["eps"]),
          "--max-position-embeddings", str(m["positions"]), "--seq-length", "16", "--micro-batch-size", "2",
          "--tokenizer-type", "NullTokenizer", "--vocab-size", str(m["vocab"] - 1),
          "--make-vocab-size-divisible-by", str(spec["divisor"]),
@@ -47,6 +46,12 @@ def flags(spec):
          "--tensor-model-parallel-size", str(spec["tp"]), "--pipeline-model-parallel-size", str(spec["pp"]),
          "--hidden-dropout", "0", "--attention-dropout", "0", "--lr", "1e-4",
          "--ckpt-format", "torch_dist", "--load", spec["root"], "--exit-on-missing-checkpoint"]
+    if m.get("position", "rope") == "rope":
+        f += ["--position-embedding-type", "rope", "--rotary-base", str(m["rope_base"]), "--no-rope-fusion"]
+    else:
+        f += ["--position-embedding-type", m["position"]]
+    if not m.get("bias", False):
+        f += ["--disable-bias-linear"]
     if not m["tied"]:
         f += ["--untie-embeddings-and-output-weights"]
     if spec.get("bf16"):

@@ -1,9 +1,9 @@
-"""--format mcore from a Llama under another family's names (issue 53): Hugging Face models imported by
-ucp-convert (tests/data/real-hf: transformers' own save_pretrained) and a real Megatron-DeepSpeed-style
-DeepSpeed checkpoint (../shared/real-deepspeed beside the checkout) written as Megatron-LM's release
+"""--format mcore from another family's names (issue 53): Hugging Face Llamas imported by ucp-convert
+(tests/data/real-hf: transformers' own save_pretrained) and real Megatron-DeepSpeed-style DeepSpeed
+checkpoints (../shared/real-deepspeed beside the checkout: a Llama and GPTs) written as Megatron-LM's release
 checkpoint at several TP x PP x DP layouts.
 
-    mcore_from_llama.py UCP_BIN_DIR REAL_HF_DIR WORK RECORD [mpiexec]
+    mcore_cross_family.py UCP_BIN_DIR REAL_HF_DIR WORK RECORD [mpiexec]
 
 Every tensor is checked against a ground truth this file builds itself from files other programs wrote:
 - the model: the Hugging Face tensors (the safetensors transformers wrote), or DeepSpeed's own universal
@@ -16,12 +16,14 @@ Every tensor is checked against a ground truth this file builds itself from file
 - common.pt: the args Megatron-LM's load checks (num_layers, hidden_size, num_attention_heads), the layout,
   a vocabulary divisor that keeps the rows at that TP, no optimizer, iteration 0; the tracker says release;
 - the linears' extra state: [None] per layer, as the local spec saves it.
-Real reader: RECORD (tests/data/real-mcore/mcore_from_llama_readers.json, written by cross_family_check.py in
+Real reader: RECORD (tests/data/real-mcore/mcore_cross_family_readers.json, written by cross_family_check.py in
 the trixie chroot) holds the sha256 of every file of the outputs Megatron-LM's own load_checkpoint loaded with
 the job's default flags, and the loaded model's logits against transformers' (the Hugging Face models) or the
 DeepSpeed harness model's: every output here recorded must be those bytes, and the record must say it loaded
 without error at iteration 0 and its logits agree (fp32 within 1e-5; bf16 within two bf16 steps at 1).
-Refused by name, nothing written: optimizer state without --weights-only, a GPT-shaped model, a --tp that
+Megatron-DeepSpeed-style GPTs of the real cases (LayerNorm with biases, learned positions, SwiGLU, GQA, biases on every
+linear layer, tied; GPTModelPipe's and GPTModel's names) are checked the same way against DeepSpeed's universal output.
+Refused by name, nothing written: optimizer state without --weights-only, a --tp that
 does not divide the query groups, a --make-vocab-size-divisible-by that does not keep the rows, --dtype
 other than the job's.
 """
@@ -83,13 +85,14 @@ def owner(key, offsets, sizes, shape, tp, pp, dp, layers):
     else:
         stage = 0 if key.startswith("embedding.") else pp - 1
     name = key.split(".")[-2] + "." + key.split(".")[-1]
-    if "layer_norm" in key or key.startswith("decoder.final_layernorm"):
+    if ("layer_norm" in key or key.startswith("decoder.final_layernorm") or key == "embedding.position_embeddings.weight"
+            or name in ("linear_proj.bias", "linear_fc2.bias")):  # whole on every TP rank, saved by TP rank 0
         t = 0
     elif name in ("linear_proj.weight", "linear_fc2.weight"):
         n = shape[1] // tp
         t = offsets[1] // n if (offsets[1] + sizes[1] - 1) // n == offsets[1] // n else None
     else:
-        rows = shape[0] // 2 if key.endswith("linear_fc1.weight") else shape[0]
+        rows = shape[0] // 2 if name in ("linear_fc1.weight", "linear_fc1.bias") else shape[0]  # SwiGLU: per [gate; up] half
         n = rows // tp
         r = offsets[0] % rows
         t = r // n if (r + sizes[0] - 1) // n == r // n else None
@@ -126,7 +129,7 @@ def check_output(label, out, expected, layers, tp, pp, dp, vocab, dtype):
     ok = (a is not None and a.num_layers == layers and a.tensor_model_parallel_size == tp and a.pipeline_model_parallel_size == pp
           and a.data_parallel_size == dp and a.world_size == tp * pp * dp and a.padded_vocab_size == vocab
           and vocab % (a.make_vocab_size_divisible_by * tp) == 0 and a.no_save_optim and a.no_save_rng
-          and a.bf16 == (dtype == torch.bfloat16) and a.swiglu and a.normalization == "RMSNorm")
+          and a.bf16 == (dtype == torch.bfloat16) and a.swiglu)
     check(f"{label}: common.pt's args at the layout, a divisor that keeps {vocab} rows", ok, str(vars(a) if a is not None else common))
     check(f"{label}: common.pt holds no optimizer, iteration 0", "optimizer" not in common and common.get("iteration") == 0
           and "opt_param_scheduler" not in common, str(sorted(common)))
@@ -218,13 +221,71 @@ if os.path.isdir(ds):
         check(f"{label}: written", r.returncode == 0, r.stderr[-800:])
         if r.returncode == 0:
             check_output(label, out, expected, cfg["num_layers"], tp, pp, dp, cfg["vocab_size"], torch.float32)
-    gpt = os.path.join(DS_CASES, "tp2_dp2_bf16_zero0")
-    atomic = os.path.join(WORK, "gpt")
-    r = run("ucp-convert", [os.path.join(gpt, "ckpt"), "-o", atomic], ranks=2)
-    out = os.path.join(WORK, "gpt-out")
-    r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--tp", "1", "--pp", "1", "--weights-only"])
-    check("a GPT-shaped DeepSpeed model: refused by name, nothing written", r.returncode != 0 and "GPT-shaped" in r.stderr
-          and not os.path.exists(out), r.stderr[-600:])
+
+# Megatron-DeepSpeed-style GPTs of the real cases: LayerNorm with biases, learned positions, SwiGLU, GQA, biases on
+# every linear layer, the output tied to the embedding; GPTModelPipe's names (TP=2 x PP=2) and GPTModel's (ZeRO-3)
+LAYER_KEYS = [("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"),
+              ("input_layernorm.bias", "self_attention.linear_qkv.layer_norm_bias"),
+              ("self_attention.query_key_value.weight", "self_attention.linear_qkv.weight"),
+              ("self_attention.query_key_value.bias", "self_attention.linear_qkv.bias"),
+              ("self_attention.dense.weight", "self_attention.linear_proj.weight"),
+              ("self_attention.dense.bias", "self_attention.linear_proj.bias"),
+              ("post_attention_layernorm.weight", "mlp.linear_fc1.layer_norm_weight"),
+              ("post_attention_layernorm.bias", "mlp.linear_fc1.layer_norm_bias"),
+              ("mlp.dense_h_to_4h.weight", "mlp.linear_fc1.weight"), ("mlp.dense_h_to_4h.bias", "mlp.linear_fc1.bias"),
+              ("mlp.dense_4h_to_h.weight", "mlp.linear_fc2.weight"), ("mlp.dense_4h_to_h.bias", "mlp.linear_fc2.bias")]
+
+
+def expected_from_deepspeed_gpt(case):
+    """Megatron-Core's keys of a real case's GPT from DeepSpeed's own universal output (ds_to_universal): the
+    layer tensors renamed, query_key_value's [q; k; v] (its sub-parameter sizes) re-joined per query group."""
+    from harness_logits import non_pipeline_name
+    cfg = json.load(open(os.path.join(case, "model_config.json")))
+    L, heads, groups, hidden = cfg["num_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
+    d = hidden // heads
+    uni = os.path.join(case, "ckpt", "global_step6_universal", "zero")
+    u = {}
+    for n in os.listdir(uni):
+        if not os.path.isdir(os.path.join(uni, n)):
+            continue
+        t = load_pt(os.path.join(uni, n, "fp32.pt"))
+        t, n = t["param"] if isinstance(t, dict) else t, non_pipeline_name(n, L)
+        if t.dim() == 1 and n.endswith(".weight") and "norm" not in n:  # ZeRO-3's universal tensors are flat
+            t = t.view(hidden, -1) if n.endswith(("dense.weight", "dense_4h_to_h.weight")) else t.view(-1, hidden)
+        u[n] = t
+    out = {"embedding.word_embeddings.weight": u["language_model.embedding.word_embeddings.weight"][:cfg["vocab_size"]],
+           "embedding.position_embeddings.weight": u["language_model.embedding.position_embeddings.weight"],
+           "decoder.final_layernorm.weight": u["language_model.encoder.final_layernorm.weight"],
+           "decoder.final_layernorm.bias": u["language_model.encoder.final_layernorm.bias"]}
+    for ds_key, key in LAYER_KEYS:
+        per_layer = [u[f"language_model.encoder.layers.{i}.{ds_key}"] for i in range(L)]
+        if "query_key_value" in ds_key:
+            per_layer = [qkv(*t.split([heads * d, groups * d, groups * d]), groups) if t.dim() == 2 else
+                         qkv(*[x.unsqueeze(1) for x in t.split([heads * d, groups * d, groups * d])], groups).squeeze(1) for t in per_layer]
+        out["decoder.layers." + key] = torch.stack(per_layer)
+    return cfg, out
+
+
+for name, layouts in [("tp2_pp2_dp2_zero1_fp32", [(2, 2, 1, 2), (1, 1, 1, 1)]), ("zero3_dp4_fp32", [(1, 2, 2, 2)])]:
+    case = os.path.join(DS_CASES, name)
+    atomic = os.path.join(WORK, name)
+    r = run("ucp-convert", [os.path.join(case, "ckpt"), "-o", atomic], ranks=2)
+    check(f"DeepSpeed GPT {name}: converts", r.returncode == 0, r.stderr[-800:])
+    cfg, expected = expected_from_deepspeed_gpt(case)
+    # the facts its files do not hold (a ZeRO-3 save of GPTModel keeps no Megatron args), as a user gives them
+    facts = os.path.join(WORK, f"{name}-facts.json")
+    json.dump({k: cfg[k] for k in ("num_attention_heads", "num_key_value_heads")}, open(facts, "w"))
+    for tp, pp, dp, ranks in layouts:
+        label = f"DeepSpeed GPT {name} --weights-only tp{tp} pp{pp} dp{dp}"
+        out = os.path.join(WORK, f"{name}-tp{tp}pp{pp}dp{dp}")
+        r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--weights-only",
+                                "--model-config", facts], ranks=ranks)
+        check(f"{label}: written", r.returncode == 0 and "LayerNorm, learned-position, SwiGLU model with biases" in r.stderr, r.stderr[-800:])
+        if r.returncode == 0:
+            a = check_output(label, out, expected, cfg["num_layers"], tp, pp, dp, cfg["vocab_size"], torch.float32)
+            check(f"{label}: the args say LayerNorm, learned positions, biases, tied", a is not None and a.normalization == "LayerNorm"
+                  and a.position_embedding_type == "learned_absolute" and a.add_bias_linear and not a.untie_embeddings_and_output_weights,
+                  str(vars(a))[:400])
 
 check("every output in the record written and checked here", seen == set(record), str(set(record) - seen))
-finish("mcore_from_llama")
+finish("mcore_cross_family")
