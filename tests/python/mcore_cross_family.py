@@ -1,7 +1,8 @@
 """--format mcore from another family's names (issue 53): Hugging Face Llamas imported by ucp-convert
 (tests/data/real-hf: transformers' own save_pretrained) and real Megatron-DeepSpeed-style DeepSpeed
-checkpoints (../shared/real-deepspeed beside the checkout: a Llama and GPTs) written as Megatron-LM's release
-checkpoint at several TP x PP x DP layouts.
+checkpoints (../shared/real-deepspeed beside the checkout: a Llama and GPTs) and torchtitan's Llama (a real FSDP2
+DCP checkpoint of ../shared/real-dcp: its reference.pt, dcp_to_torch_save's, with q and k made rotate-half) written
+as Megatron-LM's release checkpoint at several TP x PP x DP layouts.
 
     mcore_cross_family.py UCP_BIN_DIR REAL_HF_DIR WORK RECORD [mpiexec]
 
@@ -286,6 +287,45 @@ for name, layouts in [("tp2_pp2_dp2_zero1_fp32", [(2, 2, 1, 2), (1, 1, 1, 1)]), 
             check(f"{label}: the args say LayerNorm, learned positions, biases, tied", a is not None and a.normalization == "LayerNorm"
                   and a.position_embedding_type == "learned_absolute" and a.add_bias_linear and not a.untie_embeddings_and_output_weights,
                   str(vars(a))[:400])
+
+# torchtitan's Llama (a real FSDP2 DCP checkpoint, torch's own writer): its q and k rows in torchtitan's interleaved
+# rotary pairs, made rotate-half as Hugging Face's conversion of Meta's weights permutes them
+titan = os.path.join(os.path.dirname(DS_CASES), "..", "real-dcp", "cases", "fsdp2_dp2")
+if os.path.isdir(titan):
+    atomic = os.path.join(WORK, "titan")
+    r = run("ucp-convert", [os.path.join(titan, "checkpoint"), "-o", atomic], ranks=2)
+    check("torchtitan fsdp2_dp2: converts", r.returncode == 0, r.stderr[-800:])
+    facts = os.path.join(os.path.dirname(REAL_HF), "hf", "dcp_fsdp2_dp2", "model_config.json")
+    cfg = json.load(open(facts))
+    ref = torch.load(os.path.join(titan, "reference.pt"))["model"]
+    heads, hidden = cfg["num_attention_heads"], ref["tok_embeddings.weight"].shape[1]
+    groups = ref["layers.0.attention.wk.weight"].shape[0] // (hidden // heads)
+    cfg["num_layers"] = len({k.split(".")[1] for k in ref if k.startswith("layers.")})
+
+    def halves(w, n):  # each head's rows (2i, 2i+1) pairs -> (i, i + d/2) halves
+        return w.view(n, -1, 2, w.shape[1]).transpose(1, 2).reshape(w.shape)
+    t = {"model.embed_tokens.weight": ref["tok_embeddings.weight"], "model.norm.weight": ref["norm.weight"],
+         "lm_head.weight": ref["output.weight"]}
+    for i in range(cfg["num_layers"]):
+        p = f"layers.{i}."
+        t.update({f"model.layers.{i}.self_attn.q_proj.weight": halves(ref[p + "attention.wq.weight"], heads),
+                  f"model.layers.{i}.self_attn.k_proj.weight": halves(ref[p + "attention.wk.weight"], groups),
+                  f"model.layers.{i}.self_attn.v_proj.weight": ref[p + "attention.wv.weight"],
+                  f"model.layers.{i}.self_attn.o_proj.weight": ref[p + "attention.wo.weight"],
+                  f"model.layers.{i}.mlp.gate_proj.weight": ref[p + "feed_forward.w1.weight"],
+                  f"model.layers.{i}.mlp.up_proj.weight": ref[p + "feed_forward.w3.weight"],
+                  f"model.layers.{i}.mlp.down_proj.weight": ref[p + "feed_forward.w2.weight"],
+                  f"model.layers.{i}.input_layernorm.weight": ref[p + "attention_norm.weight"],
+                  f"model.layers.{i}.post_attention_layernorm.weight": ref[p + "ffn_norm.weight"]})
+    expected = expected_from_hf(t, cfg["num_layers"], groups, torch.float32)
+    for tp, pp, dp, ranks in [(2, 2, 1, 2)]:
+        label = f"torchtitan fsdp2_dp2 --weights-only tp{tp} pp{pp} dp{dp}"
+        out = os.path.join(WORK, f"titan-tp{tp}pp{pp}dp{dp}")
+        r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--weights-only",
+                                "--model-config", facts], ranks=ranks)
+        check(f"{label}: written", r.returncode == 0 and "torchtitan's names" in r.stderr, r.stderr[-800:])
+        if r.returncode == 0:
+            check_output(label, out, expected, cfg["num_layers"], tp, pp, dp, ref["tok_embeddings.weight"].shape[0], torch.float32)
 
 check("every output in the record written and checked here", seen == set(record), str(set(record) - seen))
 finish("mcore_cross_family")
