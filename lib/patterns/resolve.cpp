@@ -291,7 +291,7 @@ ModelPatterns ResolvePatterns(const source::SourceIndex& L, const ResolveOptions
   if (!L.on_grid && !shared.unsplit_unknown.empty()) {  // global tensors: their atomic checkpoint needs no TP rule
     shared.unsplit_unknown.clear();
     M.notes.push_back("the parameters are whole global tensors: the atomic checkpoint needs no model rules (which say how "
-                      "TP splits each tensor for a DeepSpeed target; from this source ucp-reshard writes --format hf, and --format dcp of a Llama-shaped model)");
+                      "TP splits each tensor for a DeepSpeed target; from this source ucp-reshard writes --format hf, --format mcore, and --format dcp of a Llama-shaped model)");
   }
   shared.AddTo(M);
   return M;

@@ -71,7 +71,8 @@ std::optional<int> SettleOptimizerFlags(ReshardCommand& c, std::ostream& err) {
   if (c.no_optimizer && config) return Refuse(err, "--no-optimizer writes no optimizer files: no --optimizer-config");
   if (o.format == "hf") return Refuse(err, flag + ": --format hf writes a model, which has no optimizer");
   if (o.format == "dcp" || o.format == "mcore")
-    return Refuse(err, flag + ": --format " + o.format + " writes the optimizer state the atomic checkpoint holds (none of a weights-only one)");
+    return Refuse(err, flag + ": --format " + o.format + " writes the optimizer state the atomic checkpoint holds (none of a weights-only one)" +
+                           (o.format == "mcore" ? "; --weights-only writes the model alone" : ""));
   if (c.in_place_mode)
     return Refuse(err, flag + ": --in-place continues the training run as it is, its optimizer too: reshard into -o OUT");
   const auto& given = c.in_place.given;
@@ -114,6 +115,8 @@ std::optional<int> SettleModelExport(ReshardCommand& c, std::ostream& err) {
       if (flag != "--model-config") return Refuse(err, flag + " goes with --format hf");
     if (!c.dcp_only_given.empty()) return Refuse(err, c.dcp_only_given.front() + " goes with --format dcp");
     auto given = [&](const char* key) { return std::find(c.in_place.given.begin(), c.in_place.given.end(), key) != c.in_place.given.end(); };
+    if (c.in_place_mode || o.planner.gpus > 0)
+      return Refuse(err, "--format mcore writes into -o OUT the layout --tp T --pp P [--dp D] gives: no " + std::string(c.in_place_mode ? "--in-place" : "--gpus"));
     if (!given("tp") || !given("pp")) return Refuse(err, "--format mcore: give the layout to write, --tp T --pp P (and --dp D, else 1)");
     o.model.tp = o.target.tp, o.model.pp = o.target.pp, o.model.dp = given("dp") ? o.target.dp : 1;
     o.model.vocab_divisible_by = o.target.vocab_divisible_by;

@@ -168,7 +168,17 @@ for case in ["llama_fp32", "llama_bf16", "llama_sharded"]:
         r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--tp", str(tp), "--pp", str(pp), "--dp", str(dp)], ranks=ranks)
         check(f"{label}: written", r.returncode == 0 and "release" in r.stderr, r.stderr[-800:])
         if r.returncode == 0:
-            check_output(label, out, expected, config["num_hidden_layers"], tp, pp, dp, config["vocab_size"], dtype)
+            a = check_output(label, out, expected, config["num_hidden_layers"], tp, pp, dp, config["vocab_size"], dtype)
+            launch = next((line for line in r.stderr.splitlines() if "launch Megatron-LM" in line), "")
+            want = [f"--tensor-model-parallel-size {tp} ", f"--pipeline-model-parallel-size {pp} ", "--normalization RMSNorm",
+                    "--swiglu", "--disable-bias-linear", "--position-embedding-type rope", "--ckpt-format torch_dist",
+                    f"--make-vocab-size-divisible-by {a.make_vocab_size_divisible_by} ", f"--num-query-groups {config['num_key_value_heads']} "]
+            want += ["--untie-embeddings-and-output-weights"] if not config.get("tie_word_embeddings") else []
+            want += ["--bf16"] if dtype == torch.bfloat16 else []
+            missing = [w for w in want if w not in launch + " "]
+            unwanted = [w for w in ["--untie-embeddings-and-output-weights"] if config.get("tie_word_embeddings") and w in launch]
+            check(f"{label}: the note gives Megatron-LM's flags for this model", launch and not missing and not unwanted,
+                  f"missing {missing}, unwanted {unwanted}: {launch}")
 
 # refusals on the import, nothing written
 atomic = os.path.join(WORK, "llama_fp32")
@@ -194,6 +204,12 @@ if os.path.isdir(ds):
     r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--tp", "2", "--pp", "2"])
     check("DeepSpeed llama with optimizer state: refused, naming --weights-only, nothing written",
           r.returncode != 0 and "--weights-only" in r.stderr and not os.path.exists(out), r.stderr[-600:])
+    for plan in ([], ["--plan-only"]):
+        r = run("ucp-reshard", [os.path.join(ds, "ckpt"), "-o", out, "--format", "mcore", "--tp", "2", "--pp", "2"] + plan)
+        check(f"DeepSpeed llama's root {' '.join(plan)}: refused before any conversion, naming --weights-only",
+              r.returncode != 0 and "--weights-only" in r.stderr and "converting" not in r.stderr and not os.path.exists(out), r.stderr[-600:])
+    r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--gpus", "4"])
+    check("--format mcore --gpus: refused naming --gpus", r.returncode != 0 and "no --gpus" in r.stderr and not os.path.exists(out), r.stderr[-300:])
     cfg = json.load(open(os.path.join(ds, "model_config.json")))
     uni = os.path.join(ds, "ckpt", "global_step6_universal", "zero")
     u = {name: load_pt(os.path.join(uni, name, "fp32.pt"))["param"] for name in os.listdir(uni) if os.path.isdir(os.path.join(uni, name))}
@@ -282,6 +298,13 @@ for name, layouts in [("tp2_pp2_dp2_zero1_fp32", [(2, 2, 1, 2), (1, 1, 1, 1)]), 
         r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--weights-only",
                                 "--model-config", facts], ranks=ranks)
         check(f"{label}: written", r.returncode == 0 and "LayerNorm, learned-position, SwiGLU model with biases" in r.stderr, r.stderr[-800:])
+        launch = next((line for line in r.stderr.splitlines() if "launch Megatron-LM" in line), "")
+        check(f"{label}: the note gives Megatron-LM's flags for a LayerNorm model with learned positions and biases",
+              all(w in launch for w in ["--normalization LayerNorm", "--position-embedding-type learned_absolute", "--swiglu"])
+              and "--disable-bias-linear" not in launch and "--untie" not in launch, launch)
+        trusted = name.startswith("zero3")  # its files hold no Megatron args: the heads are --model-config's word alone
+        check(f"{label}: " + ("the facts taken on trust said" if trusted else "no fact said to be taken on trust (the args hold them)"),
+              ("taken on trust from --model-config" in r.stderr) == trusted, r.stderr[-600:])
         if r.returncode == 0:
             a = check_output(label, out, expected, cfg["num_layers"], tp, pp, dp, cfg["vocab_size"], torch.float32)
             check(f"{label}: the args say LayerNorm, learned positions, biases, tied", a is not None and a.normalization == "LayerNorm"

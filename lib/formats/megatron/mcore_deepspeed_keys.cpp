@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "formats/hf/facts.h"
 #include "formats/megatron/mcore_keys.h"
 #include "layout/naming.h"
@@ -151,6 +152,9 @@ OtherFamilyModel ModelOfMegatronDeepSpeed(const reshard::Source& S, const reshar
     if (m.positions <= 0) hf::RefuseUnsaid(dir, {"max_position_embeddings"});
   }
   m.eps = said.Number("layernorm_epsilon", 1e-5, notes, "Megatron's default 1e-5 written");
+  if (const auto trusted = said.OnTrust(); !trusted.empty())
+    notes.push_back("taken on trust from --model-config, as nothing in the checkpoint records them to check against (a wrong value, "
+                    "a head count above all, still loads in Megatron-LM and computes other logits): " + JoinNames(trusted));
   m.bias_linear = at.At(0, "self_attention.dense.bias") != nullptr;
   m.bias_qkv = at.At(0, "self_attention.query_key_value.bias") != nullptr;
   m.tied = at.At(-1, "lm_head.weight") == nullptr;

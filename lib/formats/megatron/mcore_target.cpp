@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -418,6 +419,35 @@ ValuePtr ArgsOf(const ModelFacts& m, const Grid& g, const std::string& dtype, in
   return ns;
 }
 
+// A number as a flag's value: the shortest text that reads back as the same double.
+std::string FormatNumber(double v) {
+  char text[64];
+  const auto end = std::to_chars(text, text + sizeof text, v).ptr;
+  return std::string(text, end);
+}
+
+// The flags of Megatron-LM's pretrain_gpt.py that build the model `m` at layout `g` and load `root`: the
+// args ArgsOf writes, as a user gives them (the ones tests/data/real-mcore/cross_family_check.py launched).
+std::string LaunchFlags(const ModelFacts& m, const Grid& g, const std::string& dtype, int64_t divisor, const std::string& root) {
+  std::string f = "--num-layers " + std::to_string(m.layers) + " --hidden-size " + std::to_string(m.hidden) + " --ffn-hidden-size " +
+                  std::to_string(m.ffn) + " --num-attention-heads " + std::to_string(m.heads);
+  if (m.groups != m.heads) f += " --group-query-attention --num-query-groups " + std::to_string(m.groups);
+  if (m.head_dim * m.heads != m.hidden) f += " --kv-channels " + std::to_string(m.head_dim);
+  f += std::string(" --normalization ") + (m.rms_norm ? "RMSNorm" : "LayerNorm") + " --norm-epsilon " + FormatNumber(m.eps);
+  if (m.swiglu) f += " --swiglu";
+  else if (m.openai_gelu) f += " --openai-gelu";
+  else if (!m.bias_gelu_fusion && m.bias_linear) f += " --no-bias-gelu-fusion";
+  if (!m.bias_linear) f += std::string(" --disable-bias-linear") + (m.bias_qkv ? " --add-qkv-bias" : "");
+  if (m.learned_positions) f += " --position-embedding-type learned_absolute";
+  else f += " --position-embedding-type rope --rotary-base " + FormatNumber(m.rope_base) + (m.rotary_percent != 1.0 ? " --rotary-percent " + FormatNumber(m.rotary_percent) : "");
+  f += " --max-position-embeddings " + std::to_string(m.positions);
+  if (!m.tied) f += " --untie-embeddings-and-output-weights";
+  if (dtype == "bf16" || dtype == "fp16") f += " --" + dtype;
+  f += " --tensor-model-parallel-size " + std::to_string(g.tp) + " --pipeline-model-parallel-size " + std::to_string(g.pp) +
+       " --make-vocab-size-divisible-by " + std::to_string(divisor) + " --ckpt-format torch_dist --load " + root + " --exit-on-missing-checkpoint";
+  return f;
+}
+
 // Whether the names are Megatron-DeepSpeed's (GPTModel's language_model.*, GPTModelPipe's numbered
 // layers and tied modules), not torchtitan's.
 bool MegatronDeepSpeedNames(const std::vector<std::string>& names) {
@@ -466,6 +496,9 @@ McoreJob OtherFamilyJob(const reshard::Source& S, const reshard::ExportOptions& 
   j.notes.push_back("the model's " + std::to_string(m.vocab) + " vocabulary rows kept: launch the job with --make-vocab-size-divisible-by " +
                     std::to_string(divisor) + " (" + std::to_string(divisor) + " x TP " + std::to_string(g.tp) + " divides them) and a tokenizer of " +
                     std::to_string(m.vocab) + " tokens, or Megatron-LM pads to other rows and refuses the shape");
+  j.notes.push_back("launch Megatron-LM (pretrain_gpt.py) on " + std::to_string(g.tp * g.pp * g.dp) + " GPUs with the model's flags: " +
+                    LaunchFlags(m, g, j.dtype, divisor, o.output.empty() ? "ROOT" : o.output) +
+                    " (and a tokenizer of " + std::to_string(m.vocab) + " tokens)");
   j.notes.push_back(std::string("a ") + (m.rms_norm ? "RMSNorm" : "LayerNorm") + ", " + (m.learned_positions ? "learned-position" : "rotary") +
                     ", " + (m.swiglu ? "SwiGLU" : m.openai_gelu || m.bias_gelu_fusion ? "tanh-GeLU" : "GeLU") + " model" +
                     (m.bias_linear ? " with biases" : m.bias_qkv ? " with query-key-value biases" : "") +
@@ -516,18 +549,24 @@ reshard::ExportPlan LayOut(const reshard::Source& S, const Grid& g, McoreJob& j)
                      : j.form == Form::Mixed     ? "the mixed-precision optimizer's fp32 masters and moments (a " + j.dtype + " job)"
                      : j.form == Form::Fp32      ? "FP32Optimizer's moments (an fp32 job)"
                      : j.tracker == "release"    ? "none (the model alone)"
-                                                 : "none (a weights-only atomic checkpoint: args.no_save_optim; Megatron-LM loads it, "
-                                                   "as its own --no-save-optim saves, with --no-load-optim or --finetune)") +
+                                                 : std::string(S.manifest["source"].value("weights_only", false) ? "none (a weights-only atomic checkpoint"
+                                                                                                                 : "none (--weights-only") +
+                                                       ": args.no_save_optim; Megatron-LM loads it, as its own --no-save-optim saves, with "
+                                                       "--no-load-optim or --finetune)") +
                     "; no RNG state (args.no_save_rng: Megatron-LM keeps its own); the linears' extra state saved as None");
   return P;
 }
 
 }  // namespace
 
-void CheckMcoreSource(const source::SourceIndex& L, const reshard::ExportOptions&) {
+void CheckMcoreSource(const source::SourceIndex& L, const reshard::ExportOptions& o) {
   std::vector<std::string> names;
   for (const auto& p : L.params) names.push_back(p.name);
   RefuseOtherNames(names, L.root);
+  if (!McoreNames(names) && L.optimizer != "none" && !o.weights_only)
+    throw Error(L.root + ": the checkpoint holds the optimizer's state, which --format mcore does not carry across families yet "
+                "(Megatron-LM's load also needs its scheduler's state, which a " + L.framework + " checkpoint does not hold): give "
+                "--weights-only to write the model alone (Megatron-LM then starts a fresh optimizer from it, at iteration 0)");
 }
 
 reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOptions& o) {
@@ -545,7 +584,8 @@ reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOpt
   const std::string job = S.manifest["source"].value("dtype", "fp32");
   if (!o.dtype.empty() && o.dtype != job)
     throw Error("--dtype " + o.dtype + ": --format mcore writes the model in the job's dtype (" + job + ") and the optimizer's "
-                "state in fp32, as Megatron-LM saves them");
+                "state in fp32, as Megatron-LM saves them (leave --dtype out; --format hf --dtype " + o.dtype + " writes the weights in " +
+                o.dtype + ")");
   McoreJob j = McoreNames(names) ? OwnJob(S, o, g) : OtherFamilyJob(S, o, g, names);
   return LayOut(S, g, j);
 }
