@@ -15,7 +15,7 @@ are compared with the reference. Records, per output: the sha256 of every file, 
 returned, a strict load_state_dict failure (load_checkpoint retries non-strict and swallows it), the logits'
 largest difference. Writes RECORD (mcore_cross_family_readers.json).
 
-Run inside the Debian trixie chroot (this file and the outputs copied to /tmp/cfc):
+Run inside the Debian trixie chroot (this file, make_mcore.py and the outputs copied to /tmp/cfc):
   cd /tmp/cfc && PYTHONPATH=/opt/megatron OMP_NUM_THREADS=1 python3 cross_family_check.py SPEC.json RECORD.json
 
 SPEC.json: {label: {"root": ..., "tp": T, "pp": P, "dp": D, "model": {facts}, "reference": logits JSON, "divisor": d,
@@ -70,11 +70,12 @@ def worker(rank, world, spec, port, out):
     result = {"rank": rank, "error": None, "strict_load_error": None, "iteration": None, "logits": None}
     try:
         from megatron.core import parallel_state as ps, tensor_parallel
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import make_mcore as mm  # its CPU-only validate_args and strict-load record
         import megatron.training.arguments as arguments
         import megatron.training.checkpointing as ckpt
         from megatron.training import global_vars
         from megatron.training.utils import update_use_dist_ckpt
-        from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         ps.initialize_model_parallel(tensor_model_parallel_size=spec["tp"], pipeline_model_parallel_size=spec["pp"])
@@ -83,14 +84,7 @@ def worker(rank, world, spec, port, out):
             tensor_parallel.model_parallel_cuda_manual_seed(123)
         tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
         sys.argv = flags(spec)
-        args = arguments.parse_args()
-        asked = arguments.get_device_arch_version
-        arguments.get_device_arch_version = lambda: 9
-        try:
-            arguments.validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
-        finally:
-            arguments.get_device_arch_version = asked
-        build_tokenizer(args)
+        args = mm.validated(arguments.parse_args())
         update_use_dist_ckpt(args)
         global_vars.set_args(args)
         if not args.untie_embeddings_and_output_weights and spec["pp"] > 1:  # GPTModel's setup_embeddings_and_output_layer moves
@@ -109,16 +103,7 @@ def worker(rank, world, spec, port, out):
         ckpt.update_num_microbatches = lambda *a, **k: None
         real_tensor = torch.tensor  # read_metadata all-reduces the iteration in a torch.tensor(device='cuda')
         torch.tensor = lambda *a, **k: real_tensor(*a, **({**k, "device": "cpu"} if "cuda" in str(k.get("device", "")) else k))
-        real_load = model.load_state_dict
-
-        def load_state_dict(sd, strict=True):
-            try:
-                return real_load(sd, strict=strict)
-            except Exception as e:
-                if strict and result["strict_load_error"] is None:
-                    result["strict_load_error"] = f"{type(e).__name__}: {e}"
-                raise
-        model.load_state_dict = load_state_dict
+        mm.record_strict_load(model, result)
         iteration, _ = ckpt.load_checkpoint([model], None, None, strict=True)
         torch.tensor = real_tensor
         result["iteration"] = iteration

@@ -245,6 +245,14 @@ def gpt_args(args):
     (get_device_arch_version, for CUDA_DEVICE_MAX_CONNECTIONS' check with TP > 1): answered 9 (Hopper; no
     GPU here) with CUDA_DEVICE_MAX_CONNECTIONS=1 set, as Megatron-LM's launch scripts set it; neither
     changes an arg."""
+    validated(args)
+    assert args.padded_vocab_size == VOCAB, args.padded_vocab_size
+    return args
+
+
+def validated(args):
+    """validate_args(args, pretrain_gpt.py's args_defaults) and the tokenizer (padded_vocab_size), the GPU's
+    architecture answered 9 (see gpt_args). Shared with cross_family_check.py."""
     import megatron.training.arguments as arguments
     from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
     asked = arguments.get_device_arch_version
@@ -254,8 +262,23 @@ def gpt_args(args):
     finally:
         arguments.get_device_arch_version = asked
     build_tokenizer(args)
-    assert args.padded_vocab_size == VOCAB, args.padded_vocab_size
     return args
+
+
+def record_strict_load(module, result):
+    """module.load_state_dict records, in result["strict_load_error"], the first strict load that failed (Megatron-LM's
+    load_checkpoint retries it non-strict and swallows the failure). Shared by mcore_load_check.py and
+    cross_family_check.py."""
+    real_load = module.load_state_dict
+
+    def load_state_dict(sd, strict=True):
+        try:
+            return real_load(sd, strict=strict)
+        except Exception as e:
+            if strict and result["strict_load_error"] is None:
+                result["strict_load_error"] = f"{type(e).__name__}: {e}"
+            raise
+    module.load_state_dict = load_state_dict
 
 
 def gpt_model():

@@ -248,16 +248,7 @@ def worker(rank, world, label, layout, root, port):
             real_tensor = torch.tensor
             torch.tensor = lambda *a, **k: real_tensor(*a, **({**k, "device": "cpu"} if "cuda" in str(k.get("device", "")) else k))
         wrapped = ddp if ddp is not None else model
-        real_load = wrapped.load_state_dict
-
-        def load_state_dict(sd, strict=True):
-            try:
-                return real_load(sd, strict=strict)
-            except Exception as e:
-                if strict and result["strict_load_error"] is None:
-                    result["strict_load_error"] = f"{type(e).__name__}: {e}"
-                raise
-        wrapped.load_state_dict = load_state_dict
+        mm.record_strict_load(wrapped, result)
         if os.environ.get("DEBUG_KEYS"):
             import megatron.core.dist_checkpointing.strategies.torch as st
             orig = st._replace_sharded_keys_with_state_dict_keys
