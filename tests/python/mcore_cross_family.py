@@ -208,6 +208,11 @@ if os.path.isdir(ds):
         r = run("ucp-reshard", [os.path.join(ds, "ckpt"), "-o", out, "--format", "mcore", "--tp", "2", "--pp", "2"] + plan)
         check(f"DeepSpeed llama's root {' '.join(plan)}: refused before any conversion, naming --weights-only",
               r.returncode != 0 and "--weights-only" in r.stderr and "converting" not in r.stderr and not os.path.exists(out), r.stderr[-600:])
+    for flags, words in [(["--tp", "3", "--pp", "1"], "4 attention heads"), (["--tp", "1", "--pp", "3"], "4 layers"),
+                         (["--tp", "4", "--pp", "1"], "2 query groups")]:
+        r = run("ucp-reshard", [os.path.join(ds, "ckpt"), "-o", out, "--format", "mcore", "--weights-only", "--plan-only"] + flags)
+        check(f"DeepSpeed llama's root --plan-only {' '.join(flags)}: refused before any conversion, naming the {words}",
+              r.returncode != 0 and words in r.stderr and "converting" not in r.stderr and not os.path.exists(out), r.stderr[-400:])
     r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--gpus", "4"])
     check("--format mcore --gpus: refused naming --gpus", r.returncode != 0 and "no --gpus" in r.stderr and not os.path.exists(out), r.stderr[-300:])
     cfg = json.load(open(os.path.join(ds, "model_config.json")))

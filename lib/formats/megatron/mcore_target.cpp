@@ -14,6 +14,7 @@
 #include "formats/megatron/legacy_names.h"
 #include "formats/megatron/mcore_args.h"
 #include "formats/megatron/mcore_keys.h"
+#include "layout/naming.h"
 #include "pt/torch_file.h"
 #include "source/megatron_tracker.h"
 
@@ -479,12 +480,35 @@ reshard::ExportPlan LayOut(const reshard::Source& S, const Grid& g, McoreJob& j)
   return P;
 }
 
+
+// Where the source's index says the layers and heads (its args, a Megatron-DeepSpeed model's names,
+// --model-config), a layout they do not divide is refused before a conversion.
+void CheckDegreesOfIndex(const source::SourceIndex& L, const reshard::ExportOptions& o, const std::vector<std::string>& names) {
+  const Value* args = L.args ? L.args.get() : L.args_state ? L.args_state->Get("args").get() : nullptr;
+  auto fact = [&](const char* name) -> int64_t {
+    if (const int64_t v = args ? Number(*args, name, -1) : -1; v > 0) return v;
+    if (o.model_config.is_object() && o.model_config.contains(name) && o.model_config[name].is_number_integer())
+      return o.model_config[name].get<int64_t>();
+    return -1;
+  };
+  int64_t layers = fact("num_layers");
+  if (layers < 1 && MegatronDeepSpeedNames(names))
+    layers = reshard::LayerCountOf(names, reshard::GptModelNames(names) ? reshard::Naming::Plain : reshard::Naming::Pipe);
+  const int64_t heads = fact("num_attention_heads");
+  int64_t groups = fact("num_key_value_heads");
+  if (groups < 1 && args && IsSet(*args, "group_query_attention")) groups = fact("num_query_groups");
+  const Grid g{o.tp, o.pp, o.dp};
+  if (layers > 0 && layers % g.pp != 0) CheckDegrees(g, layers, 1, 1);
+  if (layers > 0 && heads > 0) CheckDegrees(g, layers, heads, groups > 0 ? groups : heads);
+}
+
 }  // namespace
 
 void CheckMcoreSource(const source::SourceIndex& L, const reshard::ExportOptions& o) {
   std::vector<std::string> names;
   for (const auto& p : L.params) names.push_back(p.name);
   RefuseOtherNames(names, L.root);
+  CheckDegreesOfIndex(L, o, names);
   if (!McoreNames(names) && L.optimizer != "none" && !o.weights_only)
     throw Error(L.root + ": the checkpoint holds the optimizer's state, which --format mcore does not carry across families yet "
                 "(Megatron-LM's load also needs its scheduler's state, which a " + L.framework + " checkpoint does not hold): give "
