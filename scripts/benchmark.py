@@ -44,8 +44,9 @@ medians and ratios against references measured in the same rounds:
                                        {checkpoint} {output} --safe_serialization'"
                                      (goal, issue 43: ucp at least 5x faster, at most 1/8 of its peak RSS)
   --hf-import                        a generated 2 GiB Hugging Face Llama (scripts/make_hf_fixture.py) imported:
-                                     ucp-convert MODEL, then ucp-reshard to TP=2 PP=2 (--no-optimizer), on 1
-                                     and 2 ranks, each against cp -r && sync of the bytes it writes, and each
+                                     ucp-convert MODEL, then ucp-reshard to TP=2 PP=2 (--no-optimizer) and to
+                                     Megatron-LM's TP=2 (--format mcore), on 1 and 2 ranks, each against
+                                     cp -r && sync of the bytes it writes, and each
                                      rank's peak RSS against the largest tensor (benchmark_hf_import.py)
 Page cache warm (the source is read once before the rounds). Peak RSS per rank and bytes read and
 written come from each tool's --report.

@@ -1,13 +1,14 @@
-"""benchmark.py --hf-import: a Hugging Face model imported and laid out for Megatron-DeepSpeed at TP=2 PP=2,
-against copying the bytes it writes, in one run (see benchmark.py's help).
+"""benchmark.py --hf-import: a Hugging Face model imported and laid out for Megatron-DeepSpeed at TP=2 PP=2, and
+for Megatron-LM at TP=2 (--format mcore), against copying the bytes each writes, in one run (see benchmark.py's help).
 
 The model: scripts/make_hf_fixture.py's LlamaForCausalLM of about 2 GiB (bf16, 500 MB shards), made once
 under --work. The import is the two commands a user runs:
   ucp-convert MODEL -o ATOMIC                          the weights-only atomic checkpoint (fp32)
   ucp-reshard ATOMIC -o OUT --tp 2 --pp 2 --dp 1 --zero-stage 1 --no-optimizer
                                                         Megatron-DeepSpeed's model files (bf16)
+  ucp-reshard ATOMIC -o ROOT --format mcore --tp 2 --pp 1  Megatron-LM's release checkpoint (bf16; issue 53)
 on 1 and on 2 MPI ranks, each against `cp -r && sync` of the bytes that command writes (the atomic checkpoint;
-the layout), copied from a finished run of it. Each command runs --repeat times in an order that alternates
+the layout; the Megatron-LM root), copied from a finished run of it. Each command runs --repeat times in an order that alternates
 from round to round; the report gives medians and the ratios, and each rank's peak RSS from the tools'
 --report, against the largest tensor: the bound of DESIGN.md section 5 is 2x the largest state tensor + 256 MiB,
 whatever the model's size.
@@ -28,7 +29,9 @@ def main(a, root):
     if not os.path.exists(os.path.join(src, "config.json")):
         subprocess.run(["/usr/bin/python3", os.path.join(root, "scripts", "make_hf_fixture.py"), src, "--gib", "2"], check=True)
     layout = ["--tp", "2", "--pp", "2", "--dp", "1", "--zero-stage", "1", "--no-optimizer"]
+    mcore = ["--format", "mcore", "--tp", "2", "--pp", "1"]
     atomic, out = os.path.join(a.work, "import-atomic"), os.path.join(a.work, "import-layout")
+    mcore_out = os.path.join(a.work, "import-mcore")
     scratch = os.path.join(a.work, "import-out")
 
     def run(cmd, ranks):
@@ -40,10 +43,11 @@ def main(a, root):
         return sum(os.path.getsize(os.path.join(p, f)) for p, _, fs in os.walk(d) for f in fs)
 
     # What each command writes, for its reference copy.
-    for d in (atomic, out):
+    for d in (atomic, out, mcore_out):
         shutil.rmtree(d, ignore_errors=True)
     run([convert, src, "-o", atomic, "-q"], 2)
     run([reshard, atomic, "-o", out, "-q"] + layout, 2)
+    run([reshard, atomic, "-o", mcore_out, "-q"] + mcore, 2)
     reports = {}
     commands = {}
     for ranks in (1, 2):
@@ -54,9 +58,15 @@ def main(a, root):
         commands[f"ucp-reshard tp2pp2 ({ranks} rank{'s' if ranks > 1 else ''})"] = \
             lambda ranks=ranks, rr=rr: (run([reshard, atomic, "-o", scratch, "-q", "--report", rr] + layout, ranks),
                                         reports.__setitem__(f"reshard np{ranks}", rr))
+        rm = os.path.join(a.work, f"import-mcore-np{ranks}.json")
+        commands[f"ucp-reshard mcore tp2 ({ranks} rank{'s' if ranks > 1 else ''})"] = \
+            lambda ranks=ranks, rm=rm: (run([reshard, atomic, "-o", scratch, "-q", "--report", rm] + mcore, ranks),
+                                        reports.__setitem__(f"mcore np{ranks}", rm))
     commands["cp -r && sync of the atomic checkpoint"] = lambda: subprocess.run(
         f"cp -r '{atomic}' '{scratch}' && sync", shell=True, check=True)
     commands["cp -r && sync of the layout"] = lambda: subprocess.run(f"cp -r '{out}' '{scratch}' && sync", shell=True, check=True)
+    commands["cp -r && sync of the Megatron-LM root"] = lambda: subprocess.run(f"cp -r '{mcore_out}' '{scratch}' && sync", shell=True,
+                                                                               check=True)
     subprocess.run(["cat"] + [os.path.join(src, f) for f in os.listdir(src)], stdout=subprocess.DEVNULL)  # warm
     times = {k: [] for k in commands}
     names = list(commands)
@@ -71,11 +81,13 @@ def main(a, root):
     shutil.rmtree(scratch, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"\nmodel {src}: {tree_bytes(src) / 2**20:.0f} MiB; atomic checkpoint {tree_bytes(atomic) / 2**20:.0f} MiB; "
-          f"TP=2 PP=2 layout {tree_bytes(out) / 2**20:.0f} MiB; medians of {a.repeat} runs, order alternating")
-    ref = {"ucp-convert": "cp -r && sync of the atomic checkpoint", "ucp-reshard": "cp -r && sync of the layout"}
+          f"TP=2 PP=2 layout {tree_bytes(out) / 2**20:.0f} MiB; Megatron-LM root {tree_bytes(mcore_out) / 2**20:.0f} MiB; "
+          f"medians of {a.repeat} runs, order alternating")
+    ref = {"ucp-convert": "cp -r && sync of the atomic checkpoint", "ucp-reshard": "cp -r && sync of the layout",
+           "mcore": "cp -r && sync of the Megatron-LM root"}
     print(f"{'command':42s} {'median s':>9s} {'min-max':>13s} {'vs cp -r && sync of its output':>31s}")
     for k in names:
-        tool = k.split()[0]
+        tool = "mcore" if " mcore " in k else k.split()[0]
         ratio = f"{med[k] / med[ref[tool]]:.2f}" if tool in ref else ""
         print(f"{k:42s} {med[k]:9.3f} {min(times[k]):6.2f}-{max(times[k]):<6.2f} {ratio:>31s}")
     for ranks in (1, 2):
