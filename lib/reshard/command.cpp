@@ -104,8 +104,9 @@ std::optional<int> SettleModelExport(ReshardCommand& c, std::ostream& err) {
   const std::string no_layout = "--format " + o.format +
       (dcp ? " writes torchtitan's sharding of whole tensors (--mesh): no " : mcore ? " writes Megatron-LM's TP x PP x DP layout: no "
                                                                             : " writes a model of whole tensors: no ");
-  const std::string only = dcp ? " (only --mesh, --dtype fp32, --model-config)" : mcore ? " (only --tp, --pp, --dp, --make-vocab-size-divisible-by, --weights-only, --model-config)"
-                                                                                 : " (only --dtype, --max-shard-size, --model-config)";
+  const std::string only = dcp     ? " (only --mesh, --dtype fp32, --model-config)"
+                           : mcore ? " (only --tp, --pp, --dp, --make-vocab-size-divisible-by, --weights-only, --model-config)"
+                                   : " (only --dtype, --max-shard-size, --model-config)";
   if (!c.layout_only_given.empty()) return Refuse(err, no_layout + c.layout_only_given.front() + only);
   for (const auto& key : c.in_place.given)
     if (key != "dtype" && !(mcore && (key == "tp" || key == "pp" || key == "dp" || key == "make_vocab_size_divisible_by")))

@@ -81,7 +81,8 @@ std::string LaunchFlags(const ModelFacts& m, int64_t tp, int64_t pp, const std::
   else if (!m.bias_gelu_fusion && m.bias_linear) f += " --no-bias-gelu-fusion";
   if (!m.bias_linear) f += std::string(" --disable-bias-linear") + (m.bias_qkv ? " --add-qkv-bias" : "");
   if (m.learned_positions) f += " --position-embedding-type learned_absolute";
-  else f += " --position-embedding-type rope --rotary-base " + FormatNumber(m.rope_base) + (m.rotary_percent != 1.0 ? " --rotary-percent " + FormatNumber(m.rotary_percent) : "");
+  else f += " --position-embedding-type rope --rotary-base " + FormatNumber(m.rope_base) +
+            (m.rotary_percent != 1.0 ? " --rotary-percent " + FormatNumber(m.rotary_percent) : "");
   f += " --max-position-embeddings " + std::to_string(m.positions);
   if (!m.tied) f += " --untie-embeddings-and-output-weights";
   if (dtype == "bf16" || dtype == "fp16") f += " --" + dtype;
