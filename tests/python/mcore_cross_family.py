@@ -16,7 +16,9 @@ Every tensor is checked against a ground truth this file builds itself from file
   t + TP * DP * p, Megatron-Core's order; DP rank 0 saves), inside the piece;
 - common.pt: the args Megatron-LM's load checks (num_layers, hidden_size, num_attention_heads), the layout,
   a vocabulary divisor that keeps the rows at that TP, no optimizer, iteration 0; the tracker says release;
-- the linears' extra state: [None] per layer, as the local spec saves it.
+- the linears' extra state: [None] per layer, as the local spec saves it;
+- a round trip: the Hugging Face models' Megatron-LM roots read back by ucp-convert and exported again give the
+  tensors transformers saved, bit for bit.
 Real reader: RECORD (tests/data/real-mcore/mcore_cross_family_readers.json, written by cross_family_check.py in
 the trixie chroot) holds the sha256 of every file of the outputs Megatron-LM's own load_checkpoint loaded with
 the job's default flags, and the loaded model's logits against transformers' (the Hugging Face models) or the
@@ -179,6 +181,21 @@ for case in ["llama_fp32", "llama_bf16", "llama_sharded"]:
             unwanted = [w for w in ["--untie-embeddings-and-output-weights"] if config.get("tie_word_embeddings") and w in launch]
             check(f"{label}: the note gives Megatron-LM's flags for this model", launch and not missing and not unwanted,
                   f"missing {missing}, unwanted {unwanted}: {launch}")
+
+# round trip: the Megatron-LM root read back (ucp-convert takes the iteration its tracker names: release) and exported
+# as a Hugging Face model again gives the model transformers saved, every tensor bit for bit
+for case in ["llama_fp32", "llama_bf16"]:
+    root = os.path.join(WORK, f"{case}-tp2pp2dp1")
+    back, hf = os.path.join(WORK, f"{case}-back"), os.path.join(WORK, f"{case}-hf")
+    r = run("ucp-convert", [root, "-o", back], ranks=2)
+    check(f"{case} tp2 pp2: ucp-convert reads the release checkpoint back", r.returncode == 0, r.stderr[-600:])
+    r = run("ucp-reshard", [back, "-o", hf, "--format", "hf"])
+    check(f"{case} tp2 pp2: exported to Hugging Face again", r.returncode == 0, r.stderr[-600:])
+    if r.returncode == 0:
+        want, got = read_model_folder(os.path.join(REAL_HF, case)), read_model_folder(hf)
+        same = sorted(want) == sorted(got) and all(want[k].dtype == got[k].dtype and torch.equal(want[k], got[k]) for k in want)
+        check(f"{case}: Hugging Face -> Megatron-LM -> Hugging Face gives transformers' tensors bit for bit", same,
+              f"{sorted(set(want) ^ set(got))[:4]}")
 
 # refusals on the import, nothing written
 atomic = os.path.join(WORK, "llama_fp32")
