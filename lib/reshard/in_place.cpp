@@ -336,12 +336,13 @@ int ReshardThroughScratch(const InPlaceOptions& o, const LatestTag& current, Res
   const bool talk = comm.rank() == 0 && !o.reshard.quiet;
   const std::string scratch = r.output + "/" + kScratchAtomic;
   const bool created = !fs::exists(r.output);
-  // A target of the weights alone (--format hf) reads no moment from the scratch: none is converted
-  // (a weights-only atomic checkpoint, never kept: --in-place keeps the whole one for later layouts).
+  // A target of the weights alone (--format hf, --format mcore --weights-only) reads no moment from the
+  // scratch: none is converted (a weights-only atomic checkpoint, never kept: --in-place keeps the whole
+  // one for later layouts).
   bool weights_only = false;
   std::string error = Capture([&] {
     RefuseBeforeConversion(current, GivenLayout(o), o);
-    weights_only = formats::FindTarget(r.format).weights_only;
+    weights_only = formats::FindTarget(r.format).weights_only || r.model.weights_only;
   });
   if (comm.rank() == 0 && error.empty()) error = Capture([&] {
     RefuseClaim(r.output, scratch, r.force);

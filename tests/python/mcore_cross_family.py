@@ -260,6 +260,25 @@ if os.path.isdir(ds):
         check(f"{label}: written", r.returncode == 0, r.stderr[-800:])
         if r.returncode == 0:
             check_output(label, out, expected, cfg["num_layers"], tp, pp, dp, cfg["vocab_size"], torch.float32)
+    # straight from the training root: its scratch conversion reads the fp32 weights alone, and the files are the
+    # atomic checkpoint's output byte for byte but .metadata (its save id names the atomic checkpoint written from),
+    # whose chunks read the same tensors; the scratch is gone
+    out = os.path.join(WORK, "ds-root-tp2pp2dp1")
+    r = run("ucp-reshard", [os.path.join(ds, "ckpt"), "-o", out, "--format", "mcore", "--tp", "2", "--pp", "2", "--weights-only"], ranks=2)
+    check("DeepSpeed llama's root --weights-only: converts the fp32 weights alone, then writes", r.returncode == 0
+          and "the fp32 weights alone" in r.stderr, r.stderr[-800:])
+
+    def files_of(d):
+        return {os.path.relpath(os.path.join(p, n), d): open(os.path.join(p, n), "rb").read()
+                for p, _, names in os.walk(d) for n in names if not n.startswith(".ucp")}
+    if r.returncode == 0:
+        a, b = files_of(out), files_of(os.path.join(WORK, "ds-tp2pp2dp1"))
+        meta = os.path.join("release", ".metadata")
+        ta, tb = read_dcp(os.path.join(out, "release"))[0], read_dcp(os.path.join(WORK, "ds-tp2pp2dp1", "release"))[0]
+        same_tensors = sorted(ta) == sorted(tb) and all(torch.equal(ta[k], tb[k]) for k in ta)
+        check("DeepSpeed llama's root --weights-only: the atomic checkpoint's output byte for byte (.metadata: the same tensors), "
+              "no scratch left", sorted(a) == sorted(b) and all(a[k] == b[k] for k in a if k != meta) and same_tensors
+              and not any(n.startswith(".ucp-scratch") for n in os.listdir(out)), f"{sorted(set(a) ^ set(b))} {os.listdir(out)}")
 
 # Megatron-DeepSpeed-style GPTs of the real cases: LayerNorm with biases, learned positions, SwiGLU, GQA, biases on
 # every linear layer, the output tied to the embedding; GPTModelPipe's names (TP=2 x PP=2) and GPTModel's (ZeRO-3)

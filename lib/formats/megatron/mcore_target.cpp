@@ -379,6 +379,13 @@ bool MegatronDeepSpeedNames(const std::vector<std::string>& names) {
   });
 }
 
+// A source of another family whose optimizer state --format mcore would drop: refused, naming --weights-only.
+Error OptimizerStateRefusal(const std::string& what, const std::string& framework) {
+  return Error(what + " holds the optimizer's state, which --format mcore does not carry across families yet (Megatron-LM's "
+               "load also needs its scheduler's state, which a " + framework + " checkpoint does not hold): give --weights-only "
+               "to write the model alone (Megatron-LM then starts a fresh optimizer from it, at iteration 0)");
+}
+
 // The job of a model under another family's names (Megatron-DeepSpeed's, a Hugging Face import's,
 // torchtitan's Llama): its tensors re-joined as Megatron-Core's keys, the model alone as Megatron-LM's
 // release checkpoint (its form for weights from elsewhere: the job's --load starts at iteration 0 with a
@@ -406,10 +413,7 @@ McoreJob OtherFamilyJob(const reshard::Source& S, const reshard::ExportOptions& 
   j.keys = model.keys;
   CheckCuts(j.keys, g);
   if (!S.manifest["source"].value("weights_only", false) && !o.weights_only)
-    throw Error(dir + ": the atomic checkpoint holds the optimizer's state, which --format mcore does not carry across families yet "
-                "(Megatron-LM's load also needs its scheduler's state, which a " + S.manifest["source"].value("framework", std::string("DeepSpeed")) +
-                " checkpoint does not hold): give --weights-only to write the model alone (Megatron-LM then starts a fresh optimizer "
-                "from it, at iteration 0)");
+    throw OptimizerStateRefusal(dir + ": the atomic checkpoint", S.manifest["source"].value("framework", std::string("DeepSpeed")));
   const int64_t divisor = KeptVocabDivisor(m.vocab, g.tp, o.vocab_divisible_by);
   j.dtype = S.manifest["source"].value("dtype", "fp32");
   j.form = Form::None;
@@ -509,10 +513,7 @@ void CheckMcoreSource(const source::SourceIndex& L, const reshard::ExportOptions
   for (const auto& p : L.params) names.push_back(p.name);
   RefuseOtherNames(names, L.root);
   CheckDegreesOfIndex(L, o, names);
-  if (!McoreNames(names) && L.optimizer != "none" && !o.weights_only)
-    throw Error(L.root + ": the checkpoint holds the optimizer's state, which --format mcore does not carry across families yet "
-                "(Megatron-LM's load also needs its scheduler's state, which a " + L.framework + " checkpoint does not hold): give "
-                "--weights-only to write the model alone (Megatron-LM then starts a fresh optimizer from it, at iteration 0)");
+  if (!McoreNames(names) && L.optimizer != "none" && !o.weights_only) throw OptimizerStateRefusal(L.root + ": the checkpoint", L.framework);
 }
 
 reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOptions& o) {
