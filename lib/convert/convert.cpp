@@ -40,6 +40,7 @@ int RunConvert(const ConvertOptions& given, shuffle::Comm& comm, std::ostream& o
   error = Capture([&] { RequireWeightCopiesAgree(o, x.L, comm); });
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   phases.Done("weight_copies");
+  if (o.reference && o.weights_only && ReadsAsIs(x)) return RunReference(o, x, comm, err);
 
   // 2. The output folder (rank 0), then the resume decision (every rank, from the journal).
   OutputClaim claim;

@@ -34,6 +34,11 @@ struct ConvertOptions {
   // no optimizer state file written; what a weights-only target's scratch conversion needs
   // (ucp-reshard ROOT -o OUT --format hf). The same checks of what is read.
   bool weights_only = false;
+  // With weights_only, for a scratch read once and removed (ucp-reshard from a training root): where
+  // every parameter is its partitions' elements as they are (TP = 1, nothing tied, compared or summed),
+  // no tensor is written: the scratch's manifest names where the weights lie in the source
+  // (reference.cpp, the partitions store). Otherwise a conversion as above.
+  bool reference = false;
 };
 
 // Exit codes: 0 done, 1 failed (every rank returns the same code; the lowest failing rank prints

@@ -182,7 +182,7 @@ int RunConvertFromAtomic(const ConvertOptions& o, shuffle::Comm& comm, std::ostr
   store::StoreKind kind = store::StoreKind::Pt;
   std::vector<store::AtomSpec> specs;
   error = Capture([&] {
-    kind = store::StoreFromName(o.format);
+    kind = store::WritableStoreFromName(o.format);
     reader = OpenSource(o, specs);
   });
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;

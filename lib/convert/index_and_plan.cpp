@@ -60,7 +60,7 @@ void NoteSplitAbove(const ConvertOptions& o, bool parts, int plan_ranks, Planned
 
 Planned IndexAndResolve(const ConvertOptions& o) {
   Planned x;
-  x.kind = store::StoreFromName(o.format);
+  x.kind = store::WritableStoreFromName(o.format);
   if (x.kind == store::StoreKind::Hdf5 && o.resume)
     throw Error("--resume is not supported with --format hdf5: atoms.h5 is one file, written whole; rerun with --force");
   RefuseConvertedAlready(o.source);

@@ -138,6 +138,11 @@ struct RankOutput {
 // Every round, then the store's commit. False when a rank failed (said on `err`).
 bool MapShuffleWrite(const ConvertOptions& o, const Planned& x, shuffle::Comm& comm, std::ostream& err, RankOutput& out);
 
+// ConvertOptions::reference (reference.cpp): whether every parameter reads as it is from its
+// partitions; then the scratch of the partitions store, its side files and manifest. Collective.
+bool ReadsAsIs(const Planned& x);
+int RunReference(const ConvertOptions& o, Planned& x, shuffle::Comm& comm, std::ostream& err);
+
 // The side files DeepSpeed's universal loader reads (side_files.cpp), handed to the writers.
 void SubmitSideFiles(const ConvertOptions& o, const Planned& x, int rank, int ranks, TaskPool& writers, RankOutput& out);
 

@@ -357,6 +357,7 @@ int ReshardThroughScratch(const InPlaceOptions& o, const LatestTag& current, Res
   r.atomic_dir = scratch;
   convert::ConvertOptions c = ConversionInto(scratch, o, current);
   c.weights_only = weights_only;
+  c.reference = weights_only;  // read once, then removed: the weights may stay where the root keeps them
   int code = convert::RunConvert(c, comm, out, err);
   if (code == 0) code = RunReshard(r, comm, out, err);
   comm.Barrier();  // every rank done reading it

@@ -50,6 +50,10 @@ const StoreEntry kStores[] = {
      OpenPtReader, CreatePtWriter},
     {StoreKind::Hdf5, "hdf5", "one atoms.h5 (schemas/atoms-h5.schema.json), written in parallel through MPI-IO",
      OpenH5Reader, CreateH5Writer},
+    {StoreKind::Partitions, "partitions",
+     "a run's scratch only (ucp-reshard from a training root to a model of its weights): the fp32 weights left in the "
+     "training checkpoint's partitions, read and CRC-checked there; never written by ucp-convert -o",
+     OpenPartitionsReader, nullptr},
 };
 
 const StoreEntry& EntryOf(StoreKind kind) {
@@ -72,6 +76,17 @@ StoreKind StoreFromName(const std::string& name) {
   for (const auto& e : kStores)
     if (name == e.name) return e.kind;
   throw Error("unknown store '" + name + "' (known: " + JoinNames(kStores, ", ", &StoreEntry::name) + ")");
+}
+
+StoreKind WritableStoreFromName(const std::string& name) {
+  const StoreKind kind = StoreFromName(name);
+  if (!EntryOf(kind).create) {
+    std::string writable;
+    for (const auto& e : kStores)
+      if (e.create) writable += (writable.empty() ? "" : ", ") + std::string(e.name);
+    throw Error("store '" + name + "' is " + EntryOf(kind).description + " (stores an output can be: " + writable + ")");
+  }
+  return kind;
 }
 
 StoreKind StoreOf(const nlohmann::json& manifest) {
@@ -151,10 +166,11 @@ AtomReader::AtomReader(StoreKind store, std::string dir, nlohmann::json manifest
       a.group = p.value("group", 0);
       // (a DeepSpeed ZeRO-3 universal folder keeps its groups' steps in zero/optimizer_state.pt only)
       if (store_ == StoreKind::Pt) a.has_step = p.at("files").contains("step") || p.value("step_in_optimizer_state", false);
-      else a.has_step = p.at("hdf5").at("step").get<bool>();
+      else if (store_ == StoreKind::Hdf5) a.has_step = p.at("hdf5").at("step").get<bool>();
       a.meta = p;
       a.meta.erase("files");
       a.meta.erase("hdf5");
+      a.meta.erase("partitions");
       ParamRelDir(a.name);  // a name that could leave zero/ (or is no HDF5 link name) is refused
       if (!index_.emplace(a.name, params_.size()).second) throw Error("parameter '" + a.name + "' is listed twice");
       params_.push_back(std::move(a));
@@ -262,7 +278,9 @@ uint64_t DigestBySlabs(const std::vector<int64_t>& shape,
 
 std::unique_ptr<AtomWriter> AtomWriter::Create(StoreKind store, const std::string& dir, std::vector<AtomSpec> specs,
                                                shuffle::Comm& comm) {
-  return EntryOf(store).create(dir, std::move(specs), comm);
+  const StoreEntry& e = EntryOf(store);
+  if (!e.create) throw Error("internal: the " + std::string(e.name) + " store is not written through an AtomWriter");
+  return e.create(dir, std::move(specs), comm);
 }
 
 AtomWriter::AtomWriter(std::string dir, std::vector<AtomSpec> specs) : dir_(std::move(dir)), specs_(std::move(specs)) {

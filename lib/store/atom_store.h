@@ -32,9 +32,11 @@
 
 namespace ucp::store {
 
-enum class StoreKind { Pt, Hdf5 };
+enum class StoreKind { Pt, Hdf5, Partitions };
 std::string_view StoreName(StoreKind kind);    // "pt", "hdf5"
 StoreKind StoreFromName(const std::string& name);  // throws ucp::Error listing the known stores
+// A store an output may be written in (--format): pt or hdf5; partitions, a run's scratch, refused by name.
+StoreKind WritableStoreFromName(const std::string& name);
 StoreKind StoreOf(const nlohmann::json& manifest);
 // Whether DeepSpeed's universal load resumes from the atomic checkpoint as it is: it reads the .pt
 // store and the model-states file carried beside the tensors (CarriedModelStates), and the optimizer's
@@ -236,6 +238,8 @@ std::vector<int64_t> ChunkShape(const std::vector<int64_t>& shape, int split_dim
 // The two stores' implementations (atom_store_pt.cpp, atom_store_h5.cpp).
 std::unique_ptr<AtomReader> OpenPtReader(const std::string& dir, nlohmann::json manifest);
 std::unique_ptr<AtomReader> OpenH5Reader(const std::string& dir, nlohmann::json manifest);
+// A run's scratch whose fp32 weights stay in the training checkpoint's partitions (atom_store_partitions.cpp).
+std::unique_ptr<AtomReader> OpenPartitionsReader(const std::string& dir, nlohmann::json manifest);
 std::unique_ptr<AtomWriter> CreatePtWriter(const std::string& dir, std::vector<AtomSpec> specs, shuffle::Comm& comm);
 std::unique_ptr<AtomWriter> CreateH5Writer(const std::string& dir, std::vector<AtomSpec> specs, shuffle::Comm& comm);
 

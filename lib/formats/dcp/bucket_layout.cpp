@@ -65,7 +65,7 @@ bool Stacked(const std::string& fqn) { return fqn.rfind("decoder.layers.", 0) ==
 
 // The domain's part of a key among `chunks` (one layer's, or a whole key's): the one chunk of a tensor
 // every TP rank holds whole, or the TP rank's t-th of each run of TP chunks (sorted by offset).
-BucketPiece Box(const Item& item, const std::vector<const Chunk*>& chunks, int tp, int tp_size, const std::string& what) {
+BucketPiece PieceOfItem(const Item& item, const std::vector<const Chunk*>& chunks, int tp, int tp_size, const std::string& what) {
   BucketPiece p;
   p.fqn = item.fqn;
   std::vector<const Chunk*> sorted = chunks;
@@ -93,7 +93,7 @@ std::vector<BucketPiece> DomainParams(const std::vector<const Item*>& model, con
   auto whole = [&](const Item* item) {
     std::vector<const Chunk*> chunks;
     for (const Chunk& c : item->chunks) chunks.push_back(&c);
-    out.push_back(Box(*item, chunks, tp, g.tp, ""));
+    out.push_back(PieceOfItem(*item, chunks, tp, g.tp, ""));
   };
   if (pp == 0)
     for (const Item* item : pre) whole(item);
@@ -109,7 +109,7 @@ std::vector<BucketPiece> DomainParams(const std::vector<const Item*>& model, con
           chunks.push_back(&c);
         }
       if (chunks.empty()) continue;  // a layer without this module (a layer of another kind)
-      out.push_back(Box(*item, chunks, tp, g.tp, " at layer " + std::to_string(l)));
+      out.push_back(PieceOfItem(*item, chunks, tp, g.tp, " at layer " + std::to_string(l)));
     }
   }
   if (pp == g.pp - 1)
