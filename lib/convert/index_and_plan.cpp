@@ -104,9 +104,11 @@ void SayPlanned(const ConvertOptions& o, const Planned& x, const std::string& co
 
 // Files mixed from other saves, ranks or runs pass every CRC-32: each rank compares the masters of
 // its share of the data files.
-void RequireWeightCopiesAgree(const ConvertOptions& o, const source::SourceIndex& L, shuffle::Comm& comm) {
-  const std::string why = map::CheckWeightCopies(L, comm, ThreadsOf(o));
+std::vector<std::vector<char>> RequireWeightCopiesAgree(const ConvertOptions& o, const source::SourceIndex& L, shuffle::Comm& comm) {
+  std::vector<std::vector<char>> verified;
+  const std::string why = map::CheckWeightCopies(L, comm, ThreadsOf(o), &verified);
   if (!why.empty()) throw Error(o.source + ": " + why + "; nothing was converted");
+  return verified;
 }
 
 pt::ValuePtr StepOf(const source::SourceIndex& L, const plan::ParamPlan& P) {

@@ -32,12 +32,22 @@ Totals Sum(const std::vector<std::string>& stats) {
   return t;
 }
 
+// The records the weight-copy check verified as it read the masters (the mappers read them once, for their
+// bytes, not again for their CRC-32): how many, and their bytes.
+nlohmann::json VerifiedBytes(const Planned& x) {
+  int64_t records = 0, bytes = 0;
+  for (size_t f = 0; f < x.verified.size() && f < x.L.files.size(); ++f)
+    for (size_t k = 0; k < x.verified[f].size(); ++k)
+      if (x.verified[f][k]) ++records, bytes += static_cast<int64_t>(x.L.files[f].checksummed[k].size);
+  return {{"records", records}, {"bytes", bytes}};
+}
+
 }  // namespace
 
 nlohmann::json RankStats(int rank, const RankOutput& out) {
   const Counters& c = out.c;
   return {{"rank", rank}, {"bytes_read", c.bytes_read}, {"bytes_sent", c.bytes_sent},
-          {"bytes_received", c.bytes_received}, {"bytes_read_in_place", c.bytes_in_place}, {"max_round_bytes", c.max_round_bytes}, {"bytes_written", c.bytes_written},
+          {"bytes_received", c.bytes_received}, {"bytes_read_in_place", c.bytes_in_place}, {"bytes_crc_checked", c.crc_bytes}, {"max_round_bytes", c.max_round_bytes}, {"bytes_written", c.bytes_written},
           {"files_written", c.files_written}, {"seconds", c.SecondsJson()}, {"peak_rss_bytes", PeakRssBytes()}, {"threads", out.threads},
           {"notes", out.divergences}};
 }
@@ -50,6 +60,7 @@ int Report(const ConvertOptions& o, const Planned& x, int ranks, const Phases& p
     nlohmann::json report = {{"source", o.source}, {"output", o.output}, {"ranks", ranks}, {"phases_seconds", phases.seconds()},
                              {"bytes_read", t.read}, {"bytes_written", t.written}, {"per_rank", t.per},
                              {"resumed_items", std::count(claim.done.begin(), claim.done.end(), 1)}, {"notes", t.notes},
+                             {"records_verified_by_weight_copy_check", VerifiedBytes(x)},
                              {"plan", {{"rounds", plan.rounds}, {"chunk_bytes", 4 * plan.chunk_elems},
                                        {"imbalance", plan.Imbalance()}}}};
     const std::string error = shuffle::Capture([&] { WriteFileAtomically(o.report_path, report.dump(1) + "\n"); });

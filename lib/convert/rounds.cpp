@@ -221,6 +221,7 @@ bool Rounds::Run(std::ostream& err) {
     Timed(c_.drain, [&] { writers_.Drain(); });
   });
   c_.bytes_read = static_cast<int64_t>(mapper_.bytes_read());
+  c_.crc_bytes = static_cast<int64_t>(mapper_.crc_bytes());
   return !AnyFailed(comm_, error, err, "ucp-convert");
 }
 
@@ -267,7 +268,7 @@ bool MapShuffleWrite(const ConvertOptions& o, const Planned& x, shuffle::Comm& c
     std::unique_ptr<map::Mapper> mapper;
     std::unique_ptr<store::Journal> journal;
     std::string error = Capture([&] {
-      mapper = std::make_unique<map::Mapper>(x.L, x.plan, comm.rank());
+      mapper = std::make_unique<map::Mapper>(x.L, x.plan, comm.rank(), &x.verified);
       journal = std::make_unique<store::Journal>(o.output, comm.rank());
     });
     if (AnyFailed(comm, error, err, "ucp-convert")) return false;

@@ -67,6 +67,9 @@ struct Planned {
   patterns::ModelPatterns M;
   plan::ConvertPlan plan;
   store::StoreKind kind = store::StoreKind::Pt;
+  // Per file and checksummed record: verified by the weight-copy check as it read the masters
+  // (map/weight_copies.h), so the mapper does not read it again.
+  std::vector<std::vector<char>> verified;
 };
 // Throws saying the first fault of the source, its patterns or its plan.
 Planned IndexAndPlan(const ConvertOptions& o, int ranks);
@@ -75,7 +78,8 @@ Planned IndexAndResolve(const ConvertOptions& o);
 // Rank 0's lines on what was indexed, its notes and (--no-strict) its problems.
 void SayPlanned(const ConvertOptions& o, const Planned& x, const std::string& comm_name, std::ostream& err);
 // What the checkpoint stores twice agrees; throws saying where it does not. Every rank, its share.
-void RequireWeightCopiesAgree(const ConvertOptions& o, const source::SourceIndex& L, shuffle::Comm& comm);
+// Returns the records it verified on the way (Planned::verified).
+std::vector<std::vector<char>> RequireWeightCopiesAgree(const ConvertOptions& o, const source::SourceIndex& L, shuffle::Comm& comm);
 // The step a parameter's step.pt holds (its group's, as the source keeps it); nullptr: no step.pt.
 pt::ValuePtr StepOf(const source::SourceIndex& L, const plan::ParamPlan& P);
 
@@ -103,6 +107,7 @@ std::optional<int> ClaimOutput(const ConvertOptions& o, Planned& x, shuffle::Com
 // 3. Map, shuffle, union, write, in rounds of bounded size (rounds.cpp).
 struct Counters {
   int64_t bytes_read = 0, bytes_sent = 0, bytes_received = 0, bytes_in_place = 0, bytes_written = 0, files_written = 0;
+  int64_t crc_bytes = 0;  // bytes the mapper read to check records' CRC-32 (not those the weight-copy check verified)
   int64_t max_round_bytes = 0;  // the most bytes in flight in one round: sent plus received
   // Where a rank's time goes. read: from the files, into the shuffle buffers or into place;
   // exchange: the collectives, waiting for the slowest rank included; assemble: union of the

@@ -16,7 +16,8 @@
 
 namespace ucp::map {
 
-Mapper::Mapper(const source::SourceIndex& L, const plan::ConvertPlan& plan, int rank) : layout_(L), plan_(plan), rank_(rank) {
+Mapper::Mapper(const source::SourceIndex& L, const plan::ConvertPlan& plan, int rank, const std::vector<std::vector<char>>* verified)
+    : layout_(L), plan_(plan), rank_(rank), verified_(verified) {
   for (const int fi : plan.FilesMappedBy(rank)) {
     const auto& f = L.files[fi];
     Open o;
@@ -46,6 +47,8 @@ int Mapper::OpenFd(const source::SourceIndex& L, int file) {
   d.fd = Fd::OpenOrThrow(d.path, O_RDONLY);
   ::posix_fadvise(d.fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   d.checked.assign(L.files[file].checksummed.size(), false);
+  if (verified_ && static_cast<size_t>(file) < verified_->size() && (*verified_)[file].size() == d.checked.size())
+    for (size_t k = 0; k < d.checked.size(); ++k) d.checked[k] = (*verified_)[file][k] != 0;
   return fds_.emplace(file, std::move(d)).first->second.fd.get();
 }
 
@@ -109,6 +112,7 @@ uint32_t Mapper::CrcOf(int file, uint64_t begin, uint64_t end, const std::string
     crc = pt::Crc32(crc, {buf.data(), static_cast<size_t>(n)});
     at += static_cast<uint64_t>(n);
   }
+  crc_bytes_ += end - begin;
   return crc;
 }
 

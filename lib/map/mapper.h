@@ -20,7 +20,10 @@ class Mapper {
  public:
   // Opens and indexes the files of `layout` that `plan` maps on `rank`; throws ucp::Error naming
   // the file and its rank coordinates.
-  Mapper(const source::SourceIndex& layout, const plan::ConvertPlan& plan, int rank);
+  // `verified`: per file and checksummed record, 1 where the weight-copy check computed its CRC-32 and
+  // found it equal (map/weight_copies.h, as it read the masters): not read a second time here.
+  Mapper(const source::SourceIndex& layout, const plan::ConvertPlan& plan, int rank,
+         const std::vector<std::vector<char>>* verified = nullptr);
   Mapper(const Mapper&) = delete;
   Mapper& operator=(const Mapper&) = delete;
 
@@ -29,6 +32,7 @@ class Mapper {
   void Read(const plan::Piece& piece, plan::State state, int64_t offset, int64_t numel, uint8_t* dst,
             const std::string& param);
   uint64_t bytes_read() const { return bytes_read_; }
+  uint64_t crc_bytes() const { return crc_bytes_; }  // bytes read for records' CRC-32 (whole records, or this rank's ranges)
 
   // Records several mappers read parts of (ConvertPlan::shared_records), checked collectively before
   // any of their bytes is used: SharedRangeCrcs gives, per range slot (all ranges of all shared
@@ -63,9 +67,10 @@ class Mapper {
   const source::SourceIndex& layout_;
   const plan::ConvertPlan& plan_;
   const int rank_;
+  const std::vector<std::vector<char>>* verified_;
   std::map<int, Open> files_;
   std::map<int, File> fds_;  // every file a mapped file's tensors lie in: itself, and others it names
-  uint64_t bytes_read_ = 0;
+  uint64_t bytes_read_ = 0, crc_bytes_ = 0;
 };
 
 }  // namespace ucp::map

@@ -13,6 +13,8 @@
 #include <tuple>
 #include <vector>
 
+#include <zlib.h>
+
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "pt/low_precision.h"
@@ -215,9 +217,11 @@ struct Unit {
 };
 
 // Each unit compared, by `threads` threads taking units in turn (the bytes are in the page cache
-// or on a disk that serves several readers: memory bandwidth is the bound, not one core).
-std::vector<Difference> CompareUnits(const SourceIndex& L, const std::vector<Unit>& units, int threads) {
+// or on a disk that serves several readers: memory bandwidth is the bound, not one core); the CRC-32
+// of each unit's master bytes into crc[u].
+std::vector<Difference> CompareUnits(const SourceIndex& L, const std::vector<Unit>& units, int threads, std::vector<uint32_t>& crc) {
   std::vector<Difference> diff(units.size());
+  crc.assign(units.size(), 0);
   std::atomic<size_t> next{0};
   std::vector<std::exception_ptr> failed(static_cast<size_t>(std::max(1, threads)));
   auto work = [&](size_t t) {
@@ -231,6 +235,7 @@ std::vector<Difference> CompareUnits(const SourceIndex& L, const std::vector<Uni
         const size_t es = pt::ElementSize(w.copy->dtype), n = static_cast<size_t>(w.n);
         master.resize(n), copy.resize(n * es);
         files.Read(w.fragment->file, w.masters + 4 * static_cast<uint64_t>(w.fragment->src_start + w.at), n * 4, master.data());
+        crc[u] = pt::Crc32(0, {reinterpret_cast<const uint8_t*>(master.data()), n * 4});
         files.Read(w.copy->file, w.copy->offset + es * static_cast<uint64_t>(w.copy_at), n * es, copy.data());
         Compare(master.data(), copy.data(), w.copy->dtype, w.n, rounded, diff[u]);
       }
@@ -247,9 +252,49 @@ std::vector<Difference> CompareUnits(const SourceIndex& L, const std::vector<Uni
   return diff;
 }
 
+// The records of data file `file` that this rank's master runs lie in whose CRC-32 the runs (crc of
+// their bytes) and the record's other bytes, read here, give: flags[k] = 1 for its k-th checksummed
+// record. A record a run crosses the end of, or whose runs overlap, is left unverified.
+void VerifyRecords(const SourceIndex& L, int file, std::vector<std::tuple<uint64_t, uint64_t, uint32_t>> runs, int64_t* flags) {
+  std::sort(runs.begin(), runs.end());
+  const auto& records = L.files[static_cast<size_t>(file)].checksummed;
+  Files files(L);
+  std::vector<uint8_t> gap;
+  size_t next = 0;
+  for (size_t k = 0; k < records.size(); ++k) {
+    const auto& r = records[k];
+    while (next < runs.size() && std::get<0>(runs[next]) < r.offset) ++next;
+    if (next == runs.size() || std::get<0>(runs[next]) >= r.offset + r.size) continue;  // no run in it
+    uint64_t at = r.offset;
+    uint32_t crc = 0;
+    bool ok = true;
+    auto add_gap = [&](uint64_t end) {
+      for (; at < end;) {
+        gap.resize(static_cast<size_t>(std::min<uint64_t>(end - at, uint64_t{8} << 20)));
+        files.Read(file, at, gap.size(), gap.data());
+        crc = static_cast<uint32_t>(crc32_combine64(crc, pt::Crc32(0, gap), static_cast<z_off64_t>(gap.size())));
+        at += gap.size();
+      }
+    };
+    for (; next < runs.size() && std::get<0>(runs[next]) < r.offset + r.size; ++next) {
+      const auto [pos, len, part] = runs[next];
+      if (pos < at || pos + len > r.offset + r.size) {
+        ok = false;
+        break;
+      }
+      add_gap(pos);
+      crc = static_cast<uint32_t>(crc32_combine64(crc, part, static_cast<z_off64_t>(len)));
+      at = pos + len;
+    }
+    if (!ok) continue;
+    add_gap(r.offset + r.size);
+    if (crc == r.crc32) flags[k] = 1;
+  }
+}
+
 }  // namespace
 
-std::string CheckWeightCopies(const SourceIndex& L, shuffle::Comm& comm, int threads) {
+std::string CheckWeightCopies(const SourceIndex& L, shuffle::Comm& comm, int threads, std::vector<std::vector<char>>* verified) {
   if (L.weight_copies.empty()) return "";
   std::map<std::tuple<int, int, int>, const WeightCopy*> copy_of;  // (param, pp, tp)
   std::map<std::pair<int, int>, std::vector<const WeightCopy*>> slot_copies;  // (data file, slot): a DCP's copies
@@ -279,11 +324,24 @@ std::string CheckWeightCopies(const SourceIndex& L, shuffle::Comm& comm, int thr
     for (int64_t at = 0; at < fr.numel; at += kChunk)
       units.push_back({&fr, it->second, m.offset, at, std::min(kChunk, fr.numel - at), fr.dst_start + at});
   }
-  // Every rank reaches the sum below, whatever it found: a damaged record is thrown after it.
+  // Every rank reaches the sum below, whatever it found: a damaged record is thrown after it. After the
+  // verdicts and the damage flag, one slot per checksummed record of every file: verified (VerifyRecords).
   std::string damage;
-  Verdicts v((L.files.size() + L.copy_files.size()) * kFields + 1, 0);
+  const size_t verdicts = (L.files.size() + L.copy_files.size()) * kFields + 1;
+  std::vector<size_t> first_record(L.files.size() + 1, verdicts);
+  for (size_t f = 0; f < L.files.size(); ++f) first_record[f + 1] = first_record[f] + L.files[f].checksummed.size();
+  Verdicts v(first_record.back(), 0);
+  const size_t damaged = verdicts - 1;
   try {
-    const std::vector<Difference> diff = CompareUnits(L, units, threads);
+    std::vector<uint32_t> crc;
+    const std::vector<Difference> diff = CompareUnits(L, units, threads, crc);
+    if (verified) {  // per data file, its master runs: (file offset, bytes, CRC-32)
+      std::map<int, std::vector<std::tuple<uint64_t, uint64_t, uint32_t>>> runs;
+      for (size_t u = 0; u < units.size(); ++u)
+        runs[units[u].fragment->file].emplace_back(units[u].masters + 4 * static_cast<uint64_t>(units[u].fragment->src_start + units[u].at),
+                                                   4 * static_cast<uint64_t>(units[u].n), crc[u]);
+      for (auto& [file, list] : runs) VerifyRecords(L, file, std::move(list), v.data() + first_record[static_cast<size_t>(file)]);
+    }
     for (size_t u = 0; u < units.size();) {  // per fragment and copy
       const size_t first = u;
       const source::Fragment& fr = *units[u].fragment;
@@ -309,11 +367,16 @@ std::string CheckWeightCopies(const SourceIndex& L, shuffle::Comm& comm, int thr
     }
   } catch (const std::exception& e) {
     damage = e.what();
-    v.back() = 1;
+    v[damaged] = 1;
   }
   comm.AllreduceSum(v);
   if (!damage.empty()) throw Error(damage);
-  if (v.back() > 0) return "";  // another rank found damage: its error says it
+  if (v[damaged] > 0) return "";  // another rank found damage: its error says it
+  if (verified) {
+    verified->assign(L.files.size(), {});
+    for (size_t f = 0; f < L.files.size(); ++f)
+      for (size_t k = first_record[f]; k < first_record[f + 1]; ++k) (*verified)[f].push_back(v[k] > 0 ? 1 : 0);
+  }
   for (size_t f = 0; f < L.files.size(); ++f)
     if (At(v, static_cast<int>(f), kElements) > 0) return Message(L, v);  // a data file's elements: the copy files' add none
   return "";

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "shuffle/comm.h"
 #include "source/source_index.h"
@@ -19,6 +20,15 @@ namespace ucp::map {
 // that disagree), a parameter and the largest difference. Before it says the copies disagree, a rank
 // checks the CRC-32 of the records it read: a damaged byte is refused as damage (throws ucp::Error
 // naming the file and the record, on that rank; the others return "").
-std::string CheckWeightCopies(const source::SourceIndex& L, shuffle::Comm& comm, int threads);
+//
+// The masters it reads are the ones the mapper reads next, and a mapper reads every record whole for
+// its CRC-32 before it uses a byte of it: so the check computes, as it reads, the CRC-32 of each
+// master run, and of each record its runs lie in (its other bytes, the partitions' padding, read here
+// too), the runs combined in byte order. `verified`, when given, gets per data file and checksummed
+// record (SourceIndex::files[f].checksummed) 1 where that CRC-32 equals the record's, on every rank
+// alike: the mapper need not read those records a second time (Mapper's `verified`). A record whose
+// CRC-32 differs is left to the mapper, which refuses it as it always has.
+std::string CheckWeightCopies(const source::SourceIndex& L, shuffle::Comm& comm, int threads,
+                              std::vector<std::vector<char>>* verified = nullptr);
 
 }  // namespace ucp::map

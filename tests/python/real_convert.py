@@ -10,12 +10,35 @@ import json
 import os
 import shutil
 import subprocess
+import zipfile
 import sys
 import types
 
 import in_process
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def checked_once(src, report, label):
+    """The CRC-32 of every record is computed once: the weight-copy check verifies the records of the
+    fp32 masters it reads (where the module keeps a copy of the weights: not ZeRO-3), and the mappers
+    read for their CRC-32 only the others. Against the tensor records of the optimizer files, counted
+    here from their zip directories."""
+    records = 0
+    tag = os.path.join(src, open(os.path.join(src, "latest")).read().strip()) if os.path.exists(os.path.join(src, "latest")) else src
+    for f in os.listdir(tag):
+        if f.endswith("optim_states.pt"):
+            with zipfile.ZipFile(os.path.join(tag, f)) as z:
+                records += sum(i.file_size for i in z.infolist() if "/data/" in i.filename)
+    r = json.load(open(report))
+    by_check = r["records_verified_by_weight_copy_check"]["bytes"]
+    by_mappers = sum(p["bytes_crc_checked"] for p in r["per_rank"])
+    copies = json.load(open(os.path.join(os.path.dirname(report), "universal", "ucp_manifest.json")))["source"]["zero_stage"] != 3
+    print(f"{label}: record bytes CRC-checked by the weight-copy check {by_check}, by the mappers {by_mappers}, "
+          f"of {records} in the optimizer files")
+    if by_check + by_mappers > records or (copies and by_check == 0) or by_mappers == 0:
+        print(f"FAIL {label}: a record's CRC-32 computed twice, or the masters' records not verified by the weight-copy check")
+        sys.exit(1)
 
 
 def run(cmd, what):
@@ -243,10 +266,11 @@ def main():
     for store in ("pt", "hdf5"):
         for ranks in (1, 2):
             out = os.path.join(work, f"{store}-np{ranks}", "universal")
-            cmd = [convert, src, "-o", out, "--format", store, "-q"]
+            cmd = [convert, src, "-o", out, "--format", store, "-q", "--report", out + ".report.json"]
             if ranks > 1:
                 cmd = [mpiexec, "--oversubscribe", "-np", str(ranks)] + cmd
             run(cmd, f"ucp-convert --format {store} on {ranks} rank(s)")
+            checked_once(src, out + ".report.json", f"{store} np{ranks}")
             compared = out
             if store == "hdf5":  # DeepSpeed reads the .pt store: compare through the lossless conversion back
                 compared = os.path.join(work, f"{store}-np{ranks}", "as-pt")
