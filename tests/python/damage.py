@@ -35,6 +35,35 @@ def flip_in_record(path, name_part="/data/"):
     return record
 
 
+def first_tensor(value, keys):
+    """The first tensor anywhere in a torch.load'ed value under one of `keys`: the value itself, or the
+    first of a list of them (a list of flat groups)."""
+    import torch
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k in keys and torch.is_tensor(v):
+                return v
+            if k in keys and isinstance(v, (list, tuple)) and v and torch.is_tensor(v[0]):
+                return v[0]
+            found = first_tensor(v, keys)
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            found = first_tensor(v, keys)
+            if found is not None:
+                return found
+    return None
+
+
+def records_holding(path, tensor):
+    """The zip records of a torch.save file whose bytes are exactly `tensor`'s."""
+    import torch
+    want = tensor.contiguous().view(torch.uint8).numpy().tobytes()
+    with zipfile.ZipFile(path) as z:
+        return [i.filename for i in z.infolist() if i.file_size == len(want) and z.read(i) == want]
+
+
 def tree_digest(d):
     """SHA-256 over the names and bytes of every file under `d`, in order."""
     h = hashlib.sha256()

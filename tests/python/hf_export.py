@@ -27,7 +27,6 @@ import re
 import shutil
 import subprocess
 import sys
-import zipfile
 
 import torch
 
@@ -35,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds_stubs  # noqa: E402,F401
 from atomic_files import atomic_tensor  # noqa: E402
 from checklist import check, finish  # noqa: E402
-from damage import flip_in_record  # noqa: E402
+from damage import first_tensor, flip_in_record, records_holding  # noqa: E402
 from safetensors_reader import read_safetensors  # noqa: E402
 
 BIN, CASE_DIR, ATOMIC, WORK, DATA = sys.argv[1:6]
@@ -258,26 +257,8 @@ optim = sorted(f for f in os.listdir(os.path.join(root, tag)) if f.endswith("opt
 optim = os.path.join(root, tag, optim)
 
 
-def first_exp_avg(v):
-    if isinstance(v, dict):
-        for k, x in v.items():
-            if k == "exp_avg" and torch.is_tensor(x):
-                return x
-            found = first_exp_avg(x)
-            if found is not None:
-                return found
-    elif isinstance(v, (list, tuple)):
-        for x in v:
-            found = first_exp_avg(x)
-            if found is not None:
-                return found
-    return None
-
-
-moment = first_exp_avg(torch.load(optim, map_location="cpu", weights_only=False))
-want = moment.contiguous().view(torch.uint8).numpy().tobytes() if moment is not None else None
-with zipfile.ZipFile(optim) as z:
-    records = [i.filename for i in z.infolist() if want is not None and i.file_size == len(want) and z.read(i) == want]
+moment = first_tensor(torch.load(optim, map_location="cpu", weights_only=False), ("exp_avg",))
+records = records_holding(optim, moment) if moment is not None else []
 check("damaged moment: the optimizer file's exp_avg found as one zip record", len(records) == 1, f"{optim}: {records}")
 if len(records) == 1:
     flip_in_record(optim, records[0])

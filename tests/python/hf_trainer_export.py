@@ -26,14 +26,13 @@ import json
 import os
 import shutil
 import sys
-import zipfile
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklist import check, finish, fresh_folder, tool_runner  # noqa: E402
 import ds_stubs  # noqa: E402,F401
-from damage import flip_in_record  # noqa: E402
+from damage import first_tensor, flip_in_record, records_holding  # noqa: E402
 from safetensors_reader import read_safetensors  # noqa: E402
 
 BIN, CASES, WORK = sys.argv[1:4]
@@ -72,45 +71,21 @@ def differing(got, want, cast=None):
     return bad
 
 
-def first_tensor_of(value, keys):
-    """The first tensor under one of `keys` (a list of flat groups) anywhere in a torch.load'ed value."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if k in keys and isinstance(v, (list, tuple)) and v and torch.is_tensor(v[0]):
-                return v[0]
-            found = first_tensor_of(v, keys)
-            if found is not None:
-                return found
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            found = first_tensor_of(v, keys)
-            if found is not None:
-                return found
-    return None
-
-
-def record_holding(path, tensor):
-    """The zip record of a torch.save file whose bytes are exactly `tensor`'s, or None."""
-    want = tensor.contiguous().view(torch.uint8).numpy().tobytes()
-    with zipfile.ZipFile(path) as z:
-        found = [i.filename for i in z.infolist() if i.file_size == len(want) and z.read(i) == want]
-    return found[0] if len(found) == 1 else None
-
-
 def damaged_root_checks(case, ckpt, work, given, exported):
     """The export from the root reads the fp32 masters in the optimizer files and nothing else there: a
     byte flipped in a master record is refused naming the file and the record, nothing left at -o; a byte
     flipped in an exp_avg record changes nothing."""
     tag = open(os.path.join(ckpt, "latest")).read().strip()
     for label, keys, refused in (("an fp32 master", ("single_partition_of_fp32_groups", "fp32_flat_groups"), True),
-                                 ("an exp_avg", (), False)):
+                                 ("an exp_avg", ("exp_avg",), False)):
         copy = os.path.join(work, "damaged-root")
         shutil.rmtree(copy, ignore_errors=True)
         shutil.copytree(ckpt, copy)
         optim = os.path.join(copy, tag, sorted(f for f in os.listdir(os.path.join(copy, tag)) if f.endswith("optim_states.pt"))[0])
         state = torch.load(optim, map_location="cpu")
-        tensor = first_tensor_of(state, keys) if refused else first_exp_avg(state)
-        record = record_holding(optim, tensor) if tensor is not None else None
+        tensor = first_tensor(state, keys)
+        found = records_holding(optim, tensor) if tensor is not None else []
+        record = found[0] if len(found) == 1 else None
         check(f"{case}: {label} of {os.path.basename(optim)} found as one zip record", record is not None, optim)
         if record is None:
             continue
@@ -128,23 +103,6 @@ def damaged_root_checks(case, ckpt, work, given, exported):
                   r.returncode == 0 and sorted(got) == sorted(exported) and not differing(got, exported), r.stderr[-800:])
         shutil.rmtree(out, ignore_errors=True)
         shutil.rmtree(copy)
-
-
-def first_exp_avg(value):
-    """The first exp_avg tensor anywhere in a torch.load'ed value."""
-    if isinstance(value, dict):
-        if torch.is_tensor(value.get("exp_avg")):
-            return value["exp_avg"]
-        for v in value.values():
-            found = first_exp_avg(v)
-            if found is not None:
-                return found
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            found = first_exp_avg(v)
-            if found is not None:
-                return found
-    return None
 
 
 def carries_job_config(atomic):
