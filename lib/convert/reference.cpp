@@ -102,9 +102,11 @@ int RunReference(const ConvertOptions& o, Planned& x, shuffle::Comm& comm, std::
   });
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
   const auto gathered = GatherRecords(comm, mine.records);
+  size_t side_files = 0;
   error = rank == 0 ? Capture([&] {
     std::map<std::string, store::FileRecord> files;
     AddGathered(gathered, files);
+    side_files = files.size();
     const Partitions parts = PartitionsOf(x);
     std::map<std::string, const patterns::ParamPattern*> pattern_of;
     for (const auto& p : x.M.params) pattern_of[p.name] = &p;
@@ -127,7 +129,7 @@ int RunReference(const ConvertOptions& o, Planned& x, shuffle::Comm& comm, std::
     char buf[96];
     std::snprintf(buf, sizeof buf, " in %.2fs", secs);
     err << "ucp-convert: wrote " << o.output << ": " << x.plan.params.size() << " parameters, the fp32 weights left in "
-        << x.L.dir << "'s partitions (read from there, each record's CRC-32 checked), " << mine.records.size()
+        << x.L.dir << "'s partitions (read from there, each record's CRC-32 checked), " << side_files
         << " side file(s)" << buf << "\n";
   }
   return 0;

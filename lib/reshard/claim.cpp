@@ -139,6 +139,20 @@ bool AnyFailedAbandoning(shuffle::Comm& comm, const std::string& error, std::ost
 
 namespace {
 
+// Whether the folder holds a run that never reached its commit point (killed): its claim file lists
+// its markers, and none of them is there. Such a run's files are the next run's to replace, without
+// --force (nothing of them looks complete). A claim file of a ucp before claims listed markers: false.
+bool Unfinished(const std::string& output) {
+  const auto text = ReadWholeFile(output + "/" + kClaimFile);
+  const nlohmann::json j = text ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
+  if (!j.is_object() || j.value("tool", "") != kTool || !j.contains("markers") || !j["markers"].is_array() || j["markers"].empty())
+    return false;
+  std::error_code ec;
+  for (const auto& m : j["markers"])
+    if (!m.is_string() || fs::exists(output + "/" + m.get<std::string>(), ec)) return false;
+  return true;
+}
+
 // A folder in the way: --force is the remedy only where an earlier ucp-reshard run wrote it.
 Error NotEmpty(const std::string& output, bool claimed) {
   if (claimed) return Error(output + ": exists and holds an earlier ucp-reshard run's output; use --force to replace it");
@@ -157,8 +171,12 @@ std::unique_ptr<ClaimedOutput> ClaimOutput(const std::string& output, const std:
   auto folder = std::make_unique<OutputFolder>(output, kTool, markers, lock_note);
   const bool claimed = fs::exists(output + "/" + kClaimFile, ec);
   if (!HoldsNothing(output)) {  // under the lock
-    if (!force) throw NotEmpty(output, claimed);
+    const bool unfinished = claimed && Unfinished(output);
+    if (!force && !unfinished) throw NotEmpty(output, claimed);
     folder->Clear(ForceClearList(output));
+    if (unfinished && !force && lock_note)
+      *lock_note += std::string(lock_note->empty() ? "" : "; ") + output + " held an earlier ucp-reshard run that stopped before "
+                    "its commit point (killed?): what it wrote was removed, and this run writes the folder afresh";
   } else {
     folder->Clear({});  // what killed runs left that counts as nothing: their temporaries
   }
@@ -166,7 +184,8 @@ std::unique_ptr<ClaimedOutput> ClaimOutput(const std::string& output, const std:
   for (const std::string& c : contents)  // a file inside a folder (Megatron-LM's iter_NNNNNNN/): the folder
     if (const std::string top = c.substr(0, c.find('/')); std::find(writes.begin(), writes.end(), top) == writes.end()) writes.push_back(top);
   WriteFileAtomically(output + "/" + kClaimFile,
-                      nlohmann::json({{"tool", kTool}, {"ucp_version", UCP_VERSION}, {"what", what}, {"writes", writes}}).dump() + "\n");
+                      nlohmann::json({{"tool", kTool}, {"ucp_version", UCP_VERSION}, {"what", what}, {"writes", writes},
+                                      {"markers", markers}}).dump() + "\n");
   return std::make_unique<ClaimedOutput>(std::move(folder), std::move(writes), made_folder, !claimed);
 }
 
@@ -174,7 +193,8 @@ void RefuseClaim(const std::string& output, const std::string& input, bool force
   if (force) RefuseForceOverInput(output, input);
   if (HoldsNothing(output)) return;
   std::error_code ec;
-  if (!force) throw NotEmpty(output, fs::exists(output + "/" + kClaimFile, ec));
+  const bool claimed = fs::exists(output + "/" + kClaimFile, ec);
+  if (!force && !(claimed && Unfinished(output))) throw NotEmpty(output, claimed);
   ForceClearList(output);  // refuses what --force would refuse to clear
 }
 

@@ -42,7 +42,9 @@ class ClaimedOutput {
 
 // `markers`: the folder's markers, the commit point last; `contents`: what a run of this target
 // writes there besides (a path inside a folder is recorded, and taken back, as its top folder); both
-// are recorded in the claim file. --force removes what the claim file
+// are recorded in the claim file. A folder whose claim file lists markers none of which is there holds
+// a run killed before its commit point: it is replaced as --force would, without it (said in
+// *lock_note). --force removes what the claim file
 // of the run before lists (the commit points first), then what killed runs left; refused when the
 // folder holds anything else, when its `latest` names a tag that list lacks, or when the folder
 // holds `input`, what the run reads. Throws ucp::Error naming the folder and what is in the way.

@@ -309,6 +309,30 @@ r = run([inner, "-o", cut, "--format", "hf", "--force"])
 check("--force over the folder holding the input: refused, nothing removed", r.returncode == 1 and "holds the checkpoint this run reads"
       in r.stderr and os.path.exists(os.path.join(inner, "ucp_manifest.json")), r.stderr[-300:])
 
+# A run killed before its commit point (a finished export with its commit point and the files after it
+# removed, a temporary beside, as a kill leaves it) is the next run's to replace, without --force: the
+# same command finishes the job. A finished export is not, nor a killed one beside a file no run wrote.
+killed = os.path.join(WORK, "killed_export")
+r = run([ATOMIC, "-o", killed, "--format", "hf", "-q"])
+commit_point = "model.safetensors.index.json" if os.path.exists(os.path.join(killed, "model.safetensors.index.json")) else "config.json"
+r = run([ATOMIC, "-o", killed, "--format", "hf"])
+check("a finished export: the same command again is refused, asking for --force", r.returncode == 1 and "use --force" in r.stderr,
+      r.stderr[-300:])
+os.remove(os.path.join(killed, commit_point))
+open(os.path.join(killed, commit_point + ".tmp-999999-1"), "w").write("{")
+r = run([ATOMIC, "-o", killed, "--format", "hf"])
+ok, differ = same_files(one, killed, export_files(one)) if r.returncode == 0 else (False, [])
+check("killed before its commit point: the same command replaces it without --force, and says so", ok and
+      export_files(killed) == export_files(one) and "stopped before its commit point" in r.stderr and
+      not any(".tmp-" in n for n in os.listdir(killed)), f"{differ} {r.stderr[-400:]}")
+os.remove(os.path.join(killed, commit_point))
+open(os.path.join(killed, "notes.txt"), "w").write("mine")
+r = run([ATOMIC, "-o", killed, "--format", "hf"])
+check("killed, with a file no ucp-reshard run wrote beside: refused naming it, nothing removed", r.returncode == 1 and
+      "notes.txt" in r.stderr and os.path.exists(os.path.join(killed, "notes.txt")) and
+      all(os.path.exists(os.path.join(killed, f)) for f in export_files(one) if f != commit_point), r.stderr[-300:])
+shutil.rmtree(killed)
+
 conflict = os.path.join(WORK, "conflict.json")
 json.dump({"hidden_size": CFG["hidden_size"] + 1}, open(conflict, "w"))
 refused("--model-config against the checkpoint's args", ["--model-config", conflict], ["hidden_size", conflict, "args"])

@@ -12,7 +12,8 @@ usage: kill_anywhere.py MODE TOOL SOURCE WORK RANKS MPIEXEC [TOOL ARGS...]
    lock and the batch sync. With 2 ranks, each kill takes rank 0 alone, rank 1 alone, or both.
 3. After each kill: every file under its final name is byte-identical to the reference's file of that
    name, and no marker exists before everything it stands for.
-4. Then the rerun (--resume for the .pt convert while there is something to resume, else --force);
+4. Then the rerun (--resume for the .pt convert while there is something to resume; for ucp-reshard the same
+   command while no marker is there, a killed run's leftovers being its to replace; else --force);
    every fifth rerun is itself killed at a random point first. 5 more kills come from outside (SIGKILL
    to the whole process group at a random time). After each final rerun the output tree equals the
    reference's, file for file, byte for byte.
@@ -96,9 +97,11 @@ def rerun_args(base):
     """The flags of the rerun after a kill: none when no output folder was made yet."""
     if not os.path.exists(out_dir(base)):
         return []
+    out = out_dir(base)
+    if mode == "reshard":  # a run killed before its first marker is the next run's to replace: the same command
+        return ["--force"] if any(os.path.exists(os.path.join(out, m)) for m in MARKERS) else []
     if mode != "convert-pt":
         return ["--force"]
-    out = out_dir(base)
     complete = os.path.exists(os.path.join(out, "ucp_manifest.json")) and \
         not os.path.exists(os.path.join(out, ".ucp-journal"))
     return ["--force"] if complete else ["--resume"]
