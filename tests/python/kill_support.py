@@ -43,9 +43,32 @@ def kill_after(command, env, seconds):
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                             start_new_session=True)
     time.sleep(seconds)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    kill_session(proc.pid)
     proc.wait()
-    time.sleep(0.2)  # let the job's last processes (mpiexec's children) go
+    while session_members(proc.pid):  # Open MPI puts each rank in a process group of its own
+        kill_session(proc.pid)
+        time.sleep(0.05)
+
+
+def session_members(sid):
+    """The processes of session `sid` (a batch system's job), mpiexec's ranks in their own process groups included."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+                if state != "Z" and os.getsid(int(entry)) == sid:  # a zombie holds no file open
+                    members.append(int(entry))
+            except (OSError, IndexError):
+                pass
+    return members
+
+
+def kill_session(sid):
+    """SIGKILL to every process of session `sid`, as a batch system ends a job."""
+    for pid in session_members(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
