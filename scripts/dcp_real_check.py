@@ -17,6 +17,8 @@ difference; tests/python/dcp_target.py checks ucp's output against it in CI.
 The real DCP cases (../shared/real-dcp/cases/fsdp2_dp2, tp2) converted by ucp-convert and written back
 by ucp-reshard on their own mesh (DCP_DIR:MESH:DCP_CASE) are checked the same way against torch's own
 reference.pt and the logits of the case's model (tiny_llama.py, reference.pt's weights, one process).
+A real Megatron-Core case written as DCP (DCP_DIR:MESH:mcore=CASE_DIR=HF_CONFIG) against Megatron's own
+full state (its reference.pt) and Megatron-Core's own logits (its megatron_logits.json).
 """
 import hashlib
 import json
@@ -30,7 +32,7 @@ import torch.multiprocessing as mp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
-from dcp_expect import expected_from_megatron, flat, same  # noqa: E402
+from dcp_expect import expected_from_mcore, expected_from_megatron, flat, same  # noqa: E402
 
 IDS = (torch.arange(2 * 16).view(2, 16) * 37 + 11) % 300  # harness_logits.py's batch
 
@@ -45,7 +47,7 @@ def sha256s(folder):
             for f in sorted(os.listdir(folder)) if f.endswith(".distcp") or f == ".metadata"}
 
 
-def worker(rank, world, folder, mesh, cfg, harness, groups, out):
+def worker(rank, world, folder, mesh, cfg, harness, groups, out, ids):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517", USE_LIBUV="0")
     dist.init_process_group("gloo", rank=rank, world_size=world)
     sys.path.insert(0, harness)
@@ -76,7 +78,7 @@ def worker(rank, world, folder, mesh, cfg, harness, groups, out):
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     full_m, full_o = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     with torch.no_grad():
-        logits = model(IDS)
+        logits = model(ids)
     if hasattr(logits, "full_tensor"):
         logits = logits.full_tensor()
     if rank == 0:
@@ -108,7 +110,7 @@ def reference_of_dcp_case(case_dir, harness):
     return cfg, want_t, want_o, logits
 
 
-def check_folder(want_t, want_o, cfg, ref_logits, harness, folder, mesh):
+def check_folder(want_t, want_o, cfg, ref_logits, harness, folder, mesh, ids=IDS):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     rec = {"mesh": mesh, "sha256": sha256s(folder)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,7 +126,7 @@ def check_folder(want_t, want_o, cfg, ref_logits, harness, folder, mesh):
         world = 1
         for n in degrees(mesh).values():
             world *= n
-        mp.spawn(worker, args=(world, folder, mesh, cfg, harness, groups, out), nprocs=world)
+        mp.spawn(worker, args=(world, folder, mesh, cfg, harness, groups, out, ids), nprocs=world)
         loaded = torch.load(out, weights_only=False)
     groups_now = flat({"optim": {"param_groups": loaded["optim"]["param_groups"]}})
     rec["loaded_options_equal"] = sum(groups_now.get(k) == v for k, v in want_o.items())
@@ -139,6 +141,21 @@ def check_folder(want_t, want_o, cfg, ref_logits, harness, folder, mesh):
     return rec
 
 
+def reference_of_mcore_case(spec):
+    """A real-mcore case (tests/data/real-mcore/<case>, spec "mcore=CASE_DIR=HF_CONFIG"): Megatron's own full
+    state (reference.pt) as torchtitan names it, the param groups as Megatron-Core rebuilds them
+    (dcp_expect.expected_from_mcore), the model's facts from ucp's Hugging Face export's config.json, and
+    Megatron-Core's own logits (megatron_logits.json) with the batch they were computed on."""
+    _, case_dir, hf_config = spec.split("=")
+    hf = json.load(open(hf_config))
+    cfg = {"hidden_size": hf["hidden_size"], "num_layers": hf["num_hidden_layers"], "num_attention_heads": hf["num_attention_heads"],
+           "num_key_value_heads": hf["num_key_value_heads"], "ffn_hidden_size": hf["intermediate_size"], "vocab_size": hf["vocab_size"],
+           "layernorm_epsilon": hf["rms_norm_eps"], "rope_theta": hf["rope_theta"], "max_position_embeddings": hf["max_position_embeddings"]}
+    want_t, want_o = expected_from_mcore(case_dir, cfg["num_attention_heads"], cfg["num_key_value_heads"])
+    ref = json.load(open(os.path.join(case_dir, "megatron_logits.json")))
+    return cfg, want_t, want_o, ref["logits"], torch.tensor(ref["ids"])
+
+
 def main():
     """Each DCP_DIR:MESH is checked against the DeepSpeed case's atomic tensors; DCP_DIR:MESH:CASE (a real
     DCP case written back) against that case's reference.pt and its own model's logits."""
@@ -150,12 +167,16 @@ def main():
     record = {"torch": torch.__version__, "folders": {}}
     for spec in sys.argv[6:]:
         folder, mesh, *dcp_case = spec.split(":")
-        if dcp_case:
+        ids = IDS
+        if dcp_case and dcp_case[0].startswith("mcore="):
+            cfg, want_t, want_o, logits, ids = reference_of_mcore_case(dcp_case[0])
+            label = "mcore " + mesh
+        elif dcp_case:
             cfg, want_t, want_o, logits = reference_of_dcp_case(dcp_case[0], harness)
             label = os.path.basename(dcp_case[0]) + " " + mesh
         else:
             cfg, want_t, want_o, logits, label = ds_cfg, ds_t, ds_o, ds_logits, mesh
-        rec = check_folder(want_t, want_o, cfg, logits, harness, folder, mesh)
+        rec = check_folder(want_t, want_o, cfg, logits, harness, folder, mesh, ids)
         print(json.dumps(rec))
         record["folders"][label] = rec
     with open(out, "w") as f:

@@ -100,3 +100,63 @@ def flat(tree, prefix=""):
         else:
             out[prefix + str(k)] = v
     return out
+
+
+def titan_from_mcore(ref, heads, groups, prefix=""):
+    """torchtitan's tensors from Megatron-Core's own full state (a real-mcore case's reference.pt, stacked
+    decoder.layers.*): linear_qkv's rows per query group [its query heads; its key head; its value head],
+    linear_fc1's [gate; up], the fused norms; q and k rows to torchtitan's interleaved pairs. `prefix`:
+    "" for the weights, "optimizer.state.exp_avg." or "optimizer.state.exp_avg_sq." for a moment."""
+    t = lambda name: ref[prefix + name]
+    qkv = t("decoder.layers.self_attention.linear_qkv.weight")
+    layers, rows, hidden = qkv.shape
+    hd = rows // (heads + 2 * groups)
+    per = heads // groups
+    fc1 = t("decoder.layers.mlp.linear_fc1.weight")
+    ffn = fc1.shape[1] // 2
+    out = {"tok_embeddings.weight": t("embedding.word_embeddings.weight"), "norm.weight": t("decoder.final_layernorm.weight"),
+           "output.weight": t("output_layer.weight")}
+    for i in range(layers):
+        g = qkv[i].view(groups, (per + 2) * hd, hidden)
+        wq = g[:, :per * hd].reshape(heads * hd, hidden)
+        wk = g[:, per * hd:(per + 1) * hd].reshape(groups * hd, hidden)
+        wv = g[:, (per + 1) * hd:].reshape(groups * hd, hidden)
+        L = f"layers.{i}."
+        out[L + "attention.wq.weight"] = to_pairs(wq, hd)
+        out[L + "attention.wk.weight"] = to_pairs(wk, hd)
+        out[L + "attention.wv.weight"] = wv.contiguous()
+        out[L + "attention.wo.weight"] = t("decoder.layers.self_attention.linear_proj.weight")[i]
+        out[L + "feed_forward.w1.weight"] = fc1[i][:ffn]
+        out[L + "feed_forward.w3.weight"] = fc1[i][ffn:]
+        out[L + "feed_forward.w2.weight"] = t("decoder.layers.mlp.linear_fc2.weight")[i]
+        out[L + "attention_norm.weight"] = t("decoder.layers.self_attention.linear_qkv.layer_norm_weight")[i]
+        out[L + "ffn_norm.weight"] = t("decoder.layers.mlp.linear_fc1.layer_norm_weight")[i]
+    return out
+
+
+def expected_from_mcore(case_dir, heads, groups):
+    """The DCP's tensors and param-group options a real-mcore case gives (reference.pt, common.json),
+    the groups as Megatron-Core's default rule rebuilds them: biases and one-dimensional tensors in the
+    group of wd_mult 0 (written with weight_decay 0, as Megatron's scheduler sets it), the others in
+    the group of wd_mult 1."""
+    ref = torch.load(os.path.join(case_dir, "reference.pt"), weights_only=False)
+    common = json.load(open(os.path.join(case_dir, "common.json")))
+    tensors = {"model." + k: v.contiguous() for k, v in titan_from_mcore(ref, heads, groups).items()}
+    for state in ("exp_avg", "exp_avg_sq"):
+        for k, v in titan_from_mcore(ref, heads, groups, f"optimizer.state.{state}.").items():
+            tensors[f"optim.state.{k}.{state}"] = v.contiguous()
+    names = [k[6:] for k in tensors if k.startswith("model.")]
+    for k in names:
+        tensors[f"optim.state.{k}.step"] = torch.tensor(float(common["common_step"]), dtype=torch.float32)
+    keys = ["attention.wq", "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1", "feed_forward.w2",
+            "feed_forward.w3", "attention_norm", "ffn_norm"]  # torchtitan's TransformerBlock, in its state-dict order
+    layers = len([k for k in names if k.endswith("attention.wq.weight")])
+    order = ["tok_embeddings.weight"] + [f"layers.{i}.{k}.weight" for i in range(layers) for k in keys] + ["norm.weight", "output.weight"]
+    objects = {}
+    for g, group in enumerate(common["param_groups"]):
+        for option, value in group.items():
+            value = tuple(value) if isinstance(value, list) else value
+            objects[f"optim.param_groups.{g}.{option}"] = 0.0 if option == "weight_decay" and group["wd_mult"] == 0 else value
+        no_decay = group["wd_mult"] == 0
+        objects[f"optim.param_groups.{g}.params"] = [k for k in order if (tensors["model." + k].dim() == 1) == no_decay]
+    return tensors, objects

@@ -26,7 +26,11 @@ placed; the ranges must tile each file), never by ucp alone:
   sha256), and the record must say every tensor and option was equal and the logits agreed;
 - Megatron-Core's Llama (tests/data/real-mcore/llama_tp2: stacked layers, per-query-group QKV) on tp=2:
   the DCP's weights equal ucp's Hugging Face export of it (hf_mcore checks that against transformers'
-  logits), renamed, q and k rows re-ordered;
+  logits), renamed, q and k rows re-ordered; on tp=2, dp=2 and dp=1 every weight, moment and step equals
+  Megatron's own full state (reference.pt) cut and renamed in torch here, and each param group holds the
+  parameters Megatron-Core's default rule puts there (the norms in the group of wd_mult 0, written with
+  weight_decay 0); RECORD says torch 2.6 loaded these very files into torchtitan's Llama on each mesh,
+  every tensor and option equal, its logits within 1e-5 of Megatron-Core's own (megatron_logits.json);
 - refusals by name, nothing written: dp and tp together, an unknown mesh dimension, --dtype bf16,
   --max-shard-size, a GPT-style model (learned positions, LayerNorm: said as GPT-shaped, --format hf naming
   GPT2LMHeadModel), a DeepSpeed layout flag.
@@ -40,7 +44,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklist import check, finish, fresh_folder, tool_runner  # noqa: E402
-from dcp_expect import atom, expected_from_megatron, flat, same, to_pairs  # noqa: E402
+from dcp_expect import atom, expected_from_mcore, expected_from_megatron, flat, same, to_pairs  # noqa: E402
 from dcp_files import read_dcp  # noqa: E402
 from safetensors_reader import read_safetensors  # noqa: E402
 
@@ -214,7 +218,7 @@ def from_megatron_core(mcore_case):
     """Megatron-Core's stacked layers (per-query-group QKV) through both targets of the same translation:
     the DCP's weights equal the Hugging Face export's (itself checked against transformers' logits by
     hf_mcore), renamed, q and k rows from rotate-half to torchtitan's interleaved pairs."""
-    atomic, hf, out = (os.path.join(WORK, "mcore", x) for x in ("atomic", "hf", "dcp"))
+    atomic, hf, out = (os.path.join(WORK, "mcore", x) for x in ("atomic", "hf", "dcp-tp2"))  # the record's folder names
     r = run("ucp-convert", [os.path.join(mcore_case, "checkpoint"), "-o", atomic])
     check("a Megatron-Core Llama converts", r.returncode == 0, r.stderr[-1000:])
     r1 = run("ucp-reshard", [atomic, "-o", hf, "--format", "hf"])
@@ -238,9 +242,23 @@ def from_megatron_core(mcore_case):
         if parts[1] == "layers":
             key = f"model.layers.{parts[2]}.{names['.'.join(parts[3:-1])]}.weight"
             want[key] = to_pairs(v, hd) if parts[4] in ("q_proj", "k_proj") else v
-    got, _, _ = read_dcp(out)
+    got, got_o, _ = read_dcp(out)
     got_model = {k: v for k, v in got.items() if k.startswith("model.")}
     check_tensors("Megatron-Core -> DCP tp=2 (weights, against the hf export)", got_model, want)
+    # Every tensor and option against Megatron's own full state (reference.pt, common.json), the param
+    # groups as Megatron-Core rebuilds them (it saves no `params`): norms in the group of wd_mult 0.
+    want_t, want_o = expected_from_mcore(mcore_case, cfg["num_attention_heads"], cfg["num_key_value_heads"])
+    for mesh, ranks in [("tp=2", 2), ("dp=2", 2), ("dp=1", 1)]:
+        folder = os.path.join(WORK, "mcore", "dcp-" + mesh.replace("=", ""))
+        if mesh != "tp=2":
+            r = run("ucp-reshard", [atomic, "-o", folder, "--format", "dcp", "--mesh", mesh], ranks=ranks)
+            check(f"Megatron-Core -> DCP {mesh}: written", r.returncode == 0, r.stderr[-1500:])
+            if r.returncode:
+                continue
+            got, got_o, _ = read_dcp(folder)
+        check_record(f"mcore {mesh}", folder, f"Megatron-Core -> DCP {mesh}")
+        check_tensors(f"Megatron-Core -> DCP {mesh} (against Megatron's reference.pt)", got, want_t)
+        check_objects(f"Megatron-Core -> DCP {mesh}", got_o, want_o)
 
 
 def refused(label, args, expect, ranks=1):

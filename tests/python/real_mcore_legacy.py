@@ -17,9 +17,14 @@ flipped byte in a tensor record of model_optim_rng.pt. A weights-only save (--no
 weights-only atomic checkpoint of the model's own tensors, whose export equals the full save's.
 """
 import filecmp
+import importlib.abc
+import importlib.machinery
+import json
 import os
+import re
 import shutil
 import sys
+import types
 import zipfile
 
 import torch
@@ -58,6 +63,70 @@ def equals_trained(label, atomic, ref, trained):
     check(f"{label}: every tensor equals the trained state's", not bad, str(bad[:5]))
 
 
+class _Stand:  # any class of Megatron's a legacy file pickles (its args' enums, ...): never needed here
+    def __init__(self, *a, **k):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+
+class _Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """megatron.* modules whose every attribute is _Stand: torch.load of a legacy file without Megatron-LM."""
+    def find_spec(self, name, path, target=None):
+        return importlib.machinery.ModuleSpec(name, self, is_package=True) if name.split(".")[0] == "megatron" else None
+
+    def create_module(self, spec):
+        m = types.ModuleType(spec.name)
+        m.__path__ = []
+        m.__getattr__ = lambda attr: _Stand
+        return m
+
+    def exec_module(self, module):
+        pass
+
+
+sys.meta_path.append(_Stubs())
+try:  # the RNG state pickles numpy 2's arrays (numpy._core); Debian bookworm's numpy 1 names them numpy.core
+    import numpy._core  # noqa: F401
+except ImportError:
+    import numpy.core.multiarray
+    sys.modules["numpy._core"], sys.modules["numpy._core.multiarray"] = numpy.core, numpy.core.multiarray
+
+
+def groups_are_the_saves(label, legacy, atomic):
+    """The torch optimizer form saves each group's parameters (ids in its param_groups; the mixed-precision
+    optimizer's fp32 masters per group): in every rank file, group g's tensors, in order, have the shapes of
+    the rank's model parameters whose atomic parameter the manifest puts in group g (Megatron-Core's
+    default rule, which the torch_dist form needs, checked here against what this form saved)."""
+    group_of = {p["name"]: p["group"] for p in json.load(open(os.path.join(atomic, "ucp_manifest.json")))["params"]}
+    bad, files = [], 0
+    for dirpath, _, names in os.walk(legacy):
+        if "model_optim_rng.pt" not in names:
+            continue
+        d = torch.load(os.path.join(dirpath, "model_optim_rng.pt"), map_location="cpu", weights_only=False)
+        opt = d["optimizer"]
+        sd = opt["optimizer"] if "fp32_from_fp16_params" in opt else opt
+        if "state" not in sd:
+            return  # the distributed optimizer: its groups' parameters are not in this file
+        files += 1
+        if "fp32_from_fp16_params" in opt:
+            saved = [[tuple(t.shape) for t in g] for g in opt["fp32_from_fp16_params"]]
+        else:
+            saved = [[tuple(sd["state"][i]["exp_avg"].shape) for i in g["params"]] for g in sd["param_groups"]]
+        mine = [[] for _ in saved]
+        for key, t in d["model"].items():
+            if key.endswith("_extra_state") or not isinstance(t, torch.Tensor):
+                continue
+            name = re.sub(r"^decoder\.layers\.\d+\.", "decoder.layers.", key)  # the torch_dist key: layers stacked,
+            name = re.sub(r"\.input_layernorm\.(weight|bias)$", r".self_attention.linear_qkv.layer_norm_\1", name)  # the local
+            name = re.sub(r"\.pre_mlp_layernorm\.(weight|bias)$", r".mlp.linear_fc1.layer_norm_\1", name)  # spec's norms fused
+            mine[group_of[name]].append(tuple(t.shape))
+        if mine != saved:
+            bad.append(f"{os.path.relpath(dirpath, legacy)}: saved {[len(g) for g in saved]}, manifest {[len(g) for g in mine]}")
+    check(f"{label}: each parameter in the param group the save put it in ({files} rank files)", files > 0 and not bad, str(bad[:3]))
+
+
 for case in cases:
     legacy = os.path.join(CASES, case, "legacy")
     if case.startswith("moe_"):  # expert-parallel rank folders: not read yet, refused by name
@@ -86,6 +155,7 @@ for case in cases:
             equals_trained(f"{case} legacy np{np}", atomic, ref, trained)
         else:
             same_atomic(check, f"{case} legacy np{np} vs torch_dist", atomic, full)
+    groups_are_the_saves(case, legacy, os.path.join(WORK, f"{case}-legacy-np1"))
     r = run("ucp-inspect", ["--verify", os.path.join(WORK, f"{case}-legacy-np2")])
     check(f"{case}: the legacy atomic checkpoint verifies", r.returncode == 0, r.stdout[-800:] + r.stderr[-800:])
 

@@ -16,6 +16,7 @@
 #include "core/mapped_file.h"
 #include "formats/dcp/bucket_layout.h"
 #include "formats/dcp/megatron_core.h"
+#include "source/megatron_groups.h"
 #include "formats/dcp/metadata.h"
 #include "pt/low_precision.h"
 #include "pt/torch_file.h"
@@ -244,7 +245,8 @@ class Parameters {
       WithContext("'" + model.fqn + "'", [&] {
         source::ParamRecord rec;
         rec.name = model.fqn;
-        rec.group = 0;
+        auto g = group_of_.find(model.fqn);
+        rec.group = g == group_of_.end() ? 0 : g->second;
         rec.tp_shape[0] = model.size;
         rec.stages.insert(0);
         const int param = static_cast<int>(L_.params.size());
@@ -445,8 +447,8 @@ std::string JobDtype(const std::map<std::string, const Item*>& model, const std:
 }
 
 // Megatron-Core's common state: the param groups as saved (Megatron saves no `params` in them and
-// rebuilds the groups from its configuration on load, so every atomic parameter records group 0),
-// the step every parameter shares, as each group's.
+// rebuilds the groups from its configuration on load: megatron_groups.h), the step every parameter
+// shares, as each group's.
 void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
   if (mc.args) {
     L.args = mc.args;
@@ -477,9 +479,6 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
                     "; ucp-convert reads every parameter's whole state from it, which ucp-reshard writes as Megatron-LM's "
                     "torch_dist at any TP, PP and DP (--format mcore) or exports (--format hf; a DeepSpeed layout from it is "
                     "not written yet)");
-  if (groups > 1)
-    L.notes.push_back(std::to_string(groups) + " param groups kept as saved; Megatron-Core does not save which parameter "
-                      "is in which (it rebuilds them from its configuration), so every atomic parameter records group 0");
 }
 
 // The dp_reshardable form's saved objects, per model-parallel domain: its buffers' bucket sizes, and
@@ -671,9 +670,18 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     L.errors.push_back(dir + ": '" + bucket_flat[0] + "' and " + std::to_string(bucket_flat.size() - 1) + " more: Megatron-Core's "
                        "distributed optimizer state in its dp_reshardable form (bucket-flat, laid out by Megatron's gradient "
                        "buckets) is not read yet; save with the fully_reshardable form (--dist-ckpt-optim-fully-reshardable)");
-  std::map<std::string, int> group_of = mcore ? std::map<std::string, int>{} : ReadParamGroups(files, group_options, L);
   std::map<int, std::vector<GradBuffer>> buffers;
   if (buckets) buffers = ReadBucketObjects(files, M, *mcore, L);
+  std::map<std::string, int> group_of;
+  if (mcore) {
+    std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+    for (const std::string& fqn : model_order) shapes.emplace_back(fqn, model.at(fqn)->size);
+    source::MegatronGroups groups = source::MegatronGroupsOf(mcore->param_groups.get(), shapes);
+    group_of = std::move(groups.group_of);
+    if (!groups.note.empty()) L.notes.push_back(groups.note);
+  } else {
+    group_of = ReadParamGroups(files, group_options, L);
+  }
   if (mcore) MegatronCommon(*mcore, L);
   Parameters parameters(files, L, group_of, mcore.has_value());
   std::vector<std::string> frozen;

@@ -137,8 +137,15 @@ void ParamGroupItems(const reshard::Source& S, const std::vector<TitanTensor>& t
   for (size_t g = 0; g < groups->items.size(); ++g) {
     const Value& group = *groups->items[g];
     std::vector<std::pair<std::string, ValuePtr>> options;
+    // Megatron's scheduler sets a group's weight_decay to the schedule's times its wd_mult at every
+    // step; torch's AdamW applies weight_decay as it stands: the group of wd_mult 0 (the biases and
+    // norms) is written with weight_decay 0, as Megatron trains it, whether or not a step came after
+    // the save's groups were made.
+    const ValuePtr wd_mult = group.Get("wd_mult");
+    const bool kept = wd_mult && (wd_mult->kind == Value::Kind::Float || wd_mult->kind == Value::Kind::Int) && wd_mult->AsFloat() == 0;
     for (const auto& kv : group.AsDict().items())
-      if (kv.key->kind == Value::Kind::Str && kv.key->s != "params") options.emplace_back(kv.key->s, kv.value);
+      if (kv.key->kind == Value::Kind::Str && kv.key->s != "params")
+        options.emplace_back(kv.key->s, kept && kv.key->s == "weight_decay" ? Value::Float(0.0) : kv.value);
     for (const auto& [name, value] : AdamDefaults())
       if (!group.Get(name)) options.emplace_back(name, value);
     auto params = Value::Make(Value::Kind::List);

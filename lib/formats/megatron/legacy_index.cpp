@@ -14,6 +14,7 @@
 #include "formats/dcp/metadata.h"
 #include "formats/megatron/legacy_folder.h"
 #include "formats/megatron/legacy_names.h"
+#include "source/megatron_groups.h"
 #include "pt/low_precision.h"
 #include "pt/torch_file.h"
 
@@ -554,6 +555,12 @@ void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& op
   L.optimizer_state = osd;
   const size_t group_count = groups ? groups->items.size() : 0;
   steps.Into(L, group_count);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;  // as the torch_dist form's: the groups hold no `params`
+  for (const Item& item : M.items) shapes.emplace_back(item.fqn, item.size);
+  const source::MegatronGroups by_rule = source::MegatronGroupsOf(groups.get(), shapes);
+  for (auto& rec : L.params)
+    if (auto g = by_rule.group_of.find(rec.name); g != by_rule.group_of.end()) rec.group = g->second;
+  if (!by_rule.note.empty()) L.notes.push_back(by_rule.note);
 
   // The args, for the Hugging Face export: a file of their own in the atomic checkpoint.
   source::TakeMegatronArgs(args, L);
@@ -572,9 +579,6 @@ void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& op
                     "moves the weights alone); ucp-convert reads every parameter's whole state from it, each tensor placed as "
                     "Megatron-Core's torch_dist format places it (layers stacked), which ucp-reshard writes as Megatron-LM's torch_dist "
                     "at any TP, PP and DP (--format mcore; the job relaunched with --ckpt-format torch_dist) or exports (--format hf)");
-  if (group_count > 1)
-    L.notes.push_back(std::to_string(group_count) + " param groups kept as saved, every atomic parameter in group 0 (as Megatron-Core's "
-                      "torch_dist form, which saves no parameter's group)");
   if (!L.weight_copies.empty())
     L.notes.push_back("the optimizer's fp32 master weights are compared with the model's own tensors saved beside them before "
                       "anything is written (ucp-inspect: with --verify): the two must agree, the master rounded to the model's dtype");

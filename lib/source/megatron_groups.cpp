@@ -1,0 +1,63 @@
+#include "source/megatron_groups.h"
+
+#include <algorithm>
+
+namespace ucp::source {
+namespace {
+
+using pt::Value;
+
+// An option of a group as Megatron's default rule leaves it: absent, or equal to `want`.
+bool Is(const Value& group, const char* key, double want) {
+  const auto v = group.Get(key);
+  if (!v || v->kind == Value::Kind::None) return true;
+  if (v->kind == Value::Kind::Bool) return (v->b ? 1.0 : 0.0) == want;
+  return (v->kind == Value::Kind::Float || v->kind == Value::Kind::Int) && v->AsFloat() == want;
+}
+
+// The one group of wd_mult `wd`, lr_mult 1, not expert-parallel, no decoupled learning rate; -1 if none or several.
+int GroupOf(const std::vector<pt::ValuePtr>& groups, double wd) {
+  int found = -1;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const Value& group = *groups[g];
+    if (!group.Get("wd_mult") || !Is(group, "wd_mult", wd) || !Is(group, "lr_mult", 1) || !Is(group, "is_expert_parallel", 0) ||
+        !Is(group, "is_decoupled_lr", 0))
+      continue;
+    if (found >= 0) return -1;
+    found = static_cast<int>(g);
+  }
+  return found;
+}
+
+}  // namespace
+
+MegatronGroups MegatronGroupsOf(const pt::Value* param_groups, const std::vector<std::pair<std::string, std::vector<int64_t>>>& params) {
+  MegatronGroups out;
+  if (!param_groups || !param_groups->IsSequence() || param_groups->items.size() < 2) return out;
+  const auto& groups = param_groups->items;
+  for (const auto& g : groups)
+    if (!g || g->kind != Value::Kind::Dict) return out;
+  const std::string count = std::to_string(groups.size()) + " param groups";
+  const int decayed = GroupOf(groups, 1), kept = GroupOf(groups, 0);
+  if (groups.size() != 2 || decayed < 0 || kept < 0) {
+    out.note = count + " kept as saved, not Megatron-Core's default pair (wd_mult 1 and 0, lr_mult 1, no expert-parallel or "
+               "decoupled learning rate); Megatron-Core does not save which parameter is in which, so every atomic parameter "
+               "records group 0, and a target that writes the groups out (--format dcp) puts every parameter in group 0";
+    return out;
+  }
+  int none_decayed = 0;
+  for (const auto& [name, shape] : params) {
+    const size_t stacked = name.rfind("decoder.layers.", 0) == 0 ? 1 : 0;  // the layers on dimension 0
+    const bool bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    const bool no_decay = bias || shape.size() - std::min(stacked, shape.size()) == 1;
+    out.group_of[name] = no_decay ? kept : decayed;
+    none_decayed += no_decay;
+  }
+  out.note = count + " kept as saved, each parameter in the one Megatron-Core's default rule gives it, as Megatron rebuilds "
+             "them at every launch (its torch_dist form saves no parameter's group): the biases and one-dimensional parameters (" +
+             std::to_string(none_decayed) + " of " + std::to_string(params.size()) + ") in group " + std::to_string(kept) +
+             " (wd_mult 0), the others in group " + std::to_string(decayed) + " (wd_mult 1)";
+  return out;
+}
+
+}  // namespace ucp::source
