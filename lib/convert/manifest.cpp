@@ -40,20 +40,19 @@ std::map<std::string, store::FileRecord> AllFiles(const Planned& x, const Output
   return files;
 }
 
-// The manifest's parameter entries: each one's metadata and where its store keeps it.
-nlohmann::json ParamEntries(const Planned& x, const store::StoreCommit& committed) {
+}  // namespace
+
+nlohmann::json ParamEntries(const Planned& x, const nlohmann::json& storage) {
   std::map<std::string, const patterns::ParamPattern*> pattern_of;
   for (const auto& p : x.M.params) pattern_of[p.name] = &p;
   nlohmann::json params = nlohmann::json::array();
   for (const auto& P : x.plan.params) {
     auto p = store::ParamMetaJson(x.L, *pattern_of.at(P.name), P);
-    p.update(committed.storage.at(P.name));
+    p.update(storage.at(P.name));
     params.push_back(p);
   }
   return params;
 }
-
-}  // namespace
 
 Committed CommitManifest(const ConvertOptions& o, const Planned& x, OutputClaim& claim, const RankOutput& out,
                          const std::vector<std::string>& gathered) {
@@ -61,7 +60,7 @@ Committed CommitManifest(const ConvertOptions& o, const Planned& x, OutputClaim&
   nlohmann::json source = store::SourceJson(x.L, x.M);
   if (o.weights_only) source["weights_only"] = true, source["optimizer"] = "none";  // as an import's (schemas/manifest.schema.json)
   auto manifest = store::AssembleManifest(std::string(store::StoreName(x.kind)), source, store::FamilyJson(x.M),
-                                          ParamEntries(x, out.committed), files);
+                                          ParamEntries(x, out.committed.storage), files);
   // latest_universal, which DeepSpeed's universal load follows: the .pt store of a checkpoint it resumes,
   // in its tag's checkpoint root.
   Committed done;

@@ -108,14 +108,9 @@ int RunReference(const ConvertOptions& o, Planned& x, shuffle::Comm& comm, std::
     AddGathered(gathered, files);
     side_files = files.size();
     const Partitions parts = PartitionsOf(x);
-    std::map<std::string, const patterns::ParamPattern*> pattern_of;
-    for (const auto& p : x.M.params) pattern_of[p.name] = &p;
-    nlohmann::json params = nlohmann::json::array();
-    for (const auto& P : x.plan.params) {
-      auto p = store::ParamMetaJson(x.L, *pattern_of.at(P.name), P);
-      p["partitions"] = parts.runs.at(P.name);
-      params.push_back(std::move(p));
-    }
+    nlohmann::json storage = nlohmann::json::object();
+    for (const auto& [name, runs] : parts.runs) storage[name] = {{"partitions", runs}};
+    const nlohmann::json params = ParamEntries(x, storage);
     nlohmann::json source = store::SourceJson(x.L, x.M);
     source["weights_only"] = true, source["optimizer"] = "none";
     auto manifest = store::AssembleManifest(std::string(store::StoreName(x.kind)), source, store::FamilyJson(x.M), params, files);

@@ -166,6 +166,9 @@ struct Committed {
   bool points_latest = false;   // whether the commit pointed <parent>/latest_universal at the output
   std::string previous_latest;  // what it named before
 };
+// Each parameter's manifest entry: what the plan and the patterns say of it, with `storage`'s entry
+// for it (the store's part: its files, or its runs in a partitions store's sources).
+nlohmann::json ParamEntries(const Planned& x, const nlohmann::json& storage);
 // Rank 0: the manifest of the records gathered, the commit point, then latest_universal.
 Committed CommitManifest(const ConvertOptions& o, const Planned& x, OutputClaim& claim, const RankOutput& out,
                          const std::vector<std::string>& gathered);

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "pt/record_crc.h"
 #include "pt/zip_archive.h"
 
 namespace ucp::map {
@@ -85,33 +86,21 @@ void Mapper::CheckRecords(int file, uint64_t pos, uint64_t len, const std::strin
   File& d = fds_.at(file);
   const auto& ranges = layout_.files[file].checksummed;
   if (ranges.empty()) throw Error(context + ": " + d.path + " lists no checksummed record: its bytes cannot be checked");
-  uint64_t covered = pos;
-  for (size_t i = 0; i < ranges.size() && covered < pos + len; ++i) {
+  const uint64_t held = pt::ForEachRecordHolding(ranges, pos, len, [&](size_t i) {
+    if (d.checked[i]) return;
     const auto& r = ranges[i];
-    if (r.offset + r.size <= covered || r.offset > covered) continue;
-    covered = r.offset + r.size;
-    if (d.checked[i]) continue;
     const uint32_t crc = CrcOf(file, r.offset, r.offset + r.size, r.name);
     if (crc != r.crc32) throw pt::CrcMismatch(d.path, r.name, r.crc32, crc, "", "nothing of it was converted (" + context + " lies in it)");
     d.checked[i] = true;
-  }
-  if (covered < pos + len)
+  });
+  if (held < pos + len)
     throw Error(context + ": bytes [" + std::to_string(pos) + ", " + std::to_string(pos + len) + ") of " + d.path +
                 " lie outside every zip record");
 }
 
 uint32_t Mapper::CrcOf(int file, uint64_t begin, uint64_t end, const std::string& record) {
   const File& d = fds_.at(file);
-  std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(end - begin, uint64_t{8} << 20)));
-  uint32_t crc = 0;
-  for (uint64_t at = begin; at < end;) {
-    ssize_t n = ::pread(d.fd.get(), buf.data(), static_cast<size_t>(std::min<uint64_t>(buf.size(), end - at)), static_cast<off_t>(at));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw Error(d.path + ": record '" + record + "': read failed: " + std::strerror(errno));
-    if (n == 0) throw Error(d.path + ": record '" + record + "': the file ends inside it (truncated?)");
-    crc = pt::Crc32(crc, {buf.data(), static_cast<size_t>(n)});
-    at += static_cast<uint64_t>(n);
-  }
+  const uint32_t crc = pt::Crc32Of(d.fd.get(), begin, end - begin, d.path, record);
   crc_bytes_ += end - begin;
   return crc;
 }

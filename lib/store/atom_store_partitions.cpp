@@ -13,11 +13,13 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 
 #include "core/error.h"
 #include "core/file_descriptor.h"
+#include "pt/record_crc.h"
 #include "pt/zip_archive.h"
 #include "store/atom_store.h"
 
@@ -39,8 +41,8 @@ struct Record {
 struct SourceFile {
   std::string path;
   std::vector<Record> records;  // in byte order
-  Fd fd;
-  std::vector<bool> checked;
+  Fd fd;                        // opened on first use, under PartitionsReader::mu_
+  std::unique_ptr<std::once_flag[]> checked;  // per record: its CRC-32 checked once, by the first reader
 };
 
 class PartitionsReader final : public AtomReader {
@@ -57,7 +59,7 @@ class PartitionsReader final : public AtomReader {
                                r.at("name").get<std::string>()});
         if (!std::is_sorted(s.records.begin(), s.records.end(), [](const Record& a, const Record& b) { return a.offset < b.offset; }))
           throw Error(s.path + ": its records are not in byte order");
-        s.checked.assign(s.records.size(), false);
+        s.checked = std::make_unique<std::once_flag[]>(s.records.size());
         files_.push_back(std::move(s));
       }
       for (const auto& p : this->manifest().at("params")) {
@@ -138,8 +140,8 @@ class PartitionsReader final : public AtomReader {
         ::posix_fadvise(f.fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
       }
       fd = f.fd.get();
-      CheckRecords(f, pos, len, what);
     }
+    CheckRecords(f, fd, pos, len, what);
     while (len > 0) {
       const ssize_t got = ::pread(fd, dst, std::min<uint64_t>(len, 1u << 30), static_cast<off_t>(pos));
       if (got < 0 && errno == EINTR) continue;
@@ -150,34 +152,21 @@ class PartitionsReader final : public AtomReader {
   }
 
   // Every record bytes [pos, pos + len) lie in, read whole and checked against its CRC-32 the first
-  // time (under mu_); bytes outside every record are refused.
-  void CheckRecords(SourceFile& f, uint64_t pos, uint64_t len, const std::string& what) {
-    uint64_t covered = pos;
-    for (size_t i = 0; i < f.records.size() && covered < pos + len; ++i) {
-      const Record& r = f.records[i];
-      if (r.offset + r.size <= covered || r.offset > covered) continue;
-      covered = r.offset + r.size;
-      if (f.checked[i]) continue;
-      std::vector<uint8_t> block(static_cast<size_t>(std::min<uint64_t>(r.size, uint64_t{8} << 20)));
-      uint32_t crc = 0;
-      for (uint64_t at = 0; at < r.size;) {
-        const ssize_t got = ::pread(f.fd.get(), block.data(), static_cast<size_t>(std::min<uint64_t>(block.size(), r.size - at)),
-                                    static_cast<off_t>(r.offset + at));
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) throw Error(f.path + ": record '" + r.name + "': read failed: " + std::strerror(errno));
-        if (got == 0) throw Error(f.path + ": record '" + r.name + "': the file ends inside it (truncated?)");
-        crc = pt::Crc32(crc, {block.data(), static_cast<size_t>(got)});
-        at += static_cast<uint64_t>(got);
-      }
-      if (crc != r.crc32) throw pt::CrcMismatch(f.path, r.name, r.crc32, crc, "", "nothing of it was exported (" + what + " lies in it)");
-      f.checked[i] = true;
-    }
-    if (covered < pos + len)
+  // time (one reader a record; the others wait for it); bytes outside every record are refused.
+  void CheckRecords(SourceFile& f, int fd, uint64_t pos, uint64_t len, const std::string& what) {
+    const uint64_t held = pt::ForEachRecordHolding(f.records, pos, len, [&](size_t i) {
+      std::call_once(f.checked[i], [&] {  // a throw leaves it unchecked: the next reader refuses it too
+        const Record& r = f.records[i];
+        const uint32_t crc = pt::Crc32Of(fd, r.offset, r.size, f.path, r.name);
+        if (crc != r.crc32) throw pt::CrcMismatch(f.path, r.name, r.crc32, crc, "", "nothing of it was exported (" + what + " lies in it)");
+      });
+    });
+    if (held < pos + len)
       throw Error(what + ": bytes [" + std::to_string(pos) + ", " + std::to_string(pos + len) + ") of " + f.path +
                   " lie outside every zip record");
   }
 
-  std::mutex mu_;  // the files' descriptors and checked records
+  std::mutex mu_;  // the files' descriptors
   std::vector<SourceFile> files_;
   std::map<std::string, std::vector<Run>> runs_;
 };
