@@ -33,7 +33,7 @@ bash "$root/scripts/install-deps.sh"
 phase "install-deps"
 mkdir -p "$build"
 free_gib=$(( $(df -Pk "$build" | awk 'NR==2 {print $4}') / 1048576 ))
-if [ "$free_gib" -lt 12 ]; then  # the zip64 case's 4 GiB, the test outputs, two builds: 9.2 GiB at the peak, measured
+if [ "$free_gib" -lt 12 ]; then  # the test outputs, two builds (and the zip64 case's 4 GiB where /dev/shm has no room): 9.2 GiB at the peak, measured with them
   echo "note: $free_gib GiB free under $build; a full run took up to 9.2 GiB of disk here" >&2
 fi
 BUILD_DIR="$build" bash "$root/scripts/build.sh" -DUCP_BUILD_TESTS=ON  # on, whatever scripts/setup.sh left in the cache
