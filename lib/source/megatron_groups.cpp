@@ -54,7 +54,7 @@ MegatronGroups MegatronGroupsOf(const pt::Value* param_groups, const std::vector
     none_decayed += no_decay;
   }
   out.note = count + " kept as saved, each parameter in the one Megatron-Core's default rule gives it, as Megatron rebuilds "
-             "them at every launch (its torch_dist form saves no parameter's group): the biases and one-dimensional parameters (" +
+             "them at every launch (the torch_dist form saves no parameter's group): the biases and one-dimensional parameters (" +
              std::to_string(none_decayed) + " of " + std::to_string(params.size()) + ") in group " + std::to_string(kept) +
              " (wd_mult 0), the others in group " + std::to_string(decayed) + " (wd_mult 1)";
   return out;

@@ -226,6 +226,16 @@ def from_megatron_core(mcore_case):
     check("Megatron-Core -> hf and -> DCP tp=2: written", r1.returncode == 0 and r2.returncode == 0, (r1.stderr + r2.stderr)[-1500:])
     if r1.returncode or r2.returncode:
         return
+    # What a user needs to load it, said by the run: the layout, torchtitan's model arguments (Megatron's
+    # own shapes: reference.pt's), and the two groups Megatron trains (30 matrices decayed, 9 norms not).
+    ref = torch.load(os.path.join(mcore_case, "reference.pt"), weights_only=False)
+    layers, hidden = ref["decoder.layers.self_attention.linear_proj.weight"].shape[:2]
+    facts = (f"dim {hidden}, n_layers {layers}, n_heads 4, n_kv_heads 2, vocab_size {ref['embedding.word_embeddings.weight'].shape[0]}, "
+             f"feed-forward hidden size {ref['decoder.layers.mlp.linear_fc2.weight'].shape[2]}, norm_eps 1e-05, rope_theta 10000")
+    for said in [facts, "the layout is get_state_dict's", "CheckpointManager layout", "is not written yet",
+                 "2 optimizer param groups, each listing its parameters (group 0: 30 tensors, weight_decay 0.01; group 1: 9 tensors, "
+                 "weight_decay 0)", "build the optimizer with the same groups"]:
+        check(f"Megatron-Core -> DCP tp=2 says: {said[:60]}", said in r2.stderr, r2.stderr[-2000:])
     weights = {}
     for f in sorted(os.listdir(hf)):
         if f.endswith(".safetensors"):

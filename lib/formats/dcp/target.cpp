@@ -1,6 +1,7 @@
 #include "formats/dcp/target.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 
@@ -59,10 +60,20 @@ std::vector<TitanTensor> TitanTensors(const reshard::Source& S, const reshard::E
   if (m.experts > 0)
     throw Error(dir + ": a Mixture-of-Experts model (" + std::to_string(m.experts) + " experts per layer): --format dcp writes torchtitan's "
                 "dense Llama; --format hf writes this model as MixtralForCausalLM");
-  if (m.heads % mesh.tp != 0 || m.kv_heads % mesh.tp != 0)  // its attention splits by heads; torch would cut rows anywhere
+  if (m.heads % mesh.tp != 0 || m.kv_heads % mesh.tp != 0) {  // its attention splits by heads; torch would cut rows anywhere
+    const bool queries = m.heads % mesh.tp != 0, keys = m.kv_heads % mesh.tp != 0;
     throw Error("--mesh " + mesh.text() + ": tp=" + std::to_string(mesh.tp) + " does not divide the model's " +
-                std::to_string(m.heads) + " query heads and " + std::to_string(m.kv_heads) +
-                " key-value heads: torchtitan's tensor parallelism gives each rank whole heads");
+                (queries ? std::to_string(m.heads) + " query heads" : "") + (queries && keys ? " and " : "") +
+                (keys ? std::to_string(m.kv_heads) + " key-value heads" : "") +
+                (queries && keys ? "" : " (" + (queries ? std::to_string(m.kv_heads) + " key-value" : std::to_string(m.heads) + " query") + " heads)") +
+                ": torchtitan's tensor parallelism gives each rank whole heads");
+  }
+  char facts[256];
+  std::snprintf(facts, sizeof facts, "dim %lld, n_layers %lld, n_heads %lld, n_kv_heads %lld, vocab_size %lld, feed-forward hidden size %lld, "
+                "norm_eps %g, rope_theta %g", static_cast<long long>(m.hidden), static_cast<long long>(m.layers), static_cast<long long>(m.heads),
+                static_cast<long long>(m.kv_heads), static_cast<long long>(m.vocab), static_cast<long long>(m.ffn), m.norm_eps, m.rope_theta);
+  notes.push_back(std::string("torchtitan's Llama of this model: ") + facts + " (torchtitan derives the feed-forward size from dim, "
+                  "multiple_of and ffn_dim_multiplier: choose them to give it)");
   std::vector<TitanTensor> out;
   for (ExportTensor t : hf::LlamaTensors(S, m)) {
     const auto titan = hf::TorchtitanName(t.name);
@@ -129,6 +140,12 @@ const std::vector<std::pair<std::string, ValuePtr>>& AdamDefaults() {
   return d;
 }
 
+// Whether a param group is Megatron's of wd_mult 0, whose weight_decay its scheduler sets to 0 at every step.
+bool UndecayedGroup(const Value& group) {
+  const ValuePtr wd_mult = group.Get("wd_mult");
+  return wd_mult && (wd_mult->kind == Value::Kind::Float || wd_mult->kind == Value::Kind::Int) && wd_mult->AsFloat() == 0;
+}
+
 // optim.param_groups.<g>.<option>: each group's options as saved (torch's defaults added), then
 // `params`, the fqns of the group's tensors.
 void ParamGroupItems(const reshard::Source& S, const std::vector<TitanTensor>& tensors, std::vector<KeyItem>& items) {
@@ -141,8 +158,7 @@ void ParamGroupItems(const reshard::Source& S, const std::vector<TitanTensor>& t
     // step; torch's AdamW applies weight_decay as it stands: the group of wd_mult 0 (the biases and
     // norms) is written with weight_decay 0, as Megatron trains it, whether or not a step came after
     // the save's groups were made.
-    const ValuePtr wd_mult = group.Get("wd_mult");
-    const bool kept = wd_mult && (wd_mult->kind == Value::Kind::Float || wd_mult->kind == Value::Kind::Int) && wd_mult->AsFloat() == 0;
+    const bool kept = UndecayedGroup(group);
     for (const auto& kv : group.AsDict().items())
       if (kv.key->kind == Value::Kind::Str && kv.key->s != "params")
         options.emplace_back(kv.key->s, kept && kv.key->s == "weight_decay" ? Value::Float(0.0) : kv.value);
@@ -157,6 +173,26 @@ void ParamGroupItems(const reshard::Source& S, const std::vector<TitanTensor>& t
       items.push_back(PayloadItem(key, Path({Value::Str("optim"), Value::Str("param_groups"), Value::Int(static_cast<int64_t>(g)), Value::Str(name)}), *value, true));
     }
   }
+}
+
+// What the written param groups hold, where there are several: an optimizer built with fewer groups
+// (torchtitan builds one) does not keep them.
+void GroupsNote(const reshard::Source& S, const std::vector<TitanTensor>& tensors, std::vector<std::string>& notes) {
+  const ValuePtr groups = S.optimizer.root ? S.optimizer.root->Get("param_groups") : nullptr;
+  if (!groups || !groups->IsSequence() || groups->items.size() < 2) return;
+  std::string each;
+  for (size_t g = 0; g < groups->items.size(); ++g) {
+    const auto n = std::count_if(tensors.begin(), tensors.end(), [&](const TitanTensor& t) { return t.group == static_cast<int>(g); });
+    const ValuePtr wd = groups->items[g]->Get("weight_decay");
+    const bool kept = UndecayedGroup(*groups->items[g]);
+    char decay[48] = "";
+    if (wd && (wd->kind == Value::Kind::Float || wd->kind == Value::Kind::Int))
+      std::snprintf(decay, sizeof decay, ", weight_decay %g", kept ? 0.0 : wd->AsFloat());
+    each += (g ? "; " : "") + std::string("group ") + std::to_string(g) + ": " + std::to_string(n) + " tensors" + decay;
+  }
+  notes.push_back(std::to_string(groups->items.size()) + " optimizer param groups, each listing its parameters (" + each +
+                  "): build the optimizer with the same groups for their options to hold (an optimizer of one group, as "
+                  "torchtitan builds, gives every parameter that group's options)");
 }
 
 // The state dict's keys in get_state_dict's order: the model's, then each parameter's step and
@@ -248,6 +284,10 @@ reshard::ExportPlan PlanDcp(const reshard::Source& S, const reshard::ExportOptio
   const std::vector<TitanTensor> tensors = TitanTensors(S, o, mesh, P.notes);
   const bool optimizer = !S.manifest["source"].value("weights_only", false);
   if (!optimizer) P.notes.push_back("the atomic checkpoint holds weights only: the model's keys alone are written");
+  P.notes.push_back(std::string("the layout is get_state_dict's ({\"model\": ...") + (optimizer ? ", \"optim\": ..." : "") +
+                    "}): dcp.load into that dict of get_state_dict(model" + (optimizer ? ", optimizer" : "") + "), then set_state_dict, "
+                    "loads it; torchtitan's CheckpointManager layout (its train_state, lr_scheduler and dataloader) is not written yet");
+  if (optimizer) GroupsNote(S, tensors, P.notes);
   std::vector<KeyItem> items = StateDictItems(S, mesh, tensors, optimizer);
   const std::map<WriteIndex, int> owner = AssignOwners(items, mesh.ranks());
   SavedCheckpoint c;
