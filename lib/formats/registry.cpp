@@ -101,6 +101,14 @@ std::string WhatWasMeant(const std::string& dir, bool formats) {
          JoinNames(Sources(), "; ", [](const SourceDriver* d) { return std::string(d->name) + ": " + d->files; });
 }
 
+// What was meant by a folder a probe took for its format but that format's index refused: Megatron-LM's
+// legacy files (which hold .pt files), or a checkpoint in a folder below (a case folder holding a stray
+// .pt file beside its checkpoint/).
+std::string ProbedWrongly(const std::string& dir) {
+  if (std::string megatron = MegatronFolder(dir); !megatron.empty()) return megatron;
+  return CheckpointBelow(dir);
+}
+
 }  // namespace
 
 std::string CheckpointBelow(const std::string& dir) {
@@ -157,10 +165,10 @@ source::SourceIndex IndexSource(const std::string& dir, const source::IndexOptio
     // A folder some format took for its own is that checkpoint: a folder below it is no better guess.
     // Megatron-LM's legacy files hold .pt files a probe may take: said whichever driver refused them.
     if (!L.errors.empty() && L.params.empty())
-      if (std::string meant = probed ? MegatronFolder(dir) : WhatWasMeant(dir, false); !meant.empty()) L.errors.push_back(dir + ": " + meant);
+      if (std::string meant = probed ? ProbedWrongly(dir) : WhatWasMeant(dir, false); !meant.empty()) L.errors.push_back(dir + ": " + meant);
     return L;
   } catch (const Error& e) {
-    const std::string meant = probed ? MegatronFolder(dir) : WhatWasMeant(dir, true);
+    const std::string meant = probed ? ProbedWrongly(dir) : WhatWasMeant(dir, true);
     throw Error(std::string(e.what()) + (meant.empty() ? "" : "; " + meant));
   }
 }
