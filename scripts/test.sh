@@ -73,42 +73,57 @@ trap report EXIT
 phase "sanitizer and fuzzer build, the rest"
 work="$build/tests/work"
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-echo "== AddressSanitizer: reader, writer, inspect, plans and corrupted inputs"
-UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-  "$asan/tests/ucp_unit_tests" "[reader],[writer],[inspect],[corrupt],[plan],[rounding],[naming],[buffers],[reshard_plan]"
-echo "== AddressSanitizer: ucp-convert, single process (with leak checks), 2 MPI ranks, 3 with split items, damaged sources"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_case.py" \
-  "$asan/apps/ucp-convert" "$work/fixtures/tp2_pp2_dp2_bf16" "$work/asan/a/universal" 1
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_errors.py" \
-  "$asan/apps/ucp-convert" "$work/fixtures/tp2_dp2" "$work/asan/damaged"
-# OpenMPI's own allocations are not ours to chase: no leak checks under mpirun.
-ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_case.py" \
-  "$asan/apps/ucp-convert" "$work/fixtures/zero3_tp2_dp2_gpt" "$work/asan/b/universal" 2 mpiexec -- --buffer 8K
-ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_case.py" \
-  "$asan/apps/ucp-convert" "$work/fixtures/tp2_pp2_dp2_bf16" "$work/asan/c/universal" 3 mpiexec -- --buffer 64K --split-above 4K
-echo "== AddressSanitizer: ucp-reshard, refusals (with leak checks) and the DP=3 targets"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/reshard_errors.py" \
-  "$asan/apps/ucp-reshard" "$work/reshard/atomic_llama/universal" "$work/asan/reshard_refusals"
-ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/reshard_matrix.py" \
-  "$asan/apps/ucp-reshard" "$work/reshard/atomic_llama/universal" "$work/asan/reshard_matrix" mpiexec --dp 3
-echo "== AddressSanitizer: ucp-reshard's exchange of shared pieces (3 MPI ranks), and from the HDF5 store"
-ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/reshard_exchange.py" \
-  "$asan/apps/ucp-reshard" "$work/reshard/atomic_llama/universal" "$work/asan/reshard_exchange" mpiexec
-ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/reshard_stores.py" \
-  "$asan/apps/ucp-reshard" "$work/hdf5/tp2_pp2_dp2_bf16-np2/pt/universal" "$work/hdf5/tp2_pp2_dp2_bf16-np2/h5/universal" \
-  "$work/asan/reshard_stores" mpiexec 3,2,2,1,bf16 2,2,1,3,fp16
-echo "== AddressSanitizer: the store conformance suite (.pt and HDF5), the HDF5 store's damaged-file refusals"
-UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 "$asan/tests/ucp_unit_tests" "[store]" "~*garbled*"
-# HDF5 1.10 itself leaks on some error paths of a damaged file (the test checks that no HDF5 id of
-# ours stays open): no leak checks for the garbled-file case.
-UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 "$asan/tests/ucp_unit_tests" "*garbled*"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/hdf5_damaged.py" \
-  "$asan/apps/ucp-convert" "$asan/apps/ucp-inspect" "$work/fixtures/tp2_dp2" "$work/asan/hdf5_damaged"
-echo "== AddressSanitizer: --format hdf5 and --from-atomic both ways, single process (with leak checks) and 2 MPI ranks"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/hdf5_case.py" \
-  "$asan/apps/ucp-convert" "$asan/apps/ucp-inspect" "$work/fixtures/zero3_tp2_dp2_gpt" "$work/asan/hdf5_np1" 1
-ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/hdf5_case.py" \
-  "$asan/apps/ucp-convert" "$asan/apps/ucp-inspect" "$work/fixtures/tp2_pp2_dp2_bf16" "$work/asan/hdf5_np2" 2 mpiexec
+# Two streams side by side, each into a log of its own printed after (they wait on MPI start-up and the
+# disk much of their time: 100 s one after the other in the last CI run).
+asan_convert_side() {
+  echo "== AddressSanitizer: reader, writer, inspect, plans and corrupted inputs"
+  UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+    "$asan/tests/ucp_unit_tests" "[reader],[writer],[inspect],[corrupt],[plan],[rounding],[naming],[buffers],[reshard_plan]"
+  echo "== AddressSanitizer: ucp-convert, single process (with leak checks), 2 MPI ranks, 3 with split items, damaged sources"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_case.py" \
+    "$asan/apps/ucp-convert" "$work/fixtures/tp2_pp2_dp2_bf16" "$work/asan/a/universal" 1
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_errors.py" \
+    "$asan/apps/ucp-convert" "$work/fixtures/tp2_dp2" "$work/asan/damaged"
+  # OpenMPI's own allocations are not ours to chase: no leak checks under mpirun.
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_case.py" \
+    "$asan/apps/ucp-convert" "$work/fixtures/zero3_tp2_dp2_gpt" "$work/asan/b/universal" 2 mpiexec -- --buffer 8K
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/convert_case.py" \
+    "$asan/apps/ucp-convert" "$work/fixtures/tp2_pp2_dp2_bf16" "$work/asan/c/universal" 3 mpiexec -- --buffer 64K --split-above 4K
+  echo "== AddressSanitizer: the store conformance suite (.pt and HDF5), the HDF5 store's damaged-file refusals"
+  UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 "$asan/tests/ucp_unit_tests" "[store]" "~*garbled*"
+  # HDF5 1.10 itself leaks on some error paths of a damaged file (the test checks that no HDF5 id of
+  # ours stays open): no leak checks for the garbled-file case.
+  UCP_TEST_WORK="$work" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 "$asan/tests/ucp_unit_tests" "*garbled*"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/hdf5_damaged.py" \
+    "$asan/apps/ucp-convert" "$asan/apps/ucp-inspect" "$work/fixtures/tp2_dp2" "$work/asan/hdf5_damaged"
+  echo "== AddressSanitizer: --format hdf5 and --from-atomic both ways, single process (with leak checks) and 2 MPI ranks"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/hdf5_case.py" \
+    "$asan/apps/ucp-convert" "$asan/apps/ucp-inspect" "$work/fixtures/zero3_tp2_dp2_gpt" "$work/asan/hdf5_np1" 1
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/hdf5_case.py" \
+    "$asan/apps/ucp-convert" "$asan/apps/ucp-inspect" "$work/fixtures/tp2_pp2_dp2_bf16" "$work/asan/hdf5_np2" 2 mpiexec
+}
+asan_reshard_side() {
+  echo "== AddressSanitizer: ucp-reshard, refusals (with leak checks) and the DP=3 targets"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 /usr/bin/python3 "$root/tests/python/reshard_errors.py" \
+    "$asan/apps/ucp-reshard" "$work/reshard/atomic_llama/universal" "$work/asan/reshard_refusals"
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/reshard_matrix.py" \
+    "$asan/apps/ucp-reshard" "$work/reshard/atomic_llama/universal" "$work/asan/reshard_matrix" mpiexec --dp 3
+  echo "== AddressSanitizer: ucp-reshard's exchange of shared pieces (3 MPI ranks), and from the HDF5 store"
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/reshard_exchange.py" \
+    "$asan/apps/ucp-reshard" "$work/reshard/atomic_llama/universal" "$work/asan/reshard_exchange" mpiexec
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 /usr/bin/python3 "$root/tests/python/reshard_stores.py" \
+    "$asan/apps/ucp-reshard" "$work/hdf5/tp2_pp2_dp2_bf16-np2/pt/universal" "$work/hdf5/tp2_pp2_dp2_bf16-np2/h5/universal" \
+    "$work/asan/reshard_stores" mpiexec 3,2,2,1,bf16 2,2,1,3,fp16
+}
+asan_convert_side > "$asan.convert-side.log" 2>&1 &
+convert_side=$!
+asan_reshard_side > "$asan.reshard-side.log" 2>&1 &
+reshard_side=$!
+sanitized=0
+wait $convert_side || sanitized=1
+wait $reshard_side || sanitized=1
+cat "$asan.convert-side.log" "$asan.reshard-side.log"
+[ "$sanitized" -eq 0 ] || { echo "a sanitizer test failed (above)" >&2; exit 1; }
 phase "sanitizer tests"
 echo "== libFuzzer (scripts/fuzz.sh): 20 s for the 3 harnesses whose readers changed last, 6 s for the rest"
 UCP_TEST_WORK="$work" FUZZ_BUILD_DIR="$asan" bash "$root/scripts/fuzz.sh" changed 20 6
