@@ -2,7 +2,7 @@
 # The test command (README, .ci/run): installs missing dependencies, builds, runs every test through
 # ctest, then rebuilds with clang, AddressSanitizer + UBSan and libFuzzer's coverage, reruns the tests
 # that feed damaged and hostile input to the reader, then runs each libFuzzer harness from that build:
-# 20 s each for the three whose readers changed last, 6 s for the others.
+# 15 s each for the three whose readers changed last, 5 s for the others.
 #
 #   bash scripts/test.sh            everything (CI: .ci/run)
 #   bash scripts/test.sh --quick    the inner loop: build and ctest without the tests labelled slow
@@ -125,6 +125,6 @@ wait $reshard_side || sanitized=1
 cat "$asan.convert-side.log" "$asan.reshard-side.log"
 [ "$sanitized" -eq 0 ] || { echo "a sanitizer test failed (above)" >&2; exit 1; }
 phase "sanitizer tests"
-echo "== libFuzzer (scripts/fuzz.sh): 20 s for the 3 harnesses whose readers changed last, 6 s for the rest"
-UCP_TEST_WORK="$work" FUZZ_BUILD_DIR="$asan" bash "$root/scripts/fuzz.sh" changed 20 6
+echo "== libFuzzer (scripts/fuzz.sh): 15 s for the 3 harnesses whose readers changed last, 5 s for the rest"
+UCP_TEST_WORK="$work" FUZZ_BUILD_DIR="$asan" bash "$root/scripts/fuzz.sh" changed 15 5
 phase "fuzzing"
