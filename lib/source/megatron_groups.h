@@ -1,9 +1,11 @@
 // Which of Megatron-Core's optimizer param groups each parameter is in. Megatron saves the groups'
-// options without their `params` and rebuilds the groups on load from its configuration: by default
-// (`_get_param_groups`) a parameter whose name ends in ".bias" or that is one-dimensional in its layer
-// (the norms) goes to the group of wd_mult 0, every other to the group of wd_mult 1, both of lr_mult 1,
-// neither expert-parallel nor of a decoupled learning rate. A target of another family (torch's
-// AdamW in a DCP) takes the groups as written, so who is in which is written out from that rule.
+// options without their `params` and rebuilds the groups on load from its configuration
+// (`get_standard_config_overrides`, `_get_param_groups`): a parameter whose name ends in ".bias" or
+// that is one-dimensional in its layer (the norms) goes to the group of wd_mult 0, every other to the
+// group of wd_mult 1, both of lr_mult 1, neither expert-parallel nor of a decoupled learning rate; with
+// the job's `apply_wd_to_qk_layernorm` (--no-weight-decay-cond-type apply_wd_to_qk_layernorm) the q
+// and k layernorms stay in the group of wd_mult 1. A target of another family (torch's AdamW in a DCP)
+// takes the groups as written, so who is in which is written out from that rule.
 #pragma once
 
 #include <cstdint>
@@ -21,9 +23,10 @@ struct MegatronGroups {
 };
 
 // `params`: each model tensor's key and global shape (decoder.layers.* stacked on dimension 0).
-// `param_groups`: common.pt's optimizer.param_groups (nullptr: none). With one group, or groups the
-// rule does not describe (expert-parallel, decoupled or scaled learning rates, a custom condition),
-// nothing is assigned and the note says so.
-MegatronGroups MegatronGroupsOf(const pt::Value* param_groups, const std::vector<std::pair<std::string, std::vector<int64_t>>>& params);
+// `param_groups`: common.pt's optimizer.param_groups (nullptr: none); `args`: Megatron-LM's saved args
+// (nullptr: none). With one group, or groups or args the rule does not describe (expert-parallel,
+// decoupled or scaled learning rates, MuP, Muon), nothing is assigned and the note says so.
+MegatronGroups MegatronGroupsOf(const pt::Value* param_groups, const pt::Value* args,
+                                const std::vector<std::pair<std::string, std::vector<int64_t>>>& params);
 
 }  // namespace ucp::source

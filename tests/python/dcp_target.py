@@ -38,6 +38,7 @@ placed; the ranges must tile each file), never by ucp alone:
 import hashlib
 import json
 import os
+import shutil
 import sys
 
 import torch
@@ -46,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklist import check, finish, fresh_folder, tool_runner  # noqa: E402
 from dcp_expect import atom, expected_from_mcore, expected_from_megatron, flat, same, to_pairs  # noqa: E402
 from dcp_files import read_dcp  # noqa: E402
+from megatron_args_edit import set_flag_in_args  # noqa: E402
 from safetensors_reader import read_safetensors  # noqa: E402
 
 BIN, DS_CASE, DCP_CASES, DCP_FACTS, RECORD, WORK = sys.argv[1:7]
@@ -271,6 +273,26 @@ def from_megatron_core(mcore_case):
         check_objects(f"Megatron-Core -> DCP {mesh}", got_o, want_o)
 
 
+def unknown_groups(mcore_case):
+    """The same save with args.use_mup set (MuP builds Megatron's groups by its own rule): which parameter
+    is in which group is not known, said by the conversion, and --format dcp, which would write each
+    group's parameters, is refused; --format hf (weights only) is written."""
+    src = os.path.join(WORK, "mup", "checkpoint")
+    fresh_folder(os.path.dirname(src))
+    shutil.copytree(os.path.join(mcore_case, "checkpoint"), src)
+    os.chmod(os.path.join(src, "common.pt"), 0o644)
+    set_flag_in_args(os.path.join(src, "common.pt"), "use_mup")
+    atomic = os.path.join(WORK, "mup", "atomic")
+    r = run("ucp-convert", [src, "-o", atomic])
+    check("Megatron-Core with use_mup converts, saying its groups' members are not known",
+          r.returncode == 0 and "built by the job's use_mup" in r.stderr and "--format dcp, which writes each group's parameters, refuses" in r.stderr,
+          r.stderr[-1500:])
+    refused("Megatron-Core groups of unknown members", [atomic, "--format", "dcp", "--mesh", "dp=1"],
+            [atomic, "param group 1 of 2 holds no parameter", "not Megatron-Core's default pair", "--format hf"])
+    r = run("ucp-reshard", [atomic, "-o", os.path.join(WORK, "mup", "hf"), "--format", "hf"])
+    check("Megatron-Core with use_mup: --format hf written", r.returncode == 0, r.stderr[-800:])
+
+
 def refused(label, args, expect, ranks=1):
     out = os.path.join(WORK, "refused", label.replace(" ", "_"))
     r = run("ucp-reshard", args + ["-o", out], ranks=ranks)
@@ -300,5 +322,6 @@ def refusals():
 from_deepspeed()
 from_dcp()
 from_megatron_core(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "real-mcore", "llama_tp2"))
+unknown_groups(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "real-mcore", "llama_tp2"))
 refusals()
 finish("dcp_target")

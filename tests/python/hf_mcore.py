@@ -30,15 +30,13 @@ import hashlib
 import json
 import os
 import shutil
-import struct
 import sys
-import zipfile
-import zlib
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklist import check, finish, tool_runner  # noqa: E402
+from megatron_args_edit import set_flag_in_args  # noqa: E402
 from safetensors_reader import read_safetensors  # noqa: E402
 
 BIN, CASES, WORK, DATA = sys.argv[1:5]
@@ -109,25 +107,6 @@ for case in ("llama_tp2", "llama_pp2", "llama_dp2_distopt_bf16"):
     r = run("ucp-reshard", [atomic, "-o", out, "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
     check(f"{case}: a DeepSpeed layout is refused, pointing to --format hf", r.returncode != 0 and "--format hf" in r.stderr and
           not os.path.exists(os.path.join(out, "latest")), r.stderr[-600:])
-
-def set_flag_in_args(common_pt, flag):
-    """common.pt with args.<flag> False made True: one pickle byte (NEWFALSE -> NEWTRUE) of data.pkl, its
-    CRC-32 fixed in the local header and the central directory, so the file stays a valid zip."""
-    raw = bytearray(open(common_pt, "rb").read())
-    info = next(i for i in zipfile.ZipFile(common_pt).infolist() if i.filename.endswith("data.pkl"))
-    n, e = struct.unpack("<HH", raw[info.header_offset + 26:info.header_offset + 30])
-    start = info.header_offset + 30 + n + e
-    key = raw.index(flag.encode(), start, start + info.file_size)
-    value = raw.index(b"\x89", key + len(flag), key + len(flag) + 4)  # after the key (and its MEMOIZE)
-    raw[value] = 0x88
-    crc = struct.pack("<I", zlib.crc32(bytes(raw[start:start + info.file_size])) & 0xFFFFFFFF)
-    raw[info.header_offset + 14:info.header_offset + 18] = crc
-    central = raw.index(b"PK\x01\x02" + bytes(raw[info.header_offset + 4:info.header_offset + 6]), start + info.file_size)
-    while not raw[central + 46:central + 46 + len(info.filename)] == info.filename.encode():
-        central = raw.index(b"PK\x01\x02", central + 4)
-    raw[central + 16:central + 20] = crc
-    open(common_pt, "wb").write(bytes(raw))
-
 
 # A Llama 3.1-style rotary scaling said in the args: the export would compute something else, refused by name.
 scaled = os.path.join(WORK, "rope_scaling", "checkpoint")

@@ -16,10 +16,10 @@
 #include "core/mapped_file.h"
 #include "formats/dcp/bucket_layout.h"
 #include "formats/dcp/megatron_core.h"
-#include "source/megatron_groups.h"
 #include "formats/dcp/metadata.h"
 #include "pt/low_precision.h"
 #include "pt/torch_file.h"
+#include "source/megatron_groups.h"
 
 namespace ucp::formats::dcp {
 
@@ -676,7 +676,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   if (mcore) {
     std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
     for (const std::string& fqn : model_order) shapes.emplace_back(fqn, model.at(fqn)->size);
-    source::MegatronGroups groups = source::MegatronGroupsOf(mcore->param_groups.get(), shapes);
+    source::MegatronGroups groups = source::MegatronGroupsOf(mcore->param_groups.get(), mcore->args.get(), shapes);
     group_of = std::move(groups.group_of);
     if (!groups.note.empty()) L.notes.push_back(groups.note);
   } else {

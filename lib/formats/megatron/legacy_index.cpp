@@ -14,9 +14,9 @@
 #include "formats/dcp/metadata.h"
 #include "formats/megatron/legacy_folder.h"
 #include "formats/megatron/legacy_names.h"
-#include "source/megatron_groups.h"
 #include "pt/low_precision.h"
 #include "pt/torch_file.h"
+#include "source/megatron_groups.h"
 
 namespace ucp::formats::megatron {
 
@@ -239,7 +239,10 @@ class Steps {
 
 // torch's optimizer state by position (FP32Optimizer, Float16OptimizerWithFloat16Params) of one
 // rank: each position matched to the rank's parameters in model order, by shape.
-void TorchPositions(SourceIndex& L, const Rank& r, int ri, const Model& M, const Value& sd, const Value* masters, Steps& steps) {
+// `group_of`: each parameter's param group as the rank files list it (the torch form saves each group's
+// positions), the same on every rank that holds a piece of it.
+void TorchPositions(SourceIndex& L, const Rank& r, int ri, const Model& M, const Value& sd, const Value* masters, Steps& steps,
+                    std::map<std::string, int>& group_of) {
   const std::string where = L.dir + "/" + L.files[r.model_file].name;
   auto state = sd.Get("state");
   auto groups = sd.Get("param_groups");
@@ -277,6 +280,9 @@ void TorchPositions(SourceIndex& L, const Rank& r, int ri, const Model& M, const
     if (fits.size() > 1)
       throw Error(where + ": parameter '" + x.name + "' " + pt::ShapeString(x.tensor.shape) + " fits the next position of param groups " +
                   std::to_string(fits[0]) + " and " + std::to_string(fits[1]) + ": which one holds it cannot be told (positions carry no names)");
+    if (auto [it, fresh] = group_of.emplace(x.d.key, static_cast<int>(fits[0])); !fresh && it->second != static_cast<int>(fits[0]))
+      throw Error(where + ": parameter '" + x.name + "' is in param group " + std::to_string(fits[0]) + " here and in group " +
+                  std::to_string(it->second) + " on another rank or layer: one parameter of the atomic checkpoint, one group");
     Group& g = gs[fits[0]];
     const int64_t pos = g.positions[g.next++];
     const std::string what = "position " + std::to_string(pos) + " ('" + x.name + "')";
@@ -521,6 +527,7 @@ void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& op
   std::string form;
   pt::ValuePtr groups;
   Steps steps;
+  std::map<std::string, int> saved_group;  // the torch form's: each parameter's group as saved
   const bool distributed = !optimizer->Get("state") && !optimizer->Get("fp32_from_fp16_params") && optimizer->Get("optimizer") &&
                            !optimizer->At("optimizer").Get("state");
   if (distributed) {
@@ -543,7 +550,7 @@ void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& op
         throw Error(L.dir + "/" + L.files[r.model_file].name + ": the optimizer holds '" + "optimizer' within 'optimizer' (several chained "
                     "optimizers: Megatron's expert and dense ones?), which is not read yet");
       form = masters ? "Float16OptimizerWithFloat16Params (fp32 masters in model_optim_rng.pt)" : "FP32Optimizer (torch Adam's state)";
-      TorchPositions(L, r, static_cast<int>(ri), M, sd, masters, steps);
+      TorchPositions(L, r, static_cast<int>(ri), M, sd, masters, steps, saved_group);
       if (!groups) {
         groups = Value::Make(Value::Kind::List);
         for (const auto& g : sd.At("param_groups").AsSequence()) groups->items.push_back(WithoutParams(*g));
@@ -555,12 +562,21 @@ void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& op
   L.optimizer_state = osd;
   const size_t group_count = groups ? groups->items.size() : 0;
   steps.Into(L, group_count);
-  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;  // as the torch_dist form's: the groups hold no `params`
-  for (const Item& item : M.items) shapes.emplace_back(item.fqn, item.size);
-  const source::MegatronGroups by_rule = source::MegatronGroupsOf(groups.get(), shapes);
-  for (auto& rec : L.params)
-    if (auto g = by_rule.group_of.find(rec.name); g != by_rule.group_of.end()) rec.group = g->second;
-  if (!by_rule.note.empty()) L.notes.push_back(by_rule.note);
+  if (distributed) {  // the distributed optimizer saves its groups without `params`: as the torch_dist form's
+    std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+    for (const Item& item : M.items) shapes.emplace_back(item.fqn, item.size);
+    const source::MegatronGroups by_rule = source::MegatronGroupsOf(groups.get(), args, shapes);
+    for (auto& rec : L.params)
+      if (auto g = by_rule.group_of.find(rec.name); g != by_rule.group_of.end()) rec.group = g->second;
+    if (!by_rule.note.empty()) L.notes.push_back(by_rule.note);
+  } else {
+    int in_first = 0;
+    for (auto& rec : L.params)
+      if (auto g = saved_group.find(rec.name); g != saved_group.end()) rec.group = g->second, in_first += g->second == 0;
+    if (group_count > 1)
+      L.notes.push_back(std::to_string(group_count) + " param groups, each parameter in the group its rank files list it in (" +
+                        std::to_string(in_first) + " of " + std::to_string(L.params.size()) + " in group 0)");
+  }
 
   // The args, for the Hugging Face export: a file of their own in the atomic checkpoint.
   source::TakeMegatronArgs(args, L);
