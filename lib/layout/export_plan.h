@@ -135,6 +135,9 @@ struct ExportOptions {
   int64_t tp = 1, pp = 1, dp = 1;     // --tp, --pp, --dp (Megatron-Core's layout)
   int64_t vocab_divisible_by = 0;     // --make-vocab-size-divisible-by (for Megatron-LM's job); 0: the source's args
   bool weights_only = false;          // --weights-only: the model alone, whatever optimizer state the source holds
+  // The training run's folder where the atomic checkpoint is a scratch conversion of it, removed when the
+  // run ends: the job's files it carries (job/config.json) are named as the run's own, not the copy's.
+  std::string job_files_from;
 };
 
 // Where a whole-tensor writer takes its values: rows [a, b) of atomic tensor `atom`'s state `state`

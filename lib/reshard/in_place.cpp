@@ -356,6 +356,7 @@ int ReshardThroughScratch(const InPlaceOptions& o, const LatestTag& current, Res
         << "checkpoint beside the tag)\n";
   r.atomic_dir = scratch;
   convert::ConvertOptions c = ConversionInto(scratch, o, current);
+  r.model.job_files_from = c.source;
   c.weights_only = weights_only;
   c.reference = weights_only;  // read once, then removed: the weights may stay where the root keeps them
   int code = convert::RunConvert(c, comm, out, err);

@@ -165,6 +165,10 @@ for case in ("zero2_dp2_fp32", "zero3_dp2_fp32"):
               sorted(os.listdir(ckpt)) == before and not os.path.exists(os.path.join(out, ".ucp-scratch-atomic")))
         check(f"{case} from checkpoint-4 itself: the weights read where the optimizer files keep them (no tensor "
               "written to the scratch)", "fp32 weights left in" in r.stderr and "partitions" in r.stderr, r.stderr[-1500:])
+        if carried:
+            check(f"{case} from checkpoint-4 itself: the run names checkpoint-4's config.json, not the scratch copy gone after it",
+                  "checkpoint-4/config.json)" in r.stderr and ".ucp-scratch-atomic/job" not in r.stderr,
+                  r.stderr[-1500:])
         damaged_root_checks(case, ckpt, work, given, got)
 
     out = os.path.join(work, "hf-sharded")

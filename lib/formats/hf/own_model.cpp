@@ -189,12 +189,18 @@ std::optional<JobConfig> JobConfigOf(const reshard::Source& S, const reshard::Ex
   const std::string dir = S.reader->dir();
   std::optional<JobConfig> carried, given;
   if (S.reader->Lists("job/config.json")) {
+    // Carried from the training run's folder; a scratch atomic checkpoint (a run from that folder) is
+    // gone when the run ends, so the run names the folder's own file.
+    const auto where = [&](const char* file) {
+      if (!o.job_files_from.empty()) return (std::filesystem::path(o.job_files_from) / file).string();
+      return dir + "/job/" + file;
+    };
     JobConfig j;
     j.config = S.reader->ReadCheckedBytes("job/config.json", "the job's config.json");
-    j.from = dir + "/job/config.json";
+    j.from = where("config.json");
     if (S.reader->Lists("job/generation_config.json")) {
       j.generation_config = S.reader->ReadCheckedBytes("job/generation_config.json", "the job's generation_config.json");
-      j.generation_from = dir + "/job/generation_config.json";
+      j.generation_from = where("generation_config.json");
     }
     carried = std::move(j);
   }
