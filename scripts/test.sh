@@ -39,11 +39,20 @@ fi
 BUILD_DIR="$build" bash "$root/scripts/build.sh" -DUCP_BUILD_TESTS=ON  # on, whatever scripts/setup.sh left in the cache
 phase "build"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# ctest starts the longest tests first where it knows their times: a fresh build does not, so it gets
+# those of a full run here (tests/ctest_costs.txt, ctest's own CTestCostData.txt format; a test it does
+# not list is only scheduled later, and ctest updates the file with this run's times).
+costs="$build/Testing/Temporary/CTestCostData.txt"
+[ -f "$costs" ] || { mkdir -p "$(dirname "$costs")" && cp "$root/tests/ctest_costs.txt" "$costs"; }
 # Two tests a core: a test waits on process start-up, mpiexec and the disk for about half its time
 # (measured under -j 2 on 2 cores: 1033 s of CPU in 1156 s, the cores half idle).
 jobs=$(( 2 * $(nproc) ))
+# The Python tests run forked from a process that has imported torch (tests/python/torch_zygote.py),
+# which ends when ctest does.
+stop_zygote() { /usr/bin/python3 "$root/tests/python/torch_zygote.py" --stop || true; }
 if [ "$quick" -eq 1 ]; then
-  (cd "$build" && ctest --output-on-failure -j "$jobs" -LE slow)
+  (cd "$build" && ctest --output-on-failure -j "$jobs" -LE slow) || { stop_zygote; exit 1; }
+  stop_zygote
   phase "ctest --quick"
   rm -rf "$(cat "$build/tests/ompi_tmpdir.txt")"
   exit 0
@@ -64,8 +73,9 @@ chrt --idle 0 true 2>/dev/null && idle=(chrt --idle 0)
 setsid "${idle[@]}" cmake --build "$asan" -j "$(nproc)" --target ucp_unit_tests ucp-inspect ucp-convert ucp-reshard \
   "${fuzz_harnesses[@]}" > "$asan.build.log" 2>&1 &
 asan_build=$!
-trap 'kill -- -$asan_build 2>/dev/null || true; report' EXIT
+trap 'kill -- -$asan_build 2>/dev/null || true; stop_zygote; report' EXIT
 (cd "$build" && ctest --output-on-failure -j "$jobs")
+stop_zygote
 phase "ctest (sanitizer build beside it)"
 rm -rf "$(cat "$build/tests/ompi_tmpdir.txt")"  # Open MPI's session folders, one per test (tests/CMakeLists.txt)
 wait $asan_build || { tail -40 "$asan.build.log"; echo "the sanitizer build failed: $asan.build.log" >&2; exit 1; }
@@ -123,6 +133,7 @@ sanitized=0
 wait $convert_side || sanitized=1
 wait $reshard_side || sanitized=1
 cat "$asan.convert-side.log" "$asan.reshard-side.log"
+stop_zygote  # started again by the sanitizer tests' checks
 [ "$sanitized" -eq 0 ] || { echo "a sanitizer test failed (above)" >&2; exit 1; }
 phase "sanitizer tests"
 echo "== libFuzzer (scripts/fuzz.sh): 15 s for the 3 harnesses whose readers changed last, 5 s for the rest"

@@ -34,7 +34,7 @@ int RunConvert(const ConvertOptions& given, shuffle::Comm& comm, std::ostream& o
   phases.Done("index_and_plan");
   if (talk) SayPlanned(o, x, comm.name(), err);
   if (o.plan_only) {
-    if (rank == 0) out << (o.json ? x.plan.ToJson(x.L).dump(1) + "\n" : x.plan.ToText());
+    if (rank == 0) out << (o.json ? WithNotes(x.plan.ToJson(x.L), x).dump(1) + "\n" : x.plan.ToText());
     return 0;
   }
 #ifndef UCP_BENCH_NO_WEIGHT_COPY_CHECK

@@ -127,12 +127,13 @@ void CommitImport(const ConvertOptions& o, const Planned& x, const std::vector<s
 }
 
 // --plan-only: which rank writes which parameter.
-void PrintPlan(const ConvertOptions& o, const std::vector<store::AtomSpec>& specs, const std::vector<int>& owner, std::ostream& out) {
+void PrintPlan(const ConvertOptions& o, const Planned& x, const std::vector<store::AtomSpec>& specs, const std::vector<int>& owner,
+               std::ostream& out) {
   nlohmann::json j = nlohmann::json::array();
   for (size_t i = 0; i < specs.size(); ++i)
     j.push_back({{"name", specs[i].name}, {"shape", specs[i].shape}, {"rank", owner[i]}});
   if (o.json) {
-    out << nlohmann::json{{"params", j}}.dump(1) << "\n";
+    out << WithNotes(nlohmann::json{{"params", j}}, x).dump(1) << "\n";
     return;
   }
   for (const auto& p : j) out << "rank " << p["rank"].get<int>() << "  " << p["name"].get<std::string>() << " " << p["shape"].dump() << "\n";
@@ -168,7 +169,7 @@ int RunConvertFromModel(const ConvertOptions& o, const formats::SourceDriver& dr
       for (const auto& n : *list) err << "ucp-convert: note: " << n << "\n";
   }
   if (o.plan_only) {
-    if (rank == 0) PrintPlan(o, specs, owner, out);
+    if (rank == 0) PrintPlan(o, x, specs, owner, out);
     return 0;
   }
 

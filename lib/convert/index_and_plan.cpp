@@ -102,6 +102,13 @@ void SayPlanned(const ConvertOptions& o, const Planned& x, const std::string& co
       for (const auto& p : *list) err << "ucp-convert: warning: " << p << "\n";
 }
 
+nlohmann::json WithNotes(nlohmann::json plan, const Planned& x) {
+  plan["notes"] = nlohmann::json::array();
+  for (const auto* list : {&x.L.notes, &x.M.notes})
+    for (const auto& n : *list) plan["notes"].push_back(n);
+  return plan;
+}
+
 // Files mixed from other saves, ranks or runs pass every CRC-32: each rank compares the masters of
 // its share of the data files.
 std::vector<std::vector<char>> RequireWeightCopiesAgree(const ConvertOptions& o, const source::SourceIndex& L, shuffle::Comm& comm) {

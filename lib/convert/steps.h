@@ -77,6 +77,8 @@ Planned IndexAndPlan(const ConvertOptions& o, int ranks);
 Planned IndexAndResolve(const ConvertOptions& o);
 // Rank 0's lines on what was indexed, its notes and (--no-strict) its problems.
 void SayPlanned(const ConvertOptions& o, const Planned& x, const std::string& comm_name, std::ostream& err);
+// A --plan-only --json plan with the notes SayPlanned prints, as "notes" (the same lines, for a script).
+nlohmann::json WithNotes(nlohmann::json plan, const Planned& x);
 // What the checkpoint stores twice agrees; throws saying where it does not. Every rank, its share.
 // Returns the records it verified on the way (Planned::verified).
 std::vector<std::vector<char>> RequireWeightCopiesAgree(const ConvertOptions& o, const source::SourceIndex& L, shuffle::Comm& comm);

@@ -35,5 +35,7 @@ if "--buffer" in extra:
           f"the plan said {plan.get('in_flight_bytes')})")
     if most > buffer or most != plan.get("in_flight_bytes"):
         sys.exit("the rounds broke the buffer's bound, or the plan's count of them")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_zygote import python_command  # noqa: E402
 check = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_atomic.py")
-sys.exit(subprocess.run([sys.executable, check, fixture, out]).returncode)
+sys.exit(subprocess.run(python_command(check, fixture, out)).returncode)

@@ -27,6 +27,7 @@ import xxhash
 
 sys.path.insert(0, os.path.dirname(__file__))
 import ds_stubs  # noqa: E402,F401  (SubparamShape for torch.load of the .pt store)
+from torch_zygote import python_command  # noqa: E402
 
 convert, inspect, fixture, work, ranks = sys.argv[1:6]
 ranks = int(ranks)
@@ -216,7 +217,7 @@ for src, name in ((h5, "source -> hdf5 -> pt"), (pt2h5, "pt -> hdf5 -> pt")):
     run(["--from-atomic", src, "-o", back, "--format", "pt"], ranks)
     same_pt_stores(pt, back, name)
     check = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_atomic.py")
-    if subprocess.run([sys.executable, check, fixture, back]).returncode != 0:
+    if subprocess.run(python_command(check, fixture, back)).returncode != 0:
         fail(f"{name}: check_atomic.py failed")
 
 for e in errors[:30]:
