@@ -57,6 +57,9 @@ struct TargetDriver {
   // A model target of the weights alone (Hugging Face): the export reads no optimizer state, so the
   // atomic checkpoint's zero/optimizer_state.pt is neither read nor hashed (layout/reshard_plan.h, LoadAtomic).
   bool weights_only = false;
+  // The target's own flags checked before anything is read (a malformed --mesh): throws ucp::Error,
+  // which the command line reports as a bad command line. May be null.
+  void (*check_options)(const reshard::ExportOptions& options) = nullptr;
 };
 
 // The rows, each defined in its format's folder (formats/<name>/driver.cpp); the registry's tables

@@ -129,6 +129,9 @@ json ParamJson(const source::SourceIndex& L, const patterns::ParamPattern& p, co
             {"pp_replicated", p.pp_replicated},
             {"bytes_atomic", numel * 4 * AtomicStates(L)}};
   if (p.match) e["rule"] = {{"key", p.match->key}, {"pattern", p.match->rule}, {"source", p.match->source}};
+  // Off a grid (DCP, Megatron-LM's files, a Hugging Face model) each parameter reads as its global
+  // tensor: no rule says how TP cut it, and none is needed to read it.
+  else if (!L.on_grid && !p.vocab) e["reason"] = "global tensor (no TP rule needed to read it)";
   if (!p.sub_param_sizes.empty()) e["sub_param_sizes"] = p.sub_param_sizes;
   if (rec.expert >= 0) {
     e["expert"] = {{"id", rec.expert}, {"ep_rank", rec.ep_rank}};

@@ -4,6 +4,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "formats/registry.h"
 #include "patterns/rules.h"
 #include "layout/planner.h"
 #include "layout/reshard_plan.h"
@@ -130,6 +131,11 @@ std::optional<int> SettleModelExport(ReshardCommand& c, std::ostream& err) {
   if (!mcore && !c.mcore_only_given.empty()) return Refuse(err, c.mcore_only_given.front() + " goes with --format mcore");
   o.model.dtype = o.target.dtype;
   o.model.output = o.output;
+  if (const auto check = formats::FindTarget(o.format).check_options) try {
+      check(o.model);
+    } catch (const Error& e) {
+      return Refuse(err, e.what());
+    }
   if (!c.model_config.empty())
     if (auto status = ReadModelConfig(o.model, c.model_config, err)) return status;
   if (!o.plan_only && o.output.empty()) return Refuse(err, "an output folder is required (-o OUT), or --plan-only");

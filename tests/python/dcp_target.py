@@ -293,19 +293,23 @@ def unknown_groups(mcore_case):
     check("Megatron-Core with use_mup: --format hf written", r.returncode == 0, r.stderr[-800:])
 
 
-def refused(label, args, expect, ranks=1):
+def refused(label, args, expect, ranks=1, status=None):
+    """Refused with every string of `expect` said, nothing written; with exit status `status` where given
+    (2: a bad command line, judged before anything is read)."""
     out = os.path.join(WORK, "refused", label.replace(" ", "_"))
     r = run("ucp-reshard", args + ["-o", out], ranks=ranks)
     text = r.stderr
-    ok = r.returncode != 0 and all(e in text for e in expect) and "Traceback" not in text and not os.path.exists(os.path.join(out, ".metadata"))
+    ok = (r.returncode != 0 if status is None else r.returncode == status) and all(e in text for e in expect) and \
+        "Traceback" not in text and not os.path.exists(os.path.join(out, ".metadata"))
     check(f"refused: {label}", ok, f"rc {r.returncode}: {text[-800:]}")
 
 
 def refusals():
     atomic = os.path.join(WORK, "ds", "atomic")
     dcp = ["--format", "dcp"]
-    refused("a mesh dimension given twice", [atomic, *dcp, "--mesh", "dp=2,dp=4"], ["--mesh", "dp given twice"])
-    refused("a mesh dimension other than dp and tp", [atomic, *dcp, "--mesh", "pp=2"], ["--mesh", "'pp=2'"])
+    refused("a mesh dimension given twice", [atomic, *dcp, "--mesh", "dp=2,dp=4"], ["--mesh", "dp given twice"], status=2)
+    refused("a mesh dimension other than dp and tp", [atomic, *dcp, "--mesh", "pp=2"], ["--mesh", "'pp=2'"], status=2)
+    refused("a mesh size not a number", [atomic, *dcp, "--mesh", "tp=x"], ["--mesh", "'tp=x'"], status=2)
     refused("bf16", [atomic, *dcp, "--dtype", "bf16"], ["--dtype bf16", "fp32"])
     refused("--max-shard-size", [atomic, *dcp, "--max-shard-size", "1MB"], ["--max-shard-size", "--format hf"])
     refused("--mesh with hf", [atomic, "--format", "hf", "--mesh", "dp=2"], ["--mesh", "--format dcp"])

@@ -23,7 +23,8 @@ const TargetDriver& DcpTarget() {
      "and / or torchtitan's tensor-parallel plan over tp; weights, Adam's exp_avg / exp_avg_sq and step per parameter, the "
      "param groups; Megatron-DeepSpeed's fused QKV and SwiGLU tensors split and renamed, q and k rows re-ordered to "
      "torchtitan's rotary; fp32; loaded by torch.distributed.checkpoint.load",
-     "__R_0.distcp (one per mesh rank), .metadata (written last)", nullptr, dcp::PlanDcp, dcp::WriteDcpFile, dcp::CheckDcpSource, false};
+     "__R_0.distcp (one per mesh rank), .metadata (written last)", nullptr, dcp::PlanDcp, dcp::WriteDcpFile, dcp::CheckDcpSource, false,
+     dcp::CheckDcpOptions};
   return driver;
 }
 

@@ -291,6 +291,8 @@ void CheckDcpSource(const source::SourceIndex& L, const reshard::ExportOptions&)
   RefuseOwnNames(names, L.root);
 }
 
+void CheckDcpOptions(const reshard::ExportOptions& o) { ParseMesh(o.mesh); }
+
 reshard::ExportPlan PlanDcp(const reshard::Source& S, const reshard::ExportOptions& o) {
   const Mesh mesh = ParseMesh(o.mesh);
   if (!o.dtype.empty() && o.dtype != "fp32")

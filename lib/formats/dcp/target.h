@@ -28,6 +28,8 @@ reshard::ExportPlan PlanDcp(const reshard::Source& S, const reshard::ExportOptio
 // A source checkpoint refused before any conversion is made for it: one whose parameters carry Hugging
 // Face's own names (a Trainer or Accelerate job's), which the translation does not read yet.
 void CheckDcpSource(const source::SourceIndex& L, const reshard::ExportOptions& options);
+// --mesh parsed (mesh.h) before anything is read: a malformed one is a bad command line.
+void CheckDcpOptions(const reshard::ExportOptions& options);
 
 // File `f` of the plan at `path`: each item's torch.save file in turn, a chunk's values read from
 // `rows` by whole rows (whole heads where rows are re-ordered), its columns cut from them.
