@@ -104,7 +104,15 @@ def run_script(request, fds):
             traceback.print_exc()
             code = 1
         import atexit
+        import threading
+        threading._shutdown()  # as the interpreter ends: its threads joined, then its exit functions
         atexit._run_exitfuncs()
+        if request["env"].get("UCP_ZYGOTE_CPU_LOG"):  # where a run's CPU goes: the script's own, its children's
+            import resource
+            me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+            with open(request["env"]["UCP_ZYGOTE_CPU_LOG"], "a") as log:
+                log.write(json.dumps({"argv": request["argv"], "self": me.ru_utime + me.ru_stime,
+                                      "children": kids.ru_utime + kids.ru_stime}) + "\n")
     finally:
         try:
             sys.stdout.flush()
