@@ -58,31 +58,28 @@ if [ "$quick" -eq 1 ]; then
   exit 0
 fi
 
+(cd "$build" && ctest --output-on-failure -j "$jobs") || { stop_zygote; exit 1; }
+stop_zygote
+phase "ctest"
+rm -rf "$(cat "$build/tests/ompi_tmpdir.txt")"  # Open MPI's session folders, one per test (tests/CMakeLists.txt)
+
 # One clang build serves the sanitizer tests and the fuzzing: ASan + UBSan over everything, with
 # libFuzzer's coverage instrumentation (inert outside a harness), at -O0: clang's optimizer over the
 # sanitizers' instrumentation doubled the compile (the library: 413 s of CPU at -O1, half that at -O0),
-# which on this machine's 2 cores cost CI more than the slower sanitized runs gain. It compiles while ctest
-# runs, at the idle scheduling class: ctest's tests wait on process start-up, fsync and each other
-# for much of their time, and the compiler takes only the cycles they leave.
+# which on this machine's 2 cores cost CI more than the slower sanitized runs gain. It compiles after
+# ctest, not beside it: with the Python tests forked from one torch import, ctest keeps both cores
+# busy (93% here), and a compile beside it, even at the idle scheduling class, lengthened ctest by
+# more than the compile takes alone (ctest 794 s alone, 1078-1083 s in the two CI runs beside it).
 asan="$build-asan"
 fuzz_harnesses=(fuzz_zip fuzz_unpickle fuzz_torch_file fuzz_manifest fuzz_layout fuzz_patterns fuzz_atoms_h5 fuzz_dcp_metadata fuzz_safetensors)
 # Line tables only (-g1): a sanitizer's report keeps file and line, the compile skips full debug info.
 CC=clang CXX=clang++ cmake -S "$root" -B "$asan" -DUCP_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_C_FLAGS_DEBUG="-O0 -g1" -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" > "$asan.configure.log" 2>&1 \
   || { cat "$asan.configure.log"; exit 1; }
-idle=(nice -n 19)
-chrt --idle 0 true 2>/dev/null && idle=(chrt --idle 0)
-setsid "${idle[@]}" cmake --build "$asan" -j "$(nproc)" --target ucp_unit_tests ucp-inspect ucp-convert ucp-reshard \
-  "${fuzz_harnesses[@]}" > "$asan.build.log" 2>&1 &
-asan_build=$!
-trap 'kill -- -$asan_build 2>/dev/null || true; stop_zygote; report' EXIT
-(cd "$build" && ctest --output-on-failure -j "$jobs")
-stop_zygote
-phase "ctest (sanitizer build beside it)"
-rm -rf "$(cat "$build/tests/ompi_tmpdir.txt")"  # Open MPI's session folders, one per test (tests/CMakeLists.txt)
-wait $asan_build || { tail -40 "$asan.build.log"; echo "the sanitizer build failed: $asan.build.log" >&2; exit 1; }
-trap report EXIT
-phase "sanitizer and fuzzer build, the rest"
+cmake --build "$asan" -j "$(nproc)" --target ucp_unit_tests ucp-inspect ucp-convert ucp-reshard \
+  "${fuzz_harnesses[@]}" > "$asan.build.log" 2>&1 \
+  || { tail -40 "$asan.build.log"; echo "the sanitizer build failed: $asan.build.log" >&2; exit 1; }
+phase "sanitizer and fuzzer build"
 work="$build/tests/work"
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 # Two streams side by side, each into a log of its own printed after (they wait on MPI start-up and the
