@@ -47,7 +47,9 @@ if [ "$name" = changed ]; then
   targets=()
   for n in $ranked; do targets+=("fuzz_$n"); done
   if [ ! -f "$build/CMakeCache.txt" ]; then bash "$0" "${ranked%%[[:space:]]*}" 0 > /dev/null; fi  # configures the build
-  cmake --build "$build" --target "${targets[@]}" -j "$(nproc)" > "$build.build.log" 2>&1 || { tail -40 "$build.build.log"; exit 1; }
+  # FUZZ_BUILT=1: the caller built them (scripts/test.sh, through the ucp_sanitized target).
+  [ "${FUZZ_BUILT:-0}" = 1 ] || cmake --build "$build" --target "${targets[@]}" -j "$(nproc)" > "$build.build.log" 2>&1 \
+    || { tail -40 "$build.build.log"; exit 1; }
   status=0
   i=0
   pids=()

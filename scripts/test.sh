@@ -71,13 +71,12 @@ rm -rf "$(cat "$build/tests/ompi_tmpdir.txt")"  # Open MPI's session folders, on
 # busy (93% here), and a compile beside it, even at the idle scheduling class, lengthened ctest by
 # more than the compile takes alone (ctest 794 s alone, 1078-1083 s in the two CI runs beside it).
 asan="$build-asan"
-fuzz_harnesses=(fuzz_zip fuzz_unpickle fuzz_torch_file fuzz_manifest fuzz_layout fuzz_patterns fuzz_atoms_h5 fuzz_dcp_metadata fuzz_safetensors)
 # Line tables only (-g1): a sanitizer's report keeps file and line, the compile skips full debug info.
 CC=clang CXX=clang++ cmake -S "$root" -B "$asan" -DUCP_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_C_FLAGS_DEBUG="-O0 -g1" -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" > "$asan.configure.log" 2>&1 \
   || { cat "$asan.configure.log"; exit 1; }
-cmake --build "$asan" -j "$(nproc)" --target ucp_unit_tests ucp-inspect ucp-convert ucp-reshard \
-  "${fuzz_harnesses[@]}" > "$asan.build.log" 2>&1 \
+# One target (ucp_sanitized, tests/fuzz/CMakeLists.txt): the unit tests, the three tools and the harnesses.
+cmake --build "$asan" -j "$(nproc)" --target ucp_sanitized > "$asan.build.log" 2>&1 \
   || { tail -40 "$asan.build.log"; echo "the sanitizer build failed: $asan.build.log" >&2; exit 1; }
 phase "sanitizer and fuzzer build"
 work="$build/tests/work"
@@ -136,5 +135,5 @@ stop_zygote  # started again by the sanitizer tests' checks
 [ "$sanitized" -eq 0 ] || { echo "a sanitizer test failed (above)" >&2; exit 1; }
 phase "sanitizer tests"
 echo "== libFuzzer (scripts/fuzz.sh): 15 s for the 3 harnesses whose readers changed last, 5 s for the rest"
-UCP_TEST_WORK="$work" FUZZ_BUILD_DIR="$asan" bash "$root/scripts/fuzz.sh" changed 15 5
+UCP_TEST_WORK="$work" FUZZ_BUILD_DIR="$asan" FUZZ_BUILT=1 bash "$root/scripts/fuzz.sh" changed 15 5
 phase "fuzzing"

@@ -106,11 +106,11 @@ std::optional<int> SettleModelExport(ReshardCommand& c, std::ostream& err) {
       (dcp ? " writes torchtitan's sharding of whole tensors (--mesh): no " : mcore ? " writes Megatron-LM's TP x PP x DP layout: no "
                                                                             : " writes a model of whole tensors: no ");
   const std::string only = dcp     ? " (only --mesh, --dtype fp32, --model-config)"
-                           : mcore ? " (only --tp, --pp, --dp, --make-vocab-size-divisible-by, --weights-only, --model-config)"
+                           : mcore ? " (only --tp, --pp, --dp, --ep, --make-vocab-size-divisible-by, --weights-only, --model-config)"
                                    : " (only --dtype, --max-shard-size, --model-config)";
   if (!c.layout_only_given.empty()) return Refuse(err, no_layout + c.layout_only_given.front() + only);
   for (const auto& key : c.in_place.given)
-    if (key != "dtype" && !(mcore && (key == "tp" || key == "pp" || key == "dp" || key == "make_vocab_size_divisible_by")))
+    if (key != "dtype" && !(mcore && (key == "tp" || key == "pp" || key == "dp" || key == "ep" || key == "make_vocab_size_divisible_by")))
       return Refuse(err, no_layout + "--" + FlagOf(key) + only);
   if (mcore) {
     for (const std::string& flag : c.hf_only_given)
@@ -121,6 +121,7 @@ std::optional<int> SettleModelExport(ReshardCommand& c, std::ostream& err) {
       return Refuse(err, "--format mcore writes into -o OUT the layout --tp T --pp P [--dp D] gives: no " + std::string(c.in_place_mode ? "--in-place" : "--gpus"));
     if (!given("tp") || !given("pp")) return Refuse(err, "--format mcore: give the layout to write, --tp T --pp P (and --dp D, else 1)");
     o.model.tp = o.target.tp, o.model.pp = o.target.pp, o.model.dp = given("dp") ? o.target.dp : 1;
+    o.model.ep = given("ep") ? o.target.ep : 0;
     o.model.vocab_divisible_by = o.target.vocab_divisible_by;
   }
   if (c.in_place_mode || o.planner.gpus > 0)

@@ -12,8 +12,9 @@ def jsonable(v):
     return json.loads(json.dumps(v))
 
 
-def same_atomic(check, label, a, b):
-    """Atomic checkpoints a and b hold the same parameters, each state byte for byte, and the same param groups."""
+def same_atomic(check, label, a, b, groups_of=None):
+    """Atomic checkpoints a and b hold the same parameters, each state byte for byte, and the same param groups
+    (or b the groups groups_of(a's groups) gives: a layout at which the job builds other groups)."""
     za, zb = os.path.join(a, "zero"), os.path.join(b, "zero")
     names = sorted(d for d in os.listdir(za) if os.path.isdir(os.path.join(za, d)))
     check(f"{label}: the same parameters", names == sorted(d for d in os.listdir(zb) if os.path.isdir(os.path.join(zb, d))), str(names))
@@ -26,7 +27,9 @@ def same_atomic(check, label, a, b):
                 bad.append(f"{name}/{state}")
     check(f"{label}: every weight, exp_avg, exp_avg_sq and step equal byte for byte ({len(names)} x 4)", not bad, str(bad[:5]))
     ga, gb = (jsonable(torch.load(os.path.join(z, "optimizer_state.pt"), map_location="cpu").get("param_groups")) for z in (za, zb))
-    check(f"{label}: the same param groups", ga == gb, f"{ga} vs {gb}")
+    if groups_of is not None:
+        ga = groups_of(ga)
+    check(f"{label}: the same param groups" + (" (as the new layout's job builds them)" if groups_of else ""), ga == gb, f"{ga} vs {gb}")
 
 
 def weights_only_converts(run, check, label, folder, ref, work):

@@ -1,8 +1,9 @@
 """The Megatron-Core target (ucp-reshard --format mcore --tp T --pp P [--dp D]), from Megatron-Core 0.17.1's own
 saves (tests/data/real-mcore, make_mcore.py there): its torch_dist form with each of its optimizers (FP32Optimizer;
 the distributed optimizer in bf16; Float16OptimizerWithFloat16Params in bf16, from the legacy form), a
-weights-only save (--no-save-optim) and a GPT with its output layer tied to the word embedding (at PP=2, where
-the last stage holds the embedding's copy), each written at layouts other than the source's.
+weights-only save (--no-save-optim), a GPT with its output layer tied to the word embedding (at PP=2, where
+the last stage holds the embedding's copy) and Mixture-of-Experts models (SequentialMLP experts at new TP, PP and
+EP: at EP 1 the job has no expert param group), each written at layouts other than the source's.
 
     mcore_target.py UCP_BIN_DIR CASES_DIR WORK RECORD [mpiexec]
 
@@ -14,8 +15,8 @@ iter_NNNNNNN/ holding .metadata, common.pt, metadata.json and one __<rank>_0.dis
   trixie chroot) holds the sha256 of every file of each output that Megatron-LM's own load_checkpoint loaded
   at its layout, with what it found; every output here must be those bytes, and the record must say every
   tensor was equal (and, where it trained on, steps 4-5 within 1e-5 of the reference run's losses).
-- Refused by name, nothing written: a layout that does not divide the layers or the heads, a Mixture-of-Experts
-  model, no --tp / --pp, layout flags of DeepSpeed's, a source of another family with optimizer state (a real
+- Refused by name, nothing written: a layout that does not divide the layers or the heads (or the experts: --ep,
+  and an EP that does not divide DP; a MoE optimizer at EP > 1 from EP 1, which Megatron-LM chains), no --tp / --pp, layout flags of DeepSpeed's, a source of another family with optimizer state (a real
   DeepSpeed checkpoint of ../shared/real-deepspeed, beside the checkout) without --weights-only.
 """
 import hashlib
@@ -35,14 +36,25 @@ run = tool_runner(BIN, sys.argv[5] if len(sys.argv) > 5 else None)
 fresh_folder(WORK)
 record = json.load(open(RECORD))
 
-# (label, source folder, layouts written: tp, pp, dp)
+# (label, source folder, layouts written: tp, pp, dp[, ep: a MoE model's experts over ep of the DP ranks, else
+# the source's EP])
 SOURCES = [
     ("llama_tp2", "llama_tp2/checkpoint", [(1, 2, 1), (2, 2, 1), (1, 1, 2)]),
     ("llama_tp2_dp2_distopt_bf16", "llama_tp2_dp2_distopt_bf16/checkpoint", [(1, 2, 1), (2, 1, 2)]),
     ("gpt_tp2_pp2_bf16_legacy", "gpt_tp2_pp2_bf16_legacy/legacy", [(1, 1, 1), (2, 1, 1)]),
     ("gpt_weights_only", "gpt_tp2_pp2_bf16_legacy/checkpoint_weights_only", [(1, 2, 1)]),
     ("gpt_tp2_tied", "gpt_tp2_tied/checkpoint", [(1, 2, 1)]),
+    # Mixture of Experts (SequentialMLP; the source at TP=2 x EP=2, 3 param groups: dense, expert, no weight decay)
+    ("moe_tp2_ep2_logits", "moe_tp2_ep2_logits/checkpoint", [(1, 1, 1, 1), (1, 2, 2, 2), (2, 1, 2), (1, 1, 4, 4)]),
+    ("moe_ep2", "moe_ep2/checkpoint", [(2, 2, 1, 1)]),
 ]
+SOURCE_EP = {"moe_tp2_ep2_logits": 2, "moe_ep2": 2}
+
+
+def without_expert_groups(groups):
+    """Megatron-Core marks experts expert-parallel only at EP > 1 (tensor_parallel/layers.py: allreduce = not
+    (is_expert and expert_model_parallel_size > 1)): at EP 1 _get_param_groups has no expert groups."""
+    return [g for g in groups if not g.get("is_expert_parallel")]
 
 
 def sha256(path):  # the files here are small
@@ -77,21 +89,25 @@ for label, folder, layouts in SOURCES:
     check(f"{label}: converts", r.returncode == 0, r.stderr[-1200:])
     if r.returncode != 0:
         continue
-    for tp, pp, dp in layouts:
-        layout = f"tp{tp}_pp{pp}_dp{dp}"
+    for tp, pp, dp, *given_ep in layouts:
+        ep = given_ep[0] if given_ep else SOURCE_EP.get(label, 1)
+        layout = f"tp{tp}_pp{pp}_dp{dp}" + (f"_ep{ep}" if ep > 1 else "")
         out = os.path.join(WORK, label, layout)
         for ranks in (1, 2):
             if ranks == 2:
                 fresh_folder(out)
                 os.rmdir(out)
-            r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--tp", str(tp), "--pp", str(pp), "--dp", str(dp)], ranks=ranks)
+            r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--tp", str(tp), "--pp", str(pp), "--dp", str(dp)] +
+                    (["--ep", str(given_ep[0])] if given_ep else []), ranks=ranks)
             check(f"{label} -> {layout}: written at {ranks} rank(s)", r.returncode == 0 and "Megatron-Core GPTModel" in r.stderr, r.stderr[-1500:])
         if r.returncode != 0:
             continue
         files = files_of(out)
         want = {"latest_checkpointed_iteration.txt", "iter_0000003/.metadata", "iter_0000003/common.pt", "iter_0000003/metadata.json"}
-        want |= {f"iter_0000003/__{t + tp * dp * p}_0.distcp" for t in range(tp) for p in range(pp)}
-        check(f"{label} -> {layout}: Megatron-LM's root, one file per rank of DP rank 0", set(files) - {".ucp-reshard.json"} == want,
+        # DP rank 0's ranks, and the experts' EP ranks (expert DP rank 0): t + tp * (e + dp * p)
+        want |= {f"iter_0000003/__{t + tp * (e + dp * p)}_0.distcp" for t in range(tp) for p in range(pp) for e in range(ep)}
+        check(f"{label} -> {layout}: Megatron-LM's root, one file per rank of DP rank 0" + (f" and of EP ranks 1-{ep - 1}" if ep > 1 else ""),
+              set(files) - {".ucp-reshard.json"} == want,
               str(sorted(files)))
         check(f"{label} -> {layout}: latest_checkpointed_iteration.txt names iteration 3",
               open(os.path.join(out, "latest_checkpointed_iteration.txt")).read() == "3")
@@ -100,8 +116,8 @@ for label, folder, layouts in SOURCES:
         check(f"{label} -> {layout}: the output root converts back, its tracker's iteration read", r.returncode == 0 and
               "is a Megatron-LM checkpoint root: reading " + os.path.join(out, "iter_0000003") in r.stderr, r.stderr[-1500:])
         if r.returncode == 0:
-            (same_weights if label.endswith("weights_only") else lambda l, a, b: same_atomic(check, l, a, b))(
-                f"{label} -> {layout} -> atomic", atomic, back)
+            (same_weights if label.endswith("weights_only") else lambda l, a, b: same_atomic(
+                check, l, a, b, without_expert_groups if label in SOURCE_EP and ep == 1 else None))(f"{label} -> {layout} -> atomic", atomic, back)
         seen = record["outputs"].get(f"{label}:{layout}")
         check(f"{label} -> {layout}: the bytes Megatron-LM's load_checkpoint loaded at {layout} (RECORD)", seen is not None and
               seen["sha256"] == {k: sha256(p) for k, p in files.items() if k != ".ucp-reshard.json"},
@@ -121,7 +137,7 @@ for args, expect in ((["--tp", "1", "--pp", "3"], "does not divide the model's 4
                      (["--tp", "3", "--pp", "1"], "does not divide the model's 4 attention heads"),
                      (["--tp", "4", "--pp", "1"], "does not divide the model's 2 query groups (of its 4 attention heads)"),
                      (["--tp", "1"], "give the layout to write"),
-                     (["--tp", "1", "--pp", "1", "--zero-stage", "1"], "(only --tp, --pp, --dp, --make-vocab-size-divisible-by, --weights-only, --model-config)"),
+                     (["--tp", "1", "--pp", "1", "--zero-stage", "1"], "(only --tp, --pp, --dp, --ep, --make-vocab-size-divisible-by, --weights-only, --model-config)"),
                      (["--tp", "1", "--pp", "1", "--dtype", "bf16"], "in the job's dtype (fp32)")):
     out = os.path.join(WORK, "refused")
     r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore"] + args)
@@ -158,12 +174,22 @@ r = run("ucp-reshard", [out, "-o", os.path.join(WORK, "root-in"), "--format", "m
 check("a Megatron-LM root given to ucp-reshard: convert it first, the command named", r.returncode != 0 and
       "a Megatron-LM checkpoint root" in r.stderr and "convert it first" in r.stderr, r.stderr[-600:])
 
-moe = os.path.join(WORK, "moe")
-r = run("ucp-convert", [os.path.join(CASES, "moe_ep2", "checkpoint"), "-o", moe])
-check("moe_ep2: converts", r.returncode == 0, r.stderr[-800:])
-r = run("ucp-reshard", [moe, "-o", os.path.join(WORK, "moe-out"), "--format", "mcore", "--tp", "1", "--pp", "1"])
-check("a Mixture-of-Experts model: refused by name", r.returncode != 0 and "Mixture-of-Experts" in r.stderr and
-      not os.path.exists(os.path.join(WORK, "moe-out", "latest_checkpointed_iteration.txt")), r.stderr[-800:])
+# Mixture of Experts: layouts that do not place the experts, refused by name, nothing written.
+moe = os.path.join(WORK, "moe_tp2_ep2_logits", "atomic")
+ep1_back = os.path.join(WORK, "moe_tp2_ep2_logits", "tp1_pp1_dp1-back")  # the EP 1 output converted back: no expert group
+for source, args, expect in ((moe, ["--tp", "1", "--pp", "1"], "the source's EP 2 does not divide --dp 1"),
+                             (moe, ["--tp", "1", "--pp", "1", "--dp", "3", "--ep", "3"], "--ep 3 does not divide the model's 4 experts"),
+                             (moe, ["--tp", "1", "--pp", "1", "--dp", "2", "--ep", "4"], "--ep 4 does not divide --dp 2"),
+                             (atomic, ["--tp", "1", "--pp", "1", "--dp", "2", "--ep", "2"], "a dense model has no experts"),
+                             (ep1_back, ["--tp", "1", "--pp", "1", "--dp", "2", "--ep", "2"], "a chain of a dense and an expert optimizer")):
+    out = os.path.join(WORK, "refused")
+    r = run("ucp-reshard", [source, "-o", out, "--format", "mcore"] + args)
+    check(f"{os.path.relpath(source, WORK)} --format mcore {' '.join(args)}: refused by name, nothing written", r.returncode != 0 and expect in r.stderr and
+          not os.path.exists(os.path.join(out, "latest_checkpointed_iteration.txt")), r.stderr[-800:])
+r = run("ucp-reshard", [ep1_back, "-o", os.path.join(WORK, "moe-ep2-weights"), "--format", "mcore", "--tp", "1", "--pp", "1", "--dp", "2",
+                        "--ep", "2", "--weights-only"])
+check("... with --weights-only: the model alone at EP 2, written", r.returncode == 0 and
+      os.path.exists(os.path.join(WORK, "moe-ep2-weights", "latest_checkpointed_iteration.txt")), r.stderr[-800:])
 
 ds = os.path.join(CASES, "..", "..", "..", "..", "shared", "real-deepspeed", "cases", "llama_tp2_dp2_zero1_fp32", "ckpt")
 check("../shared/real-deepspeed beside the checkout", os.path.isdir(ds), ds)

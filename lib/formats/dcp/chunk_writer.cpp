@@ -59,6 +59,7 @@ void WriteDcpFile(const reshard::ExportPlan& P, size_t f, reshard::RowSource& ro
     std::vector<float> box = BoxValues(t, rows);
     std::vector<int64_t> sizes = t.box_sizes;
     if (t.layer_axis) sizes.insert(sizes.begin(), 1);  // a stacked tensor's chunk keeps its layer axis
+    if (t.layer_axis && t.expert >= 0) sizes.insert(sizes.begin() + 1, 1);  // and an expert's its experts' axis
     std::vector<uint16_t> half;  // the values in a 16-bit dtype, where the item is saved in one
     pt::DType dtype = pt::DType::F32;
     const void* data = box.data();

@@ -12,14 +12,24 @@ bool EndsWith(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+// SequentialMLP's experts as torch_dist keys them (its local_experts.J under the global-expert axis).
+const std::string kExpertFc1 = "mlp.experts.experts.linear_fc1", kExpertFc2 = "mlp.experts.experts.linear_fc2";
+
 // A decoder layer's module path (after decoder.layers.N.) and parameter: how TP ranks cut it.
 std::optional<DistName::Split> LayerSplit(const std::string& module, const std::string& param) {
   using S = DistName::Split;
   if (param.rfind("layer_norm_", 0) == 0) return S::Whole;  // TE's norm fused into the next linear
-  if (module == "self_attention.linear_qkv" || module == "mlp.linear_fc1") return S::Rows;
-  if (module == "self_attention.linear_proj" || module == "mlp.linear_fc2") return param == "bias" ? S::Whole : S::Columns;
+  if (module == "self_attention.linear_qkv" || module == "mlp.linear_fc1" || module == kExpertFc1) return S::Rows;
+  if (module == "self_attention.linear_proj" || module == "mlp.linear_fc2" || module == kExpertFc2) return param == "bias" ? S::Whole : S::Columns;
   if (module == "self_attention.q_layernorm" || module == "self_attention.k_layernorm") return S::Whole;
+  if (module == "mlp.router" && (param == "weight" || param == "expert_bias")) return S::Whole;  // every TP and EP rank's
   return std::nullopt;
+}
+
+// The fields of a decoder layer's tensor beyond its split: SwiGLU's halves, the experts' axis.
+void LayerFacts(DistName& d, const std::string& module, bool gated) {
+  d.gated = gated && (module == "mlp.linear_fc1" || module == kExpertFc1) && d.split == DistName::Rows;
+  d.experts = module == kExpertFc1 || module == kExpertFc2;
 }
 
 // A tensor outside the decoder's layers, by its name (the same in both forms).
@@ -53,7 +63,7 @@ std::optional<DistName> DistNameOf(const std::string& name, bool gated) {
                   "known, so it is not guessed)");
     d.key = "decoder.layers." + module + "." + param;
     d.split = *split;
-    d.gated = gated && module == "mlp.linear_fc1" && d.split == DistName::Rows;
+    LayerFacts(d, module, gated);
     return d;
   }
   return GlobalName(name);
@@ -70,7 +80,7 @@ DistName DistNameOfKey(const std::string& key, bool gated) {
                 "it is not guessed)");
   DistName d;
   d.key = key, d.split = *split;
-  d.gated = gated && module == "mlp.linear_fc1" && d.split == DistName::Rows;
+  LayerFacts(d, module, gated);
   return d;
 }
 

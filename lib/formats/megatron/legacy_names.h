@@ -4,7 +4,8 @@
 // leading axis, each TP rank's part a box of the global tensor), so that both forms give one atomic
 // checkpoint. One table: Megatron-Core 0.17.1's GPT / Llama modules (gpt_layer_specs.py: the local
 // spec's input_layernorm / pre_mlp_layernorm are the TE spec's fused layer_norm_* names; column-parallel
-// linears cut on rows, row-parallel ones on columns, norms and row-parallel biases whole on every TP rank).
+// linears cut on rows, row-parallel ones on columns, norms and row-parallel biases whole on every TP rank;
+// a MoE layer's router whole, its SequentialMLP experts' linears cut as the dense ones, expert by expert).
 #pragma once
 
 #include <optional>
@@ -17,6 +18,9 @@ struct DistName {
   int layer = -1;   // the layer within its stage for a decoder layer's tensor (stacked), else -1
   enum Split { Whole, Rows, Columns } split = Whole;  // how TP ranks cut it
   bool gated = false;  // rows of [gate; up] on each rank (SwiGLU's linear_fc1 with `gated`): cut per half
+  // A Mixture-of-Experts layer's expert (SequentialMLP's decoder.layers.mlp.experts.experts.*): the
+  // experts' axis follows the layers, each expert cut by the expert TP ranks as the dense linear is.
+  bool experts = false;
 };
 
 // The torch_dist form of legacy state-dict name `name`; nullopt for a name that is no tensor

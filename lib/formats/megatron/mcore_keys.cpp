@@ -1,5 +1,6 @@
 #include "formats/megatron/mcore_keys.h"
 
+#include <algorithm>
 #include <map>
 
 #include "core/error.h"
@@ -30,10 +31,21 @@ std::vector<McoreKey> KeysOfMcoreAtoms(const reshard::Source& S, bool gated, int
                     std::to_string(layers) + " layers the args say");
       k.shape.erase(k.shape.begin());
     }
+    if (k.name.experts) {  // [layers, experts, rows, ...]: one tensor per layer and expert
+      if (k.shape.size() < 2 || k.shape[0] < 1)
+        throw Error(S.reader->dir() + ": parameter '" + atom.name + "' of shape " + pt::ShapeString(atom.shape) +
+                    " has no experts' axis after its layers");
+      k.experts = k.shape[0];
+      k.shape.erase(k.shape.begin());
+    }
     for (int64_t l = 0; l < (k.stacked ? layers : 1); ++l) {
-      ExportTensor t = reshard::RowsAsTensor(atom.name, static_cast<int>(a), 0, k.Rows(), k.shape);
-      t.source = atom.name, t.layer = k.stacked ? l : -1;
-      k.layers.push_back({Whole(t)});
+      std::vector<Segment> segments;
+      for (int64_t e = 0; e < std::max<int64_t>(k.experts, 1); ++e) {
+        ExportTensor t = reshard::RowsAsTensor(atom.name, static_cast<int>(a), 0, k.Rows(), k.shape);
+        t.source = atom.name, t.layer = k.stacked ? l : -1, t.expert = k.experts > 0 ? e : -1;
+        segments.push_back(Whole(t));
+      }
+      k.layers.push_back(std::move(segments));
     }
     out.push_back(std::move(k));
   }

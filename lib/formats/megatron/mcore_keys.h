@@ -32,7 +32,10 @@ struct McoreKey {
   std::string key;             // "decoder.layers.self_attention.linear_qkv.weight"
   DistName name;               // how TP cuts it
   bool stacked = false;        // decoder.layers.*: a leading layer axis
-  std::vector<int64_t> shape;  // without the layer axis
+  std::vector<int64_t> shape;  // without the layer axis (and the experts' axis)
+  // > 0: a MoE layer's experts (DistName::experts), this many after the layer axis; each layer's
+  // segments are then its experts, one whole tensor of `shape` each, in order.
+  int64_t experts = 0;
   std::vector<std::vector<Segment>> layers;  // per layer (one entry where not stacked): its rows in order
   int64_t Rows() const { return shape.empty() ? 1 : shape[0]; }
 };

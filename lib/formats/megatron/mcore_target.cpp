@@ -26,11 +26,16 @@ using reshard::ExportTensor;
 namespace {
 
 // The new layout: TP x PP x DP ranks, numbered as Megatron-Core numbers them by default (tp fastest,
-// then dp, then pp); DP rank 0 saves every value.
+// then dp, then pp); DP rank 0 saves every value. A MoE model's experts: EP ranks among the DP ranks,
+// expert TP = TP (Megatron-LM's default), numbered tp, ep, expert dp, pp: the rank of EP rank e and
+// expert DP rank 0 is DP rank e's, which saves its experts.
 struct Grid {
-  int64_t tp = 1, pp = 1, dp = 1;
-  int64_t Rank(int64_t t, int64_t p) const { return t + tp * dp * p; }
-  std::string text() const { return "TP=" + std::to_string(tp) + " PP=" + std::to_string(pp) + " DP=" + std::to_string(dp); }
+  int64_t tp = 1, pp = 1, dp = 1, ep = 1;
+  bool ep_given = false;  // --ep, else the source's
+  int64_t Rank(int64_t t, int64_t p, int64_t e = 0) const { return t + tp * (e + dp * p); }
+  std::string text() const {
+    return "TP=" + std::to_string(tp) + " PP=" + std::to_string(pp) + " DP=" + std::to_string(dp) + (ep > 1 ? " EP=" + std::to_string(ep) : "");
+  }
 };
 
 // The optimizer state's form in the files: the job's optimizer's (its args), each loaded at any TP / PP.
@@ -71,6 +76,8 @@ std::vector<Piece> PiecesOf(const McoreKey& p, int64_t t, int64_t tp) {
 // The stage a tensor outside the decoder's layers is on: the embedding on the first, the head on the last.
 int64_t StageOf(const std::string& key, int64_t pp) { return key.rfind("embedding.", 0) == 0 ? 0 : pp - 1; }
 
+pt::DType TypeOf(const std::string& dtype) { return dtype == "bf16" ? pt::DType::BF16 : dtype == "fp16" ? pt::DType::F16 : pt::DType::F32; }
+
 class McorePlan {
  public:
   McorePlan(const reshard::Source& S, const Grid& g, int64_t layers) : S_(S), g_(g), layers_(layers) {}
@@ -78,7 +85,8 @@ class McorePlan {
   // Every chunk of `key` (a model key or an optimizer state's), values of state `state` in `dtype`: each
   // TP rank's piece of each layer, one chunk per run of rows it takes from a source tensor.
   void Chunks(const McoreKey& p, const std::string& key, int state, const std::string& dtype) {
-    const pt::DType type = dtype == "bf16" ? pt::DType::BF16 : dtype == "fp16" ? pt::DType::F16 : pt::DType::F32;
+    if (p.experts > 0) return ExpertChunks(p, key, state, dtype);
+    const pt::DType type = TypeOf(dtype);
     std::vector<int64_t> global = p.shape;
     if (p.stacked) global.insert(global.begin(), layers_);
     for (int64_t stage = 0; stage < g_.pp; ++stage) {
@@ -104,6 +112,29 @@ class McorePlan {
               it.data.box_offsets[0] = s.first + (lo - (at - s.count)), it.data.box_sizes[0] = hi - lo;
               Add(g_.Rank(t, stage), std::move(it));
             }
+          }
+    }
+  }
+
+  // A MoE layer's experts: each expert TP rank's piece of each expert of each layer, saved by the
+  // expert's EP rank (expert DP rank 0), as chunks [1, 1, piece...] of [layers, experts, ...].
+  void ExpertChunks(const McoreKey& p, const std::string& key, int state, const std::string& dtype) {
+    std::vector<int64_t> global = p.shape;
+    global.insert(global.begin(), {layers_, p.experts});
+    const int64_t per_rank = p.experts / g_.ep;
+    for (int64_t l = 0; l < layers_; ++l) {
+      const int64_t stage = l * g_.pp / layers_;
+      for (int64_t e = 0; e < p.experts; ++e)
+        for (int64_t t = 0; t < g_.tp; ++t)
+          for (const Piece& piece : PiecesOf(p, t, g_.tp)) {
+            dcp::PlannedItem it;
+            it.saved.key = key, it.saved.shape = global, it.saved.dtype = TypeOf(dtype);
+            it.saved.offsets = piece.offsets, it.saved.sizes = piece.sizes;
+            it.saved.offsets.insert(it.saved.offsets.begin(), {l, e}), it.saved.sizes.insert(it.saved.sizes.begin(), {1, 1});
+            it.data = p.layers.at(l).at(e).rows;
+            it.data.name = key, it.data.state = state, it.data.dtype = dtype, it.data.layer_axis = true;
+            it.data.box_offsets = piece.offsets, it.data.box_sizes = piece.sizes;
+            Add(g_.Rank(t, stage, e / per_rank), std::move(it));
           }
     }
   }
@@ -205,6 +236,8 @@ ValuePtr ArgsAt(const Value& args, const Grid& g, bool optimizer, int64_t vocab_
   set("pipeline_model_parallel_size", Value::Int(g.pp));
   if (args.Get("transformer_pipeline_model_parallel_size")) set("transformer_pipeline_model_parallel_size", Value::Int(g.pp));
   set("data_parallel_size", Value::Int(g.dp));
+  if (args.Get("expert_model_parallel_size")) set("expert_model_parallel_size", Value::Int(g.ep));
+  if (args.Get("expert_tensor_parallel_size") && IsSet(args, "num_experts")) set("expert_tensor_parallel_size", Value::Int(g.tp));
   set("world_size", Value::Int(g.tp * g.pp * g.dp));
   set("rank", Value::Int(0));
   set("ckpt_format", Value::Str("torch_dist"));
@@ -214,13 +247,68 @@ ValuePtr ArgsAt(const Value& args, const Grid& g, bool optimizer, int64_t vocab_
   return a;
 }
 
-// Megatron's param groups as common.pt keeps them: the source's options (no `params`: Megatron saves
-// none), with the step in each where the distributed optimizer keeps it there.
-ValuePtr ParamGroups(const reshard::Source& S, double step, bool with_step) {
+// The source's param groups, as saved.
+const std::vector<ValuePtr>& SourceGroups(const reshard::Source& S) {
   const ValuePtr groups = S.optimizer.root ? S.optimizer.root->Get("param_groups") : nullptr;
   if (!groups || !groups->IsSequence()) throw Error(S.reader->dir() + "/zero/optimizer_state.pt: no param_groups list");
+  for (const ValuePtr& g : groups->items)
+    if (!g || g->kind != Value::Kind::Dict) throw Error(S.reader->dir() + "/zero/optimizer_state.pt: a param group is not a dict");
+  return groups->items;
+}
+
+bool ExpertGroup(const Value& group) { return source::ArgSet(&group, "is_expert_parallel"); }
+
+// Two option values alike: None, booleans, numbers, strings, and tuples or lists of them.
+bool SameValue(const Value& a, const Value& b) {
+  const auto number = [](const Value& v) { return v.kind == Value::Kind::Int || v.kind == Value::Kind::Float; };
+  if (number(a) && number(b)) return a.AsFloat() == b.AsFloat();
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case Value::Kind::None: return true;
+    case Value::Kind::Bool: return a.b == b.b;
+    case Value::Kind::Str: return a.s == b.s;
+    case Value::Kind::Tuple:
+    case Value::Kind::List:
+      if (a.items.size() != b.items.size()) return false;
+      for (size_t i = 0; i < a.items.size(); ++i)
+        if (!a.items[i] || !b.items[i] || !SameValue(*a.items[i], *b.items[i])) return false;
+      return true;
+    default: return false;
+  }
+}
+
+// Whether two groups hold the same options, but which parameters and whether they are expert-parallel.
+bool TwinGroups(const Value& a, const Value& b) {
+  auto options = [](const Value& g) {
+    std::map<std::string, const Value*> out;
+    for (const auto& kv : g.AsDict().items())
+      if (kv.key->kind == Value::Kind::Str && kv.key->s != "params" && kv.key->s != "step" && kv.key->s != "is_expert_parallel")
+        out[kv.key->s] = kv.value.get();
+    return out;
+  };
+  const auto x = options(a), y = options(b);
+  if (x.size() != y.size()) return false;
+  for (const auto& [key, v] : x) {
+    auto it = y.find(key);
+    if (it == y.end() || !v || !it->second || !SameValue(*v, *it->second)) return false;
+  }
+  return true;
+}
+
+// Megatron's param groups as common.pt keeps them: the source's options (no `params`: Megatron saves
+// none), with the step in each where the distributed optimizer keeps it there. A job whose experts are
+// not expert-parallel (EP 1: Megatron-Core marks them so only at EP > 1) has no expert groups: each
+// merges into the group of the same options, as _get_param_groups builds them there.
+ValuePtr ParamGroups(const reshard::Source& S, double step, bool with_step, bool expert_groups) {
+  const std::vector<ValuePtr>& groups = SourceGroups(S);
   auto out = Value::Make(Value::Kind::List);
-  for (const ValuePtr& group : groups->items) {
+  for (const ValuePtr& group : groups) {
+    if (!expert_groups && ExpertGroup(*group)) {
+      if (std::none_of(groups.begin(), groups.end(), [&](const ValuePtr& g) { return !ExpertGroup(*g) && TwinGroups(*g, *group); }))
+        throw Error(S.reader->dir() + ": an expert-parallel param group has options no other group has: at EP 1 Megatron-Core puts the "
+                    "experts in the dense groups, which would change their options (keep --ep > 1)");
+      continue;
+    }
     auto g = Value::Make(Value::Kind::Dict);
     for (const auto& kv : group->AsDict().items())
       if (kv.key->kind == Value::Kind::Str && kv.key->s != "params" && kv.key->s != "step") g->dict.Set(kv.key, kv.value);
@@ -246,7 +334,7 @@ double CommonStep(const reshard::Source& S) {
 
 // common.pt: `args`, the source's common state (none for a model from another family: version 3.0,
 // iteration 0), the optimizer's part in `form`.
-std::string CommonFile(const reshard::Source& S, ValuePtr args, const Value* common, Form form, double step) {
+std::string CommonFile(const reshard::Source& S, ValuePtr args, const Value* common, Form form, double step, bool expert_groups) {
   const Value none;
   const Value& c = common ? *common : none;
   auto root = Value::Make(Value::Kind::Dict);
@@ -258,7 +346,7 @@ std::string CommonFile(const reshard::Source& S, ValuePtr args, const Value* com
   auto content = Value::Make(Value::Kind::Dict);
   if (form == Form::Distributed) {
     auto inner = Value::Make(Value::Kind::Dict), optimizer = Value::Make(Value::Kind::Dict);
-    pt::SetItem(*inner, "param_groups", ParamGroups(S, step, true));
+    pt::SetItem(*inner, "param_groups", ParamGroups(S, step, true, expert_groups));
     pt::SetItem(*optimizer, "optimizer", inner);
     pt::SetItem(*optimizer, "param_state_sharding_type", Value::Str("fully_reshardable"));
     pt::SetItem(*root, "optimizer", optimizer);
@@ -269,7 +357,7 @@ std::string CommonFile(const reshard::Source& S, ValuePtr args, const Value* com
     auto state = Value::Make(Value::Kind::Dict), torch_state = Value::Make(Value::Kind::Dict);
     pt::SetItem(*state, "common_step", pt::OwnedTensor(value, value.get(), pt::DType::F32, {}));
     pt::SetItem(*torch_state, "state", state);
-    pt::SetItem(*torch_state, "param_groups", ParamGroups(S, step, false));
+    pt::SetItem(*torch_state, "param_groups", ParamGroups(S, step, false, expert_groups));
     if (form == Form::Mixed) {  // Float16OptimizerWithFloat16Params: torch's state dict inside its own
       auto optimizer = Value::Make(Value::Kind::Dict);
       pt::SetItem(*optimizer, "optimizer", torch_state);
@@ -287,7 +375,8 @@ std::string CommonFile(const reshard::Source& S, ValuePtr args, const Value* com
 }
 
 // The decoder's linears, whose (empty) extra state Megatron-Core saves per layer as a ShardedObject.
-const char* const kLinears[] = {"self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2"};
+const char* const kLinears[] = {"self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2",
+                                "mlp.experts.experts.linear_fc1", "mlp.experts.experts.linear_fc2"};
 
 // Whether `names` are a Megatron-Core model's (every one in legacy_names.h's table).
 bool McoreNames(const std::vector<std::string>& names) {
@@ -335,6 +424,42 @@ void CheckDegrees(const Grid& g, int64_t layers, int64_t heads, int64_t groups) 
                 ": each tensor-parallel rank holds whole heads and query groups");
 }
 
+// A MoE model's experts (SequentialMLP, every layer MoE) at g.ep EP ranks, which must divide the experts
+// and the DP ranks (Megatron-LM's expert grid: TP x EP x expert DP x PP over the same ranks); a dense
+// model at EP 1.
+void CheckExperts(const std::vector<McoreKey>& keys, const Value& args, const Grid& g, const std::string& dir, std::vector<std::string>& notes) {
+  int64_t experts = 0;
+  for (const McoreKey& k : keys) experts = std::max(experts, k.experts);
+  if (experts == 0) {
+    if (g.ep > 1) throw Error("--ep " + std::to_string(g.ep) + ": a dense model has no experts to place (leave --ep out)");
+    return;
+  }
+  for (const char* name : {"moe_grouped_gemm", "moe_shared_expert_intermediate_size", "moe_use_legacy_grouped_gemm"})
+    if (IsSet(args, name))
+      throw Error(dir + ": the args set " + name + ": --format mcore writes SequentialMLP experts without shared experts (not yet this one)");
+  if (auto f = args.Get("moe_layer_freq"); f && f->kind != Value::Kind::None && !(f->kind == Value::Kind::Int && f->i == 1))
+    throw Error(dir + ": the args set moe_layer_freq (dense and MoE layers mixed): --format mcore writes models whose every layer is MoE "
+                "(not yet this one)");
+  if (experts % g.ep != 0 || g.dp % g.ep != 0)
+    throw Error((g.ep_given ? "--ep " : "the source's EP ") + std::to_string(g.ep) + (experts % g.ep != 0 ? " does not divide the model's " + std::to_string(experts) + " experts"
+                                                                      : " does not divide --dp " + std::to_string(g.dp)) +
+                ": Megatron-LM places the experts evenly over EP ranks taken from the DP ranks (give --ep, a divisor of both)");
+  notes.push_back(std::to_string(experts) + " experts per layer over EP=" + std::to_string(g.ep) + " (" + std::to_string(experts / g.ep) +
+                  " per EP rank), expert TP = TP = " + std::to_string(g.tp) + " (args.expert_tensor_parallel_size), expert DP " +
+                  std::to_string(g.dp / g.ep) + ": launch with --expert-model-parallel-size " + std::to_string(g.ep));
+}
+
+// A MoE job's optimizer at EP > 1 from a source whose experts were not expert-parallel (EP 1): Megatron-LM's
+// get_megatron_optimizer then chains a dense and an expert optimizer, whose form is not written yet.
+void CheckExpertGroups(const reshard::Source& S, const std::vector<McoreKey>& keys, const Grid& g) {
+  const bool experts = std::any_of(keys.begin(), keys.end(), [](const McoreKey& k) { return k.experts > 0; });
+  const std::vector<ValuePtr>& groups = SourceGroups(S);
+  if (experts && g.ep > 1 && std::none_of(groups.begin(), groups.end(), [](const ValuePtr& p) { return ExpertGroup(*p); }))
+    throw Error("EP=" + std::to_string(g.ep) + ": the source's experts were not expert-parallel (EP 1, no expert param group): at EP > 1 "
+                "Megatron-LM's optimizer is a chain of a dense and an expert optimizer, which --format mcore does not write yet; give --ep 1, "
+                "or --weights-only to write the model alone");
+}
+
 // The job of a Megatron-Core source: its own keys, args, iteration, optimizer and scheduler.
 McoreJob OwnJob(const reshard::Source& S, const reshard::ExportOptions& o, const Grid& g) {
   const std::string dir = S.reader->dir();
@@ -342,10 +467,10 @@ McoreJob OwnJob(const reshard::Source& S, const reshard::ExportOptions& o, const
   const Value& common = CommonState(S);
   const Value& args = *common.Get("args");
   for (const char* name : {"num_layers_per_virtual_pipeline_stage", "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout",
-                           "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "num_experts", "mtp_num_layers"})
+                           "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "mtp_num_layers"})
     if (IsSet(args, name))
-      throw Error(dir + ": the args set " + name + ": --format mcore writes even pipeline stages of a dense model without "
-                  "multi-token prediction (not yet this one)");
+      throw Error(dir + ": the args set " + name + ": --format mcore writes even pipeline stages without multi-token prediction "
+                  "(not yet this one)");
   if (Number(args, "context_parallel_size", 1) != 1)
     throw Error(dir + ": the args set context_parallel_size " + std::to_string(Number(args, "context_parallel_size", 1)) +
                 ": --format mcore writes TP x PP x DP layouts (not yet context parallelism)");
@@ -354,6 +479,7 @@ McoreJob OwnJob(const reshard::Source& S, const reshard::ExportOptions& o, const
   const int64_t heads = Number(args, "num_attention_heads", -1);
   CheckDegrees(g, j.layers, heads, IsSet(args, "group_query_attention") ? Number(args, "num_query_groups", heads) : heads);
   j.keys = KeysOfMcoreAtoms(S, IsSet(args, "swiglu"), j.layers);
+  CheckExperts(j.keys, args, g, dir, j.notes);
   CheckCuts(j.keys, g);
   const int64_t vocab_divisor = VocabDivisor(S, args, g, o.vocab_divisible_by, j.notes);
 
@@ -366,7 +492,8 @@ McoreJob OwnJob(const reshard::Source& S, const reshard::ExportOptions& o, const
   auto iteration = common.Get("iteration");
   const int64_t it = iteration && iteration->kind == Value::Kind::Int ? iteration->i : 0;
   j.folder = source::IterationFolderName(std::to_string(it)), j.tracker = std::to_string(it);
-  j.common = CommonFile(S, ArgsAt(args, g, j.form != Form::None, o.vocab_divisible_by > 0 ? vocab_divisor : 0), &common, j.form, j.step);
+  if (j.form != Form::None) CheckExpertGroups(S, j.keys, g);
+  j.common = CommonFile(S, ArgsAt(args, g, j.form != Form::None, o.vocab_divisible_by > 0 ? vocab_divisor : 0), &common, j.form, j.step, g.ep > 1);
   j.model = "Megatron-Core GPTModel, " + g.text();
   return j;
 }
@@ -418,7 +545,7 @@ McoreJob OtherFamilyJob(const reshard::Source& S, const reshard::ExportOptions& 
   j.dtype = S.manifest["source"].value("dtype", "fp32");
   j.form = Form::None;
   j.folder = j.tracker = "release";
-  j.common = CommonFile(S, ArgsOf(m, g.tp, g.pp, g.dp, j.dtype, divisor), nullptr, Form::None, 0);
+  j.common = CommonFile(S, ArgsOf(m, g.tp, g.pp, g.dp, j.dtype, divisor), nullptr, Form::None, 0, false);
   j.model = std::string("Megatron-Core GPTModel (from ") + (deepspeed ? "Megatron-DeepSpeed's" : "torchtitan's") + " names), " + g.text();
   j.notes.push_back("the model's " + std::to_string(m.vocab) + " vocabulary rows kept: launch the job with --make-vocab-size-divisible-by " +
                     std::to_string(divisor) + " (" + std::to_string(divisor) + " x TP " + std::to_string(g.tp) + " divides them) and a tokenizer of " +
@@ -445,15 +572,25 @@ reshard::ExportPlan LayOut(const reshard::Source& S, const Grid& g, McoreJob& j)
   P.notes = std::move(j.notes);
   McorePlan plan(S, g, j.layers);
   for (const McoreKey& k : j.keys) plan.Chunks(k, k.key, 0, j.dtype);
-  std::set<std::string> linears;
+  std::set<std::string> linears;  // those with a weight or bias (not only a fused norm's)
+  int64_t experts = 0;
   for (const McoreKey& k : j.keys)
     for (const char* m : kLinears)
-      if (k.stacked && k.key.rfind(std::string("decoder.layers.") + m + ".", 0) == 0) linears.insert(m);
+      if (k.stacked && k.key.rfind(std::string("decoder.layers.") + m + ".", 0) == 0 && k.key.find(".layer_norm_") == std::string::npos)
+        linears.insert(m), experts = std::max(experts, k.experts);
+  const std::string L = std::to_string(j.layers), E = std::to_string(experts);
   for (const char* m : kLinears)
     if (linears.count(m))
-      for (int64_t l = 0; l < j.layers; ++l)
-        plan.Object("decoder.layers." + std::string(m) + "._extra_state/shard_" + std::to_string(l) + "_" + std::to_string(j.layers),
-                    Value::None(), g.Rank(0, l * g.pp / j.layers));
+      for (int64_t l = 0; l < j.layers; ++l) {
+        const int64_t stage = l * g.pp / j.layers;
+        if (std::string(m).find(".experts.") == std::string::npos) {
+          plan.Object("decoder.layers." + std::string(m) + "._extra_state/shard_" + std::to_string(l) + "_" + L, Value::None(), g.Rank(0, stage));
+          continue;
+        }
+        for (int64_t e = 0; e < experts; ++e)  // one per layer and expert: shard_<layer>.<expert>_<layers>.<experts>
+          plan.Object("decoder.layers." + std::string(m) + "._extra_state/shard_" + std::to_string(l) + "." + std::to_string(e) + "_" + L + "." + E,
+                      Value::None(), g.Rank(0, stage, e / (experts / g.ep)));
+      }
   if (j.form != Form::None)
     for (const McoreKey& k : j.keys) {
       if (j.form == Form::Distributed) plan.Chunks(k, "optimizer.state.param." + k.key, 0, "fp32");
@@ -518,22 +655,28 @@ void CheckMcoreSource(const source::SourceIndex& L, const reshard::ExportOptions
 
 reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOptions& o) {
   const std::string dir = S.reader->dir();
-  const Grid g{o.tp, o.pp, o.dp};
+  Grid g{o.tp, o.pp, o.dp};
   if (g.tp < 1 || g.pp < 1 || g.dp < 1) throw Error("--tp, --pp and --dp must be at least 1");
-  for (const reshard::Atom& a : S.atoms)
-    if (a.name.find(".experts.") != std::string::npos || a.name.find(".router.") != std::string::npos ||
-        a.name.find("deepspeed_moe") != std::string::npos)
-      throw Error(dir + ": parameter '" + a.name + "': a Mixture-of-Experts model: --format mcore writes dense GPT / Llama models (not "
-                  "yet experts)");
   std::vector<std::string> names;
   for (const reshard::Atom& a : S.atoms) names.push_back(a.name);
+  const bool own = McoreNames(names);
+  for (const reshard::Atom& a : S.atoms)
+    if (!own && (a.name.find(".experts.") != std::string::npos || a.name.find(".router.") != std::string::npos ||
+                 a.name.find("deepspeed_moe") != std::string::npos))
+      throw Error(dir + ": parameter '" + a.name + "': a Mixture-of-Experts model under another family's names: --format mcore writes "
+                  "Megatron-Core's own MoE models, and dense GPT / Llama models from other families (not yet their experts)");
   RefuseOtherNames(names, dir);
+  g.ep_given = o.ep > 0;
+  g.ep = g.ep_given ? o.ep : 1;
+  if (!g.ep_given && own && std::any_of(names.begin(), names.end(), [](const std::string& n) { return n.find(".experts.experts.") != std::string::npos; }))
+    g.ep = std::max<int64_t>(1, Number(*CommonState(S).Get("args"), "expert_model_parallel_size", 1));
   const std::string job = S.manifest["source"].value("dtype", "fp32");
   if (!o.dtype.empty() && o.dtype != job)
     throw Error("--dtype " + o.dtype + ": --format mcore writes the model in the job's dtype (" + job + ") and the optimizer's "
                 "state in fp32, as Megatron-LM saves them (leave --dtype out; --format hf --dtype " + o.dtype + " writes the weights in " +
                 o.dtype + ")");
-  McoreJob j = McoreNames(names) ? OwnJob(S, o, g) : OtherFamilyJob(S, o, g, names);
+  if (!own && g.ep > 1) throw Error("--ep " + std::to_string(g.ep) + ": a dense model has no experts to place (leave --ep out)");
+  McoreJob j = own ? OwnJob(S, o, g) : OtherFamilyJob(S, o, g, names);
   return LayOut(S, g, j);
 }
 

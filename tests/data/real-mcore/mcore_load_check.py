@@ -37,6 +37,10 @@ OUTPUTS = {
     "gpt_tp2_pp2_bf16_legacy": ("gpt_tp2_pp2_bf16_legacy", False, ["tp1_pp1_dp1", "tp2_pp1_dp1"]),
     "gpt_weights_only": ("gpt_tp2_pp2_bf16_legacy", True, ["tp1_pp2_dp1"]),
     "gpt_tp2_tied": ("gpt_tp2_tied", False, ["tp1_pp2_dp1"]),
+    # Mixture of Experts (SequentialMLP, FP32Optimizer over Megatron's 3 groups): layouts with _epN put the experts
+    # over N of the DP ranks (expert TP = TP)
+    "moe_tp2_ep2_logits": ("moe_tp2_ep2_logits", False, ["tp1_pp1_dp1", "tp1_pp2_dp2_ep2", "tp2_pp1_dp2_ep2", "tp1_pp1_dp4_ep4"]),
+    "moe_ep2": ("moe_ep2", False, ["tp2_pp2_dp1"]),
     # Megatron-LM's own --no-save-optim save (gpt_tp2_pp2_bf16_legacy/checkpoint_weights_only as
     # <root>/iter_0000003), loaded with the job's default flags: recorded under the top-level key, not "outputs"
     "megatron_own_weights_only": ("gpt_tp2_pp2_bf16_legacy", True, ["tp1_pp2_dp1"]),
@@ -54,8 +58,14 @@ def root_of(label, layout):
 
 
 def parse_layout(layout):
-    t, p, d = layout.split("_")
+    """tpT_ppP_dpD (the world), without the _epE of a MoE layout (expert_parallel)."""
+    t, p, d = layout.split("_")[:3]
     return int(t[2:]), int(p[2:]), int(d[2:])
+
+
+def expert_parallel(layout):
+    parts = layout.split("_")
+    return int(parts[3][2:]) if len(parts) > 3 else 1
 
 
 class Scheduler:
@@ -183,7 +193,8 @@ def worker(rank, world, label, layout, root, port):
     import torch, torch.distributed as dist
     import make_mcore as mm
     tp, pp, dp = parse_layout(layout)
-    mm.TP, mm.PP, mm.DP, mm.EP, mm.WORLD = tp, pp, dp, 1, world
+    ep = expert_parallel(layout)
+    mm.TP, mm.PP, mm.DP, mm.EP, mm.WORLD = tp, pp, dp, ep, world
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), USE_LIBUV="0",
                       WORLD_SIZE=str(world), RANK=str(rank), CUDA_DEVICE_MAX_CONNECTIONS="1")
     if mm.FROM_ARGS:
@@ -204,7 +215,8 @@ def worker(rank, world, label, layout, root, port):
         import megatron.training.checkpointing as ckpt
         from megatron.training import global_vars
         from megatron.training.utils import update_use_dist_ckpt
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                                 expert_model_parallel_size=ep)
         torch.manual_seed(1234)
         try:
             tensor_parallel.model_parallel_cuda_manual_seed(123)
