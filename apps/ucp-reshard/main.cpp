@@ -55,14 +55,14 @@ constexpr const char* kDescription =
       "--format dcp writes a PyTorch Distributed Checkpoint of torchtitan's Llama (.metadata last, __R_0.distcp per\n"
       "rank of --mesh dp=N, tp=M or dp=N,tp=M): {\"model\", \"optim\"} as get_state_dict gives them, weights, exp_avg, exp_avg_sq,\n"
       "step and param groups, for torch.distributed.checkpoint.load; the same models as --format hf, no biases, untied.\n\n"
-      "--format mcore writes Megatron-LM's torch_dist checkpoint at --tp T --pp P [--dp D] (iter_NNNNNNN/ and\n"
+      "--format mcore writes Megatron-LM's torch_dist checkpoint at --tp T --pp P [--dp D] [--ep E] (iter_NNNNNNN/ and\n"
       "latest_checkpointed_iteration.txt last), which Megatron-LM's --load resumes: from Megatron-Core and Megatron-LM\n"
-      "sources (GPT / Llama, dense), the model in the job's dtype, the optimizer's state in the form the job's optimizer\n"
-      "loads at any layout (the distributed optimizer's fully_reshardable, or the plain optimizer's), the args at the new\n"
-      "layout (no RNG state: Megatron-LM keeps its own). From Megatron-DeepSpeed (DeepSpeed) checkpoints, Hugging Face\n"
-      "imports and torchtitan's Llama: the model alone as Megatron-LM's release checkpoint (release/; --weights-only where\n"
-      "the source holds optimizer state, which does not travel across families yet), its args from the model's facts,\n"
-      "and the flags to launch Megatron-LM with said in a note.\n\n"
+      "sources (GPT / Llama, dense or MoE with SequentialMLP experts over E of the DP ranks), the model in the job's\n"
+      "dtype, the optimizer's state in the form the job's optimizer loads at any layout (the distributed optimizer's\n"
+      "fully_reshardable, or the plain optimizer's), the args at the new layout (no RNG state: Megatron-LM keeps its own).\n"
+      "From Megatron-DeepSpeed (DeepSpeed) checkpoints, Hugging Face imports and torchtitan's Llama: the model alone as\n"
+      "Megatron-LM's release checkpoint (release/; --weights-only where the source holds optimizer state, which does not\n"
+      "travel across families yet), its args from the model's facts, and the flags to launch Megatron-LM with in a note.\n\n"
       "Exit status: 0 done; 1 refused or failed (the reason names the parameter or file); 2 bad command line.\n\n"
       "Examples:\n"
       "  mpirun -np 4 ucp-reshard ckpt/atomic -o new_ckpt --dp 4 --tp 2 --pp 2 --zero-stage 1 --dtype bf16\n"
@@ -175,7 +175,8 @@ CLI::Option* AddLayoutFlags(CLI::App& app, ReshardCommand& c) {
       ->check(CLI::Range(0, 3));
   LayoutFlag<int>(app, c.layout_flags, "--ep", "ep",
        "Mixture of Experts: the expert-parallel degree of the target job (DeepSpeed's ep_size), dividing --dp x --tp "
-       "and each MoE layer's expert count, at least --tp (default: the source's)")->check(ucp::apps::AtLeast(1));
+       "and each MoE layer's expert count, at least --tp; with --format mcore, Megatron-LM's --expert-model-parallel-size, "
+       "dividing --dp and the experts (default: the source's)")->check(ucp::apps::AtLeast(1));
   LayoutFlag<std::string>(app, c.layout_flags, "--dtype", "dtype", "training dtype: fp16, bf16 or fp32 (default: the source job's; another is said as \"fp32 -> bf16\")")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   LayoutFlag<std::string>(app, c.layout_flags, "--grad-accum-dtype", "grad_accum_dtype",

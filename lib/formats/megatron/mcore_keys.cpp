@@ -54,8 +54,9 @@ std::vector<McoreKey> KeysOfMcoreAtoms(const reshard::Source& S, bool gated, int
 
 OtherFamilyModel ModelOfLlama(const std::vector<ExportTensor>& tensors, const hf::LlamaFacts& m, const std::string& dir) {
   if (m.experts > 0)
-    throw Error(dir + ": a Mixture-of-Experts model (" + std::to_string(m.experts) + " experts per layer): --format mcore writes dense "
-                "GPT / Llama models (not yet experts)");
+    throw Error(dir + ": a Mixture-of-Experts model (" + std::to_string(m.experts) + " experts per layer) under another family's "
+                "names: --format mcore writes Megatron-Core's own MoE models, and dense GPT / Llama models from other families (not yet "
+                "their experts)");
   if (m.attention_bias || m.mlp_bias)
     throw Error(dir + ": the model's linear layers have biases (" + std::string(m.attention_bias ? "attention" : "MLP") +
                 "): --format mcore writes Llama models from other families' names without them (not yet biases)");

@@ -521,7 +521,8 @@ McoreJob OtherFamilyJob(const reshard::Source& S, const reshard::ExportOptions& 
   const std::string dir = S.reader->dir();
   McoreJob j;
   if (S.manifest["source"].value("moe", false))
-    throw Error(dir + ": a Mixture-of-Experts model: --format mcore writes dense GPT / Llama models (not yet experts)");
+    throw Error(dir + ": a Mixture-of-Experts model under another family's names: --format mcore writes Megatron-Core's own MoE models, "
+                "and dense GPT / Llama models from other families (not yet their experts)");
   const bool deepspeed = MegatronDeepSpeedNames(names);
   const OtherFamilyModel model = [&] {
     if (deepspeed) return ModelOfMegatronDeepSpeed(S, o, j.notes);
