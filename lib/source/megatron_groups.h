@@ -29,4 +29,8 @@ struct MegatronGroups {
 MegatronGroups MegatronGroupsOf(const pt::Value* param_groups, const pt::Value* args,
                                 const std::vector<std::pair<std::string, std::vector<int64_t>>>& params);
 
+// The key of the atomic checkpoint's zero/optimizer_state.pt that records a ChainedOptimizer's group
+// counts, in order (Megatron-LM's dense and expert optimizers at EP > 1), which --format mcore writes again.
+inline constexpr const char* kMegatronChained = "megatron_chained";
+
 }  // namespace ucp::source

@@ -47,8 +47,10 @@ SOURCES = [
     # Mixture of Experts (SequentialMLP; the source at TP=2 x EP=2, 3 param groups: dense, expert, no weight decay)
     ("moe_tp2_ep2_logits", "moe_tp2_ep2_logits/checkpoint", [(1, 1, 1, 1), (1, 2, 2, 2), (2, 1, 2), (1, 1, 4, 4)]),
     ("moe_ep2", "moe_ep2/checkpoint", [(2, 2, 1, 1)]),
+    # Megatron-LM's own optimizer at EP 2: a ChainedOptimizer (dense, expert), written as one again at EP > 1
+    ("moe_ep2_chained", "moe_ep2_chained/checkpoint", [(1, 1, 1, 1), (1, 2, 2), (2, 1, 2, 2), (1, 1, 4, 4)]),
 ]
-SOURCE_EP = {"moe_tp2_ep2_logits": 2, "moe_ep2": 2}
+SOURCE_EP = {"moe_tp2_ep2_logits": 2, "moe_ep2": 2, "moe_ep2_chained": 2}
 
 
 def without_expert_groups(groups):

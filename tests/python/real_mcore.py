@@ -61,8 +61,11 @@ def compare(case, atomic, ref, common):
                 bad.append(f"{name}/{state}")
         step = torch.load(os.path.join(zero, name, "step.pt"), map_location="cpu")
         step = step["param"] if isinstance(step, dict) else step
-        if "common_step" in common:  # a 0-d tensor every parameter shares
-            if float(step) != common["common_step"] or str(step.dtype) != common["common_step_dtype"]:
+        if "common_step" in common:  # a 0-d tensor every parameter shares (a ChainedOptimizer's: each optimizer's, all equal)
+            want = common["common_step"]
+            if isinstance(want, list) and len(set(want)) == 1:
+                want = want[0]
+            if float(step) != want or str(step.dtype) != common["common_step_dtype"]:
                 bad.append(f"{name}/step {step!r}")
         elif type(step).__name__ != common["step_type"] or step != common["step"]:  # the param groups' step
             bad.append(f"{name}/step {step!r}")
@@ -70,6 +73,9 @@ def compare(case, atomic, ref, common):
     osd = torch.load(os.path.join(zero, "optimizer_state.pt"), map_location="cpu")
     check(f"{case}: param_groups are common.pt's, in order", jsonable(osd.get("param_groups")) == common["param_groups"] and
           [list(g) for g in osd["param_groups"]] == [list(g) for g in common["param_groups"]], f"{osd.get('param_groups')}")
+    if "chained" in common:  # Megatron-LM's ChainedOptimizer (dense, expert): each one's group count, for --format mcore
+        check(f"{case}: the chain of optimizers recorded, each one's param groups ({common['chained']})",
+              osd.get("megatron_chained") == common["chained"], str(osd.get("megatron_chained")))
 
 
 fresh_folder(WORK)

@@ -456,6 +456,7 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
   }
   auto osd = Value::Make(Value::Kind::Dict);
   pt::SetItem(*osd, "param_groups", mc.param_groups ? mc.param_groups : Value::Make(Value::Kind::List));
+  if (!mc.chained.empty()) pt::SetItem(*osd, source::kMegatronChained, pt::IntList(mc.chained));  // --format mcore writes the chain again
   L.optimizer_state = osd;
   const size_t groups = mc.param_groups ? mc.param_groups->items.size() : 0;
   for (const auto& step : mc.steps)  // the atomic checkpoint keeps one step per group, and Megatron saves no parameter's group

@@ -49,6 +49,49 @@ std::string Backend(const std::string& dir) {
   });
 }
 
+// One Megatron optimizer's common state: its param groups (appended to `groups`) and step (to mc.steps).
+// Returns false for the distributed optimizer's dp_reshardable form, whose groups are in the DCP.
+bool ReadOneOptimizer(const pt::ValuePtr& optimizer, MegatronCore& mc, std::vector<pt::ValuePtr>& groups) {
+  // The distributed optimizer's state_dict nests its torch state under `optimizer` beside the form
+  // of its per-parameter state; a plain Megatron optimizer's is torch's, with a common step.
+  pt::ValuePtr torch_state = optimizer;
+  if (auto form = optimizer->Get("param_state_sharding_type")) {
+    mc.optimizer_form = "DistributedOptimizer, " + form->AsStr();
+    if (form->AsStr() == "dp_reshardable") return false;  // its param groups and step are saved per domain, in the DCP
+    if (form->AsStr() != "fully_reshardable")
+      throw Error("the distributed optimizer's state is in its '" + form->AsStr() + "' form: ucp reads the fully_reshardable "
+                  "form (Megatron-LM --dist-ckpt-optim-fully-reshardable), whose state is per parameter, and the "
+                  "dp_reshardable form (Megatron-LM's default), whose state is laid out by the gradient buckets");
+    torch_state = optimizer->Get("optimizer");
+    if (!torch_state) throw Error("optimizer.param_state_sharding_type without optimizer.optimizer");
+  } else if (auto inner = optimizer->Get("optimizer");
+             !optimizer->Get("param_groups") && inner && inner->Get("param_groups") && optimizer->kind == Value::Kind::Dict &&
+             optimizer->AsDict().size() == 1) {
+    torch_state = inner;  // the mixed-precision optimizer's (Float16OptimizerWithFloat16Params): torch's state one level down
+    mc.optimizer_form = "mixed precision (fp32 masters as optimizer.state.fp32_param)";
+  } else if (!optimizer->Get("param_groups")) {
+    const std::string keys = optimizer->kind != Value::Kind::Dict ? optimizer->TypeName()
+                             : JoinNames(optimizer->AsDict().items(), ", ", [](const auto& it) { return pt::ScalarKey(*it.key); });
+    throw Error("optimizer holds " + keys + ", not param_groups: not a Megatron optimizer's state ucp knows");
+  }
+  auto saved = torch_state->Get("param_groups");
+  if (!saved || !saved->IsSequence()) throw Error("optimizer.param_groups is " + (saved ? saved->TypeName() : std::string("absent")) + ", not a list");
+  groups.insert(groups.end(), saved->items.begin(), saved->items.end());
+  if (auto state = torch_state->Get("state"); state && state->Get("common_step")) mc.steps.push_back(state->Get("common_step"));
+  else  // the distributed optimizer keeps the step in each param group
+    for (const auto& g : saved->items)
+      if (auto step = g ? g->Get("step") : nullptr) mc.steps.push_back(step);
+  return true;
+}
+
+// A ChainedOptimizer's common state (Megatron-LM's dense and expert optimizers at EP > 1): {index: each one's}.
+bool Chained(const Value& optimizer) {
+  if (optimizer.kind != Value::Kind::Dict || optimizer.AsDict().size() < 2) return false;
+  for (const auto& it : optimizer.AsDict().items())
+    if (!it.key || it.key->kind != Value::Kind::Int) return false;
+  return true;
+}
+
 }  // namespace
 
 MegatronCore ReadMegatronCore(const std::string& dir) {
@@ -70,39 +113,27 @@ MegatronCore ReadMegatronCore(const std::string& dir) {
     mc.args = common.root->Get("args");
     auto optimizer = common.root->Get("optimizer");
     if (!optimizer) return;
-    // The distributed optimizer's state_dict nests its torch state under `optimizer` beside the form
-    // of its per-parameter state; a plain Megatron optimizer's is torch's, with a common step.
-    pt::ValuePtr torch_state = optimizer;
-    if (auto form = optimizer->Get("param_state_sharding_type")) {
-      mc.optimizer_form = "DistributedOptimizer, " + form->AsStr();
-      if (form->AsStr() == "dp_reshardable") {  // its param groups and step are saved per domain, in the DCP
-        mc.bucket_flat = true;
-        return;
+    std::vector<pt::ValuePtr> groups;
+    if (Chained(*optimizer)) {  // each optimizer's groups in the chain's order (dense, then expert), one list
+      std::vector<std::pair<int64_t, pt::ValuePtr>> parts;
+      for (const auto& it : optimizer->AsDict().items()) parts.emplace_back(it.key->i, it.value);
+      std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (const auto& [index, part] : parts) {
+        if (!part || part->kind != Value::Kind::Dict) throw Error("optimizer[" + std::to_string(index) + "] is not a dict");
+        const size_t before = groups.size();
+        if (!WithContext("optimizer[" + std::to_string(index) + "] of a ChainedOptimizer", [&] { return ReadOneOptimizer(part, mc, groups); }))
+          throw Error("a ChainedOptimizer of distributed optimizers in the dp_reshardable form (Megatron-LM's default at EP > 1): not "
+                      "read yet; save with --dist-ckpt-optim-fully-reshardable");
+        mc.chained.push_back(static_cast<int64_t>(groups.size() - before));
       }
-      if (form->AsStr() != "fully_reshardable")
-        throw Error("the distributed optimizer's state is in its '" + form->AsStr() + "' form: ucp reads the fully_reshardable "
-                    "form (Megatron-LM --dist-ckpt-optim-fully-reshardable), whose state is per parameter, and the "
-                    "dp_reshardable form (Megatron-LM's default), whose state is laid out by the gradient buckets");
-      torch_state = optimizer->Get("optimizer");
-      if (!torch_state) throw Error("optimizer.param_state_sharding_type without optimizer.optimizer");
-    } else if (auto inner = optimizer->Get("optimizer");
-               !optimizer->Get("param_groups") && inner && inner->Get("param_groups") && optimizer->kind == Value::Kind::Dict &&
-               optimizer->AsDict().size() == 1) {
-      torch_state = inner;  // the mixed-precision optimizer's (Float16OptimizerWithFloat16Params): torch's state one level down
-      mc.optimizer_form = "mixed precision (fp32 masters as optimizer.state.fp32_param)";
-    } else if (!optimizer->Get("param_groups")) {
-      const std::string keys = optimizer->kind != Value::Kind::Dict ? std::string()
-                               : JoinNames(optimizer->AsDict().items(), ", ", [](const auto& it) { return pt::ScalarKey(*it.key); });
-      throw Error("optimizer holds " + keys + ", not param_groups: several chained optimizers (Megatron's expert and dense "
-                  "ones) are not read yet");
+      mc.optimizer_form = "ChainedOptimizer of " + std::to_string(parts.size()) + " (" + mc.optimizer_form + ")";
+    } else if (!ReadOneOptimizer(optimizer, mc, groups)) {
+      mc.bucket_flat = true;
+      return;
     }
-    auto groups = torch_state->Get("param_groups");
-    if (!groups || !groups->IsSequence()) throw Error("optimizer.param_groups is " + (groups ? groups->TypeName() : std::string("absent")) + ", not a list");
-    mc.param_groups = groups;
-    if (auto state = torch_state->Get("state"); state && state->Get("common_step")) mc.steps.push_back(state->Get("common_step"));
-    else  // the distributed optimizer keeps the step in each param group
-      for (const auto& g : groups->items)
-        if (auto step = g ? g->Get("step") : nullptr) mc.steps.push_back(step);
+    auto list = Value::Make(Value::Kind::List);
+    list->items = std::move(groups);
+    mc.param_groups = list;
   });
   mc.file.name = "common.pt", mc.file.kind = "megatron_common", mc.file.carried = true;
   for (const auto& [name, e] : common.archive->entries()) mc.file.checksummed.push_back({name, e.data_offset, e.size, e.crc32});

@@ -16,10 +16,13 @@ struct MegatronCore {
   std::string backend;            // metadata.json: "torch_dist ..., common torch ..."
   int64_t iteration = 0;          // common.pt `iteration`, else 0
   bool has_iteration = false;
-  pt::ValuePtr param_groups;      // common.pt `optimizer.param_groups` as saved (Megatron drops their `params`)
+  pt::ValuePtr param_groups;      // common.pt `optimizer.param_groups` as saved (Megatron drops their `params`); a chain's, joined
   std::vector<pt::ValuePtr> steps;  // common.pt `optimizer.state.common_step`, the step every parameter
                                     // shares; else each param group's `step` (the distributed optimizer's)
   std::string optimizer_form = "per-parameter state";  // or "DistributedOptimizer, fully_reshardable" / "..., dp_reshardable"
+  // A ChainedOptimizer (Megatron-LM's dense and expert optimizers at EP > 1): how many of param_groups
+  // each holds, in order; empty for one optimizer.
+  std::vector<int64_t> chained;
   // The distributed optimizer's dp_reshardable form: param groups and step are saved per model-parallel
   // domain inside the DCP (optimizer.distributed.dp_group_idx_<G>.optimizer), not in common.pt.
   bool bucket_flat = false;

@@ -16,6 +16,7 @@
 #include "formats/megatron/mcore_keys.h"
 #include "layout/naming.h"
 #include "pt/torch_file.h"
+#include "source/megatron_groups.h"
 #include "source/megatron_tracker.h"
 
 namespace ucp::formats::megatron {
@@ -258,6 +259,25 @@ const std::vector<ValuePtr>& SourceGroups(const reshard::Source& S) {
 
 bool ExpertGroup(const Value& group) { return source::ArgSet(&group, "is_expert_parallel"); }
 
+// A ChainedOptimizer source's group counts per optimizer (source::kMegatronChained; dense, then expert): empty for one optimizer.
+std::vector<int64_t> ChainOf(const reshard::Source& S) {
+  std::vector<int64_t> out;
+  const ValuePtr chain = S.optimizer.root ? S.optimizer.root->Get(source::kMegatronChained) : nullptr;
+  if (!chain) return out;
+  if (!chain->IsSequence()) throw Error(S.reader->dir() + "/zero/optimizer_state.pt: " + source::kMegatronChained + " is not a list");
+  for (const ValuePtr& n : chain->items) out.push_back(n ? n->AsInt() : -1);
+  const std::vector<ValuePtr>& groups = SourceGroups(S);
+  // Megatron-LM chains the dense optimizer, then the expert one: the counts must split the groups so
+  size_t at = 0;
+  for (size_t k = 0; k < out.size(); ++k)
+    for (int64_t i = 0; i < out[k]; ++i, ++at)
+      if (at >= groups.size() || out[k] < 0 || ExpertGroup(*groups[at]) != (k == 1) || out.size() != 2)
+        throw Error(S.reader->dir() + "/zero/optimizer_state.pt: the chain of " + std::to_string(out.size()) + " optimizers does not split "
+                    "its " + std::to_string(groups.size()) + " param groups into dense, then expert-parallel ones, as Megatron-LM's does");
+  if (at != groups.size()) throw Error(S.reader->dir() + "/zero/optimizer_state.pt: the chain's group counts do not add up to its param groups");
+  return out;
+}
+
 // Two option values alike: None, booleans, numbers, strings, and tuples or lists of them.
 bool SameValue(const Value& a, const Value& b) {
   const auto number = [](const Value& v) { return v.kind == Value::Kind::Int || v.kind == Value::Kind::Float; };
@@ -334,7 +354,41 @@ double CommonStep(const reshard::Source& S) {
 
 // common.pt: `args`, the source's common state (none for a model from another family: version 3.0,
 // iteration 0), the optimizer's part in `form`.
-std::string CommonFile(const reshard::Source& S, ValuePtr args, const Value* common, Form form, double step, bool expert_groups) {
+// One Megatron optimizer's common state in `form` over `groups` (ParamGroups').
+ValuePtr OptimizerCommon(ValuePtr groups, Form form, double step) {
+  if (form == Form::Distributed) {
+    auto inner = Value::Make(Value::Kind::Dict), optimizer = Value::Make(Value::Kind::Dict);
+    pt::SetItem(*inner, "param_groups", std::move(groups));
+    pt::SetItem(*optimizer, "optimizer", inner);
+    pt::SetItem(*optimizer, "param_state_sharding_type", Value::Str("fully_reshardable"));
+    return optimizer;
+  }
+  auto value = std::make_shared<float>(static_cast<float>(step));
+  auto state = Value::Make(Value::Kind::Dict), torch_state = Value::Make(Value::Kind::Dict);
+  pt::SetItem(*state, "common_step", pt::OwnedTensor(value, value.get(), pt::DType::F32, {}));
+  pt::SetItem(*torch_state, "state", state);
+  pt::SetItem(*torch_state, "param_groups", std::move(groups));
+  if (form != Form::Mixed) return torch_state;
+  auto optimizer = Value::Make(Value::Kind::Dict);  // Float16OptimizerWithFloat16Params: torch's state dict inside its own
+  pt::SetItem(*optimizer, "optimizer", torch_state);
+  return optimizer;
+}
+
+// The optimizer's common state: one optimizer's, or (`chained`) a ChainedOptimizer's as Megatron-LM's
+// get_megatron_optimizer builds it at EP > 1: {0: the dense groups' optimizer, 1: the expert groups'}.
+ValuePtr OptimizerState(const reshard::Source& S, Form form, double step, bool expert_groups, bool chained) {
+  ValuePtr groups = ParamGroups(S, step, form == Form::Distributed, expert_groups);
+  if (!chained) return OptimizerCommon(groups, form, step);
+  auto dense = Value::Make(Value::Kind::List), experts = Value::Make(Value::Kind::List);
+  for (const ValuePtr& g : groups->items) (ExpertGroup(*g) ? experts : dense)->items.push_back(g);
+  auto out = Value::Make(Value::Kind::Dict);
+  out->dict.Set(Value::Int(0), OptimizerCommon(dense, form, step));
+  out->dict.Set(Value::Int(1), OptimizerCommon(experts, form, step));
+  return out;
+}
+
+std::string CommonFile(const reshard::Source& S, ValuePtr args, const Value* common, Form form, double step, bool expert_groups,
+                       bool chained) {
   const Value none;
   const Value& c = common ? *common : none;
   auto root = Value::Make(Value::Kind::Dict);
@@ -344,27 +398,10 @@ std::string CommonFile(const reshard::Source& S, ValuePtr args, const Value* com
   auto iteration = c.Get("iteration");
   pt::SetItem(*root, "iteration", iteration ? iteration : Value::Int(0));
   auto content = Value::Make(Value::Kind::Dict);
+  if (form != Form::None) pt::SetItem(*root, "optimizer", OptimizerState(S, form, step, expert_groups, chained));
   if (form == Form::Distributed) {
-    auto inner = Value::Make(Value::Kind::Dict), optimizer = Value::Make(Value::Kind::Dict);
-    pt::SetItem(*inner, "param_groups", ParamGroups(S, step, true, expert_groups));
-    pt::SetItem(*optimizer, "optimizer", inner);
-    pt::SetItem(*optimizer, "param_state_sharding_type", Value::Str("fully_reshardable"));
-    pt::SetItem(*root, "optimizer", optimizer);
     pt::SetItem(*content, "distrib_optim_sharding_type", Value::Str("fully_reshardable"));
     pt::SetItem(*content, "distrib_optim_fully_reshardable_mem_efficient", Value::Bool(false));
-  } else if (form != Form::None) {
-    auto value = std::make_shared<float>(static_cast<float>(step));
-    auto state = Value::Make(Value::Kind::Dict), torch_state = Value::Make(Value::Kind::Dict);
-    pt::SetItem(*state, "common_step", pt::OwnedTensor(value, value.get(), pt::DType::F32, {}));
-    pt::SetItem(*torch_state, "state", state);
-    pt::SetItem(*torch_state, "param_groups", ParamGroups(S, step, false, expert_groups));
-    if (form == Form::Mixed) {  // Float16OptimizerWithFloat16Params: torch's state dict inside its own
-      auto optimizer = Value::Make(Value::Kind::Dict);
-      pt::SetItem(*optimizer, "optimizer", torch_state);
-      pt::SetItem(*root, "optimizer", optimizer);
-    } else {
-      pt::SetItem(*root, "optimizer", torch_state);
-    }
   }
   for (const char* key : {"opt_param_scheduler", "num_floating_point_operations_so_far"})
     if (auto v = c.Get(key); v && form != Form::None) pt::SetItem(*root, key, v);
@@ -492,8 +529,12 @@ McoreJob OwnJob(const reshard::Source& S, const reshard::ExportOptions& o, const
   auto iteration = common.Get("iteration");
   const int64_t it = iteration && iteration->kind == Value::Kind::Int ? iteration->i : 0;
   j.folder = source::IterationFolderName(std::to_string(it)), j.tracker = std::to_string(it);
+  // The source's optimizer was a chain (Megatron-LM's at EP > 1): so is the job's at EP > 1; at EP 1 it has no experts' optimizer.
+  const bool chained = j.form != Form::None && g.ep > 1 && !ChainOf(S).empty();
   if (j.form != Form::None) CheckExpertGroups(S, j.keys, g);
-  j.common = CommonFile(S, ArgsAt(args, g, j.form != Form::None, o.vocab_divisible_by > 0 ? vocab_divisor : 0), &common, j.form, j.step, g.ep > 1);
+  j.common = CommonFile(S, ArgsAt(args, g, j.form != Form::None, o.vocab_divisible_by > 0 ? vocab_divisor : 0), &common, j.form, j.step,
+                        g.ep > 1, chained);
+  if (chained) j.notes.push_back("the optimizer's state as Megatron-LM's ChainedOptimizer at EP > 1 (the source's): a dense and an expert optimizer");
   j.model = "Megatron-Core GPTModel, " + g.text();
   return j;
 }
@@ -546,7 +587,7 @@ McoreJob OtherFamilyJob(const reshard::Source& S, const reshard::ExportOptions& 
   j.dtype = S.manifest["source"].value("dtype", "fp32");
   j.form = Form::None;
   j.folder = j.tracker = "release";
-  j.common = CommonFile(S, ArgsOf(m, g.tp, g.pp, g.dp, j.dtype, divisor), nullptr, Form::None, 0, false);
+  j.common = CommonFile(S, ArgsOf(m, g.tp, g.pp, g.dp, j.dtype, divisor), nullptr, Form::None, 0, false, false);
   j.model = std::string("Megatron-Core GPTModel (from ") + (deepspeed ? "Megatron-DeepSpeed's" : "torchtitan's") + " names), " + g.text();
   j.notes.push_back("the model's " + std::to_string(m.vocab) + " vocabulary rows kept: launch the job with --make-vocab-size-divisible-by " +
                     std::to_string(divisor) + " (" + std::to_string(divisor) + " x TP " + std::to_string(g.tp) + " divides them) and a tokenizer of " +
