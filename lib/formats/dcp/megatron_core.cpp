@@ -118,7 +118,9 @@ MegatronCore ReadMegatronCore(const std::string& dir) {
       std::vector<std::pair<int64_t, pt::ValuePtr>> parts;
       for (const auto& it : optimizer->AsDict().items()) parts.emplace_back(it.key->i, it.value);
       std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-      for (const auto& [index, part] : parts) {
+      for (const auto& entry : parts) {  // (not a structured binding: a lambda below uses it, which clang 14 refuses)
+        const int64_t index = entry.first;
+        const pt::ValuePtr& part = entry.second;
         if (!part || part->kind != Value::Kind::Dict) throw Error("optimizer[" + std::to_string(index) + "] is not a dict");
         const size_t before = groups.size();
         if (!WithContext("optimizer[" + std::to_string(index) + "] of a ChainedOptimizer", [&] { return ReadOneOptimizer(part, mc, groups); }))
