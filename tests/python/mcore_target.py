@@ -16,7 +16,7 @@ iter_NNNNNNN/ holding .metadata, common.pt, metadata.json and one __<rank>_0.dis
   at its layout, with what it found; every output here must be those bytes, and the record must say every
   tensor was equal (and, where it trained on, steps 4-5 within 1e-5 of the reference run's losses).
 - Refused by name, nothing written: a layout that does not divide the layers or the heads (or the experts: --ep,
-  and an EP that does not divide DP; a MoE optimizer at EP > 1 from EP 1, which Megatron-LM chains), no --tp / --pp, layout flags of DeepSpeed's, a source of another family with optimizer state (a real
+  and an EP that does not divide DP), no --tp / --pp, layout flags of DeepSpeed's, a source of another family with optimizer state (a real
   DeepSpeed checkpoint of ../shared/real-deepspeed, beside the checkout) without --weights-only.
 """
 import hashlib
@@ -49,8 +49,16 @@ SOURCES = [
     ("moe_ep2", "moe_ep2/checkpoint", [(2, 2, 1, 1)]),
     # Megatron-LM's own optimizer at EP 2: a ChainedOptimizer (dense, expert), written as one again at EP > 1
     ("moe_ep2_chained", "moe_ep2_chained/checkpoint", [(1, 1, 1, 1), (1, 2, 2), (2, 1, 2, 2), (1, 1, 4, 4)]),
+    # Megatron-LM's own optimizer at EP 1 (one, 2 groups), at EP > 1: the chain, its expert group made as Megatron-Core builds it
+    ("moe_ep1_dp2", "moe_ep1_dp2/checkpoint", [(1, 1, 2, 2), (2, 1, 2, 2), (1, 2, 4, 4)]),
 ]
-SOURCE_EP = {"moe_tp2_ep2_logits": 2, "moe_ep2": 2, "moe_ep2_chained": 2}
+SOURCE_EP = {"moe_tp2_ep2_logits": 2, "moe_ep2": 2, "moe_ep2_chained": 2, "moe_ep1_dp2": 1}
+
+
+def with_expert_groups(groups):
+    """An EP 1 save's 2 default groups at EP > 1: Megatron-Core's experts (their weights: the decayed group's
+    options) get a group of their own, is_expert_parallel (the chain's second optimizer)."""
+    return groups + [dict(g, is_expert_parallel=True) for g in groups if g.get("wd_mult") == 1.0]
 
 
 def without_expert_groups(groups):
@@ -118,8 +126,10 @@ for label, folder, layouts in SOURCES:
         check(f"{label} -> {layout}: the output root converts back, its tracker's iteration read", r.returncode == 0 and
               "is a Megatron-LM checkpoint root: reading " + os.path.join(out, "iter_0000003") in r.stderr, r.stderr[-1500:])
         if r.returncode == 0:
-            (same_weights if label.endswith("weights_only") else lambda l, a, b: same_atomic(
-                check, l, a, b, without_expert_groups if label in SOURCE_EP and ep == 1 else None))(f"{label} -> {layout} -> atomic", atomic, back)
+            regroup = (without_expert_groups if label in SOURCE_EP and ep == 1 else
+                       with_expert_groups if SOURCE_EP.get(label) == 1 and ep > 1 else None)
+            (same_weights if label.endswith("weights_only") else lambda l, a, b: same_atomic(check, l, a, b, regroup))(
+                f"{label} -> {layout} -> atomic", atomic, back)
         seen = record["outputs"].get(f"{label}:{layout}")
         check(f"{label} -> {layout}: the bytes Megatron-LM's load_checkpoint loaded at {layout} (RECORD)", seen is not None and
               seen["sha256"] == {k: sha256(p) for k, p in files.items() if k != ".ucp-reshard.json"},
@@ -182,16 +192,19 @@ ep1_back = os.path.join(WORK, "moe_tp2_ep2_logits", "tp1_pp1_dp1-back")  # the E
 for source, args, expect in ((moe, ["--tp", "1", "--pp", "1"], "the source's EP 2 does not divide --dp 1"),
                              (moe, ["--tp", "1", "--pp", "1", "--dp", "3", "--ep", "3"], "--ep 3 does not divide the model's 4 experts"),
                              (moe, ["--tp", "1", "--pp", "1", "--dp", "2", "--ep", "4"], "--ep 4 does not divide --dp 2"),
-                             (atomic, ["--tp", "1", "--pp", "1", "--dp", "2", "--ep", "2"], "a dense model has no experts"),
-                             (ep1_back, ["--tp", "1", "--pp", "1", "--dp", "2", "--ep", "2"], "a chain of a dense and an expert optimizer")):
+                             (atomic, ["--tp", "1", "--pp", "1", "--dp", "2", "--ep", "2"], "a dense model has no experts")):
     out = os.path.join(WORK, "refused")
     r = run("ucp-reshard", [source, "-o", out, "--format", "mcore"] + args)
     check(f"{os.path.relpath(source, WORK)} --format mcore {' '.join(args)}: refused by name, nothing written", r.returncode != 0 and expect in r.stderr and
           not os.path.exists(os.path.join(out, "latest_checkpointed_iteration.txt")), r.stderr[-800:])
 r = run("ucp-reshard", [ep1_back, "-o", os.path.join(WORK, "moe-ep2-weights"), "--format", "mcore", "--tp", "1", "--pp", "1", "--dp", "2",
                         "--ep", "2", "--weights-only"])
-check("... with --weights-only: the model alone at EP 2, written", r.returncode == 0 and
+check("an EP 1 save at EP 2 with --weights-only: the model alone, written", r.returncode == 0 and
       os.path.exists(os.path.join(WORK, "moe-ep2-weights", "latest_checkpointed_iteration.txt")), r.stderr[-800:])
+r = run("ucp-reshard", [ep1_back, "-o", os.path.join(WORK, "moe-ep2-made"), "--format", "mcore", "--tp", "1", "--pp", "1", "--dp", "2",
+                        "--ep", "2"])
+check("an EP 1 save at EP 2 with its optimizer: Megatron-LM's chain, the experts' groups made from the EP 1 groups (said)",
+      r.returncode == 0 and "ChainedOptimizer" in r.stderr and "made from the source's EP 1 groups" in r.stderr, r.stderr[-800:])
 
 ds = os.path.join(CASES, "..", "..", "..", "..", "shared", "real-deepspeed", "cases", "llama_tp2_dp2_zero1_fp32", "ckpt")
 check("../shared/real-deepspeed beside the checkout", os.path.isdir(ds), ds)

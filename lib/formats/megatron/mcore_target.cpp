@@ -318,9 +318,18 @@ bool TwinGroups(const Value& a, const Value& b) {
 // Megatron's param groups as common.pt keeps them: the source's options (no `params`: Megatron saves
 // none), with the step in each where the distributed optimizer keeps it there. A job whose experts are
 // not expert-parallel (EP 1: Megatron-Core marks them so only at EP > 1) has no expert groups: each
-// merges into the group of the same options, as _get_param_groups builds them there.
-ValuePtr ParamGroups(const reshard::Source& S, double step, bool with_step, bool expert_groups) {
+// merges into the group of the same options, as _get_param_groups builds them there. `twins`: source
+// groups whose expert-parallel twins follow (an EP 1 source at EP > 1: ExpertTwins).
+ValuePtr ParamGroups(const reshard::Source& S, double step, bool with_step, bool expert_groups, const std::vector<int>& twins) {
   const std::vector<ValuePtr>& groups = SourceGroups(S);
+  auto copy = [&](const Value& group, bool expert_twin) {  // its options (no params), the step where the form keeps it there
+    auto g = Value::Make(Value::Kind::Dict);
+    for (const auto& kv : group.AsDict().items())
+      if (kv.key->kind == Value::Kind::Str && kv.key->s != "params" && kv.key->s != "step") g->dict.Set(kv.key, kv.value);
+    if (expert_twin) pt::SetItem(*g, "is_expert_parallel", Value::Bool(true));
+    if (with_step) pt::SetItem(*g, "step", Value::Float(step));
+    return g;
+  };
   auto out = Value::Make(Value::Kind::List);
   for (const ValuePtr& group : groups) {
     if (!expert_groups && ExpertGroup(*group)) {
@@ -329,12 +338,9 @@ ValuePtr ParamGroups(const reshard::Source& S, double step, bool with_step, bool
                     "experts in the dense groups, which would change their options (keep --ep > 1)");
       continue;
     }
-    auto g = Value::Make(Value::Kind::Dict);
-    for (const auto& kv : group->AsDict().items())
-      if (kv.key->kind == Value::Kind::Str && kv.key->s != "params" && kv.key->s != "step") g->dict.Set(kv.key, kv.value);
-    if (with_step) pt::SetItem(*g, "step", Value::Float(step));
-    out->items.push_back(g);
+    out->items.push_back(copy(*group, false));
   }
+  for (int i : twins) out->items.push_back(copy(*groups.at(static_cast<size_t>(i)), true));
   return out;
 }
 
@@ -376,8 +382,8 @@ ValuePtr OptimizerCommon(ValuePtr groups, Form form, double step) {
 
 // The optimizer's common state: one optimizer's, or (`chained`) a ChainedOptimizer's as Megatron-LM's
 // get_megatron_optimizer builds it at EP > 1: {0: the dense groups' optimizer, 1: the expert groups'}.
-ValuePtr OptimizerState(const reshard::Source& S, Form form, double step, bool expert_groups, bool chained) {
-  ValuePtr groups = ParamGroups(S, step, form == Form::Distributed, expert_groups);
+ValuePtr OptimizerState(const reshard::Source& S, Form form, double step, bool expert_groups, const std::vector<int>& twins, bool chained) {
+  ValuePtr groups = ParamGroups(S, step, form == Form::Distributed, expert_groups, twins);
   if (!chained) return OptimizerCommon(groups, form, step);
   auto dense = Value::Make(Value::Kind::List), experts = Value::Make(Value::Kind::List);
   for (const ValuePtr& g : groups->items) (ExpertGroup(*g) ? experts : dense)->items.push_back(g);
@@ -388,7 +394,7 @@ ValuePtr OptimizerState(const reshard::Source& S, Form form, double step, bool e
 }
 
 std::string CommonFile(const reshard::Source& S, ValuePtr args, const Value* common, Form form, double step, bool expert_groups,
-                       bool chained) {
+                       const std::vector<int>& twins, bool chained) {
   const Value none;
   const Value& c = common ? *common : none;
   auto root = Value::Make(Value::Kind::Dict);
@@ -398,7 +404,7 @@ std::string CommonFile(const reshard::Source& S, ValuePtr args, const Value* com
   auto iteration = c.Get("iteration");
   pt::SetItem(*root, "iteration", iteration ? iteration : Value::Int(0));
   auto content = Value::Make(Value::Kind::Dict);
-  if (form != Form::None) pt::SetItem(*root, "optimizer", OptimizerState(S, form, step, expert_groups, chained));
+  if (form != Form::None) pt::SetItem(*root, "optimizer", OptimizerState(S, form, step, expert_groups, twins, chained));
   if (form == Form::Distributed) {
     pt::SetItem(*content, "distrib_optim_sharding_type", Value::Str("fully_reshardable"));
     pt::SetItem(*content, "distrib_optim_fully_reshardable_mem_efficient", Value::Bool(false));
@@ -486,15 +492,30 @@ void CheckExperts(const std::vector<McoreKey>& keys, const Value& args, const Gr
                   std::to_string(g.dp / g.ep) + ": launch with --expert-model-parallel-size " + std::to_string(g.ep));
 }
 
-// A MoE job's optimizer at EP > 1 from a source whose experts were not expert-parallel (EP 1): Megatron-LM's
-// get_megatron_optimizer then chains a dense and an expert optimizer, whose form is not written yet.
-void CheckExpertGroups(const reshard::Source& S, const std::vector<McoreKey>& keys, const Grid& g) {
+// A MoE job at EP > 1 from a source whose experts were not expert-parallel (EP 1, no expert group): the
+// source's groups whose twins (the same options, is_expert_parallel) Megatron-Core builds for the experts
+// there, in order: those Megatron-Core's default rule puts the experts' parameters in. Empty where no
+// group is to be made; refused where the source's groups are not the default rule's (which groups the
+// experts would get is then not known).
+std::vector<int> ExpertTwins(const reshard::Source& S, const std::vector<McoreKey>& keys, const Value& args, const Grid& g) {
   const bool experts = std::any_of(keys.begin(), keys.end(), [](const McoreKey& k) { return k.experts > 0; });
   const std::vector<ValuePtr>& groups = SourceGroups(S);
-  if (experts && g.ep > 1 && std::none_of(groups.begin(), groups.end(), [](const ValuePtr& p) { return ExpertGroup(*p); }))
-    throw Error("EP=" + std::to_string(g.ep) + ": the source's experts were not expert-parallel (EP 1, no expert param group): at EP > 1 "
-                "Megatron-LM's optimizer is a chain of a dense and an expert optimizer, which --format mcore does not write yet; give --ep 1, "
-                "or --weights-only to write the model alone");
+  if (!experts || g.ep == 1 || std::any_of(groups.begin(), groups.end(), [](const ValuePtr& p) { return ExpertGroup(*p); })) return {};
+  std::vector<std::pair<std::string, std::vector<int64_t>>> params;
+  for (const reshard::Atom& a : S.atoms) params.emplace_back(a.name, a.shape);
+  const ValuePtr saved = S.optimizer.root->Get("param_groups");
+  const source::MegatronGroups rule = source::MegatronGroupsOf(saved.get(), &args, params);
+  std::set<int> twins;
+  for (const auto& [name, shape] : params)
+    if (name.find(".experts.experts.") != std::string::npos) {
+      auto it = rule.group_of.find(name);
+      if (it == rule.group_of.end())
+        throw Error("EP=" + std::to_string(g.ep) + ": the source's experts were not expert-parallel (EP 1) and its " +
+                    std::to_string(groups.size()) + " param groups are not Megatron-Core's default pair, so which expert groups "
+                    "Megatron builds at EP > 1 is not known; give --ep 1, or --weights-only to write the model alone");
+      twins.insert(it->second);
+    }
+  return {twins.begin(), twins.end()};
 }
 
 // The job of a Megatron-Core source: its own keys, args, iteration, optimizer and scheduler.
@@ -529,12 +550,17 @@ McoreJob OwnJob(const reshard::Source& S, const reshard::ExportOptions& o, const
   auto iteration = common.Get("iteration");
   const int64_t it = iteration && iteration->kind == Value::Kind::Int ? iteration->i : 0;
   j.folder = source::IterationFolderName(std::to_string(it)), j.tracker = std::to_string(it);
-  // The source's optimizer was a chain (Megatron-LM's at EP > 1): so is the job's at EP > 1; at EP 1 it has no experts' optimizer.
-  const bool chained = j.form != Form::None && g.ep > 1 && !ChainOf(S).empty();
-  if (j.form != Form::None) CheckExpertGroups(S, j.keys, g);
+  // At EP > 1 the job's optimizer is Megatron-LM's chain of a dense and an expert optimizer where the source's
+  // was (a chained save), or where the source's experts were not expert-parallel (EP 1: the expert groups
+  // are then made, twins of the dense groups the default rule puts the experts in); at EP 1 there are no experts' groups.
+  const std::vector<int> twins = j.form != Form::None ? ExpertTwins(S, j.keys, args, g) : std::vector<int>{};
+  const bool chained = j.form != Form::None && g.ep > 1 && (!ChainOf(S).empty() || !twins.empty());
   j.common = CommonFile(S, ArgsAt(args, g, j.form != Form::None, o.vocab_divisible_by > 0 ? vocab_divisor : 0), &common, j.form, j.step,
-                        g.ep > 1, chained);
-  if (chained) j.notes.push_back("the optimizer's state as Megatron-LM's ChainedOptimizer at EP > 1 (the source's): a dense and an expert optimizer");
+                        g.ep > 1, twins, chained);
+  if (chained)
+    j.notes.push_back("the optimizer's state as Megatron-LM's ChainedOptimizer at EP > 1 (get_megatron_optimizer): a dense and an expert "
+                      "optimizer" + std::string(twins.empty() ? " (the source's)" : "; the experts' groups made from the source's EP 1 groups, "
+                      "as Megatron-Core's default rule builds them at EP > 1"));
   j.model = "Megatron-Core GPTModel, " + g.text();
   return j;
 }
@@ -587,7 +613,7 @@ McoreJob OtherFamilyJob(const reshard::Source& S, const reshard::ExportOptions& 
   j.dtype = S.manifest["source"].value("dtype", "fp32");
   j.form = Form::None;
   j.folder = j.tracker = "release";
-  j.common = CommonFile(S, ArgsOf(m, g.tp, g.pp, g.dp, j.dtype, divisor), nullptr, Form::None, 0, false, false);
+  j.common = CommonFile(S, ArgsOf(m, g.tp, g.pp, g.dp, j.dtype, divisor), nullptr, Form::None, 0, false, {}, false);
   j.model = std::string("Megatron-Core GPTModel (from ") + (deepspeed ? "Megatron-DeepSpeed's" : "torchtitan's") + " names), " + g.text();
   j.notes.push_back("the model's " + std::to_string(m.vocab) + " vocabulary rows kept: launch the job with --make-vocab-size-divisible-by " +
                     std::to_string(divisor) + " (" + std::to_string(divisor) + " x TP " + std::to_string(g.tp) + " divides them) and a tokenizer of " +

@@ -109,8 +109,9 @@ MOE_ARGS = CASE == "moe_tp2_ep2_logits"
 # moe_ep2_chained: moe_ep2's block as Megatron-LM's training builds its optimizer at EP > 1: DDP, then
 # get_megatron_optimizer, which chains a dense and an expert FP32Optimizer (ChainedOptimizer), saved with the
 # metadata Megatron-LM's save_checkpoint gives sharded_state_dict (_build_sharded_state_dict_metadata:
-# chained_optim_avoid_prefix) and its content_metadata
-CHAINED = CASE == "moe_ep2_chained"
+# chained_optim_avoid_prefix) and its content_metadata. moe_ep1_dp2: the same at EP 1 (DP 2), where the experts
+# are not expert-parallel and get_megatron_optimizer builds one FP32Optimizer of Megatron's 2 default groups.
+MEGATRON_OPT = CASE in ("moe_ep2_chained", "moe_ep1_dp2")
 FROM_ARGS = GPT or MOE_ARGS
 TIED = CASE.endswith("_tied")  # gpt_tp2_tied: the output layer is the word embedding (no --untie-embeddings-and-output-weights)
 # The legacy form beside: the Llama distributed-optimizer cases, and llama_tp2_legacy (an FP32Optimizer
@@ -119,7 +120,7 @@ LEGACY = ((BOTH and not GPT) or CASE.endswith("_legacy") or MOE_ARGS) and not BE
 BF16 = (DISTOPT and not CASE.endswith("fp32") and not BUCKETS) or FLOAT16
 TP = 2 if "tp2" in CASE else 1
 PP = 2 if "pp2" in CASE else 1
-EP = 2 if CASE.startswith("moe") else 1  # experts over the 2 ranks: the global-expert axis
+EP = 1 if "_ep1" in CASE else 2 if CASE.startswith("moe") else 1  # experts over the 2 ranks: the global-expert axis
 DP = 2 if "dp2" in CASE or CASE.startswith("moe") else 1
 WORLD = TP * PP * DP
 # Sizes: the distributed optimizer's new cases are smaller (each folder holds three copies of the state).
@@ -130,7 +131,7 @@ if BENCH:  # the benchmark's sizes: 86 M parameters by default, a checkpoint_dp_
     LAYERS, HEADS, GROUPS, OVERLAP = env("LAYERS", 4), env("HEADS", 16), env("GROUPS", 4), True
 elif BOTH and GPT:  # no weight a multiple of 64 elements: padding between parameters; buckets of >= 4000 elements
     HIDDEN, FFN, VOCAB, BUCKET = 28, 56, 100, 4000
-elif MOE_ARGS or CHAINED:  # 2 layers of 4 experts, ffn 40 per expert: the folder (checkpoint/, legacy/, reference.pt) under
+elif MOE_ARGS or MEGATRON_OPT:  # 2 layers of 4 experts, ffn 40 per expert: the folder (checkpoint/, legacy/, reference.pt) under
     # 2.5 MB (2.60 MB with ffn 48)
     HIDDEN, FFN, VOCAB, BUCKET, LAYERS = 32, 40, 64, None, 2
 elif FLOAT16:  # the GPT block at TP=2 x PP=2: 4 heads (2 per TP rank), 2 layers per stage
@@ -333,7 +334,7 @@ def build(seed):
     ocfg = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-5, weight_decay=0.01, adam_beta2=0.95, clip_grad=0.0,
                            use_distributed_optimizer=DISTOPT, bf16=BF16,
                            params_dtype=torch.bfloat16 if BF16 else torch.float32)
-    if DISTOPT or FLOAT16 or CHAINED:  # as Megatron-LM builds it: DDP with its grad buffers, then get_megatron_optimizer
+    if DISTOPT or FLOAT16 or MEGATRON_OPT:  # as Megatron-LM builds it: DDP with its grad buffers, then get_megatron_optimizer
         if BF16:
             model = model.to(torch.bfloat16)
         ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(
@@ -816,7 +817,7 @@ def worker(rank, world):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.current_device = lambda: "cpu"
-    if DISTOPT or FLOAT16 or CHAINED:  # FLOAT16: Float16OptimizerWithFloat16Params accepts only torch.cuda.*Tensor parameters
+    if DISTOPT or FLOAT16 or MEGATRON_OPT:  # FLOAT16: Float16OptimizerWithFloat16Params accepts only torch.cuda.*Tensor parameters
         cuda_to_cpu()
     try:
         from megatron.core import parallel_state, dist_checkpointing, tensor_parallel
@@ -867,7 +868,7 @@ def worker(rank, world):
                 mask = torch.triu(torch.ones(1, 1, 16, 16), diagonal=1).bool()  # causal, given: the default is made on cuda
                 loss = forward(tokens, pos_ids, mask, labels=labels).float().mean()
                 loss.backward()
-                if DISTOPT or CHAINED:
+                if DISTOPT or MEGATRON_OPT:
                     ddp.finish_grad_sync()
             else:  # no pipeline schedule on CPU here: every parameter gets a seeded gradient
                 for p in model.parameters():
@@ -886,7 +887,7 @@ def worker(rank, world):
             print(f"[{rank}] step {step + 1} loss {loss.item():.6f}" + (" (seeded gradients, no loss)" if (PP > 1 and ddp is not None) or MOE_ARGS else ""), flush=True)
         if (PP == 1 and not DISTOPT and not LEGACY) or MOE_ARGS:  # the training model's own logits on a fixed batch: what a Hugging Face export must give
             model.eval()
-            ids = (torch.arange(2 * 16).view(2, 16) * 37 + 11) % (VOCAB if MOE_ARGS or CHAINED else 128)
+            ids = (torch.arange(2 * 16).view(2, 16) * 37 + 11) % (VOCAB if MOE_ARGS or MEGATRON_OPT else 128)
             mask = torch.triu(torch.ones(1, 1, 16, 16), diagonal=1).bool()
             with torch.no_grad():
                 local = model(ids, torch.arange(16).unsqueeze(0).expand(2, 16), mask).float()  # [b, s, vocab / TP]
@@ -918,9 +919,9 @@ def worker(rank, world):
 
         def state(args, metadata):
             """generate_state_dict's torch_dist state dict, the optimizer's sharded_state_dict made anew."""
-            model_sd = model.sharded_state_dict(**({"metadata": metadata} if BOTH or FLOAT16 or CHAINED else {}))
+            model_sd = model.sharded_state_dict(**({"metadata": metadata} if BOTH or FLOAT16 or MEGATRON_OPT else {}))
             return {"args": args, "checkpoint_version": 3.0, "iteration": STEPS, "model": model_sd,
-                    "optimizer": opt.sharded_state_dict(model_sd, **({"metadata": metadata} if DISTOPT or FLOAT16 or CHAINED else {})),
+                    "optimizer": opt.sharded_state_dict(model_sd, **({"metadata": metadata} if DISTOPT or FLOAT16 or MEGATRON_OPT else {})),
                     "opt_param_scheduler": {"max_lr": 1e-3, "min_lr": 1e-5, "num_steps": STEPS * 2},
                     "rng_state": ShardedObject("rng_state", rng, (PP, TP), (pp_rank, tp_rank),
                                                replica_id=parallel_state.get_data_parallel_rank()),
@@ -929,7 +930,7 @@ def worker(rank, world):
         if FLOAT16:  # as Megatron-LM's save_checkpoint: its metadata for sharded_state_dict, its content_metadata
             float16_checks(model, ddp, opt, adam, state)
             return
-        if CHAINED:  # as Megatron-LM's save_checkpoint: its metadata for sharded_state_dict, its content_metadata
+        if MEGATRON_OPT:  # as Megatron-LM's save_checkpoint: its metadata for sharded_state_dict, its content_metadata
             from megatron.training.checkpointing import _build_sharded_state_dict_metadata
             from megatron.core.dist_checkpointing.utils import _clean_metadata_for_serialization
             args = megatron_args()

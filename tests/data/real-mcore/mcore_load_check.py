@@ -43,6 +43,8 @@ OUTPUTS = {
     "moe_ep2": ("moe_ep2", False, ["tp2_pp2_dp1"]),
     # Megatron-LM's own optimizer at EP > 1 (get_megatron_optimizer: a ChainedOptimizer of a dense and an expert FP32Optimizer)
     "moe_ep2_chained": ("moe_ep2_chained", False, ["tp1_pp1_dp1", "tp1_pp2_dp2_ep2", "tp2_pp1_dp2_ep2", "tp1_pp1_dp4_ep4"]),
+    # Megatron-LM's own optimizer at EP 1 (one FP32Optimizer, 2 groups), written at EP > 1 as the chain Megatron-LM builds there
+    "moe_ep1_dp2": ("moe_ep1_dp2", False, ["tp1_pp1_dp2_ep2", "tp2_pp1_dp2_ep2", "tp1_pp2_dp4_ep4"]),
     # Megatron-LM's own --no-save-optim save (gpt_tp2_pp2_bf16_legacy/checkpoint_weights_only as
     # <root>/iter_0000003), loaded with the job's default flags: recorded under the top-level key, not "outputs"
     "megatron_own_weights_only": ("gpt_tp2_pp2_bf16_legacy", True, ["tp1_pp2_dp1"]),
@@ -205,7 +207,7 @@ def worker(rank, world, label, layout, root, port):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.current_device = lambda: "cpu"
-    if mm.DISTOPT or mm.FLOAT16 or mm.CHAINED:
+    if mm.DISTOPT or mm.FLOAT16 or mm.MEGATRON_OPT:
         mm.cuda_to_cpu()
     elif mm.TIED:  # GPTModel's setup_embeddings_and_output_layer moves the shared weight .cuda() before its
         # all-reduce over the embedding group (PP > 1): it stays on the CPU (gloo)
@@ -226,7 +228,7 @@ def worker(rank, world, label, layout, root, port):
             pass
         tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
         model, ddp, opt, adam = mm.build(4321)
-        if not (mm.DISTOPT or mm.FLOAT16 or mm.CHAINED):  # FP32Optimizer: the init_state_fn get_megatron_optimizer gives Adam
+        if not (mm.DISTOPT or mm.FLOAT16 or mm.MEGATRON_OPT):  # FP32Optimizer: the init_state_fn get_megatron_optimizer gives Adam
             def init_state_fn(o, config=None):
                 for group in o.param_groups:
                     for p in group["params"]:
@@ -258,7 +260,7 @@ def worker(rank, world, label, layout, root, port):
         update_use_dist_ckpt(args)
         global_vars.set_args(args)
         ckpt.update_num_microbatches = lambda *a, **k: None
-        if not (mm.DISTOPT or mm.FLOAT16 or mm.CHAINED):  # read_metadata all-reduces the iteration in a torch.tensor(device='cuda')
+        if not (mm.DISTOPT or mm.FLOAT16 or mm.MEGATRON_OPT):  # read_metadata all-reduces the iteration in a torch.tensor(device='cuda')
             real_tensor = torch.tensor
             torch.tensor = lambda *a, **k: real_tensor(*a, **({**k, "device": "cpu"} if "cuda" in str(k.get("device", "")) else k))
         wrapped = ddp if ddp is not None else model
@@ -294,7 +296,7 @@ def worker(rank, world, label, layout, root, port):
             else:
                 pairs, kind = [(p, p) for p in model.parameters()], None
             # moe_ep2_chained: get_megatron_optimizer's FP32Optimizers (a dense and an expert one at EP > 1), their torch Adams' state
-            chained_state = {p: st for one in mm.distributed_optimizers(opt) for p, st in one.optimizer.state.items()} if mm.CHAINED else None
+            chained_state = {p: st for one in mm.distributed_optimizers(opt) for p, st in one.optimizer.state.items()} if mm.MEGATRON_OPT else None
             state = {}
             for mp_, main in pairs:
                 s = (adam.state if adam is not None else chained_state).get(main, {})
