@@ -154,6 +154,7 @@ struct Value {
   // Moves every edge ForEachChild walks into `out`.
   void MoveChildrenTo(std::vector<ValuePtr>& out);
   bool IsSequence() const { return kind == Kind::List || kind == Kind::Tuple; }
+  bool IsNumber() const { return kind == Kind::Int || kind == Kind::Float; }  // AsFloat() holds it
   std::string QualifiedName() const { return module + "." + name; }
   // "dict", "list", "object argparse.Namespace", ... for error messages.
   std::string TypeName() const;

@@ -161,7 +161,8 @@ std::optional<int> SettleTrainingLayout(ReshardCommand& c, std::ostream& err) {
   } else if (auto missing = MissingLayoutKeys(given); !missing.empty()) {
     const std::string& key = missing.front();
     return Refuse(err, "no " + key + ": give --" + FlagOf(key) + " or \"" + key + "\" in a --layout file, or --gpus N to "
-                  "choose the layout");
+                  "choose the layout, for a DeepSpeed job; for Megatron-LM's torch_dist give --format mcore --tp T --pp P [--dp D] "
+                  "[--ep E] (torchtitan: --format dcp; Hugging Face: --format hf)");
   }
   if (o.json && !o.plan_only)
     return Refuse(err, "--json goes with --plan-only (a run prints its summary as text; --report FILE writes it as JSON)");

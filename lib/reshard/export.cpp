@@ -77,7 +77,7 @@ void PrintExportPlan(const ExportPlan& P, const std::vector<int>& owner, bool as
   }
   for (size_t f = 0; f < P.files.size(); ++f)
     out << "  " << P.files[f].name << ": " << P.files[f].tensors.size() << " tensors, "
-        << HumanBytes(double(P.files[f].bytes)) << ", rank " << owner[f] << "\n";
+        << HumanBytes(double(P.files[f].bytes)) << ", written by ucp rank " << owner[f] << "\n";
   for (const auto& [name, text] : P.side_files) out << "  " << name << "\n";
   out << "  " << P.marker << " (written last)\n";
 }

@@ -14,7 +14,7 @@ bool Is(const Value& group, const char* key, double want) {
   const auto v = group.Get(key);
   if (!v || v->kind == Value::Kind::None) return true;
   if (v->kind == Value::Kind::Bool) return (v->b ? 1.0 : 0.0) == want;
-  return (v->kind == Value::Kind::Float || v->kind == Value::Kind::Int) && v->AsFloat() == want;
+  return v->IsNumber() && v->AsFloat() == want;
 }
 
 // The one group of wd_mult `wd`, lr_mult 1, not expert-parallel, no decoupled learning rate; -1 if none or several.
@@ -36,8 +36,7 @@ bool Same(const Value& a, const Value& b, const char* key) {
   const auto x = a.Get(key), y = b.Get(key);
   if (!x || !y) return !x && !y;
   if (x->kind == Value::Kind::None || y->kind == Value::Kind::None) return x->kind == y->kind;
-  const bool numbers = (x->kind == Value::Kind::Float || x->kind == Value::Kind::Int) && (y->kind == Value::Kind::Float || y->kind == Value::Kind::Int);
-  return numbers && x->AsFloat() == y->AsFloat();
+  return x->IsNumber() && y->IsNumber() && x->AsFloat() == y->AsFloat();
 }
 
 // Whether the saved args ask for a grouping other than the default rule's, and which: "" where not.

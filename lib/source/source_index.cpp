@@ -65,21 +65,40 @@ bool ArgIsSet(const pt::Value* a) {
 
 bool ArgSet(const pt::Value* args, const char* key) { return args && ArgIsSet(args->Get(key).get()); }
 
-std::string MegatronLayout(const pt::Value* args) {
-  if (!args) return "";
+std::map<std::string, int64_t> MegatronDegrees(const pt::Value* args) {
+  std::map<std::string, int64_t> out;
+  if (!args) return out;
   auto degree = [&](const char* key) -> int64_t {
     auto v = args->Get(key);
     return v && v->kind == pt::Value::Kind::Int ? v->i : -1;
   };
+  for (const auto& [key, name] : {std::pair<const char*, const char*>{"tensor_model_parallel_size", "tp"}, {"pipeline_model_parallel_size", "pp"},
+                                  {"data_parallel_size", "dp"}, {"expert_model_parallel_size", "ep"}, {"context_parallel_size", "cp"}})
+    if (const int64_t d = degree(key); d >= 1) out[name] = d;
+  const int64_t world = degree("world_size"), model = out.count("tp") && out.count("pp") ? out["tp"] * out["pp"] * (out.count("cp") ? out["cp"] : 1) : -1;
+  // (a world that holds no whole number of DP ranks, or whose DP the EP does not divide, is args' default, not the job's)
+  if (!out.count("dp") && world >= 1 && model >= 1 && world % model == 0 && (world / model) % (out.count("ep") ? out["ep"] : 1) == 0)
+    out["dp"] = world / model;
+  return out;
+}
+
+std::string MegatronLayout(const pt::Value* args) {
   std::string s;
-  static const std::pair<const char*, const char*> kDegrees[] = {{"tensor_model_parallel_size", "TP"}, {"pipeline_model_parallel_size", "PP"},
-      {"data_parallel_size", "DP"}, {"expert_model_parallel_size", "EP"}, {"context_parallel_size", "CP"}};
-  for (const auto& [key, name] : kDegrees) {
-    const int64_t d = degree(key);
-    if (d < 1 || (d == 1 && (std::string(name) == "EP" || std::string(name) == "CP"))) continue;
-    s += (s.empty() ? "" : ", ") + std::string(name) + "=" + std::to_string(d);
+  const std::map<std::string, int64_t> degrees = MegatronDegrees(args);
+  for (const char* name : {"tp", "pp", "dp", "ep", "cp"}) {
+    auto it = degrees.find(name);
+    if (it == degrees.end() || (it->second == 1 && (std::string(name) == "ep" || std::string(name) == "cp"))) continue;
+    std::string upper = name;
+    for (char& c : upper) c = static_cast<char>(c - 'a' + 'A');
+    s += (s.empty() ? "" : ", ") + upper + "=" + std::to_string(it->second);
   }
   return s;
+}
+
+const pt::Value* MegatronArgsOf(const SourceIndex& L) {
+  if (L.args) return L.args.get();
+  if (L.args_state) return L.args_state->Get("args").get();
+  return nullptr;
 }
 
 std::string DataParallelDegrees(const SourceIndex& L) {
@@ -100,8 +119,10 @@ std::string LayoutWords(const SourceIndex& L) {
   const std::string state = " (" + L.optimizer + "), " + L.dtype;
   if (!L.on_grid) {  // every chunk is a box of its global tensor; a carried file holds none
     const auto data = std::count_if(L.files.begin(), L.files.end(), [](const ShardFile& f) { return !f.carried; });
-    if (L.optimizer == "none") return "global tensors in chunks, " + std::to_string(data) + " data file(s); model weights only, " + L.dtype;
-    return "global tensors in chunks, " + std::to_string(data) + " data file(s); optimizer state per parameter" + state;
+    const std::string job = MegatronLayout(MegatronArgsOf(L));  // what the saving job ran, where its args say
+    const std::string saved_by = job.empty() ? "" : "; saved by a job of " + job;
+    if (L.optimizer == "none") return "global tensors in chunks, " + std::to_string(data) + " data file(s); model weights only, " + L.dtype + saved_by;
+    return "global tensors in chunks, " + std::to_string(data) + " data file(s); optimizer state per parameter" + state + saved_by;
   }
   std::string s = DataParallelDegrees(L) + " tp=" + std::to_string(L.tp) + " pp=" + std::to_string(L.pp) +
                   (L.moe || L.ep != 1 ? " ep=" + std::to_string(L.ep) : "") + "  ZeRO-" + std::to_string(L.zero_stage) + state;

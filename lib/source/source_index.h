@@ -166,6 +166,11 @@ void TakeMegatronArgs(const pt::Value* args, SourceIndex& L);
 // The layout Megatron-LM's args say the job ran ("TP=2, PP=1, DP=2", with EP and CP where above 1), or
 // "" without args: what a source off a grid (Megatron-Core's global tensors) tells of the job.
 std::string MegatronLayout(const pt::Value* args);
+// The same degrees by name (tp, pp, dp, ep, cp), each where the args give it: DP as data_parallel_size,
+// or, in args no launch validated, world_size / (TP x PP x CP) where EP divides it.
+std::map<std::string, int64_t> MegatronDegrees(const pt::Value* args);
+// The Megatron-LM args a source carries (Megatron-Core's common.pt, a legacy rank file's), or null.
+const pt::Value* MegatronArgsOf(const SourceIndex& L);
 // Megatron-LM's saved args (an argparse.Namespace; null: none saved), read one way everywhere: an
 // integer arg (`otherwise` where it is absent or None), and whether an arg is set (ArgIsSet: present
 // and not its off value None, False, 0 or 0.0).

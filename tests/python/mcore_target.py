@@ -170,6 +170,21 @@ r = run("ucp-reshard", [legacy_atomic, "-o", os.path.join(WORK, "vocab-tp4-64"),
                         "--make-vocab-size-divisible-by", "64"])
 check("... with a divisor that pads 63 tokens to 256 rows: refused", r.returncode != 0 and "would refuse its shape" in r.stderr, r.stderr[-800:])
 
+# Args no launch validated (no padded_vocab_size: llama_tp2's, 128 rows, make_vocab_size_divisible_by 128 at TP=2, which
+# did not make these rows): a divisor the user gives is taken where the rows are a multiple of it x TP, and refused where
+# they are not; without one the rows are written as they are, said in a note.
+for tp, divisor, ok in ((1, "128", True), (1, "64", True), (1, "3", False), (2, "128", False), (2, "64", True)):
+    out = os.path.join(WORK, f"vocab-unvalidated-{tp}-{divisor}")
+    r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--tp", str(tp), "--pp", "1", "--make-vocab-size-divisible-by", divisor])
+    check(f"args without padded_vocab_size, --tp {tp} --make-vocab-size-divisible-by {divisor}: " + ("written" if ok else "refused, not a multiple"),
+          (r.returncode == 0 and "written as they are" in r.stderr) if ok else
+          (r.returncode != 0 and "not a multiple" in r.stderr and not os.path.exists(os.path.join(out, "latest_checkpointed_iteration.txt"))),
+          r.stderr[-600:])
+r = run("ucp-reshard", [atomic, "-o", os.path.join(WORK, "launch-note"), "--format", "mcore", "--tp", "1", "--pp", "2", "--plan-only"])
+check("the launch flags said: --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 ... --ckpt-format torch_dist --load",
+      r.returncode == 0 and "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --ckpt-format torch_dist --load" in r.stderr,
+      r.stderr[-600:])
+
 # --force replaces an earlier run's output (its iteration folder recorded as one entry of the claim).
 out = os.path.join(WORK, "llama_tp2", "tp1_pp2_dp1")
 r = run("ucp-reshard", [os.path.join(WORK, "llama_tp2", "atomic"), "-o", out, "--format", "mcore", "--tp", "1", "--pp", "2"])

@@ -78,6 +78,9 @@ def compare(case, atomic, ref, common):
               osd.get("megatron_chained") == common["chained"], str(osd.get("megatron_chained")))
 
 
+# Cases built from Megatron-LM's validated args (make_mcore.py's FROM_ARGS): the layout they ran at, tp, pp, dp, ep
+JOB_LAYOUT = {"gpt_tp2": (2, 1, 1, 1), "gpt_tp2_tied": (2, 1, 1, 1), "moe_tp2_ep2_logits": (2, 1, 2, 2)}
+
 fresh_folder(WORK)
 cases = cases_holding(CASES, "reference.pt")
 check("Megatron-Core cases found", len(cases) >= 3, str(cases))
@@ -85,6 +88,12 @@ for case in cases:
     ckpt = os.path.join(CASES, case, "checkpoint")
     ref = torch.load(os.path.join(CASES, case, "reference.pt"), map_location="cpu")
     common = json.load(open(os.path.join(CASES, case, "common.json")))
+    if case in JOB_LAYOUT:  # the layout the case ran at (README.md), which its validated args record
+        r = run("ucp-inspect", [ckpt, "--json"])
+        got = json.loads(r.stdout)["degrees"] if r.returncode == 0 else {}
+        want = dict(zip(("tp", "pp", "dp", "ep"), JOB_LAYOUT[case]))
+        check(f"{case}: inspect --json gives the saving job's degrees from its args ({want})",
+              {k: got.get(k) for k in want} == want, str(got) + r.stderr[-300:])
     r = run("ucp-inspect", [ckpt])
     check(f"{case}: inspect says Megatron-Core, the optimizer and the iteration", r.returncode == 0 and "Megatron-Core" in r.stdout and
           f"iteration    {common['iteration']}" in r.stdout and "param groups" in r.stdout and

@@ -20,11 +20,12 @@ const SourceDriver& MegatronSource() {
 
 const TargetDriver& McoreTarget() {
   static constexpr TargetDriver driver = {"mcore",
-     "Megatron-LM's torch_dist checkpoint of a Megatron-Core GPT / Llama model (ucp-reshard --format mcore --tp T --pp P "
-     "[--dp D]): the files save_checkpoint writes at that layout, which the job's --load resumes: layers stacked, each "
-     "layer and TP piece a chunk, the model in the job's dtype, the optimizer's state in the form its optimizer loads at "
-     "any TP / PP (the distributed optimizer's fully_reshardable, the mixed-precision optimizer's, FP32Optimizer's), "
-     "common.pt with the args at the new layout, iteration and scheduler; from Megatron-Core and Megatron-LM sources",
+     "Megatron-LM's torch_dist checkpoint of a Megatron-Core GPT / Llama model, dense or MoE (ucp-reshard --format mcore --tp T "
+     "--pp P [--dp D] [--ep E]): the files save_checkpoint writes at that layout, which the job's --load resumes: layers stacked, "
+     "each layer and TP piece a chunk (each expert's on its EP rank), the model in the job's dtype, the optimizer's state in "
+     "the form its optimizer loads at any TP / PP (the distributed optimizer's fully_reshardable, the mixed-precision "
+     "optimizer's, FP32Optimizer's; at EP > 1 Megatron-LM's chain of a dense and an expert optimizer), common.pt with the "
+     "args at the new layout, iteration and scheduler; from Megatron-Core and Megatron-LM sources",
      "iter_NNNNNNN/ (__R_0.distcp, common.pt, metadata.json, .metadata), latest_checkpointed_iteration.txt (written last)",
      nullptr, megatron::PlanMcore, megatron::WriteMcoreFile, megatron::CheckMcoreSource, false};
   return driver;

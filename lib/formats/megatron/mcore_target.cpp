@@ -203,8 +203,16 @@ int64_t VocabDivisor(const reshard::Source& S, const Value& args, const Grid& g,
     if (a.name == "embedding.word_embeddings.weight" || (rows < 0 && a.name == "output_layer.weight")) rows = a.shape.at(0);
   const int64_t d = asked > 0 ? asked : Number(args, "make_vocab_size_divisible_by", 128);
   if (rows < 0) return d;
-  if (Number(args, "padded_vocab_size", -1) < 0 && asked <= 0) {  // args that no Megatron-LM launch validated
-    notes.push_back("the args record no padded_vocab_size: the " + std::to_string(rows) + " vocabulary rows are written as they are");
+  if (Number(args, "padded_vocab_size", -1) < 0) {  // args that no Megatron-LM launch validated: what padding made the rows is not known
+    // A job padding to a multiple of d x TP cannot compute rows that are not one: refused where the user gave d (the
+    // args' own divisor is not known to be what made these rows: said, not refused).
+    if (asked > 0 && rows % (d * g.tp) != 0)
+      throw Error("--tp " + std::to_string(g.tp) + ": Megatron-LM pads the vocabulary to a multiple of make_vocab_size_divisible_by (" +
+                  std::to_string(d) + ") x TP = " + std::to_string(d * g.tp) + " rows, and this checkpoint's embedding has " +
+                  std::to_string(rows) + " rows, not a multiple: the job at TP=" + std::to_string(g.tp) + " would refuse its shape (give "
+                  "--make-vocab-size-divisible-by a divisor of " + std::to_string(rows / g.tp) + " to the job and to ucp-reshard)");
+    notes.push_back("the args record no padded_vocab_size: the " + std::to_string(rows) + " vocabulary rows are written as they are; "
+                    "the job's tokenizer and --make-vocab-size-divisible-by (x TP " + std::to_string(g.tp) + ") must pad to the same rows");
     return d;
   }
   const int64_t vocab = Number(args, "vocab_size", -1);
@@ -280,8 +288,7 @@ std::vector<int64_t> ChainOf(const reshard::Source& S) {
 
 // Two option values alike: None, booleans, numbers, strings, and tuples or lists of them.
 bool SameValue(const Value& a, const Value& b) {
-  const auto number = [](const Value& v) { return v.kind == Value::Kind::Int || v.kind == Value::Kind::Float; };
-  if (number(a) && number(b)) return a.AsFloat() == b.AsFloat();
+  if (a.IsNumber() && b.IsNumber()) return a.AsFloat() == b.AsFloat();
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case Value::Kind::None: return true;
@@ -489,7 +496,7 @@ void CheckExperts(const std::vector<McoreKey>& keys, const Value& args, const Gr
                 ": Megatron-LM places the experts evenly over EP ranks taken from the DP ranks (give --ep, a divisor of both)");
   notes.push_back(std::to_string(experts) + " experts per layer over EP=" + std::to_string(g.ep) + " (" + std::to_string(experts / g.ep) +
                   " per EP rank), expert TP = TP = " + std::to_string(g.tp) + " (args.expert_tensor_parallel_size), expert DP " +
-                  std::to_string(g.dp / g.ep) + ": launch with --expert-model-parallel-size " + std::to_string(g.ep));
+                  std::to_string(g.dp / g.ep));
 }
 
 // A MoE job at EP > 1 from a source whose experts were not expert-parallel (EP 1, no expert group): the
@@ -566,6 +573,15 @@ McoreJob OwnJob(const reshard::Source& S, const reshard::ExportOptions& o, const
                       "as Megatron-LM 0.17 saves it, but ucp's tests have loaded chains of FP32Optimizers only: check the resumed job's "
                       "first losses");
   j.model = "Megatron-Core GPTModel, " + g.text();
+  const bool legacy = S.manifest["source"].value("framework", std::string()) == "megatron-lm";
+  j.notes.push_back("launch Megatron-LM on " + std::to_string(g.tp * g.pp * g.dp) + " GPUs with the job's flags and --tensor-model-parallel-size " +
+                    std::to_string(g.tp) + " --pipeline-model-parallel-size " + std::to_string(g.pp) +
+                    (g.ep > 1 || IsSet(args, "num_experts") ? " --expert-model-parallel-size " + std::to_string(g.ep) : "") +
+                    " --ckpt-format torch_dist --load " + (o.output.empty() ? "ROOT" : o.output) +
+                    (legacy ? " (the source was saved with --ckpt-format torch: the output is torch_dist)" : ""));
+  if (g.tp > 1 && IsSet(args, "num_experts") && !IsSet(args, "sequence_parallel"))
+    j.notes.push_back("the args say sequence_parallel False: Megatron-Core trains MoE layers at TP > 1 only with --sequence-parallel "
+                      "(MoELayer refuses otherwise); launch with it");
   return j;
 }
 
