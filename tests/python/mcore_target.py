@@ -125,6 +125,10 @@ for label, folder, layouts in SOURCES:
         r = run("ucp-convert", [out, "-o", back], ranks=2)  # the root, read as Megatron-LM's --load reads it
         check(f"{label} -> {layout}: the output root converts back, its tracker's iteration read", r.returncode == 0 and
               "is a Megatron-LM checkpoint root: reading " + os.path.join(out, "iter_0000003") in r.stderr, r.stderr[-1500:])
+        if label in SOURCE_EP:  # Megatron-LM's chain of a dense and an expert optimizer where its job builds one
+            chain = label in ("moe_ep2_chained", "moe_ep1_dp2") and ep > 1
+            check(f"{label} -> {layout}: " + ("a ChainedOptimizer of 2 in common.pt" if chain else "one optimizer in common.pt"),
+                  r.returncode == 0 and ("optimizer: ChainedOptimizer of 2" in r.stderr) == chain, r.stderr[-1500:])
         if r.returncode == 0:
             regroup = (without_expert_groups if label in SOURCE_EP and ep == 1 else
                        with_expert_groups if SOURCE_EP.get(label) == 1 and ep > 1 else None)

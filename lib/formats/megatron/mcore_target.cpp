@@ -203,14 +203,18 @@ int64_t VocabDivisor(const reshard::Source& S, const Value& args, const Grid& g,
     if (a.name == "embedding.word_embeddings.weight" || (rows < 0 && a.name == "output_layer.weight")) rows = a.shape.at(0);
   const int64_t d = asked > 0 ? asked : Number(args, "make_vocab_size_divisible_by", 128);
   if (rows < 0) return d;
+  if (d < 1 || Number(args, "make_vocab_size_divisible_by", 128) < 1)
+    throw Error(S.reader->dir() + ": the args' make_vocab_size_divisible_by is not a positive number: Megatron-LM could not pad the "
+                "vocabulary with it");
   if (Number(args, "padded_vocab_size", -1) < 0) {  // args that no Megatron-LM launch validated: what padding made the rows is not known
     // A job padding to a multiple of d x TP cannot compute rows that are not one: refused where the user gave d (the
     // args' own divisor is not known to be what made these rows: said, not refused).
     if (asked > 0 && rows % (d * g.tp) != 0)
       throw Error("--tp " + std::to_string(g.tp) + ": Megatron-LM pads the vocabulary to a multiple of make_vocab_size_divisible_by (" +
                   std::to_string(d) + ") x TP = " + std::to_string(d * g.tp) + " rows, and this checkpoint's embedding has " +
-                  std::to_string(rows) + " rows, not a multiple: the job at TP=" + std::to_string(g.tp) + " would refuse its shape (give "
-                  "--make-vocab-size-divisible-by a divisor of " + std::to_string(rows / g.tp) + " to the job and to ucp-reshard)");
+                  std::to_string(rows) + " rows, not a multiple: the job at TP=" + std::to_string(g.tp) + " would refuse its shape" +
+                  (rows % g.tp == 0 ? " (give --make-vocab-size-divisible-by a divisor of " + std::to_string(rows / g.tp) +
+                                          " to the job and to ucp-reshard)" : ""));
     notes.push_back("the args record no padded_vocab_size: the " + std::to_string(rows) + " vocabulary rows are written as they are; "
                     "the job's tokenizer and --make-vocab-size-divisible-by (x TP " + std::to_string(g.tp) + ") must pad to the same rows");
     return d;
@@ -272,17 +276,21 @@ std::vector<int64_t> ChainOf(const reshard::Source& S) {
   std::vector<int64_t> out;
   const ValuePtr chain = S.optimizer.root ? S.optimizer.root->Get(source::kMegatronChained) : nullptr;
   if (!chain) return out;
-  if (!chain->IsSequence()) throw Error(S.reader->dir() + "/zero/optimizer_state.pt: " + source::kMegatronChained + " is not a list");
-  for (const ValuePtr& n : chain->items) out.push_back(n ? n->AsInt() : -1);
+  const std::string where = S.reader->dir() + "/zero/optimizer_state.pt: " + source::kMegatronChained;
+  if (!chain->IsSequence()) throw Error(where + " is not a list");
+  for (const ValuePtr& n : chain->items) {
+    if (!n || n->kind != Value::Kind::Int || n->i < 1) throw Error(where + " holds a count that is not a positive integer");
+    out.push_back(n->i);
+  }
   const std::vector<ValuePtr>& groups = SourceGroups(S);
   // Megatron-LM chains the dense optimizer, then the expert one: the counts must split the groups so
   size_t at = 0;
-  for (size_t k = 0; k < out.size(); ++k)
+  for (size_t k = 0; k < out.size() && out.size() == 2; ++k)
     for (int64_t i = 0; i < out[k]; ++i, ++at)
-      if (at >= groups.size() || out[k] < 0 || ExpertGroup(*groups[at]) != (k == 1) || out.size() != 2)
-        throw Error(S.reader->dir() + "/zero/optimizer_state.pt: the chain of " + std::to_string(out.size()) + " optimizers does not split "
-                    "its " + std::to_string(groups.size()) + " param groups into dense, then expert-parallel ones, as Megatron-LM's does");
-  if (at != groups.size()) throw Error(S.reader->dir() + "/zero/optimizer_state.pt: the chain's group counts do not add up to its param groups");
+      if (at >= groups.size() || ExpertGroup(*groups[at]) != (k == 1)) at = groups.size() + 1;
+  if (out.size() != 2 || at != groups.size())
+    throw Error(where + ": a chain of " + std::to_string(out.size()) + " optimizers that does not split the " + std::to_string(groups.size()) +
+                " param groups into dense, then expert-parallel ones, as Megatron-LM's does");
   return out;
 }
 
@@ -484,9 +492,20 @@ void CheckExperts(const std::vector<McoreKey>& keys, const Value& args, const Gr
     if (g.ep > 1) throw Error("--ep " + std::to_string(g.ep) + ": a dense model has no experts to place (leave --ep out)");
     return;
   }
-  for (const char* name : {"moe_grouped_gemm", "moe_shared_expert_intermediate_size", "moe_use_legacy_grouped_gemm"})
+  for (const char* name : {"moe_grouped_gemm", "moe_shared_expert_intermediate_size", "moe_use_legacy_grouped_gemm", "moe_router_enable_expert_bias"})
     if (IsSet(args, name))
-      throw Error(dir + ": the args set " + name + ": --format mcore writes SequentialMLP experts without shared experts (not yet this one)");
+      throw Error(dir + ": the args set " + name + ": --format mcore writes SequentialMLP experts without shared experts or a router's "
+                  "expert bias (not yet this one)");
+  // Every expert tensor, the router's expert axis and the args count the same experts.
+  for (const McoreKey& k : keys) {
+    const bool router = k.key.rfind("decoder.layers.mlp.router.", 0) == 0;
+    const int64_t n = router ? (k.shape.empty() ? -1 : k.shape[0]) : k.experts;
+    if ((router || k.name.experts) && n != experts)
+      throw Error(dir + ": parameter '" + k.key + "' holds " + std::to_string(n) + " experts, another " + std::to_string(experts) +
+                  ": the model's expert tensors disagree");
+  }
+  if (const int64_t n = Number(args, "num_experts", experts); n != experts)
+    throw Error(dir + ": the args say num_experts " + std::to_string(n) + ", the expert tensors hold " + std::to_string(experts));
   if (auto f = args.Get("moe_layer_freq"); f && f->kind != Value::Kind::None && !(f->kind == Value::Kind::Int && f->i == 1))
     throw Error(dir + ": the args set moe_layer_freq (dense and MoE layers mixed): --format mcore writes models whose every layer is MoE "
                 "(not yet this one)");
@@ -561,7 +580,8 @@ McoreJob OwnJob(const reshard::Source& S, const reshard::ExportOptions& o, const
   // was (a chained save), or where the source's experts were not expert-parallel (EP 1: the expert groups
   // are then made, twins of the dense groups the default rule puts the experts in); at EP 1 there are no experts' groups.
   const std::vector<int> twins = j.form != Form::None ? ExpertTwins(S, j.keys, args, g) : std::vector<int>{};
-  const bool chained = j.form != Form::None && g.ep > 1 && (!ChainOf(S).empty() || !twins.empty());
+  const bool source_chain = j.form != Form::None && !ChainOf(S).empty();  // (a recorded chain checked at every EP)
+  const bool chained = j.form != Form::None && g.ep > 1 && (source_chain || !twins.empty());
   j.common = CommonFile(S, ArgsAt(args, g, j.form != Form::None, o.vocab_divisible_by > 0 ? vocab_divisor : 0), &common, j.form, j.step,
                         g.ep > 1, twins, chained);
   if (chained)
@@ -729,6 +749,13 @@ void CheckDegreesOfIndex(const source::SourceIndex& L, const reshard::ExportOpti
   const Grid g{o.tp, o.pp, o.dp};
   if (layers > 0 && layers % g.pp != 0) CheckDegrees(g, layers, 1, 1);
   if (layers > 0 && heads > 0) CheckDegrees(g, layers, heads, groups > 0 ? groups : heads);
+  if (o.ep > 1) {  // --ep: experts to place, over EP ranks taken from the DP ranks
+    if (std::none_of(names.begin(), names.end(), [](const std::string& n) { return n.find(".experts.") != std::string::npos; }))
+      throw Error("--ep " + std::to_string(o.ep) + ": a dense model has no experts to place (leave --ep out)");
+    if (o.dp % o.ep != 0)
+      throw Error("--ep " + std::to_string(o.ep) + " does not divide --dp " + std::to_string(o.dp) + ": Megatron-LM places the experts evenly "
+                  "over EP ranks taken from the DP ranks (give --ep, a divisor of both)");
+  }
 }
 
 }  // namespace
