@@ -488,10 +488,7 @@ void CheckDegrees(const Grid& g, int64_t layers, int64_t heads, int64_t groups) 
 void CheckExperts(const std::vector<McoreKey>& keys, const Value& args, const Grid& g, const std::string& dir, std::vector<std::string>& notes) {
   int64_t experts = 0;
   for (const McoreKey& k : keys) experts = std::max(experts, k.experts);
-  if (experts == 0) {
-    if (g.ep > 1) throw Error("--ep " + std::to_string(g.ep) + ": a dense model has no experts to place (leave --ep out)");
-    return;
-  }
+  if (experts == 0) return;  // (--ep on a dense model: RefuseEpWithoutExperts)
   for (const char* name : {"moe_grouped_gemm", "moe_shared_expert_intermediate_size", "moe_use_legacy_grouped_gemm", "moe_router_enable_expert_bias"})
     if (IsSet(args, name))
       throw Error(dir + ": the args set " + name + ": --format mcore writes SequentialMLP experts without shared experts or a router's "
@@ -730,10 +727,20 @@ reshard::ExportPlan LayOut(const reshard::Source& S, const Grid& g, McoreJob& j)
 }
 
 
+// Whether a model's parameter names hold experts (Megatron-Core's experts.experts.*, or another family's).
+bool HasExperts(const std::vector<std::string>& names) {
+  return std::any_of(names.begin(), names.end(), [](const std::string& n) { return n.find(".experts.") != std::string::npos; });
+}
+
+// --ep above 1 for a model without experts: refused.
+void RefuseEpWithoutExperts(const std::vector<std::string>& names, int64_t ep) {
+  if (ep > 1 && !HasExperts(names)) throw Error("--ep " + std::to_string(ep) + ": a dense model has no experts to place (leave --ep out)");
+}
+
 // Where the source's index says the layers and heads (its args, a Megatron-DeepSpeed model's names,
 // --model-config), a layout they do not divide is refused before a conversion.
 void CheckDegreesOfIndex(const source::SourceIndex& L, const reshard::ExportOptions& o, const std::vector<std::string>& names) {
-  const Value* args = L.args ? L.args.get() : L.args_state ? L.args_state->Get("args").get() : nullptr;
+  const Value* args = source::MegatronArgsOf(L);
   auto fact = [&](const char* name) -> int64_t {
     if (const int64_t v = args ? Number(*args, name, -1) : -1; v > 0) return v;
     if (o.model_config.is_object() && o.model_config.contains(name) && o.model_config[name].is_number_integer())
@@ -749,9 +756,8 @@ void CheckDegreesOfIndex(const source::SourceIndex& L, const reshard::ExportOpti
   const Grid g{o.tp, o.pp, o.dp};
   if (layers > 0 && layers % g.pp != 0) CheckDegrees(g, layers, 1, 1);
   if (layers > 0 && heads > 0) CheckDegrees(g, layers, heads, groups > 0 ? groups : heads);
+  RefuseEpWithoutExperts(names, o.ep);
   if (o.ep > 1) {  // --ep: experts to place, over EP ranks taken from the DP ranks
-    if (std::none_of(names.begin(), names.end(), [](const std::string& n) { return n.find(".experts.") != std::string::npos; }))
-      throw Error("--ep " + std::to_string(o.ep) + ": a dense model has no experts to place (leave --ep out)");
     if (o.dp % o.ep != 0)
       throw Error("--ep " + std::to_string(o.ep) + " does not divide --dp " + std::to_string(o.dp) + ": Megatron-LM places the experts evenly "
                   "over EP ranks taken from the DP ranks (give --ep, a divisor of both)");
@@ -783,14 +789,14 @@ reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOpt
   RefuseOtherNames(names, dir);
   g.ep_given = o.ep > 0;
   g.ep = g.ep_given ? o.ep : 1;
-  if (!g.ep_given && own && std::any_of(names.begin(), names.end(), [](const std::string& n) { return n.find(".experts.experts.") != std::string::npos; }))
+  RefuseEpWithoutExperts(names, g.ep);
+  if (!g.ep_given && own && HasExperts(names))
     g.ep = std::max<int64_t>(1, Number(*CommonState(S).Get("args"), "expert_model_parallel_size", 1));
   const std::string job = S.manifest["source"].value("dtype", "fp32");
   if (!o.dtype.empty() && o.dtype != job)
     throw Error("--dtype " + o.dtype + ": --format mcore writes the model in the job's dtype (" + job + ") and the optimizer's "
                 "state in fp32, as Megatron-LM saves them (leave --dtype out; --format hf --dtype " + o.dtype + " writes the weights in " +
                 o.dtype + ")");
-  if (!own && g.ep > 1) throw Error("--ep " + std::to_string(g.ep) + ": a dense model has no experts to place (leave --ep out)");
   McoreJob j = own ? OwnJob(S, o, g) : OtherFamilyJob(S, o, g, names);
   return LayOut(S, g, j);
 }
