@@ -139,6 +139,10 @@ for case in cases:
             compare(f"{case} dp_reshardable np{np} vs the trained state", atomic, {**ref, **trained}, common)
         else:
             same_atomic(check, f"{case} dp_reshardable np{np} vs fully_reshardable", atomic, os.path.join(WORK, f"{case}-np{np}"))
+        if "chained" in common:  # the chain's groups, counted from each optimizer's objects in the DCP
+            osd = torch.load(os.path.join(atomic, "zero", "optimizer_state.pt"), map_location="cpu")
+            check(f"{case} dp_reshardable np{np}: the chain of optimizers recorded ({common['chained']})",
+                  osd.get("megatron_chained") == common["chained"], str(osd.get("megatron_chained")))
 
 
 def damaged(label, mutate, expect):
@@ -212,6 +216,16 @@ refused_when_damaged(run, WORK, "dp_reshardable layout not the saved one", BUCKE
 refused_when_damaged(run, WORK, "dp_reshardable domain missing", BUCKETS, metadata_rename(b"dp_group_idx_1.", b"dp_group_idx_7."),
                      ["dp_group_idx_1 (tp=1, pp=0)", "missing"])
 refused_when_damaged(run, WORK, "dp_reshardable truncated distcp", BUCKETS, truncate("__3_0.distcp"), ["__3_0.distcp"])
+# Megatron-LM's chain at EP > 1 (a dense and an expert distributed optimizer), damaged: the expert optimizer's
+# domain of EP rank 1 missing; the experts' fc1 not read as experts' (walked as a dense layer tensor), so the
+# buckets computed are not the saved ones.
+MOE_BUCKETS = os.path.join(CASES, "moe_ep2_dp4_distopt_bf16", "checkpoint_dp_reshardable")
+refused_when_damaged(run, WORK, "dp_reshardable chain's expert domain missing", MOE_BUCKETS,
+                     metadata_rename(b"chained_1.optimizer.distributed.dp_group_idx_1.", b"chained_1.optimizer.distributed.dp_group_idx_7."),
+                     ["chained_1.optimizer.distributed.dp_group_idx_1 (the experts' optimizer: expert tp=0, ep=1, pp=0)", "missing"])
+refused_when_damaged(run, WORK, "dp_reshardable chain's experts misread", MOE_BUCKETS,
+                     metadata_rename(b"mlp.experts.experts.linear_fc1", b"mlp.experts.expertsXlinear_fc1"),
+                     ["chained_0.optimizer.distributed.dp_group_idx_0", "not the one the files were saved with"])
 
 def swap_files(a, b):
     def mutate(folder):

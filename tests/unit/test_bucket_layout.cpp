@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 
 #include <functional>
+#include <map>
+#include <tuple>
 #include <string>
 
 #include "core/error.h"
@@ -56,7 +58,7 @@ TEST_CASE("bucket layout: a parameter starts at a multiple of 64, in reverse ord
   Item a = Whole("embedding.a", {48}), b = Whole("output.b", {10, 10});
   BucketGrid g;
   g.stage_of_layer = {};
-  auto pieces = LayOutBuckets({&a, &b}, g, {{0, {Buffer({176})}}});
+  auto pieces = LayOutBuckets({&a, &b}, g, {{{-1, 0}, {Buffer({176})}}});
   REQUIRE(pieces.size() == 2);
   CHECK(pieces[0].fqn == "output.b");
   CHECK(pieces[0].start == 0);
@@ -67,10 +69,10 @@ TEST_CASE("bucket layout: a parameter starts at a multiple of 64, in reverse ord
 TEST_CASE("bucket layout: sizes that disagree with per_bucket_numel_unpadded are refused by name", "[reader]") {
   Item a = Whole("embedding.a", {48}), b = Whole("output.b", {10, 10});
   BucketGrid g;
-  std::string e = Refusal([&] { LayOutBuckets({&a, &b}, g, {{0, {Buffer({240})}}}); });
+  std::string e = Refusal([&] { LayOutBuckets({&a, &b}, g, {{{-1, 0}, {Buffer({240})}}}); });
   CHECK(e.find("dp_group_idx_0") != std::string::npos);
   CHECK(e.find("fill 176 elements of bucket_idx_0, recorded 240") != std::string::npos);
-  e = Refusal([&] { LayOutBuckets({&a, &b}, g, {{0, {Buffer({160})}}}); });
+  e = Refusal([&] { LayOutBuckets({&a, &b}, g, {{{-1, 0}, {Buffer({160})}}}); });
   CHECK(e.find("'embedding.a'") != std::string::npos);
   CHECK(e.find("past the bucket's recorded 160") != std::string::npos);
 }
@@ -79,7 +81,7 @@ TEST_CASE("bucket layout: a missing model-parallel domain is refused by name", "
   Item a = Whole("embedding.a", {64});
   BucketGrid g;
   g.tp = 2;
-  std::string e = Refusal([&] { LayOutBuckets({&a}, g, {{0, {Buffer({64})}}}); });
+  std::string e = Refusal([&] { LayOutBuckets({&a}, g, {{{-1, 0}, {Buffer({64})}}}); });
   CHECK(e.find("dp_group_idx_1 (tp=1, pp=0)") != std::string::npos);
   CHECK(e.find("missing") != std::string::npos);
 }
@@ -107,4 +109,56 @@ TEST_CASE("bucket keys parse as Megatron-Core 0.17 names them", "[reader]") {
   CHECK(k->param_dtype == "bfloat16");
   CHECK(k->state == "exp_avg");
   CHECK(!ParseBucketKey("optimizer.distributed.dp_group_idx_0.per_bucket_numel/shard_0_1"));
+}
+
+TEST_CASE("bucket keys of a chained optimizer carry its place in the chain", "[reader]") {
+  auto k = ParseBucketKey("chained_1.optimizer.distributed.dp_group_idx_1.gbuf_idx_0.dtype_(torch.bfloat16, torch.float32).bucket_idx_0.param");
+  REQUIRE(k);
+  CHECK(k->chain == 1);
+  CHECK(k->domain == 1);
+  CHECK(ParseBucketKey("optimizer.distributed.dp_group_idx_1.gbuf_idx_0.dtype_(torch.bfloat16, torch.float32).bucket_idx_0.param")->chain == -1);
+  CHECK(DomainName({1, 2}) == "chained_1.optimizer.distributed.dp_group_idx_2");
+}
+
+namespace {
+
+// Stacked SequentialMLP experts [1 layer, 4 experts, rows, cols], each expert of the layer its own chunk.
+Item Experts(const std::string& fqn, int64_t rows, int64_t cols) {
+  Item i;
+  i.fqn = fqn, i.tensor = true, i.dtype = "bfloat16", i.size = {1, 4, rows, cols};
+  for (int64_t e = 0; e < 4; ++e) i.chunks.push_back({{0, e, 0, 0}, {1, 1, rows, cols}});
+  return i;
+}
+
+}  // namespace
+
+TEST_CASE("bucket layout: a chain's expert optimizer holds its EP rank's experts, each expert's parameters together", "[reader]") {
+  // A layer of 4 experts at EP 2: the experts' domain 1 holds experts 2 and 3. DDP's named_parameters:
+  // local_experts.0.linear_fc1 (2x3 = 6), .0.linear_fc2 (3x2 = 6), .1.linear_fc1, .1.linear_fc2, walked in
+  // reverse: expert 3's fc2 at 0, its fc1 at 64, expert 2's fc2 at 128, fc1 at 192 (each at a multiple of 64).
+  Item router = Whole("decoder.layers.mlp.router.weight", {1, 4, 2});
+  router.chunks = {{{0, 0, 0}, {1, 4, 2}}};
+  Item fc1 = Experts("decoder.layers.mlp.experts.experts.linear_fc1.weight", 2, 3);
+  Item fc2 = Experts("decoder.layers.mlp.experts.experts.linear_fc2.weight", 3, 2);
+  BucketGrid g;
+  g.stage_of_layer = {0}, g.experts = 4, g.ep = 2;
+  std::map<BucketDomain, std::vector<GradBuffer>> buffers{
+      {{0, 0}, {Buffer({8})}}, {{1, 0}, {Buffer({198})}}, {{1, 1}, {Buffer({198})}}};
+  auto pieces = LayOutBuckets({&router, &fc1, &fc2}, g, buffers);
+  std::vector<std::tuple<int, int, std::string, int64_t, int64_t>> got;  // chain, domain, key, expert, start
+  for (const BucketPiece& p : pieces)
+    got.emplace_back(p.chain, p.domain, p.fqn.substr(p.fqn.rfind('.', p.fqn.size() - 8) + 1), p.fqn.find("experts") != std::string::npos ? p.boxes[0].offsets[1] : -1, p.start);
+  using T = std::tuple<int, int, std::string, int64_t, int64_t>;
+  CHECK(got == std::vector<T>{{0, 0, "router.weight", -1, 0},
+                              {1, 0, "linear_fc2.weight", 1, 0}, {1, 0, "linear_fc1.weight", 1, 64},
+                              {1, 0, "linear_fc2.weight", 0, 128}, {1, 0, "linear_fc1.weight", 0, 192},
+                              {1, 1, "linear_fc2.weight", 3, 0}, {1, 1, "linear_fc1.weight", 3, 64},
+                              {1, 1, "linear_fc2.weight", 2, 128}, {1, 1, "linear_fc1.weight", 2, 192}});
+  // One optimizer's buckets where the args give EP 2 (Megatron-LM chains the experts' own): refused.
+  std::string e = Refusal([&] { LayOutBuckets({&router, &fc1, &fc2}, g, {{{-1, 0}, {Buffer({8})}}}); });
+  CHECK(e.find("chains a dense and an expert distributed optimizer") != std::string::npos);
+  // The expert domain of EP rank 1 missing: refused naming it.
+  buffers.erase({1, 1});
+  e = Refusal([&] { LayOutBuckets({&router, &fc1, &fc2}, g, buffers); });
+  CHECK(e.find("chained_1.optimizer.distributed.dp_group_idx_1 (the experts' optimizer: expert tp=0, ep=1, pp=0)") != std::string::npos);
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <regex>
+#include <set>
 
 #include "core/error.h"
 #include "source/source_index.h"
@@ -12,13 +13,18 @@ using pt::Value;
 
 std::optional<BucketKey> ParseBucketKey(const std::string& fqn) {
   static const std::regex key(
-      R"(^optimizer\.distributed\.dp_group_idx_(\d{1,6})\.gbuf_idx_(\d{1,6})\.dtype_\(torch\.(\w+), torch\.(\w+)\)\.bucket_idx_(\d{1,6})\.(\w+)$)");
+      R"(^(?:chained_(\d{1,3})\.)?optimizer\.distributed\.dp_group_idx_(\d{1,6})\.gbuf_idx_(\d{1,6})\.dtype_\(torch\.(\w+), torch\.(\w+)\)\.bucket_idx_(\d{1,6})\.(\w+)$)");
   std::smatch m;
   if (!std::regex_match(fqn, m, key)) return std::nullopt;
   BucketKey k;
-  k.domain = std::stoi(m[1]), k.gbuf = std::stoi(m[2]), k.param_dtype = m[3], k.grad_dtype = m[4];
-  k.bucket = std::stoi(m[5]), k.state = m[6];
+  k.chain = m[1].matched ? std::stoi(m[1]) : -1;
+  k.domain = std::stoi(m[2]), k.gbuf = std::stoi(m[3]), k.param_dtype = m[4], k.grad_dtype = m[5];
+  k.bucket = std::stoi(m[6]), k.state = m[7];
   return k;
+}
+
+std::string DomainName(const BucketDomain& d) {
+  return (d.chain >= 0 ? "chained_" + std::to_string(d.chain) + "." : std::string()) + "optimizer.distributed.dp_group_idx_" + std::to_string(d.index);
 }
 
 namespace {
@@ -53,15 +59,38 @@ void ReadEntry(const Value& entry, std::string* param_dtype, std::string* grad_d
 
 int64_t Pad64(int64_t n) { return (n + 63) / 64 * 64; }
 
+bool Stacked(const std::string& fqn) { return fqn.rfind("decoder.layers.", 0) == 0; }
+
+// SequentialMLP's experts, stacked [layers, experts, ...] (decoder.layers.mlp.experts.experts.*).
+bool Expert(const std::string& fqn) { return Stacked(fqn) && fqn.find(".experts.experts.") != std::string::npos; }
+
+// Which parameters one distributed optimizer holds: all (one optimizer), or in Megatron-LM's chain at
+// EP > 1 the dense ones (chained_0) or the experts' (chained_1).
+enum class Holds { All, Dense, Experts };
+
 std::string Where(const BucketPiece& p, const std::vector<int64_t>& size, bool stacked) {
   std::string s = "'" + p.fqn + "'";
   if (stacked) s += " layer " + std::to_string(p.boxes[0].offsets[0]);
-  if (p.numel != pt::Numel(size) / (stacked ? std::max<int64_t>(size[0], 1) : 1))
+  const bool expert = Expert(p.fqn) && size.size() >= 2;
+  if (expert) s += ", expert " + std::to_string(p.boxes[0].offsets[1]);
+  const int64_t per = stacked ? std::max<int64_t>(size[0], 1) * (expert ? std::max<int64_t>(size[1], 1) : 1) : 1;
+  if (p.numel != pt::Numel(size) / per)
     s += " (its part at " + pt::ShapeString(p.boxes[0].offsets) + " of size " + pt::ShapeString(p.boxes[0].sizes) + (p.boxes.size() > 1 ? " and more" : "") + ")";
   return s;
 }
 
-bool Stacked(const std::string& fqn) { return fqn.rfind("decoder.layers.", 0) == 0; }
+Holds HoldsOf(int chain) { return chain < 0 ? Holds::All : chain == 0 ? Holds::Dense : Holds::Experts; }
+
+int DomainCount(const BucketGrid& g, Holds holds) { return holds == Holds::Experts ? g.etp * g.ep * g.pp : g.tp * g.pp; }
+
+// A domain as the messages name it: its keys' prefix and its ranks.
+std::string DomainWhere(const BucketGrid& g, const BucketDomain& d) {
+  const int i = d.index;
+  if (HoldsOf(d.chain) == Holds::Experts)
+    return DomainName(d) + " (the experts' optimizer: expert tp=" + std::to_string(i % g.etp) + ", ep=" + std::to_string(i / g.etp % g.ep) +
+           ", pp=" + std::to_string(i / (g.etp * g.ep)) + ")";
+  return DomainName(d) + " (tp=" + std::to_string(i % g.tp) + ", pp=" + std::to_string(i / g.tp) + ")";
+}
 
 // The domain's part of a key among `chunks` (one layer's, or a whole key's): the one chunk of a tensor
 // every TP rank holds whole, or the TP rank's t-th of each run of TP chunks (sorted by offset).
@@ -84,8 +113,14 @@ BucketPiece PieceOfItem(const Item& item, const std::vector<const Chunk*>& chunk
   return p;
 }
 
-// The domain's parameters in the order DDP's named_parameters walks them.
-std::vector<BucketPiece> DomainParams(const std::vector<const Item*>& model, const BucketGrid& g, int tp, int pp) {
+// The domain's parameters in the order DDP's named_parameters walks them: of the domain `index` of
+// the optimizer that `holds` them. A layer's experts come where their keys first come, each expert's
+// parameters together (local_experts.<e>.linear_fc1, then .linear_fc2), the EP rank's experts only.
+std::vector<BucketPiece> DomainParams(const std::vector<const Item*>& model, const BucketGrid& g, Holds holds, int index) {
+  const bool only_experts = holds == Holds::Experts;
+  const int tp = index % (only_experts ? g.etp : g.tp), pp = index / (only_experts ? g.etp * g.ep : g.tp);
+  const int local = g.experts / std::max(g.ep, 1), first = only_experts ? index / g.etp % g.ep * local : 0;
+  const int count = only_experts ? local : g.experts;
   std::vector<const Item*> pre, layers, post;
   for (const Item* item : model)
     (Stacked(item->fqn) ? layers : layers.empty() ? pre : post).push_back(item);
@@ -95,11 +130,39 @@ std::vector<BucketPiece> DomainParams(const std::vector<const Item*>& model, con
     for (const Chunk& c : item->chunks) chunks.push_back(&c);
     out.push_back(PieceOfItem(*item, chunks, tp, g.tp, ""));
   };
-  if (pp == 0)
+  // A layer's experts: each expert's parameters, in the keys' order.
+  auto experts = [&](size_t l) {
+    for (int e = first; e < first + count; ++e)
+      for (const Item* item : layers) {
+        if (!Expert(item->fqn)) continue;
+        if (item->size.size() < 2 || item->size[1] != g.experts)
+          throw Error("'" + item->fqn + "' is " + pt::ShapeString(item->size) + ", not [layers, " + std::to_string(g.experts) +
+                      " experts, ...] as args.num_experts gives");
+        std::vector<const Chunk*> chunks;
+        for (const Chunk& c : item->chunks)
+          if (c.offsets.size() >= 2 && c.offsets[0] == static_cast<int64_t>(l) && c.offsets[1] == e) {
+            if (c.sizes[0] != 1 || c.sizes[1] != 1)
+              throw Error("'" + item->fqn + "': a chunk at layer " + std::to_string(l) + ", expert " + std::to_string(e) +
+                          " spans several layers or experts (Megatron-Core saves each expert of each layer as its own chunk)");
+            chunks.push_back(&c);
+          }
+        if (chunks.empty()) continue;
+        out.push_back(PieceOfItem(*item, chunks, tp, holds == Holds::All ? g.tp : g.etp,
+                                  " at layer " + std::to_string(l) + ", expert " + std::to_string(e)));
+      }
+  };
+  if (pp == 0 && !only_experts)
     for (const Item* item : pre) whole(item);
   for (size_t l = 0; l < g.stage_of_layer.size(); ++l) {
     if (g.stage_of_layer[l] != pp) continue;
+    bool experts_done = false;
     for (const Item* item : layers) {
+      if (Expert(item->fqn)) {
+        if (holds != Holds::Dense && !experts_done) experts(l);
+        experts_done = true;
+        continue;
+      }
+      if (only_experts) continue;
       std::vector<const Chunk*> chunks;
       for (const Chunk& c : item->chunks)
         if (!c.offsets.empty() && c.offsets[0] == static_cast<int64_t>(l)) {
@@ -112,7 +175,7 @@ std::vector<BucketPiece> DomainParams(const std::vector<const Item*>& model, con
       out.push_back(PieceOfItem(*item, chunks, tp, g.tp, " at layer " + std::to_string(l)));
     }
   }
-  if (pp == g.pp - 1)
+  if (pp == g.pp - 1 && !only_experts)
     for (const Item* item : post) whole(item);
   return out;
 }
@@ -123,13 +186,13 @@ int BucketGrid::FirstLayer(int pp) const {
   return static_cast<int>(std::find(stage_of_layer.begin(), stage_of_layer.end(), pp) - stage_of_layer.begin());
 }
 
-BucketGrid GridFromArgs(const Value* args, const std::string& what, const std::string& remedy) {
+BucketGrid GridFromArgs(const Value* args, const std::string& what, const std::string& remedy, bool experts) {
   if (!args) throw Error("no args saved: the layout of " + what + " follows the job's TP, PP and layers");
   auto number = [&](const char* name, int64_t otherwise) { return source::ArgInt(args, name, otherwise); };
   auto set = [&](const char* name) { return source::ArgSet(args, name); };
   for (const char* name : {"num_layers_per_virtual_pipeline_stage", "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout",
                            "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "num_experts", "mtp_num_layers"})
-    if (set(name))
+    if (set(name) && !(experts && std::string(name) == "num_experts"))
       throw Error(std::string("args.") + name + " is set: " + what + " of " +
                   (std::string(name).find("expert") != std::string::npos ? "Mixture-of-Experts models"
                    : std::string(name) == "mtp_num_layers" ? "multi-token prediction layers" : "virtual or custom pipeline layouts") +
@@ -153,6 +216,23 @@ BucketGrid GridFromArgs(const Value* args, const std::string& what, const std::s
   for (int p = 0; p < g.pp; ++p)
     if (!(g.pp > 1 && ((p == 0 && first >= 0) || (p == g.pp - 1 && last >= 0)))) count[p] = rest / middle;
   for (int p = 0; p < g.pp; ++p) g.stage_of_layer.insert(g.stage_of_layer.end(), count[p], p);
+  if (experts && set("num_experts")) {
+    for (const char* name : {"moe_grouped_gemm", "moe_shared_expert_intermediate_size", "moe_use_legacy_grouped_gemm"})
+      if (set(name))
+        throw Error(std::string("args.") + name + " is set: " + what + " of SequentialMLP experts are read, not of grouped-GEMM or shared "
+                    "experts; " + remedy);
+    if (auto freq = args->Get("moe_layer_freq"); freq && freq->kind != Value::Kind::None && !(freq->kind == Value::Kind::Int && freq->i == 1))
+      throw Error("args.moe_layer_freq is not 1: " + what + " of dense layers among Mixture-of-Experts ones are not read yet; " + remedy);
+    g.experts = static_cast<int>(number("num_experts", 0));
+    g.ep = static_cast<int>(number("expert_model_parallel_size", 1));
+    g.etp = static_cast<int>(number("expert_tensor_parallel_size", g.tp));
+    if (g.experts < 1 || g.experts > (1 << 16) || g.ep < 1 || g.etp < 1 || g.ep > (1 << 16) || g.etp > (1 << 16) || g.experts % g.ep != 0)
+      throw Error("args give num_experts=" + std::to_string(g.experts) + ", EP=" + std::to_string(g.ep) + ", expert TP=" + std::to_string(g.etp) +
+                  ": EP must divide the experts");
+    if (g.ep == 1 && g.etp != g.tp)
+      throw Error("args give expert TP=" + std::to_string(g.etp) + " and TP=" + std::to_string(g.tp) + " at EP=1: " + what +
+                  " of experts at their own TP with no expert parallelism are not read yet; " + remedy);
+  }
   return g;
 }
 
@@ -160,7 +240,7 @@ std::vector<int64_t> ComputeBucketSizes(const std::vector<const Item*>& model, c
                                         const std::string& dtype, std::optional<int64_t> bucket_size) {
   std::map<std::string, const Item*> by_fqn;
   for (const Item* item : model) by_fqn[item->fqn] = item;
-  const std::vector<BucketPiece> params = DomainParams(model, grid, domain % grid.tp, domain / grid.tp);
+  const std::vector<BucketPiece> params = DomainParams(model, grid, Holds::All, domain);
   std::vector<int64_t> sizes;
   int64_t pos = 0;
   bool open = false;
@@ -196,22 +276,34 @@ std::vector<GradBuffer> ReadGradBuffers(const Value& unpadded, const Value& padd
 }
 
 std::vector<BucketPiece> LayOutBuckets(const std::vector<const Item*>& model, const BucketGrid& grid,
-                                       const std::map<int, std::vector<GradBuffer>>& buffers) {
+                                       const std::map<BucketDomain, std::vector<GradBuffer>>& buffers) {
   std::map<std::string, const Item*> by_fqn;
   for (const Item* item : model) by_fqn[item->fqn] = item;
-  for (int d = 0; d < grid.tp * grid.pp; ++d)
-    if (!buffers.count(d))
-      throw Error("no per_bucket_numel_unpadded of dp_group_idx_" + std::to_string(d) + " (tp=" + std::to_string(d % grid.tp) + ", pp=" +
-                  std::to_string(d / grid.tp) + "): the files of that model-parallel domain are missing (TP=" + std::to_string(grid.tp) +
-                  ", PP=" + std::to_string(grid.pp) + " by the args)");
+  std::set<int> chains;
+  for (const auto& entry : buffers) chains.insert(entry.first.chain);
+  const bool chained = grid.experts > 0 && grid.ep > 1;  // Megatron-LM's get_megatron_optimizer chains the experts' own optimizer
+  if (!buffers.empty() && chains != (chained ? std::set<int>{0, 1} : std::set<int>{-1}))
+    throw Error(chained ? "the args give EP=" + std::to_string(grid.ep) + " (Mixture of Experts), where Megatron-LM chains a dense and an "
+                          "expert distributed optimizer (chained_0., chained_1.); the files hold " +
+                              (chains.count(-1) ? std::string("one optimizer's buckets") : std::to_string(chains.size()) + " chained optimizers' buckets")
+                        : std::string("the files hold chained optimizers' buckets (chained_<i>.), where the args give ") +
+                              (grid.experts > 0 ? "EP=1" : "no experts") + " and Megatron-LM builds one optimizer");
+  for (int chain : chains)
+    for (int d = 0; d < DomainCount(grid, HoldsOf(chain)); ++d)
+      if (!buffers.count({chain, d}))
+        throw Error("no per_bucket_numel_unpadded of " + DomainWhere(grid, {chain, d}) + ": the files of that model-parallel domain are "
+                    "missing (TP=" + std::to_string(grid.tp) + ", PP=" + std::to_string(grid.pp) +
+                    (HoldsOf(chain) == Holds::Experts ? ", EP=" + std::to_string(grid.ep) + ", expert TP=" + std::to_string(grid.etp) : std::string()) +
+                    " by the args)");
   std::vector<BucketPiece> out;
   for (const auto& [domain, bufs] : buffers) {
-    if (domain >= grid.tp * grid.pp)
-      throw Error("dp_group_idx_" + std::to_string(domain) + " beyond the TP=" + std::to_string(grid.tp) + " x PP=" + std::to_string(grid.pp) +
-                  " domains the args give");
-    const std::string where = "dp_group_idx_" + std::to_string(domain) + " (tp=" + std::to_string(domain % grid.tp) + ", pp=" +
-                              std::to_string(domain / grid.tp) + ")";
-    std::vector<BucketPiece> params = DomainParams(model, grid, domain % grid.tp, domain / grid.tp);
+    const Holds holds = HoldsOf(domain.chain);
+    if (domain.index >= DomainCount(grid, holds))
+      throw Error(DomainName(domain) + " beyond the " + std::to_string(DomainCount(grid, holds)) + " domains the args give (TP=" +
+                  std::to_string(grid.tp) + ", PP=" + std::to_string(grid.pp) +
+                  (holds == Holds::Experts ? ", EP=" + std::to_string(grid.ep) + ", expert TP=" + std::to_string(grid.etp) : std::string()) + ")");
+    const std::string where = DomainWhere(grid, domain);
+    std::vector<BucketPiece> params = DomainParams(model, grid, holds, domain.index);
     std::vector<bool> placed(params.size(), false);
     for (size_t b = 0; b < bufs.size(); ++b) {
       const GradBuffer& buf = bufs[b];
@@ -234,7 +326,7 @@ std::vector<BucketPiece> LayOutBuckets(const std::vector<const Item*>& model, co
           throw Error(where + " gbuf_idx_" + std::to_string(b) + ": " + Where(p, item.size, Stacked(p.fqn)) + " lies past the " +
                       std::to_string(buf.unpadded.size()) + " recorded buckets: the parameters computed for this domain are more "
                       "than its buffer holds (a model tensor that is not a trained parameter: a buffer, a frozen weight?)");
-        p.start = Pad64(pos), p.domain = domain, p.gbuf = static_cast<int>(b), p.bucket = static_cast<int>(k);
+        p.start = Pad64(pos), p.chain = domain.chain, p.domain = domain.index, p.gbuf = static_cast<int>(b), p.bucket = static_cast<int>(k);
         if (p.start + n > buf.unpadded[k])
           throw Error(bucket + ": " + Where(p, item.size, Stacked(p.fqn)) + " would end at element " + std::to_string(p.start + n) +
                       ", past the bucket's recorded " + std::to_string(buf.unpadded[k]) + " (per_bucket_numel_unpadded): the layout "

@@ -263,7 +263,7 @@ class Parameters {
           for (int s = 0; s < 3; ++s) {
             auto it = st.find(s == 0 ? "param" : kStateNames[s]);
             if (it == st.end())
-              throw Error("its bucket (dp_group_idx_" + std::to_string(piece->domain) + " gbuf_idx_" + std::to_string(piece->gbuf) +
+              throw Error("its bucket (" + DomainName({piece->chain, piece->domain}) + " gbuf_idx_" + std::to_string(piece->gbuf) +
                           " bucket_idx_" + std::to_string(piece->bucket) + ") has no '" + (s == 0 ? "param" : kStateNames[s]) +
                           "' tensor (ucp reads the fp32 master, exp_avg and exp_avg_sq of Adam)");
             item[s] = it->second;
@@ -482,22 +482,25 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
                     "not written yet)");
 }
 
-// The dp_reshardable form's saved objects, per model-parallel domain: its buffers' bucket sizes, and
-// its torch optimizer's param groups holding the step (into `mc`; every domain's step must agree).
-std::map<int, std::vector<GradBuffer>> ReadBucketObjects(Files& files, const Metadata& M, MegatronCore& mc, SourceIndex& L) {
-  static const std::regex object(R"(^optimizer\.distributed\.dp_group_idx_(\d{1,6})\.(\w+)/shard_[0-9_.]+$)");
-  std::map<int, std::map<std::string, pt::ValuePtr>> saved;
+// The dp_reshardable form's saved objects, per model-parallel domain of each optimizer (one, or a
+// chain's): its buffers' bucket sizes, and its torch optimizer's param groups holding the step (into
+// `mc`: the chain's groups in its order, each optimizer's the same in all its domains, one step in all).
+std::map<BucketDomain, std::vector<GradBuffer>> ReadBucketObjects(Files& files, const Metadata& M, MegatronCore& mc, SourceIndex& L) {
+  static const std::regex object(R"(^(?:chained_(\d{1,3})\.)?optimizer\.distributed\.dp_group_idx_(\d{1,6})\.(\w+)/shard_[0-9_.]+$)");
+  std::map<BucketDomain, std::map<std::string, pt::ValuePtr>> saved;
   for (const Item& item : M.items) {
     std::smatch m;
     if (item.tensor || !std::regex_match(item.fqn, m, object)) continue;
     int file = -1;
-    saved[std::stoi(m[1])][m[2]] = WithContext(L.dir + ": '" + item.fqn + "'", [&] { return files.Archive(item.storage.at(0), &file, true).root; });
+    const BucketDomain d{m[1].matched ? std::stoi(m[1]) : -1, std::stoi(m[2])};
+    saved[d][m[3]] = WithContext(L.dir + ": '" + item.fqn + "'", [&] { return files.Archive(item.storage.at(0), &file, true).root; });
   }
-  std::map<int, std::vector<GradBuffer>> buffers;
+  std::map<BucketDomain, std::vector<GradBuffer>> buffers;
+  std::map<int, std::pair<BucketDomain, pt::ValuePtr>> groups_of;  // each optimizer's param groups, from its first domain
   for (const auto& entry : saved) {  // (not a structured binding: a lambda below uses it, which clang 14 refuses)
-    const int domain = entry.first;
+    const BucketDomain domain = entry.first;
     const std::map<std::string, pt::ValuePtr>& objects = entry.second;
-    const std::string where = L.dir + ": optimizer.distributed.dp_group_idx_" + std::to_string(domain);
+    const std::string where = L.dir + ": " + DomainName(domain);
     WithContext(where, [&] {
       for (const char* name : {"per_bucket_numel", "per_bucket_numel_unpadded", "optimizer"})
         if (!objects.count(name) || !objects.at(name)) throw Error(std::string("no '") + name + "' object saved");
@@ -509,15 +512,26 @@ std::map<int, std::vector<GradBuffer>> ReadBucketObjects(Files& files, const Met
       std::vector<pt::ValuePtr> steps;
       for (const auto& g : groups->items)
         if (auto step = g ? g->Get("step") : nullptr) steps.push_back(step);
-      if (!mc.param_groups) {
-        mc.param_groups = groups, mc.steps = steps;
-      } else if (groups->items.size() != mc.param_groups->items.size() || steps.size() != mc.steps.size() ||
-                 (!steps.empty() && pt::StepValue(*steps[0]) != pt::StepValue(*mc.steps[0]))) {
-        throw Error("its param groups or step differ from dp_group_idx_" + std::to_string(saved.begin()->first) +
-                    "'s: the domains are of different saves");
+      auto first = groups_of.find(domain.chain);
+      if (first == groups_of.end()) {
+        groups_of[domain.chain] = {domain, groups};
+        mc.steps.insert(mc.steps.end(), steps.begin(), steps.end());
+      } else if (groups->items.size() != first->second.second->items.size()) {
+        throw Error("its " + std::to_string(groups->items.size()) + " param groups differ from " + DomainName(first->second.first) + "'s " +
+                    std::to_string(first->second.second->items.size()) + ": the domains are of different saves");
       }
+      for (const auto& step : steps)
+        if (pt::StepValue(*step) != pt::StepValue(*mc.steps[0]))
+          throw Error("its step " + std::to_string(pt::StepValue(*step)) + " differs from " + DomainName(saved.begin()->first) + "'s " +
+                      std::to_string(pt::StepValue(*mc.steps[0])) + ": the domains are of different saves");
     });
   }
+  auto list = Value::Make(Value::Kind::List);  // the chain's groups in its order (dense, then expert), as a chain's common.pt gives them
+  for (const auto& [chain, first] : groups_of) {
+    list->items.insert(list->items.end(), first.second->items.begin(), first.second->items.end());
+    if (chain >= 0) mc.chained.push_back(static_cast<int64_t>(first.second->items.size()));
+  }
+  if (!groups_of.empty()) mc.param_groups = list;
   return buffers;
 }
 
@@ -671,7 +685,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     L.errors.push_back(dir + ": '" + bucket_flat[0] + "' and " + std::to_string(bucket_flat.size() - 1) + " more: Megatron-Core's "
                        "distributed optimizer state in its dp_reshardable form (bucket-flat, laid out by Megatron's gradient "
                        "buckets) is not read yet; save with the fully_reshardable form (--dist-ckpt-optim-fully-reshardable)");
-  std::map<int, std::vector<GradBuffer>> buffers;
+  std::map<BucketDomain, std::vector<GradBuffer>> buffers;
   if (buckets) buffers = ReadBucketObjects(files, M, *mcore, L);
   std::map<std::string, int> group_of;
   if (mcore) {
@@ -689,20 +703,20 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   if (buckets) {  // the dp_reshardable form: every model tensor's state in the buckets, by the layout proven here
     if (!states.empty())
       throw Error(dir + ": per-parameter optimizer state ('optimizer.state.*') beside the dp_reshardable buckets: two forms in one save");
-    std::map<std::tuple<int, int, int>, std::map<std::string, const Item*>> bucket_items;
+    std::map<std::tuple<int, int, int, int>, std::map<std::string, const Item*>> bucket_items;
     for (const Item& item : M.items)
-      if (auto k = item.tensor ? ParseBucketKey(item.fqn) : std::nullopt) bucket_items[{k->domain, k->gbuf, k->bucket}][k->state] = &item;
+      if (auto k = item.tensor ? ParseBucketKey(item.fqn) : std::nullopt) bucket_items[{k->chain, k->domain, k->gbuf, k->bucket}][k->state] = &item;
       else if (item.tensor && MegatronKeyOf(item.fqn, true).kind == MegatronKey::BucketFlat)
         throw Error(dir + ": '" + item.fqn + "': a bucket-flat tensor not named as Megatron-Core 0.17's dp_reshardable form names them");
     std::vector<const Item*> in_order;
     for (const std::string& fqn : model_order) in_order.push_back(model.at(fqn));
-    const std::vector<BucketPiece> pieces = WithContext(dir, [&] { return LayOutBuckets(in_order, GridFromArgs(mcore->args.get(), "the dp_reshardable buckets", kRemedy), buffers); });
+    const std::vector<BucketPiece> pieces = WithContext(dir, [&] { return LayOutBuckets(in_order, GridFromArgs(mcore->args.get(), "the dp_reshardable buckets", kRemedy, true), buffers); });
     std::map<std::string, std::vector<const BucketPiece*>> of;
     for (const BucketPiece& p : pieces) of[p.fqn].push_back(&p);
     static const std::map<std::string, const Item*> none;
     for (const std::string& fqn : model_order)
       parameters.AddBuckets(*model.at(fqn), of[fqn], [&](const BucketPiece& p) -> const std::map<std::string, const Item*>& {
-        auto it = bucket_items.find({p.domain, p.gbuf, p.bucket});
+        auto it = bucket_items.find({p.chain, p.domain, p.gbuf, p.bucket});
         return it == bucket_items.end() ? none : it->second;
       });
   }

@@ -118,17 +118,23 @@ MegatronCore ReadMegatronCore(const std::string& dir) {
       std::vector<std::pair<int64_t, pt::ValuePtr>> parts;
       for (const auto& it : optimizer->AsDict().items()) parts.emplace_back(it.key->i, it.value);
       std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      size_t in_buckets = 0;
       for (const auto& entry : parts) {  // (not a structured binding: a lambda below uses it, which clang 14 refuses)
         const int64_t index = entry.first;
         const pt::ValuePtr& part = entry.second;
         if (!part || part->kind != Value::Kind::Dict) throw Error("optimizer[" + std::to_string(index) + "] is not a dict");
         const size_t before = groups.size();
-        if (!WithContext("optimizer[" + std::to_string(index) + "] of a ChainedOptimizer", [&] { return ReadOneOptimizer(part, mc, groups); }))
-          throw Error("a ChainedOptimizer of distributed optimizers in the dp_reshardable form (Megatron-LM's default at EP > 1): not "
-                      "read yet; save with --dist-ckpt-optim-fully-reshardable");
-        mc.chained.push_back(static_cast<int64_t>(groups.size() - before));
+        if (WithContext("optimizer[" + std::to_string(index) + "] of a ChainedOptimizer", [&] { return ReadOneOptimizer(part, mc, groups); }))
+          mc.chained.push_back(static_cast<int64_t>(groups.size() - before));
+        else
+          ++in_buckets;  // its param groups are in the DCP, per domain: counted there
       }
       mc.optimizer_form = "ChainedOptimizer of " + std::to_string(parts.size()) + " (" + mc.optimizer_form + ")";
+      if (in_buckets == parts.size()) {  // Megatron-LM's default at EP > 1: each optimizer's state in its buckets
+        mc.chained.clear(), mc.bucket_flat = true;
+        return;
+      }
+      if (in_buckets > 0) throw Error("a ChainedOptimizer of which some optimizers are in the dp_reshardable form and some not: not one save's");
     } else if (!ReadOneOptimizer(optimizer, mc, groups)) {
       mc.bucket_flat = true;
       return;
@@ -144,6 +150,18 @@ MegatronCore ReadMegatronCore(const std::string& dir) {
   return mc;
 }
 
+namespace {
+
+// `chained_<i>.optimizer.distributed.*`: a chained distributed optimizer's dp_reshardable state.
+bool ChainedDistributed(const std::string& key) {
+  if (key.rfind("chained_", 0) != 0) return false;
+  size_t i = 8;
+  while (i < key.size() && i < 11 && key[i] >= '0' && key[i] <= '9') ++i;
+  return i > 8 && key.compare(i, 23, ".optimizer.distributed.") == 0;
+}
+
+}  // namespace
+
 MegatronKey MegatronKeyOf(const std::string& key, bool tensor) {
   MegatronKey k;
   static const std::string state = "optimizer.state.", distributed = "optimizer.distributed.";
@@ -154,7 +172,7 @@ MegatronKey MegatronKeyOf(const std::string& key, bool tensor) {
       return k;
     }
     k.kind = MegatronKey::OptimizerState, k.state = key.substr(state.size(), dot - state.size()), k.fqn = key.substr(dot + 1);
-  } else if (key.rfind(distributed, 0) == 0) {
+  } else if (key.rfind(distributed, 0) == 0 || ChainedDistributed(key)) {
     k.kind = MegatronKey::BucketFlat;
   } else if (tensor && (key.rfind("optimizer.", 0) == 0 || (key.rfind("chained_", 0) == 0 && key.find(".optimizer.") != std::string::npos))) {
     k.kind = MegatronKey::Unread;  // optimizer state of a form not known here: never read as a model tensor

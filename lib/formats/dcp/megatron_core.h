@@ -24,7 +24,8 @@ struct MegatronCore {
   // each holds, in order; empty for one optimizer.
   std::vector<int64_t> chained;
   // The distributed optimizer's dp_reshardable form: param groups and step are saved per model-parallel
-  // domain inside the DCP (optimizer.distributed.dp_group_idx_<G>.optimizer), not in common.pt.
+  // domain inside the DCP (optimizer.distributed.dp_group_idx_<G>.optimizer, after chained_<i>. in a
+  // chain), not in common.pt; `chained` is then counted from them.
   bool bucket_flat = false;
   std::vector<std::string> common_keys;  // common.pt's top-level keys, for the notes
   pt::ValuePtr args;              // common.pt `args` (Megatron-LM's argparse.Namespace), or nullptr
@@ -42,8 +43,9 @@ bool IsMegatronCore(const std::string& dir);
 MegatronCore ReadMegatronCore(const std::string& dir);
 
 // What a Megatron-Core key is: `optimizer.state.<state>.<key>` (exp_avg, exp_avg_sq; fp32_param, or
-// `param` from the distributed optimizer: the fp32 master copy) is state `state` of parameter `key`; `optimizer.distributed.*` is the
-// distributed optimizer's bucket-flat dp_reshardable state; another `optimizer.*` tensor is Unread (a
+// `param` from the distributed optimizer: the fp32 master copy) is state `state` of parameter `key`;
+// `optimizer.distributed.*` (`chained_<i>.optimizer.distributed.*` in a chain) is the distributed
+// optimizer's bucket-flat dp_reshardable state; another `optimizer.*` tensor is Unread (a
 // form not known here: refused, never taken for a model tensor); any other tensor key is the model's.
 struct MegatronKey {
   enum { Model, OptimizerState, BucketFlat, Unread, Other } kind = Other;

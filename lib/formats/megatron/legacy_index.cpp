@@ -344,7 +344,7 @@ void DistributedState(SourceIndex& L, const std::vector<Rank>& ranks, const Mode
     std::array<pt::TensorView, 3> state;  // param, exp_avg, exp_avg_sq
     std::vector<int64_t> base;            // each bucket's first element in them
   };
-  std::map<int, std::vector<dcp::GradBuffer>> buffers;
+  std::map<dcp::BucketDomain, std::vector<dcp::GradBuffer>> buffers;  // one optimizer's (chain -1)
   std::map<std::pair<int, int>, Buffer> flat;  // (domain, gbuf)
   std::map<int, size_t> rank_of;               // domain -> rank
   for (size_t ri = 0; ri < ranks.size(); ++ri) {
@@ -361,8 +361,8 @@ void DistributedState(SourceIndex& L, const std::vector<Rank>& ranks, const Mode
       throw Error(where + ": no 'buckets_coalesced': True (the per-bucket form of earlier Megatron-LM releases is not read yet)");
     for (const auto& e : root.AsDict().items()) {
       if (e.key && e.key->kind == Value::Kind::Str) continue;
-      if (!e.key || e.key->kind != Value::Kind::Int || e.key->i != static_cast<int64_t>(buffers[domain].size()))
-        throw Error(where + ": a key " + (e.key ? pt::ScalarKey(*e.key) : "null") + " where grad buffer " + std::to_string(buffers[domain].size()) + " was expected");
+      if (!e.key || e.key->kind != Value::Kind::Int || e.key->i != static_cast<int64_t>(buffers[dcp::BucketDomain{-1, domain}].size()))
+        throw Error(where + ": a key " + (e.key ? pt::ScalarKey(*e.key) : "null") + " where grad buffer " + std::to_string(buffers[dcp::BucketDomain{-1, domain}].size()) + " was expected");
       const int gbuf = static_cast<int>(e.key->i);
       if (!e.value || e.value->kind != Value::Kind::Dict || e.value->AsDict().size() != 1)
         throw Error(where + ": grad buffer " + std::to_string(gbuf) + " is not one {(param dtype, grad dtype): state}");
@@ -390,7 +390,7 @@ void DistributedState(SourceIndex& L, const std::vector<Rank>& ranks, const Mode
         buf.state[s] = Float32(*v, where + ": grad buffer " + std::to_string(gbuf) + " '" + names[s] + "'", {recorded->i});
       }
       flat[{domain, gbuf}] = buf;
-      buffers[domain].push_back(b);
+      buffers[dcp::BucketDomain{-1, domain}].push_back(b);
     }
   }
   const std::vector<dcp::BucketPiece> pieces = WithContext(L.dir, [&] { return dcp::LayOutBuckets(items, grid, buffers); });

@@ -111,17 +111,20 @@ MOE_ARGS = CASE == "moe_tp2_ep2_logits"
 # metadata Megatron-LM's save_checkpoint gives sharded_state_dict (_build_sharded_state_dict_metadata:
 # chained_optim_avoid_prefix) and its content_metadata. moe_ep1_dp2: the same at EP 1 (DP 2), where the experts
 # are not expert-parallel and get_megatron_optimizer builds one FP32Optimizer of Megatron's 2 default groups.
-MEGATRON_OPT = CASE in ("moe_ep2_chained", "moe_ep1_dp2")
+# moe_ep2_dp4_distopt_bf16: the usual bf16 MoE run at EP > 1: DDP, then get_megatron_optimizer with the distributed
+# optimizer, which chains a dense DistributedOptimizer (its buckets over the DP group of 4) and an expert one (over
+# the expert DP group of 2), saved in both forms as the other distopt cases (checkpoint/, checkpoint_dp_reshardable/)
+MEGATRON_OPT = CASE in ("moe_ep2_chained", "moe_ep1_dp2", "moe_ep2_dp4_distopt_bf16")
 FROM_ARGS = GPT or MOE_ARGS
 TIED = CASE.endswith("_tied")  # gpt_tp2_tied: the output layer is the word embedding (no --untie-embeddings-and-output-weights)
 # The legacy form beside: the Llama distributed-optimizer cases, and llama_tp2_legacy (an FP32Optimizer
 # at TP=2 like llama_tp2, smaller; llama_tp2 itself is not regenerated: a rerun here changes its low bits).
-LEGACY = ((BOTH and not GPT) or CASE.endswith("_legacy") or MOE_ARGS) and not BENCH
+LEGACY = ((BOTH and not GPT and not MEGATRON_OPT) or CASE.endswith("_legacy") or MOE_ARGS) and not BENCH
 BF16 = (DISTOPT and not CASE.endswith("fp32") and not BUCKETS) or FLOAT16
 TP = 2 if "tp2" in CASE else 1
 PP = 2 if "pp2" in CASE else 1
 EP = 1 if "_ep1" in CASE else 2 if CASE.startswith("moe") else 1  # experts over the 2 ranks: the global-expert axis
-DP = 2 if "dp2" in CASE or CASE.startswith("moe") else 1
+DP = 4 if "dp4" in CASE else 2 if "dp2" in CASE or CASE.startswith("moe") else 1
 WORLD = TP * PP * DP
 # Sizes: the distributed optimizer's new cases are smaller (each folder holds three copies of the state).
 LAYERS, HEADS, GROUPS, OVERLAP = 4, 4, 2, False  # OVERLAP: overlap_grad_reduce with DDP's default bucket_size
@@ -371,6 +374,7 @@ def layout(model, ddp, chained):
     return {"rank": dist.get_rank(), "ddp_overlap_grad_reduce": ddp.ddp_config.overlap_grad_reduce,
             "ddp_bucket_size": ddp.bucket_size, "tp_rank": ps.get_tensor_model_parallel_rank(),
             "pp_rank": ps.get_pipeline_model_parallel_rank(), "dp_rank": ps.get_data_parallel_rank(),
+            "ep_rank": ps.get_expert_model_parallel_rank(), "expert_dp_rank": ps.get_expert_data_parallel_rank(),
             "optimizers": [one_layout(opt, param_to_name, sharded, key) for opt in distributed_optimizers(chained)]}
 
 
@@ -439,7 +443,7 @@ def trained_boxes(model, chained):
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     names = {p: n for n, p in model.named_parameters()}
-    owned = []
+    owned = {False: [], True: []}  # by whether the parameter is an expert's (expert-parallel: its shards over the expert DP group)
     for opt in distributed_optimizers(chained):
         for ranges in opt.gbuf_ranges:
             for buckets in ranges.values():
@@ -447,10 +451,12 @@ def trained_boxes(model, chained):
                     for p, r in bucket["param_map"].items():
                         for k, v in opt._get_main_param_and_optimizer_states(p).items():
                             if k != "step":
-                                owned.append((names[p], k, r["param"].start, r["param"].end, v.detach().clone()))
-    group = parallel_state.get_data_parallel_group()
-    every = [None] * group.size()
-    dist.all_gather_object(every, owned, group=group)
+                                owned[not getattr(p, "allreduce", True)].append((names[p], k, r["param"].start, r["param"].end, v.detach().clone()))
+    every = []
+    for expert, group in ((False, parallel_state.get_data_parallel_group()), (True, parallel_state.get_expert_data_parallel_group())):
+        got = [None] * group.size()
+        dist.all_gather_object(got, owned[expert], group=group)
+        every += got
     whole = {}
     for name, k, start, end, v in (x for o in every for x in o):
         shape = dict(model.named_parameters())[name].shape
@@ -930,7 +936,7 @@ def worker(rank, world):
         if FLOAT16:  # as Megatron-LM's save_checkpoint: its metadata for sharded_state_dict, its content_metadata
             float16_checks(model, ddp, opt, adam, state)
             return
-        if MEGATRON_OPT:  # as Megatron-LM's save_checkpoint: its metadata for sharded_state_dict, its content_metadata
+        if MEGATRON_OPT and not DISTOPT:  # as Megatron-LM's save_checkpoint: its metadata for sharded_state_dict, its content_metadata
             from megatron.training.checkpointing import _build_sharded_state_dict_metadata
             from megatron.core.dist_checkpointing.utils import _clean_metadata_for_serialization
             args = megatron_args()
@@ -1059,7 +1065,15 @@ def references():
     torch.save(full, os.path.join(OUT, CASE, "reference.pt"))
     common = torch.load(os.path.join(CKPT, "common.pt"), weights_only=False)
     optimizer = common["optimizer"]
-    if all(isinstance(k, int) for k in optimizer):  # a ChainedOptimizer's: {index: each optimizer's own}
+    if all(isinstance(k, int) for k in optimizer) and "param_state_sharding_type" in optimizer[0]:  # a chain of distributed optimizers
+        torch_states = [optimizer[k]["optimizer"] for k in sorted(optimizer)]
+        groups = [g for t in torch_states for g in t["param_groups"]]
+        steps = {g["step"] for g in groups}  # the chain synchronises its optimizers' steps: one
+        assert len(steps) == 1, steps
+        step = {"chained": [len(t["param_groups"]) for t in torch_states], "step": groups[0]["step"],
+                "step_type": type(groups[0]["step"]).__name__,
+                "param_state_sharding_type": [optimizer[k]["param_state_sharding_type"] for k in sorted(optimizer)]}
+    elif all(isinstance(k, int) for k in optimizer):  # a ChainedOptimizer's: {index: each optimizer's own}
         groups = [g for k in sorted(optimizer) for g in optimizer[k]["param_groups"]]
         steps = [optimizer[k]["state"]["common_step"] for k in sorted(optimizer)]
         step = {"chained": [len(optimizer[k]["param_groups"]) for k in sorted(optimizer)],
