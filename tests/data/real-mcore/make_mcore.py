@@ -114,7 +114,8 @@ MOE_ARGS = CASE == "moe_tp2_ep2_logits"
 # moe_ep2_dp4_distopt_bf16: the usual bf16 MoE run at EP > 1: DDP, then get_megatron_optimizer with the distributed
 # optimizer, which chains a dense DistributedOptimizer (its buckets over the DP group of 4) and an expert one (over
 # the expert DP group of 2), saved in both forms as the other distopt cases (checkpoint/, checkpoint_dp_reshardable/)
-MEGATRON_OPT = CASE in ("moe_ep2_chained", "moe_ep1_dp2", "moe_ep2_dp4_distopt_bf16")
+# moe_ep1_dp2_distopt_bf16: the same at EP 1, where one DistributedOptimizer holds the experts in the dense buckets
+MEGATRON_OPT = CASE in ("moe_ep2_chained", "moe_ep1_dp2", "moe_ep2_dp4_distopt_bf16", "moe_ep1_dp2_distopt_bf16")
 FROM_ARGS = GPT or MOE_ARGS
 TIED = CASE.endswith("_tied")  # gpt_tp2_tied: the output layer is the word embedding (no --untie-embeddings-and-output-weights)
 # The legacy form beside: the Llama distributed-optimizer cases, and llama_tp2_legacy (an FP32Optimizer
