@@ -51,8 +51,14 @@ SOURCES = [
     ("moe_ep2_chained", "moe_ep2_chained/checkpoint", [(1, 1, 1, 1), (1, 2, 2), (2, 1, 2, 2), (1, 1, 4, 4)]),
     # Megatron-LM's own optimizer at EP 1 (one, 2 groups), at EP > 1: the chain, its expert group made as Megatron-Core builds it
     ("moe_ep1_dp2", "moe_ep1_dp2/checkpoint", [(1, 1, 2, 2), (2, 1, 2, 2), (1, 2, 4, 4)]),
+    # Megatron-LM's default bf16 MoE run, from its dp_reshardable save: a chain of distributed optimizers at EP 2, one at EP 1
+    ("moe_ep2_dp4_distopt_bf16", "moe_ep2_dp4_distopt_bf16/checkpoint_dp_reshardable", [(1, 1, 2, 2), (2, 1, 2, 2), (1, 1, 2, 1), (1, 2, 2, 2)]),
+    ("moe_ep1_dp2_distopt_bf16", "moe_ep1_dp2_distopt_bf16/checkpoint_dp_reshardable", [(1, 1, 2, 2), (1, 2, 4, 4)]),
 ]
-SOURCE_EP = {"moe_tp2_ep2_logits": 2, "moe_ep2": 2, "moe_ep2_chained": 2, "moe_ep1_dp2": 1}
+SOURCE_EP = {"moe_tp2_ep2_logits": 2, "moe_ep2": 2, "moe_ep2_chained": 2, "moe_ep1_dp2": 1, "moe_ep2_dp4_distopt_bf16": 2,
+             "moe_ep1_dp2_distopt_bf16": 1}
+# The sources whose job ran Megatron-LM's own get_megatron_optimizer: at EP > 1 it chains a dense and an expert optimizer
+MEGATRON_OPTIMIZER = ("moe_ep2_chained", "moe_ep1_dp2", "moe_ep2_dp4_distopt_bf16", "moe_ep1_dp2_distopt_bf16")
 
 
 def with_expert_groups(groups):
@@ -126,7 +132,7 @@ for label, folder, layouts in SOURCES:
         check(f"{label} -> {layout}: the output root converts back, its tracker's iteration read", r.returncode == 0 and
               "is a Megatron-LM checkpoint root: reading " + os.path.join(out, "iter_0000003") in r.stderr, r.stderr[-1500:])
         if label in SOURCE_EP:  # Megatron-LM's chain of a dense and an expert optimizer where its job builds one
-            chain = label in ("moe_ep2_chained", "moe_ep1_dp2") and ep > 1
+            chain = label in MEGATRON_OPTIMIZER and ep > 1
             check(f"{label} -> {layout}: " + ("a ChainedOptimizer of 2 in common.pt" if chain else "one optimizer in common.pt"),
                   r.returncode == 0 and ("optimizer: ChainedOptimizer of 2" in r.stderr) == chain, r.stderr[-1500:])
         if r.returncode == 0:

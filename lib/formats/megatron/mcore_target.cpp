@@ -585,10 +585,9 @@ McoreJob OwnJob(const reshard::Source& S, const reshard::ExportOptions& o, const
     j.notes.push_back("the optimizer's state as Megatron-LM's ChainedOptimizer at EP > 1 (get_megatron_optimizer): a dense and an expert "
                       "optimizer" + std::string(twins.empty() ? " (the source's)" : "; the experts' groups made from the source's EP 1 groups, "
                       "as Megatron-Core's default rule builds them at EP > 1"));
-  if (chained && j.form != Form::Fp32)  // what the real loads checked: FP32Optimizer chains (tests/data/real-mcore)
-    j.notes.push_back(std::string("the chain of ") + (j.form == Form::Distributed ? "distributed" : "mixed-precision") + " optimizers is written "
-                      "as Megatron-LM 0.17 saves it, but ucp's tests have loaded chains of FP32Optimizers only: check the resumed job's "
-                      "first losses");
+  if (chained && j.form == Form::Mixed)  // what the real loads checked: FP32Optimizer and DistributedOptimizer chains (tests/data/real-mcore)
+    j.notes.push_back("the chain of mixed-precision optimizers is written as Megatron-LM 0.17 saves it, but ucp's tests have loaded "
+                      "chains of FP32Optimizers and of distributed optimizers only: check the resumed job's first losses");
   j.model = "Megatron-Core GPTModel, " + g.text();
   const bool legacy = S.manifest["source"].value("framework", std::string()) == "megatron-lm";
   j.notes.push_back("launch Megatron-LM on " + std::to_string(g.tp * g.pp * g.dp) + " GPUs with the job's flags and --tensor-model-parallel-size " +

@@ -45,6 +45,10 @@ OUTPUTS = {
     "moe_ep2_chained": ("moe_ep2_chained", False, ["tp1_pp1_dp1", "tp1_pp2_dp2_ep2", "tp2_pp1_dp2_ep2", "tp1_pp1_dp4_ep4"]),
     # Megatron-LM's own optimizer at EP 1 (one FP32Optimizer, 2 groups), written at EP > 1 as the chain Megatron-LM builds there
     "moe_ep1_dp2": ("moe_ep1_dp2", False, ["tp1_pp1_dp2_ep2", "tp2_pp1_dp2_ep2", "tp1_pp2_dp4_ep4"]),
+    # Megatron-LM's default bf16 MoE run (the distributed optimizer; a chain of two at EP > 1), converted from its
+    # dp_reshardable save: the chain of distributed optimizers again at EP > 1, one at EP 1
+    "moe_ep2_dp4_distopt_bf16": ("moe_ep2_dp4_distopt_bf16", False, ["tp1_pp1_dp2_ep2", "tp2_pp1_dp2_ep2", "tp1_pp1_dp2", "tp1_pp2_dp2_ep2"]),
+    "moe_ep1_dp2_distopt_bf16": ("moe_ep1_dp2_distopt_bf16", False, ["tp1_pp1_dp2_ep2", "tp1_pp2_dp4_ep4"]),
     # Megatron-LM's own --no-save-optim save (gpt_tp2_pp2_bf16_legacy/checkpoint_weights_only as
     # <root>/iter_0000003), loaded with the job's default flags: recorded under the top-level key, not "outputs"
     "megatron_own_weights_only": ("gpt_tp2_pp2_bf16_legacy", True, ["tp1_pp2_dp1"]),
