@@ -115,7 +115,10 @@ MOE_ARGS = CASE == "moe_tp2_ep2_logits"
 # optimizer, which chains a dense DistributedOptimizer (its buckets over the DP group of 4) and an expert one (over
 # the expert DP group of 2), saved in both forms as the other distopt cases (checkpoint/, checkpoint_dp_reshardable/)
 # moe_ep1_dp2_distopt_bf16: the same at EP 1, where one DistributedOptimizer holds the experts in the dense buckets
-MEGATRON_OPT = CASE in ("moe_ep2_chained", "moe_ep1_dp2", "moe_ep2_dp4_distopt_bf16", "moe_ep1_dp2_distopt_bf16")
+# moe_tp2_ep2_distopt_bf16, moe_pp2_ep2_distopt_bf16: the chain at TP=2 (expert TP 2) and at PP=2, each x DP=2
+# (expert DP 1), with seeded gradients (SEEDED)
+MEGATRON_OPT = CASE in ("moe_ep2_chained", "moe_ep1_dp2", "moe_ep2_dp4_distopt_bf16", "moe_ep1_dp2_distopt_bf16",
+                        "moe_tp2_ep2_distopt_bf16", "moe_pp2_ep2_distopt_bf16")
 FROM_ARGS = GPT or MOE_ARGS
 TIED = CASE.endswith("_tied")  # gpt_tp2_tied: the output layer is the word embedding (no --untie-embeddings-and-output-weights)
 # The legacy form beside: the Llama distributed-optimizer cases, and llama_tp2_legacy (an FP32Optimizer
@@ -127,6 +130,9 @@ PP = 2 if "pp2" in CASE else 1
 EP = 1 if "_ep1" in CASE else 2 if CASE.startswith("moe") else 1  # experts over the 2 ranks: the global-expert axis
 DP = 4 if "dp4" in CASE else 2 if "dp2" in CASE or CASE.startswith("moe") else 1
 WORLD = TP * PP * DP
+# Seeded gradients instead of a loss: no pipeline schedule on CPU (PP > 1); Megatron-Core refuses to train its MoE
+# layer at TP > 1 without sequence parallelism, which the local spec's torch norms refuse (see MOE_ARGS in worker)
+SEEDED = PP > 1 or (CASE.startswith("moe") and TP > 1)
 # Sizes: the distributed optimizer's new cases are smaller (each folder holds three copies of the state).
 LAYERS, HEADS, GROUPS, OVERLAP = 4, 4, 2, False  # OVERLAP: overlap_grad_reduce with DDP's default bucket_size
 if BENCH:  # the benchmark's sizes: 86 M parameters by default, a checkpoint_dp_reshardable/ of 1.2 GB
@@ -847,7 +853,7 @@ def worker(rank, world):
         # FLOAT16 (TP=2): the TP-sharded parameters' seeded gradients differ per TP rank (their shards would
         # otherwise stay equal: zero-initialised biases); the replicated ones (LayerNorm, row-parallel biases,
         # position embeddings) take g, the same on both TP ranks, and stay equal
-        g_tp = torch.Generator().manual_seed(1007 + 100 * tp_rank) if FLOAT16 or MOE_ARGS else g
+        g_tp = torch.Generator().manual_seed(1007 + 100 * tp_rank) if FLOAT16 or MOE_ARGS or (DISTOPT and CASE.startswith("moe")) else g
         # MOE_ARGS: the experts' seeded gradients from one generator per expert shard (EP rank, expert TP rank)
         g_ex = torch.Generator().manual_seed(2007 + 100 * parallel_state.get_expert_model_parallel_rank()
                                              + parallel_state.get_expert_tensor_parallel_rank()) if MOE_ARGS else None
@@ -870,7 +876,7 @@ def worker(rank, world):
                     gen = g_ex if not getattr(p, "allreduce", True) else g_tp if getattr(p, "tensor_model_parallel", False) else g
                     p.grad = torch.randn(p.shape, generator=gen) * 1e-2
                 loss = torch.tensor(0.0)
-            elif PP == 1:
+            elif not SEEDED:
                 pos_ids = torch.arange(16).unsqueeze(0).expand(2, 16)
                 mask = torch.triu(torch.ones(1, 1, 16, 16), diagonal=1).bool()  # causal, given: the default is made on cuda
                 loss = forward(tokens, pos_ids, mask, labels=labels).float().mean()
@@ -891,7 +897,7 @@ def worker(rank, world):
                 opt.step()
             else:
                 adam.step()
-            print(f"[{rank}] step {step + 1} loss {loss.item():.6f}" + (" (seeded gradients, no loss)" if (PP > 1 and ddp is not None) or MOE_ARGS else ""), flush=True)
+            print(f"[{rank}] step {step + 1} loss {loss.item():.6f}" + (" (seeded gradients, no loss)" if (SEEDED and ddp is not None) or MOE_ARGS else ""), flush=True)
         if (PP == 1 and not DISTOPT and not LEGACY) or MOE_ARGS:  # the training model's own logits on a fixed batch: what a Hugging Face export must give
             model.eval()
             ids = (torch.arange(2 * 16).view(2, 16) * 37 + 11) % (VOCAB if MOE_ARGS or MEGATRON_OPT else 128)
