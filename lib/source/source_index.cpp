@@ -122,7 +122,8 @@ std::string LayoutWords(const SourceIndex& L) {
     const std::string job = MegatronLayout(MegatronArgsOf(L));  // what the saving job ran, where its args say
     const std::string saved_by = job.empty() ? "" : "; saved by a job of " + job;
     if (L.optimizer == "none") return "global tensors in chunks, " + std::to_string(data) + " data file(s); model weights only, " + L.dtype + saved_by;
-    return "global tensors in chunks, " + std::to_string(data) + " data file(s); optimizer state per parameter" + state + saved_by;
+    return "global tensors in chunks, " + std::to_string(data) + " data file(s); optimizer state " +
+           (L.state_in_buckets ? "in Megatron's gradient buckets" : "per parameter") + state + saved_by;
   }
   std::string s = DataParallelDegrees(L) + " tp=" + std::to_string(L.tp) + " pp=" + std::to_string(L.pp) +
                   (L.moe || L.ep != 1 ? " ep=" + std::to_string(L.ep) : "") + "  ZeRO-" + std::to_string(L.zero_stage) + state;

@@ -106,6 +106,7 @@ struct SourceIndex {
   std::string tag;
   std::string framework;  // the driver's variant: "megatron-deepspeed", "deepspeed"
   std::string optimizer;  // the optimizer that wrote the states: "zero", "bf16_optimizer", "zero3", "torch" (no ZeRO)
+  bool state_in_buckets = false;  // off a grid: the state saved as Megatron's distributed optimizer's gradient buckets, not per parameter
   int zero_stage = 0;
   std::string dtype;  // training dtype: fp16, bf16, fp32
   // dp counts the ranks ZeRO partitions over and the files are numbered by: DP x SP under DeepSpeed

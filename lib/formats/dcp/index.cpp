@@ -741,6 +741,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     std::sort(f.checksummed.begin(), f.checksummed.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
   L.keep_alive = std::make_shared<std::vector<std::shared_ptr<MappedFile>>>(files.mapped_);
   L.dtype = JobDtype(model, states);
+  L.state_in_buckets = buckets;
   if (buckets && !model.empty()) {  // every model tensor has an fp32 master in the buckets: the job's dtype is theirs
     const std::string& d = model.begin()->second->dtype;
     L.dtype = d == "bfloat16" ? "bf16" : d == "float16" ? "fp16" : "fp32";

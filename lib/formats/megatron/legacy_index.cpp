@@ -532,6 +532,7 @@ void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& op
                            !optimizer->At("optimizer").Get("state");
   if (distributed) {
     form = "DistributedOptimizer (distrib_optim.pt)";
+    L.state_in_buckets = true;
     DistributedState(L, ranks, M, grid, args);
     for (const Rank& r : ranks) {  // the step in every param group of every rank's torch state
       auto g = r.model.root->At("optimizer").At("optimizer").Get("param_groups");
