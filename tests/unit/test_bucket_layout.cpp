@@ -162,3 +162,28 @@ TEST_CASE("bucket layout: a chain's expert optimizer holds its EP rank's experts
   e = Refusal([&] { LayOutBuckets({&router, &fc1, &fc2}, g, buffers); });
   CHECK(e.find("chained_1.optimizer.distributed.dp_group_idx_1 (the experts' optimizer: expert tp=0, ep=1, pp=0)") != std::string::npos);
 }
+
+TEST_CASE("bucket layout: expert TP 2 takes each expert's gate and up rows of its rank; experts at PP 2 by stage", "[reader]") {
+  // 2 layers of 4 experts, EP 2, expert TP 2, PP 2 (a layer a stage): the experts' domain etp + 2 (ep + 2 pp).
+  // linear_fc1 [2, 4, 8, 3] saved per (layer, expert) as gate and up halves, each cut in 2 by expert TP:
+  // row chunks 0, 2, 4, 6 of 2 rows; expert TP rank 1 holds rows 2-3 (gate) and 6-7 (up).
+  Item fc1;
+  fc1.fqn = "decoder.layers.mlp.experts.experts.linear_fc1.weight", fc1.tensor = true, fc1.dtype = "bfloat16", fc1.size = {2, 4, 8, 3};
+  for (int64_t l = 0; l < 2; ++l)
+    for (int64_t e = 0; e < 4; ++e)
+      for (int64_t r = 0; r < 8; r += 2) fc1.chunks.push_back({{l, e, r, 0}, {1, 1, 2, 3}});
+  BucketGrid g;
+  g.stage_of_layer = {0, 1}, g.pp = 2, g.tp = 2, g.experts = 4, g.ep = 2, g.etp = 2;
+  std::map<BucketDomain, std::vector<GradBuffer>> buffers;
+  for (int d = 0; d < 4; ++d) buffers[{0, d}] = {Buffer({})};  // the dense domains: no dense parameter here
+  // each expert's part: 12 elements at a multiple of 64, 2 experts a domain: 64 + 12
+  for (int d = 0; d < 8; ++d) buffers[{1, d}] = {Buffer({76})};
+  auto pieces = LayOutBuckets({&fc1}, g, buffers);
+  // domain 7 = etp 1, ep 1, pp 1: layer 1, experts 3 then 2 (reverse), rows 2 and 6 of each
+  std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>> got;  // layer, expert, first box row, second box row, start
+  for (const BucketPiece& p : pieces)
+    if (p.chain == 1 && p.domain == 7) got.emplace_back(p.boxes.at(0).offsets[0], p.boxes[0].offsets[1], p.boxes[0].offsets[2], p.boxes.at(1).offsets[2], p.start);
+  using T = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;
+  CHECK(got == std::vector<T>{{1, 3, 2, 6, 0}, {1, 2, 2, 6, 64}});
+  CHECK(pieces.size() == 16);  // 2 layers x 4 experts x 2 expert TP ranks
+}

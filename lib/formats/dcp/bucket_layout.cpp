@@ -11,15 +11,33 @@ namespace ucp::formats::dcp {
 
 using pt::Value;
 
-std::optional<BucketKey> ParseBucketKey(const std::string& fqn) {
-  static const std::regex key(
-      R"(^(?:chained_(\d{1,3})\.)?optimizer\.distributed\.dp_group_idx_(\d{1,6})\.gbuf_idx_(\d{1,6})\.dtype_\(torch\.(\w+), torch\.(\w+)\)\.bucket_idx_(\d{1,6})\.(\w+)$)");
+bool DistributedOptimizerKey(const std::string& key) {
+  static const std::string distributed = "optimizer.distributed.";
+  if (key.rfind(distributed, 0) == 0) return true;
+  if (key.rfind("chained_", 0) != 0) return false;
+  size_t i = 8;
+  while (i < key.size() && i < 12 && key[i] >= '0' && key[i] <= '9') ++i;
+  return i > 8 && key.compare(i, distributed.size() + 1, "." + distributed) == 0;
+}
+
+std::optional<BucketDomain> ParseDomainPrefix(const std::string& key, std::string* rest) {
+  // Megatron writes the numbers as Python's str(int): no leading zeros, so each domain has one spelling
+  static const std::regex prefix(R"(^(?:chained_(0|[1-9]\d{0,2})\.)?optimizer\.distributed\.dp_group_idx_(0|[1-9]\d{0,5})\.(.+)$)");
   std::smatch m;
-  if (!std::regex_match(fqn, m, key)) return std::nullopt;
+  if (!std::regex_match(key, m, prefix)) return std::nullopt;
+  *rest = m[3];
+  return BucketDomain{m[1].matched ? std::stoi(m[1]) : -1, std::stoi(m[2])};
+}
+
+std::optional<BucketKey> ParseBucketKey(const std::string& fqn) {
+  static const std::regex key(R"(^gbuf_idx_(0|[1-9]\d{0,5})\.dtype_\(torch\.(\w+), torch\.(\w+)\)\.bucket_idx_(0|[1-9]\d{0,5})\.(\w+)$)");
+  std::string rest;
+  const auto domain = ParseDomainPrefix(fqn, &rest);
+  std::smatch m;
+  if (!domain || !std::regex_match(rest, m, key)) return std::nullopt;
   BucketKey k;
-  k.chain = m[1].matched ? std::stoi(m[1]) : -1;
-  k.domain = std::stoi(m[2]), k.gbuf = std::stoi(m[3]), k.param_dtype = m[4], k.grad_dtype = m[5];
-  k.bucket = std::stoi(m[6]), k.state = m[7];
+  k.chain = domain->chain, k.domain = domain->index;
+  k.gbuf = std::stoi(m[1]), k.param_dtype = m[2], k.grad_dtype = m[3], k.bucket = std::stoi(m[4]), k.state = m[5];
   return k;
 }
 
@@ -83,13 +101,27 @@ Holds HoldsOf(int chain) { return chain < 0 ? Holds::All : chain == 0 ? Holds::D
 
 int DomainCount(const BucketGrid& g, Holds holds) { return holds == Holds::Experts ? g.etp * g.ep * g.pp : g.tp * g.pp; }
 
+// A domain's ranks: the model-parallel domain tp + TP pp; the experts' etp + ETP (ep + EP pp).
+struct DomainRanks {
+  int tp = 0, ep = 0, pp = 0;  // tp: the expert TP rank in the experts' domains
+};
+DomainRanks RanksOf(const BucketGrid& g, Holds holds, int index) {
+  if (holds == Holds::Experts) return {index % g.etp, index / g.etp % g.ep, index / (g.etp * g.ep)};
+  return {index % g.tp, 0, index / g.tp};
+}
+
+// The degrees the args give, as the messages say them: "TP=2, PP=1" (and ", EP=2, expert TP=2" for the experts').
+std::string Degrees(const BucketGrid& g, Holds holds) {
+  return "TP=" + std::to_string(g.tp) + ", PP=" + std::to_string(g.pp) +
+         (holds == Holds::Experts ? ", EP=" + std::to_string(g.ep) + ", expert TP=" + std::to_string(g.etp) : std::string());
+}
+
 // A domain as the messages name it: its keys' prefix and its ranks.
 std::string DomainWhere(const BucketGrid& g, const BucketDomain& d) {
-  const int i = d.index;
+  const DomainRanks r = RanksOf(g, HoldsOf(d.chain), d.index);
   if (HoldsOf(d.chain) == Holds::Experts)
-    return DomainName(d) + " (the experts' optimizer: expert tp=" + std::to_string(i % g.etp) + ", ep=" + std::to_string(i / g.etp % g.ep) +
-           ", pp=" + std::to_string(i / (g.etp * g.ep)) + ")";
-  return DomainName(d) + " (tp=" + std::to_string(i % g.tp) + ", pp=" + std::to_string(i / g.tp) + ")";
+    return DomainName(d) + " (the experts' optimizer: expert tp=" + std::to_string(r.tp) + ", ep=" + std::to_string(r.ep) + ", pp=" + std::to_string(r.pp) + ")";
+  return DomainName(d) + " (tp=" + std::to_string(r.tp) + ", pp=" + std::to_string(r.pp) + ")";
 }
 
 // The domain's part of a key among `chunks` (one layer's, or a whole key's): the one chunk of a tensor
@@ -118,8 +150,9 @@ BucketPiece PieceOfItem(const Item& item, const std::vector<const Chunk*>& chunk
 // parameters together (local_experts.<e>.linear_fc1, then .linear_fc2), the EP rank's experts only.
 std::vector<BucketPiece> DomainParams(const std::vector<const Item*>& model, const BucketGrid& g, Holds holds, int index) {
   const bool only_experts = holds == Holds::Experts;
-  const int tp = index % (only_experts ? g.etp : g.tp), pp = index / (only_experts ? g.etp * g.ep : g.tp);
-  const int local = g.experts / std::max(g.ep, 1), first = only_experts ? index / g.etp % g.ep * local : 0;
+  const DomainRanks r = RanksOf(g, holds, index);
+  const int tp = r.tp, pp = r.pp;
+  const int local = g.experts / std::max(g.ep, 1), first = only_experts ? r.ep * local : 0;
   const int count = only_experts ? local : g.experts;
   std::vector<const Item*> pre, layers, post;
   for (const Item* item : model)
@@ -158,6 +191,9 @@ std::vector<BucketPiece> DomainParams(const std::vector<const Item*>& model, con
     bool experts_done = false;
     for (const Item* item : layers) {
       if (Expert(item->fqn)) {
+        if (g.experts == 0)
+          throw Error("'" + item->fqn + "' holds experts, and the args give no num_experts (or the layout was read without them): "
+                      "which expert lies in which bucket is not known");
         if (holds != Holds::Dense && !experts_done) experts(l);
         experts_done = true;
         continue;
@@ -201,7 +237,7 @@ BucketGrid GridFromArgs(const Value* args, const std::string& what, const std::s
   g.tp = static_cast<int>(number("tensor_model_parallel_size", 1));
   g.pp = static_cast<int>(number("pipeline_model_parallel_size", 1));
   const int64_t layers = number("num_layers", -1);
-  if (g.tp < 1 || g.pp < 1 || g.tp > (1 << 16) || g.pp > (1 << 16) || layers < 1 || layers > (1 << 20))
+  if (g.tp < 1 || g.pp < 1 || g.tp > (1 << 16) || g.pp > (1 << 16) || int64_t{g.tp} * g.pp > (1 << 20) || layers < 1 || layers > (1 << 20))
     throw Error("args give TP=" + std::to_string(g.tp) + ", PP=" + std::to_string(g.pp) + ", num_layers=" + std::to_string(layers));
   if (g.pp > 1 && !set("untie_embeddings_and_output_weights"))
     throw Error("tied embeddings with PP=" + std::to_string(g.pp) + ": the last stage's copy of the word embeddings (" + what +
@@ -226,9 +262,12 @@ BucketGrid GridFromArgs(const Value* args, const std::string& what, const std::s
     g.experts = static_cast<int>(number("num_experts", 0));
     g.ep = static_cast<int>(number("expert_model_parallel_size", 1));
     g.etp = static_cast<int>(number("expert_tensor_parallel_size", g.tp));
-    if (g.experts < 1 || g.experts > (1 << 16) || g.ep < 1 || g.etp < 1 || g.ep > (1 << 16) || g.etp > (1 << 16) || g.experts % g.ep != 0)
+    if (g.experts < 1 || g.experts > (1 << 16) || g.ep < 1 || g.etp < 1 || g.ep > (1 << 16) || g.etp > (1 << 16) ||
+        int64_t{g.etp} * g.ep * g.pp > (1 << 20))
       throw Error("args give num_experts=" + std::to_string(g.experts) + ", EP=" + std::to_string(g.ep) + ", expert TP=" + std::to_string(g.etp) +
-                  ": EP must divide the experts");
+                  ": out of range");
+    if (g.experts % g.ep != 0)
+      throw Error("args give num_experts=" + std::to_string(g.experts) + " and EP=" + std::to_string(g.ep) + ": EP does not divide the experts");
     if (g.ep == 1 && g.etp != g.tp)
       throw Error("args give expert TP=" + std::to_string(g.etp) + " and TP=" + std::to_string(g.tp) + " at EP=1: " + what +
                   " of experts at their own TP with no expert parallelism are not read yet; " + remedy);
@@ -240,6 +279,8 @@ std::vector<int64_t> ComputeBucketSizes(const std::vector<const Item*>& model, c
                                         const std::string& dtype, std::optional<int64_t> bucket_size) {
   std::map<std::string, const Item*> by_fqn;
   for (const Item* item : model) by_fqn[item->fqn] = item;
+  if (grid.experts > 0)  // (the legacy reader's: its experts are refused before)
+    throw Error("the bucket sizes of a Mixture-of-Experts model are not computed here: they are read from the files");
   const std::vector<BucketPiece> params = DomainParams(model, grid, Holds::All, domain);
   std::vector<int64_t> sizes;
   int64_t pos = 0;
@@ -282,26 +323,24 @@ std::vector<BucketPiece> LayOutBuckets(const std::vector<const Item*>& model, co
   std::set<int> chains;
   for (const auto& entry : buffers) chains.insert(entry.first.chain);
   const bool chained = grid.experts > 0 && grid.ep > 1;  // Megatron-LM's get_megatron_optimizer chains the experts' own optimizer
+  std::string held;  // what the files hold, in words
+  for (int c : chains) held += (held.empty() ? "" : ", ") + (c < 0 ? std::string("one optimizer's (no prefix)") : "chained_" + std::to_string(c) + ".");
   if (!buffers.empty() && chains != (chained ? std::set<int>{0, 1} : std::set<int>{-1}))
     throw Error(chained ? "the args give EP=" + std::to_string(grid.ep) + " (Mixture of Experts), where Megatron-LM chains a dense and an "
-                          "expert distributed optimizer (chained_0., chained_1.); the files hold " +
-                              (chains.count(-1) ? std::string("one optimizer's buckets") : std::to_string(chains.size()) + " chained optimizers' buckets")
-                        : std::string("the files hold chained optimizers' buckets (chained_<i>.), where the args give ") +
-                              (grid.experts > 0 ? "EP=1" : "no experts") + " and Megatron-LM builds one optimizer");
+                          "expert distributed optimizer (chained_0., chained_1.); the files hold the buckets of " + held
+                        : "the files hold the buckets of " + held + ", where the args give " + (grid.experts > 0 ? "EP=1" : "no experts") +
+                              " and Megatron-LM builds one optimizer");
   for (int chain : chains)
     for (int d = 0; d < DomainCount(grid, HoldsOf(chain)); ++d)
       if (!buffers.count({chain, d}))
         throw Error("no per_bucket_numel_unpadded of " + DomainWhere(grid, {chain, d}) + ": the files of that model-parallel domain are "
-                    "missing (TP=" + std::to_string(grid.tp) + ", PP=" + std::to_string(grid.pp) +
-                    (HoldsOf(chain) == Holds::Experts ? ", EP=" + std::to_string(grid.ep) + ", expert TP=" + std::to_string(grid.etp) : std::string()) +
-                    " by the args)");
+                    "missing (" + Degrees(grid, HoldsOf(chain)) + " by the args)");
   std::vector<BucketPiece> out;
   for (const auto& [domain, bufs] : buffers) {
     const Holds holds = HoldsOf(domain.chain);
     if (domain.index >= DomainCount(grid, holds))
-      throw Error(DomainName(domain) + " beyond the " + std::to_string(DomainCount(grid, holds)) + " domains the args give (TP=" +
-                  std::to_string(grid.tp) + ", PP=" + std::to_string(grid.pp) +
-                  (holds == Holds::Experts ? ", EP=" + std::to_string(grid.ep) + ", expert TP=" + std::to_string(grid.etp) : std::string()) + ")");
+      throw Error(DomainName(domain) + " beyond the " + std::to_string(DomainCount(grid, holds)) + " domains the args give (" +
+                  Degrees(grid, holds) + ")");
     const std::string where = DomainWhere(grid, domain);
     std::vector<BucketPiece> params = DomainParams(model, grid, holds, domain.index);
     std::vector<bool> placed(params.size(), false);

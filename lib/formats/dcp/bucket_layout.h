@@ -24,6 +24,14 @@
 
 namespace ucp::formats::dcp {
 
+// Whether a key is the distributed optimizer's bucket-flat state or objects: `optimizer.distributed.*`,
+// `chained_<i>.optimizer.distributed.*` in a chain.
+bool DistributedOptimizerKey(const std::string& key);
+
+struct BucketDomain;
+// `[chained_<i>.]optimizer.distributed.dp_group_idx_<G>.<rest>`: the domain, and `rest`; nullopt otherwise.
+std::optional<BucketDomain> ParseDomainPrefix(const std::string& key, std::string* rest);
+
 // A bucket-flat tensor key, parsed.
 struct BucketKey {
   int chain = -1;  // the optimizer's place in Megatron-LM's chain (its `chained_<i>.` prefix); -1: one optimizer

@@ -486,17 +486,29 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
 // chain's): its buffers' bucket sizes, and its torch optimizer's param groups holding the step (into
 // `mc`: the chain's groups in its order, each optimizer's the same in all its domains, one step in all).
 std::map<BucketDomain, std::vector<GradBuffer>> ReadBucketObjects(Files& files, const Metadata& M, MegatronCore& mc, SourceIndex& L) {
-  static const std::regex object(R"(^(?:chained_(\d{1,3})\.)?optimizer\.distributed\.dp_group_idx_(\d{1,6})\.(\w+)/shard_[0-9_.]+$)");
+  static const std::regex object(R"(^(\w+)/shard_[0-9_.]+$)");
   std::map<BucketDomain, std::map<std::string, pt::ValuePtr>> saved;
   for (const Item& item : M.items) {
+    std::string rest;
     std::smatch m;
-    if (item.tensor || !std::regex_match(item.fqn, m, object)) continue;
+    const auto d = item.tensor ? std::nullopt : ParseDomainPrefix(item.fqn, &rest);
+    if (!d || !std::regex_match(rest, m, object)) continue;
     int file = -1;
-    const BucketDomain d{m[1].matched ? std::stoi(m[1]) : -1, std::stoi(m[2])};
-    saved[d][m[3]] = WithContext(L.dir + ": '" + item.fqn + "'", [&] { return files.Archive(item.storage.at(0), &file, true).root; });
+    saved[*d][m[1]] = WithContext(L.dir + ": '" + item.fqn + "'", [&] { return files.Archive(item.storage.at(0), &file, true).root; });
   }
+  std::set<int> chains, want;  // the chain common.pt declares, and the one the objects are of
+  for (const auto& entry : saved) chains.insert(entry.first.chain);
+  for (int c = 0; c < mc.chain_parts; ++c) want.insert(c);
+  if (mc.chain_parts == 0) want.insert(-1);
+  if (!saved.empty() && chains != want)
+    throw Error(L.dir + ": common.pt holds " + (mc.chain_parts ? "a chain of " + std::to_string(mc.chain_parts) + " optimizers" : std::string("one optimizer")) +
+                ", and the DCP's bucket objects are of " +
+                JoinNames(chains, ", ", [](int c) { return c < 0 ? std::string("one optimizer (no prefix)") : "chained_" + std::to_string(c) + "."; }) +
+                ": not one save's");
   std::map<BucketDomain, std::vector<GradBuffer>> buffers;
   std::map<int, std::pair<BucketDomain, pt::ValuePtr>> groups_of;  // each optimizer's param groups, from its first domain
+  std::map<int, size_t> steps_of;                                    // and how many steps they hold
+  std::optional<std::pair<BucketDomain, pt::ValuePtr>> first_step;   // the first step seen: every one must be it
   for (const auto& entry : saved) {  // (not a structured binding: a lambda below uses it, which clang 14 refuses)
     const BucketDomain domain = entry.first;
     const std::map<std::string, pt::ValuePtr>& objects = entry.second;
@@ -514,16 +526,19 @@ std::map<BucketDomain, std::vector<GradBuffer>> ReadBucketObjects(Files& files, 
         if (auto step = g ? g->Get("step") : nullptr) steps.push_back(step);
       auto first = groups_of.find(domain.chain);
       if (first == groups_of.end()) {
-        groups_of[domain.chain] = {domain, groups};
+        groups_of[domain.chain] = {domain, groups}, steps_of[domain.chain] = steps.size();
         mc.steps.insert(mc.steps.end(), steps.begin(), steps.end());
-      } else if (groups->items.size() != first->second.second->items.size()) {
-        throw Error("its " + std::to_string(groups->items.size()) + " param groups differ from " + DomainName(first->second.first) + "'s " +
-                    std::to_string(first->second.second->items.size()) + ": the domains are of different saves");
+      } else if (groups->items.size() != first->second.second->items.size() || steps.size() != steps_of[domain.chain]) {
+        throw Error("its " + std::to_string(groups->items.size()) + " param groups (" + std::to_string(steps.size()) + " with a step) differ from " +
+                    DomainName(first->second.first) + "'s " + std::to_string(first->second.second->items.size()) + " (" +
+                    std::to_string(steps_of[domain.chain]) + "): the domains are of different saves");
       }
-      for (const auto& step : steps)
-        if (pt::StepValue(*step) != pt::StepValue(*mc.steps[0]))
-          throw Error("its step " + std::to_string(pt::StepValue(*step)) + " differs from " + DomainName(saved.begin()->first) + "'s " +
-                      std::to_string(pt::StepValue(*mc.steps[0])) + ": the domains are of different saves");
+      for (const auto& step : steps) {
+        if (!first_step) first_step = std::make_pair(domain, step);
+        if (pt::StepValue(*step) != pt::StepValue(*first_step->second))
+          throw Error("its step " + std::to_string(pt::StepValue(*step)) + " differs from " + DomainName(first_step->first) + "'s " +
+                      std::to_string(pt::StepValue(*first_step->second)) + ": the domains are of different saves");
+      }
     });
   }
   auto list = Value::Make(Value::Kind::List);  // the chain's groups in its order (dense, then expert), as a chain's common.pt gives them
@@ -684,7 +699,8 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   if (!bucket_flat.empty() && !buckets)
     L.errors.push_back(dir + ": '" + bucket_flat[0] + "' and " + std::to_string(bucket_flat.size() - 1) + " more: Megatron-Core's "
                        "distributed optimizer state in its dp_reshardable form (bucket-flat, laid out by Megatron's gradient "
-                       "buckets) is not read yet; save with the fully_reshardable form (--dist-ckpt-optim-fully-reshardable)");
+                       "buckets), where common.pt does not declare that form (its optimizer's param_state_sharding_type): not one "
+                       "save's, or a form ucp does not know");
   std::map<BucketDomain, std::vector<GradBuffer>> buffers;
   if (buckets) buffers = ReadBucketObjects(files, M, *mcore, L);
   std::map<std::string, int> group_of;

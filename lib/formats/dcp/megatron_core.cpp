@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/format.h"
+#include "formats/dcp/bucket_layout.h"
 #include "pt/torch_file.h"
 
 namespace ucp::formats::dcp {
@@ -131,7 +132,7 @@ MegatronCore ReadMegatronCore(const std::string& dir) {
       }
       mc.optimizer_form = "ChainedOptimizer of " + std::to_string(parts.size()) + " (" + mc.optimizer_form + ")";
       if (in_buckets == parts.size()) {  // Megatron-LM's default at EP > 1: each optimizer's state in its buckets
-        mc.chained.clear(), mc.bucket_flat = true;
+        mc.chained.clear(), mc.bucket_flat = true, mc.chain_parts = static_cast<int>(parts.size());
         return;
       }
       if (in_buckets > 0) throw Error("a ChainedOptimizer of which some optimizers are in the dp_reshardable form and some not: not one save's");
@@ -150,21 +151,9 @@ MegatronCore ReadMegatronCore(const std::string& dir) {
   return mc;
 }
 
-namespace {
-
-// `chained_<i>.optimizer.distributed.*`: a chained distributed optimizer's dp_reshardable state.
-bool ChainedDistributed(const std::string& key) {
-  if (key.rfind("chained_", 0) != 0) return false;
-  size_t i = 8;
-  while (i < key.size() && i < 11 && key[i] >= '0' && key[i] <= '9') ++i;
-  return i > 8 && key.compare(i, 23, ".optimizer.distributed.") == 0;
-}
-
-}  // namespace
-
 MegatronKey MegatronKeyOf(const std::string& key, bool tensor) {
   MegatronKey k;
-  static const std::string state = "optimizer.state.", distributed = "optimizer.distributed.";
+  static const std::string state = "optimizer.state.";
   if (key.rfind(state, 0) == 0) {
     const size_t dot = key.find('.', state.size());
     if (dot == std::string::npos || dot == state.size() || dot + 1 == key.size()) {
@@ -172,7 +161,7 @@ MegatronKey MegatronKeyOf(const std::string& key, bool tensor) {
       return k;
     }
     k.kind = MegatronKey::OptimizerState, k.state = key.substr(state.size(), dot - state.size()), k.fqn = key.substr(dot + 1);
-  } else if (key.rfind(distributed, 0) == 0 || ChainedDistributed(key)) {
+  } else if (DistributedOptimizerKey(key)) {
     k.kind = MegatronKey::BucketFlat;
   } else if (tensor && (key.rfind("optimizer.", 0) == 0 || (key.rfind("chained_", 0) == 0 && key.find(".optimizer.") != std::string::npos))) {
     k.kind = MegatronKey::Unread;  // optimizer state of a form not known here: never read as a model tensor

@@ -27,6 +27,7 @@ struct MegatronCore {
   // domain inside the DCP (optimizer.distributed.dp_group_idx_<G>.optimizer, after chained_<i>. in a
   // chain), not in common.pt; `chained` is then counted from them.
   bool bucket_flat = false;
+  int chain_parts = 0;  // in that form, the chain's optimizers common.pt holds (0: one optimizer, no chain)
   std::vector<std::string> common_keys;  // common.pt's top-level keys, for the notes
   pt::ValuePtr args;              // common.pt `args` (Megatron-LM's argparse.Namespace), or nullptr
   // common.pt, carried into the atomic checkpoint (the Hugging Face export reads its args): its zip
