@@ -162,7 +162,7 @@ CLI::Option* AddMcoreFlag(CLI::App& app, ReshardCommand& c) {
 CLI::Option* AddLayoutFlags(CLI::App& app, ReshardCommand& c) {
   CLI::Option* layout = app.add_option("--layout", c.layout_file, "target layout as JSON (schemas/layout.schema.json); flags override it")
       ->check(CLI::ExistingFile);
-  LayoutFlag<int>(app, c.layout_flags, "--dp", "dp", "data-parallel degree (required, here or in --layout)")->check(ucp::apps::AtLeast(1));
+  LayoutFlag<int>(app, c.layout_flags, "--dp", "dp", "data-parallel degree (required for a DeepSpeed layout, here or in --layout; --format mcore: 1 if not given)")->check(ucp::apps::AtLeast(1));
   LayoutFlag<int>(app, c.layout_flags, "--tp", "tp", "tensor-parallel degree (required, here or in --layout)")->check(ucp::apps::AtLeast(1));
   LayoutFlag<int>(app, c.layout_flags, "--pp", "pp", "pipeline-parallel degree (required, here or in --layout)")->check(ucp::apps::AtLeast(1));
   LayoutFlag<int>(app, c.layout_flags, "--sp", "sp",

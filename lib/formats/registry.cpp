@@ -125,6 +125,9 @@ std::string CheckpointBelow(const std::string& dir) {
         !fs::exists(child.path() / store::kManifestName, ec))
       for (const SourceDriver* d : Sources())
         if (d->probe(child.path().string())) {
+          // DeepSpeed's probe takes any folder of .pt files: a folder with checkpoints of its own below it and no
+          // `latest` (a case folder beside its checkpoint/ and reference.pt) is not the one meant
+          if (d == &DeepSpeedSource() && !CheckpointBelow(child.path().string()).empty()) break;
           found.emplace_back(child.path(), d);
           break;
         }

@@ -133,6 +133,7 @@ struct ExportOptions {
   std::string mesh;                   // --mesh (DCP): "dp=N" or "tp=M"; empty: one rank
   std::string output;                 // -o as given, for a target that records it (DCP's checkpoint_id)
   int64_t tp = 1, pp = 1, dp = 1;     // --tp, --pp, --dp (Megatron-Core's layout)
+  bool dp_given = false;              // --dp given (else 1)
   int64_t ep = 0;                     // --ep (Megatron-Core's experts); 0: the source's
   int64_t vocab_divisible_by = 0;     // --make-vocab-size-divisible-by (for Megatron-LM's job); 0: the source's args
   bool weights_only = false;          // --weights-only: the model alone, whatever optimizer state the source holds

@@ -120,7 +120,7 @@ std::optional<int> SettleModelExport(ReshardCommand& c, std::ostream& err) {
     if (c.in_place_mode || o.planner.gpus > 0)
       return Refuse(err, "--format mcore writes into -o OUT the layout --tp T --pp P [--dp D] gives: no " + std::string(c.in_place_mode ? "--in-place" : "--gpus"));
     if (!given("tp") || !given("pp")) return Refuse(err, "--format mcore: give the layout to write, --tp T --pp P (and --dp D, else 1)");
-    o.model.tp = o.target.tp, o.model.pp = o.target.pp, o.model.dp = given("dp") ? o.target.dp : 1;
+    o.model.tp = o.target.tp, o.model.pp = o.target.pp, o.model.dp = given("dp") ? o.target.dp : 1, o.model.dp_given = given("dp");
     o.model.ep = given("ep") ? o.target.ep : 0;
     o.model.vocab_divisible_by = o.target.vocab_divisible_by;
   }

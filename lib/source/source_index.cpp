@@ -65,7 +65,7 @@ bool ArgIsSet(const pt::Value* a) {
 
 bool ArgSet(const pt::Value* args, const char* key) { return args && ArgIsSet(args->Get(key).get()); }
 
-std::map<std::string, int64_t> MegatronDegrees(const pt::Value* args) {
+std::map<std::string, int64_t> MegatronDegrees(const pt::Value* args, int files_world) {
   std::map<std::string, int64_t> out;
   if (!args) return out;
   auto degree = [&](const char* key) -> int64_t {
@@ -77,20 +77,26 @@ std::map<std::string, int64_t> MegatronDegrees(const pt::Value* args) {
     if (const int64_t d = degree(key); d >= 1) out[name] = d;
   const int64_t world = degree("world_size"), model = out.count("tp") && out.count("pp") ? out["tp"] * out["pp"] * (out.count("cp") ? out["cp"] : 1) : -1;
   // (a world that holds no whole number of DP ranks, or whose DP the EP does not divide, is args' default, not the job's)
-  if (!out.count("dp") && world >= 1 && model >= 1 && world % model == 0 && (world / model) % (out.count("ep") ? out["ep"] : 1) == 0)
+  // (world_size 1 is parse_args' default where no launcher set WORLD_SIZE: a launched job's validated args say data_parallel_size)
+  if (!out.count("dp") && world >= files_world && world >= 2 && model >= 1 && world % model == 0 &&
+      (world / model) % (out.count("ep") ? out["ep"] : 1) == 0)
     out["dp"] = world / model;
+  out["dp_recorded"] = out.count("dp");
+  if (!out["dp_recorded"] && model >= 1) out["dp"] = std::max<int64_t>(1, (files_world + model - 1) / model);
   return out;
 }
 
-std::string MegatronLayout(const pt::Value* args) {
+std::string MegatronLayout(const pt::Value* args, int files_world) {
   std::string s;
-  const std::map<std::string, int64_t> degrees = MegatronDegrees(args);
+  const std::map<std::string, int64_t> degrees = MegatronDegrees(args, files_world);
   for (const char* name : {"tp", "pp", "dp", "ep", "cp"}) {
     auto it = degrees.find(name);
     if (it == degrees.end() || (it->second == 1 && (std::string(name) == "ep" || std::string(name) == "cp"))) continue;
     std::string upper = name;
     for (char& c : upper) c = static_cast<char>(c - 'a' + 'A');
-    s += (s.empty() ? "" : ", ") + upper + "=" + std::to_string(it->second);
+    const bool least = upper == "DP" && !degrees.at("dp_recorded");
+    s += (s.empty() ? "" : ", ") + upper + (least ? " >= " : "=") + std::to_string(it->second) +
+         (least ? " (the args record no DP: the least its files show)" : "");
   }
   return s;
 }
@@ -119,7 +125,7 @@ std::string LayoutWords(const SourceIndex& L) {
   const std::string state = " (" + L.optimizer + "), " + L.dtype;
   if (!L.on_grid) {  // every chunk is a box of its global tensor; a carried file holds none
     const auto data = std::count_if(L.files.begin(), L.files.end(), [](const ShardFile& f) { return !f.carried; });
-    const std::string job = MegatronLayout(MegatronArgsOf(L));  // what the saving job ran, where its args say
+    const std::string job = MegatronLayout(MegatronArgsOf(L), L.files_world);  // what the saving job ran, where its args say
     const std::string saved_by = job.empty() ? "" : "; saved by a job of " + job;
     if (L.optimizer == "none") return "global tensors in chunks, " + std::to_string(data) + " data file(s); model weights only, " + L.dtype + saved_by;
     return "global tensors in chunks, " + std::to_string(data) + " data file(s); optimizer state " +

@@ -115,6 +115,9 @@ struct SourceIndex {
   // Whether the files sit on that (pp, tp, dp) grid; false: each file holds chunks of global tensors
   // (a PyTorch Distributed Checkpoint), the degrees 1 and meaningless.
   bool on_grid = true;
+  // Off a grid: the ranks that wrote the data files, as their names show (1 + the highest rank of a DCP's
+  // __<rank>_<n>.distcp; a lower bound of the saving job's world, ranks with nothing to save write none); 0 unknown.
+  int files_world = 0;
   int sp = 1;                // Ulysses sequence-parallel degree, dividing dp; 1 where the files do not say
   bool sp_recorded = false;  // whether the files say it (Megatron args' ds_sequence_parallel_size)
   int DataParallel() const { return dp / sp; }  // DP alone, without SP
@@ -166,10 +169,13 @@ struct SourceIndex {
 void TakeMegatronArgs(const pt::Value* args, SourceIndex& L);
 // The layout Megatron-LM's args say the job ran ("TP=2, PP=1, DP=2", with EP and CP where above 1), or
 // "" without args: what a source off a grid (Megatron-Core's global tensors) tells of the job.
-std::string MegatronLayout(const pt::Value* args);
+// `files_world`: the ranks the files show (SourceIndex::files_world), 0 unknown.
+std::string MegatronLayout(const pt::Value* args, int files_world = 0);
 // The same degrees by name (tp, pp, dp, ep, cp), each where the args give it: DP as data_parallel_size,
-// or, in args no launch validated, world_size / (TP x PP x CP) where EP divides it.
-std::map<std::string, int64_t> MegatronDegrees(const pt::Value* args);
+// or, in args no launch validated, world_size / (TP x PP x CP) where EP divides it, world_size is not
+// parse_args' default 1 and the files show no more ranks than it. "dp_recorded" 1 then; 0 where the args record no DP and `dp` is the least
+// the files show (files_world / (TP x PP x CP), rounded up; 1 without files).
+std::map<std::string, int64_t> MegatronDegrees(const pt::Value* args, int files_world = 0);
 // The Megatron-LM args a source carries (Megatron-Core's common.pt, a legacy rank file's), or null.
 const pt::Value* MegatronArgsOf(const SourceIndex& L);
 // Megatron-LM's saved args (an argparse.Namespace; null: none saved), read one way everywhere: an

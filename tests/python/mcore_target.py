@@ -214,7 +214,7 @@ check("a Megatron-LM root given to ucp-reshard: convert it first, the command na
 # Mixture of Experts: layouts that do not place the experts, refused by name, nothing written.
 moe = os.path.join(WORK, "moe_tp2_ep2_logits", "atomic")
 ep1_back = os.path.join(WORK, "moe_tp2_ep2_logits", "tp1_pp1_dp1-back")  # the EP 1 output converted back: no expert group
-for source, args, expect in ((moe, ["--tp", "1", "--pp", "1"], "the source's EP 2 does not divide --dp 1"),
+for source, args, expect in ((moe, ["--tp", "1", "--pp", "1"], "the source's EP 2 does not divide DP 1 (--dp not given)"),
                              (moe, ["--tp", "1", "--pp", "1", "--dp", "3", "--ep", "3"], "--ep 3 does not divide the model's 4 experts"),
                              (moe, ["--tp", "1", "--pp", "1", "--dp", "2", "--ep", "4"], "--ep 4 does not divide --dp 2"),
                              (atomic, ["--tp", "1", "--pp", "1", "--dp", "2", "--ep", "2"], "a dense model has no experts")):

@@ -80,6 +80,8 @@ def compare(case, atomic, ref, common):
 
 # Cases built from Megatron-LM's validated args (make_mcore.py's FROM_ARGS): the layout they ran at, tp, pp, dp, ep
 JOB_LAYOUT = {"gpt_tp2": (2, 1, 1, 1), "gpt_tp2_tied": (2, 1, 1, 1), "moe_tp2_ep2_logits": (2, 1, 2, 2)}
+# The dp_reshardable MoE cases (README.md), whose args parse_args made without a launcher: their DP, as the files show it
+BUCKET_DP = {"moe_ep2_dp4_distopt_bf16": 4, "moe_tp2_ep2_distopt_bf16": 2, "moe_pp2_ep2_distopt_bf16": 2, "moe_ep1_dp2_distopt_bf16": 2}
 
 fresh_folder(WORK)
 cases = cases_holding(CASES, "reference.pt")
@@ -94,6 +96,7 @@ for case in cases:
         want = dict(zip(("tp", "pp", "dp", "ep"), JOB_LAYOUT[case]))
         check(f"{case}: inspect --json gives the saving job's degrees from its args ({want})",
               {k: got.get(k) for k in want} == want, str(got) + r.stderr[-300:])
+        check(f"{case}: inspect --json says the args record the DP", got.get("dp_recorded") is True, str(got))
     r = run("ucp-inspect", [ckpt])
     check(f"{case}: inspect says Megatron-Core, the optimizer and the iteration", r.returncode == 0 and "Megatron-Core" in r.stdout and
           f"iteration    {common['iteration']}" in r.stdout and "param groups" in r.stdout and
@@ -125,9 +128,14 @@ for case in cases:
     buckets = os.path.join(CASES, case, "checkpoint_dp_reshardable")
     if not os.path.isdir(buckets):
         continue
+    if case in BUCKET_DP:  # args that record no DP (unvalidated, as parse_args made them): the least its files show, said so
+        r = run("ucp-inspect", [buckets, "--json"])
+        got = json.loads(r.stdout)["degrees"] if r.returncode == 0 else {}
+        check(f"{case} dp_reshardable: inspect --json gives DP {BUCKET_DP[case]} from its files (every rank saves its buckets), "
+              "not recorded by the args", got.get("dp") == BUCKET_DP[case] and got.get("dp_recorded") is False, str(got) + r.stderr[-300:])
     r = run("ucp-inspect", [buckets])
     check(f"{case} dp_reshardable: inspect names the form and what Megatron itself could reshard", r.returncode == 0 and
-          "DistributedOptimizer, dp_reshardable" in r.stdout and "only at the TP and PP it was saved with" in r.stdout,
+          "DistributedOptimizer, dp_reshardable" in r.stdout and "only at the TP, PP (and EP) it was saved with" in r.stdout,
           r.stdout[-1500:] + r.stderr[-800:])
     for np in (1, 2):
         atomic = os.path.join(WORK, f"{case}-dp_reshardable-np{np}")

@@ -471,10 +471,10 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
   if (mc.steps.empty() && mc.param_groups)
     L.notes.push_back("common.pt holds no optimizer step (optimizer.state.common_step, or a step in the param groups): "
                       "the atomic checkpoint records none, and Adam's bias correction restarts where it is loaded");
-  const std::string layout = source::MegatronLayout(mc.args.get());
+  const std::string layout = source::MegatronLayout(mc.args.get(), L.files_world);
   L.notes.push_back("Megatron-Core dist_checkpointing (" + mc.backend + ")" + (layout.empty() ? "" : ", saved by a job of " + layout + " (its args)") +
                     "; optimizer: " + mc.optimizer_form + "; common.pt holds " + keys);
-  L.notes.push_back(std::string(mc.bucket_flat ? "Megatron-LM itself loads this dp_reshardable form only at the TP and PP it was "
+  L.notes.push_back(std::string(mc.bucket_flat ? "Megatron-LM itself loads this dp_reshardable form only at the TP, PP (and EP) it was "
                                                  "saved with (DP may change)"
                                                : "Megatron-LM itself loads this form at any TP, PP and DP") +
                     "; ucp-convert reads every parameter's whole state from it, which ucp-reshard writes as Megatron-LM's "
@@ -550,6 +550,20 @@ std::map<BucketDomain, std::vector<GradBuffer>> ReadBucketObjects(Files& files, 
   return buffers;
 }
 
+// 1 + the highest rank of the folder's __<rank>_<n>.distcp files (torch's FileSystemWriter names each
+// rank's files so): the ranks that wrote data, a lower bound of the saving job's world.
+int FilesWorld(const std::string& dir) {
+  static const std::regex data(R"(^__(\d{1,7})_\d{1,7}\.distcp$)");
+  int world = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, m, data)) world = std::max(world, std::stoi(m[1]) + 1);
+  }
+  return world;
+}
+
 // A weights-only DCP (Megatron-LM's --no-save-optim; a model's state dict saved alone): the model
 // tensors, each read whole by ReadWeightsOnlyParam, as a model source's are.
 struct WeightsOnly {
@@ -584,7 +598,7 @@ void IndexWeightsOnly(SourceIndex& L, Files& files, const std::map<std::string, 
     if (mc->args) L.args = mc->args, source::TakeMegatronArgs(mc->args.get(), L), pt::SetItem(*L.model_states, "args", mc->args);
     L.iteration = mc->iteration;
     pt::SetItem(*L.model_states, "iteration", Value::Int(mc->iteration));
-    const std::string layout = source::MegatronLayout(mc->args.get());
+    const std::string layout = source::MegatronLayout(mc->args.get(), L.files_world);
     L.notes.push_back("Megatron-Core dist_checkpointing (" + mc->backend + ")" + (layout.empty() ? "" : ", saved by a job of " + layout + " (its args)") +
                       "; model weights only (saved without optimizer state, --no-save-optim)");
   }
@@ -654,12 +668,24 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
   L.on_grid = false;
   // Megatron-Core's torch_dist: DCP with Megatron's sharded keys, its common state in common.pt.
   std::optional<MegatronCore> mcore;
-  if (IsMegatronCore(dir)) mcore = ReadMegatronCore(dir);
+  if (IsMegatronCore(dir)) {
+    mcore = ReadMegatronCore(dir);
+    // Megatron-LM's iter_NNNNNNN folder holds that iteration's save: common.pt of another is a file of another save
+    static const std::regex iter_folder(R"(^iter_(\d{7,9})$)");
+    std::smatch m;
+    fs::path folder = fs::path(dir).lexically_normal();
+    if (folder.filename().empty()) folder = folder.parent_path();  // "iter_0000003/"
+    const std::string base = folder.filename().string();
+    if (std::regex_match(base, m, iter_folder) && mcore->has_iteration && std::stoll(m[1]) != mcore->iteration)
+      throw Error(dir + "/common.pt: iteration " + std::to_string(mcore->iteration) + " in a folder named " + base +
+                  ": a file of another save (Megatron-LM writes each iteration's common.pt into its own iter_NNNNNNN folder)");
+  }
   else if (std::error_code ec; fs::exists(fs::path(dir) / "common.pt", ec))
     throw Error(dir + ": common.pt beside .metadata but no metadata.json: a Megatron-Core torch_dist checkpoint without "
                 "the file naming its backends (metadata.json, written by dist_checkpointing.save) is not read");
   const Metadata M = ReadMetadata(dir + "/.metadata");
   Files files(L);
+  L.files_world = FilesWorld(dir);
 
   // The keys by role: model tensors, each parameter's optimizer states, the param groups' options.
   std::map<std::string, const Item*> model;
@@ -691,8 +717,9 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
     if (mcore) L.files.push_back(mcore->file);
     return L;
   }
-  if (states.empty() && !buckets)
-    L.errors.push_back(dir + ": no optimizer state and no model tensor: nothing ucp-convert could make an atomic checkpoint of");
+  if (states.empty() && !buckets && bucket_flat.empty())
+    L.errors.push_back(dir + (model.empty() ? ": no optimizer state and no model tensor: nothing ucp-convert could make an atomic checkpoint of"
+                                            : ": model tensors beside param-group options but no optimizer state: not a save ucp knows"));
   for (const auto& [fqn, s] : states)
     if (!model.count(fqn)) L.errors.push_back(dir + ": optimizer state for '" + fqn + "', which is not among the model's tensors");
 

@@ -33,6 +33,7 @@ namespace {
 struct Grid {
   int64_t tp = 1, pp = 1, dp = 1, ep = 1;
   bool ep_given = false;  // --ep, else the source's
+  bool dp_given = true;   // --dp, else 1
   int64_t Rank(int64_t t, int64_t p, int64_t e = 0) const { return t + tp * (e + dp * p); }
   std::string text() const {
     return "TP=" + std::to_string(tp) + " PP=" + std::to_string(pp) + " DP=" + std::to_string(dp) + (ep > 1 ? " EP=" + std::to_string(ep) : "");
@@ -508,7 +509,7 @@ void CheckExperts(const std::vector<McoreKey>& keys, const Value& args, const Gr
                 "(not yet this one)");
   if (experts % g.ep != 0 || g.dp % g.ep != 0)
     throw Error((g.ep_given ? "--ep " : "the source's EP ") + std::to_string(g.ep) + (experts % g.ep != 0 ? " does not divide the model's " + std::to_string(experts) + " experts"
-                                                                      : " does not divide --dp " + std::to_string(g.dp)) +
+                                                                      : " does not divide " + (g.dp_given ? "--dp " + std::to_string(g.dp) : std::string("DP 1 (--dp not given)"))) +
                 ": Megatron-LM places the experts evenly over EP ranks taken from the DP ranks (give --ep, a divisor of both)");
   notes.push_back(std::to_string(experts) + " experts per layer over EP=" + std::to_string(g.ep) + " (" + std::to_string(experts / g.ep) +
                   " per EP rank), expert TP = TP = " + std::to_string(g.tp) + " (args.expert_tensor_parallel_size), expert DP " +
@@ -758,7 +759,8 @@ void CheckDegreesOfIndex(const source::SourceIndex& L, const reshard::ExportOpti
   RefuseEpWithoutExperts(names, o.ep);
   if (o.ep > 1) {  // --ep: experts to place, over EP ranks taken from the DP ranks
     if (o.dp % o.ep != 0)
-      throw Error("--ep " + std::to_string(o.ep) + " does not divide --dp " + std::to_string(o.dp) + ": Megatron-LM places the experts evenly "
+      throw Error("--ep " + std::to_string(o.ep) + " does not divide " + (o.dp_given ? "--dp " + std::to_string(o.dp) : std::string("DP 1 (--dp not given)")) +
+                  ": Megatron-LM places the experts evenly "
                   "over EP ranks taken from the DP ranks (give --ep, a divisor of both)");
   }
 }
@@ -786,7 +788,7 @@ reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOpt
       throw Error(dir + ": parameter '" + a.name + "': a Mixture-of-Experts model under another family's names: --format mcore writes "
                   "Megatron-Core's own MoE models, and dense GPT / Llama models from other families (not yet their experts)");
   RefuseOtherNames(names, dir);
-  g.ep_given = o.ep > 0;
+  g.ep_given = o.ep > 0, g.dp_given = o.dp_given;
   g.ep = g.ep_given ? o.ep : 1;
   RefuseEpWithoutExperts(names, g.ep);
   if (!g.ep_given && own && HasExperts(names))
