@@ -110,6 +110,9 @@ std::optional<std::regex> ParamsFilter(const std::string& params_regex) {
   }
 }
 
+// A parameter read as its global tensor (off a grid): no TP rule, and none needed.
+constexpr const char* kGlobalTensor = "global tensor (no TP rule needed to read it)";
+
 // One parameter's line of the report: its shapes, pattern here and under TP > 1, and why.
 // The fp32 tensors an atomic checkpoint keeps per parameter: the weights and Adam's two moments, or
 // the weights alone from a model without optimizer state (a Hugging Face model: optimizer "none").
@@ -135,7 +138,7 @@ json ParamJson(const source::SourceIndex& L, const patterns::ParamPattern& p, co
   if (p.match) e["rule"] = {{"key", p.match->key}, {"pattern", p.match->rule}, {"source", p.match->source}};
   // Off a grid (DCP, Megatron-LM's files, a Hugging Face model) each parameter reads as its global
   // tensor: no rule says how TP cut it, and none is needed to read it.
-  else if (!L.on_grid && !p.vocab) e["reason"] = "global tensor (no TP rule needed to read it)";
+  else if (!L.on_grid && !p.vocab) e["reason"] = kGlobalTensor;
   if (!p.sub_param_sizes.empty()) e["sub_param_sizes"] = p.sub_param_sizes;
   if (rec.expert >= 0) {
     e["expert"] = {{"id", rec.expert}, {"ep_rank", rec.ep_rank}};
@@ -244,7 +247,7 @@ void PrintReport(const json& r, std::ostream& out) {
       rule += "; vocab padding " + p["vocab_padding_rows"].dump() + " rows";
     if (p.contains("sub_param_sizes")) rule += "; sub-params " + p["sub_param_sizes"].dump();
     out << std::setw(w + 2) << p["name"].get<std::string>() << std::setw(14) << shape << std::setw(11)
-        << p["pattern"].get<std::string>() << std::setw(11) << p["model_pattern"].get<std::string>() << std::setw(11)
+        << p["pattern"].get<std::string>() << std::setw(11) << (rule == kGlobalTensor ? "-" : p["model_pattern"].get<std::string>()) << std::setw(11)
         << HumanBytes(p["bytes_atomic"].get<double>()) << rule << "\n";
   }
   if (!r["errors"].empty())  // the sizes below would count only what read: say nothing false

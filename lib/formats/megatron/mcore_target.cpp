@@ -217,7 +217,11 @@ int64_t VocabDivisor(const reshard::Source& S, const Value& args, const Grid& g,
                   (rows % g.tp == 0 ? " (give --make-vocab-size-divisible-by a divisor of " + std::to_string(rows / g.tp) +
                                           " to the job and to ucp-reshard)" : ""));
     notes.push_back("the args record no padded_vocab_size: the " + std::to_string(rows) + " vocabulary rows are written as they are; "
-                    "the job's tokenizer and --make-vocab-size-divisible-by (x TP " + std::to_string(g.tp) + ") must pad to the same rows");
+                    "the job's tokenizer and --make-vocab-size-divisible-by (x TP " + std::to_string(g.tp) + ") must pad to the same rows" +
+                    (rows % (d * g.tp) != 0 ? " (the args' make_vocab_size_divisible_by " + std::to_string(d) + " x TP " + std::to_string(g.tp) +
+                                                  " would not: it is not what made these rows" +
+                                                  (rows % g.tp == 0 ? "; give the job and ucp-reshard a divisor of " + std::to_string(rows / g.tp) : std::string()) + ")"
+                                            : std::string()));
     return d;
   }
   const int64_t vocab = Number(args, "vocab_size", -1);
