@@ -52,7 +52,8 @@ SOURCES = [
     # Megatron-LM's own optimizer at EP 1 (one, 2 groups), at EP > 1: the chain, its expert group made as Megatron-Core builds it
     ("moe_ep1_dp2", "moe_ep1_dp2/checkpoint", [(1, 1, 2, 2), (2, 1, 2, 2), (1, 2, 4, 4)]),
     # Megatron-LM's default bf16 MoE run, from its dp_reshardable save: a chain of distributed optimizers at EP 2, one at EP 1
-    ("moe_ep2_dp4_distopt_bf16", "moe_ep2_dp4_distopt_bf16/checkpoint_dp_reshardable", [(1, 1, 2, 2), (2, 1, 2, 2), (1, 1, 2, 1), (1, 2, 2, 2)]),
+    ("moe_ep2_dp4_distopt_bf16", "moe_ep2_dp4_distopt_bf16/checkpoint_dp_reshardable",
+     [(1, 1, 2, 2), (2, 1, 2, 2), (1, 1, 2, 1), (1, 2, 2, 2), (1, 1, 4, 2)]),
     ("moe_ep1_dp2_distopt_bf16", "moe_ep1_dp2_distopt_bf16/checkpoint_dp_reshardable", [(1, 1, 2, 2), (1, 2, 4, 4)]),
 ]
 SOURCE_EP = {"moe_tp2_ep2_logits": 2, "moe_ep2": 2, "moe_ep2_chained": 2, "moe_ep1_dp2": 1, "moe_ep2_dp4_distopt_bf16": 2,

@@ -47,14 +47,18 @@ OUTPUTS = {
     "moe_ep1_dp2": ("moe_ep1_dp2", False, ["tp1_pp1_dp2_ep2", "tp2_pp1_dp2_ep2", "tp1_pp2_dp4_ep4"]),
     # Megatron-LM's default bf16 MoE run (the distributed optimizer; a chain of two at EP > 1), converted from its
     # dp_reshardable save: the chain of distributed optimizers again at EP > 1, one at EP 1
-    "moe_ep2_dp4_distopt_bf16": ("moe_ep2_dp4_distopt_bf16", False, ["tp1_pp1_dp2_ep2", "tp2_pp1_dp2_ep2", "tp1_pp1_dp2", "tp1_pp2_dp2_ep2"]),
+    "moe_ep2_dp4_distopt_bf16": ("moe_ep2_dp4_distopt_bf16", False, ["tp1_pp1_dp2_ep2", "tp2_pp1_dp2_ep2", "tp1_pp1_dp2", "tp1_pp2_dp2_ep2",
+                                                                     "tp1_pp1_dp4_ep2"]),  # the last at the source's layout: TRAIN=1
     "moe_ep1_dp2_distopt_bf16": ("moe_ep1_dp2_distopt_bf16", False, ["tp1_pp1_dp2_ep2", "tp1_pp2_dp4_ep4"]),
+    # Megatron's own dp_reshardable save of moe_ep2_dp4_distopt_bf16, resumed at its layout (MT_SRC, NO_LOAD_RNG=1, TRAIN=1):
+    # the losses ucp's output at that layout must give
+    "moe_ep2_dp4_distopt_bf16_src": ("moe_ep2_dp4_distopt_bf16", False, ["tp1_pp1_dp4_ep2"]),
     # Megatron-LM's own --no-save-optim save (gpt_tp2_pp2_bf16_legacy/checkpoint_weights_only as
     # <root>/iter_0000003), loaded with the job's default flags: recorded under the top-level key, not "outputs"
     "megatron_own_weights_only": ("gpt_tp2_pp2_bf16_legacy", True, ["tp1_pp2_dp1"]),
 }
 # label -> its roots' parent folder, when not MT
-ROOTS = {"gpt_tp2_tied": os.environ.get("MT2", "/tmp/mt2"), "megatron_own_weights_only": os.environ.get("MT_OWN", "/tmp/mt_own")}
+ROOTS = {"moe_ep2_dp4_distopt_bf16_src": os.environ.get("MT_SRC", "/tmp/mt_src"), "gpt_tp2_tied": os.environ.get("MT2", "/tmp/mt2"), "megatron_own_weights_only": os.environ.get("MT_OWN", "/tmp/mt_own")}
 # label -> the job's flags beyond the default (what a user of a weights-only save passes)
 FLAGS = {"gpt_weights_only": ["--no-load-optim"]}
 # label -> the top-level key of the JSON its result goes to (instead of "outputs" -> "<label>:<layout>")
@@ -178,10 +182,11 @@ def reference_worker(rank, world, port):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.current_device = lambda: "cpu"
-    if mm.DISTOPT or mm.FLOAT16:
+    if mm.DISTOPT or mm.FLOAT16 or mm.MEGATRON_OPT:
         mm.cuda_to_cpu()
     from megatron.core import parallel_state, tensor_parallel
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=mm.TP, pipeline_model_parallel_size=mm.PP)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=mm.TP, pipeline_model_parallel_size=mm.PP,
+                                             expert_model_parallel_size=mm.EP)
     torch.manual_seed(1234)
     try:
         tensor_parallel.model_parallel_cuda_manual_seed(123)
@@ -193,7 +198,8 @@ def reference_worker(rank, world, port):
     whole = {(n, None): p.detach().clone() for n, p in model.named_parameters()}
     boxes = boxes_of(model, whole, "optimizer.state")
     losses += train_steps(mm, model, ddp, opt, adam, 4, 5)
-    torch.save({"rank": rank, "losses": losses, "boxes": boxes}, os.path.join(WORK, f"reference_{mm.CASE}", f"rank{rank}.pt"))
+    torch.save({"rank": rank, "losses": losses, "boxes": boxes, "layout": [mm.TP, mm.PP, mm.DP, mm.EP]},
+               os.path.join(WORK, f"reference_{mm.CASE}", f"rank{rank}.pt"))
     dist.destroy_process_group()
 
 
@@ -389,6 +395,20 @@ def check(label, layout, port):
             by_rank = {r["rank"]: r["losses"] for r in ok if r["losses"] and r["losses"][0] is not None}
             distinct = {tuple(v) for v in by_rank.values()}
             entry["losses"] = list(distinct.pop()) if len(distinct) == 1 else {str(k): v for k, v in by_rank.items()}
+            # At the source's own layout: each rank's steps 4-5 against the same rank's in the uninterrupted run
+            # (--reference, run before into WORK/reference_<case>), which draws the same batches
+            ref_dir = os.path.join(WORK, f"reference_{case}")
+            refs = {}
+            for r in range(tp * pp * dp):
+                name = os.path.join(ref_dir, f"rank{r}.pt")
+                saved = torch.load(name, weights_only=False) if os.path.exists(name) else {}
+                if saved.get("layout") == [tp, pp, dp, expert_parallel(layout)]:
+                    refs[r] = saved["losses"][3:5]
+            if refs and len(refs) == tp * pp * dp and set(by_rank) <= set(refs):
+                diffs = [abs(a - b) for r, v in by_rank.items() for a, b in zip(v, refs[r]) if a is not None and b is not None]
+                if diffs:
+                    entry["max_loss_diff"] = max(diffs)
+                    entry["loss_reference"] = "the uninterrupted run at this layout (mcore_load_check.py --reference), rank by rank"
     rng = sorted(r["rank"] for r in results if r and r.get("rng_state_requested"))
     if rng:
         entry["rng_state_requested_on_ranks"] = rng
