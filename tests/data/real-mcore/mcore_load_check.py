@@ -61,6 +61,11 @@ OUTPUTS = {
 ROOTS = {"moe_ep2_dp4_distopt_bf16_src": os.environ.get("MT_SRC", "/tmp/mt_src"), "gpt_tp2_tied": os.environ.get("MT2", "/tmp/mt2"), "megatron_own_weights_only": os.environ.get("MT_OWN", "/tmp/mt_own")}
 # label -> the job's flags beyond the default (what a user of a weights-only save passes)
 FLAGS = {"gpt_weights_only": ["--no-load-optim"]}
+# label -> the label of Megatron's own save of its source resumed at the same layout (TRAIN=1): in bf16 the losses'
+# reference, as the issue asks ("against the same layout's own run on this CPU"): on CPU, torch's Adam keeps a
+# per-parameter step the load's dummy step sets, which neither checkpoint carries, so both part from the
+# uninterrupted run at step 5 alike
+OWN_RESUME = {"moe_ep2_dp4_distopt_bf16": "moe_ep2_dp4_distopt_bf16_src"}
 # label -> the top-level key of the JSON its result goes to (instead of "outputs" -> "<label>:<layout>")
 TOP_LEVEL = {"megatron_own_weights_only": "megatron_own_weights_only"}
 
@@ -480,6 +485,29 @@ def main(selected):
                 doc["outputs"][name] = entry
             with open(out_json, "w") as f:
                 json.dump(doc, f, indent=1)
+    against_own_resume(doc["outputs"])
+    with open(out_json, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+def against_own_resume(outputs):
+    """Each OWN_RESUME output's steps 4-5, rank by rank, against Megatron's own save resumed at its layout: max_loss_diff
+    (the uninterrupted run's difference kept as uninterrupted_max_loss_diff)."""
+    for label, own in OWN_RESUME.items():
+        for name, entry in outputs.items():
+            if not name.startswith(label + ":") or not isinstance(entry.get("losses"), dict):
+                continue
+            theirs = outputs.get(own + ":" + name.split(":", 1)[1], {}).get("losses")
+            if not isinstance(theirs, dict) or set(theirs) != set(entry["losses"]):
+                continue
+            if "loss_reference" in entry and entry["loss_reference"].startswith("Megatron's own"):
+                continue  # compared already
+            if "max_loss_diff" in entry:
+                entry["uninterrupted_max_loss_diff"] = entry.pop("max_loss_diff")
+            entry["max_loss_diff"] = max(abs(a - b) for r in theirs for a, b in zip(entry["losses"][r], theirs[r]))
+            entry["megatron_own_losses"] = theirs
+            entry["loss_reference"] = ("Megatron's own save of the source resumed at this layout (" + own + "), rank by rank (bf16: "
+                                       "the same layout's own run on this CPU)")
 
 
 if __name__ == "__main__":
