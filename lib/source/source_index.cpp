@@ -82,7 +82,7 @@ std::map<std::string, int64_t> MegatronDegrees(const pt::Value* args, int files_
       (world / model) % (out.count("ep") ? out["ep"] : 1) == 0)
     out["dp"] = world / model;
   out["dp_recorded"] = out.count("dp");
-  if (!out["dp_recorded"] && model >= 1) out["dp"] = std::max<int64_t>(1, (files_world + model - 1) / model);
+  if (!out["dp_recorded"] && model >= 1 && files_world > 0) out["dp"] = (files_world + model - 1) / model;
   return out;
 }
 
@@ -95,10 +95,10 @@ std::string MegatronLayout(const pt::Value* args, int files_world) {
     std::string upper = name;
     for (char& c : upper) c = static_cast<char>(c - 'a' + 'A');
     const bool least = upper == "DP" && !degrees.at("dp_recorded");
-    s += (s.empty() ? "" : ", ") + upper + (least ? " >= " : "=") + std::to_string(it->second) +
-         (least ? " (the args record no DP: the least its files show)" : "");
+    s += (s.empty() ? "" : ", ") + upper + (least ? " >= " : "=") + std::to_string(it->second);
   }
-  return s;
+  if (s.empty()) return s;
+  return s + (degrees.count("dp") && !degrees.at("dp_recorded") ? " (its args; DP the least its files show: the args record none)" : " (its args)");
 }
 
 const pt::Value* MegatronArgsOf(const SourceIndex& L) {

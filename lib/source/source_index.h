@@ -167,14 +167,16 @@ struct SourceIndex {
 // not divide is a problem. Without it (no args, or args of a job without SP) SP stays 1,
 // unrecorded, and where dp > 1 a note says that dp counts DP x SP ranks.
 void TakeMegatronArgs(const pt::Value* args, SourceIndex& L);
-// The layout Megatron-LM's args say the job ran ("TP=2, PP=1, DP=2", with EP and CP where above 1), or
-// "" without args: what a source off a grid (Megatron-Core's global tensors) tells of the job.
+// The layout Megatron-LM's args say the job ran ("TP=2, PP=1, DP=2 (its args)", with EP and CP where
+// above 1; "DP >= 4" and said so where the args record no DP), or "" without args: what a source off a
+// grid (Megatron-Core's global tensors) tells of the job.
 // `files_world`: the ranks the files show (SourceIndex::files_world), 0 unknown.
 std::string MegatronLayout(const pt::Value* args, int files_world = 0);
 // The same degrees by name (tp, pp, dp, ep, cp), each where the args give it: DP as data_parallel_size,
 // or, in args no launch validated, world_size / (TP x PP x CP) where EP divides it, world_size is not
-// parse_args' default 1 and the files show no more ranks than it. "dp_recorded" 1 then; 0 where the args record no DP and `dp` is the least
-// the files show (files_world / (TP x PP x CP), rounded up; 1 without files).
+// parse_args' default 1 and the files show no more ranks than it. "dp_recorded" 1 then; 0 where the
+// args record no DP, `dp` then the least the files show (files_world / (TP x PP x CP), rounded up), or
+// absent where they show none.
 std::map<std::string, int64_t> MegatronDegrees(const pt::Value* args, int files_world = 0);
 // The Megatron-LM args a source carries (Megatron-Core's common.pt, a legacy rank file's), or null.
 const pt::Value* MegatronArgsOf(const SourceIndex& L);

@@ -472,7 +472,7 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
     L.notes.push_back("common.pt holds no optimizer step (optimizer.state.common_step, or a step in the param groups): "
                       "the atomic checkpoint records none, and Adam's bias correction restarts where it is loaded");
   const std::string layout = source::MegatronLayout(mc.args.get(), L.files_world);
-  L.notes.push_back("Megatron-Core dist_checkpointing (" + mc.backend + ")" + (layout.empty() ? "" : ", saved by a job of " + layout + " (its args)") +
+  L.notes.push_back("Megatron-Core dist_checkpointing (" + mc.backend + ")" + (layout.empty() ? "" : ", saved by a job of " + layout) +
                     "; optimizer: " + mc.optimizer_form + "; common.pt holds " + keys);
   L.notes.push_back(std::string(mc.bucket_flat ? "Megatron-LM itself loads this dp_reshardable form only at the TP, PP (and EP) it was "
                                                  "saved with (DP may change)"
@@ -599,7 +599,7 @@ void IndexWeightsOnly(SourceIndex& L, Files& files, const std::map<std::string, 
     L.iteration = mc->iteration;
     pt::SetItem(*L.model_states, "iteration", Value::Int(mc->iteration));
     const std::string layout = source::MegatronLayout(mc->args.get(), L.files_world);
-    L.notes.push_back("Megatron-Core dist_checkpointing (" + mc->backend + ")" + (layout.empty() ? "" : ", saved by a job of " + layout + " (its args)") +
+    L.notes.push_back("Megatron-Core dist_checkpointing (" + mc->backend + ")" + (layout.empty() ? "" : ", saved by a job of " + layout) +
                       "; model weights only (saved without optimizer state, --no-save-optim)");
   }
   L.notes.push_back("model weights only: ucp-convert makes a weights-only atomic checkpoint of them (each widened to fp32 exactly), as "

@@ -518,7 +518,7 @@ void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& op
     pt::SetItem(*L.model_states, "iteration", Value::Int(L.iteration));
     if (auto v = ranks[0].model.root->Get("checkpoint_version")) pt::SetItem(*L.model_states, "checkpoint_version", v);
     source::TakeMegatronArgs(args, L);
-    L.notes.push_back("Megatron-LM legacy checkpoint (--ckpt-format torch), " + F.tag + ": " + source::MegatronLayout(args) + " by its args, " +
+    L.notes.push_back("Megatron-LM legacy checkpoint (--ckpt-format torch), " + F.tag + ": " + source::MegatronLayout(args) + ", " +
                       std::to_string(ranks.size()) + " rank folder" + (ranks.size() == 1 ? "" : "s") + "; model weights only (saved without "
                       "optimizer state, --no-save-optim): ucp-convert makes a weights-only atomic checkpoint of them, as of a Hugging Face model");
     return;
@@ -589,7 +589,7 @@ void Index(SourceIndex& L, const LegacyFolder& F, const source::IndexOptions& op
   for (const char* key : {"checkpoint_version", "opt_param_scheduler", "num_floating_point_operations_so_far"})
     if (auto v = ranks[0].model.root->Get(key)) pt::SetItem(*L.args_state, key, v);
 
-  L.notes.push_back("Megatron-LM legacy checkpoint (--ckpt-format torch), " + F.tag + ": " + source::MegatronLayout(args) + " by its args, " +
+  L.notes.push_back("Megatron-LM legacy checkpoint (--ckpt-format torch), " + F.tag + ": " + source::MegatronLayout(args) + ", " +
                     std::to_string(ranks.size()) +
                     " rank folder" + (ranks.size() == 1 ? "" : "s") + "; optimizer: " + form);
   L.notes.push_back("Megatron-LM itself loads this form only at the TP and PP it was saved with (its tools/checkpoint converter "
