@@ -115,8 +115,9 @@ struct SourceIndex {
   // Whether the files sit on that (pp, tp, dp) grid; false: each file holds chunks of global tensors
   // (a PyTorch Distributed Checkpoint), the degrees 1 and meaningless.
   bool on_grid = true;
-  // Off a grid: the ranks that wrote the data files, as their names show (1 + the highest rank of a DCP's
-  // __<rank>_<n>.distcp; a lower bound of the saving job's world, ranks with nothing to save write none); 0 unknown.
+  // Off a grid: the ranks that wrote the data files, as their names show (1 + the highest rank of the
+  // __<rank>_<n>.distcp files a DCP's .metadata places chunks in; a lower bound of the saving job's world,
+  // ranks with nothing to save write none); 0 unknown.
   int files_world = 0;
   int sp = 1;                // Ulysses sequence-parallel degree, dividing dp; 1 where the files do not say
   bool sp_recorded = false;  // whether the files say it (Megatron args' ds_sequence_parallel_size)

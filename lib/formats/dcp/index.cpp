@@ -79,6 +79,14 @@ Role RoleOf(const Item& item, bool megatron) {
 }
 
 // The checkpoint's files, opened once each.
+// The rank in a data file's name, `__<rank>_<n>.distcp` as torch's FileSystemWriter names each rank's
+// files; -1 for another name.
+int RankOfFile(const std::string& name) {
+  static const std::regex rank(R"(^__(\d{1,9})_(\d+)\.distcp$)");
+  std::smatch m;
+  return std::regex_match(name, m, rank) ? std::stoi(m[1]) : -1;
+}
+
 class Files {
  public:
   Files(SourceIndex& L) : L_(L) {}
@@ -95,8 +103,7 @@ class Files {
     }
     ShardFile f;
     f.name = name, f.kind = "distcp";
-    static const std::regex rank(R"(^__(\d{1,9})_(\d+)\.distcp$)");
-    if (std::smatch m; std::regex_match(name, m, rank)) f.dp = std::stoi(m[1]);
+    if (const int rank = RankOfFile(name); rank >= 0) f.dp = rank;
     L_.files.push_back(f);
     mapped_.push_back(std::move(mapped));
     return index_[name] = static_cast<int>(L_.files.size()) - 1;
@@ -550,17 +557,12 @@ std::map<BucketDomain, std::vector<GradBuffer>> ReadBucketObjects(Files& files, 
   return buffers;
 }
 
-// 1 + the highest rank of the folder's __<rank>_<n>.distcp files (torch's FileSystemWriter names each
-// rank's files so): the ranks that wrote data, a lower bound of the saving job's world.
-int FilesWorld(const std::string& dir) {
-  static const std::regex data(R"(^__(\d{1,7})_\d{1,7}\.distcp$)");
+// 1 + the highest rank of the data files .metadata places chunks in: the ranks that wrote data, a
+// lower bound of the saving job's world.
+int FilesWorld(const Metadata& M) {
   int world = 0;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
-    const std::string name = e.path().filename().string();
-    if (std::regex_match(name, m, data)) world = std::max(world, std::stoi(m[1]) + 1);
-  }
+  for (const Item& item : M.items)
+    for (const Storage& st : item.storage) world = std::max(world, RankOfFile(st.relative_path) + 1);
   return world;
 }
 
@@ -685,7 +687,7 @@ SourceIndex IndexCheckpoint(const std::string& dir, const source::IndexOptions& 
                 "the file naming its backends (metadata.json, written by dist_checkpointing.save) is not read");
   const Metadata M = ReadMetadata(dir + "/.metadata");
   Files files(L);
-  L.files_world = FilesWorld(dir);
+  L.files_world = FilesWorld(M);
 
   // The keys by role: model tensors, each parameter's optimizer states, the param groups' options.
   std::map<std::string, const Item*> model;

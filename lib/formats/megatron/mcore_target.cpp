@@ -490,6 +490,9 @@ void CheckDegrees(const Grid& g, int64_t layers, int64_t heads, int64_t groups) 
 // A MoE model's experts (SequentialMLP, every layer MoE) at g.ep EP ranks, which must divide the experts
 // and the DP ranks (Megatron-LM's expert grid: TP x EP x expert DP x PP over the same ranks); a dense
 // model at EP 1.
+// The DP a refusal names: "--dp 4", or "DP 1 (--dp not given)".
+std::string DpWords(int64_t dp, bool given) { return given ? "--dp " + std::to_string(dp) : "DP 1 (--dp not given)"; }
+
 void CheckExperts(const std::vector<McoreKey>& keys, const Value& args, const Grid& g, const std::string& dir, std::vector<std::string>& notes) {
   int64_t experts = 0;
   for (const McoreKey& k : keys) experts = std::max(experts, k.experts);
@@ -513,7 +516,7 @@ void CheckExperts(const std::vector<McoreKey>& keys, const Value& args, const Gr
                 "(not yet this one)");
   if (experts % g.ep != 0 || g.dp % g.ep != 0)
     throw Error((g.ep_given ? "--ep " : "the source's EP ") + std::to_string(g.ep) + (experts % g.ep != 0 ? " does not divide the model's " + std::to_string(experts) + " experts"
-                                                                      : " does not divide " + (g.dp_given ? "--dp " + std::to_string(g.dp) : std::string("DP 1 (--dp not given)"))) +
+                                                                      : " does not divide " + DpWords(g.dp, g.dp_given)) +
                 ": Megatron-LM places the experts evenly over EP ranks taken from the DP ranks (give --ep, a divisor of both)");
   notes.push_back(std::to_string(experts) + " experts per layer over EP=" + std::to_string(g.ep) + " (" + std::to_string(experts / g.ep) +
                   " per EP rank), expert TP = TP = " + std::to_string(g.tp) + " (args.expert_tensor_parallel_size), expert DP " +
@@ -763,7 +766,7 @@ void CheckDegreesOfIndex(const source::SourceIndex& L, const reshard::ExportOpti
   RefuseEpWithoutExperts(names, o.ep);
   if (o.ep > 1) {  // --ep: experts to place, over EP ranks taken from the DP ranks
     if (o.dp % o.ep != 0)
-      throw Error("--ep " + std::to_string(o.ep) + " does not divide " + (o.dp_given ? "--dp " + std::to_string(o.dp) : std::string("DP 1 (--dp not given)")) +
+      throw Error("--ep " + std::to_string(o.ep) + " does not divide " + DpWords(o.dp, o.dp_given) +
                   ": Megatron-LM places the experts evenly "
                   "over EP ranks taken from the DP ranks (give --ep, a divisor of both)");
   }
