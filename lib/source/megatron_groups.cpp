@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "source/megatron_stacking.h"
 #include "source/source_index.h"
 
 namespace ucp::source {
@@ -78,8 +79,7 @@ MegatronGroups MegatronGroupsOf(const pt::Value* param_groups, const pt::Value* 
                           (args && args->Get("no_weight_decay_cond_type") && args->Get("no_weight_decay_cond_type")->kind == Value::Kind::Str);
   int none_decayed = 0;
   for (const auto& [name, shape] : params) {
-    // the layers on dimension 0, and a MoE layer's experts on dimension 1 (SequentialMLP's experts.experts.*)
-    const size_t stacked = name.rfind("decoder.layers.", 0) != 0 ? 0 : name.find(".experts.experts.") != std::string::npos ? 2 : 1;
+    const auto stacked = static_cast<size_t>(StackedDims(name));
     const bool bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
     const bool qk_norm = name.find("q_layernorm.") != std::string::npos || name.find("k_layernorm.") != std::string::npos;
     const bool no_decay = (bias || shape.size() - std::min(stacked, shape.size()) == 1) && !(qk_decayed && qk_norm);

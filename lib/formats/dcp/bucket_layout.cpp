@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "source/megatron_stacking.h"
 #include "source/source_index.h"
 
 namespace ucp::formats::dcp {
@@ -77,10 +78,10 @@ void ReadEntry(const Value& entry, std::string* param_dtype, std::string* grad_d
 
 int64_t Pad64(int64_t n) { return (n + 63) / 64 * 64; }
 
-bool Stacked(const std::string& fqn) { return fqn.rfind("decoder.layers.", 0) == 0; }
+bool Stacked(const std::string& fqn) { return source::StackedDims(fqn) >= 1; }
 
-// SequentialMLP's experts, stacked [layers, experts, ...] (decoder.layers.mlp.experts.experts.*).
-bool Expert(const std::string& fqn) { return Stacked(fqn) && fqn.find(".experts.experts.") != std::string::npos; }
+// SequentialMLP's experts, stacked [layers, experts, ...].
+bool Expert(const std::string& fqn) { return source::StackedDims(fqn) == 2; }
 
 // Which parameters one distributed optimizer holds: all (one optimizer), or in Megatron-LM's chain at
 // EP > 1 the dense ones (chained_0) or the experts' (chained_1).

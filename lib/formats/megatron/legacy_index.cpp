@@ -17,6 +17,7 @@
 #include "pt/low_precision.h"
 #include "pt/torch_file.h"
 #include "source/megatron_groups.h"
+#include "source/megatron_stacking.h"
 
 namespace ucp::formats::megatron {
 
@@ -407,7 +408,7 @@ void DistributedState(SourceIndex& L, const std::vector<Rank>& ranks, const Mode
     f.groups.push_back(extents);
     const int param = static_cast<int>(M.item_of.at(p.fqn));
     AddFragments(L, r.optim_file, slot, param, M.items[param], p.boxes);
-    const int layer = p.fqn.rfind("decoder.layers.", 0) == 0 ? static_cast<int>(p.boxes.at(0).offsets.at(0)) : -1;
+    const int layer = source::StackedDims(p.fqn) >= 1 ? static_cast<int>(p.boxes.at(0).offsets.at(0)) : -1;
     const Local& x = M.locals.at(M.local_of.at({static_cast<int>(rank_of.at(p.domain)), p.fqn, layer}));
     if (static_cast<int64_t>(x.tensor.numel()) != p.numel)
       throw Error(L.dir + ": '" + x.name + "' of " + r.folder.name + " has " + std::to_string(x.tensor.numel()) + " elements, its bucket piece " +

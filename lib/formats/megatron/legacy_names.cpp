@@ -3,6 +3,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "source/megatron_stacking.h"
 
 namespace ucp::formats::megatron {
 
@@ -70,8 +71,8 @@ std::optional<DistName> DistNameOf(const std::string& name, bool gated) {
 }
 
 DistName DistNameOfKey(const std::string& key, bool gated) {
-  static const std::string stacked = "decoder.layers.";
-  if (key.rfind(stacked, 0) != 0) return GlobalName(key);
+  constexpr std::string_view stacked = source::kStackedPrefix;
+  if (source::StackedDims(key) == 0) return GlobalName(key);
   const size_t dot = key.rfind('.');
   const std::string module = key.substr(stacked.size(), dot - stacked.size()), param = key.substr(dot + 1);
   const auto split = dot > stacked.size() ? LayerSplit(module, param) : std::nullopt;

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "pt/value.h"
+#include "source/megatron_stacking.h"
 
 namespace ucp::formats::megatron {
 using reshard::ExportTensor;
@@ -23,7 +24,7 @@ std::vector<McoreKey> KeysOfMcoreAtoms(const reshard::Source& S, bool gated, int
     McoreKey k;
     k.key = atom.name;
     k.name = DistNameOfKey(atom.name, gated);
-    k.stacked = atom.name.rfind("decoder.layers.", 0) == 0;
+    k.stacked = source::StackedDims(atom.name) >= 1;
     k.shape = atom.shape;
     if (k.stacked) {
       if (atom.shape.empty() || atom.shape[0] != layers)

@@ -17,6 +17,7 @@
 #include "layout/naming.h"
 #include "pt/torch_file.h"
 #include "source/megatron_groups.h"
+#include "source/megatron_stacking.h"
 #include "source/megatron_tracker.h"
 
 namespace ucp::formats::megatron {
@@ -538,7 +539,7 @@ std::vector<int> ExpertTwins(const reshard::Source& S, const std::vector<McoreKe
   const source::MegatronGroups rule = source::MegatronGroupsOf(saved.get(), &args, params);
   std::set<int> twins;
   for (const auto& [name, shape] : params)
-    if (name.find(".experts.experts.") != std::string::npos) {
+    if (source::StackedDims(name) == 2) {
       auto it = rule.group_of.find(name);
       if (it == rule.group_of.end())
         throw Error("EP=" + std::to_string(g.ep) + ": the source's experts were not expert-parallel (EP 1) and its " +
