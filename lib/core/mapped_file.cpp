@@ -36,15 +36,24 @@ void MappedFile::ReleaseResidentPages() const {
   if (size_ > 0) ::madvise(data_, size_, MADV_DONTNEED);
 }
 
+int MappedFile::ReadFd() const {
+  const std::lock_guard<std::mutex> lock(read_fd_mutex_);
+  if (!read_fd_.open()) {
+    Fd fd = Fd::OpenOrThrow(path_, O_RDONLY);
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0 || st.st_dev != dev_ || st.st_ino != ino_) throw Error(path_ + ": replaced while being read");
+    read_fd_ = std::move(fd);
+  }
+  return read_fd_.get();
+}
+
 void MappedFile::ReadAt(uint64_t offset, size_t n, void* dst) const {
   if (offset > size_ || n > size_ - offset)
     throw Error(path_ + ": read of " + std::to_string(n) + " bytes at " + std::to_string(offset) + " past its end");
-  const Fd fd = Fd::OpenOrThrow(path_, O_RDONLY);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || st.st_dev != dev_ || st.st_ino != ino_) throw Error(path_ + ": replaced while being read");
+  const int fd = ReadFd();
   auto* to = static_cast<uint8_t*>(dst);
   while (n > 0) {
-    const ssize_t got = ::pread(fd.get(), to, n, static_cast<off_t>(offset));
+    const ssize_t got = ::pread(fd, to, n, static_cast<off_t>(offset));
     if (got <= 0) {
       if (got < 0 && errno == EINTR) continue;
       const std::string why = got < 0 ? std::strerror(errno) : "unexpected end of file";

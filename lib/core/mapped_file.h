@@ -5,8 +5,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
+
+#include "core/file_descriptor.h"
 
 namespace ucp {
 
@@ -28,16 +31,21 @@ class MappedFile {
   void ReleaseResidentPages() const;
   // Bytes [offset, offset + n) of the file into dst by pread(2), not through the mapping: a large
   // read from the page cache costs a fraction of faulting the mapping's pages in and copying
-  // from them (8x on a virtual machine here). Checks that the path still names the mapped file.
+  // from them (8x on a virtual machine here). The path is opened once, on the first read, and
+  // checked to still name the mapped file; every read after uses that descriptor (an open on a
+  // cluster's parallel file system is a round trip to its metadata server). Safe from several threads.
   void ReadAt(uint64_t offset, size_t n, void* dst) const;
 
  private:
   MappedFile(std::string path, uint8_t* data, size_t size, uint64_t dev, uint64_t ino)
       : path_(std::move(path)), data_(data), size_(size), dev_(dev), ino_(ino) {}
+  int ReadFd() const;  // ReadAt's descriptor, opened on first use
   std::string path_;
   uint8_t* data_;
   size_t size_;
   uint64_t dev_, ino_;
+  mutable std::mutex read_fd_mutex_;
+  mutable Fd read_fd_;
 };
 
 }  // namespace ucp

@@ -6,11 +6,13 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <zlib.h>
@@ -32,7 +34,9 @@ using source::WeightCopy;
 constexpr int64_t kChunk = int64_t{1} << 16;
 constexpr size_t kBlock = 2048;  // elements rounded at once, into a buffer on the stack, and compared
 
-// The files a check reads, opened once, read by pread (nothing stays resident).
+// The files a check reads, read by pread (nothing stays resident). The few last read stay open: a
+// thread's units take their masters and copies from one or two files in turn, and a job of
+// thousands of files must not hold a descriptor for each.
 class Files {
  public:
   explicit Files(const SourceIndex& L) : L_(L) {}
@@ -55,14 +59,20 @@ class Files {
   }
 
  private:
+  static constexpr size_t kOpen = 4;
   const MappedFile& At(int file) {
-    auto& m = open_[file];
-    if (!m) m = MappedFile::Open(static_cast<size_t>(file) < L_.files.size() ? L_.dir + "/" + L_.files[static_cast<size_t>(file)].name
-                                                                          : L_.copy_files[static_cast<size_t>(file) - L_.files.size()]);
-    return *m;
+    auto it = std::find_if(open_.begin(), open_.end(), [&](const auto& o) { return o.first == file; });
+    if (it == open_.end()) {
+      if (open_.size() == kOpen) open_.pop_back();
+      open_.emplace_back(file, MappedFile::Open(static_cast<size_t>(file) < L_.files.size() ? L_.dir + "/" + L_.files[static_cast<size_t>(file)].name
+                                                                                          : L_.copy_files[static_cast<size_t>(file) - L_.files.size()]));
+      it = std::prev(open_.end());
+    }
+    std::rotate(open_.begin(), it, std::next(it));  // the last read first
+    return *open_.front().second;
   }
   const SourceIndex& L_;
-  std::map<int, std::shared_ptr<MappedFile>> open_;
+  std::vector<std::pair<int, std::shared_ptr<MappedFile>>> open_;  // the last read first
 };
 
 // How far a copy is from its master: the elements whose bits differ from the rounded master, and
@@ -327,8 +337,8 @@ std::string CheckWeightCopies(const SourceIndex& L, shuffle::Comm& comm, int thr
         const int64_t a = std::max(fr.src_start, c->slot_start), b = std::min(fr.src_start + fr.numel, c->slot_start + c->numel);
         for (int64_t at = a; at < b; at += kChunk)
           units.push_back({&fr, c, m.offset, at - fr.src_start, std::min(kChunk, b - at), at - c->slot_start});
+        if (a < b) compared.insert(fr.file);
       }
-      compared.insert(fr.file);
       continue;
     }
     const auto it = copy_of.find({fr.param, f.pp, L.CopyTp(fr)});
