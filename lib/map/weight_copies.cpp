@@ -65,7 +65,8 @@ class Files {
     if (it == open_.end()) {
       if (open_.size() == kOpen) open_.pop_back();
       open_.emplace_back(file, MappedFile::Open(static_cast<size_t>(file) < L_.files.size() ? L_.dir + "/" + L_.files[static_cast<size_t>(file)].name
-                                                                                          : L_.copy_files[static_cast<size_t>(file) - L_.files.size()]));
+                                                                                          : L_.copy_files[static_cast<size_t>(file) - L_.files.size()],
+                                                /*keep_read_fd=*/true));
       it = std::prev(open_.end());
     }
     std::rotate(open_.begin(), it, std::next(it));  // the last read first

@@ -133,7 +133,7 @@ namespace {
 StModel::File OpenOne(const std::string& dir, const std::string& name) {
   StModel::File f;
   f.name = name;
-  f.map = MappedFile::Open(dir + "/" + name);
+  f.map = MappedFile::Open(dir + "/" + name, /*keep_read_fd=*/true);  // read in slabs; a model has few files
   const auto bytes = f.map->bytes();
   const std::string_view all(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   f.header = ParseSafetensorsHeader(all, bytes.size(), dir + "/" + name);
