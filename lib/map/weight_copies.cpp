@@ -206,7 +206,7 @@ std::string Message(const SourceIndex& L, const Verdicts& v) {
   } else if (!odd_weights.empty()) {
     s = "the model's own weights in " + L.dir + "/" + Names(L, odd_weights) + " disagree with the fp32 master weights of " +
         "every optimizer file that holds them (" + Names(L, data_of[odd_weights.front()]) + "; " + example +
-        "), not one of them equal, while the other weight files there agree: " + (odd_weights.size() > 1 ? "these files are" : "this file is") + " the odd one";
+        "), not one of them equal, while the other weight files there agree: " + (odd_weights.size() > 1 ? "these files are the odd ones" : "this file is the odd one");
   } else if (!both_weights.empty()) {
     const source::ShardFile& d = L.files[static_cast<size_t>(first)];
     s = "at (pp=" + std::to_string(d.pp) + ", tp=" + std::to_string(d.tp) + ") the model's own weights in " + L.dir + "/" +
@@ -218,7 +218,7 @@ std::string Message(const SourceIndex& L, const Verdicts& v) {
         NameOf(L, static_cast<int>(At(v, first, kWorstWeightFile) - 1)) + " (" + std::to_string(At(v, first, kParams)) +
         " parameter(s), " + std::to_string(At(v, first, kElements)) + " element(s); " + example + ")" +
         (odd_data.size() > 1 ? ", and so do those of " + Names(L, {odd_data.begin() + 1, odd_data.end()}) : "") +
-        ": " + (odd_data.size() > 1 ? "these files are" : "this file is") + " the odd one";
+        ": " + (odd_data.size() > 1 ? "these files are the odd ones" : "this file is the odd one");
   }
   return s + ": a value the checkpoint stores twice differs, so its files come from different saves, ranks or runs; "
              "put back the files the save wrote (swapped ones swapped back), or convert another save";

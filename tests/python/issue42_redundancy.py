@@ -110,7 +110,7 @@ def tp_swapped():
     folder = copy_case("llama_pp2_dp2_zero1_fp32", "layers_swapped")
     swap(folder, "layer_03-model_00-model_states.pt", "layer_04-model_00-model_states.pt")
     refused("layer files 3 and 4 swapped", folder, ["layer_03-model_00-model_states.pt, layer_04-model_00-model_states.pt",
-                                                    "these files are the odd one"])
+                                                    "these files are the odd ones"])
     # A layer file of another layout (TP=2's halves in a TP=1 pipeline): its shapes said.
     folder = copy_case("pp2_dp2_zero1_fp32", "layer_of_another_layout")
     shutil.copy(os.path.join(cases, "tp2_pp2_dp2_zero1_fp32", "ckpt", "global_step6", "layer_03-model_00-model_states.pt"),
