@@ -78,7 +78,6 @@ Role RoleOf(const Item& item, bool megatron) {
   return r;
 }
 
-// The checkpoint's files, opened once each.
 // The rank in a data file's name, `__<rank>_<n>.distcp` as torch's FileSystemWriter names each rank's
 // files; -1 for another name.
 int RankOfFile(const std::string& name) {
@@ -87,6 +86,7 @@ int RankOfFile(const std::string& name) {
   return std::regex_match(name, m, rank) ? std::stoi(m[1]) : -1;
 }
 
+// The checkpoint's files, opened once each.
 class Files {
  public:
   Files(SourceIndex& L) : L_(L) {}

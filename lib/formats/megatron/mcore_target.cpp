@@ -488,12 +488,12 @@ void CheckDegrees(const Grid& g, int64_t layers, int64_t heads, int64_t groups) 
                 ": each tensor-parallel rank holds whole heads and query groups");
 }
 
-// A MoE model's experts (SequentialMLP, every layer MoE) at g.ep EP ranks, which must divide the experts
-// and the DP ranks (Megatron-LM's expert grid: TP x EP x expert DP x PP over the same ranks); a dense
-// model at EP 1.
 // The DP a refusal names: "--dp 4", or "DP 1 (--dp not given)".
 std::string DpWords(int64_t dp, bool given) { return given ? "--dp " + std::to_string(dp) : "DP 1 (--dp not given)"; }
 
+// A MoE model's experts (SequentialMLP, every layer MoE) at g.ep EP ranks, which must divide the experts
+// and the DP ranks (Megatron-LM's expert grid: TP x EP x expert DP x PP over the same ranks); a dense
+// model at EP 1.
 void CheckExperts(const std::vector<McoreKey>& keys, const Value& args, const Grid& g, const std::string& dir, std::vector<std::string>& notes) {
   int64_t experts = 0;
   for (const McoreKey& k : keys) experts = std::max(experts, k.experts);
