@@ -19,8 +19,9 @@ int RunConvert(const ConvertOptions& given, shuffle::Comm& comm, std::ostream& o
           << ", the iteration its latest_checkpointed_iteration.txt names\n";
     o.source = iteration;
   }
-  // A model of whole tensors (Hugging Face's; a training format's weights-only save) has no partitions
-  // to map: its own run.
+  // A model of whole tensors (Hugging Face's; a training format's weights-only save; another family's
+  // atomic checkpoint under Megatron-DeepSpeed's names) has no partitions to map: its own run.
+  if (o.as_deepspeed) return RunConvertFromModel(o, formats::AtomicAsDeepSpeedSource(), comm, out, err);
   if (const formats::SourceDriver* d = formats::ProbeSource(o.source); d && d->read_param && (!d->weights_only || d->weights_only(o.source)))
     return RunConvertFromModel(o, *d, comm, out, err);
   const int rank = comm.rank();

@@ -39,6 +39,11 @@ struct ConvertOptions {
   // no tensor is written: the scratch's manifest names where the weights lie in the source
   // (reference.cpp, the partitions store). Otherwise a conversion as above.
   bool reference = false;
+  // `source` is an atomic checkpoint of another family (Megatron-Core, torchtitan), converted into one
+  // of Megatron-DeepSpeed's GPTModel parameters with its optimizer state (formats::AtomicAsDeepSpeedSource):
+  // what ucp-reshard writes a DeepSpeed layout of such a checkpoint from.
+  bool as_deepspeed = false;
+  std::string model_config_path, model_config_text;  // with as_deepspeed: ucp-reshard's --model-config, its bytes
 };
 
 // Exit codes: 0 done, 1 failed (every rank returns the same code; the lowest failing rank prints
@@ -46,7 +51,8 @@ struct ConvertOptions {
 int RunConvert(const ConvertOptions& options, shuffle::Comm& comm, std::ostream& out, std::ostream& err);
 
 // A model of whole tensors (a Hugging Face model folder, the driver's read_param): its weights as a
-// weights-only atomic checkpoint (from_model.cpp). RunConvert hands such a source here.
+// weights-only atomic checkpoint (from_model.cpp), with the Adam moments and step where the driver
+// reads them (read_state). RunConvert hands such a source here.
 int RunConvertFromModel(const ConvertOptions& options, const formats::SourceDriver& driver, shuffle::Comm& comm,
                         std::ostream& out, std::ostream& err);
 

@@ -3,9 +3,11 @@
 // export pipeline backwards (reshard/export.h). Every rank indexes the folder and resolves the
 // patterns; the parameters are spread over the ranks by bytes (largest first, to the least loaded);
 // each rank reads its parameters whole from the driver and writes them through the store's
-// AtomWriter, fp32 only (weights only); rank 0 writes the synthesized model-states file, carries the
-// job's files (config.json, ...) byte for byte, and commits the manifest last. Memory per rank: two
-// of the largest parameter (two writing threads), each with at most one source tensor beside it.
+// AtomWriter, fp32 only (weights only), or with both Adam moments and the step where the driver
+// reads them (SourceDriver::read_state: another family's atomic checkpoint); rank 0 writes the
+// synthesized model-states file (and zero/optimizer_state.pt with the moments), carries the job's
+// files (config.json, ...) byte for byte, and commits the manifest last. Memory per rank: two of the
+// largest parameter (two writing threads), each with at most one source tensor beside it.
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -37,8 +39,14 @@ namespace {
 // The file the import synthesizes: what a Megatron-DeepSpeed save of TP = PP = 1 names rank 0's.
 constexpr const char* kModelStates = "mp_rank_00_model_states.pt";
 
+// Whether the driver reads the optimizer's state too (then every parameter has all three states),
+// unless the fp32 weights alone are asked for.
+bool WithStates(const ConvertOptions& o, const formats::SourceDriver& driver, const Planned& x) {
+  return driver.read_state && x.L.optimizer_state && !o.weights_only;
+}
+
 // Step 1, every rank: the writer's list of every parameter, each as a conversion describes it.
-std::vector<store::AtomSpec> SpecsOf(const Planned& x) {
+std::vector<store::AtomSpec> SpecsOf(const Planned& x, bool states) {
   std::vector<store::AtomSpec> specs;
   for (size_t i = 0; i < x.L.params.size(); ++i) {
     const auto& pat = x.M.params[i];
@@ -51,7 +59,8 @@ std::vector<store::AtomSpec> SpecsOf(const Planned& x) {
     store::ParamRelDir(P.name);  // every name must be a safe folder name
     store::AtomSpec s{P.name, P.full_shape, store::ParamMetaJson(x.L, pat, P), store::UniversalKeysOf(pat), nullptr,
                       pat.split_dim()};
-    s.weights_only = true;
+    s.weights_only = !states;
+    if (states) s.step = x.L.steps.at({0, 0, x.L.params[i].group});
     specs.push_back(std::move(s));
   }
   return specs;
@@ -80,11 +89,14 @@ int64_t WriteOwned(const formats::SourceDriver& driver, const Planned& x, store:
         const auto& s = writer.specs()[mine[k]];
         const auto numel = static_cast<size_t>(std::max<int64_t>(pt::Numel(s.shape), 1));
         if (numel > held) buf = std::make_unique_for_overwrite<float[]>(numel), held = numel;
-        driver.read_param(x.L, static_cast<int>(mine[k]), buf.get());
-        auto written_records = writer.Write(s.name, plan::State::Fp32, buf.get());
-        std::lock_guard<std::mutex> lock(mu);
-        for (auto& r : written_records) records.push_back(std::move(r));
-        written += 4 * pt::Numel(s.shape);
+        for (int state = 0; state < store::StatesOf(s); ++state) {
+          if (state == 0 && !driver.read_state) driver.read_param(x.L, static_cast<int>(mine[k]), buf.get());
+          else driver.read_state(x.L, static_cast<int>(mine[k]), state, buf.get());
+          auto written_records = writer.Write(s.name, static_cast<plan::State>(state), buf.get());
+          std::lock_guard<std::mutex> lock(mu);
+          for (auto& r : written_records) records.push_back(std::move(r));
+          written += 4 * pt::Numel(s.shape);
+        }
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);
         if (k < failed_at) failed_at = k, failure = std::current_exception();
@@ -108,6 +120,12 @@ void CommitImport(const ConvertOptions& o, const Planned& x, const std::vector<s
   for (const auto& r : committed.files) files[r.path] = r;
   const auto d = pt::WriteTorchFile(o.output + "/" + kModelStates, *x.L.model_states);
   files[kModelStates] = {kModelStates, d.size, d.xxh64};
+  const bool states = !specs.empty() && !specs.front().weights_only;
+  if (states) {  // the param groups, which ucp-reshard's DeepSpeed writer and DeepSpeed's universal load read
+    std::filesystem::create_directories(o.output + "/zero");
+    const auto g = pt::WriteTorchFile(o.output + "/zero/optimizer_state.pt", *x.L.optimizer_state);
+    files["zero/optimizer_state.pt"] = {"zero/optimizer_state.pt", g.size, g.xxh64};
+  }
   if (!x.L.job.carried.empty()) std::filesystem::create_directories(o.output + "/" + source::kJobFolder);
   for (const std::string& name : x.L.job.carried) {  // byte for byte, as the index read them
     const std::string rel = std::string(source::kJobFolder) + "/" + name;
@@ -121,7 +139,7 @@ void CommitImport(const ConvertOptions& o, const Planned& x, const std::vector<s
   }
   nlohmann::json source = store::SourceJson(x.L, x.M);
   source["model_states"] = kModelStates;
-  source["weights_only"] = true;
+  if (!states) source["weights_only"] = true;  // (absent with the moments)
   auto manifest = store::AssembleManifest(std::string(store::StoreName(x.kind)), source, store::FamilyJson(x.M), params, files);
   folder.Mark({manifest.dump(1) + "\n"});  // the commit point (core/commit.h, step 4)
 }
@@ -154,7 +172,7 @@ int RunConvertFromModel(const ConvertOptions& o, const formats::SourceDriver& dr
     if (o.output.empty() && !o.plan_only) throw Error("an output folder is required (-o OUT)");
     if (o.resume) throw Error("--resume: an import writes each tensor whole in one pass; rerun with --force");
     x = IndexAndResolve(o);
-    specs = SpecsOf(x);
+    specs = SpecsOf(x, WithStates(o, driver, x));
     if (!o.output.empty()) RefuseOutputWithin(o.output, o.source, "the model folder");
   });
   if (AnyFailed(comm, error, err, "ucp-convert")) return 1;
@@ -163,7 +181,7 @@ int RunConvertFromModel(const ConvertOptions& o, const formats::SourceDriver& dr
   const auto owner = plan::AssignLpt(weights, ranks);
   if (talk) {
     err << "ucp-convert: " << x.L.framework << " model " << o.source << " (" << x.L.dtype << "): " << specs.size()
-        << " parameters, weights only -> " << (o.plan_only ? "(plan)" : o.output + " (" + o.format + ")") << "; "
+        << " parameters, " << (specs.empty() || specs.front().weights_only ? "weights only" : "weights, Adam moments and step") << " -> " << (o.plan_only ? "(plan)" : o.output + " (" + o.format + ")") << "; "
         << (o.plan_ranks > 0 ? "planned for " + std::to_string(o.plan_ranks) + " MPI ranks (--ranks)" : comm.name()) << "\n";
     for (const auto* list : {&x.L.notes, &x.M.notes})
       for (const auto& n : *list) err << "ucp-convert: note: " << n << "\n";
@@ -198,7 +216,7 @@ int RunConvertFromModel(const ConvertOptions& o, const formats::SourceDriver& dr
   if (rank == 0 && !o.report_path.empty()) {  // --report: what the run wrote, in the keys of a conversion's report
     nlohmann::json per_rank = nlohmann::json::array();
     for (const auto& p : per) per_rank.push_back(nlohmann::json::parse(p));
-    const nlohmann::json report = {{"source", o.source}, {"output", o.output}, {"ranks", ranks}, {"weights_only", true},
+    const nlohmann::json report = {{"source", o.source}, {"output", o.output}, {"ranks", ranks}, {"weights_only", specs.empty() || specs.front().weights_only},
                                    {"parameters", specs.size()}, {"bytes_written", totals[0]}, {"per_rank", per_rank},
                                    {"phases_seconds", {{"total", secs}}}};
     error = Capture([&] { WriteFileAtomically(o.report_path, report.dump(1) + "\n"); });
@@ -209,8 +227,9 @@ int RunConvertFromModel(const ConvertOptions& o, const formats::SourceDriver& dr
   }
   if (talk) {
     char buf[256];
-    std::snprintf(buf, sizeof buf, "ucp-convert: wrote %s (%s store): %zu parameters, weights only, %s written in %.2fs\n",
-                  o.output.c_str(), o.format.c_str(), specs.size(), HumanBytes(double(totals[0])).c_str(), secs);
+    std::snprintf(buf, sizeof buf, "ucp-convert: wrote %s (%s store): %zu parameters, %s, %s written in %.2fs\n",
+                  o.output.c_str(), o.format.c_str(), specs.size(), specs.empty() || specs.front().weights_only ? "weights only" : "with their Adam moments",
+                  HumanBytes(double(totals[0])).c_str(), secs);
     err << buf;
   }
   return 0;

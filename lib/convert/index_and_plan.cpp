@@ -63,8 +63,10 @@ Planned IndexAndResolve(const ConvertOptions& o) {
   x.kind = store::WritableStoreFromName(o.format);
   if (x.kind == store::StoreKind::Hdf5 && o.resume)
     throw Error("--resume is not supported with --format hdf5: atoms.h5 is one file, written whole; rerun with --force");
-  RefuseConvertedAlready(o.source);
-  x.L = formats::IndexSource(o.source);
+  if (!o.as_deepspeed) RefuseConvertedAlready(o.source);
+  source::IndexOptions model;
+  model.model_config_path = o.model_config_path, model.model_config_text = o.model_config_text;
+  x.L = o.as_deepspeed ? formats::AtomicAsDeepSpeedSource().index(o.source, model) : formats::IndexSource(o.source);
   const auto& L = x.L;
   if (!L.errors.empty()) throw Error(FirstFault(L.errors, o.source + ": unreadable, malformed or not supported", o.source));
   if (o.strict && !L.problems.empty())

@@ -33,6 +33,12 @@ struct SourceDriver {
   // `dir` is one, which ucp-convert then reads through read_param as a model; null: read_param (where
   // set) serves every folder of the format.
   bool (*weights_only)(const std::string& dir);
+  // A model that holds its optimizer's state too (another family's atomic checkpoint under
+  // Megatron-DeepSpeed's names): state `state` (plan::State: 0 the fp32 weights, as read_param, 1
+  // exp_avg, 2 exp_avg_sq) of parameter `param` whole into dst; each parameter's step is
+  // SourceIndex::steps at (0, 0, its group), the param groups SourceIndex::optimizer_state's. Null:
+  // weights only.
+  void (*read_state)(const source::SourceIndex& L, int param, int state, float* dst) = nullptr;
 };
 
 struct TargetDriver {
@@ -68,6 +74,9 @@ const SourceDriver& DeepSpeedSource();
 const SourceDriver& DcpSource();
 const SourceDriver& HuggingFaceSource();
 const SourceDriver& MegatronSource();
+// Not probed: an atomic checkpoint of another family (Megatron-Core, torchtitan) read as Megatron-DeepSpeed's
+// GPTModel parameters, for a DeepSpeed target (ConvertOptions::as_deepspeed).
+const SourceDriver& AtomicAsDeepSpeedSource();
 const TargetDriver& DeepSpeedTarget();
 const TargetDriver& HuggingFaceTarget();
 const TargetDriver& DcpTarget();

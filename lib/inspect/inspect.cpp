@@ -178,7 +178,9 @@ void AddParams(const source::SourceIndex& L, const patterns::ModelPatterns& M, c
 }  // namespace
 
 json InspectReport(const std::string& dir, const InspectOptions& options) {
-  source::SourceIndex L = formats::IndexSource(dir, {.verify_storage_crc = options.verify});
+  source::IndexOptions index;
+  index.verify_storage_crc = options.verify;
+  source::SourceIndex L = formats::IndexSource(dir, index);
   json r;
   AddLayout(L, r);
   if (options.verify && L.errors.empty()) r["verified"] = VerifyStoredTwice(L);

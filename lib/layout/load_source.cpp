@@ -189,12 +189,11 @@ Source LoadSource(const std::string& dir) {
   // conversion synthesized for the export.
   const std::string framework = S.manifest["source"].value("framework", std::string("?"));
   if (!S.model_states.root || framework == "torch-dcp" || framework == "megatron-lm")
-    throw Error(dir + ": converted from a " + framework + " checkpoint, which carries no DeepSpeed model-states file: ucp-reshard "
-                "writes DeepSpeed layouts from DeepSpeed sources and Hugging Face imports (its optimizer state does not travel "
-                "across families yet). For this model's weights in a DeepSpeed layout: ucp-reshard " + dir + " -o HF --format hf "
-                "--dtype fp32, then ucp-convert HF -o ATOMIC2, then ucp-reshard ATOMIC2 with this layout and --optimizer-config FILE; "
-                "--format mcore and --format dcp write " + (framework == "megatron-lm" ? "Megatron-LM's layouts and torchtitan's" :
-                "Megatron-LM's and torchtitan's layouts") + " from it directly");
+    throw Error(dir + ": converted from a " + framework + " checkpoint, which carries no DeepSpeed model-states file: "
+                "ucp-reshard " + dir + " -o OUT with a DeepSpeed layout converts it under Megatron-DeepSpeed's names first "
+                "(OUT/.ucp-scratch-atomic), its optimizer's state with it; --format mcore and --format dcp write " +
+                (framework == "megatron-lm" ? "Megatron-LM's layouts and torchtitan's" : "Megatron-LM's and torchtitan's layouts") +
+                " from it directly");
   const std::string naming = S.manifest["source"].value("naming", "");
   if (naming != NamingName(Naming::Pipe) && naming != NamingName(Naming::Plain))
     throw Error(dir + ": the manifest's source naming is '" + naming + "'; ucp-reshard knows GPTModelPipe ('pipe') "

@@ -7,12 +7,14 @@
 #include <nlohmann/json.hpp>
 
 #include "core/atomic_file.h"
+#include "core/commit.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/names.h"
 #include "core/output_lock.h"
 #include "shuffle/agree.h"
 #include "reshard/tool_name.h"
+#include "store/atomic_store.h"
 
 namespace ucp::reshard {
 namespace fs = std::filesystem;
@@ -196,6 +198,19 @@ void RefuseClaim(const std::string& output, const std::string& input, bool force
   const bool claimed = fs::exists(output + "/" + kClaimFile, ec);
   if (!force && !(claimed && Unfinished(output))) throw NotEmpty(output, claimed);
   ForceClearList(output);  // refuses what --force would refuse to clear
+}
+
+void RefuseForeignScratch(const std::string& scratch) {
+  if (fs::exists(scratch) && !store::IsAtomicCheckpoint(scratch) && !fs::exists(scratch + "/" + store::kJournalDir) &&
+      !HoldsOnlyLeftovers(scratch))
+    throw Error(scratch + ": not written by ucp, and a run that converts into it removes it: remove it yourself or choose another -o");
+}
+
+void RemoveScratch(const std::string& scratch, const std::string& output, bool created_output, bool talk, std::ostream& err) {
+  std::error_code ec;
+  fs::remove_all(scratch, ec);
+  if (created_output && fs::is_empty(output, ec)) fs::remove(output, ec);
+  if (talk) err << kTool << ": removed the scratch atomic checkpoint " << scratch << "\n";
 }
 
 }  // namespace ucp::reshard

@@ -60,4 +60,12 @@ bool AnyFailedAbandoning(shuffle::Comm& comm, const std::string& error, std::ost
 // conversion into the scratch folder), refused before that work is done for nothing.
 void RefuseClaim(const std::string& output, const std::string& input, bool force);
 
+// Refuses a scratch folder (kScratchAtomic) ucp did not write (no manifest or journal, and files of its
+// own): the run that converts into it removes it when it ends, and ucp removes only what it wrote.
+void RefuseForeignScratch(const std::string& scratch);
+
+// Rank 0, once no rank reads it: the scratch folder removed, and `output` with it where the run created
+// it and it is left empty; said unless quiet.
+void RemoveScratch(const std::string& scratch, const std::string& output, bool created_output, bool talk, std::ostream& err);
+
 }  // namespace ucp::reshard

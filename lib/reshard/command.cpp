@@ -9,6 +9,7 @@
 #include "layout/planner.h"
 #include "layout/reshard_plan.h"
 #include "layout/target.h"
+#include "reshard/other_family.h"
 
 namespace ucp::reshard {
 namespace {
@@ -148,7 +149,10 @@ std::optional<int> SettleModelExport(ReshardCommand& c, std::ostream& err) {
 // given then stay fixed).
 std::optional<int> SettleTrainingLayout(ReshardCommand& c, std::ostream& err) {
   ReshardOptions& o = c.options;
-  if (!c.hf_only_given.empty()) return Refuse(err, c.hf_only_given.front() + " goes with --format hf");
+  for (const std::string& flag : c.hf_only_given)  // --model-config: another family's model's facts (reshard/other_family.h)
+    if (flag != "--model-config") return Refuse(err, flag + " goes with --format hf");
+  if (!c.model_config.empty())
+    if (auto status = ReadModelConfig(o.model, c.model_config, err)) return status;
   if (!c.dcp_only_given.empty()) return Refuse(err, c.dcp_only_given.front() + " goes with --format dcp");
   if (!c.mcore_only_given.empty()) return Refuse(err, c.mcore_only_given.front() + " goes with --format mcore");
   const std::vector<std::string>& given = c.in_place.given;
@@ -197,6 +201,8 @@ int RunCommand(const ReshardCommand& c, shuffle::Comm& comm, std::ostream& out, 
   if (c.in_place_mode) return RunInPlace(FromRoot(c), comm, out, err);
   // A training run's root (a Trainer checkpoint-N): its atomic checkpoint found or made first.
   if (IsCheckpointRoot(c.options.atomic_dir)) return RunFromRoot(FromRoot(c), comm, out, err);
+  // Another family's atomic checkpoint to a DeepSpeed layout: under Megatron-DeepSpeed's names first.
+  if (NeedsDeepSpeedNames(c.options)) return ReshardThroughDeepSpeedNames(c.options, comm, out, err);
   return RunReshard(c.options, comm, out, err);
 }
 

@@ -19,6 +19,7 @@
 #include "store/atomic_store.h"
 #include "store/universal_folder.h"
 #include "layout/reshard_plan.h"
+#include "layout/store_rows.h"
 #include "reshard/tool_name.h"
 
 namespace ucp::reshard {
@@ -27,25 +28,6 @@ using shuffle::AnyFailed;
 using shuffle::Capture;
 
 namespace {
-
-// Rows of an atomic tensor's state, read from the store (each atom checked on first use).
-class StoreRows final : public RowSource {
- public:
-  explicit StoreRows(const Source& S) : S_(S) {}
-  void Read(int atom, int64_t layer, int64_t expert, int state, int64_t a, int64_t b, int64_t c0, int64_t c1, float* dst) override {
-    const Atom& at = S_.atoms.at(atom);
-    std::vector<int64_t> start(at.shape.size(), 0), count = at.shape;
-    const size_t d = layer < 0 ? 0 : expert < 0 ? 1 : 2;  // the rows' dimension
-    if (layer >= 0) start.at(0) = layer, count.at(0) = 1;
-    if (layer >= 0 && expert >= 0) start.at(1) = expert, count.at(1) = 1;
-    if (count.size() > d) start[d] = a, count[d] = b - a;
-    if (c1 >= 0 && count.size() > d + 1) start[d + 1] = c0, count[d + 1] = c1 - c0;
-    S_.reader->ReadSlab(at.name, static_cast<plan::State>(state), start, count, dst);
-  }
-
- private:
-  const Source& S_;
-};
 
 // " (fp32 -> bf16)" where the export's dtype is not the source job's (--dtype, or a target of one precision).
 std::string PrecisionChange(const Source& S, const ExportPlan& P) {

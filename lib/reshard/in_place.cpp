@@ -313,15 +313,6 @@ int PointBack(const InPlaceOptions& o, const std::string& root, const LatestTag&
   return 0;
 }
 
-// Refuses a scratch folder ucp did not write (no manifest or journal, and files of its own): it is
-// removed when the run ends, and ucp removes only what it wrote.
-void RefuseForeignScratch(const std::string& scratch) {
-  if (fs::exists(scratch) && !store::IsAtomicCheckpoint(scratch) && !fs::exists(scratch + "/" + store::kJournalDir) &&
-      !HoldsOnlyLeftovers(scratch))
-    throw Error(scratch + ": not written by ucp, and a run from a checkpoint root converts into it and removes it: "
-                "remove it yourself or choose another -o");
-}
-
 // The training layout -o OUT is to hold, where its degrees are given (not chosen by --gpus, not a model):
 // judged before the conversion, as --in-place judges its target; nullptr otherwise.
 const TargetLayout* GivenLayout(const InPlaceOptions& o) {
@@ -362,12 +353,7 @@ int ReshardThroughScratch(const InPlaceOptions& o, const LatestTag& current, Res
   int code = convert::RunConvert(c, comm, out, err);
   if (code == 0) code = RunReshard(r, comm, out, err);
   comm.Barrier();  // every rank done reading it
-  if (comm.rank() == 0) {
-    std::error_code ec;
-    fs::remove_all(scratch, ec);
-    if (created && fs::is_empty(r.output, ec)) fs::remove(r.output, ec);
-    if (talk) err << kTool << ": removed the scratch atomic checkpoint " << scratch << "\n";
-  }
+  if (comm.rank() == 0) RemoveScratch(scratch, r.output, created, talk, err);
   return code;
 }
 

@@ -299,6 +299,10 @@ Resharding PlanReshard(const ReshardOptions& o, int ranks) {
   Resharding R;
   if (!o.plan_only && !o.in_place) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
   RefuseNonAtomicInput(o.atomic_dir);
+  if (!o.model.model_config_path.empty())
+    throw Error("--model-config " + o.model.model_config_path + ": with a DeepSpeed layout, the facts of another family's model "
+                "(an atomic checkpoint of Megatron-Core or torchtitan), which " + o.atomic_dir + " is not: its model-states file "
+                "holds its model's");
   R.S = LoadSource(o.atomic_dir);
   RefuseMisnamedCheckpoint(source::JobFiles::FromJson(R.S.manifest["source"].value("job", nlohmann::json())), o.output, o.in_place);
   WithContext(o.atomic_dir + "/" + store::kManifestName, [&] {

@@ -200,6 +200,9 @@ std::string FileWhere(const SourceIndex& L, int file);
 
 struct IndexOptions {
   bool verify_storage_crc = false;  // read every tensor byte and check the container's checksums
+  // Facts of the model the checkpoint does not hold (ucp-reshard's --model-config, for a source that
+  // describes its model through them: another family's atomic checkpoint): the file and its bytes.
+  std::string model_config_path, model_config_text;
 };
 
 // The file ucp-reshard --in-place leaves in a checkpoint folder it wrote (the source tag, the atomic

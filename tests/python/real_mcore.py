@@ -304,8 +304,8 @@ weights_only_converts(run, check, "weights-only torch_dist", wo, ref, WORK)
 # Targets a weights-only Megatron-Core atomic checkpoint does not get, each refused for its true reason.
 wo_atomic = os.path.join(WORK, "weights-only-np2")
 r = run("ucp-reshard", [wo_atomic, "-o", os.path.join(WORK, "wo-ds"), "--dp", "1", "--tp", "2", "--pp", "1", "--zero-stage", "1", "--no-optimizer"])
-check("weights-only torch_dist: a DeepSpeed layout is refused as from a source of global tensors, pointing to --format hf",
-      r.returncode != 0 and "converted from a torch-dcp checkpoint" in r.stderr and "--format hf" in r.stderr and
+check("weights-only torch_dist GPT (untied): a DeepSpeed layout is refused as one Megatron-DeepSpeed's tied GPT does not hold, "
+      "pointing to --format hf", r.returncode != 0 and "tie_word_embeddings false" in r.stderr and "--format hf" in r.stderr and
       "is not this model's" not in r.stderr and not os.path.exists(os.path.join(WORK, "wo-ds", "latest")), r.stderr[-600:])
 r = run("ucp-reshard", [wo_atomic, "-o", os.path.join(WORK, "wo-dcp"), "--format", "dcp", "--mesh", "tp=2"])
 check("weights-only torch_dist GPT: --format dcp is refused as GPT-shaped, naming GPT2LMHeadModel", r.returncode != 0 and

@@ -175,11 +175,16 @@ std::string ArchitectureOf(const ConfigKeys& k) {
 }  // namespace
 
 HfConfig ReadHfConfig(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  const auto text = ReadWholeFile(path);
+  if (!text) throw Error(path + ": cannot read it");
+  return ParseHfConfig(*text, path);
+}
+
+HfConfig ParseHfConfig(const std::string& text, const std::string& path) {
   HfConfig c;
-  c.path = dir + "/config.json";
-  const auto text = ReadWholeFile(c.path);
-  if (!text) throw Error(c.path + ": cannot read it");
-  const json j = json::parse(*text, nullptr, false);
+  c.path = path;
+  const json j = json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) throw Error(c.path + ": no JSON object");
   const ConfigKeys k(j, c.path, c.notes);
   c.architecture = ArchitectureOf(k);

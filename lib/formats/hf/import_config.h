@@ -27,5 +27,7 @@ struct HfConfig {
 
 // Throws ucp::Error naming config.json and the key.
 HfConfig ReadHfConfig(const std::string& dir);
+// The same of config.json's text; `path` names it in messages.
+HfConfig ParseHfConfig(const std::string& text, const std::string& path);
 
 }  // namespace ucp::formats::hf
