@@ -48,6 +48,17 @@ def reshard_args(layout):
             "--ds-version", "0.19.5"]
 
 
+def divisible_by(root):
+    """The vocabulary divisor the written layout's Megatron args carry (the source job's)."""
+    import glob
+    import torch
+    sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+    import ds_stubs  # noqa: F401  (DeepSpeed's pickled classes)
+    tag = open(os.path.join(root, "latest")).read().strip()
+    first = sorted(glob.glob(os.path.join(root, tag, "*mp_rank_00_model_states.pt")))[0]
+    return torch.load(first)["args"].make_vocab_size_divisible_by
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("build")
@@ -80,7 +91,8 @@ def main():
         for name, (layout, steps) in ROWS.items():
             out = os.path.join(ckpts, case + "-" + name)
             subprocess.run([tool("ucp-reshard"), atomic, "-o", out, "-q"] + reshard_args(layout), check=True)
-            flags = model_flags(config) + ["--dtype", dtype, "--no-load-lr-scheduler-states"]
+            flags = model_flags(config) + ["--dtype", dtype, "--no-load-lr-scheduler-states",
+                                           "--make-vocab-divisible-by", str(divisible_by(out))]
             flags += [x for k, v in layout.items() for x in ("--" + k, str(v))]
             got_path = os.path.join(outs, case + "-" + name + ".json")
             harness = lambda path, extra: subprocess.run(  # noqa: E731

@@ -128,7 +128,8 @@ CLI::Option* AddInputFlags(CLI::App& app, ReshardCommand& c) {
 // --format hf's own flags, returned to be refused by name with any other format.
 std::vector<CLI::Option*> AddModelFlags(CLI::App& app, ReshardCommand& c) {
   CLI::Option* model_config = app.add_option("--model-config", c.model_config,
-                 "with --format hf, dcp or mcore: a JSON object of model facts the checkpoint does not hold, by Megatron's argument "
+                 "with --format hf, dcp or mcore (and a DeepSpeed layout of a Megatron-Core or torchtitan atomic checkpoint): a JSON "
+                 "object of model facts the checkpoint does not hold, by Megatron's argument "
                  "names (hidden_size, num_layers, num_attention_heads, num_key_value_heads, ffn_hidden_size, "
                  "max_position_embeddings, normalization, swiglu, position_embedding_type, layernorm_epsilon, "
                  "rope_theta; GPT-2: bias_gelu_fusion, openai_gelu; Mixtral: topk, moe_token_dropping, "

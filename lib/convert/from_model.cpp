@@ -7,7 +7,8 @@
 // reads them (SourceDriver::read_state: another family's atomic checkpoint); rank 0 writes the
 // synthesized model-states file (and zero/optimizer_state.pt with the moments), carries the job's
 // files (config.json, ...) byte for byte, and commits the manifest last. Memory per rank: two of the
-// largest parameter (two writing threads), each with at most one source tensor beside it.
+// largest parameter (two writing threads), each with at most one source tensor beside it (two where
+// the driver re-orders a tensor's rows: an atomic checkpoint's rotary or transposed ones).
 #include <array>
 #include <atomic>
 #include <chrono>

@@ -65,7 +65,7 @@ Planned IndexAndResolve(const ConvertOptions& o) {
     throw Error("--resume is not supported with --format hdf5: atoms.h5 is one file, written whole; rerun with --force");
   if (!o.as_deepspeed) RefuseConvertedAlready(o.source);
   source::IndexOptions model;
-  model.model_config_path = o.model_config_path, model.model_config_text = o.model_config_text;
+  model.model_config_path = o.model_config_path, model.model_config_text = o.model_config_text, model.weights_only = o.weights_only;
   x.L = o.as_deepspeed ? formats::AtomicAsDeepSpeedSource().index(o.source, model) : formats::IndexSource(o.source);
   const auto& L = x.L;
   if (!L.errors.empty()) throw Error(FirstFault(L.errors, o.source + ": unreadable, malformed or not supported", o.source));

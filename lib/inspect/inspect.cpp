@@ -47,9 +47,10 @@ void AddLayout(const source::SourceIndex& L, json& r) {
   r["layout"] = source::LayoutWords(L);
   r["degrees"] = {{"dp", L.DataParallel()}, {"sp", L.sp}, {"sp_recorded", L.sp_recorded}, {"tp", L.tp}, {"pp", L.pp}, {"ep", L.ep}};
   if (!L.on_grid)  // global tensors, whose files hold no grid: the saving job's degrees, where its Megatron-LM args say them
-    for (const auto& [name, degree] : source::MegatronDegrees(source::MegatronArgsOf(L), L.files_world))
+    for (const auto& [name, degree] : source::MegatronDegrees(source::MegatronArgsOf(L), L.files_world)) {
       if (name == "dp_recorded") r["degrees"][name] = degree != 0;
       else if (name != "cp") r["degrees"][name] = degree;
+    }
   r["iteration"] = L.iteration;
   r["naming"] = L.naming;
   if (!L.job.empty()) r["job"] = L.job.ToJson();  // the framework's files beside the tag (Trainer's)

@@ -188,7 +188,7 @@ Source LoadSource(const std::string& dir) {
   // Global tensors (a DCP's, Megatron-LM's): no DeepSpeed layout, whatever model-states file a weights-only
   // conversion synthesized for the export.
   const std::string framework = S.manifest["source"].value("framework", std::string("?"));
-  if (!S.model_states.root || framework == "torch-dcp" || framework == "megatron-lm")
+  if (!S.model_states.root || GlobalTensorsFramework(framework))
     throw Error(dir + ": converted from a " + framework + " checkpoint, which carries no DeepSpeed model-states file: "
                 "ucp-reshard " + dir + " -o OUT with a DeepSpeed layout converts it under Megatron-DeepSpeed's names first "
                 "(OUT/.ucp-scratch-atomic), its optimizer's state with it; --format mcore and --format dcp write " +
@@ -236,6 +236,39 @@ int64_t DerivedDivisibleBy(const Source& S) {
   for (int64_t d = 1; d <= (int64_t{1} << 20); d *= 2)
     if (fits(d)) return d;
   return 0;
+}
+
+pt::ValuePtr CommonStep(const Source& S, const std::string& why) {
+  pt::ValuePtr step;
+  for (const Atom& a : S.atoms) {
+    if (!a.has_step) throw Error(S.reader->dir() + ": parameter '" + a.name + "' has no step");
+    pt::ValuePtr v = S.reader->ReadStep(a.name);
+    if (step && pt::StepValue(*step) != pt::StepValue(*v))
+      throw Error(S.reader->dir() + ": parameter '" + a.name + "' is at step " + std::to_string(pt::StepValue(*v)) + ", others at " +
+                  std::to_string(pt::StepValue(*step)) + ": " + why);
+    if (!step) step = v;
+  }
+  return step;
+}
+
+pt::ValuePtr GroupOptions(const Value& group) {
+  auto options = Value::Make(Value::Kind::Dict);
+  for (const auto& kv : group.dict.items())
+    if (kv.key->kind != Value::Kind::Str || (kv.key->s != "params" && kv.key->s != "step")) options->dict.Set(kv.key, kv.value);
+  return options;
+}
+
+void RefuseUnknownGroups(const Source& S, const std::string& remedy) {
+  const pt::ValuePtr groups = S.optimizer.root ? S.optimizer.root->Get("param_groups") : nullptr;
+  if (!groups || !groups->IsSequence() || groups->items.size() < 2) return;
+  for (size_t g = 0; g < groups->items.size(); ++g) {
+    if (!groups->items[g] || !groups->items[g]->Get("wd_mult")) continue;
+    if (std::none_of(S.atoms.begin(), S.atoms.end(), [&](const Atom& a) { return a.group == static_cast<int>(g); }))
+      throw Error(S.reader->dir() + ": param group " + std::to_string(g) + " of " + std::to_string(groups->items.size()) +
+                  " holds no parameter: the source did not save which parameter is in which group and its groups are not "
+                  "Megatron-Core's default pair (ucp-convert's note says why), so the groups torch would load cannot be "
+                  "written; " + remedy);
+  }
 }
 
 }  // namespace ucp::reshard

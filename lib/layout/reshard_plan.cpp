@@ -245,7 +245,9 @@ std::string SourceRelease(const Source& S, const TargetLayout& T) {
   return v.empty() ? T.ds_version : v;
 }
 std::string TargetRelease(const Source& S, const TargetLayout& T) {
-  return T.ds_version.empty() ? SourceRelease(S, T) : T.ds_version;
+  // Neither saying one (an import, another family's checkpoint): the release the files record (kDefaultRelease).
+  const std::string r = T.ds_version.empty() ? SourceRelease(S, T) : T.ds_version;
+  return r.empty() ? kDefaultRelease : r;
 }
 
 // How many times the mean gradient an expert's gradient is, and so the square root of how many

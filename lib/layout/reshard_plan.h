@@ -132,6 +132,24 @@ Source LoadAtomic(const std::string& dir, bool optimizer = true);
 // model under Trainer) is Naming::Module: its names kept, its atoms in the module's order.
 Source LoadSource(const std::string& dir);
 
+// Whether an atomic checkpoint converted from `framework` (its manifest's source.framework) holds another
+// family's global tensors (Megatron-Core's, torchtitan's), which no DeepSpeed model-states file describes.
+inline bool GlobalTensorsFramework(const std::string& framework) { return framework == "torch-dcp" || framework == "megatron-lm"; }
+
+// The step every parameter is at, each one's read (Megatron-Core and torchtitan keep one); nullptr without
+// parameters. Throws ucp::Error naming the parameter that has none, or another step, `why` saying why
+// one is needed.
+pt::ValuePtr CommonStep(const Source& S, const std::string& why);
+
+// A param group's options: its entries but `params` and `step` (what torch's state_dict lists per group).
+pt::ValuePtr GroupOptions(const pt::Value& group);
+
+// Megatron's param groups (those with a wd_mult) each hold a parameter, since Megatron makes a group only
+// for a parameter that needs it; one that holds no atom is one whose members Megatron-Core did not save
+// and ucp could not rebuild (source/megatron_groups.h): written out, its parameters would train under
+// another group's options. Throws ucp::Error naming the group, `remedy` what writes the checkpoint instead.
+void RefuseUnknownGroups(const Source& S, const std::string& remedy);
+
 // Megatron's args.<key> from the carried model-states file; nullptr where the checkpoint has no args
 // (a plain DeepSpeed engine) or no such key.
 const pt::Value* ArgOf(const Source& S, const char* key);

@@ -201,7 +201,12 @@ void RefuseClaim(const std::string& output, const std::string& input, bool force
 }
 
 void RefuseForeignScratch(const std::string& scratch) {
-  if (fs::exists(scratch) && !store::IsAtomicCheckpoint(scratch) && !fs::exists(scratch + "/" + store::kJournalDir) &&
+  // A live run writing the folder or its scratch (its lock held) is refused by name, before this run
+  // converts anything or removes a scratch that run reads; a killed run's lock goes.
+  const bool locked = fs::exists(scratch + "/" + OutputLock::kFileName);  // a ucp run's, killed (a live one is refused next)
+  for (const std::string& dir : {fs::path(scratch).parent_path().string(), scratch})
+    if (fs::is_directory(dir)) OutputLock::RemoveStale(dir, kTool);
+  if (fs::exists(scratch) && !locked && !store::IsAtomicCheckpoint(scratch) && !fs::exists(scratch + "/" + store::kJournalDir) &&
       !HoldsOnlyLeftovers(scratch))
     throw Error(scratch + ": not written by ucp, and a run that converts into it removes it: remove it yourself or choose another -o");
 }

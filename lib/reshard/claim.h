@@ -61,7 +61,8 @@ bool AnyFailedAbandoning(shuffle::Comm& comm, const std::string& error, std::ost
 void RefuseClaim(const std::string& output, const std::string& input, bool force);
 
 // Refuses a scratch folder (kScratchAtomic) ucp did not write (no manifest or journal, and files of its
-// own): the run that converts into it removes it when it ends, and ucp removes only what it wrote.
+// own): the run that converts into it removes it when it ends, and ucp removes only what it wrote. Also
+// refused: a live run holding the lock of the scratch or of the folder holding it (output_lock.h).
 void RefuseForeignScratch(const std::string& scratch);
 
 // Rank 0, once no rank reads it: the scratch folder removed, and `output` with it where the run created

@@ -198,11 +198,20 @@ std::optional<int> SettleCommand(ReshardCommand& c, std::ostream& err) {
 }
 
 int RunCommand(const ReshardCommand& c, shuffle::Comm& comm, std::ostream& out, std::ostream& err) {
+  // --model-config with a DeepSpeed layout: another family's model's facts, for no other source.
+  const bool other_family = NeedsDeepSpeedNames(c.options);
+  if (c.options.format == "deepspeed" && !c.options.model.model_config_path.empty() && (!other_family || c.in_place_mode)) {
+    if (comm.rank() == 0)
+      err << kTool << ": error: --model-config " << c.options.model.model_config_path << ": with a DeepSpeed layout, the facts of "
+          << "another family's model (an atomic checkpoint of Megatron-Core or torchtitan), which " << c.options.atomic_dir
+          << " is not: its model-states file holds its model's\n";
+    return 1;
+  }
   if (c.in_place_mode) return RunInPlace(FromRoot(c), comm, out, err);
   // A training run's root (a Trainer checkpoint-N): its atomic checkpoint found or made first.
   if (IsCheckpointRoot(c.options.atomic_dir)) return RunFromRoot(FromRoot(c), comm, out, err);
   // Another family's atomic checkpoint to a DeepSpeed layout: under Megatron-DeepSpeed's names first.
-  if (NeedsDeepSpeedNames(c.options)) return ReshardThroughDeepSpeedNames(c.options, comm, out, err);
+  if (other_family) return ReshardThroughDeepSpeedNames(c.options, comm, out, err);
   return RunReshard(c.options, comm, out, err);
 }
 

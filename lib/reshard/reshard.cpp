@@ -274,7 +274,8 @@ std::string ExpertMomentScaling(const Source& S, const TargetLayout& T) {
   const double r = ExpertMomentRatio(S, T);
   const int from_zero = S.manifest["source"].value("zero_stage", 1), to_ep = std::max(1, T.ep);
   auto job = [](const std::string& release, int zero, int ep) {
-    return "(DeepSpeed " + release + ", ZeRO-" + std::to_string(zero) + ", ep=" + std::to_string(ep) + ")";
+    return "(" + (release.empty() ? std::string("no DeepSpeed release recorded") : "DeepSpeed " + release) + ", ZeRO-" +
+           std::to_string(zero) + ", ep=" + std::to_string(ep) + ")";
   };
   char factors[64];
   std::snprintf(factors, sizeof factors, "exp_avg x%g, exp_avg_sq x%g", r, r * r);
@@ -299,10 +300,6 @@ Resharding PlanReshard(const ReshardOptions& o, int ranks) {
   Resharding R;
   if (!o.plan_only && !o.in_place) RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
   RefuseNonAtomicInput(o.atomic_dir);
-  if (!o.model.model_config_path.empty())
-    throw Error("--model-config " + o.model.model_config_path + ": with a DeepSpeed layout, the facts of another family's model "
-                "(an atomic checkpoint of Megatron-Core or torchtitan), which " + o.atomic_dir + " is not: its model-states file "
-                "holds its model's");
   R.S = LoadSource(o.atomic_dir);
   RefuseMisnamedCheckpoint(source::JobFiles::FromJson(R.S.manifest["source"].value("job", nlohmann::json())), o.output, o.in_place);
   WithContext(o.atomic_dir + "/" + store::kManifestName, [&] {

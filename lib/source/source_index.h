@@ -203,6 +203,7 @@ struct IndexOptions {
   // Facts of the model the checkpoint does not hold (ucp-reshard's --model-config, for a source that
   // describes its model through them: another family's atomic checkpoint): the file and its bytes.
   std::string model_config_path, model_config_text;
+  bool weights_only = false;  // the fp32 weights alone are asked for: no optimizer state read or checked
 };
 
 // The file ucp-reshard --in-place leaves in a checkpoint folder it wrote (the source tag, the atomic

@@ -65,7 +65,8 @@ BINDINGS = {
                             ("Llama-3.2-1B", "link", HF_LLAMA)],
     "docs/dcp.md": [("ckpt/step-1000", "link", DCP), ("model.json", "copy", DCP_FACTS)],
     "docs/megatron.md": MCORE_ROOT + [("root/ckpt/legacy_run", "link", MCORE_LEGACY), ("Llama-3.2-1B", "link", HF_LLAMA),
-                                      ("ckpt", "copy", os.path.join(DS_LLAMA, "ckpt"))],
+                                      ("ckpt", "copy", os.path.join(DS_LLAMA, "ckpt")), ("titan/step-1000", "link", DCP),
+                                      ("model.json", "copy", DCP_FACTS)],
 }
 
 SHIMS = {

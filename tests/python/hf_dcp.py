@@ -13,8 +13,8 @@ model_config.json the export is given), HARNESS_DIR the DCP harness (tiny_llama.
   equal the training model's own forward pass (tiny_llama.py, weights from reference.pt) within 1e-5;
   2 ranks write the same bytes as 1;
 - without --model-config the facts a DCP does not hold are asked for by name, nothing written; the
-  same facts by torchtitan's names export the same bytes; a DeepSpeed layout from it is refused,
-  pointing to --format hf; the DCP folder itself is refused, pointing to ucp-convert.
+  same facts by torchtitan's names export the same bytes; a DeepSpeed layout from it asks for them too, and
+  with them is written; the DCP folder itself is refused, pointing to ucp-convert.
 """
 import filecmp
 import json
@@ -119,7 +119,10 @@ for case in cases:
           "ucp-convert" in r.stderr, r.stderr[-400:])
     out = os.path.join(WORK, case, "ds")
     r = run("ucp-reshard", [atomic, "-o", out, "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1"])
-    check(f"{case}: a DeepSpeed layout is refused, pointing to --format hf", r.returncode != 0 and "--format hf" in r.stderr and
-          not os.path.exists(os.path.join(out, "latest")), r.stderr[-600:])
+    check(f"{case}: a DeepSpeed layout without the facts: refused, asking for them by name (--model-config), nothing written",
+          r.returncode != 0 and "num_attention_heads" in r.stderr and "--model-config" in r.stderr and not os.path.exists(out), r.stderr[-600:])
+    r = run("ucp-reshard", [atomic, "-o", out, "--dp", "1", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--model-config", config])
+    check(f"{case}: with them, written under Megatron-DeepSpeed's names (its tensors: mcore_to_deepspeed.py)", r.returncode == 0 and
+          os.path.exists(os.path.join(out, "latest")) and not os.path.exists(os.path.join(out, ".ucp-scratch-atomic")), r.stderr[-600:])
 
 finish("hf_dcp")

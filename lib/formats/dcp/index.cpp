@@ -485,8 +485,8 @@ void MegatronCommon(const MegatronCore& mc, SourceIndex& L) {
                                                  "saved with (DP may change)"
                                                : "Megatron-LM itself loads this form at any TP, PP and DP") +
                     "; ucp-convert reads every parameter's whole state from it, which ucp-reshard writes as Megatron-LM's "
-                    "torch_dist at any TP, PP and DP (--format mcore) or exports (--format hf; a DeepSpeed layout from it is "
-                    "not written yet)");
+                    "torch_dist at any TP, PP and DP (--format mcore), writes as Megatron-DeepSpeed's layouts (its Adam state "
+                    "too) or exports (--format hf)");
 }
 
 // The dp_reshardable form's saved objects, per model-parallel domain of each optimizer (one, or a

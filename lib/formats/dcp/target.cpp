@@ -175,23 +175,6 @@ void ParamGroupItems(const reshard::Source& S, const std::vector<TitanTensor>& t
   }
 }
 
-// Megatron's groups (those with a wd_mult) each hold a parameter, since Megatron makes a group only
-// for a parameter that needs it; one left empty in the atomic checkpoint is one whose members
-// Megatron-Core did not save and ucp could not rebuild (megatron_groups.h): written out, its
-// parameters would train under another group's options.
-void RefuseUnknownGroups(const reshard::Source& S, const std::vector<TitanTensor>& tensors) {
-  const ValuePtr groups = S.optimizer.root ? S.optimizer.root->Get("param_groups") : nullptr;
-  if (!groups || !groups->IsSequence() || groups->items.size() < 2) return;
-  for (size_t g = 0; g < groups->items.size(); ++g) {
-    if (!groups->items[g] || !groups->items[g]->Get("wd_mult")) continue;
-    if (std::none_of(tensors.begin(), tensors.end(), [&](const TitanTensor& t) { return t.group == static_cast<int>(g); }))
-      throw Error(S.reader->dir() + ": param group " + std::to_string(g) + " of " + std::to_string(groups->items.size()) +
-                  " holds no parameter: the source did not save which parameter is in which group and its groups are not "
-                  "Megatron-Core's default pair (ucp-convert's note says why), so the groups torch would load cannot be "
-                  "written; --format mcore and --format hf, whose jobs rebuild their groups, write this checkpoint");
-  }
-}
-
 // What the written param groups hold, where there are several: an optimizer built with fewer groups
 // (torchtitan builds one) does not keep them.
 void GroupsNote(const reshard::Source& S, const std::vector<TitanTensor>& tensors, std::vector<std::string>& notes) {
@@ -306,7 +289,10 @@ reshard::ExportPlan PlanDcp(const reshard::Source& S, const reshard::ExportOptio
   P.notes.push_back(std::string("the layout is get_state_dict's ({\"model\": ...") + (optimizer ? ", \"optim\": ..." : "") +
                     "}): dcp.load into that dict of get_state_dict(model" + (optimizer ? ", optimizer" : "") + "), then set_state_dict, "
                     "loads it; torchtitan's CheckpointManager layout (its train_state, lr_scheduler and dataloader) is not written yet");
-  if (optimizer) RefuseUnknownGroups(S, tensors), GroupsNote(S, tensors, P.notes);
+  if (optimizer) {
+    reshard::RefuseUnknownGroups(S, "--format mcore and --format hf, whose jobs rebuild their groups, write this checkpoint");
+    GroupsNote(S, tensors, P.notes);
+  }
   std::vector<KeyItem> items = StateDictItems(S, mesh, tensors, optimizer);
   const std::map<WriteIndex, int> owner = AssignOwners(items, mesh.ranks());
   SavedCheckpoint c;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "core/error.h"
 #include "formats/driver.h"
@@ -42,20 +43,54 @@ std::string ConfigText(const reshard::ExportPlan& P) {
   throw Error("internal: the Hugging Face export plan has no config.json");
 }
 
+// Where Megatron-Core did not save which parameter is in which group (a chain's groups, the experts'
+// apart: every atom records group 0), each Megatron-DeepSpeed group's by its role, as Megatron's
+// _get_param_groups makes them: the one source group of its is_expert_parallel (the experts') and
+// wd_mult (1: weights of two or more dimensions, 0: biases and norms); nullopt where not exactly one.
+std::optional<std::vector<int>> GroupsByRole(const AtomicSource& s, const Value& groups) {
+  std::vector<int> of;
+  for (int g = 0;; ++g) {
+    bool any = false, expert = false, decayed = false;
+    for (const ImportAtom& a : s.M.atoms)
+      if (a.group == g) {
+        any = true;
+        expert = expert || reshard::ExpertOf(a.name).has_value();
+        decayed = decayed || (a.shape.size() >= 2 && !a.name.ends_with(".bias"));
+      }
+    if (!any) break;
+    int found = -1, matches = 0;
+    for (size_t k = 0; k < groups.items.size(); ++k) {
+      const Value& group = *groups.items[k];
+      if (group.kind != Value::Kind::Dict) continue;
+      const ValuePtr wd = group.Get("wd_mult"), ep = group.Get("is_expert_parallel");
+      if (wd && wd->IsNumber() && wd->AsFloat() == (decayed ? 1.0 : 0.0) && (ep && ep->kind == Value::Kind::Bool ? ep->b : false) == expert)
+        found = static_cast<int>(k), ++matches;
+    }
+    if (matches != 1) return std::nullopt;
+    of.push_back(found);
+  }
+  return of;
+}
+
 // The source group each Megatron-DeepSpeed group takes its options from: the one its parameters' rows
-// come from; groups whose parameters come from source groups of different options are refused.
+// come from; groups whose parameters come from source groups of different options are refused, as are
+// Megatron's groups whose members the source did not save and whose roles do not tell them
+// (reshard::RefuseUnknownGroups).
 std::vector<int> SourceGroups(const AtomicSource& s, const std::string& dir) {
-  auto options = [&](int g) {  // a source group's options, without its params and step
-    auto groups = s.S.optimizer.root ? s.S.optimizer.root->Get("param_groups") : nullptr;
-    if (!groups || groups->kind != Value::Kind::List || g >= static_cast<int>(groups->items.size()) ||
-        groups->items[static_cast<size_t>(g)]->kind != Value::Kind::Dict)
+  const ValuePtr groups = s.S.optimizer.root ? s.S.optimizer.root->Get("param_groups") : nullptr;
+  const size_t count = groups && groups->kind == Value::Kind::List ? groups->items.size() : 0;
+  auto options = [&](int g) {
+    if (g < 0 || static_cast<size_t>(g) >= count || groups->items[static_cast<size_t>(g)]->kind != Value::Kind::Dict)
       throw Error(dir + "/zero/optimizer_state.pt: no param group " + std::to_string(g) + ", which parameters are in");
-    auto copy = Value::Make(Value::Kind::Dict);
-    for (const auto& kv : groups->items[static_cast<size_t>(g)]->dict.items())
-      if (kv.key->kind != Value::Kind::Str || (kv.key->s != "params" && kv.key->s != "step")) copy->dict.Set(kv.key, kv.value);
-    return pt::PickleData(*copy);
+    return pt::PickleData(*reshard::GroupOptions(*groups->items[static_cast<size_t>(g)]));
   };
-  std::vector<int> of;  // per Megatron-DeepSpeed group
+  try {
+    reshard::RefuseUnknownGroups(s.S, "--format mcore and --format hf, whose jobs rebuild their groups, write this checkpoint");
+  } catch (const Error&) {
+    if (auto by_role = GroupsByRole(s, *groups)) return *by_role;
+    throw;
+  }
+  std::vector<int> of;             // per Megatron-DeepSpeed group
   std::vector<std::string> first;  // per Megatron-DeepSpeed group: the parameter that chose it, for messages
   for (const ImportAtom& a : s.M.atoms) {
     if (static_cast<size_t>(a.group) >= of.size()) of.resize(static_cast<size_t>(a.group) + 1, -1), first.resize(of.size());
@@ -64,6 +99,7 @@ std::vector<int> SourceGroups(const AtomicSource& s, const std::string& dir) {
       const reshard::Atom& src = s.S.atoms.at(static_cast<size_t>(t.atom));
       int& g = of[static_cast<size_t>(a.group)];
       if (g < 0) {
+        options(src.group);  // (there)
         g = src.group, first[static_cast<size_t>(a.group)] = src.name;
       } else if (g != src.group && options(g) != options(src.group)) {
         throw Error(dir + ": '" + src.name + "' (optimizer group " + std::to_string(src.group) + ") and '" +
@@ -84,9 +120,7 @@ ValuePtr OptimizerState(const AtomicSource& s, const std::vector<int>& source_gr
   auto list = Value::Make(Value::Kind::List);
   auto groups = s.S.optimizer.root->Get("param_groups");
   for (size_t g = 0; g < source_group.size(); ++g) {
-    auto group = Value::Make(Value::Kind::Dict);
-    for (const auto& kv : groups->items[static_cast<size_t>(source_group[g])]->dict.items())
-      if (kv.key->kind != Value::Kind::Str || (kv.key->s != "params" && kv.key->s != "step")) group->dict.Set(kv.key, kv.value);
+    ValuePtr group = reshard::GroupOptions(*groups->items[static_cast<size_t>(source_group[g])]);
     SetItem(*group, "params", pt::IntList({static_cast<int64_t>(g)}));
     // DeepSpeed's expert groups (split_params_into_different_moe_groups_for_optimizer): 'moe' and the
     // expert-parallel group's name, which the writer sets to the target's 'ep_size_<ep>'.
@@ -101,26 +135,12 @@ ValuePtr OptimizerState(const AtomicSource& s, const std::vector<int>& source_gr
   return root;
 }
 
-// The step every parameter of the source is at (Megatron and torchtitan keep one): refused where they differ.
-ValuePtr CommonStep(const reshard::Source& S) {
-  ValuePtr step;
-  for (const reshard::Atom& a : S.atoms) {
-    if (!a.has_step) throw Error(S.reader->dir() + ": parameter '" + a.name + "' has no step");
-    ValuePtr v = S.reader->ReadStep(a.name);
-    if (step && pt::StepValue(*step) != pt::StepValue(*v))
-      throw Error(S.reader->dir() + ": parameter '" + a.name + "' is at step " + std::to_string(pt::StepValue(*v)) + ", others at " +
-                  std::to_string(pt::StepValue(*step)) + ": Megatron-DeepSpeed's parameters here would be at different steps");
-    if (!step) step = v;
-  }
-  return step;
-}
-
 source::SourceIndex IndexAtomic(const std::string& dir, const source::IndexOptions& options) {
   auto s = std::make_shared<AtomicSource>();
   s->S = reshard::LoadAtomic(dir);
   const nlohmann::json& src = s->S.manifest.at("source");
   const std::string framework = src.value("framework", std::string("?"));
-  if (framework != "torch-dcp" && framework != "megatron-lm")
+  if (!reshard::GlobalTensorsFramework(framework))
     throw Error(dir + ": converted from a " + framework + " checkpoint, whose parameters carry Megatron-DeepSpeed's or their own "
                 "names already");
   reshard::ExportOptions fp32;
@@ -136,7 +156,7 @@ source::SourceIndex IndexAtomic(const std::string& dir, const source::IndexOptio
     s->M = ImportModelOf(c, dir);
   } catch (const Error& e) {
     throw Error(std::string(e.what()) + ": Megatron-DeepSpeed's GPTModel does not hold this " + framework + " model as it is, so no "
-                "DeepSpeed layout is written; --format mcore, --format dcp and --format hf write it");
+                "DeepSpeed layout is written; --format mcore and --format hf write it");
   }
   for (size_t i = 0; i < s->hf.tensors.size(); ++i) s->from[s->hf.tensors[i].name] = static_cast<int>(i);
   for (const auto& t : s->M.tensors) {
@@ -153,7 +173,7 @@ source::SourceIndex IndexAtomic(const std::string& dir, const source::IndexOptio
   L.iteration = src.value("iteration", int64_t{0});
   L.tag = "global_step" + std::to_string(L.iteration);
   L.moe = c.llama.experts > 0, L.ep = 1;
-  L.optimizer = s->S.weights_only ? "none" : "torch";
+  L.optimizer = s->S.weights_only || options.weights_only ? "none" : "torch";
   for (const auto& a : s->M.atoms) {
     source::ParamRecord p;
     p.name = a.name, p.group = a.group, p.tp_shape[0] = a.shape, p.stages = {0};
@@ -162,16 +182,31 @@ source::SourceIndex IndexAtomic(const std::string& dir, const source::IndexOptio
   }
   L.model_states = ImportModelStates(c, s->M, L.dtype);
   for (const char* key : {"iteration", "global_steps"}) SetItem(*L.model_states, key, Value::Int(L.iteration));
-  if (auto args = L.model_states->Get("args"); args && args->state) SetItem(*args->state, "iteration", Value::Int(L.iteration));
+  if (auto args = L.model_states->Get("args"); args && args->state) {
+    SetItem(*args->state, "iteration", Value::Int(L.iteration));
+    // What the source job's Megatron args say of the run (Megatron-LM's; torchtitan saves none): its data
+    // position and batch, sequence and tokenizer, which Megatron-DeepSpeed resumes from or checks.
+    for (const char* key : {"seq_length", "consumed_train_samples", "consumed_valid_samples", "micro_batch_size", "global_batch_size",
+                            "tokenizer_type", "train_iters"})
+      if (const Value* v = reshard::ArgOf(s->S, key); v && v->kind != Value::Kind::None) SetItem(*args->state, key, std::make_shared<Value>(*v));
+    // The job's vocabulary divisor where its args say it (a Megatron-LM job's): the same padding at any TP.
+    if (s->S.divisible_by > 0) {
+      const int64_t by = s->S.divisible_by, vocab = args->state->Get("vocab_size")->AsInt();
+      SetItem(*args->state, "make_vocab_size_divisible_by", Value::Int(by));
+      SetItem(*args->state, "padded_vocab_size", Value::Int((vocab + by - 1) / by * by));
+    }
+  }
   L.universal_checkpoint_info = L.model_states->Get("universal_checkpoint_info");
   L.args = L.model_states->Get("args");
   source::TakeMegatronArgs(L.args.get(), L);
-  if (!s->S.weights_only) {
+  if (!s->S.weights_only && !options.weights_only) {
     const std::vector<int> groups = SourceGroups(*s, dir);
     L.optimizer_state = OptimizerState(*s, groups);
-    const ValuePtr step = CommonStep(s->S);
+    const ValuePtr step = reshard::CommonStep(s->S, "Megatron-DeepSpeed's parameters here would be at different steps");
     for (size_t g = 0; g < groups.size(); ++g) L.steps[{0, 0, static_cast<int>(g)}] = step;
   }
+  for (const auto* notes : {&s->hf.notes, &c.notes})
+    for (const std::string& n : *notes) L.notes.push_back(n);
   L.notes.push_back(dir + ": " + framework + "'s " + std::to_string(s->S.atoms.size()) + " parameters as " + c.architecture + " (" +
                     std::to_string(s->M.tensors.size()) + " tensors), then as " + std::to_string(L.params.size()) +
                     " Megatron-DeepSpeed parameters" + (s->S.weights_only ? ", weights only" : ", with their Adam moments and step"));

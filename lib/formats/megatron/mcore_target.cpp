@@ -365,20 +365,6 @@ ValuePtr ParamGroups(const reshard::Source& S, double step, bool with_step, bool
   return out;
 }
 
-// The step every parameter shares (Megatron keeps one): refused where they differ.
-double CommonStep(const reshard::Source& S) {
-  std::optional<double> step;
-  for (const reshard::Atom& a : S.atoms) {
-    if (!a.has_step) throw Error(S.reader->dir() + ": parameter '" + a.name + "' has no step");
-    const double v = pt::StepValue(*S.reader->ReadStep(a.name));
-    if (step && *step != v)
-      throw Error(S.reader->dir() + ": parameter '" + a.name + "' is at step " + std::to_string(v) + ", others at " + std::to_string(*step) +
-                  ": Megatron-LM's optimizers keep one step for every parameter");
-    step = v;
-  }
-  return step.value_or(0);
-}
-
 // common.pt: `args`, the source's common state (none for a model from another family: version 3.0,
 // iteration 0), the optimizer's part in `form`.
 // One Megatron optimizer's common state in `form` over `groups` (ParamGroups').
@@ -578,7 +564,8 @@ McoreJob OwnJob(const reshard::Source& S, const reshard::ExportOptions& o, const
   if (S.manifest["source"].value("weights_only", false) || o.weights_only) j.form = Form::None;
   else if (IsSet(args, "use_distributed_optimizer")) j.form = Form::Distributed;
   else if (j.dtype != "fp32") j.form = Form::Mixed;
-  if (j.form != Form::None) j.step = CommonStep(S);
+  if (j.form != Form::None)
+    if (auto step = reshard::CommonStep(S, "Megatron-LM's optimizers keep one step for every parameter")) j.step = pt::StepValue(*step);
   auto iteration = common.Get("iteration");
   const int64_t it = iteration && iteration->kind == Value::Kind::Int ? iteration->i : 0;
   j.folder = source::IterationFolderName(std::to_string(it)), j.tracker = std::to_string(it);
