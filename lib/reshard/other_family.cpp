@@ -56,7 +56,12 @@ int ReshardThroughDeepSpeedNames(const ReshardOptions& o, shuffle::Comm& comm, s
     Source probe;
     probe.manifest = {{"source", source}};
     probe.weights_only = source.value("weights_only", false);
-    SettleOptimizer(probe, o.target, o.optimizer_block, o.optimizer_config);
+    try {
+      SettleOptimizer(probe, o.target, o.optimizer_block, o.optimizer_config);
+    } catch (const Error& e) {  // (said of "the atomic checkpoint", which has no reader here: named)
+      const std::string said = e.what(), generic = "the atomic checkpoint";
+      throw Error(said.rfind(generic, 0) == 0 ? o.atomic_dir + said.substr(generic.size()) : said);
+    }
   });
   const bool created = error.empty() && !fs::exists(o.output);
   if (comm.rank() == 0 && error.empty()) error = Capture([&] {

@@ -209,7 +209,7 @@ source::SourceIndex IndexAtomic(const std::string& dir, const source::IndexOptio
     for (const std::string& n : *notes) L.notes.push_back(n);
   L.notes.push_back(dir + ": " + framework + "'s " + std::to_string(s->S.atoms.size()) + " parameters as " + c.architecture + " (" +
                     std::to_string(s->M.tensors.size()) + " tensors), then as " + std::to_string(L.params.size()) +
-                    " Megatron-DeepSpeed parameters" + (s->S.weights_only ? ", weights only" : ", with their Adam moments and step"));
+                    " Megatron-DeepSpeed parameters" + (L.optimizer_state ? ", with their Adam moments and step" : ", weights only"));
   L.keep_alive = s;
   return L;
 }
