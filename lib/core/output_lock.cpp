@@ -27,18 +27,29 @@ namespace fs = std::filesystem;
 // What a lock file holds; "" when it cannot be read (then never judged stale, nor taken as ours).
 std::string ReadAll(const std::string& path) { return ReadWholeFile(path).value_or(""); }
 
+// A lock's field, of the type ucp writes it in; `fallback` where it is absent or of another type (a
+// lock file edited or written by something else is judged, never a crash).
+std::string Field(const nlohmann::json& holder, const char* key, const std::string& fallback) {
+  const auto it = holder.find(key);
+  return it != holder.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+long PidOf(const nlohmann::json& holder) {
+  const auto it = holder.find("pid");
+  return it != holder.end() && it->is_number_integer() ? it->get<long>() : 0L;
+}
+
 // Whether the holder a lock names is known to be gone: on this host, and its process gone (see
 // ProcessGone). A lock of another host, or one that cannot be read, is never stale.
 bool Stale(const nlohmann::json& holder) {
-  if (!holder.is_object() || holder.value("host", "") != HostName()) return false;
-  return ProcessGone(holder.value("pid", 0L), holder.value("start_ticks", ""));
+  if (!holder.is_object() || Field(holder, "host", "") != HostName()) return false;
+  return ProcessGone(PidOf(holder), Field(holder, "start_ticks", ""));
 }
 
 std::string Describe(const nlohmann::json& holder) {
   if (!holder.is_object()) return "a lock that cannot be read";
-  std::string s = holder.value("tool", "a ucp tool") + ", pid " + std::to_string(holder.value("pid", 0L)) + " on host " +
-                  holder.value("host", "?") + ", since " + holder.value("started", "?");
-  if (holder.value("host", "") != HostName()) s += " (another host: whether it still runs cannot be checked from here)";
+  std::string s = Field(holder, "tool", "a ucp tool") + ", pid " + std::to_string(PidOf(holder)) + " on host " +
+                  Field(holder, "host", "?") + ", since " + Field(holder, "started", "?");
+  if (Field(holder, "host", "") != HostName()) s += " (another host: whether it still runs cannot be checked from here)";
   return s;
 }
 

@@ -68,6 +68,7 @@ int ReshardThroughDeepSpeedNames(const ReshardOptions& o, shuffle::Comm& comm, s
     RefuseOutputWithin(o.output, o.atomic_dir, "the atomic checkpoint");
     RefuseClaim(o.output, scratch, o.force);
     RefuseForeignScratch(scratch);
+    fs::remove_all(scratch);  // ucp's (just checked): a killed run's, which the conversion would refuse as not its own
     store::CheckAtomsH5Whole(o.atomic_dir);  // before any rank's HDF5 reads a byte of it
   });
   if (AnyFailed(comm, error, err, kTool)) return 1;

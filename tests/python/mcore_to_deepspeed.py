@@ -244,6 +244,18 @@ written = sorted(os.path.basename(f) for f in glob.glob(os.path.join(out, "globa
 ok(code == 0 and written == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"] and "the fp32 weights alone" in err and
    not os.path.exists(os.path.join(out, ".ucp-scratch-atomic")), "--no-optimizer: the model-states files alone", f"{written} {err[-500:]}")
 
+# A run killed during its scratch conversion leaves OUT/.ucp-scratch-atomic (its lock, part of zero/): the next run
+# replaces it (its lock names a process gone), and removes it at the end.
+out = os.path.join(WORK, "llama_tp2_legacy", "after-kill")
+os.makedirs(os.path.join(out, ".ucp-scratch-atomic", "zero", "language_model.output_layer.weight"))
+open(os.path.join(out, ".ucp-scratch-atomic", "zero", "language_model.output_layer.weight", "fp32.pt"), "wb").write(b"partial")
+json.dump({"tool": "ucp-reshard", "host": os.uname().nodename, "pid": 2 ** 22 + 7, "start_ticks": 1, "started": "2026-12-08T00:00:00Z"},
+          open(os.path.join(out, ".ucp-scratch-atomic", ".ucp-lock"), "w"))
+code, _, err = tool("ucp-reshard", os.path.join(WORK, "llama_tp2_legacy", "atomic"), "-o", out, "--tp", "1", "--pp", "1", "--dp", "1",
+                    "--zero-stage", "1")
+ok(code == 0 and os.path.exists(os.path.join(out, "latest")) and not os.path.exists(os.path.join(out, ".ucp-scratch-atomic")),
+   "a killed run's scratch (its lock's process gone): replaced, the layout written, the scratch removed", err[-600:])
+
 # What real DeepSpeed read: the record's rows, and the same bytes written now.
 record = json.load(open(RECORD))
 for case, c in record["cases"].items():

@@ -155,7 +155,7 @@ source::SourceIndex IndexAtomic(const std::string& dir, const source::IndexOptio
     c = ParseHfConfig(ConfigText(s->hf), dir + " (its model as a Hugging Face config.json)");
     s->M = ImportModelOf(c, dir);
   } catch (const Error& e) {
-    throw Error(std::string(e.what()) + ": Megatron-DeepSpeed's GPTModel does not hold this " + framework + " model as it is, so no "
+    throw Error(std::string(e.what()) + ": Megatron-DeepSpeed's GPTModel does not hold this model as it is, so no "
                 "DeepSpeed layout is written; --format mcore and --format hf write it");
   }
   for (size_t i = 0; i < s->hf.tensors.size(); ++i) s->from[s->hf.tensors[i].name] = static_cast<int>(i);
@@ -188,7 +188,7 @@ source::SourceIndex IndexAtomic(const std::string& dir, const source::IndexOptio
     // position and batch, sequence and tokenizer, which Megatron-DeepSpeed resumes from or checks.
     for (const char* key : {"seq_length", "consumed_train_samples", "consumed_valid_samples", "micro_batch_size", "global_batch_size",
                             "tokenizer_type", "train_iters"})
-      if (const Value* v = reshard::ArgOf(s->S, key); v && v->kind != Value::Kind::None) SetItem(*args->state, key, std::make_shared<Value>(*v));
+      if (const Value* v = reshard::ArgOf(s->S, key)) SetItem(*args->state, key, std::make_shared<Value>(*v));  // (None too: it is checked by name)
     // The job's vocabulary divisor where its args say it (a Megatron-LM job's): the same padding at any TP.
     if (s->S.divisible_by > 0) {
       const int64_t by = s->S.divisible_by, vocab = args->state->Get("vocab_size")->AsInt();
