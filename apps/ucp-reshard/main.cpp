@@ -63,9 +63,11 @@ constexpr const char* kDescription =
       "sources (GPT / Llama, dense or MoE with SequentialMLP experts over E of the DP ranks), the model in the job's\n"
       "dtype, the optimizer's state in the form the job's optimizer loads at any layout (the distributed optimizer's\n"
       "fully_reshardable, or the plain optimizer's), the args at the new layout (no RNG state: Megatron-LM keeps its own).\n"
-      "From Megatron-DeepSpeed (DeepSpeed) checkpoints, Hugging Face imports and torchtitan's Llama: the model alone as\n"
-      "Megatron-LM's release checkpoint (release/; --weights-only where the source holds optimizer state, which does not\n"
-      "travel across families yet), its args from the model's facts, and the flags to launch Megatron-LM with in a note.\n\n"
+      "From Megatron-DeepSpeed (DeepSpeed) checkpoints: the model, its args from the model's facts, and the optimizer's\n"
+      "state (Adam's moments, the step, Megatron's param groups, the scheduler or the samples consumed) at the source's\n"
+      "iteration, for the job's plain optimizer or, with --use-distributed-optimizer, the distributed one's. From Hugging\n"
+      "Face imports and torchtitan's Llama (and with --weights-only): the model alone as Megatron-LM's release checkpoint\n"
+      "(release/). A note gives the flags to launch Megatron-LM with.\n\n"
       "Exit status: 0 done; 1 refused or failed (the reason names the parameter or file); 2 bad command line.\n\n"
       "Examples:\n"
       "  mpirun -np 4 ucp-reshard ckpt/atomic -o new_ckpt --dp 4 --tp 2 --pp 2 --zero-stage 1 --dtype bf16\n"
@@ -154,12 +156,16 @@ CLI::Option* AddMeshFlag(CLI::App& app, ReshardCommand& c) {
                         "default dp=1");
 }
 
-// --format mcore's own flag, returned to be refused by name with any other format.
-CLI::Option* AddMcoreFlag(CLI::App& app, ReshardCommand& c) {
-  return app.add_flag("--weights-only", c.options.model.weights_only,
-                      "with --format mcore: write the model alone, without the optimizer's state the checkpoint holds (Megatron-LM "
-                      "then starts a fresh optimizer from it); needed where the state cannot travel, as from a Megatron-DeepSpeed "
-                      "checkpoint");
+// --format mcore's own flags, returned to be refused by name with any other format.
+std::vector<CLI::Option*> AddMcoreFlags(CLI::App& app, ReshardCommand& c) {
+  return {app.add_flag("--weights-only", c.options.model.weights_only,
+                       "with --format mcore: write the model alone, without the optimizer's state the checkpoint holds (Megatron-LM "
+                       "then starts a fresh optimizer from it); needed where the state cannot travel, as from torchtitan's DCP"),
+          app.add_flag("--use-distributed-optimizer", c.options.model.distributed_optimizer,
+                       "with --format mcore from a Megatron-DeepSpeed (DeepSpeed) checkpoint: write the optimizer's state for a "
+                       "Megatron-LM job launched with --use-distributed-optimizer (its fully_reshardable form); without it, for the "
+                       "job's plain optimizer (FP32Optimizer in fp32, the mixed-precision one in bf16 / fp16). A Megatron-Core "
+                       "source's args already say which")};
 }
 
 // The target layout: --layout FILE, and one flag per layout key over it. Returns --layout.
@@ -303,7 +309,7 @@ int main(int argc, char** argv) {
   CLI::Option* keep = AddInputFlags(app, c);
   const std::vector<CLI::Option*> hf_only = AddModelFlags(app, c);
   CLI::Option* mesh = AddMeshFlag(app, c);
-  CLI::Option* weights_only = AddMcoreFlag(app, c);
+  const std::vector<CLI::Option*> mcore_only = AddMcoreFlags(app, c);
   CLI::Option* layout = AddLayoutFlags(app, c);
   const std::vector<CLI::Option*> exchange = AddExchangeFlags(app, c);
   AddPlannerFlags(app, c.options.planner);
@@ -313,7 +319,7 @@ int main(int argc, char** argv) {
   c.layout_only_given = NamesGiven({layout, keep, exchange[0], exchange[1]});
   c.hf_only_given = NamesGiven(hf_only);
   c.dcp_only_given = NamesGiven({mesh});
-  c.mcore_only_given = NamesGiven({weights_only});
+  c.mcore_only_given = NamesGiven(mcore_only);
   if (auto status = ucp::reshard::SettleCommand(c, std::cerr)) return *status;
   c.options.progress = ::isatty(STDERR_FILENO);
   ucp::h5::InitializeBeforeMpi();  // before MPI_Init: see h5/h5.h

@@ -137,6 +137,7 @@ struct ExportOptions {
   int64_t ep = 0;                     // --ep (Megatron-Core's experts); 0: the source's
   int64_t vocab_divisible_by = 0;     // --make-vocab-size-divisible-by (for Megatron-LM's job); 0: the source's args
   bool weights_only = false;          // --weights-only: the model alone, whatever optimizer state the source holds
+  bool distributed_optimizer = false; // --use-distributed-optimizer: another family's optimizer state in that form
   // The training run's folder where the atomic checkpoint is a scratch conversion of it, removed when the
   // run ends: the job's files it carries (job/config.json) are named as the run's own, not the copy's.
   std::string job_files_from;

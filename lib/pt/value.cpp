@@ -337,4 +337,22 @@ const Value& Value::At(std::string_view key) const {
   return *v;
 }
 
+bool SameValue(const Value& a, const Value& b) {
+  if (a.IsNumber() && b.IsNumber()) return a.AsFloat() == b.AsFloat();
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case Value::Kind::None: return true;
+    case Value::Kind::Bool: return a.b == b.b;
+    case Value::Kind::Str: return a.s == b.s;
+    case Value::Kind::Tuple:
+    case Value::Kind::List:
+      if (a.items.size() != b.items.size()) return false;
+      for (size_t i = 0; i < a.items.size(); ++i)
+        if (!a.items[i] || !b.items[i] || !SameValue(*a.items[i], *b.items[i])) return false;
+      return true;
+    default: return false;
+  }
+}
+
+
 }  // namespace ucp::pt

@@ -175,6 +175,10 @@ struct Value {
   const Value& At(std::string_view key) const;
 };
 
+// Two option values alike (a param group's): None, booleans, numbers (an int equal to a float), strings,
+// and tuples or lists of them; false for any other kind.
+bool SameValue(const Value& a, const Value& b);
+
 // Scalar Python-style key for dict indexing: "s:name", "i:3", "b:1", "n:"; empty if not scalar.
 std::string ScalarKey(const Value& v);
 

@@ -107,7 +107,7 @@ std::optional<int> SettleModelExport(ReshardCommand& c, std::ostream& err) {
       (dcp ? " writes torchtitan's sharding of whole tensors (--mesh): no " : mcore ? " writes Megatron-LM's TP x PP x DP layout: no "
                                                                             : " writes a model of whole tensors: no ");
   const std::string only = dcp     ? " (only --mesh, --dtype fp32, --model-config)"
-                           : mcore ? " (only --tp, --pp, --dp, --ep, --make-vocab-size-divisible-by, --weights-only, --model-config)"
+                           : mcore ? " (only --tp, --pp, --dp, --ep, --make-vocab-size-divisible-by, --weights-only, --use-distributed-optimizer, --model-config)"
                                    : " (only --dtype, --max-shard-size, --model-config)";
   if (!c.layout_only_given.empty()) return Refuse(err, no_layout + c.layout_only_given.front() + only);
   for (const auto& key : c.in_place.given)

@@ -73,7 +73,7 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def load_pt(path):
-    if importlib.util.find_spec("deepspeed") is None:
+    if "deepspeed" not in sys.modules and importlib.util.find_spec("deepspeed") is None:  # (ds_stubs' stand-ins, where imported)
         sys.meta_path.append(_StubFinder())
     return torch.load(path, map_location="cpu")
 

@@ -16,8 +16,7 @@ iter_NNNNNNN/ holding .metadata, common.pt, metadata.json and one __<rank>_0.dis
   at its layout, with what it found; every output here must be those bytes, and the record must say every
   tensor was equal (and, where it trained on, steps 4-5 within 1e-5 of the reference run's losses).
 - Refused by name, nothing written: a layout that does not divide the layers or the heads (or the experts: --ep,
-  and an EP that does not divide DP), no --tp / --pp, layout flags of DeepSpeed's, a source of another family with optimizer state (a real
-  DeepSpeed checkpoint of ../shared/real-deepspeed, beside the checkout) without --weights-only.
+  and an EP that does not divide DP), no --tp / --pp, layout flags of DeepSpeed's.
 """
 import hashlib
 import json
@@ -160,7 +159,7 @@ for args, expect in ((["--tp", "1", "--pp", "3"], "does not divide the model's 4
                      (["--tp", "3", "--pp", "1"], "does not divide the model's 4 attention heads"),
                      (["--tp", "4", "--pp", "1"], "does not divide the model's 2 query groups (of its 4 attention heads)"),
                      (["--tp", "1"], "give the layout to write"),
-                     (["--tp", "1", "--pp", "1", "--zero-stage", "1"], "(only --tp, --pp, --dp, --ep, --make-vocab-size-divisible-by, --weights-only, --model-config)"),
+                     (["--tp", "1", "--pp", "1", "--zero-stage", "1"], "(only --tp, --pp, --dp, --ep, --make-vocab-size-divisible-by, --weights-only, --use-distributed-optimizer, --model-config)"),
                      (["--tp", "1", "--pp", "1", "--dtype", "bf16"], "in the job's dtype (fp32)")):
     out = os.path.join(WORK, "refused")
     r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore"] + args)
@@ -232,14 +231,6 @@ r = run("ucp-reshard", [ep1_back, "-o", os.path.join(WORK, "moe-ep2-made"), "--f
 check("an EP 1 save at EP 2 with its optimizer: Megatron-LM's chain, the experts' groups made from the EP 1 groups (said)",
       r.returncode == 0 and "ChainedOptimizer" in r.stderr and "made from the source's EP 1 groups" in r.stderr, r.stderr[-800:])
 
-ds = os.path.join(CASES, "..", "..", "..", "..", "shared", "real-deepspeed", "cases", "llama_tp2_dp2_zero1_fp32", "ckpt")
-check("../shared/real-deepspeed beside the checkout", os.path.isdir(ds), ds)
-if os.path.isdir(ds):
-    r = run("ucp-convert", [ds, "-o", os.path.join(WORK, "ds")], ranks=2)
-    check("a real Megatron-DeepSpeed-style checkpoint: converts", r.returncode == 0, r.stderr[-800:])
-    r = run("ucp-reshard", [os.path.join(WORK, "ds"), "-o", os.path.join(WORK, "ds-out"), "--format", "mcore", "--tp", "1", "--pp", "1"])
-    check("DeepSpeed names with optimizer state: refused, naming --weights-only (mcore_cross_family.py writes it), nothing written",
-          r.returncode != 0 and "--weights-only" in r.stderr and
-          not os.path.exists(os.path.join(WORK, "ds-out", "latest_checkpointed_iteration.txt")), r.stderr[-800:])
+# (a real Megatron-DeepSpeed-style DeepSpeed checkpoint, its optimizer state carried: deepspeed_to_mcore.py)
 
 finish("mcore_target")

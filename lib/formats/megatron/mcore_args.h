@@ -17,8 +17,10 @@ namespace ucp::formats::megatron {
 int64_t KeptVocabDivisor(int64_t vocab, int64_t tp, int64_t asked);
 
 // The args Namespace at TP x PP x DP: every value from the facts, the layout, the dtype and the divisor;
-// no optimizer or RNG state saved (no_save_optim, no_save_rng).
-pt::ValuePtr ArgsOf(const ModelFacts& m, int64_t tp, int64_t pp, int64_t dp, const std::string& dtype, int64_t divisor);
+// no RNG state saved (no_save_rng). `consumed_samples` < 0: no optimizer state either (no_save_optim),
+// else the run's samples consumed, the optimizer saved (use_distributed_optimizer: `distributed`).
+pt::ValuePtr ArgsOf(const ModelFacts& m, int64_t tp, int64_t pp, int64_t dp, const std::string& dtype, int64_t divisor,
+                    int64_t consumed_samples = -1, bool distributed = false);
 
 // pretrain_gpt.py's flags that build the model at TP x PP and load `root` (ArgsOf's values as a user gives
 // them: the ones tests/data/real-mcore/cross_family_check.py launched Megatron-LM with).

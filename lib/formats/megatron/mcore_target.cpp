@@ -13,6 +13,7 @@
 #include "formats/hf/names.h"
 #include "formats/megatron/legacy_names.h"
 #include "formats/megatron/mcore_args.h"
+#include "formats/megatron/mcore_cross_optimizer.h"
 #include "formats/megatron/mcore_keys.h"
 #include "layout/naming.h"
 #include "pt/torch_file.h"
@@ -93,7 +94,7 @@ class McorePlan {
     std::vector<int64_t> global = p.shape;
     if (p.stacked) global.insert(global.begin(), layers_);
     for (int64_t stage = 0; stage < g_.pp; ++stage) {
-      if (!p.stacked && StageOf(key, g_.pp) != stage) continue;
+      if (!p.stacked && StageOf(p.key, g_.pp) != stage) continue;  // (the model key's stage: its optimizer state lies beside it)
       const int64_t first = p.stacked ? stage * layers_ / g_.pp : -1, last = p.stacked ? (stage + 1) * layers_ / g_.pp : 0;
       for (int64_t t = 0; t < g_.tp; ++t)
         for (const Piece& piece : PiecesOf(p, t, g_.tp))
@@ -300,24 +301,6 @@ std::vector<int64_t> ChainOf(const reshard::Source& S) {
   return out;
 }
 
-// Two option values alike: None, booleans, numbers, strings, and tuples or lists of them.
-bool SameValue(const Value& a, const Value& b) {
-  if (a.IsNumber() && b.IsNumber()) return a.AsFloat() == b.AsFloat();
-  if (a.kind != b.kind) return false;
-  switch (a.kind) {
-    case Value::Kind::None: return true;
-    case Value::Kind::Bool: return a.b == b.b;
-    case Value::Kind::Str: return a.s == b.s;
-    case Value::Kind::Tuple:
-    case Value::Kind::List:
-      if (a.items.size() != b.items.size()) return false;
-      for (size_t i = 0; i < a.items.size(); ++i)
-        if (!a.items[i] || !b.items[i] || !SameValue(*a.items[i], *b.items[i])) return false;
-      return true;
-    default: return false;
-  }
-}
-
 // Whether two groups hold the same options, but which parameters and whether they are expert-parallel.
 bool TwinGroups(const Value& a, const Value& b) {
   auto options = [](const Value& g) {
@@ -331,7 +314,7 @@ bool TwinGroups(const Value& a, const Value& b) {
   if (x.size() != y.size()) return false;
   for (const auto& [key, v] : x) {
     auto it = y.find(key);
-    if (it == y.end() || !v || !it->second || !SameValue(*v, *it->second)) return false;
+    if (it == y.end() || !v || !it->second || !pt::SameValue(*v, *it->second)) return false;
   }
   return true;
 }
@@ -389,8 +372,7 @@ ValuePtr OptimizerCommon(ValuePtr groups, Form form, double step) {
 
 // The optimizer's common state: one optimizer's, or (`chained`) a ChainedOptimizer's as Megatron-LM's
 // get_megatron_optimizer builds it at EP > 1: {0: the dense groups' optimizer, 1: the expert groups'}.
-ValuePtr OptimizerState(const reshard::Source& S, Form form, double step, bool expert_groups, const std::vector<int>& twins, bool chained) {
-  ValuePtr groups = ParamGroups(S, step, form == Form::Distributed, expert_groups, twins);
+ValuePtr OptimizerState(ValuePtr groups, Form form, double step, bool chained) {
   if (!chained) return OptimizerCommon(groups, form, step);
   auto dense = Value::Make(Value::Kind::List), experts = Value::Make(Value::Kind::List);
   for (const ValuePtr& g : groups->items) (ExpertGroup(*g) ? experts : dense)->items.push_back(g);
@@ -400,8 +382,7 @@ ValuePtr OptimizerState(const reshard::Source& S, Form form, double step, bool e
   return out;
 }
 
-std::string CommonFile(const reshard::Source& S, ValuePtr args, const Value* common, Form form, double step, bool expert_groups,
-                       const std::vector<int>& twins, bool chained) {
+std::string CommonFile(ValuePtr args, const Value* common, Form form, double step, ValuePtr groups, bool chained) {
   const Value none;
   const Value& c = common ? *common : none;
   auto root = Value::Make(Value::Kind::Dict);
@@ -411,7 +392,7 @@ std::string CommonFile(const reshard::Source& S, ValuePtr args, const Value* com
   auto iteration = c.Get("iteration");
   pt::SetItem(*root, "iteration", iteration ? iteration : Value::Int(0));
   auto content = Value::Make(Value::Kind::Dict);
-  if (form != Form::None) pt::SetItem(*root, "optimizer", OptimizerState(S, form, step, expert_groups, twins, chained));
+  if (form != Form::None) pt::SetItem(*root, "optimizer", OptimizerState(std::move(groups), form, step, chained));
   if (form == Form::Distributed) {
     pt::SetItem(*content, "distrib_optim_sharding_type", Value::Str("fully_reshardable"));
     pt::SetItem(*content, "distrib_optim_fully_reshardable_mem_efficient", Value::Bool(false));
@@ -564,6 +545,10 @@ McoreJob OwnJob(const reshard::Source& S, const reshard::ExportOptions& o, const
   if (S.manifest["source"].value("weights_only", false) || o.weights_only) j.form = Form::None;
   else if (IsSet(args, "use_distributed_optimizer")) j.form = Form::Distributed;
   else if (j.dtype != "fp32") j.form = Form::Mixed;
+  if (o.distributed_optimizer && j.form != Form::Distributed)
+    throw Error(j.form == Form::None ? std::string("--use-distributed-optimizer: no optimizer state is written (the model alone)")
+                                     : dir + ": the source's args say use_distributed_optimizer False: --format mcore writes a Megatron-Core "
+                                             "source's optimizer in its own job's form (leave --use-distributed-optimizer out)");
   if (j.form != Form::None)
     if (auto step = reshard::CommonStep(S, "Megatron-LM's optimizers keep one step for every parameter")) j.step = pt::StepValue(*step);
   auto iteration = common.Get("iteration");
@@ -575,8 +560,9 @@ McoreJob OwnJob(const reshard::Source& S, const reshard::ExportOptions& o, const
   const std::vector<int> twins = j.form != Form::None ? ExpertTwins(S, j.keys, args, g) : std::vector<int>{};
   const bool source_chain = j.form != Form::None && !ChainOf(S).empty();  // (a recorded chain checked at every EP)
   const bool chained = j.form != Form::None && g.ep > 1 && (source_chain || !twins.empty());
-  j.common = CommonFile(S, ArgsAt(args, g, j.form != Form::None, o.vocab_divisible_by > 0 ? vocab_divisor : 0), &common, j.form, j.step,
-                        g.ep > 1, twins, chained);
+  const ValuePtr groups = j.form != Form::None ? ParamGroups(S, j.step, j.form == Form::Distributed, g.ep > 1, twins) : nullptr;
+  j.common = CommonFile(ArgsAt(args, g, j.form != Form::None, o.vocab_divisible_by > 0 ? vocab_divisor : 0), &common, j.form, j.step,
+                        groups, chained);
   if (chained)
     j.notes.push_back("the optimizer's state as Megatron-LM's ChainedOptimizer at EP > 1 (get_megatron_optimizer): a dense and an expert "
                       "optimizer" + std::string(twins.empty() ? " (the source's)" : "; the experts' groups made from the source's EP 1 groups, "
@@ -605,11 +591,18 @@ bool MegatronDeepSpeedNames(const std::vector<std::string>& names) {
   });
 }
 
+// Whether --format mcore carries the optimizer state of a source of another family: a DeepSpeed checkpoint
+// of Megatron-DeepSpeed's GPT (with Megatron's args or without); not yet torchtitan's, nor a Hugging Face
+// import's fresh one.
+bool CarriesOptimizer(const std::string& framework, bool deepspeed_names) {
+  return deepspeed_names && (framework == "megatron-deepspeed" || framework == "deepspeed");
+}
+
 // A source of another family whose optimizer state --format mcore would drop: refused, naming --weights-only.
 Error OptimizerStateRefusal(const std::string& what, const std::string& framework) {
-  return Error(what + " holds the optimizer's state, which --format mcore does not carry across families yet (Megatron-LM's "
-               "load also needs its scheduler's state, which a " + framework + " checkpoint does not hold): give --weights-only "
-               "to write the model alone (Megatron-LM then starts a fresh optimizer from it, at iteration 0)");
+  return Error(what + " holds the optimizer's state, which --format mcore carries from DeepSpeed checkpoints of Megatron-DeepSpeed's GPT only, not yet from " +
+               (framework == "torch-dcp" ? std::string("torchtitan's") : framework == "hf" ? "a Hugging Face import's" : framework + "'s") +
+               ": give --weights-only to write the model alone (Megatron-LM then starts a fresh optimizer from it, at iteration 0)");
 }
 
 // The job of a model under another family's names (Megatron-DeepSpeed's, a Hugging Face import's,
@@ -639,26 +632,49 @@ McoreJob OtherFamilyJob(const reshard::Source& S, const reshard::ExportOptions& 
   j.layers = m.layers;
   j.keys = model.keys;
   CheckCuts(j.keys, g);
-  if (!S.manifest["source"].value("weights_only", false) && !o.weights_only)
-    throw OptimizerStateRefusal(dir + ": the atomic checkpoint", S.manifest["source"].value("framework", std::string("DeepSpeed")));
+  const std::string framework = S.manifest["source"].value("framework", std::string("DeepSpeed"));
+  const bool carried = !S.manifest["source"].value("weights_only", false) && !o.weights_only;
+  if (carried && !CarriesOptimizer(framework, deepspeed)) throw OptimizerStateRefusal(dir + ": the atomic checkpoint", framework);
   const int64_t divisor = KeptVocabDivisor(m.vocab, g.tp, o.vocab_divisible_by);
   j.dtype = S.manifest["source"].value("dtype", "fp32");
-  j.form = Form::None;
-  j.folder = j.tracker = "release";
-  j.common = CommonFile(S, ArgsOf(m, g.tp, g.pp, g.dp, j.dtype, divisor), nullptr, Form::None, 0, false, {}, false);
+  if (!carried && o.distributed_optimizer)
+    throw Error("--use-distributed-optimizer: no optimizer state is written (" +
+                std::string(o.weights_only ? "--weights-only" : "a weights-only atomic checkpoint") + ": the model alone)");
+  std::string job_flags;  // the optimizer's flags of the job's launch
+  if (!carried) {
+    j.form = Form::None;
+    j.folder = j.tracker = "release";
+    j.common = CommonFile(ArgsOf(m, g.tp, g.pp, g.dp, j.dtype, divisor), nullptr, Form::None, 0, nullptr, false);
+  } else {
+    // A Megatron-DeepSpeed run's optimizer: the form of the job's (FP32Optimizer, the mixed-precision one in bf16 /
+    // fp16, or the distributed optimizer's fully_reshardable where asked), at the source's iteration.
+    j.form = o.distributed_optimizer ? Form::Distributed : j.dtype == "fp32" ? Form::Fp32 : Form::Mixed;
+    j.step = pt::StepValue(*reshard::CommonStep(S, "Megatron-LM's optimizers keep one step for every parameter"));
+    CrossOptimizer x = DeepSpeedOptimizerForMcore(S, j.keys);
+    if (j.form == Form::Distributed)
+      for (const ValuePtr& group : x.groups->items) pt::SetItem(*group, "step", Value::Float(j.step));
+    j.folder = source::IterationFolderName(std::to_string(x.iteration)), j.tracker = std::to_string(x.iteration);
+    j.common = CommonFile(ArgsOf(m, g.tp, g.pp, g.dp, j.dtype, divisor, x.consumed_samples, j.form == Form::Distributed), x.common.get(),
+                          j.form, j.step, x.groups, false);
+    for (std::string& note : x.notes) j.notes.push_back(std::move(note));
+    if (j.form == Form::Distributed) job_flags += " --use-distributed-optimizer";
+    if (!x.schedule_carried) job_flags += " --override-opt_param-scheduler";
+  }
   j.model = std::string("Megatron-Core GPTModel (from ") + (deepspeed ? "Megatron-DeepSpeed's" : "torchtitan's") + " names), " + g.text();
   j.notes.push_back("the model's " + std::to_string(m.vocab) + " vocabulary rows kept: launch the job with --make-vocab-size-divisible-by " +
                     std::to_string(divisor) + " (" + std::to_string(divisor) + " x TP " + std::to_string(g.tp) + " divides them) and a tokenizer of " +
                     std::to_string(m.vocab) + " tokens, or Megatron-LM pads to other rows and refuses the shape");
   j.notes.push_back("launch Megatron-LM (pretrain_gpt.py) on " + std::to_string(g.tp * g.pp * g.dp) + " GPUs with the model's flags: " +
-                    LaunchFlags(m, g.tp, g.pp, j.dtype, divisor, o.output.empty() ? "ROOT" : o.output) +
+                    LaunchFlags(m, g.tp, g.pp, j.dtype, divisor, o.output.empty() ? "ROOT" : o.output) + job_flags +
                     " (and a tokenizer of " + std::to_string(m.vocab) + " tokens)");
   j.notes.push_back(std::string("a ") + (m.rms_norm ? "RMSNorm" : "LayerNorm") + ", " + (m.learned_positions ? "learned-position" : "rotary") +
                     ", " + (m.swiglu ? "SwiGLU" : m.openai_gelu || m.bias_gelu_fusion ? "tanh-GeLU" : "GeLU") + " model" +
                     (m.bias_linear ? " with biases" : m.bias_qkv ? " with query-key-value biases" : "") +
-                    (m.tied ? ", output tied to the embedding" : "") + "; Megatron-LM's release checkpoint (release/, the tracker says "
-                    "'release'): the job's --load takes the weights and starts at iteration 0 with a fresh optimizer and its own RNG "
-                    "state; common.pt's args are written from the model's facts (Megatron-LM checks num_layers, hidden_size and "
+                    (m.tied ? ", output tied to the embedding" : "") +
+                    (carried ? "; the job's --load resumes it at iteration " + j.tracker + " with its optimizer's state and its own RNG state"
+                             : "; Megatron-LM's release checkpoint (release/, the tracker says 'release'): the job's --load takes the weights "
+                               "and starts at iteration 0 with a fresh optimizer and its own RNG state") +
+                    "; common.pt's args are written from the model's facts (Megatron-LM checks num_layers, hidden_size and "
                     "num_attention_heads against the job's)");
   return j;
 }
@@ -767,7 +783,8 @@ void CheckMcoreSource(const source::SourceIndex& L, const reshard::ExportOptions
   for (const auto& p : L.params) names.push_back(p.name);
   RefuseOtherNames(names, L.root);
   CheckDegreesOfIndex(L, o, names);
-  if (!McoreNames(names) && L.optimizer != "none" && !o.weights_only) throw OptimizerStateRefusal(L.root + ": the checkpoint", L.framework);
+  if (!McoreNames(names) && L.optimizer != "none" && !o.weights_only && !CarriesOptimizer(L.framework, MegatronDeepSpeedNames(names)))
+    throw OptimizerStateRefusal(L.root + ": the checkpoint", L.framework);
 }
 
 reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOptions& o) {

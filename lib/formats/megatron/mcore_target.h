@@ -14,8 +14,9 @@
 // exp_avg / exp_avg_sq.<key>), the mixed-precision optimizer's (optimizer.state.fp32_param / ...), or
 // FP32Optimizer's (optimizer.state.exp_avg / exp_avg_sq). No RNG state travels (args.no_save_rng:
 // Megatron-LM then keeps its own). A model under another family's names (Megatron-DeepSpeed, a Hugging
-// Face import, torchtitan) is written as Megatron-LM's release checkpoint (ROOT/release/, the tracker
-// 'release'): the model alone, args from its facts (mcore_keys.h re-joins its tensors).
+// Face import, torchtitan; mcore_keys.h re-joins its tensors) has args from its facts; a DeepSpeed
+// checkpoint's optimizer travels with it (mcore_cross_optimizer.h), else it is written as Megatron-LM's
+// release checkpoint (ROOT/release/, the tracker 'release'): the model alone.
 #pragma once
 
 #include <string>
@@ -31,7 +32,8 @@ reshard::ExportPlan PlanMcore(const reshard::Source& S, const reshard::ExportOpt
 // File `f` of the plan at `path` (its iteration folder made first).
 void WriteMcoreFile(const reshard::ExportPlan& P, size_t f, reshard::RowSource& rows, const std::string& path);
 
-// A source refused before any conversion: parameters without Megatron-Core's names.
+// A source refused before any conversion: names of no family --format mcore writes, a layout its facts do
+// not divide, optimizer state that cannot travel (torchtitan's) without --weights-only.
 void CheckMcoreSource(const source::SourceIndex& L, const reshard::ExportOptions& options);
 
 }  // namespace ucp::formats::megatron

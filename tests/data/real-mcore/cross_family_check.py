@@ -59,7 +59,8 @@ def flags(spec):
     return f
 
 
-def worker(rank, world, spec, port, out):
+def start(rank, world, port):
+    """This process's gloo group, CPU-only: torch.compile off, the CUDA calls Megatron makes answered."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), USE_LIBUV="0", WORLD_SIZE=str(world), RANK=str(rank),
                       CUDA_DEVICE_MAX_CONNECTIONS="1")
     import torch._dynamo as dynamo
@@ -67,37 +68,50 @@ def worker(rank, world, spec, port, out):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.current_device = lambda: "cpu"
+
+
+def megatron_model(spec, argv):
+    """Megatron-LM's args of `argv` (parse_args, validate_args) at the spec's TP x PP, and the GPTModel
+    gpt_builders builds of them (--transformer-impl local); returns (args, cfg, model)."""
+    from megatron.core import parallel_state as ps, tensor_parallel
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import make_mcore as mm  # its CPU-only validate_args
+    import megatron.training.arguments as arguments
+    from megatron.training import global_vars
+    from megatron.training.utils import update_use_dist_ckpt
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    ps.initialize_model_parallel(tensor_model_parallel_size=spec["tp"], pipeline_model_parallel_size=spec["pp"])
+    torch.manual_seed(1234)
+    with contextlib.suppress(Exception):
+        tensor_parallel.model_parallel_cuda_manual_seed(123)
+    tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    sys.argv = argv
+    args = mm.validated(arguments.parse_args())
+    update_use_dist_ckpt(args)
+    global_vars.set_args(args)
+    if not args.untie_embeddings_and_output_weights and spec["pp"] > 1:  # GPTModel's setup_embeddings_and_output_layer moves
+        torch.Tensor.cuda = lambda self, *a, **k: self  # the shared weight .cuda() before its all-reduce (gloo: on the CPU)
+    cfg = arguments.core_transformer_config_from_args(args)
+    layer_spec = get_gpt_layer_local_spec(cfg.num_moe_experts, cfg.moe_grouped_gemm, cfg.qk_layernorm, cfg.multi_latent_attention,
+                                          cfg.experimental_attention_variant, normalization=cfg.normalization)
+    model = GPTModel(config=cfg, transformer_layer_spec=layer_spec, vocab_size=args.padded_vocab_size,
+                     max_sequence_length=args.max_position_embeddings, pre_process=ps.is_pipeline_first_stage(),
+                     post_process=ps.is_pipeline_last_stage(), parallel_output=True,
+                     share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+                     position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
+                     rotary_base=args.rotary_base)
+    return args, cfg, model
+
+
+def worker(rank, world, spec, port, out):
+    start(rank, world, port)
     result = {"rank": rank, "error": None, "strict_load_error": None, "iteration": None, "logits": None}
     try:
-        from megatron.core import parallel_state as ps, tensor_parallel
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import make_mcore as mm  # its CPU-only validate_args and strict-load record
-        import megatron.training.arguments as arguments
+        from megatron.core import parallel_state as ps
+        import make_mcore as mm  # its strict-load record (megatron_model put this folder on the path)
         import megatron.training.checkpointing as ckpt
-        from megatron.training import global_vars
-        from megatron.training.utils import update_use_dist_ckpt
-        from megatron.core.models.gpt import GPTModel
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        ps.initialize_model_parallel(tensor_model_parallel_size=spec["tp"], pipeline_model_parallel_size=spec["pp"])
-        torch.manual_seed(1234)
-        with contextlib.suppress(Exception):
-            tensor_parallel.model_parallel_cuda_manual_seed(123)
-        tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
-        sys.argv = flags(spec)
-        args = mm.validated(arguments.parse_args())
-        update_use_dist_ckpt(args)
-        global_vars.set_args(args)
-        if not args.untie_embeddings_and_output_weights and spec["pp"] > 1:  # GPTModel's setup_embeddings_and_output_layer moves
-            torch.Tensor.cuda = lambda self, *a, **k: self  # the shared weight .cuda() before its all-reduce (gloo: on the CPU)
-        cfg = arguments.core_transformer_config_from_args(args)
-        layer_spec = get_gpt_layer_local_spec(cfg.num_moe_experts, cfg.moe_grouped_gemm, cfg.qk_layernorm, cfg.multi_latent_attention,
-                                              cfg.experimental_attention_variant, normalization=cfg.normalization)
-        model = GPTModel(config=cfg, transformer_layer_spec=layer_spec, vocab_size=args.padded_vocab_size,
-                         max_sequence_length=args.max_position_embeddings, pre_process=ps.is_pipeline_first_stage(),
-                         post_process=ps.is_pipeline_last_stage(), parallel_output=True,
-                         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-                         position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
-                         rotary_base=args.rotary_base)
+        args, _, model = megatron_model(spec, flags(spec))
         if args.bf16:
             model = model.to(torch.bfloat16)
         ckpt.update_num_microbatches = lambda *a, **k: None
