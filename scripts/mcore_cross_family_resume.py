@@ -44,6 +44,9 @@ ROWS = {
                                            True, False),
 }
 FRESH = {"llama_tp1_pp1_dp1": "llama_tp1_pp1_dp1_fresh_adam", "gpt_bf16_tp1_pp1_dp1": "gpt_bf16_tp1_pp1_dp1_fresh_adam"}
+# rows whose checkpoint is the case's with Megatron's scheduler state as lr_scheduler (megatron_schedule_fixture.py),
+# as a Megatron-DeepSpeed job's engine saves it: the schedule carried, the job launched without --override-opt_param-scheduler
+SCHEDULED = {"llama_megatron_schedule_tp2_pp1_dp1": ("llama_tp2_dp2_zero1_fp32", LLAMA, 2, 1, 1, [], False, False)}
 
 
 def case_dir(case):
@@ -64,11 +67,24 @@ def main():
     tool = lambda name: os.path.join(os.path.abspath(a.build), "apps", name)  # noqa: E731
     heads = os.path.join(scratch, "heads.json")  # the facts a save without Megatron args lacks, as a user gives them
     json.dump({"num_attention_heads": 4, "num_key_value_heads": 2}, open(heads, "w"))
+    for name in ("cross_family_resume.py", "cross_family_check.py", "make_mcore.py"):
+        shutil.copy(os.path.join(ROOT, "tests", "data", "real-mcore", name), scratch)
+    in_chroot = lambda command: subprocess.run(  # noqa: E731
+        ["chroot", CHROOT, "env", "-i", "bash", "-c", "export PATH=/usr/local/bin:/usr/bin:/bin HOME=/root; "
+         f"cd {scratch} && PYTHONPATH=/opt/megatron OMP_NUM_THREADS=1 python3 cross_family_resume.py {command}"],
+        check=True, stdout=subprocess.DEVNULL)
+    in_chroot("--schedule-state schedule.json")  # real Megatron's OptimizerParamScheduler after the job's 6 steps
+    schedule = json.load(open(os.path.join(scratch, "schedule.json")))
+    sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+    from megatron_schedule_fixture import with_megatron_schedule
     spec, flags_of = {}, {}
-    for label, (case, model, tp, pp, dp, extra, bf16, _) in ROWS.items():
-        atomic = os.path.join(scratch, case + "-atomic")
+    for label, (case, model, tp, pp, dp, extra, bf16, _) in {**ROWS, **SCHEDULED}.items():
+        atomic = os.path.join(scratch, case + ("-scheduled" if label in SCHEDULED else "") + "-atomic")
         if not os.path.isdir(atomic):
-            subprocess.run([tool("ucp-convert"), os.path.join(case_dir(case), "ckpt"), "-o", atomic, "-q"], check=True)
+            ckpt = os.path.join(case_dir(case), "ckpt")
+            if label in SCHEDULED:
+                ckpt = with_megatron_schedule(ckpt, os.path.join(scratch, case + "-scheduled"), schedule)
+            subprocess.run([tool("ucp-convert"), ckpt, "-o", atomic, "-q"], check=True)
         out = os.path.join(scratch, "out", label)
         flags = ["--format", "mcore", "--tp", str(tp), "--pp", str(pp), "--dp", str(dp)] + extra
         r = subprocess.run([tool("ucp-reshard"), atomic, "-o", out] + [heads if f == "HEADS" else f for f in flags],
@@ -76,21 +92,19 @@ def main():
         divisor = int(r.stderr.split("--make-vocab-size-divisible-by ")[1].split()[0])
         flags_of[label] = flags
         spec[label] = {"root": out, "tp": tp, "pp": pp, "dp": dp, "model": model, "divisor": divisor, "bf16": bf16,
-                       "case": case_dir(case), "distributed": "--use-distributed-optimizer" in extra}
+                       "case": case_dir(case), "distributed": "--use-distributed-optimizer" in extra, "schedule": label in SCHEDULED}
         if label in FRESH:
             spec[FRESH[label]] = dict(spec[label], fresh=True)
             flags_of[FRESH[label]] = flags
-    for name in ("cross_family_resume.py", "cross_family_check.py", "make_mcore.py"):
-        shutil.copy(os.path.join(ROOT, "tests", "data", "real-mcore", name), scratch)
     json.dump(spec, open(os.path.join(scratch, "spec.json"), "w"), indent=1)
-    subprocess.run(["chroot", CHROOT, "env", "-i", "bash", "-c", "export PATH=/usr/local/bin:/usr/bin:/bin HOME=/root; "
-                    f"cd {scratch} && PYTHONPATH=/opt/megatron OMP_NUM_THREADS=1 python3 cross_family_resume.py spec.json record.json"],
-                   check=True, stdout=subprocess.DEVNULL)
+    in_chroot("spec.json record.json")
     record = json.load(open(os.path.join(scratch, "record.json")))
     for label, entry in record["outputs"].items():
-        case = next(c for name, (c, *_rest) in ROWS.items() if name == label or FRESH.get(name) == label)
+        case = next(c for name, (c, *_rest) in {**ROWS, **SCHEDULED}.items() if name == label or FRESH.get(name) == label)
         entry["case"] = os.path.relpath(case_dir(case), ROOT)
         entry["reshard_flags"] = flags_of[label]
+        if label in SCHEDULED:
+            entry["megatron_schedule"] = schedule  # the case's checkpoint with this lr_scheduler (megatron_schedule_fixture.py)
         print(f"{label}: iteration {entry['iterations']}, losses {entry['losses']}, max |loss - DeepSpeed's| "
               f"{entry['max_abs_loss_diff']:.3g}, error {entry['error'] is not None}", flush=True)
     with open(a.out, "w") as f:

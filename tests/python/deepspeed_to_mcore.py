@@ -14,6 +14,8 @@ a ground truth this file builds from DeepSpeed's own files:
 - common.pt: the iteration (DeepSpeed's), the step in the optimizer's form, Megatron-Core's two param groups (wd_mult
   1, then 0) each with the options of DeepSpeed's group (read from DeepSpeed's optimizer file), the scheduler as
   samples consumed (DeepSpeed's global_samples; the schedule None: the job's flags, --override-opt_param-scheduler),
+  or, for the row whose checkpoint holds Megatron's OptimizerParamScheduler state (real Megatron-LM's, recorded;
+  megatron_schedule_fixture.py puts it in the case's files as a Megatron-DeepSpeed job's engine saves it), that state,
   the args saying the optimizer was saved and the samples consumed; the tracker names the iteration;
 - the record: the bytes Megatron-LM loaded, its iteration, and its losses of global steps 7-10 against DeepSpeed's
   uninterrupted run (fp32 within 1e-5, bf16 within 2e-3), a fresh Adam's far off (the carried state made the match).
@@ -35,6 +37,7 @@ from checklist import check, finish, fresh_folder, tool_runner  # noqa: E402
 from dcp_files import read_dcp  # noqa: E402
 from harness_logits import load_pt  # noqa: E402
 from mcore_expected import expected_from_deepspeed_gpt, expected_from_deepspeed_llama, owner  # noqa: E402
+from megatron_schedule_fixture import with_megatron_schedule  # noqa: E402
 
 BIN, WORK, RECORD = sys.argv[1:4]
 run = tool_runner(BIN, sys.argv[4] if len(sys.argv) > 4 else None)
@@ -84,7 +87,7 @@ def sha256s(root):
             for d, _, names in os.walk(root) for n in names if not os.path.relpath(os.path.join(d, n), root).startswith(".ucp")}
 
 
-def check_carried(label, out, case, flags, stderr):
+def check_carried(label, out, case, flags, stderr, schedule=None):
     tp, pp, dp = (int(flags[flags.index(f) + 1]) for f in ("--tp", "--pp", "--dp"))
     distributed = "--use-distributed-optimizer" in flags
     cfg, want = expected_states(case)
@@ -146,12 +149,20 @@ def check_carried(label, out, case, flags, stderr):
         ok = ok and g.get("is_expert_parallel") is False and g.get("is_decoupled_lr") is False and g.get("default_config") is True
     check(f"{label}: Megatron-Core's two groups (wd_mult 1, then 0), each with DeepSpeed's group's options", ok, f"{groups} vs {ds}")
     sched = common.get("opt_param_scheduler")
+    launch = next((line for line in stderr.splitlines() if "launch Megatron-LM (pretrain_gpt.py)" in line), "")
+    words = (["--use-distributed-optimizer"] if distributed else []) + ([] if schedule else ["--override-opt_param-scheduler"])
+    check(f"{label}: the launch note gives the optimizer's flags", all(w in launch for w in words)
+          and (not schedule or "--override-opt_param-scheduler" not in launch), launch)
+    if schedule:  # Megatron's own scheduler state, carried as it is, its bounds in each group as Megatron keeps them
+        check(f"{label}: the scheduler: the source's Megatron OptimizerParamScheduler state as it is", sched == schedule, str(sched))
+        check(f"{label}: each group's max_lr and min_lr the schedule's", all(g.get("max_lr") == schedule["max_lr"] and
+              g.get("min_lr") == schedule["min_lr"] for g in groups), str(groups))
+        return
     check(f"{label}: the scheduler: {samples} samples consumed, the schedule left to the job's flags",
           sched == {"max_lr": None, "lr_warmup_steps": None, "num_steps": samples, "lr_decay_style": None, "lr_decay_steps": None,
                     "min_lr": None}, str(sched))
-    launch = next((line for line in stderr.splitlines() if "launch Megatron-LM (pretrain_gpt.py)" in line), "")
-    words = ["--override-opt_param-scheduler"] + (["--use-distributed-optimizer"] if distributed else [])
-    check(f"{label}: the launch note gives the optimizer's flags", all(w in launch for w in words), launch)
+    check(f"{label}: no group bounds the learning rate (the job's schedule does)", all("max_lr" not in g and "min_lr" not in g for g in groups),
+          str(groups))
 
 
 atomics = {}
@@ -161,23 +172,34 @@ for label, rec in record.items():
     if not os.path.isdir(case):
         check(f"{label}: the case {rec['case']} beside the checkout", False)
         continue
-    if case not in atomics:
-        atomics[case] = os.path.join(WORK, os.path.basename(case))
-        r = run("ucp-convert", [os.path.join(case, "ckpt"), "-o", atomics[case]], ranks=2)
-        check(f"{os.path.basename(case)}: converts", r.returncode == 0, r.stderr[-600:])
+    schedule = rec.get("megatron_schedule")
+    source = case + ("-scheduled" if schedule else "")
+    if source not in atomics:
+        atomics[source] = os.path.join(WORK, os.path.basename(source))
+        ckpt = os.path.join(case, "ckpt")
+        if schedule:  # the case's checkpoint as a Megatron-DeepSpeed job saves it: Megatron's scheduler state in it
+            ckpt = with_megatron_schedule(ckpt, os.path.join(WORK, os.path.basename(source) + "-ckpt"), schedule)
+        r = run("ucp-convert", [ckpt, "-o", atomics[source]], ranks=2)
+        check(f"{os.path.basename(source)}: converts", r.returncode == 0, r.stderr[-600:])
     heads = os.path.join(WORK, "heads.json")
     json.dump({"num_attention_heads": 4, "num_key_value_heads": 2}, open(heads, "w"))
     flags = [heads if f == "HEADS" else f for f in rec["reshard_flags"]]
     out = os.path.join(WORK, label)
-    r = run("ucp-reshard", [atomics[case], "-o", out] + flags, ranks=2)
+    r = run("ucp-reshard", [atomics[source], "-o", out] + flags, ranks=2)
     check(f"{label}: written", r.returncode == 0, r.stderr[-800:])
     if r.returncode != 0:
         continue
     seen.add(label)
     if not rec["fresh_adam"]:
-        check_carried(label, out, case, flags, r.stderr)
-    check(f"{label}: the bytes real Megatron-LM loaded (the record)", sha256s(out) == rec["sha256"],
-          str(sorted(set(sha256s(out).items()) ^ set(rec["sha256"].items()))[:3]))
+        check_carried(label, out, case, flags, r.stderr, schedule)
+    # (a checkpoint made here, not the case's: .metadata's save id names the source by its path, so that file
+    # differs from the recorded one; its tensors and chunks are checked above)
+    got, want = sha256s(out), dict(rec["sha256"])
+    if schedule:
+        got = {k: v for k, v in got.items() if not k.endswith(".metadata")}
+        want = {k: v for k, v in want.items() if not k.endswith(".metadata")}
+    check(f"{label}: the bytes real Megatron-LM loaded (the record{', but .metadata' if schedule else ''})", got == want,
+          str(sorted(set(got.items()) ^ set(want.items()))[:3]))
     bf16 = "bf16" in label
     bound = 2e-3 if bf16 else 1e-5
     if rec["fresh_adam"]:

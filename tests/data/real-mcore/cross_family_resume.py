@@ -20,7 +20,10 @@ compared with the case's uninterrupted run (case.json `losses`, steps 7-10). FRE
 Run inside the Debian trixie chroot (this file, cross_family_check.py, make_mcore.py and the outputs copied to
 /tmp/cfr; the harness at /work/shared/real-deepspeed/harness):
   cd /tmp/cfr && PYTHONPATH=/opt/megatron OMP_NUM_THREADS=1 python3 cross_family_resume.py SPEC.json RECORD.json
-SPEC.json: {label: {"root", "tp", "pp", "dp", "model": {facts}, "divisor", "bf16", "case": DS case dir, "fresh"}}.
+SPEC.json: {label: {"root", "tp", "pp", "dp", "model": {facts}, "divisor", "bf16", "case": DS case dir, "fresh",
+"schedule"}}; "schedule": the checkpoint carries Megatron's scheduler state (schedule_state's, made by
+`cross_family_resume.py --schedule-state OUT.json`), so the job gives its schedule's flags (--lr-warmup-iters 3)
+without --override-opt_param-scheduler, and Megatron-LM checks them against the state.
 CPU-only workarounds as make_mcore.py's and mcore_load_check.py's (cuda_to_cpu, torch.compile off, validate_args'
 GPU architecture answered; with the distributed optimizer step_kept_apart and the dummy states before the load, and
 after it each parameter's 'step' its own tensor (the load leaves one shared by all, which torch's AdamW, used here
@@ -54,7 +57,7 @@ def job_flags(spec, case):
     f[i + 1] = str(case["lr"])
     f += ["--global-batch-size", "12", "--train-iters", str(LAST), "--lr-decay-style", "constant", "--min-lr", "0.0",
           "--weight-decay", "0.01", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--adam-eps", "1e-8", "--clip-grad", "1.0",
-          "--override-opt_param-scheduler"]
+          ] + (["--lr-warmup-iters", "3"] if spec.get("schedule") else ["--override-opt_param-scheduler"])
     if spec.get("distributed"):
         f += ["--use-distributed-optimizer"]
     if spec.get("bf16"):
@@ -152,7 +155,25 @@ def worker(rank, world, spec, port, out):
     dist.destroy_process_group()
 
 
+def schedule_state(out):
+    """The state Megatron's OptimizerParamScheduler (Megatron-DeepSpeed's own, which Megatron-LM's continues) holds
+    after the harness job's 6 steps of 12 samples, had its engine run it: --lr 0.01 --min-lr 0.0 --lr-warmup-iters 3
+    --lr-decay-style constant --weight-decay 0.01 --train-iters 10 (steps counted in samples, as train_step steps it)."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    class Groups:  # the optimizer the scheduler sets lr and weight_decay on
+        param_groups = [{"lr": 0.0, "weight_decay": 0.0}]
+    s = OptimizerParamScheduler(Groups(), init_lr=0.0, max_lr=0.01, min_lr=0.0, lr_warmup_steps=3 * 12, lr_decay_steps=10 * 12,
+                                lr_decay_style="constant", start_wd=0.01, end_wd=0.01, wd_incr_steps=10 * 12, wd_incr_style="constant")
+    for _ in range(6):
+        s.step(increment=12)
+    with open(out, "w") as f:
+        json.dump(s.state_dict(), f, indent=1)
+
+
 def main():
+    if sys.argv[1] == "--schedule-state":
+        return schedule_state(sys.argv[2])
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import cross_family_check as cfc
     specs, record_path = json.load(open(sys.argv[1])), sys.argv[2]
