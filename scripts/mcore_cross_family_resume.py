@@ -10,7 +10,7 @@ SCRATCH must lie under /work/scratch (seen in the chroot at the same path). For 
 checkpoint (../shared/real-deepspeed/cases, tests/data/real-ds0195), ucp-reshard ATOMIC -o OUT --format mcore with the
 row's flags, then tests/data/real-mcore/cross_family_resume.py in the chroot (Megatron-LM's own load_checkpoint with
 the optimizer and scheduler, and 4 training steps on the harness's batches). The record keeps each row's case and
-flags, which tests/python/mcore_cross_family.py (ctest mcore_cross_family) reruns to check ucp still writes the bytes
+flags, which tests/python/deepspeed_to_mcore.py (ctest deepspeed_to_mcore) reruns to check ucp still writes the bytes
 Megatron-LM loaded.
 """
 import argparse

@@ -27,7 +27,7 @@ const std::set<std::string> kCommitPoints = {"latest", "latest_checkpointed_iter
 // What a claim neither counts nor clears: the lock (and what taking one leaves), temporaries, and the
 // scratch atomic checkpoint a run from a training run's root reads (reshard/in_place.h).
 bool NotContents(const std::string& name) {
-  return name.rfind(OutputLock::kFileName, 0) == 0 || IsTemporaryName(name) || name == kScratchAtomic;
+  return name.rfind(OutputLock::kFileName, 0) == 0 || IsTemporaryName(name) || name == kScratchAtomic || name == kScratchRemoved;
 }
 
 // Whether `output` holds nothing of its own (or does not exist).
@@ -201,6 +201,8 @@ void RefuseClaim(const std::string& output, const std::string& input, bool force
 }
 
 void RefuseForeignScratch(const std::string& scratch) {
+  std::error_code ec;
+  fs::remove_all(fs::path(scratch).parent_path() / kScratchRemoved, ec);
   // A live run writing the folder or its scratch (its lock held) is refused by name, before this run
   // converts anything or removes a scratch that run reads; a killed run's lock goes.
   const bool locked = fs::exists(scratch + "/" + OutputLock::kFileName);  // a ucp run's, killed (a live one is refused next)
@@ -213,7 +215,16 @@ void RefuseForeignScratch(const std::string& scratch) {
 
 void RemoveScratch(const std::string& scratch, const std::string& output, bool created_output, bool talk, std::ostream& err) {
   std::error_code ec;
-  fs::remove_all(scratch, ec);
+  if (fs::is_directory(scratch)) try {
+      OutputLock::RemoveStale(scratch, kTool);  // throws where a live run holds it
+    } catch (const Error& e) {
+      if (talk) err << kTool << ": note: left " << scratch << " to the run converting into it: " << e.what() << "\n";
+      return;
+    }
+  const fs::path removed = fs::path(scratch).parent_path() / kScratchRemoved;
+  fs::remove_all(removed, ec);
+  fs::rename(scratch, removed, ec);
+  fs::remove_all(ec ? fs::path(scratch) : removed, ec);
   if (created_output && fs::is_empty(output, ec)) fs::remove(output, ec);
   if (talk) err << kTool << ": removed the scratch atomic checkpoint " << scratch << "\n";
 }

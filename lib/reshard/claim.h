@@ -20,6 +20,9 @@ namespace ucp::reshard {
 // it needs one (reshard/in_place.h); the run's own input, never counted as the folder's contents,
 // never cleared by a claim.
 inline constexpr const char* kScratchAtomic = ".ucp-scratch-atomic";
+// A scratch folder being removed: renamed to this first, so that a run killed while removing it leaves a
+// folder ucp knows by its name (the next run removes it).
+inline constexpr const char* kScratchRemoved = ".ucp-scratch-atomic.removing";
 
 // A folder a run writes into, locked, with what undoing the run removes.
 class ClaimedOutput {
@@ -62,11 +65,13 @@ void RefuseClaim(const std::string& output, const std::string& input, bool force
 
 // Refuses a scratch folder (kScratchAtomic) ucp did not write (no manifest or journal, and files of its
 // own): the run that converts into it removes it when it ends, and ucp removes only what it wrote. Also
-// refused: a live run holding the lock of the scratch or of the folder holding it (output_lock.h).
+// refused: a live run holding the lock of the scratch or of the folder holding it (output_lock.h). A
+// removal a killed run left half done (kScratchRemoved) is finished.
 void RefuseForeignScratch(const std::string& scratch);
 
 // Rank 0, once no rank reads it: the scratch folder removed, and `output` with it where the run created
-// it and it is left empty; said unless quiet.
+// it and it is left empty; said unless quiet. A scratch another live run holds the lock of (a run that
+// lost the race for the folder to it) is left to that run, said.
 void RemoveScratch(const std::string& scratch, const std::string& output, bool created_output, bool talk, std::ostream& err);
 
 }  // namespace ucp::reshard

@@ -124,9 +124,10 @@ def check_carried(label, out, case, flags, stderr, schedule=None):
 
     common = torch.load(os.path.join(folder, "common.pt"))
     a = common.get("args")
-    check(f"{label}: args: the optimizer saved, {samples} samples consumed, use_distributed_optimizer {distributed}",
+    check(f"{label}: args: the optimizer saved, {samples} samples consumed (none of validation), use_distributed_optimizer {distributed}",
           a is not None and not getattr(a, "no_save_optim", False) and a.consumed_train_samples == samples
-          and a.use_distributed_optimizer == distributed and a.no_save_rng, str(vars(a) if a is not None else None)[:600])
+          and a.consumed_valid_samples == 0 and a.use_distributed_optimizer == distributed and a.no_save_rng,
+          str(vars(a) if a is not None else None)[:600])
     check(f"{label}: iteration {steps}", common.get("iteration") == steps, str(common.get("iteration")))
     opt = common.get("optimizer", {})
     if distributed:
@@ -147,12 +148,16 @@ def check_carried(label, out, case, flags, stderr, schedule=None):
         ok = ok and source is not None and all(g.get(k) == (list(v) if isinstance(v, tuple) else v) or g.get(k) == v
                                                for k, v in source.items() if k not in ("name", "step"))
         ok = ok and g.get("is_expert_parallel") is False and g.get("is_decoupled_lr") is False and g.get("default_config") is True
+        ok = ok and g.get("bias_correction", None) is (source.get("bias_correction", True) if source else None)
     check(f"{label}: Megatron-Core's two groups (wd_mult 1, then 0), each with DeepSpeed's group's options", ok, f"{groups} vs {ds}")
     sched = common.get("opt_param_scheduler")
     launch = next((line for line in stderr.splitlines() if "launch Megatron-LM (pretrain_gpt.py)" in line), "")
-    words = (["--use-distributed-optimizer"] if distributed else []) + ([] if schedule else ["--override-opt_param-scheduler"])
-    check(f"{label}: the launch note gives the optimizer's flags", all(w in launch for w in words)
-          and (not schedule or "--override-opt_param-scheduler" not in launch), launch)
+    decay = next((g["weight_decay"] for g in ds if g["weight_decay"] != 0), 0)
+    words = [f"--weight-decay {decay:g} "] + (["--use-distributed-optimizer"] if distributed else []) + \
+        ([] if schedule else ["--override-opt_param-scheduler"])
+    check(f"{label}: the launch note gives the optimizer's flags ({' '.join(words)}), no others", all(w in launch + " " for w in words)
+          and (not schedule or "--override-opt_param-scheduler" not in launch) and (distributed or "--use-distributed-optimizer" not in launch),
+          launch)
     if schedule:  # Megatron's own scheduler state, carried as it is, its bounds in each group as Megatron keeps them
         check(f"{label}: the scheduler: the source's Megatron OptimizerParamScheduler state as it is", sched == schedule, str(sched))
         check(f"{label}: each group's max_lr and min_lr the schedule's", all(g.get("max_lr") == schedule["max_lr"] and
@@ -239,8 +244,8 @@ for flags, words, what in [
           r.stderr[-400:])
 out = os.path.join(WORK, "refused")
 r = run("ucp-reshard", [atomic, "-o", out, "--dp", "2", "--tp", "1", "--pp", "1", "--zero-stage", "1", "--use-distributed-optimizer"])
-check("--use-distributed-optimizer with a DeepSpeed layout: refused, naming --format mcore", r.returncode != 0
-      and "--format mcore" in r.stderr and not os.path.exists(out), r.stderr[-400:])
+check("--use-distributed-optimizer with a DeepSpeed layout: refused, naming it and --format mcore", r.returncode != 0
+      and "--use-distributed-optimizer goes with --format mcore" in r.stderr and not os.path.exists(out), r.stderr[-400:])
 # a run that decayed every parameter in one group (the harness's ZeRO-3 GPTModel): Megatron-LM's job would stop
 # decaying its norms and biases; refused naming one, before anything is written
 z3 = os.path.join(os.path.dirname(GPT_FACTS), "zero3_dp4_fp32")

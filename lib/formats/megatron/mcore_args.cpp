@@ -1,6 +1,5 @@
 #include "formats/megatron/mcore_args.h"
 
-#include <algorithm>
 #include <charconv>
 
 #include "core/error.h"
@@ -9,16 +8,11 @@ namespace ucp::formats::megatron {
 using pt::Value;
 using pt::ValuePtr;
 
-namespace {
-
-// A number as a flag's value: the shortest text that reads back as the same double.
 std::string FormatNumber(double v) {
   char text[64];
   const auto end = std::to_chars(text, text + sizeof text, v).ptr;
   return std::string(text, end);
 }
-
-}  // namespace
 
 // The divisor a job pads its `vocab` rows with at TP `tp` and keeps them: the one asked for, else
 // the largest power of two up to Megatron-LM's default 128 that keeps them; refused where none does.
@@ -39,8 +33,7 @@ int64_t KeptVocabDivisor(int64_t vocab, int64_t tp, int64_t asked) {
 // Megatron-LM's args of a model from another family at the new layout (its own argument names; what its
 // load checks against the job's, check_checkpoint_args, and what --use-checkpoint-args reads), which saved
 // none: every value from the model's facts, the layout, the dtype and the vocabulary divisor.
-ValuePtr ArgsOf(const ModelFacts& m, int64_t tp, int64_t pp, int64_t dp, const std::string& dtype, int64_t divisor,
-                int64_t consumed_samples, bool distributed) {
+ValuePtr ArgsOf(const ModelFacts& m, int64_t tp, int64_t pp, int64_t dp, const std::string& dtype, int64_t divisor, const RunArgs* run) {
   auto st = Value::Make(Value::Kind::Dict);
   auto i = [&](const char* k, int64_t v) { pt::SetItem(*st, k, Value::Int(v)); };
   auto b = [&](const char* k, bool v) { pt::SetItem(*st, k, Value::Bool(v)); };
@@ -64,9 +57,10 @@ ValuePtr ArgsOf(const ModelFacts& m, int64_t tp, int64_t pp, int64_t dp, const s
   i("tensor_model_parallel_size", tp), i("pipeline_model_parallel_size", pp), i("data_parallel_size", dp);
   i("world_size", tp * pp * dp), i("rank", 0);
   s("ckpt_format", "torch_dist"), b("no_save_rng", true);
-  if (consumed_samples < 0) b("no_save_optim", true);
-  else b("use_distributed_optimizer", distributed);
-  i("consumed_train_samples", std::max<int64_t>(consumed_samples, 0)), i("skipped_train_samples", 0), i("consumed_valid_samples", 0);
+  if (!run) b("no_save_optim", true);
+  else b("use_distributed_optimizer", run->distributed_optimizer);
+  i("consumed_train_samples", run ? run->consumed_train_samples : 0), i("skipped_train_samples", 0);
+  i("consumed_valid_samples", run ? run->consumed_valid_samples : 0);
   auto ns = Value::MakeObject("argparse", "Namespace", Value::Make(Value::Kind::Tuple), st);
   ns->via_new = true;
   return ns;

@@ -16,11 +16,19 @@ namespace ucp::formats::megatron {
 // (naming one that would, where `asked` does not).
 int64_t KeptVocabDivisor(int64_t vocab, int64_t tp, int64_t asked);
 
+// A number as a flag's value: the shortest text that reads back as the same double.
+std::string FormatNumber(double v);
+
+// What the args say of the run an optimizer's state comes from.
+struct RunArgs {
+  int64_t consumed_train_samples = 0, consumed_valid_samples = 0;
+  bool distributed_optimizer = false;  // use_distributed_optimizer
+};
+
 // The args Namespace at TP x PP x DP: every value from the facts, the layout, the dtype and the divisor;
-// no RNG state saved (no_save_rng). `consumed_samples` < 0: no optimizer state either (no_save_optim),
-// else the run's samples consumed, the optimizer saved (use_distributed_optimizer: `distributed`).
+// no RNG state saved (no_save_rng). `run` null: no optimizer state either (no_save_optim), else its run's.
 pt::ValuePtr ArgsOf(const ModelFacts& m, int64_t tp, int64_t pp, int64_t dp, const std::string& dtype, int64_t divisor,
-                    int64_t consumed_samples = -1, bool distributed = false);
+                    const RunArgs* run = nullptr);
 
 // pretrain_gpt.py's flags that build the model at TP x PP and load `root` (ArgsOf's values as a user gives
 // them: the ones tests/data/real-mcore/cross_family_check.py launched Megatron-LM with).

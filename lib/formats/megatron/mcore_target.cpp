@@ -348,9 +348,7 @@ ValuePtr ParamGroups(const reshard::Source& S, double step, bool with_step, bool
   return out;
 }
 
-// common.pt: `args`, the source's common state (none for a model from another family: version 3.0,
-// iteration 0), the optimizer's part in `form`.
-// One Megatron optimizer's common state in `form` over `groups` (ParamGroups').
+// One Megatron optimizer's common state in `form` over `groups` (Megatron's param groups, options only).
 ValuePtr OptimizerCommon(ValuePtr groups, Form form, double step) {
   if (form == Form::Distributed) {
     auto inner = Value::Make(Value::Kind::Dict), optimizer = Value::Make(Value::Kind::Dict);
@@ -382,6 +380,8 @@ ValuePtr OptimizerState(ValuePtr groups, Form form, double step, bool chained) {
   return out;
 }
 
+// common.pt: `args`, the source's common state `common` (its version, iteration, scheduler; none: version
+// 3.0, iteration 0), the optimizer's part in `form` over `groups`.
 std::string CommonFile(ValuePtr args, const Value* common, Form form, double step, ValuePtr groups, bool chained) {
   const Value none;
   const Value& c = common ? *common : none;
@@ -606,9 +606,10 @@ Error OptimizerStateRefusal(const std::string& what, const std::string& framewor
 }
 
 // The job of a model under another family's names (Megatron-DeepSpeed's, a Hugging Face import's,
-// torchtitan's Llama): its tensors re-joined as Megatron-Core's keys, the model alone as Megatron-LM's
-// release checkpoint (its form for weights from elsewhere: the job's --load starts at iteration 0 with a
-// fresh optimizer and its own RNG), args from the model's facts.
+// torchtitan's Llama): its tensors re-joined as Megatron-Core's keys, args from the model's facts. A
+// DeepSpeed checkpoint's optimizer state travels (mcore_cross_optimizer.h): written at its iteration. Without
+// optimizer state (or --weights-only), the model alone as Megatron-LM's release checkpoint (its form for
+// weights from elsewhere: the job's --load starts at iteration 0 with a fresh optimizer and its own RNG).
 McoreJob OtherFamilyJob(const reshard::Source& S, const reshard::ExportOptions& o, const Grid& g, const std::vector<std::string>& names) {
   const std::string dir = S.reader->dir();
   McoreJob j;
@@ -649,15 +650,21 @@ McoreJob OtherFamilyJob(const reshard::Source& S, const reshard::ExportOptions& 
     // A Megatron-DeepSpeed run's optimizer: the form of the job's (FP32Optimizer, the mixed-precision one in bf16 /
     // fp16, or the distributed optimizer's fully_reshardable where asked), at the source's iteration.
     j.form = o.distributed_optimizer ? Form::Distributed : j.dtype == "fp32" ? Form::Fp32 : Form::Mixed;
-    j.step = pt::StepValue(*reshard::CommonStep(S, "Megatron-LM's optimizers keep one step for every parameter"));
+    const ValuePtr step = reshard::CommonStep(S, "Megatron-LM's optimizers keep one step for every parameter");
+    if (!step) throw Error(dir + ": no parameter to write");
+    j.step = pt::StepValue(*step);
     CrossOptimizer x = DeepSpeedOptimizerForMcore(S, j.keys);
     if (j.form == Form::Distributed)
       for (const ValuePtr& group : x.groups->items) pt::SetItem(*group, "step", Value::Float(j.step));
     j.folder = source::IterationFolderName(std::to_string(x.iteration)), j.tracker = std::to_string(x.iteration);
-    j.common = CommonFile(ArgsOf(m, g.tp, g.pp, g.dp, j.dtype, divisor, x.consumed_samples, j.form == Form::Distributed), x.common.get(),
-                          j.form, j.step, x.groups, false);
+    const RunArgs run{x.consumed_samples, x.consumed_valid_samples, j.form == Form::Distributed};
+    j.common = CommonFile(ArgsOf(m, g.tp, g.pp, g.dp, j.dtype, divisor, &run), x.common.get(), j.form, j.step, x.groups, false);
     for (std::string& note : x.notes) j.notes.push_back(std::move(note));
+    if (j.dtype == "fp16")
+      j.notes.push_back("the fp16 loss scale is not carried: Megatron-LM's mixed-precision optimizer starts its own (--initial-loss-scale), "
+                        "skipping steps until it finds one");
     if (j.form == Form::Distributed) job_flags += " --use-distributed-optimizer";
+    job_flags += " --weight-decay " + FormatNumber(x.weight_decay);  // Megatron's scheduler sets each group's decay from it
     if (!x.schedule_carried) job_flags += " --override-opt_param-scheduler";
   }
   j.model = std::string("Megatron-Core GPTModel (from ") + (deepspeed ? "Megatron-DeepSpeed's" : "torchtitan's") + " names), " + g.text();
@@ -783,6 +790,11 @@ void CheckMcoreSource(const source::SourceIndex& L, const reshard::ExportOptions
   for (const auto& p : L.params) names.push_back(p.name);
   RefuseOtherNames(names, L.root);
   CheckDegreesOfIndex(L, o, names);
+  if (o.distributed_optimizer && o.weights_only)
+    throw Error("--use-distributed-optimizer: no optimizer state is written (--weights-only: the model alone)");
+  if (const Value* args = source::MegatronArgsOf(L); o.distributed_optimizer && McoreNames(names) && args && !IsSet(*args, "use_distributed_optimizer"))
+    throw Error(L.root + ": the source's args say use_distributed_optimizer False: --format mcore writes a Megatron-Core source's optimizer "
+                "in its own job's form (leave --use-distributed-optimizer out)");
   if (!McoreNames(names) && L.optimizer != "none" && !o.weights_only && !CarriesOptimizer(L.framework, MegatronDeepSpeedNames(names)))
     throw OptimizerStateRefusal(L.root + ": the checkpoint", L.framework);
 }

@@ -4,9 +4,9 @@
 Each output is a Megatron-LM root at some TP x PP x DP, written from a case of ../../../../shared/real-deepspeed
 (checkpoint at global step 6). For each, TP*PP*DP processes (gloo, CPU) do what pretrain_gpt.py does with the
 flags a user gives for that model and job: Megatron-LM's parse_args and validate_args of the flags
-(cross_family_check.flags: the model's, then the job's: --lr 0.01 --lr-decay-style constant --weight-decay 0.01
---adam-beta2 0.95 --clip-grad 1.0 --global-batch-size 12 --seq-length 32 --override-opt_param-scheduler, as the
-note of ucp-reshard says), the GPTModel of gpt_builders (--transformer-impl local) in Megatron's DDP,
+(cross_family_check.flags: the model's, then the harness job's: --lr 0.01 --lr-decay-style constant --weight-decay
+0.01 --adam-beta2 0.95 --clip-grad 1.0 --global-batch-size 12 --seq-length 32; and what ucp-reshard's note adds:
+--override-opt_param-scheduler where the checkpoint's scheduler is not Megatron's, --use-distributed-optimizer), the GPTModel of gpt_builders (--transformer-impl local) in Megatron's DDP,
 get_megatron_optimizer of get_megatron_optimizer_config(args) (torch's AdamW here: no Transformer Engine or
 Apex) and get_optimizer_param_scheduler, then `megatron.training.checkpointing.load_checkpoint([ddp], optimizer,
 scheduler)` with the job's default flags (no --finetune, --no-load-optim or --no-load-rng). It then trains
