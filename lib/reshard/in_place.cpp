@@ -410,7 +410,8 @@ int RunFromRoot(const InPlaceOptions& o, shuffle::Comm& comm, std::ostream& out,
     const fs::path out = fs::weakly_canonical(o.reshard.output, ec), in = fs::weakly_canonical(root, ec);
     if (!o.plan_only && !out.empty() && !in.empty() && std::mismatch(out.begin(), out.end(), in.begin(), in.end()).first == out.end())
       throw Error(o.reshard.output + ": the output folder " + (out == in ? "is" : "holds") + " the training run's root this run "
-                  "reads (" + root + "): choose another -o, or --in-place to write beside its tag");
+                  "reads (" + root + "): choose another -o" +
+                  (o.reshard.format.empty() || o.reshard.format == "deepspeed" ? ", or --in-place to write beside its tag" : ""));
     // -o inside the root: a whole checkpoint (or model) written into the one it is made from, which the
     // job's next save, a copy of the folder or a second run would take for part of it.
     if (!o.plan_only)
