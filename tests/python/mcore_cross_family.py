@@ -230,6 +230,17 @@ for name, layouts in [("tp2_pp2_dp2_zero1_fp32", [(2, 2, 1, 2), (1, 1, 1, 1)]), 
             check(f"{label}: the args say LayerNorm, learned positions, biases, tied", a is not None and a.normalization == "LayerNorm"
                   and a.position_embedding_type == "learned_absolute" and a.add_bias_linear and not a.untie_embeddings_and_output_weights,
                   str(vars(a))[:400])
+    if name.startswith("zero3"):  # facts --model-config gives that the weights contradict: refused by name, nothing written
+        for key, value, words in [("hidden_size", cfg["hidden_size"] * 2, "the word embedding's columns"),
+                                  ("num_layers", cfg["num_layers"] * 2, "the layers' names"),
+                                  ("num_key_value_heads", cfg["num_attention_heads"], "key rows of heads")]:
+            bad = os.path.join(WORK, f"{name}-bad-facts.json")
+            json.dump({"num_attention_heads": cfg["num_attention_heads"], "num_key_value_heads": cfg["num_key_value_heads"], key: value},
+                      open(bad, "w"))
+            out = os.path.join(WORK, f"{name}-bad-facts")
+            r = run("ucp-reshard", [atomic, "-o", out, "--format", "mcore", "--tp", "1", "--pp", "1", "--weights-only", "--model-config", bad])
+            check(f"DeepSpeed GPT {name}: --model-config's {key} {value} against the weights: refused by name, nothing written",
+                  r.returncode != 0 and bad in r.stderr and words in r.stderr and not os.path.exists(out), r.stderr[-400:])
 
 # torchtitan's Llama (a real FSDP2 DCP checkpoint, torch's own writer): its q and k rows in torchtitan's interleaved
 # rotary pairs, made rotate-half as Hugging Face's conversion of Meta's weights permutes them

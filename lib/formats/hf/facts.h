@@ -6,6 +6,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -82,15 +83,22 @@ class Facts {
     return from_args ? from_args : from_file;
   }
   // The facts --model-config gives that the checkpoint's args do not hold ("name value", as given):
-  // taken on trust, as nothing in the files records them to compare with.
-  std::vector<std::string> OnTrust() const {
+  // taken on trust, as nothing in the files records them to compare with. `checked`: facts (by
+  // Megatron's names) the caller compared with the weights, not on trust.
+  std::vector<std::string> OnTrust(const std::set<std::string>& checked = {}) const {
     std::vector<std::string> trusted;
     if (!o_.model_config.is_object()) return trusted;
     for (const auto& item : o_.model_config.items()) {
-      const pt::Value* a = v_.arg ? v_.arg(Canonical(item.key()).c_str()) : nullptr;
-      if (!item.value().is_null() && (!a || a->kind == pt::Value::Kind::None)) trusted.push_back(item.key() + " " + item.value().dump());
+      const std::string key = Canonical(item.key());
+      const pt::Value* a = v_.arg ? v_.arg(key.c_str()) : nullptr;
+      if (!item.value().is_null() && (!a || a->kind == pt::Value::Kind::None) && !checked.count(key))
+        trusted.push_back(item.key() + " " + item.value().dump());
     }
     return trusted;
+  }
+  // Where a fact's value comes from, for messages: the checkpoint's args, or --model-config's file.
+  std::string Where(const char* key) const {
+    return v_.arg && v_.arg(key) ? v_.args_file + ": args" : o_.model_config_path;
   }
   std::optional<int64_t> Int(const char* key) const {
     auto v = Get(key);
@@ -119,9 +127,6 @@ class Facts {
   static bool Same(const nlohmann::json& a, const nlohmann::json& b) {
     if (a.is_number() && b.is_number()) return a.get<double>() == b.get<double>();
     return a == b;
-  }
-  std::string Where(const char* key) const {
-    return v_.arg && v_.arg(key) ? v_.args_file + ": args" : o_.model_config_path;
   }
   // The Megatron name of a fact given by torchtitan's ModelArgs name or Hugging Face's config name;
   // a name of neither is returned as it is.

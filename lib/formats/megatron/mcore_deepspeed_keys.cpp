@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <set>
 
 #include "core/error.h"
 #include "core/format.h"
@@ -124,7 +125,13 @@ OtherFamilyModel ModelOfMegatronDeepSpeed(const reshard::Source& S, const reshar
   if (!kv && said.Flag("group_query_attention").value_or(false)) kv = said.Int("num_query_groups");
   m.head_dim = said.Int("kv_channels").value_or(m.heads > 0 ? m.hidden / m.heads : 0);
   const reshard::Atom& qkv = need(at.At(0, "self_attention.query_key_value.weight"), "query_key_value weight of layer 0", 2);
-  if (!kv && qkv.sub_param_sizes.size() == 3 && m.head_dim > 0) kv = qkv.sub_param_sizes[1] / m.head_dim;
+  // query_key_value's sub-parameter sizes ([q, k, v] rows) say the key-value heads where the head size is known
+  const bool sized = qkv.sub_param_sizes.size() == 3 && m.head_dim > 0 && qkv.sub_param_sizes[1] % m.head_dim == 0;
+  if (kv && sized && *kv != qkv.sub_param_sizes[1] / m.head_dim)
+    throw Error(said.Where("num_key_value_heads") + ": " + std::to_string(*kv) + " key-value heads, but the weights of " + dir + " hold " +
+                std::to_string(qkv.sub_param_sizes[1] / m.head_dim) + " (parameter '" + qkv.name + "': " +
+                std::to_string(qkv.sub_param_sizes[1]) + " key rows of heads of " + std::to_string(m.head_dim) + ")");
+  if (!kv && sized) kv = qkv.sub_param_sizes[1] / m.head_dim;
   m.groups = kv.value_or(m.heads);
   if (m.heads < 1 || m.groups < 1 || m.heads % m.groups != 0 || m.head_dim < 1)
     throw Error(dir + ": " + std::to_string(m.heads) + " attention heads, " + std::to_string(m.groups) + " key-value heads of " +
@@ -152,7 +159,19 @@ OtherFamilyModel ModelOfMegatronDeepSpeed(const reshard::Source& S, const reshar
     if (m.positions <= 0) hf::RefuseUnsaid(dir, {"max_position_embeddings"});
   }
   m.eps = said.Number("layernorm_epsilon", 1e-5, notes, "Megatron's default 1e-5 written");
-  if (const auto trusted = said.OnTrust(); !trusted.empty())
+  // What the weights decide, against what the args or --model-config say of it: a contradiction refused by name.
+  std::vector<std::pair<const char*, int64_t>> decided = {{"hidden_size", m.hidden}, {"num_layers", m.layers}, {"ffn_hidden_size", m.ffn}};
+  if (m.learned_positions) decided.emplace_back("max_position_embeddings", m.positions);
+  std::set<std::string> checked;
+  if (sized) checked.insert({"num_key_value_heads", "num_query_groups"});
+  for (const auto& [key, value] : decided) {
+    checked.insert(key);
+    if (const auto v = said.Int(key); v && *v != value)
+      throw Error(said.Where(key) + ": " + key + " is " + std::to_string(*v) + ", but the weights of " + dir + " hold " + std::to_string(value) +
+                  " (" + (std::string(key) == "num_layers" ? "the layers' names" : std::string(key) == "hidden_size" ? "the word embedding's columns"
+                          : std::string(key) == "ffn_hidden_size" ? "dense_4h_to_h's columns" : "the position embedding's rows") + ")");
+  }
+  if (const auto trusted = said.OnTrust(checked); !trusted.empty())
     notes.push_back("taken on trust from --model-config, as nothing in the checkpoint records them to check against (a wrong value, "
                     "a head count above all, still loads in Megatron-LM and computes other logits): " + JoinNames(trusted));
   m.bias_linear = at.At(0, "self_attention.dense.bias") != nullptr;
