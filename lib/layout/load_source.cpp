@@ -258,6 +258,22 @@ pt::ValuePtr GroupOptions(const Value& group) {
   return options;
 }
 
+bool SameGroupOptions(const Value& a, const Value& b, const std::function<bool(const std::string&)>& ignored) {
+  auto options = [&](const Value& g) {
+    std::map<std::string, const Value*> out;
+    for (const auto& kv : g.AsDict().items())
+      if (kv.key->kind == Value::Kind::Str && !ignored(kv.key->s)) out[kv.key->s] = kv.value.get();
+    return out;
+  };
+  const auto x = options(a), y = options(b);
+  if (x.size() != y.size()) return false;
+  for (const auto& [key, v] : x) {
+    auto it = y.find(key);
+    if (it == y.end() || !v || !it->second || !pt::SameValue(*v, *it->second)) return false;
+  }
+  return true;
+}
+
 void RefuseUnknownGroups(const Source& S, const std::string& remedy) {
   const pt::ValuePtr groups = S.optimizer.root ? S.optimizer.root->Get("param_groups") : nullptr;
   if (!groups || !groups->IsSequence() || groups->items.size() < 2) return;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -143,6 +144,10 @@ pt::ValuePtr CommonStep(const Source& S, const std::string& why);
 
 // A param group's options: its entries but `params` and `step` (what torch's state_dict lists per group).
 pt::ValuePtr GroupOptions(const pt::Value& group);
+
+// Whether two param groups hold the same options (pt::SameValue, key by key), the string keys `ignored`
+// names left out of both.
+bool SameGroupOptions(const pt::Value& a, const pt::Value& b, const std::function<bool(const std::string&)>& ignored);
 
 // Megatron's param groups (those with a wd_mult) each hold a parameter, since Megatron makes a group only
 // for a parameter that needs it; one that holds no atom is one whose members Megatron-Core did not save

@@ -28,20 +28,6 @@ bool Kept(const std::string& key) {
   return true;
 }
 
-bool SameOptions(const Value& a, const Value& b) {
-  std::map<std::string, const Value*> x, y;
-  for (const auto& kv : a.AsDict().items())
-    if (kv.key->kind == Value::Kind::Str && Kept(kv.key->s)) x[kv.key->s] = kv.value.get();
-  for (const auto& kv : b.AsDict().items())
-    if (kv.key->kind == Value::Kind::Str && Kept(kv.key->s)) y[kv.key->s] = kv.value.get();
-  if (x.size() != y.size()) return false;
-  for (const auto& [key, v] : x) {
-    auto it = y.find(key);
-    if (it == y.end() || !v || !it->second || !pt::SameValue(*v, *it->second)) return false;
-  }
-  return true;
-}
-
 double Option(const Value& group, const char* key, double otherwise) {
   auto v = group.Get(key);
   return v && v->IsNumber() ? v->AsFloat() : otherwise;
@@ -72,14 +58,8 @@ const char* TokenSchedule(const Value& v) {
 
 }  // namespace
 
-CrossOptimizer DeepSpeedOptimizerForMcore(const reshard::Source& S, const std::vector<McoreKey>& keys) {
+CrossOptimizer DeepSpeedOptimizerForMcore(const reshard::Source& S, const std::vector<ValuePtr>& groups, const std::vector<McoreKey>& keys) {
   const std::string dir = S.reader->dir();
-  const ValuePtr saved = S.optimizer.root ? S.optimizer.root->Get("param_groups") : nullptr;
-  if (!saved || !saved->IsSequence() || saved->items.empty())
-    throw Error(dir + "/zero/optimizer_state.pt: no param_groups list");
-  const std::vector<ValuePtr>& groups = saved->items;
-  for (const ValuePtr& g : groups)
-    if (!g || g->kind != Value::Kind::Dict) throw Error(dir + "/zero/optimizer_state.pt: a param group is not a dict");
   const auto remedy = std::string("; --weights-only writes the model alone (Megatron-LM then starts a fresh optimizer)");
 
   // The decay each source group applied: by its wd_mult (Megatron-DeepSpeed's groups), else its weight_decay.
@@ -141,7 +121,7 @@ CrossOptimizer DeepSpeedOptimizerForMcore(const reshard::Source& S, const std::v
     for (const auto& [g, ms] : target) {
       if (!ms.count(m)) continue;
       const Value& group = *groups[static_cast<size_t>(g)];
-      if (options && !SameOptions(*options, group))
+      if (options && !reshard::SameGroupOptions(*options, group, [](const std::string& k) { return !Kept(k); }))
         throw Error(dir + ": the source's param groups " + std::to_string(from) + " and " + std::to_string(g) + " hold options that differ, "
                     "and Megatron-LM's job puts their parameters (" + example.at({from, m}) + ", " + example.at({g, m}) + ") in one group" +
                     remedy);

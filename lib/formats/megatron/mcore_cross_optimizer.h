@@ -35,6 +35,7 @@ struct CrossOptimizer {
 
 // Throws ucp::Error naming the parameter and group where the groups cannot be Megatron-LM's, or the
 // iteration where the source trained none (Megatron-LM loads iteration 0 only as a release checkpoint).
-CrossOptimizer DeepSpeedOptimizerForMcore(const reshard::Source& S, const std::vector<McoreKey>& keys);
+// `groups`: the source's param groups (zero/optimizer_state.pt's, each a dict).
+CrossOptimizer DeepSpeedOptimizerForMcore(const reshard::Source& S, const std::vector<pt::ValuePtr>& groups, const std::vector<McoreKey>& keys);
 
 }  // namespace ucp::formats::megatron

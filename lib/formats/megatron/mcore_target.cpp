@@ -303,20 +303,7 @@ std::vector<int64_t> ChainOf(const reshard::Source& S) {
 
 // Whether two groups hold the same options, but which parameters and whether they are expert-parallel.
 bool TwinGroups(const Value& a, const Value& b) {
-  auto options = [](const Value& g) {
-    std::map<std::string, const Value*> out;
-    for (const auto& kv : g.AsDict().items())
-      if (kv.key->kind == Value::Kind::Str && kv.key->s != "params" && kv.key->s != "step" && kv.key->s != "is_expert_parallel")
-        out[kv.key->s] = kv.value.get();
-    return out;
-  };
-  const auto x = options(a), y = options(b);
-  if (x.size() != y.size()) return false;
-  for (const auto& [key, v] : x) {
-    auto it = y.find(key);
-    if (it == y.end() || !v || !it->second || !pt::SameValue(*v, *it->second)) return false;
-  }
-  return true;
+  return reshard::SameGroupOptions(a, b, [](const std::string& k) { return k == "params" || k == "step" || k == "is_expert_parallel"; });
 }
 
 // Megatron's param groups as common.pt keeps them: the source's options (no `params`: Megatron saves
@@ -653,7 +640,7 @@ McoreJob OtherFamilyJob(const reshard::Source& S, const reshard::ExportOptions& 
     const ValuePtr step = reshard::CommonStep(S, "Megatron-LM's optimizers keep one step for every parameter");
     if (!step) throw Error(dir + ": no parameter to write");
     j.step = pt::StepValue(*step);
-    CrossOptimizer x = DeepSpeedOptimizerForMcore(S, j.keys);
+    CrossOptimizer x = DeepSpeedOptimizerForMcore(S, SourceGroups(S), j.keys);
     if (j.form == Form::Distributed)
       for (const ValuePtr& group : x.groups->items) pt::SetItem(*group, "step", Value::Float(j.step));
     j.folder = source::IterationFolderName(std::to_string(x.iteration)), j.tracker = std::to_string(x.iteration);
